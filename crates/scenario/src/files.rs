@@ -1,0 +1,410 @@
+//! Files a scenario refers to: prompt templates, rubrics, JSON Schemas, rules files.
+//!
+//! Every path is relative to the scenarios directory and must stay inside it: absolute
+//! paths, `..` and symlinks that lead out are refused. Each file is read and parsed once
+//! per load, however many levels refer to it; its problems are reported once, in the file
+//! itself, while a missing file is reported at every reference.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::limits;
+use crate::rubric::{self, Rubric};
+use crate::source::{Pos, SourceId, Sources, pos_in_text};
+
+/// Names a template may read; the engine provides exactly these when it renders.
+pub const TEMPLATE_VARIABLES: &[&str] = &[
+    "input",
+    "level",
+    "scratchpad",
+    "feedback",
+    "metadata",
+    "attempt",
+    "scenario",
+    "catalog",
+    "answers",
+    "run",
+];
+
+/// Functions minijinja provides to every template.
+const TEMPLATE_GLOBALS: &[&str] = &["range", "dict", "namespace", "debug", "loop", "self"];
+
+/// What reading a referenced file can go wrong with, besides its contents.
+#[derive(Clone, Debug)]
+enum Problem {
+    /// Reported at the reference: the path is bad or the file is absent.
+    AtReference(String, &'static str, String),
+    /// Already reported inside the file.
+    InFile,
+}
+
+/// The files of one load, read once each.
+#[derive(Debug)]
+pub struct Files {
+    root: PathBuf,
+    templates: HashMap<String, Result<Arc<str>, Problem>>,
+    rubrics: HashMap<String, Result<Arc<Rubric>, Problem>>,
+    schemas: HashMap<String, Result<serde_json::Value, Problem>>,
+    plain: HashMap<String, Result<Arc<str>, Problem>>,
+    /// Files referenced since the last [`Files::take_touched`], for one scenario's checksum.
+    touched: Vec<(&'static str, String)>,
+}
+
+impl Files {
+    /// Files under `root`, the scenarios directory.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Files {
+            root: root.into(),
+            templates: HashMap::new(),
+            rubrics: HashMap::new(),
+            schemas: HashMap::new(),
+            plain: HashMap::new(),
+            touched: Vec::new(),
+        }
+    }
+
+    /// The scenarios directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Reads and parses a template file; on failure, reports why.
+    pub fn template(
+        &mut self,
+        rel: &str,
+        at: Pos,
+        sources: &mut Sources,
+        diags: &mut Diagnostics,
+    ) -> Option<Arc<str>> {
+        self.touched.push(("template", rel.to_owned()));
+        if !self.templates.contains_key(rel) {
+            let result = self.read(rel, limits::TEMPLATE_BYTES_MAX, sources, diags).and_then(
+                |(text, source)| {
+                    let errors = check_template(rel, &text, source, sources, None);
+                    if errors.is_empty() {
+                        Ok(Arc::from(text))
+                    } else {
+                        for e in errors {
+                            diags.push(e);
+                        }
+                        Err(Problem::InFile)
+                    }
+                },
+            );
+            self.templates.insert(rel.to_owned(), result);
+        }
+        report(self.templates.get(rel), at, diags).cloned()
+    }
+
+    /// Reads and parses `rubrics/<name>.md`; on failure, reports why.
+    pub fn rubric(
+        &mut self,
+        name: &str,
+        at: Pos,
+        sources: &mut Sources,
+        diags: &mut Diagnostics,
+    ) -> Option<Arc<Rubric>> {
+        self.touched.push(("rubric", name.to_owned()));
+        if !self.rubrics.contains_key(name) {
+            let rel = format!("rubrics/{name}.md");
+            let result = if is_plain_name(name) {
+                self.read(&rel, limits::SOURCE_BYTES_MAX, sources, diags).and_then(
+                    |(text, source)| match rubric::parse(&text, source, name) {
+                        Ok(r) => Ok(Arc::new(r)),
+                        Err(errors) => {
+                            for e in errors {
+                                diags.push(e);
+                            }
+                            Err(Problem::InFile)
+                        }
+                    },
+                )
+            } else {
+                Err(Problem::AtReference(
+                    format!("`{name}` is not a rubric name"),
+                    "bad-path",
+                    "name a file of rubrics/ without its `.md`, for example `fact_check_v1`"
+                        .to_owned(),
+                ))
+            };
+            self.rubrics.insert(name.to_owned(), result);
+        }
+        report(self.rubrics.get(name), at, diags).cloned()
+    }
+
+    /// Reads a JSON Schema file; on failure, reports why.
+    pub fn schema(
+        &mut self,
+        rel: &str,
+        at: Pos,
+        sources: &mut Sources,
+        diags: &mut Diagnostics,
+    ) -> Option<serde_json::Value> {
+        self.touched.push(("schema", rel.to_owned()));
+        if !self.schemas.contains_key(rel) {
+            let result = self.read(rel, limits::SOURCE_BYTES_MAX, sources, diags).and_then(
+                |(text, source)| match serde_json::from_str::<serde_json::Value>(&text) {
+                    Ok(value @ serde_json::Value::Object(_)) => Ok(value),
+                    Ok(_) => {
+                        diags.push(Diagnostic::error(
+                            "bad-schema",
+                            Pos { source, ..Pos::UNKNOWN },
+                            "a JSON Schema file must hold a JSON object",
+                        ));
+                        Err(Problem::InFile)
+                    }
+                    Err(e) => {
+                        let pos = line_col_pos(&text, e.line(), e.column(), source);
+                        diags.push(Diagnostic::error(
+                            "bad-schema",
+                            pos,
+                            format!("invalid JSON: {e}"),
+                        ));
+                        Err(Problem::InFile)
+                    }
+                },
+            );
+            self.schemas.insert(rel.to_owned(), result);
+        }
+        report(self.schemas.get(rel), at, diags).cloned()
+    }
+
+    /// Checks that a plain file (a rules file, say) exists inside the directory.
+    pub fn plain(
+        &mut self,
+        rel: &str,
+        at: Pos,
+        sources: &mut Sources,
+        diags: &mut Diagnostics,
+    ) -> Option<Arc<str>> {
+        self.touched.push(("plain", rel.to_owned()));
+        if !self.plain.contains_key(rel) {
+            let result =
+                self.read(rel, limits::SOURCE_BYTES_MAX, sources, diags).map(|(t, _)| Arc::from(t));
+            self.plain.insert(rel.to_owned(), result);
+        }
+        report(self.plain.get(rel), at, diags).cloned()
+    }
+
+    /// The files referenced since the last call, with their contents, sorted and without
+    /// repeats: what one scenario's checksum covers besides its own text.
+    pub fn take_touched(&mut self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = std::mem::take(&mut self.touched)
+            .into_iter()
+            .filter_map(|(kind, key)| {
+                let text = match kind {
+                    "template" => self.templates.get(&key)?.as_ref().ok()?.to_string(),
+                    "rubric" => {
+                        serde_json::to_string(&**self.rubrics.get(&key)?.as_ref().ok()?).ok()?
+                    }
+                    "schema" => self.schemas.get(&key)?.as_ref().ok()?.to_string(),
+                    _ => self.plain.get(&key)?.as_ref().ok()?.to_string(),
+                };
+                Some((format!("{kind}:{key}"), text))
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn read(
+        &self,
+        rel: &str,
+        bytes_max: usize,
+        sources: &mut Sources,
+        _diags: &mut Diagnostics,
+    ) -> Result<(String, SourceId), Problem> {
+        let path = self.resolve(rel)?;
+        let metadata = std::fs::metadata(&path).map_err(|_| {
+            Problem::AtReference(
+                format!("`{rel}` does not exist"),
+                "missing-file",
+                format!("create {} or fix the path", self.root.join(rel).display()),
+            )
+        })?;
+        if !metadata.is_file() {
+            return Err(Problem::AtReference(
+                format!("`{rel}` is not a regular file"),
+                "missing-file",
+                "name a file inside the scenarios directory".to_owned(),
+            ));
+        }
+        if metadata.len() > bytes_max as u64 {
+            return Err(Problem::AtReference(
+                format!("`{rel}` is {} bytes; the limit is {bytes_max}", metadata.len()),
+                "file-too-large",
+                "shorten the file".to_owned(),
+            ));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| {
+            Problem::AtReference(
+                format!("cannot read `{rel}`: {e}"),
+                "unreadable-file",
+                "check its permissions".to_owned(),
+            )
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            Problem::AtReference(
+                format!(
+                    "`{rel}` is not UTF-8 (invalid byte at offset {})",
+                    e.utf8_error().valid_up_to()
+                ),
+                "not-utf8",
+                "save the file as UTF-8".to_owned(),
+            )
+        })?;
+        let name = self.root.join(rel).display().to_string();
+        let source = sources.add(name, text.clone());
+        Ok((text, source))
+    }
+
+    /// Resolves a relative path inside the root, refusing anything that leaves it.
+    fn resolve(&self, rel: &str) -> Result<PathBuf, Problem> {
+        let bad = |why: &str| {
+            Problem::AtReference(
+                format!("`{rel}` {why}"),
+                "bad-path",
+                "paths are relative to the scenarios directory and stay inside it".to_owned(),
+            )
+        };
+        if rel.is_empty() {
+            return Err(bad("is empty"));
+        }
+        let path = Path::new(rel);
+        for component in path.components() {
+            match component {
+                Component::Normal(_) | Component::CurDir => {}
+                Component::ParentDir => return Err(bad("climbs out with `..`")),
+                Component::RootDir | Component::Prefix(_) => return Err(bad("is absolute")),
+            }
+        }
+        let full = self.root.join(path);
+        if let (Ok(real), Ok(root)) = (full.canonicalize(), self.root.canonicalize())
+            && !real.starts_with(&root)
+        {
+            return Err(bad("leads outside the scenarios directory through a symlink"));
+        }
+        Ok(full)
+    }
+}
+
+fn report<'a, T>(
+    entry: Option<&'a Result<T, Problem>>,
+    at: Pos,
+    diags: &mut Diagnostics,
+) -> Option<&'a T> {
+    match entry? {
+        Ok(value) => Some(value),
+        Err(Problem::AtReference(message, code, help)) => {
+            diags.push(Diagnostic::error(code, at, message.clone()).with_help(help.clone()));
+            None
+        }
+        Err(Problem::InFile) => None,
+    }
+}
+
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= limits::ID_CHARS_MAX
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+fn line_col_pos(text: &str, line: usize, col: usize, source: SourceId) -> Pos {
+    let offset: usize =
+        text.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum::<usize>()
+            + col.saturating_sub(1);
+    pos_in_text(text, offset, 1, source)
+}
+
+/// Parses a template and checks the names it reads.
+///
+/// `inline` is the position of an inline template's YAML value; errors then point there.
+pub fn check_template(
+    name: &str,
+    text: &str,
+    source: SourceId,
+    sources: &Sources,
+    inline: Option<Pos>,
+) -> Vec<Diagnostic> {
+    // An inline template written verbatim in its YAML (single line, no escapes) maps
+    // byte for byte, so its errors can point inside it.
+    let verbatim = inline.and_then(|pos| {
+        let source_text = &sources.get(pos.source)?.text;
+        let from = pos.byte as usize;
+        let window = source_text.get(from..(from + 64 * 1024).min(source_text.len()))?;
+        window.find(text).map(|i| from + i)
+    });
+    let exact = |offset: usize, len: usize| -> Option<Pos> {
+        let base = verbatim?;
+        Some(sources.pos_at_byte(inline?.source, base + offset, len))
+    };
+    let mut env = minijinja::Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    let place = |line: Option<usize>, range: Option<std::ops::Range<usize>>| -> Pos {
+        if let Some(pos) = inline {
+            let mapped = range.as_ref().and_then(|r| exact(r.start, r.end.saturating_sub(r.start)));
+            return mapped.unwrap_or(pos);
+        }
+        match (range, line) {
+            (Some(r), _) => sources.pos_at_byte(source, r.start, r.end.saturating_sub(r.start)),
+            (None, Some(l)) => line_col_pos(text, l, 1, source),
+            (None, None) => Pos { source, ..Pos::UNKNOWN },
+        }
+    };
+    let in_line = |line: Option<usize>| match (inline, line) {
+        (Some(_), Some(l)) => format!(" (template line {l})"),
+        _ => String::new(),
+    };
+    let template = match env.template_from_named_str(name, text) {
+        Ok(t) => t,
+        Err(e) => {
+            let detail = e.detail().map_or_else(|| e.kind().to_string(), str::to_owned);
+            return vec![
+                Diagnostic::error(
+                    "template-syntax",
+                    place(e.line(), e.range()),
+                    format!("template syntax error{}: {detail}", in_line(e.line())),
+                )
+                .with_help(
+                    "see the minijinja template syntax; `{{ … }}` prints, `{% … %}` controls",
+                ),
+            ];
+        }
+    };
+    let mut unknown: Vec<String> = template
+        .undeclared_variables(false)
+        .into_iter()
+        .filter(|v| {
+            !TEMPLATE_VARIABLES.contains(&v.as_str()) && !TEMPLATE_GLOBALS.contains(&v.as_str())
+        })
+        .collect();
+    unknown.sort();
+    unknown
+        .into_iter()
+        .map(|var| {
+            let offset = text.find(&var);
+            let at = match inline {
+                Some(pos) => offset.and_then(|i| exact(i, var.len())).unwrap_or(pos),
+                None => offset.map_or(Pos { source, ..Pos::UNKNOWN }, |i| {
+                    sources.pos_at_byte(source, i, var.len())
+                }),
+            };
+            let help = match crate::suggest::closest(&var, TEMPLATE_VARIABLES.iter().copied()) {
+                Some(near) => format!(
+                    "did you mean `{near}`? templates can read: {}",
+                    TEMPLATE_VARIABLES.join(", ")
+                ),
+                None => format!("templates can read: {}", TEMPLATE_VARIABLES.join(", ")),
+            };
+            Diagnostic::error(
+                "template-variable",
+                at,
+                format!("the template reads `{var}`, which no run provides"),
+            )
+            .with_help(help)
+        })
+        .collect()
+}

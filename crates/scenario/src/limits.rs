@@ -1,0 +1,38 @@
+//! Every bound the scenario language enforces, in one place.
+
+/// Largest scenario, override or rubric file, in bytes.
+pub const SOURCE_BYTES_MAX: usize = 1024 * 1024;
+/// Largest prompt template, in bytes.
+pub const TEMPLATE_BYTES_MAX: usize = 256 * 1024;
+/// Deepest nesting of YAML collections.
+pub const YAML_DEPTH_MAX: usize = 48;
+/// Most YAML nodes in one file (aliases count every time they are expanded).
+pub const YAML_NODES_MAX: usize = 100_000;
+/// Most alias references in one file.
+pub const YAML_ALIASES_MAX: usize = 1_000;
+/// Most levels in one scenario.
+pub const LEVELS_MAX: usize = 256;
+/// Most edges in one scenario.
+pub const EDGES_MAX: usize = 1_024;
+/// Most verifiers on one level.
+pub const VERIFIERS_PER_LEVEL_MAX: usize = 32;
+/// Longest gate expression, in bytes.
+pub const EXPR_BYTES_MAX: usize = 1_024;
+/// Deepest nesting of a gate expression (parentheses, `!`, operators).
+pub const EXPR_DEPTH_MAX: usize = 32;
+/// Most segments in one dotted path of a gate expression.
+pub const PATH_SEGMENTS_MAX: usize = 16;
+/// Upper bound of `max_parallel` on a fan-out or wave level.
+pub const PARALLEL_MAX: u32 = 64;
+/// Upper bound of `max_iterations` on a tool-loop level.
+pub const ITERATIONS_MAX: u32 = 500;
+/// Default `max_iterations` of a tool-loop level.
+pub const ITERATIONS_DEFAULT: u32 = 40;
+/// Upper bound of a verifier's `max_retries`.
+pub const RETRIES_MAX: u32 = 10;
+/// Upper bound of any `timeout_s` or `max_duration_s`: one week.
+pub const TIMEOUT_S_MAX: f64 = 7.0 * 24.0 * 3600.0;
+/// Longest identifier (scenario, level or verifier id).
+pub const ID_CHARS_MAX: usize = 64;
+/// Most scenario files in one directory.
+pub const SCENARIOS_MAX: usize = 1_000;

@@ -1,0 +1,237 @@
+//! A checked scenario: the types the engine runs.
+//!
+//! Everything here has passed [`crate::check`]: ids are unique and well formed, edges
+//! point at levels, gates are compiled and typed, templates parsed, rubrics read, and
+//! each [`LevelKind`] carries exactly the settings its kind uses.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::expr::Gate;
+use crate::rubric::Rubric;
+
+pub use crate::raw::{
+    RawAggregator as Aggregator, RawMode as Mode, RawOnFail as OnFail, RawUses as Uses,
+};
+
+/// Index of a level in [`Scenario::levels`].
+pub type LevelIdx = usize;
+
+/// The target of edges that end the run.
+pub const END: &str = "__end__";
+
+/// A checked scenario.
+#[derive(Debug)]
+pub struct Scenario {
+    pub id: String,
+    pub version: u32,
+    pub display_name: String,
+    pub description: String,
+    pub examples: Vec<String>,
+    pub intent_routes: Vec<String>,
+    pub budget: Budget,
+    /// Failures of one kind before `escalate_now` turns true.
+    pub max_attempts_per_conflict: u32,
+    pub levels: Vec<Level>,
+    pub edges: Vec<Edge>,
+    /// The level a run starts at.
+    pub entry: LevelIdx,
+    pub regression: RegressionThresholds,
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// sha256 (hex) of the canonical scenario plus every template, rubric and schema it reads.
+    pub checksum: String,
+    /// The file it was loaded from.
+    pub file: String,
+    /// Outgoing edge indexes of each level, in declared order.
+    pub outgoing: Vec<Vec<usize>>,
+    pub(crate) index: HashMap<String, LevelIdx>,
+}
+
+impl Scenario {
+    /// The level with this id.
+    pub fn level(&self, id: &str) -> Option<&Level> {
+        self.index.get(id).map(|&i| &self.levels[i])
+    }
+
+    /// The index of the level with this id.
+    pub fn level_index(&self, id: &str) -> Option<LevelIdx> {
+        self.index.get(id).copied()
+    }
+
+    /// The edges leaving a level, in declared order.
+    pub fn edges_from(&self, level: LevelIdx) -> impl Iterator<Item = &Edge> {
+        self.outgoing.get(level).into_iter().flatten().map(|&i| &self.edges[i])
+    }
+
+    /// Whether the intent classifier may offer this scenario (it has examples).
+    pub fn classifier_eligible(&self) -> bool {
+        !self.examples.is_empty()
+    }
+}
+
+/// Caps on one run; `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Budget {
+    pub max_cost_usd: Option<f64>,
+    pub max_tokens: Option<u64>,
+    pub max_duration_s: Option<f64>,
+}
+
+/// Regression limits for replays; `None` is unchecked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct RegressionThresholds {
+    pub score_drop_max: Option<f64>,
+    pub pass_rate_drop_max: Option<f64>,
+    pub cost_increase_max: Option<f64>,
+}
+
+/// One checked level.
+#[derive(Debug)]
+pub struct Level {
+    pub id: String,
+    pub role: String,
+    pub kind: LevelKind,
+    /// The model constraint: the level's own, else the scenario default.
+    pub model: Option<ModelConstraint>,
+    pub verifiers: Vec<VerifierSpec>,
+    pub mode: Mode,
+    pub run_all: bool,
+    pub terminal: bool,
+    pub timeout_s: Option<f64>,
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// The fan-out level that runs this one as a child.
+    pub parent: Option<LevelIdx>,
+}
+
+impl Level {
+    /// The kind's name as written in YAML.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            LevelKind::Prompt { .. } => "prompt",
+            LevelKind::ToolLoop { .. } => "tool_loop",
+            LevelKind::Verifier => "verifier",
+            LevelKind::FanOut { .. } => "fan_out",
+            LevelKind::HumanApproval { .. } => "human_approval",
+        }
+    }
+
+    /// The verifier with this name.
+    pub fn verifier(&self, name: &str) -> Option<&VerifierSpec> {
+        self.verifiers.iter().find(|v| v.name == name)
+    }
+}
+
+/// What a level does, with the settings of that kind only.
+#[derive(Debug)]
+pub enum LevelKind {
+    Prompt {
+        prompt: Template,
+        response: Response,
+    },
+    ToolLoop {
+        prompt: Template,
+        max_iterations: u32,
+    },
+    Verifier,
+    FanOut {
+        children: Vec<LevelIdx>,
+        fan_in: FanIn,
+        max_parallel: u32,
+    },
+    HumanApproval {
+        /// The question shown to the approver.
+        prompt: Option<Template>,
+        approver_role: String,
+        output_schema: serde_json::Value,
+    },
+}
+
+/// A prompt template, parsed at load time.
+#[derive(Clone, Debug)]
+pub struct Template {
+    /// The file (relative to the scenarios directory) or `<scenario file>#<level>` for inline.
+    pub name: String,
+    pub text: Arc<str>,
+}
+
+/// How a prompt level's answer is read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Response {
+    Markdown,
+    Verdict,
+    Json { schema: Option<serde_json::Value> },
+}
+
+/// Pricing tier of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Free,
+    Paid,
+}
+
+impl Tier {
+    /// The tier as written in a model pattern.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Free => "free",
+            Tier::Paid => "paid",
+        }
+    }
+}
+
+/// Which models may serve a level.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ModelConstraint {
+    /// The one tier of every `allow` pattern; `None` when `allow` is empty.
+    pub tier: Option<Tier>,
+    /// Globs over `tier:provider/model`.
+    pub allow: Vec<String>,
+    pub fallback_outside_allow: bool,
+    pub fallback: Vec<String>,
+    /// `level` or `defaults`: where the constraint was declared.
+    pub source: &'static str,
+}
+
+/// A verifier declared on a level.
+#[derive(Clone, Debug)]
+pub struct VerifierSpec {
+    pub name: String,
+    pub uses: Uses,
+    pub params: serde_json::Map<String, serde_json::Value>,
+    pub weight: f64,
+    pub on_fail: OnFail,
+    pub max_retries: u32,
+    pub timeout_s: Option<f64>,
+    /// The rubric of an `llm_judge`.
+    pub rubric: Option<Arc<Rubric>>,
+    /// The schema of a `schema` verifier, read from its file when it named one.
+    pub schema: Option<serde_json::Value>,
+}
+
+/// How a fan-out merges its children.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FanIn {
+    pub aggregator: Aggregator,
+    /// `weighted_score` threshold (0..1).
+    pub threshold: f64,
+    /// Weight per child id; absent children weigh 1.
+    pub weights: BTreeMap<String, f64>,
+}
+
+/// A checked edge.
+#[derive(Debug)]
+pub struct Edge {
+    pub from: LevelIdx,
+    pub to: Target,
+    pub when: Option<Gate>,
+}
+
+/// Where an edge leads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Level(LevelIdx),
+    End,
+}

@@ -1,0 +1,452 @@
+//! The scenario file as written: serde structs that mirror the YAML one to one.
+//!
+//! Every struct refuses unknown fields. Values that later checks must point at are
+//! wrapped in [`Located`]. These types are also the source of `baton schema` (the JSON
+//! Schema editors use), so their doc comments are the reference documentation of the
+//! format. Nothing here is checked beyond its shape: that is [`crate::check`]'s job.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+
+use crate::de::Located;
+
+/// A free-form mapping (metadata, verifier parameters, inline JSON Schemas).
+pub type Map = serde_json::Map<String, serde_json::Value>;
+
+/// One scenario: a graph of levels joined by guarded edges.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawScenario {
+    /// Unique id: lower-case letters, digits and `_`, starting with a letter.
+    pub id: Located<String>,
+    /// Version of this scenario, an integer ≥ 1; recorded on every run.
+    pub version: Located<u32>,
+    /// Human-readable name.
+    #[serde(default)]
+    pub display_name: Option<String>,
+    /// What the scenario does; shown to the intent classifier.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Example requests. A scenario with examples is eligible for the intent classifier.
+    #[serde(default)]
+    pub examples: Vec<Located<String>>,
+    /// Intent routes this scenario serves (matched case-insensitively; each route may be
+    /// claimed by one scenario only).
+    #[serde(default)]
+    pub intent_routes: Vec<Located<String>>,
+    /// Caps for one run; crossing one aborts the run.
+    #[serde(default)]
+    pub budget: Option<Located<RawBudget>>,
+    /// Defaults applied to every level that does not set its own.
+    #[serde(default)]
+    pub defaults: Option<Located<RawDefaults>>,
+    /// The levels. The first one that is not a fan-out child is the entry.
+    pub levels: Located<Vec<Located<RawLevel>>>,
+    /// Edges between levels, tried in order: the first whose `when` is true wins.
+    #[serde(default)]
+    pub edges: Vec<Located<RawEdge>>,
+    /// How much worse a replay may score before the regression gate fails.
+    #[serde(default)]
+    pub regression_thresholds: Option<Located<RawRegressionThresholds>>,
+    /// Free-form data, readable by gates as `metadata.<key>`.
+    #[serde(default)]
+    pub metadata: Option<Located<Map>>,
+}
+
+/// Caps on one run. Absent caps are unlimited.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudget {
+    /// Most money the run may spend on models and judges, in US dollars.
+    #[serde(default)]
+    pub max_cost_usd: Option<Located<f64>>,
+    /// Most tokens (input + output) the run may use.
+    #[serde(default)]
+    pub max_tokens: Option<Located<u64>>,
+    /// Longest wall-clock time the run may take, in seconds.
+    #[serde(default)]
+    pub max_duration_s: Option<Located<f64>>,
+}
+
+/// Defaults for every level.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawDefaults {
+    /// Model constraint of levels that declare none.
+    #[serde(default)]
+    pub model: Option<Located<RawModel>>,
+    /// Timeout of levels that declare none, in seconds.
+    #[serde(default)]
+    pub timeout_s: Option<Located<f64>>,
+    /// `max_iterations` of tool-loop levels that declare none.
+    #[serde(default)]
+    pub max_iterations: Option<Located<u32>>,
+    /// Failures of one kind (a build, a rejection …) before `escalate_now` turns true.
+    #[serde(default)]
+    pub max_attempts_per_conflict: Option<Located<u32>>,
+}
+
+/// What a level does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawKind {
+    /// Render a prompt, call a model, post-process its answer.
+    Prompt,
+    /// Let a model edit the workspace through sandboxed file tools.
+    ToolLoop,
+    /// Run the level's verifiers against the workspace.
+    Verifier,
+    /// Run child levels concurrently and aggregate their verdicts.
+    FanOut,
+    /// Pause until a person approves or rejects.
+    HumanApproval,
+}
+
+impl RawKind {
+    /// The name as written in YAML.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RawKind::Prompt => "prompt",
+            RawKind::ToolLoop => "tool_loop",
+            RawKind::Verifier => "verifier",
+            RawKind::FanOut => "fan_out",
+            RawKind::HumanApproval => "human_approval",
+        }
+    }
+}
+
+/// One node of the graph.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawLevel {
+    /// Unique within the scenario: lower-case letters, digits and `_`.
+    pub id: Located<String>,
+    /// Who speaks at this level (team_lead, planner, executor, reviewer …); shown in events.
+    #[serde(default)]
+    pub role: Option<Located<String>>,
+    /// What the level does.
+    pub kind: Located<RawKind>,
+    /// The prompt: a template path relative to the scenarios directory
+    /// (`prompts/brief.j2`), or `{inline: "…"}`.
+    #[serde(default)]
+    pub prompt: Option<Located<RawPrompt>>,
+    /// How to read the model's answer (prompt levels): `markdown` (default), `verdict`,
+    /// `json`, or `{json: {schema: …}}`.
+    #[serde(default)]
+    pub response: Option<Located<RawResponse>>,
+    /// Which models may serve this level.
+    #[serde(default)]
+    pub model: Option<Located<RawModel>>,
+    /// Checks run on the level's result.
+    #[serde(default)]
+    pub verifiers: Vec<Located<RawVerifier>>,
+    /// How the verifiers run: `serial` (default), `parallel` or `race`.
+    #[serde(default)]
+    pub mode: Option<Located<RawMode>>,
+    /// In `serial` mode, keep running verifiers after the first failure.
+    #[serde(default)]
+    pub run_all: Option<Located<bool>>,
+    /// Child level ids run by a `fan_out` level.
+    #[serde(default)]
+    pub fan_out: Option<Located<Vec<Located<String>>>>,
+    /// How a `fan_out` level merges its children's verdicts.
+    #[serde(default)]
+    pub fan_in: Option<Located<RawFanIn>>,
+    /// Most children (fan_out) running at once.
+    #[serde(default)]
+    pub max_parallel: Option<Located<u32>>,
+    /// Most model turns of a `tool_loop` level (default 40).
+    #[serde(default)]
+    pub max_iterations: Option<Located<u32>>,
+    /// Who may decide a `human_approval` level (default `approver`).
+    #[serde(default)]
+    pub approver_role: Option<Located<String>>,
+    /// JSON Schema of the decision a `human_approval` level asks for (inline or a file path);
+    /// the default is `{approved: boolean, comment: string}`.
+    #[serde(default)]
+    pub output_schema: Option<Located<RawSchema>>,
+    /// This level's output is the run's final output.
+    #[serde(default)]
+    pub terminal: Option<Located<bool>>,
+    /// Longest time one attempt of this level may take, in seconds.
+    #[serde(default)]
+    pub timeout_s: Option<Located<f64>>,
+    /// Free-form data about the level.
+    #[serde(default)]
+    pub metadata: Option<Located<Map>>,
+}
+
+/// Where a level's prompt comes from.
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
+#[schemars(untagged)]
+pub enum RawPrompt {
+    /// A template file, relative to the scenarios directory.
+    Template(String),
+    /// The template text itself.
+    Inline {
+        /// The template text (minijinja).
+        inline: String,
+    },
+}
+
+impl<'de> Deserialize<'de> for RawPrompt {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PromptVisitor;
+        impl<'de> Visitor<'de> for PromptVisitor {
+            type Value = RawPrompt;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a template path or a mapping `{inline: \"…\"}`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawPrompt, E> {
+                Ok(RawPrompt::Template(v.to_owned()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawPrompt, A::Error> {
+                let mut inline = None;
+                while let Some(key) = map.next_key::<PromptKey>()? {
+                    match key {
+                        PromptKey::Inline if inline.is_some() => {
+                            return Err(de::Error::duplicate_field("inline"));
+                        }
+                        PromptKey::Inline => inline = Some(map.next_value::<String>()?),
+                    }
+                }
+                inline
+                    .map(|inline| RawPrompt::Inline { inline })
+                    .ok_or_else(|| de::Error::missing_field("inline"))
+            }
+        }
+        deserializer.deserialize_any(PromptVisitor)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PromptKey {
+    Inline,
+}
+
+/// How a prompt level's answer is read.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum RawResponse {
+    /// Free text (the default).
+    Markdown,
+    /// A PASS/FAIL verdict: a trailing ```control fence, else lenient JSON, else one repair retry.
+    Verdict,
+    /// A JSON object, checked against `schema` when one is given.
+    Json {
+        /// JSON Schema: inline, or a path relative to the scenarios directory.
+        #[serde(default)]
+        schema: Option<Located<RawSchema>>,
+    },
+}
+
+/// A JSON Schema, inline or in a file.
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
+#[schemars(untagged)]
+pub enum RawSchema {
+    /// A `.json` file, relative to the scenarios directory.
+    File(String),
+    /// The schema itself.
+    Inline(Map),
+}
+
+impl<'de> Deserialize<'de> for RawSchema {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SchemaVisitor;
+        impl<'de> Visitor<'de> for SchemaVisitor {
+            type Value = RawSchema;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON Schema (a mapping) or the path of a .json file")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawSchema, E> {
+                Ok(RawSchema::File(v.to_owned()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawSchema, A::Error> {
+                let value = Map::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawSchema::Inline(value))
+            }
+        }
+        deserializer.deserialize_any(SchemaVisitor)
+    }
+}
+
+/// Which models may serve a level.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    /// Globs over `tier:provider/model`, for example `free:*` or `paid:anthropic/*`; all of
+    /// one tier.
+    #[serde(default)]
+    pub allow: Vec<Located<String>>,
+    /// When nothing allowed is available, use the routing default instead of failing.
+    #[serde(default)]
+    pub fallback_outside_allow: Option<Located<bool>>,
+    /// Ordered list of `tier:provider/model` to try when the chosen one fails.
+    #[serde(default)]
+    pub fallback: Vec<Located<String>>,
+}
+
+/// How verifiers run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawMode {
+    /// One after another; stop at the first failure unless `run_all`.
+    Serial,
+    /// All at once.
+    Parallel,
+    /// All at once; the first conclusive result wins and the rest are cancelled.
+    Race,
+}
+
+/// The built-in verifiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawUses {
+    /// Run a command (`argv`); pass on exit code 0.
+    Command,
+    /// Build the workspace's project (detected, or `argv`).
+    Build,
+    /// Type-check the workspace's project.
+    Typecheck,
+    /// Lint the workspace's project.
+    Lint,
+    /// Run the workspace's unit tests.
+    UnitTest,
+    /// Validate the level's parsed JSON against a JSON Schema.
+    Schema,
+    /// Score the level's output with a model against a rubric.
+    LlmJudge,
+    /// Scan the workspace with semgrep and a local rules file.
+    Semgrep,
+    /// Scan the workspace for secrets with gitleaks.
+    Gitleaks,
+    /// Call a tool of an MCP server.
+    Mcp,
+}
+
+impl RawUses {
+    /// The name as written in YAML.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RawUses::Command => "command",
+            RawUses::Build => "build",
+            RawUses::Typecheck => "typecheck",
+            RawUses::Lint => "lint",
+            RawUses::UnitTest => "unit_test",
+            RawUses::Schema => "schema",
+            RawUses::LlmJudge => "llm_judge",
+            RawUses::Semgrep => "semgrep",
+            RawUses::Gitleaks => "gitleaks",
+            RawUses::Mcp => "mcp",
+        }
+    }
+}
+
+/// One check on a level's result.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawVerifier {
+    /// Unique on the level; gates read it as `verifier.<name>.<field>`.
+    pub name: Located<String>,
+    /// Which built-in verifier runs.
+    pub uses: Located<RawUses>,
+    /// Settings of the verifier (see `baton schema` for each kind's parameters).
+    #[serde(default)]
+    pub params: Option<Located<Map>>,
+    /// Weight in a weighted score (default 1).
+    #[serde(default)]
+    pub weight: Option<Located<f64>>,
+    /// What a failure does: `retry` the level with feedback, `fail` it (default), or `ignore`.
+    #[serde(default)]
+    pub on_fail: Option<Located<RawOnFail>>,
+    /// How often `retry` re-runs the level (default 1).
+    #[serde(default)]
+    pub max_retries: Option<Located<u32>>,
+    /// Longest time the verifier may run, in seconds.
+    #[serde(default)]
+    pub timeout_s: Option<Located<f64>>,
+}
+
+/// What a verifier failure does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawOnFail {
+    /// Re-run the level with the failure as feedback, up to `max_retries` times.
+    Retry,
+    /// The level fails; its verdict is FAIL.
+    Fail,
+    /// Record the outcome; it does not change the verdict.
+    Ignore,
+}
+
+/// How a fan-out merges its children.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawFanIn {
+    /// The aggregator.
+    pub aggregator: Located<RawAggregator>,
+    /// `weighted_score`: the score (0..1) at or above which the verdict is PASS.
+    #[serde(default)]
+    pub threshold: Option<Located<f64>>,
+    /// `weighted_score`: weight per child id (default 1).
+    #[serde(default)]
+    pub weights: Option<Located<BTreeMap<String, Located<f64>>>>,
+}
+
+/// The aggregators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawAggregator {
+    /// PASS when more than half of the children pass.
+    MajorityPass,
+    /// PASS when the weighted share of passing children reaches `threshold`.
+    WeightedScore,
+    /// PASS when every child passes.
+    AllPass,
+}
+
+/// A guarded edge.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawEdge {
+    /// The level the edge leaves.
+    pub from: Located<String>,
+    /// The level it enters, or `__end__`.
+    pub to: Located<String>,
+    /// A gate expression; the edge is taken only when it is true. Absent: always taken.
+    #[serde(default)]
+    pub when: Option<Located<String>>,
+}
+
+/// Limits for the replay regression gate.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawRegressionThresholds {
+    /// Largest allowed drop of any verifier or rubric score (0..1).
+    #[serde(default)]
+    pub score_drop_max: Option<Located<f64>>,
+    /// Largest allowed drop of the share of passing verifiers (0..1).
+    #[serde(default)]
+    pub pass_rate_drop_max: Option<Located<f64>>,
+    /// Largest allowed cost increase, as a fraction (0.25 = 25 %).
+    #[serde(default)]
+    pub cost_increase_max: Option<Located<f64>>,
+}
+
+/// The JSON Schema of the scenario format, for editors (`baton schema`).
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = serde_json::to_value(schemars::schema_for!(RawScenario)).unwrap_or_default();
+    if let Some(object) = schema.as_object_mut() {
+        object.insert("title".to_owned(), "Baton scenario".into());
+        object.insert(
+            "description".to_owned(),
+            "A Baton scenario: levels joined by guarded edges. Generated by `baton schema`.".into(),
+        );
+    }
+    schema
+}

@@ -1,0 +1,487 @@
+//! Loading scenarios: directories and files into a [`Registry`], tenant overrides, and
+//! atomic refresh.
+//!
+//! A scenarios directory holds `*.yaml` scenario files beside `prompts/` (templates),
+//! `rubrics/` (judge rubrics) and any schema or rules files they name. A load either
+//! yields a whole registry (with warnings) or a [`LoadError`] listing every error found;
+//! never half a registry. [`RegistryHandle::refresh`] swaps the registry only when the
+//! new load succeeds, so a bad edit never takes working scenarios away.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use crate::check;
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::files::Files;
+use crate::limits;
+use crate::model::Scenario;
+use crate::node::Node;
+use crate::source::{Pos, SourceId, Sources, pos_in_text};
+
+/// The loaded scenarios, indexed by id and by intent route.
+#[derive(Debug, Default)]
+pub struct Registry {
+    scenarios: BTreeMap<String, Arc<Scenario>>,
+    /// Lower-cased intent route → scenario id.
+    routes: BTreeMap<String, String>,
+    bases: BTreeMap<String, Base>,
+    sources: Sources,
+}
+
+/// What an override needs of its base: the parsed tree and where its files live.
+#[derive(Clone, Debug)]
+struct Base {
+    node: Node,
+    root: PathBuf,
+    file: String,
+}
+
+/// A successful load: the registry, and warnings worth showing.
+#[derive(Debug)]
+pub struct Loaded {
+    pub registry: Registry,
+    pub warnings: Diagnostics,
+}
+
+/// A failed load: every diagnostic found (errors, and warnings met on the way).
+#[derive(Debug)]
+pub struct LoadError {
+    pub diagnostics: Diagnostics,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.diagnostics.error_count();
+        write!(f, "{n} error{} in the scenarios", if n == 1 { "" } else { "s" })?;
+        if let Some(first) = self.diagnostics.iter().find(|d| d.is_error()) {
+            write!(
+                f,
+                "; first: {}:{}:{}: {}",
+                first.file, first.line, first.column, first.message
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// A tenant's partial scenario, deep-merged over a base scenario.
+#[derive(Clone, Debug)]
+pub struct Override {
+    /// The base scenario's id.
+    pub scenario_id: String,
+    /// Where the override came from (a file path, a database key), for messages.
+    pub name: String,
+    /// The partial YAML.
+    pub yaml: String,
+}
+
+impl Registry {
+    /// Loads every scenario of the given files and directories into one registry.
+    ///
+    /// A directory contributes its `*.yaml` and `*.yml` files (not its subdirectories) and
+    /// is the root their `prompts/`, `rubrics/` and schema paths are relative to; a file's
+    /// root is its own directory.
+    pub fn load<P: AsRef<Path>>(paths: &[P]) -> Result<Loaded, LoadError> {
+        let mut sources = Sources::new();
+        let mut diags = Diagnostics::new();
+        let mut found = Vec::new();
+        for path in paths {
+            collect(path.as_ref(), &mut found, &mut diags);
+        }
+        if found.len() > limits::SCENARIOS_MAX {
+            diags.push(
+                Diagnostic::error(
+                    "too-many",
+                    Pos::UNKNOWN,
+                    format!(
+                        "{} scenario files found; at most {} load at once",
+                        found.len(),
+                        limits::SCENARIOS_MAX
+                    ),
+                )
+                .in_file(paths.first().map_or(String::new(), |p| p.as_ref().display().to_string())),
+            );
+            return Err(LoadError { diagnostics: diags });
+        }
+        let mut roots: HashMap<PathBuf, Files> = HashMap::new();
+        let mut registry = Registry::default();
+        let mut defined_at: HashMap<String, Pos> = HashMap::new();
+        for (file, root) in found {
+            let name = file.display().to_string();
+            let Some((node, source)) = read_scenario(&file, &name, &mut sources, &mut diags) else {
+                continue;
+            };
+            let _ = source;
+            let files = roots.entry(root.clone()).or_insert_with(|| Files::new(root.clone()));
+            let Some(scenario) = check::check(&node, &name, files, &mut sources, &mut diags) else {
+                continue;
+            };
+            let id_pos = node.get("id").map_or(node.pos, |n| n.pos);
+            if let Some(first) = defined_at.get(&scenario.id) {
+                let other = sources.name(first.source).to_owned();
+                diags.push(
+                    Diagnostic::error(
+                        "duplicate-scenario",
+                        id_pos,
+                        format!(
+                            "scenario `{}` is also defined in {other}:{}",
+                            scenario.id, first.line
+                        ),
+                    )
+                    .with_help("scenario ids must be unique across the directory"),
+                );
+                continue;
+            }
+            defined_at.insert(scenario.id.clone(), id_pos);
+            registry.bases.insert(scenario.id.clone(), Base { node, root, file: name });
+            registry.scenarios.insert(scenario.id.clone(), Arc::new(scenario));
+        }
+        registry.index_routes(&mut diags);
+        registry.sources = sources;
+        diags.locate(&registry.sources);
+        if diags.has_errors() {
+            return Err(LoadError { diagnostics: diags });
+        }
+        Ok(Loaded { registry, warnings: diags })
+    }
+
+    /// Builds the route index; two scenarios claiming one route is an error.
+    fn index_routes(&mut self, diags: &mut Diagnostics) {
+        self.routes.clear();
+        for scenario in self.scenarios.values() {
+            let node = self.bases.get(&scenario.id).map(|b| &b.node);
+            for route in &scenario.intent_routes {
+                let key = route.to_lowercase();
+                match self.routes.get(&key) {
+                    Some(owner) if owner != &scenario.id => {
+                        let pos = node
+                            .and_then(|n| n.get("intent_routes"))
+                            .and_then(|n| match &n.value {
+                                crate::node::Value::Seq(items) => items.iter().find(|i| {
+                                    i.as_str().is_some_and(|s| s.trim().eq_ignore_ascii_case(route))
+                                }),
+                                _ => None,
+                            })
+                            .map_or(Pos::UNKNOWN, |n| n.pos);
+                        diags.push(
+                            Diagnostic::error(
+                                "duplicate-route",
+                                pos,
+                                format!(
+                                    "intent route `{route}` is claimed by both `{owner}` and `{}`",
+                                    scenario.id
+                                ),
+                            )
+                            .with_help(
+                                "a route must lead to one scenario; remove it from one of them",
+                            ),
+                        );
+                    }
+                    _ => {
+                        self.routes.insert(key, scenario.id.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The scenario with this id.
+    pub fn get(&self, id: &str) -> Option<&Arc<Scenario>> {
+        self.scenarios.get(id)
+    }
+
+    /// The scenario serving this intent route (case-insensitive).
+    pub fn by_route(&self, route: &str) -> Option<&Arc<Scenario>> {
+        self.routes.get(&route.trim().to_lowercase()).and_then(|id| self.scenarios.get(id))
+    }
+
+    /// Every scenario, by id.
+    pub fn scenarios(&self) -> impl Iterator<Item = &Arc<Scenario>> {
+        self.scenarios.values()
+    }
+
+    /// How many scenarios there are.
+    pub fn len(&self) -> usize {
+        self.scenarios.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.scenarios.is_empty()
+    }
+
+    /// Every intent route (lower-cased) and the scenario id it leads to.
+    pub fn routes(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.routes.iter().map(|(r, id)| (r.as_str(), id.as_str()))
+    }
+
+    /// The texts this registry was loaded from.
+    pub fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    /// A new registry with one tenant's overrides deep-merged over their base scenarios
+    /// (mappings merge key by key; lists and scalars replace) and checked exactly like a
+    /// base file. Errors name the tenant and the override.
+    pub fn with_overrides(
+        &self,
+        tenant: &str,
+        overrides: &[Override],
+    ) -> Result<Loaded, LoadError> {
+        let mut sources = self.sources.clone();
+        let mut diags = Diagnostics::new();
+        let mut scenarios = self.scenarios.clone();
+        let mut bases = self.bases.clone();
+        let mut roots: HashMap<PathBuf, Files> = HashMap::new();
+        for o in overrides {
+            let context =
+                format!("tenant `{tenant}`, override `{}` of `{}`", o.name, o.scenario_id);
+            let source = sources.add(o.name.clone(), o.yaml.clone());
+            let mut local = Diagnostics::new();
+            let Some(base) = self.bases.get(&o.scenario_id) else {
+                let known: Vec<&str> = self.scenarios.keys().map(String::as_str).collect();
+                local.push(
+                    Diagnostic::error(
+                        "unknown-scenario",
+                        Pos { source, ..Pos::UNKNOWN },
+                        format!("there is no scenario `{}` to override", o.scenario_id),
+                    )
+                    .with_help(format!("loaded scenarios: {}", known.join(", "))),
+                );
+                prefix(&mut local, &context);
+                diags.extend(local);
+                continue;
+            };
+            let over = match Node::parse(&o.yaml, source) {
+                Ok(n) => n,
+                Err(d) => {
+                    local.push(d);
+                    prefix(&mut local, &context);
+                    diags.extend(local);
+                    continue;
+                }
+            };
+            if over.as_map().is_none() {
+                local.push(Diagnostic::error(
+                    "wrong-type",
+                    over.pos,
+                    format!("an override must be a mapping, found {}", over.value.type_name()),
+                ));
+                prefix(&mut local, &context);
+                diags.extend(local);
+                continue;
+            }
+            if let Some(id) = over.get("id")
+                && id.as_str() != Some(o.scenario_id.as_str())
+            {
+                local.push(Diagnostic::error(
+                    "override-id",
+                    id.pos,
+                    "an override cannot change the scenario's id",
+                ));
+                prefix(&mut local, &context);
+                diags.extend(local);
+                continue;
+            }
+            let mut merged = base.node.clone();
+            merged.merge(over);
+            let files =
+                roots.entry(base.root.clone()).or_insert_with(|| Files::new(base.root.clone()));
+            let name = format!("{} + {}", base.file, o.name);
+            if let Some(scenario) = check::check(&merged, &name, files, &mut sources, &mut local) {
+                bases.insert(
+                    scenario.id.clone(),
+                    Base { node: merged, root: base.root.clone(), file: name },
+                );
+                scenarios.insert(scenario.id.clone(), Arc::new(scenario));
+            }
+            prefix(&mut local, &context);
+            diags.extend(local);
+        }
+        let mut registry = Registry { scenarios, routes: BTreeMap::new(), bases, sources };
+        registry.index_routes(&mut diags);
+        diags.locate(&registry.sources);
+        if diags.has_errors() {
+            return Err(LoadError { diagnostics: diags });
+        }
+        Ok(Loaded { registry, warnings: diags })
+    }
+}
+
+fn prefix(diags: &mut Diagnostics, context: &str) {
+    diags.map_messages(|m| format!("{context}: {m}"));
+}
+
+/// Lists the scenario files under `path` with their roots.
+fn collect(path: &Path, found: &mut Vec<(PathBuf, PathBuf)>, diags: &mut Diagnostics) {
+    let shown = path.display().to_string();
+    let metadata = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) => {
+            diags.push(
+                Diagnostic::error(
+                    "missing-file",
+                    Pos::UNKNOWN,
+                    format!("cannot read `{shown}`: {e}"),
+                )
+                .in_file(shown)
+                .with_help("give a scenario file or a scenarios directory"),
+            );
+            return;
+        }
+    };
+    if metadata.is_dir() {
+        let entries = match std::fs::read_dir(path) {
+            Ok(entries) => entries,
+            Err(e) => {
+                diags.push(
+                    Diagnostic::error(
+                        "missing-file",
+                        Pos::UNKNOWN,
+                        format!("cannot list `{shown}`: {e}"),
+                    )
+                    .in_file(shown),
+                );
+                return;
+            }
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_file()
+                    && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+            })
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            diags.push(
+                Diagnostic::warning(
+                    "no-scenarios",
+                    Pos::UNKNOWN,
+                    format!("`{shown}` holds no .yaml files"),
+                )
+                .in_file(shown),
+            );
+        }
+        found.extend(files.into_iter().map(|f| (f, path.to_path_buf())));
+    } else {
+        let root = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        found.push((path.to_path_buf(), root));
+    }
+}
+
+/// Reads and parses one scenario file, reporting size, encoding and YAML problems.
+fn read_scenario(
+    file: &Path,
+    name: &str,
+    sources: &mut Sources,
+    diags: &mut Diagnostics,
+) -> Option<(Node, SourceId)> {
+    let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+    if size > limits::SOURCE_BYTES_MAX as u64 {
+        diags.push(
+            Diagnostic::error(
+                "file-too-large",
+                Pos::UNKNOWN,
+                format!(
+                    "the file is {size} bytes; a scenario may be at most {}",
+                    limits::SOURCE_BYTES_MAX
+                ),
+            )
+            .in_file(name),
+        );
+        return None;
+    }
+    let bytes = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) => {
+            diags.push(
+                Diagnostic::error(
+                    "unreadable-file",
+                    Pos::UNKNOWN,
+                    format!("cannot read the file: {e}"),
+                )
+                .in_file(name),
+            );
+            return None;
+        }
+    };
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let valid = e.utf8_error().valid_up_to();
+            let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            let prefix_text = String::from_utf8_lossy(&e.as_bytes()[..valid]).into_owned();
+            let source = sources.add(name, lossy);
+            let mut pos = pos_in_text(&prefix_text, valid, 1, source);
+            pos.len = 1;
+            diags.push(
+                Diagnostic::error(
+                    "not-utf8",
+                    pos,
+                    format!(
+                        "the file is not UTF-8: invalid byte 0x{:02x} at offset {valid}",
+                        e.as_bytes()[valid]
+                    ),
+                )
+                .with_help("save the file as UTF-8"),
+            );
+            return None;
+        }
+    };
+    let source = sources.add(name, text);
+    let text = sources.get(source).map(|s| s.text.clone()).unwrap_or_default();
+    match Node::parse(&text, source) {
+        Ok(node) => Some((node, source)),
+        Err(d) => {
+            diags.push(d);
+            None
+        }
+    }
+}
+
+/// A registry that can be reloaded while others read it.
+#[derive(Debug)]
+pub struct RegistryHandle {
+    paths: Vec<PathBuf>,
+    current: RwLock<Arc<Registry>>,
+}
+
+impl RegistryHandle {
+    /// Loads `paths` for the first time.
+    pub fn open(paths: Vec<PathBuf>) -> Result<(Self, Diagnostics), LoadError> {
+        let loaded = Registry::load(&paths)?;
+        Ok((
+            RegistryHandle { paths, current: RwLock::new(Arc::new(loaded.registry)) },
+            loaded.warnings,
+        ))
+    }
+
+    /// The registry as of now; it stays valid however often the handle refreshes.
+    pub fn current(&self) -> Arc<Registry> {
+        match self.current.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Reloads every path. On success the new registry replaces the old one in a single
+    /// swap; on any error the old one stays and the error is returned.
+    pub fn refresh(&self) -> Result<Diagnostics, LoadError> {
+        let loaded = Registry::load(&self.paths)?;
+        let fresh = Arc::new(loaded.registry);
+        match self.current.write() {
+            Ok(mut guard) => *guard = fresh,
+            Err(poisoned) => *poisoned.into_inner() = fresh,
+        }
+        Ok(loaded.warnings)
+    }
+}
