@@ -50,7 +50,7 @@ pub fn check(
     };
     let errors_before = diags.error_count();
     files.take_touched();
-    let mut checker = Checker { files, sources, diags };
+    let mut checker = Checker { files, sources, diags, errors_at_start: errors_before };
     let scenario = checker.scenario(&raw, node, file);
     if diags.error_count() > errors_before { None } else { scenario }
 }
@@ -59,6 +59,9 @@ struct Checker<'a> {
     files: &'a mut Files,
     sources: &'a mut Sources,
     diags: &'a mut Diagnostics,
+    /// Errors already in `diags` before this scenario: graph warnings are only worth
+    /// giving about a scenario that has none of its own.
+    errors_at_start: usize,
 }
 
 /// Whether `s` is a well-formed id: a lower-case letter, then lower-case letters, digits, `_`.
@@ -322,6 +325,9 @@ impl Checker<'_> {
             outgoing,
             index,
         };
+        if self.diags.error_count() > self.errors_at_start {
+            return None;
+        }
         let level_pos: Vec<Pos> = raw_levels.iter().map(|l| l.id.pos).collect();
         for w in graph::warnings(&scenario, &level_pos) {
             self.diags.push(w);
@@ -629,7 +635,7 @@ impl Checker<'_> {
         }
         let fallback_outside_allow =
             m.value.fallback_outside_allow.as_ref().is_some_and(|f| f.value);
-        if allow.is_empty() && fallback.is_empty() && !fallback_outside_allow {
+        if m.value.allow.is_empty() && m.value.fallback.is_empty() && !fallback_outside_allow {
             self.error("empty-model", m.pos, "the model constraint allows nothing").help = Some(
                 "add `allow:` patterns, or leave `model:` out to use the routing default"
                     .to_owned(),
@@ -678,8 +684,17 @@ impl Checker<'_> {
 
     fn verifier(&mut self, v: &Located<RawVerifier>) -> Option<VerifierSpec> {
         let uses = v.uses.value;
-        let params = v.params.as_ref().map(|p| p.value.clone()).unwrap_or_default();
+        let params: serde_json::Map<String, serde_json::Value> = v
+            .params
+            .iter()
+            .flat_map(|p| p.value.iter())
+            .map(|(k, val)| (k.clone(), val.value.clone()))
+            .collect();
         let params_pos = v.params.as_ref().map_or(v.pos, |p| p.pos);
+        // Where each parameter's value is, for pointing at the one that is wrong.
+        let at = |key: &str| -> Pos {
+            v.params.as_ref().and_then(|p| p.value.get(key)).map_or(params_pos, |val| val.pos)
+        };
         let spec = params_of(uses);
         let mut ok = true;
         for key in params.keys() {
@@ -697,7 +712,7 @@ impl Checker<'_> {
                 };
                 self.error(
                     "unknown-param",
-                    params_pos,
+                    at(key),
                     format!("verifier `{}` has an unknown parameter `{key}`", v.name.value),
                 )
                 .help = Some(help);
@@ -723,7 +738,7 @@ impl Checker<'_> {
                 Some(value) if !p.kind.accepts(value) => {
                     self.error(
                         "wrong-type",
-                        params_pos,
+                        at(p.name),
                         format!(
                             "parameter `{}` of verifier `{}` must be {}",
                             p.name,
@@ -782,13 +797,13 @@ impl Checker<'_> {
         match uses {
             Uses::LlmJudge => {
                 let name = params.get("rubric").and_then(|r| r.as_str()).unwrap_or_default();
-                rubric = Some(self.files.rubric(name, params_pos, self.sources, self.diags)?);
+                rubric = Some(self.files.rubric(name, at("rubric"), self.sources, self.diags)?);
                 if let Some(t) = params.get("threshold").and_then(serde_json::Value::as_f64)
                     && !(0.0..=1.0).contains(&t)
                 {
                     self.error(
                         "out-of-range",
-                        params_pos,
+                        at("threshold"),
                         format!("judge threshold must be between 0 and 1, found {t}"),
                     );
                     return None;
@@ -797,7 +812,7 @@ impl Checker<'_> {
             Uses::Schema => {
                 schema = match params.get("schema") {
                     Some(serde_json::Value::String(path)) => {
-                        Some(self.files.schema(path, params_pos, self.sources, self.diags)?)
+                        Some(self.files.schema(path, at("schema"), self.sources, self.diags)?)
                     }
                     Some(inline) => Some(inline.clone()),
                     None => None,
@@ -806,17 +821,17 @@ impl Checker<'_> {
             Uses::Semgrep => {
                 let rules = params.get("rules").and_then(|r| r.as_str()).unwrap_or_default();
                 if is_registry_config(rules) {
-                    self.error("semgrep-registry", params_pos, format!("semgrep config `{rules}` is a registry rule set")).help =
+                    self.error("semgrep-registry", at("rules"), format!("semgrep config `{rules}` is a registry rule set")).help =
                         Some("registry configs need the network and hang offline; point `rules` at a local YAML rules file under the scenarios directory".to_owned());
                     return None;
                 }
-                self.files.plain(rules, params_pos, self.sources, self.diags)?;
+                self.files.plain(rules, at("rules"), self.sources, self.diags)?;
                 if let Some(s) = params.get("severity").and_then(|s| s.as_str())
                     && !["INFO", "WARNING", "ERROR"].contains(&s)
                 {
                     self.error(
                         "invalid-value",
-                        params_pos,
+                        at("severity"),
                         format!("semgrep severity `{s}` is not INFO, WARNING or ERROR"),
                     );
                     return None;
@@ -828,7 +843,7 @@ impl Checker<'_> {
                 if empty {
                     self.error(
                         "invalid-value",
-                        params_pos,
+                        at("server"),
                         "`server` must name the command that starts the MCP server",
                     );
                     return None;
@@ -838,7 +853,7 @@ impl Checker<'_> {
                 let empty =
                     params.get("argv").and_then(|s| s.as_array()).is_some_and(Vec::is_empty);
                 if empty {
-                    self.error("invalid-value", params_pos, "`argv` must name the program to run");
+                    self.error("invalid-value", at("argv"), "`argv` must name the program to run");
                     return None;
                 }
             }

@@ -123,7 +123,11 @@ impl de::Error for Error {
     fn invalid_type(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
         Error {
             code: "wrong-type",
-            message: format!("expected {exp}, found {}", describe(&unexp)),
+            message: format!(
+                "expected {}, found {}",
+                plain_type(&exp.to_string()),
+                describe(&unexp)
+            ),
             help: None,
             pos: Pos::UNKNOWN,
         }
@@ -132,7 +136,11 @@ impl de::Error for Error {
     fn invalid_value(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
         Error {
             code: "invalid-value",
-            message: format!("expected {exp}, found {}", describe(&unexp)),
+            message: format!(
+                "expected {}, found {}",
+                plain_type(&exp.to_string()),
+                describe(&unexp)
+            ),
             help: None,
             pos: Pos::UNKNOWN,
         }
@@ -185,12 +193,28 @@ impl de::Error for Error {
     }
 }
 
+/// Serde's names of Rust types, said the way a scenario author would.
+fn plain_type(expected: &str) -> String {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number of zero or more".to_owned(),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".to_owned(),
+        "f32" | "f64" => "a number".to_owned(),
+        "a sequence" => "a list".to_owned(),
+        "a boolean" => "true or false".to_owned(),
+        other if other.starts_with("struct ") => "a mapping".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
 fn describe(unexp: &de::Unexpected<'_>) -> String {
     match unexp {
         de::Unexpected::Str(s) => format!("the string {s:?}"),
         de::Unexpected::Unit => "null".to_owned(),
         de::Unexpected::Map => "a mapping".to_owned(),
         de::Unexpected::Seq => "a list".to_owned(),
+        de::Unexpected::Signed(n) => format!("the number {n}"),
+        de::Unexpected::Unsigned(n) => format!("the number {n}"),
+        de::Unexpected::Float(n) => format!("the number {n}"),
         other => other.to_string(),
     }
 }

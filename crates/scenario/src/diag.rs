@@ -79,6 +79,13 @@ impl Diagnostic {
         self
     }
 
+    /// Appends context to the message, such as where a broken file is used.
+    #[must_use]
+    pub fn with_context(mut self, context: &str) -> Self {
+        self.message.push_str(context);
+        self
+    }
+
     /// Names the file explicitly (for problems that have no position in it).
     #[must_use]
     pub fn in_file(mut self, file: impl Into<String>) -> Self {

@@ -86,8 +86,9 @@ impl Files {
                     if errors.is_empty() {
                         Ok(Arc::from(text))
                     } else {
+                        let used = used_at(sources, at);
                         for e in errors {
-                            diags.push(e);
+                            diags.push(e.with_context(&used));
                         }
                         Err(Problem::InFile)
                     }
@@ -114,8 +115,9 @@ impl Files {
                     |(text, source)| match rubric::parse(&text, source, name) {
                         Ok(r) => Ok(Arc::new(r)),
                         Err(errors) => {
+                            let used = used_at(sources, at);
                             for e in errors {
-                                diags.push(e);
+                                diags.push(e.with_context(&used));
                             }
                             Err(Problem::InFile)
                         }
@@ -306,6 +308,15 @@ fn report<'a, T>(
     }
 }
 
+/// " (used at FILE:LINE)" for a diagnostic inside a referenced file.
+fn used_at(sources: &Sources, at: Pos) -> String {
+    if at.is_known() {
+        format!(" (used at {}:{})", sources.name(at.source), at.line)
+    } else {
+        String::new()
+    }
+}
+
 fn is_plain_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= limits::ID_CHARS_MAX
@@ -362,15 +373,18 @@ pub fn check_template(
         Ok(t) => t,
         Err(e) => {
             let detail = e.detail().map_or_else(|| e.kind().to_string(), str::to_owned);
+            let help = if detail.contains("end of block") || detail.contains("end of input") {
+                "a `{% if %}`, `{% for %}`, `{% block %}` or `{% macro %}` is missing its closing `{% end… %}`"
+            } else {
+                "see the minijinja template syntax; `{{ … }}` prints, `{% … %}` controls"
+            };
             return vec![
                 Diagnostic::error(
                     "template-syntax",
                     place(e.line(), e.range()),
                     format!("template syntax error{}: {detail}", in_line(e.line())),
                 )
-                .with_help(
-                    "see the minijinja template syntax; `{{ … }}` prints, `{% … %}` controls",
-                ),
+                .with_help(help),
             ];
         }
     };

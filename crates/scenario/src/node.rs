@@ -236,25 +236,52 @@ fn yaml_error(e: &serde_saphyr::Error, text: &str, source: SourceId) -> Diagnost
         },
         _ => Pos { source, ..Pos::UNKNOWN },
     };
+    let (code, message, help) = describe_yaml_error(&message);
+    Diagnostic::error(code, pos, message).with_help(help)
+}
+
+/// Turns a parser message into an author's: a stable code, a sentence, and what to do.
+fn describe_yaml_error(message: &str) -> (&'static str, String, &'static str) {
     let lower = message.to_lowercase();
-    let (code, help) = if lower.contains("budget") || lower.contains("alias") {
-        (
-            "yaml-too-complex",
-            "aliases, nesting or size exceed what a scenario may use; write the values out plainly",
-        )
-    } else if lower.contains("duplicate") {
-        ("duplicate-key", "each key may appear once in a mapping; remove one of them")
-    } else if lower.contains("multiple documents")
-        || lower.contains("document") && lower.contains("more")
-    {
-        (
+    if lower.contains("documents") {
+        return (
             "multiple-documents",
-            "a scenario file holds exactly one YAML document; remove the extra `---`",
-        )
-    } else {
-        ("yaml-syntax", "check the indentation and quoting of this line and the one before it")
-    };
-    Diagnostic::error(code, pos, format!("invalid YAML: {message}")).with_help(help)
+            "the file holds more than one YAML document".to_owned(),
+            "a scenario file holds exactly one document; remove the extra `---`",
+        );
+    }
+    if lower.contains("budget") {
+        let what = if lower.contains("depth") {
+            format!("the YAML nests deeper than {} levels", limits::YAML_DEPTH_MAX)
+        } else if lower.contains("alias") {
+            format!("the YAML uses more than {} aliases", limits::YAML_ALIASES_MAX)
+        } else if lower.contains("scalar") {
+            "the YAML holds too much text".to_owned()
+        } else {
+            format!(
+                "the YAML expands to more than {} values (aliases count each time they are used)",
+                limits::YAML_NODES_MAX
+            )
+        };
+        return (
+            "yaml-too-complex",
+            what,
+            "aliases, nesting or size exceed what a scenario may use; write the values out plainly",
+        );
+    }
+    if lower.contains("duplicate") {
+        let cut = message.find(", set ").unwrap_or(message.len());
+        return (
+            "duplicate-key",
+            format!("invalid YAML: {}", &message[..cut]),
+            "each key may appear once in a mapping; remove one of them",
+        );
+    }
+    (
+        "yaml-syntax",
+        format!("invalid YAML: {message}"),
+        "check the indentation and quoting of this line and the one before it",
+    )
 }
 
 /// Drops a trailing "at line X column Y" from a parser message: the diagnostic shows it.

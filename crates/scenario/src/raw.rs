@@ -355,9 +355,9 @@ pub struct RawVerifier {
     pub name: Located<String>,
     /// Which built-in verifier runs.
     pub uses: Located<RawUses>,
-    /// Settings of the verifier (see `baton schema` for each kind's parameters).
+    /// Settings of the verifier; which ones depend on `uses` (an unknown one is an error).
     #[serde(default)]
-    pub params: Option<Located<Map>>,
+    pub params: Option<Located<BTreeMap<String, Located<serde_json::Value>>>>,
     /// Weight in a weighted score (default 1).
     #[serde(default)]
     pub weight: Option<Located<f64>>,

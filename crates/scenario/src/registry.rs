@@ -140,7 +140,7 @@ impl Registry {
             registry.bases.insert(scenario.id.clone(), Base { node, root, file: name });
             registry.scenarios.insert(scenario.id.clone(), Arc::new(scenario));
         }
-        registry.index_routes(&mut diags);
+        registry.index_routes(&sources, &mut diags);
         registry.sources = sources;
         diags.locate(&registry.sources);
         if diags.has_errors() {
@@ -150,38 +150,41 @@ impl Registry {
     }
 
     /// Builds the route index; two scenarios claiming one route is an error.
-    fn index_routes(&mut self, diags: &mut Diagnostics) {
+    fn index_routes(&mut self, sources: &Sources, diags: &mut Diagnostics) {
         self.routes.clear();
+        let mut claimed_at: HashMap<String, Pos> = HashMap::new();
         for scenario in self.scenarios.values() {
             let node = self.bases.get(&scenario.id).map(|b| &b.node);
             for route in &scenario.intent_routes {
                 let key = route.to_lowercase();
+                let pos = node
+                    .and_then(|n| n.get("intent_routes"))
+                    .and_then(|n| match &n.value {
+                        crate::node::Value::Seq(items) => items.iter().find(|i| {
+                            i.as_str().is_some_and(|s| s.trim().eq_ignore_ascii_case(route))
+                        }),
+                        _ => None,
+                    })
+                    .map_or(Pos::UNKNOWN, |n| n.pos);
                 match self.routes.get(&key) {
                     Some(owner) if owner != &scenario.id => {
-                        let pos = node
-                            .and_then(|n| n.get("intent_routes"))
-                            .and_then(|n| match &n.value {
-                                crate::node::Value::Seq(items) => items.iter().find(|i| {
-                                    i.as_str().is_some_and(|s| s.trim().eq_ignore_ascii_case(route))
-                                }),
-                                _ => None,
-                            })
-                            .map_or(Pos::UNKNOWN, |n| n.pos);
+                        let first = claimed_at.get(&key).copied().unwrap_or(Pos::UNKNOWN);
                         diags.push(
                             Diagnostic::error(
                                 "duplicate-route",
                                 pos,
                                 format!(
-                                    "intent route `{route}` is claimed by both `{owner}` and `{}`",
+                                    "intent route `{route}` is claimed by both `{owner}` ({}:{}) and `{}`",
+                                    sources.name(first.source),
+                                    first.line,
                                     scenario.id
                                 ),
                             )
-                            .with_help(
-                                "a route must lead to one scenario; remove it from one of them",
-                            ),
+                            .with_help("a route must lead to one scenario; remove it from one of them"),
                         );
                     }
                     _ => {
+                        claimed_at.insert(key.clone(), pos);
                         self.routes.insert(key, scenario.id.clone());
                     }
                 }
@@ -302,8 +305,10 @@ impl Registry {
             prefix(&mut local, &context);
             diags.extend(local);
         }
-        let mut registry = Registry { scenarios, routes: BTreeMap::new(), bases, sources };
-        registry.index_routes(&mut diags);
+        let mut registry =
+            Registry { scenarios, routes: BTreeMap::new(), bases, sources: Sources::new() };
+        registry.index_routes(&sources, &mut diags);
+        registry.sources = sources;
         diags.locate(&registry.sources);
         if diags.has_errors() {
             return Err(LoadError { diagnostics: diags });

@@ -218,7 +218,7 @@ fn lex_string(text: &str, start: usize) -> Result<(String, usize), ParseError> {
     Err(ParseError {
         message: "unterminated string".to_owned(),
         span: Span::new(start, text.len()),
-        help: Some(format!("close it with {}", quote as char)),
+        help: Some(format!("close it with `{}`", quote as char)),
     })
 }
 

@@ -1,0 +1,191 @@
+//! The loader and registry: checksums, refresh, tenant overrides, routes, limits.
+
+use baton_scenario::registry::Override;
+use baton_scenario::{Registry, RegistryHandle};
+
+use crate::TempDir;
+
+const BASE: &str = "\
+id: qa
+version: 1
+intent_routes: [QA]
+budget: {max_cost_usd: 1.0}
+levels:
+  - id: answer
+    kind: prompt
+    prompt: prompts/answer.j2
+    model: {allow: ['free:*']}
+    terminal: true
+edges:
+  - {from: answer, to: __end__}
+";
+
+fn dir_with_base(name: &str) -> TempDir {
+    let dir = TempDir::new(name);
+    dir.write("prompts/answer.j2", "Answer: {{ input }}");
+    dir.write("qa.yaml", BASE);
+    dir
+}
+
+#[test]
+fn checksum_is_stable_across_key_order_and_formatting() {
+    let a = dir_with_base("checksum-a");
+    let b = TempDir::new("checksum-b");
+    b.write("prompts/answer.j2", "Answer: {{ input }}");
+    b.write(
+        "qa.yaml",
+        "# the same scenario, reordered and restyled\n\
+         edges: [{to: __end__, from: answer}]\n\
+         levels:\n- {kind: prompt, id: answer, terminal: true, model: {allow: [\"free:*\"]}, prompt: \"prompts/answer.j2\"}\n\
+         budget:\n  max_cost_usd: 1.00\n\
+         intent_routes:\n  - QA\n\
+         version: 1\nid: 'qa'\n",
+    );
+    let sa = Registry::load(&[a.path()]).unwrap().registry.get("qa").unwrap().checksum.clone();
+    let sb = Registry::load(&[b.path()]).unwrap().registry.get("qa").unwrap().checksum.clone();
+    assert_eq!(sa, sb);
+    assert_eq!(sa.len(), 64);
+
+    // A change of meaning, or of a template the scenario reads, changes it.
+    b.write("prompts/answer.j2", "Answer briefly: {{ input }}");
+    let sc = Registry::load(&[b.path()]).unwrap().registry.get("qa").unwrap().checksum.clone();
+    assert_ne!(sa, sc);
+}
+
+#[test]
+fn routes_are_case_insensitive() {
+    let dir = dir_with_base("routes");
+    let loaded = Registry::load(&[dir.path()]).unwrap();
+    assert_eq!(loaded.registry.by_route("qa").unwrap().id, "qa");
+    assert_eq!(loaded.registry.by_route(" Qa ").unwrap().id, "qa");
+    assert!(loaded.registry.by_route("research").is_none());
+}
+
+#[test]
+fn refresh_swaps_atomically_and_keeps_the_old_registry_on_error() {
+    let dir = dir_with_base("refresh");
+    let (handle, _) = RegistryHandle::open(vec![dir.path().to_path_buf()]).unwrap();
+    let before = handle.current();
+    assert_eq!(before.get("qa").unwrap().version, 1);
+
+    dir.write("qa.yaml", &BASE.replace("version: 1", "version: 2"));
+    handle.refresh().unwrap();
+    assert_eq!(handle.current().get("qa").unwrap().version, 2);
+    // A reader holding the old registry keeps it intact.
+    assert_eq!(before.get("qa").unwrap().version, 1);
+
+    dir.write("qa.yaml", &BASE.replace("kind: prompt", "kind: promtp"));
+    let err = handle.refresh().unwrap_err();
+    assert!(err.to_string().contains("1 error"), "{err}");
+    assert_eq!(handle.current().get("qa").unwrap().version, 2, "the old registry stays");
+
+    dir.write("other.yaml", &BASE.replace("id: qa", "id: other"));
+    dir.write("qa.yaml", &BASE.replace("version: 1", "version: 3"));
+    let err = handle.refresh().unwrap_err();
+    assert!(err.diagnostics.render().contains("duplicate-route"), "{}", err.diagnostics.render());
+    assert_eq!(handle.current().get("qa").unwrap().version, 2);
+}
+
+#[test]
+fn tenant_overrides_merge_maps_and_replace_lists() {
+    let dir = dir_with_base("overrides");
+    let base = Registry::load(&[dir.path()]).unwrap().registry;
+    let o = Override {
+        scenario_id: "qa".to_owned(),
+        name: "acme/qa.yaml".to_owned(),
+        yaml: "budget: {max_tokens: 5000}\nintent_routes: [quick]\n".to_owned(),
+    };
+    let merged = base.with_overrides("acme", &[o]).unwrap().registry;
+    let qa = merged.get("qa").unwrap();
+    assert_eq!(qa.budget.max_cost_usd, Some(1.0), "maps merge key by key");
+    assert_eq!(qa.budget.max_tokens, Some(5000));
+    assert_eq!(qa.intent_routes, vec!["quick".to_owned()], "lists replace");
+    assert!(merged.by_route("quick").is_some() && merged.by_route("qa").is_none());
+    assert_ne!(qa.checksum, base.get("qa").unwrap().checksum);
+    // The base registry is untouched.
+    assert_eq!(base.get("qa").unwrap().budget.max_tokens, None);
+}
+
+#[test]
+fn override_errors_name_the_tenant_the_override_and_its_line() {
+    let dir = dir_with_base("override-errors");
+    let base = Registry::load(&[dir.path()]).unwrap().registry;
+    let o = Override {
+        scenario_id: "qa".to_owned(),
+        name: "acme/qa.yaml".to_owned(),
+        yaml: "budget:\n  max_cost_usd: 2\n  max_cents: 5\n".to_owned(),
+    };
+    let err = base.with_overrides("acme", &[o]).unwrap_err();
+    let d = err.diagnostics.iter().next().unwrap();
+    assert!(d.message.contains("tenant `acme`") && d.message.contains("acme/qa.yaml"), "{d}");
+    assert!(d.message.contains("unknown field `max_cents`"), "{d}");
+    assert_eq!((d.file.as_str(), d.line), ("acme/qa.yaml", 3), "{d}");
+
+    let unknown = Override {
+        scenario_id: "nope".to_owned(),
+        name: "acme/nope.yaml".to_owned(),
+        yaml: "version: 2\n".to_owned(),
+    };
+    let err = base.with_overrides("acme", &[unknown]).unwrap_err();
+    assert!(err.diagnostics.render().contains("no scenario `nope`"));
+
+    let bad_gate = Override {
+        scenario_id: "qa".to_owned(),
+        name: "acme/qa.yaml".to_owned(),
+        yaml: "edges:\n  - {from: answer, to: __end__, when: \"verdict == 'pass'\"}\n".to_owned(),
+    };
+    let err = base.with_overrides("acme", &[bad_gate]).unwrap_err();
+    let d = err.diagnostics.iter().next().unwrap();
+    assert_eq!((d.file.as_str(), d.line), ("acme/qa.yaml", 2), "{d}");
+    assert!(d.message.contains("never matches"), "{d}");
+}
+
+#[test]
+fn override_null_does_not_delete() {
+    let dir = dir_with_base("override-null");
+    let base = Registry::load(&[dir.path()]).unwrap().registry;
+    let o = Override {
+        scenario_id: "qa".to_owned(),
+        name: "t/qa.yaml".to_owned(),
+        yaml: "budget: {max_cost_usd: null}\n".to_owned(),
+    };
+    let merged = base.with_overrides("t", &[o]).unwrap().registry;
+    assert_eq!(merged.get("qa").unwrap().budget.max_cost_usd, Some(1.0));
+}
+
+#[test]
+fn symlinked_template_outside_the_directory_is_refused() {
+    let outside = TempDir::new("outside");
+    let secret = outside.write("secret.j2", "{{ input }}");
+    let dir = TempDir::new("symlink");
+    dir.write("qa.yaml", &BASE.replace("prompts/answer.j2", "prompts/link.j2"));
+    std::fs::create_dir_all(dir.path().join("prompts")).unwrap();
+    std::os::unix::fs::symlink(&secret, dir.path().join("prompts/link.j2")).unwrap();
+    let err = Registry::load(&[dir.path()]).unwrap_err();
+    assert!(
+        err.diagnostics.render().contains("leads outside the scenarios directory"),
+        "{}",
+        err.diagnostics.render()
+    );
+}
+
+#[test]
+fn a_missing_path_is_a_clear_error() {
+    let err = Registry::load(&["/nonexistent/baton/scenarios"]).unwrap_err();
+    let text = err.diagnostics.render();
+    assert!(text.contains("cannot read `/nonexistent/baton/scenarios`"), "{text}");
+}
+
+#[test]
+fn an_oversized_file_is_refused_before_parsing() {
+    let dir = TempDir::new("oversized");
+    let mut big = BASE.to_owned();
+    big.push_str(&format!(
+        "metadata: {{filler: \"{}\"}}\n",
+        "x".repeat(baton_scenario::limits::SOURCE_BYTES_MAX)
+    ));
+    dir.write("prompts/answer.j2", "Answer: {{ input }}");
+    dir.write("qa.yaml", &big);
+    let err = Registry::load(&[dir.path()]).unwrap_err();
+    assert!(err.diagnostics.render().contains("file-too-large"));
+}
