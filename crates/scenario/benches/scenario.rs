@@ -42,7 +42,7 @@ fn gate(c: &mut Criterion) {
     let ctx = JsonContext(&state);
     assert!(gate.fires(&ctx));
     c.bench_function("evaluate_compiled_gate", |b| {
-        b.iter(|| black_box(gate.fires(black_box(&ctx))))
+        b.iter(|| black_box(gate.fires(black_box(&ctx))));
     });
     c.bench_function("parse_and_resolve_gate", |b| {
         b.iter(|| {

@@ -120,6 +120,19 @@ impl Checker<'_> {
         Some(v.value)
     }
 
+    fn non_negative(&mut self, value: Option<&Located<f64>>, what: &str) -> Option<f64> {
+        let v = value?;
+        if !(v.value.is_finite() && v.value >= 0.0) {
+            self.error(
+                "out-of-range",
+                v.pos,
+                format!("`{what}` must be zero or more, found {}", v.value),
+            );
+            return None;
+        }
+        Some(v.value)
+    }
+
     fn fraction(&mut self, value: Option<&Located<f64>>, what: &str) -> Option<f64> {
         let v = value?;
         if !(v.value.is_finite() && (0.0..=1.0).contains(&v.value)) {
@@ -228,10 +241,9 @@ impl Checker<'_> {
                     r.pass_rate_drop_max.as_ref(),
                     "regression_thresholds.pass_rate_drop_max",
                 ),
-                cost_increase_max: self.positive(
+                cost_increase_max: self.non_negative(
                     r.cost_increase_max.as_ref(),
                     "regression_thresholds.cost_increase_max",
-                    1e6,
                 ),
             },
             None => RegressionThresholds::default(),
@@ -413,9 +425,15 @@ impl Checker<'_> {
             None => defaults.model.cloned(),
         };
         let verifiers = self.verifiers(raw);
+        // The default timeout bounds work (model calls, tool loops, verifiers), not the wait
+        // for a person or the span of a fan-out.
+        let default_timeout = match kind {
+            RawKind::Prompt | RawKind::ToolLoop | RawKind::Verifier => defaults.timeout_s,
+            RawKind::FanOut | RawKind::HumanApproval => None,
+        };
         let timeout_s = self
             .positive(raw.timeout_s.as_ref(), "timeout_s", limits::TIMEOUT_S_MAX)
-            .or(defaults.timeout_s);
+            .or(default_timeout);
         let level_kind = match kind {
             RawKind::Prompt => {
                 let prompt = self.required_prompt(raw, file);

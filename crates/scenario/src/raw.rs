@@ -230,7 +230,7 @@ enum PromptKey {
 }
 
 /// How a prompt level's answer is read.
-#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum RawResponse {
     /// Free text (the default).
@@ -243,6 +243,36 @@ pub enum RawResponse {
         #[serde(default)]
         schema: Option<Located<RawSchema>>,
     },
+}
+
+// Written by hand: the loader accepts a bare `json` as well as `{json: {schema: …}}`, which
+// a derived schema would not say.
+impl JsonSchema for RawResponse {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Response".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let schema = generator.subschema_for::<RawSchema>();
+        schemars::json_schema!({
+            "description": "How the answer is read: `markdown` (default), `verdict` (PASS/FAIL from a trailing ```control fence, lenient JSON, or one repair retry), `json`, or `{json: {schema: …}}` to check the JSON against a schema.",
+            "oneOf": [
+                {"type": "string", "enum": ["markdown", "verdict", "json"]},
+                {
+                    "type": "object",
+                    "properties": {
+                        "json": {
+                            "type": ["object", "null"],
+                            "properties": {"schema": schema},
+                            "additionalProperties": false
+                        }
+                    },
+                    "required": ["json"],
+                    "additionalProperties": false
+                }
+            ]
+        })
+    }
 }
 
 /// A JSON Schema, inline or in a file.

@@ -68,7 +68,7 @@ fn dsl_cases() {
                 case.expr
             )),
             (None, Err((phase, message))) => {
-                failures.push(format!("{:?}: unexpected {phase} error {message:?}", case.expr))
+                failures.push(format!("{:?}: unexpected {phase} error {message:?}", case.expr));
             }
             (None, Ok(gate)) => {
                 let state = case.state.clone().unwrap_or_else(|| serde_json::json!({}));

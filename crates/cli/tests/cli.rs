@@ -1,0 +1,140 @@
+//! The `baton` binary end to end: exit codes, output formats, error rendering.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn baton(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_baton")).args(args).current_dir(repo()).output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn validate_accepts_the_bundled_scenarios() {
+    let out = baton(&["validate"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("ok: 8 scenarios valid, 0 warnings"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn validate_rejects_a_malformed_file_naming_file_line_and_column() {
+    let out =
+        baton(&["validate", "crates/scenario/tests/malformed/unknown_level_field_promt.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("error[unknown-field]: unknown field `promt`"), "{err}");
+    assert!(err.contains("unknown_level_field_promt.yaml:"), "{err}");
+    assert!(err.contains("did you mean `prompt`?"), "{err}");
+}
+
+#[test]
+fn validate_prints_json_for_machines() {
+    let out = baton(&[
+        "validate",
+        "--format",
+        "json",
+        "crates/scenario/tests/malformed/edge_dangling_to.yaml",
+        "scenarios",
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(out.status.code(), Some(1));
+    let first = &report["diagnostics"][0];
+    assert_eq!(first["severity"], "error");
+    assert!(first["line"].as_u64().unwrap() > 0);
+
+    let out = baton(&["validate", "--format", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["scenarios"].as_array().unwrap().len(), 8);
+    assert_eq!(report["scenarios"][0]["checksum"].as_str().unwrap().len(), 64);
+}
+
+#[test]
+fn validate_checks_tenant_overrides() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-overrides-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("acme")).unwrap();
+    std::fs::write(dir.join("acme/quick_qa.yaml"), "budget:\n  max_cost_usd: 0.01\n").unwrap();
+    let ok = baton(&["validate", "--overrides", dir.to_str().unwrap()]);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+    std::fs::write(dir.join("acme/quick_qa.yaml"), "budget:\n  max_cost: 0.01\n").unwrap();
+    let bad = baton(&["validate", "--overrides", dir.to_str().unwrap()]);
+    assert_eq!(bad.status.code(), Some(1));
+    let err = text(&bad.stderr);
+    assert!(err.contains("tenant `acme`") && err.contains("unknown field `max_cost`"), "{err}");
+    assert!(err.contains("acme/quick_qa.yaml:2:3"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn graph_draws_mermaid_and_dot() {
+    let out = baton(&["graph", "code_build"]);
+    assert_eq!(out.status.code(), Some(0));
+    let m = text(&out.stdout);
+    assert!(
+        m.starts_with("flowchart TD")
+            && m.contains("l3_build_verify -->|\"verifier.build.passed\"| l3_accept"),
+        "{m}"
+    );
+    let out = baton(&["graph", "scenarios/quick_qa.yaml", "--format", "dot"]);
+    assert!(text(&out.stdout).starts_with("digraph \"quick_qa\""));
+    let out = baton(&["graph", "no_such_scenario"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no scenario `no_such_scenario`"));
+}
+
+#[test]
+fn schema_is_json_schema() {
+    let out = baton(&["schema"]);
+    let schema: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(schema["title"], "Baton scenario");
+    assert!(schema["properties"]["levels"].is_object());
+}
+
+#[test]
+fn expr_evaluates_and_explains() {
+    let state = std::env::temp_dir().join(format!("baton-cli-state-{}.json", std::process::id()));
+    std::fs::write(&state, r#"{"verdict": "PASS", "escalate_now": false}"#).unwrap();
+    let out =
+        baton(&["expr", "verdict == 'PASS' && !escalate_now", "--state", state.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let o = text(&out.stdout);
+    assert!(
+        o.contains("value: true") && o.contains("fires: yes") && o.contains("verdict = \"PASS\""),
+        "{o}"
+    );
+
+    let out = baton(&[
+        "expr",
+        "verifier.biuld.passed",
+        "--scenario",
+        "code_build",
+        "--from",
+        "l3_build_verify",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("no verifier `biuld`")
+            && e.contains("did you mean `build`?")
+            && e.contains("^^^^"),
+        "{e}"
+    );
+
+    let out = baton(&["expr", "verdict = 'PASS'"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("`=` is not an operator"));
+    let _ = std::fs::remove_file(state);
+}
