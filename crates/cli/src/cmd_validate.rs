@@ -25,21 +25,17 @@ pub(crate) fn run(
             None
         }
     };
+    // Each tenant's overrides are merged over the base and checked; the base registry is
+    // the one summarised.
     if let (Some(dir), Some(base)) = (overrides, registry.as_ref()) {
-        let mut merged: Option<Registry> = None;
         for (tenant, list) in read_overrides(dir)? {
             match base.with_overrides(&tenant, &list) {
-                Ok(loaded) => {
-                    all.extend(loaded.warnings);
-                    merged = Some(loaded.registry);
-                }
+                Ok(loaded) => all.extend(loaded.warnings),
                 Err(e) => all.extend(e.diagnostics),
             }
         }
         if all.has_errors() {
             registry = None;
-        } else if merged.is_some() && registry.is_some() {
-            // The base registry stays the one summarised; overrides were checked on top.
         }
     }
     let ok = !all.has_errors();

@@ -80,8 +80,8 @@ impl Files {
     ) -> Option<Arc<str>> {
         self.touched.push(("template", rel.to_owned()));
         if !self.templates.contains_key(rel) {
-            let result = self.read(rel, limits::TEMPLATE_BYTES_MAX, sources, diags).and_then(
-                |(text, source)| {
+            let result =
+                self.read(rel, limits::TEMPLATE_BYTES_MAX, sources).and_then(|(text, source)| {
                     let errors = check_template(rel, &text, source, sources, None);
                     if errors.is_empty() {
                         Ok(Arc::from(text))
@@ -92,8 +92,7 @@ impl Files {
                         }
                         Err(Problem::InFile)
                     }
-                },
-            );
+                });
             self.templates.insert(rel.to_owned(), result);
         }
         report(self.templates.get(rel), at, diags).cloned()
@@ -111,8 +110,8 @@ impl Files {
         if !self.rubrics.contains_key(name) {
             let rel = format!("rubrics/{name}.md");
             let result = if is_plain_name(name) {
-                self.read(&rel, limits::SOURCE_BYTES_MAX, sources, diags).and_then(
-                    |(text, source)| match rubric::parse(&text, source, name) {
+                self.read(&rel, limits::SOURCE_BYTES_MAX, sources).and_then(|(text, source)| {
+                    match rubric::parse(&text, source, name) {
                         Ok(r) => Ok(Arc::new(r)),
                         Err(errors) => {
                             let used = used_at(sources, at);
@@ -121,8 +120,8 @@ impl Files {
                             }
                             Err(Problem::InFile)
                         }
-                    },
-                )
+                    }
+                })
             } else {
                 Err(Problem::AtReference(
                     format!("`{name}` is not a rubric name"),
@@ -146,28 +145,29 @@ impl Files {
     ) -> Option<serde_json::Value> {
         self.touched.push(("schema", rel.to_owned()));
         if !self.schemas.contains_key(rel) {
-            let result = self.read(rel, limits::SOURCE_BYTES_MAX, sources, diags).and_then(
-                |(text, source)| match serde_json::from_str::<serde_json::Value>(&text) {
-                    Ok(value @ serde_json::Value::Object(_)) => Ok(value),
-                    Ok(_) => {
-                        diags.push(Diagnostic::error(
-                            "bad-schema",
-                            Pos { source, ..Pos::UNKNOWN },
-                            "a JSON Schema file must hold a JSON object",
-                        ));
-                        Err(Problem::InFile)
+            let result =
+                self.read(rel, limits::SOURCE_BYTES_MAX, sources).and_then(|(text, source)| {
+                    match serde_json::from_str::<serde_json::Value>(&text) {
+                        Ok(value @ serde_json::Value::Object(_)) => Ok(value),
+                        Ok(_) => {
+                            diags.push(Diagnostic::error(
+                                "bad-schema",
+                                Pos { source, ..Pos::UNKNOWN },
+                                "a JSON Schema file must hold a JSON object",
+                            ));
+                            Err(Problem::InFile)
+                        }
+                        Err(e) => {
+                            let pos = line_col_pos(&text, e.line(), e.column(), source);
+                            diags.push(Diagnostic::error(
+                                "bad-schema",
+                                pos,
+                                format!("invalid JSON: {e}"),
+                            ));
+                            Err(Problem::InFile)
+                        }
                     }
-                    Err(e) => {
-                        let pos = line_col_pos(&text, e.line(), e.column(), source);
-                        diags.push(Diagnostic::error(
-                            "bad-schema",
-                            pos,
-                            format!("invalid JSON: {e}"),
-                        ));
-                        Err(Problem::InFile)
-                    }
-                },
-            );
+                });
             self.schemas.insert(rel.to_owned(), result);
         }
         report(self.schemas.get(rel), at, diags).cloned()
@@ -184,7 +184,7 @@ impl Files {
         self.touched.push(("plain", rel.to_owned()));
         if !self.plain.contains_key(rel) {
             let result =
-                self.read(rel, limits::SOURCE_BYTES_MAX, sources, diags).map(|(t, _)| Arc::from(t));
+                self.read(rel, limits::SOURCE_BYTES_MAX, sources).map(|(t, _)| Arc::from(t));
             self.plain.insert(rel.to_owned(), result);
         }
         report(self.plain.get(rel), at, diags).cloned()
@@ -217,7 +217,6 @@ impl Files {
         rel: &str,
         bytes_max: usize,
         sources: &mut Sources,
-        _diags: &mut Diagnostics,
     ) -> Result<(String, SourceId), Problem> {
         let path = self.resolve(rel)?;
         let metadata = std::fs::metadata(&path).map_err(|_| {

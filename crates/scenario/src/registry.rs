@@ -18,7 +18,7 @@ use crate::files::Files;
 use crate::limits;
 use crate::model::Scenario;
 use crate::node::Node;
-use crate::source::{Pos, SourceId, Sources, pos_in_text};
+use crate::source::{Pos, Sources, pos_in_text};
 
 /// The loaded scenarios, indexed by id and by intent route.
 #[derive(Debug, Default)]
@@ -112,10 +112,9 @@ impl Registry {
         let mut defined_at: HashMap<String, Pos> = HashMap::new();
         for (file, root) in found {
             let name = file.display().to_string();
-            let Some((node, source)) = read_scenario(&file, &name, &mut sources, &mut diags) else {
+            let Some(node) = read_scenario(&file, &name, &mut sources, &mut diags) else {
                 continue;
             };
-            let _ = source;
             let files = roots.entry(root.clone()).or_insert_with(|| Files::new(root.clone()));
             let Some(scenario) = check::check(&node, &name, files, &mut sources, &mut diags) else {
                 continue;
@@ -389,7 +388,7 @@ fn read_scenario(
     name: &str,
     sources: &mut Sources,
     diags: &mut Diagnostics,
-) -> Option<(Node, SourceId)> {
+) -> Option<Node> {
     let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
     if size > limits::SOURCE_BYTES_MAX as u64 {
         diags.push(
@@ -445,7 +444,7 @@ fn read_scenario(
     let source = sources.add(name, text);
     let text = sources.get(source).map(|s| s.text.clone()).unwrap_or_default();
     match Node::parse(&text, source) {
-        Ok(node) => Some((node, source)),
+        Ok(node) => Some(node),
         Err(d) => {
             diags.push(d);
             None

@@ -185,7 +185,7 @@ impl fmt::Display for Gate {
 pub fn resolve(expr: &Expr, scope: &Scope<'_>) -> Result<Gate, ResolveError> {
     let mut paths = Vec::new();
     let (node, ty) = compile(expr, scope, &mut paths)?;
-    expect_condition(expr, ty, &paths)?;
+    expect_condition(expr, ty)?;
     Ok(Gate { expr: node, paths, source: expr.clone() })
 }
 
@@ -197,9 +197,9 @@ fn compile(
     Ok(match &expr.kind {
         ExprKind::Or(l, r) | ExprKind::And(l, r) => {
             let (left, lt) = compile(l, scope, paths)?;
-            expect_condition(l, lt, paths)?;
+            expect_condition(l, lt)?;
             let (right, rt) = compile(r, scope, paths)?;
-            expect_condition(r, rt, paths)?;
+            expect_condition(r, rt)?;
             let node = if matches!(expr.kind, ExprKind::Or(..)) {
                 Node::Or(Box::new(left), Box::new(right))
             } else {
@@ -209,7 +209,7 @@ fn compile(
         }
         ExprKind::Not(inner) => {
             let (node, ty) = compile(inner, scope, paths)?;
-            expect_condition(inner, ty, paths)?;
+            expect_condition(inner, ty)?;
             (Node::Not(Box::new(node)), Type::Bool)
         }
         ExprKind::Compare(op, l, r) => {
@@ -241,7 +241,7 @@ fn compile(
     })
 }
 
-fn expect_condition(expr: &Expr, ty: Type, _paths: &[PathRef]) -> Result<(), ResolveError> {
+fn expect_condition(expr: &Expr, ty: Type) -> Result<(), ResolveError> {
     if matches!(ty, Type::Bool | Type::Dynamic) {
         return Ok(());
     }
