@@ -107,43 +107,37 @@ impl Checker<'_> {
         }
     }
 
-    fn positive(&mut self, value: Option<&Located<f64>>, what: &str, max: f64) -> Option<f64> {
+    /// The value when `holds` is true of it (and it is finite); else an error saying it
+    /// must be `expected`.
+    fn number(
+        &mut self,
+        value: Option<&Located<f64>>,
+        what: &str,
+        expected: &str,
+        holds: impl Fn(f64) -> bool,
+    ) -> Option<f64> {
         let v = value?;
-        if !(v.value.is_finite() && v.value > 0.0 && v.value <= max) {
+        if !(v.value.is_finite() && holds(v.value)) {
             self.error(
                 "out-of-range",
                 v.pos,
-                format!("`{what}` must be a number in (0, {max}], found {}", v.value),
+                format!("`{what}` must be {expected}, found {}", v.value),
             );
             return None;
         }
         Some(v.value)
+    }
+
+    fn positive(&mut self, value: Option<&Located<f64>>, what: &str, max: f64) -> Option<f64> {
+        self.number(value, what, &format!("a number in (0, {max}]"), |v| v > 0.0 && v <= max)
     }
 
     fn non_negative(&mut self, value: Option<&Located<f64>>, what: &str) -> Option<f64> {
-        let v = value?;
-        if !(v.value.is_finite() && v.value >= 0.0) {
-            self.error(
-                "out-of-range",
-                v.pos,
-                format!("`{what}` must be zero or more, found {}", v.value),
-            );
-            return None;
-        }
-        Some(v.value)
+        self.number(value, what, "zero or more", |v| v >= 0.0)
     }
 
     fn fraction(&mut self, value: Option<&Located<f64>>, what: &str) -> Option<f64> {
-        let v = value?;
-        if !(v.value.is_finite() && (0.0..=1.0).contains(&v.value)) {
-            self.error(
-                "out-of-range",
-                v.pos,
-                format!("`{what}` must be between 0 and 1, found {}", v.value),
-            );
-            return None;
-        }
-        Some(v.value)
+        self.number(value, what, "between 0 and 1", |v| (0.0..=1.0).contains(&v))
     }
 
     fn bounded(&mut self, value: Option<&Located<u32>>, what: &str, max: u32) -> Option<u32> {
@@ -300,7 +294,7 @@ impl Checker<'_> {
             }
         }
 
-        let edges = self.edges(raw, &index);
+        let edges = self.edges(raw, &index, &parents);
         if levels.len() != raw_levels.len() || self.diags.has_errors() && edges.is_none() {
             return None;
         }
@@ -533,7 +527,7 @@ impl Checker<'_> {
     /// Refuses settings that the level's kind does not use.
     fn fields_for_kind(&mut self, raw: &Located<RawLevel>, kind: RawKind) {
         use RawKind::{FanOut, HumanApproval, Prompt, ToolLoop, Verifier};
-        let present: [(&str, Option<Pos>, &[RawKind]); 9] = [
+        let present: [(&str, Option<Pos>, &[RawKind]); 10] = [
             ("prompt", raw.prompt.as_ref().map(|v| v.pos), &[Prompt, ToolLoop, HumanApproval]),
             ("response", raw.response.as_ref().map(|v| v.pos), &[Prompt]),
             ("model", raw.model.as_ref().map(|v| v.pos), &[Prompt, ToolLoop, Verifier]),
@@ -543,10 +537,9 @@ impl Checker<'_> {
             ("max_parallel", raw.max_parallel.as_ref().map(|v| v.pos), &[FanOut]),
             ("max_iterations", raw.max_iterations.as_ref().map(|v| v.pos), &[ToolLoop]),
             ("approver_role", raw.approver_role.as_ref().map(|v| v.pos), &[HumanApproval]),
+            ("output_schema", raw.output_schema.as_ref().map(|v| v.pos), &[HumanApproval]),
         ];
-        let output_schema =
-            ("output_schema", raw.output_schema.as_ref().map(|v| v.pos), &[HumanApproval][..]);
-        for (field, pos, kinds) in present.into_iter().chain([output_schema]) {
+        for (field, pos, kinds) in present {
             let Some(pos) = pos else { continue };
             if !kinds.contains(&kind) {
                 let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
@@ -976,7 +969,12 @@ impl Checker<'_> {
         })
     }
 
-    fn edges(&mut self, raw: &RawScenario, index: &HashMap<String, LevelIdx>) -> Option<Vec<Edge>> {
+    fn edges(
+        &mut self,
+        raw: &RawScenario,
+        index: &HashMap<String, LevelIdx>,
+        parents: &HashMap<LevelIdx, LevelIdx>,
+    ) -> Option<Vec<Edge>> {
         if raw.edges.len() > limits::EDGES_MAX {
             self.error(
                 "too-many",
@@ -1028,44 +1026,32 @@ impl Checker<'_> {
             edges.push(Edge { from, to, when });
         }
         // Edges from fan-out children are never taken: the parent routes.
+        let levels = &raw.levels.value;
         for e in &raw.edges {
-            if index.contains_key(&e.from.value) {
-                let is_child = raw.levels.value.iter().any(|l| {
-                    l.fan_out
-                        .as_ref()
-                        .is_some_and(|c| c.value.iter().any(|c| c.value == e.from.value))
-                });
-                if is_child {
-                    self.error(
-                        "edge-from-child",
-                        e.from.pos,
-                        format!(
-                            "`{}` is a fan-out child; its parent decides where the run goes next",
-                            e.from.value
-                        ),
-                    )
-                    .help = Some("put the edge on the fan_out level instead".to_owned());
-                    ok = false;
-                }
+            if index.get(&e.from.value).is_some_and(|i| parents.contains_key(i)) {
+                self.error(
+                    "edge-from-child",
+                    e.from.pos,
+                    format!(
+                        "`{}` is a fan-out child; its parent decides where the run goes next",
+                        e.from.value
+                    ),
+                )
+                .help = Some("put the edge on the fan_out level instead".to_owned());
+                ok = false;
             }
-            if index.contains_key(&e.to.value) {
-                let parent = raw.levels.value.iter().find(|l| {
-                    l.fan_out
-                        .as_ref()
-                        .is_some_and(|c| c.value.iter().any(|c| c.value == e.to.value))
-                });
-                if let Some(parent) = parent {
-                    self.error(
-                        "edge-to-child",
-                        e.to.pos,
-                        format!(
-                            "`{}` is a child of fan-out `{}`; it runs only as part of it",
-                            e.to.value, parent.id.value
-                        ),
-                    )
-                    .help = Some(format!("point the edge at `{}`", parent.id.value));
-                    ok = false;
-                }
+            if let Some(parent) = index.get(&e.to.value).and_then(|i| parents.get(i)) {
+                let parent = &levels[*parent].id.value;
+                self.error(
+                    "edge-to-child",
+                    e.to.pos,
+                    format!(
+                        "`{}` is a child of fan-out `{parent}`; it runs only as part of it",
+                        e.to.value
+                    ),
+                )
+                .help = Some(format!("point the edge at `{parent}`"));
+                ok = false;
             }
         }
         ok.then_some(edges)
