@@ -88,9 +88,11 @@ impl Node {
         budget.max_aliases = limits::YAML_ALIASES_MAX;
         budget.max_total_scalar_bytes = limits::SOURCE_BYTES_MAX;
         budget.max_documents = 1;
+        // YAML 1.2 booleans only: `y`, `yes`, `on` and `no` stay strings (the "Norway problem").
         let options = serde_saphyr::options! {
             budget: Some(budget),
             with_snippet: false,
+            strict_booleans: true,
         };
         let spanned: Spanned<RawNode> = serde_saphyr::from_str_with_options(text, options)
             .map_err(|e| yaml_error(&e, text, source))?;

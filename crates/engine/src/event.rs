@@ -1,0 +1,347 @@
+//! Events: every fact of a run, numbered from 1.
+//!
+//! An event is an envelope (`seq`, `at`, `level_id`, `attempt`) around a payload. Payloads
+//! are explicit structs, one per kind, with schema version [`VERSION`]; a stored event is
+//! decoded by `(kind, version)` so that an old log is upgraded by code, never by a silent
+//! serde default. The same stream feeds the CLI, the planner and replay.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Schema version of every payload written today.
+pub const VERSION: u16 = 1;
+
+/// A stored event.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Event {
+    pub seq: u64,
+    pub at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    #[serde(flatten)]
+    pub data: EventData,
+}
+
+/// An event about to be appended: the store gives it its `seq`, the executor its `at`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    pub level_id: Option<String>,
+    pub attempt: Option<u32>,
+    pub data: EventData,
+}
+
+impl NewEvent {
+    /// An event of the run as a whole.
+    pub fn run(data: EventData) -> Self {
+        NewEvent { level_id: None, attempt: None, data }
+    }
+
+    /// An event of one attempt of a level.
+    pub fn level(level_id: &str, attempt: u32, data: EventData) -> Self {
+        NewEvent { level_id: Some(level_id.to_owned()), attempt: Some(attempt), data }
+    }
+
+    /// Stamps the event with its number and time.
+    pub fn at(self, seq: u64, at: DateTime<Utc>) -> Event {
+        Event { seq, at, level_id: self.level_id, attempt: self.attempt, data: self.data }
+    }
+}
+
+/// The payload of an event; its variant is the event's kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "snake_case")]
+pub enum EventData {
+    ScenarioStarted(ScenarioStarted),
+    LevelStarted(LevelStarted),
+    PromptSent(PromptSent),
+    ModelResponse(ModelResponse),
+    VerifierStarted(VerifierStarted),
+    VerifierFinished(VerifierFinished),
+    AskUser(AskUser),
+    UserAnswered(UserAnswered),
+    ApprovalRequested(ApprovalRequested),
+    ApprovalDecided(ApprovalDecided),
+    LevelFinished(LevelFinished),
+    GateDecision(GateDecision),
+    BudgetConsumed(BudgetConsumed),
+    BudgetExceeded(BudgetExceeded),
+    CancelRequested(CancelRequested),
+    Warning(Warning),
+    ScenarioFinished(ScenarioFinished),
+}
+
+impl EventData {
+    /// The kind's name as stored.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventData::ScenarioStarted(_) => "scenario_started",
+            EventData::LevelStarted(_) => "level_started",
+            EventData::PromptSent(_) => "prompt_sent",
+            EventData::ModelResponse(_) => "model_response",
+            EventData::VerifierStarted(_) => "verifier_started",
+            EventData::VerifierFinished(_) => "verifier_finished",
+            EventData::AskUser(_) => "ask_user",
+            EventData::UserAnswered(_) => "user_answered",
+            EventData::ApprovalRequested(_) => "approval_requested",
+            EventData::ApprovalDecided(_) => "approval_decided",
+            EventData::LevelFinished(_) => "level_finished",
+            EventData::GateDecision(_) => "gate_decision",
+            EventData::BudgetConsumed(_) => "budget_consumed",
+            EventData::BudgetExceeded(_) => "budget_exceeded",
+            EventData::CancelRequested(_) => "cancel_requested",
+            EventData::Warning(_) => "warning",
+            EventData::ScenarioFinished(_) => "scenario_finished",
+        }
+    }
+
+    /// The payload alone, as JSON.
+    pub fn payload(&self) -> Value {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(mut map)) => map.remove("data").unwrap_or(Value::Null),
+            _ => Value::Null,
+        }
+    }
+
+    /// Decodes a stored payload of `kind` written with schema `version`.
+    pub fn decode(kind: &str, version: u16, payload: Value) -> Result<EventData, DecodeError> {
+        if version != VERSION {
+            return Err(DecodeError {
+                kind: kind.to_owned(),
+                message: format!(
+                    "schema version {version} is not known (this build reads {VERSION})"
+                ),
+            });
+        }
+        let mut tagged = serde_json::Map::new();
+        tagged.insert("kind".to_owned(), Value::String(kind.to_owned()));
+        tagged.insert("data".to_owned(), payload);
+        let tagged = Value::Object(tagged);
+        serde_json::from_value(tagged)
+            .map_err(|e| DecodeError { kind: kind.to_owned(), message: e.to_string() })
+    }
+}
+
+/// A stored event that this build cannot read.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("cannot decode a `{kind}` event: {message}")]
+pub struct DecodeError {
+    pub kind: String,
+    pub message: String,
+}
+
+/// How a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinalStatus {
+    Completed,
+    Aborted,
+    Cancelled,
+    Failed,
+}
+
+impl FinalStatus {
+    /// The status as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinalStatus::Completed => "completed",
+            FinalStatus::Aborted => "aborted",
+            FinalStatus::Cancelled => "cancelled",
+            FinalStatus::Failed => "failed",
+        }
+    }
+}
+
+/// Caps copied from the scenario when the run starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BudgetCaps {
+    pub max_cost_usd: Option<f64>,
+    pub max_tokens: Option<u64>,
+    pub max_duration_s: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioStarted {
+    pub scenario_id: String,
+    pub scenario_version: u32,
+    pub checksum: String,
+    pub input: String,
+    pub metadata: serde_json::Map<String, Value>,
+    pub budget: BudgetCaps,
+    pub max_attempts_per_conflict: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LevelStarted {
+    pub role: String,
+    pub kind: String,
+    /// The fan-out level this one runs under, if any.
+    pub parent: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromptSent {
+    pub template: String,
+    pub prompt: String,
+    /// 0 for the first call of the attempt, then one more per model call (repairs, answers).
+    pub call: u32,
+}
+
+/// Tokens of one call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// Input and output together.
+    pub fn total(self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelResponse {
+    pub provider: String,
+    pub model: String,
+    pub request_hash: String,
+    pub call: u32,
+    pub text: String,
+    pub tool_calls: Vec<Value>,
+    pub usage: Usage,
+    pub cost_usd: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VerifierStarted {
+    pub name: String,
+    pub uses: String,
+}
+
+/// What a verifier concluded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VerifierFinished {
+    pub name: String,
+    pub passed: bool,
+    pub score: Option<f64>,
+    pub reasons: Vec<String>,
+    pub cost_usd: f64,
+    pub duration_ms: u64,
+    pub details: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AskUser {
+    pub call_id: String,
+    pub question: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UserAnswered {
+    pub call_id: String,
+    pub answer: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequested {
+    pub request_id: String,
+    pub approver_role: String,
+    pub question: String,
+    pub schema: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalDecided {
+    pub request_id: String,
+    pub approved: bool,
+    pub comment: Option<String>,
+    pub by: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LevelFinished {
+    /// The level ran to a result (a FAIL verdict is still ok); false on an error.
+    pub ok: bool,
+    pub skipped: bool,
+    pub verdict: Option<String>,
+    pub output: String,
+    pub parsed: Option<Value>,
+    pub confidence: Option<f64>,
+    /// Scratchpad writes (a null value removes the key): feedback for the next attempt,
+    /// summaries for later levels.
+    pub scratchpad: serde_json::Map<String, Value>,
+    /// The escalation-tracker conflict this result counts a failure on.
+    pub conflict: Option<String>,
+    pub error: Option<String>,
+    pub cost_usd: f64,
+    pub tokens: u64,
+    pub duration_ms: u64,
+    pub terminal: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GateDecision {
+    pub source: String,
+    pub target: String,
+    pub expression: Option<String>,
+    pub readings: Vec<Reading>,
+    /// No edge matched and the run falls through to the end.
+    pub fallthrough: bool,
+}
+
+/// One value a gate read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reading {
+    pub path: String,
+    pub value: Value,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetConsumed {
+    pub total_cost_usd: f64,
+    pub total_tokens: u64,
+    pub total_duration_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetExceeded {
+    /// `cost`, `tokens` or `duration`.
+    pub limit_kind: String,
+    pub limit_value: f64,
+    pub observed_value: f64,
+    /// True when a model call was refused before it was made because its worst case would
+    /// cross the cap.
+    pub refused_before_call: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CancelRequested {
+    pub by: Option<String>,
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Warning {
+    pub message: String,
+}
+
+/// Totals of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Totals {
+    pub cost_usd: f64,
+    pub tokens: u64,
+    pub duration_ms: u64,
+    pub levels_run: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioFinished {
+    pub status: FinalStatus,
+    pub aborted_reason: Option<String>,
+    pub totals: Totals,
+    pub checksum: String,
+    pub final_output: Option<String>,
+}

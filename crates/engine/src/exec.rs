@@ -1,0 +1,364 @@
+//! The executor: loop { fold → plan → perform the step → append what happened }.
+//!
+//! The executor keeps nothing between steps that the log does not hold: it folds the
+//! events it appends into its copy of the state, and a fresh executor over the same store
+//! continues any run exactly where it stopped. Cancel requests written by another process
+//! reach a running step because the executor watches the store while the step runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_scenario::Scenario;
+use chrono::Utc;
+use serde_json::{Map, Value};
+
+use crate::cancel::CancelToken;
+use crate::clock::Clock;
+use crate::event::{
+    ApprovalDecided, BudgetCaps, BudgetConsumed, CancelRequested, Event, EventData, NewEvent,
+    ScenarioStarted, UserAnswered,
+};
+use crate::plan::{Step, plan, runnable};
+use crate::render::Renderer;
+use crate::runner::{LevelRun, Runtime};
+use crate::state::{RunState, Status, fold};
+use crate::store::{self, EventStore, RunRecord};
+
+/// How often a running step checks the store for a cancel request.
+const CANCEL_POLL: Duration = Duration::from_millis(100);
+
+/// Why the engine could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    #[error("run {run_id} belongs to scenario `{expected}`, not `{found}`")]
+    WrongScenario { run_id: String, expected: String, found: String },
+    #[error(
+        "run {run_id} was started from scenario `{scenario}` with checksum {recorded}, but the loaded one has {loaded}; resume it with the scenario files it started with"
+    )]
+    ChecksumChanged { run_id: String, scenario: String, recorded: String, loaded: String },
+    #[error(
+        "scenario `{scenario}` has level `{level}` of kind {kind}, which this build cannot run yet"
+    )]
+    Unsupported { scenario: String, level: String, kind: String },
+    #[error("run {run_id}: {message}")]
+    Refused { run_id: String, message: String },
+    #[error("template: {0}")]
+    Template(String),
+}
+
+/// Where a call to [`Engine::drive`] left the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The run ended; its status says how.
+    Finished(Status),
+    /// The run waits for a person.
+    Paused,
+}
+
+/// The kernel wired to a store, a runtime and a clock.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    pub store: Arc<dyn EventStore>,
+    pub runtime: Arc<Runtime>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Engine {
+    /// Creates a run of `scenario` and records `scenario_started`.
+    pub async fn start(
+        &self,
+        scenario: &Scenario,
+        input: &str,
+        metadata: Map<String, Value>,
+    ) -> Result<String, Error> {
+        check_runnable(scenario)?;
+        let run_id = uuid::Uuid::now_v7().to_string();
+        let now = self.clock.now();
+        self.store
+            .create_run(&RunRecord {
+                run_id: run_id.clone(),
+                scenario_id: scenario.id.clone(),
+                status: Status::Running.as_str().to_owned(),
+                created_at: now,
+                updated_at: now,
+                last_seq: 0,
+            })
+            .await?;
+        let started = NewEvent::run(EventData::ScenarioStarted(ScenarioStarted {
+            scenario_id: scenario.id.clone(),
+            scenario_version: scenario.version,
+            checksum: scenario.checksum.clone(),
+            input: input.to_owned(),
+            metadata,
+            budget: BudgetCaps {
+                max_cost_usd: scenario.budget.max_cost_usd,
+                max_tokens: scenario.budget.max_tokens,
+                max_duration_s: scenario.budget.max_duration_s,
+            },
+            max_attempts_per_conflict: scenario.max_attempts_per_conflict,
+        }));
+        self.store.append(&run_id, 1, &[started.at(1, now)], Status::Running.as_str()).await?;
+        Ok(run_id)
+    }
+
+    /// The run's state, folded from its log.
+    pub async fn state(&self, run_id: &str) -> Result<RunState, Error> {
+        if self.store.run(run_id).await?.is_none() {
+            return Err(store::Error::NotFound(run_id.to_owned()).into());
+        }
+        Ok(fold(&self.store.load(run_id, 0).await?))
+    }
+
+    /// Runs until the run ends or pauses.
+    pub async fn drive(&self, run_id: &str, scenario: &Arc<Scenario>) -> Result<Outcome, Error> {
+        let mut state = self.state(run_id).await?;
+        if state.scenario_id != scenario.id {
+            return Err(Error::WrongScenario {
+                run_id: run_id.to_owned(),
+                expected: state.scenario_id,
+                found: scenario.id.clone(),
+            });
+        }
+        if state.checksum != scenario.checksum {
+            return Err(Error::ChecksumChanged {
+                run_id: run_id.to_owned(),
+                scenario: scenario.id.clone(),
+                recorded: state.checksum,
+                loaded: scenario.checksum.clone(),
+            });
+        }
+        check_runnable(scenario)?;
+        let renderer = Arc::new(Renderer::new(scenario).map_err(Error::Template)?);
+        let run_id_arc: Arc<str> = Arc::from(run_id);
+        loop {
+            match plan(scenario, &state) {
+                Step::Done => return Ok(Outcome::Finished(state.status)),
+                Step::Pause => {
+                    if let Some(record) = self.store.run(run_id).await?
+                        && record.status != Status::Paused.as_str()
+                    {
+                        // Record the pause in the run list; nothing changes in the log.
+                        self.append(&mut state, run_id, Vec::new()).await?;
+                    }
+                    return Ok(Outcome::Paused);
+                }
+                Step::Append(events) => self.append(&mut state, run_id, events).await?,
+                Step::Run { level, attempt } => {
+                    let cancel = CancelToken::new();
+                    let run = LevelRun {
+                        scenario: Arc::clone(scenario),
+                        renderer: Arc::clone(&renderer),
+                        state: Arc::new(state.clone()),
+                        runtime: Arc::clone(&self.runtime),
+                        run_id: Arc::clone(&run_id_arc),
+                        level,
+                        attempt,
+                        cancel: cancel.clone(),
+                    };
+                    let mut events = self.run_watching_cancel(run, run_id, &state, &cancel).await?;
+                    if cancel.is_cancelled() {
+                        // The step was cut short: keep none of it; the cancel is in the log.
+                        events.clear();
+                        state = self.state(run_id).await?;
+                        continue;
+                    }
+                    let mut after = state.clone();
+                    let last = state.last_seq;
+                    for (i, e) in events.iter().enumerate() {
+                        after.apply(&e.clone().at(last + 1 + i as u64, Utc::now()));
+                    }
+                    let elapsed = state.started_at.map_or(0, |s| {
+                        u64::try_from((self.clock.now() - s).num_milliseconds().max(0)).unwrap_or(0)
+                    });
+                    events.push(NewEvent::run(EventData::BudgetConsumed(BudgetConsumed {
+                        total_cost_usd: after.totals.cost_usd,
+                        total_tokens: after.totals.tokens,
+                        total_duration_ms: elapsed,
+                    })));
+                    self.append(&mut state, run_id, events).await?;
+                }
+            }
+        }
+    }
+
+    async fn run_watching_cancel(
+        &self,
+        run: LevelRun,
+        run_id: &str,
+        state: &RunState,
+        cancel: &CancelToken,
+    ) -> Result<Vec<NewEvent>, Error> {
+        let work = run.run();
+        tokio::pin!(work);
+        let after = state.last_seq;
+        loop {
+            tokio::select! {
+                events = &mut work => return Ok(events),
+                () = tokio::time::sleep(CANCEL_POLL) => {
+                    let newer = self.store.load(run_id, after).await?;
+                    if newer.iter().any(|e| matches!(e.data, EventData::CancelRequested(_))) {
+                        cancel.cancel();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Appends events after the state's last one and folds them in.
+    async fn append(
+        &self,
+        state: &mut RunState,
+        run_id: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<(), Error> {
+        let now = self.clock.now();
+        let first = state.last_seq + 1;
+        let stamped: Vec<Event> =
+            events.into_iter().enumerate().map(|(i, e)| e.at(first + i as u64, now)).collect();
+        let mut next = state.clone();
+        for e in &stamped {
+            next.apply(e);
+        }
+        let status = if next.awaiting_person() && !next.status.is_final() {
+            Status::Paused
+        } else {
+            next.status
+        };
+        match self.store.append(run_id, first, &stamped, status.as_str()).await {
+            Ok(()) => {
+                *state = next;
+                Ok(())
+            }
+            Err(store::Error::Conflict { .. }) => {
+                // Another writer (a cancel, an approval) got in first: re-read and re-plan.
+                *state = self.state(run_id).await?;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Records an approval decision, exactly once per request.
+    pub async fn approve(
+        &self,
+        run_id: &str,
+        approved: bool,
+        comment: Option<String>,
+        by: Option<String>,
+    ) -> Result<(), Error> {
+        let state = self.state(run_id).await?;
+        let refuse = |message: &str| Error::Refused {
+            run_id: run_id.to_owned(),
+            message: message.to_owned(),
+        };
+        if state.status.is_final() {
+            return Err(refuse(&format!(
+                "the run has ended ({}); there is nothing to approve",
+                state.status.as_str()
+            )));
+        }
+        let Some(request) = &state.pending_approval else {
+            return Err(refuse("the run is not waiting for an approval"));
+        };
+        if state.decisions.contains_key(&request.request_id) {
+            return Err(refuse(&format!(
+                "approval request {} was already decided",
+                request.request_id
+            )));
+        }
+        let event = NewEvent::run(EventData::ApprovalDecided(ApprovalDecided {
+            request_id: request.request_id.clone(),
+            approved,
+            comment,
+            by,
+        }));
+        self.append_external(run_id, &state, event).await
+    }
+
+    /// Records the answer to the pending `ask_user` request.
+    pub async fn answer(&self, run_id: &str, answer: Value) -> Result<(), Error> {
+        let state = self.state(run_id).await?;
+        let refuse = |message: &str| Error::Refused {
+            run_id: run_id.to_owned(),
+            message: message.to_owned(),
+        };
+        if state.status.is_final() {
+            return Err(refuse(&format!("the run has ended ({})", state.status.as_str())));
+        }
+        let Some(ask) = &state.pending_ask else {
+            return Err(refuse("the run is not waiting for an answer"));
+        };
+        if state.answers.iter().any(|(id, _)| id == &ask.call_id) {
+            return Err(refuse(&format!("question {} was already answered", ask.call_id)));
+        }
+        let event = NewEvent::run(EventData::UserAnswered(UserAnswered {
+            call_id: ask.call_id.clone(),
+            answer,
+        }));
+        self.append_external(run_id, &state, event).await
+    }
+
+    /// Records a cancel request; a running executor stops at its next check.
+    pub async fn cancel(
+        &self,
+        run_id: &str,
+        by: Option<String>,
+        reason: Option<String>,
+    ) -> Result<(), Error> {
+        let state = self.state(run_id).await?;
+        if state.status.is_final() {
+            return Err(Error::Refused {
+                run_id: run_id.to_owned(),
+                message: format!("the run has already ended ({})", state.status.as_str()),
+            });
+        }
+        if state.cancel_requested.is_some() {
+            return Ok(());
+        }
+        let event = NewEvent::run(EventData::CancelRequested(CancelRequested { by, reason }));
+        self.append_external(run_id, &state, event).await
+    }
+
+    /// Appends one event from outside the executor, retrying when the log moved.
+    async fn append_external(
+        &self,
+        run_id: &str,
+        state: &RunState,
+        event: NewEvent,
+    ) -> Result<(), Error> {
+        let mut state = state.clone();
+        for _ in 0..50 {
+            let seq = state.last_seq + 1;
+            let stamped = event.clone().at(seq, self.clock.now());
+            let mut next = state.clone();
+            next.apply(&stamped);
+            let status = if next.awaiting_person() { Status::Paused } else { next.status };
+            match self
+                .store
+                .append(run_id, seq, std::slice::from_ref(&stamped), status.as_str())
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(store::Error::Conflict { .. }) => state = self.state(run_id).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::Refused {
+            run_id: run_id.to_owned(),
+            message: "the log kept moving; try again".to_owned(),
+        })
+    }
+}
+
+fn check_runnable(scenario: &Scenario) -> Result<(), Error> {
+    match scenario.levels.iter().find(|l| !runnable(&l.kind)) {
+        Some(level) => Err(Error::Unsupported {
+            scenario: scenario.id.clone(),
+            level: level.id.clone(),
+            kind: level.kind_name().to_owned(),
+        }),
+        None => Ok(()),
+    }
+}

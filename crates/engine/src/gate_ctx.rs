@@ -1,0 +1,111 @@
+//! Gate expressions evaluated against a run's state.
+//!
+//! `verifier.<name>` reads the verifiers of the edge's source level; `attempt` is the
+//! source level's attempt count; everything else reads the state as the gate DSL
+//! describes. Lists, mappings and null are UNDEFINED (the DSL's rule).
+
+use baton_scenario::expr::{Context, PathRef, Root, Val, json_val};
+use serde_json::Value;
+
+use crate::state::RunState;
+
+/// The state as seen from the edges leaving `source`.
+#[derive(Debug)]
+pub struct GateContext<'a> {
+    pub state: &'a RunState,
+    pub source: &'a str,
+}
+
+fn walk<'v>(mut at: &'v Value, segments: &[String]) -> Option<&'v Value> {
+    for segment in segments {
+        at = match at {
+            Value::Object(map) => map.get(segment.as_str())?,
+            Value::Array(items) => items.get(segment.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(at)
+}
+
+fn num(n: impl Into<f64>) -> Val<'static> {
+    Val::Num(n.into())
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn count(n: u64) -> Val<'static> {
+    Val::Num(n as f64)
+}
+
+impl Context for GateContext<'_> {
+    fn lookup(&self, path: &PathRef) -> Val<'_> {
+        let s = self.state;
+        let seg = &path.segments;
+        match path.root {
+            Root::Verdict => s.verdict.as_deref().map_or(Val::Undefined, Val::Str),
+            Root::EscalateNow => Val::Bool(s.escalate_now),
+            Root::Confidence => s.confidence.map_or(Val::Undefined, num),
+            Root::Attempt => s.level(self.source).map_or(Val::Undefined, |l| num(l.attempts)),
+            Root::Verifier => {
+                let Some(outcome) = s.level(self.source).and_then(|l| l.verifiers.get(&seg[1]))
+                else {
+                    return Val::Undefined;
+                };
+                match seg[2].as_str() {
+                    "passed" => Val::Bool(outcome.passed),
+                    "score" => outcome.score.map_or(Val::Undefined, num),
+                    "cost_usd" => num(outcome.cost_usd),
+                    "duration_ms" => count(outcome.duration_ms),
+                    "exit_code" => {
+                        outcome.details.get("exit_code").map_or(Val::Undefined, json_val)
+                    }
+                    "details" => walk(&outcome.details, &seg[3..]).map_or(Val::Undefined, json_val),
+                    _ => Val::Undefined,
+                }
+            }
+            Root::Level => {
+                let Some(level) = s.level(&seg[1]) else { return Val::Undefined };
+                if level.attempts == 0 {
+                    return Val::Undefined;
+                }
+                match seg[2].as_str() {
+                    "verdict" => level.verdict.as_deref().map_or(Val::Undefined, Val::Str),
+                    "output" => Val::Str(&level.output),
+                    "ok" => level.ok.map_or(Val::Undefined, Val::Bool),
+                    "skipped" => Val::Bool(level.skipped),
+                    "attempts" => num(level.attempts),
+                    "cost_usd" => num(level.cost_usd),
+                    "tokens" => count(level.tokens),
+                    "duration_ms" => count(level.duration_ms),
+                    "confidence" => level.confidence.map_or(Val::Undefined, num),
+                    "approved" => level.approved.map_or(Val::Undefined, Val::Bool),
+                    "comment" => level.comment.as_deref().map_or(Val::Undefined, Val::Str),
+                    "parsed" => level
+                        .parsed
+                        .as_ref()
+                        .and_then(|p| walk(p, &seg[3..]))
+                        .map_or(Val::Undefined, json_val),
+                    _ => Val::Undefined,
+                }
+            }
+            Root::Scratchpad => s
+                .scratchpad
+                .get(&seg[1])
+                .and_then(|v| walk(v, &seg[2..]))
+                .map_or(Val::Undefined, json_val),
+            Root::Metadata => s
+                .metadata
+                .get(&seg[1])
+                .and_then(|v| walk(v, &seg[2..]))
+                .map_or(Val::Undefined, json_val),
+            Root::Input => {
+                if seg.len() == 1 {
+                    return Val::Str(&s.input);
+                }
+                s.input_json
+                    .as_ref()
+                    .and_then(|v| walk(v, &seg[1..]))
+                    .map_or(Val::Undefined, json_val)
+            }
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! The Baton kernel: events, the projection, the pure planner, the executor and runners.
+//!
+//! `fold(events) -> RunState` and `plan(&Scenario, &RunState) -> Step` do no I/O and read
+//! no clock. The executor performs each step through a runner and appends what happened.
+//! Runners reach the world only through the traits defined here — [`model::ModelProvider`],
+//! [`verifier::Verifier`], [`store::EventStore`], [`clock::Clock`] — so the kernel never
+//! names a concrete provider or store.
+
+pub mod cancel;
+pub mod clock;
+pub mod event;
+pub mod exec;
+pub mod gate_ctx;
+pub mod limits;
+pub mod model;
+pub mod plan;
+pub mod render;
+pub mod runner;
+pub mod state;
+pub mod store;
+pub mod verdict;
+pub mod verifier;
+
+pub use exec::{Engine, Outcome};
+pub use state::{RunState, Status, fold};

@@ -1,0 +1,19 @@
+//! Every bound the kernel enforces, in one place.
+
+/// Most level executions in one run (all levels, all attempts); a run looping past it is
+/// aborted with `level_run_limit`.
+pub const LEVEL_RUNS_MAX: u32 = 1_000;
+/// Repair retries when a verdict cannot be read from a model's answer.
+pub const VERDICT_REPAIRS_MAX: u32 = 1;
+/// Largest model answer kept in an event, in bytes; longer answers are cut with a marker.
+pub const MODEL_TEXT_BYTES_MAX: usize = 1024 * 1024;
+/// Bytes kept of a verifier's stdout and stderr each (the tail).
+pub const VERIFIER_OUTPUT_BYTES_MAX: usize = 64 * 1024;
+/// Bytes of stderr tail written into feedback for the next attempt.
+pub const FEEDBACK_TAIL_BYTES: usize = 4 * 1024;
+/// Default timeout of a command verifier, in seconds.
+pub const VERIFIER_TIMEOUT_S_DEFAULT: f64 = 600.0;
+/// Default `max_tokens` of a model call.
+pub const MAX_TOKENS_DEFAULT: u32 = 4_096;
+/// Characters per token when a provider reports no usage (an estimate for budgets).
+pub const CHARS_PER_TOKEN: usize = 4;

@@ -1,0 +1,241 @@
+//! Models, as the kernel sees them: the [`ModelProvider`] trait, and the scripted model.
+//!
+//! The scripted model answers from a YAML script — per level, an ordered list of
+//! responses (text, tool calls, usage and cost, an optional delay, or an injected error) —
+//! so every scenario runs offline and deterministically. Which response a call gets
+//! depends only on the log: the n-th call a level makes in a run gets the n-th entry (the
+//! last entry repeats once the list is exhausted).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use baton_scenario::de::{Located, from_node};
+use baton_scenario::model::ModelConstraint;
+use baton_scenario::node::Node;
+use baton_scenario::source::SourceId;
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::cancel::CancelToken;
+use crate::event::Usage;
+use crate::limits;
+
+/// A boxed future, for traits used as objects.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One call to a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelRequest {
+    pub level_id: String,
+    /// How many calls this level made before this one, in the whole run.
+    pub call_index: u32,
+    pub prompt: String,
+    /// `json` when the level expects a JSON answer.
+    pub json: bool,
+    pub max_tokens: u32,
+    pub constraint: Option<ModelConstraint>,
+}
+
+impl ModelRequest {
+    /// The sha256 of the request's content (not its position in the run).
+    pub fn hash(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(self.prompt.as_bytes());
+        h.update([u8::from(self.json)]);
+        h.update(self.max_tokens.to_le_bytes());
+        baton_scenario::check::hex(&h.finalize())
+    }
+}
+
+/// A model's answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelReply {
+    pub provider: String,
+    pub model: String,
+    pub text: String,
+    pub tool_calls: Vec<Value>,
+    pub usage: Usage,
+    pub cost_usd: f64,
+}
+
+/// Why a call produced no answer.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ModelError {
+    #[error("model call failed ({provider}): {message}")]
+    Failed { provider: String, message: String },
+    #[error("model call cancelled")]
+    Cancelled,
+}
+
+/// Something that answers model requests.
+pub trait ModelProvider: Send + Sync + std::fmt::Debug {
+    /// Calls the model; resolves early with [`ModelError::Cancelled`] when `cancel` fires.
+    fn call<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, Result<ModelReply, ModelError>>;
+
+    /// The most this request can cost (prompt tokens plus `max_tokens` at the model's
+    /// price), for the budget check made before the call.
+    fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64;
+}
+
+/// A scripted model: answers from a YAML script, offline and deterministic.
+#[derive(Clone, Debug, Default)]
+pub struct ScriptedModel {
+    levels: BTreeMap<String, Vec<ScriptedResponse>>,
+    default: Option<ScriptedResponse>,
+}
+
+/// One scripted answer.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedResponse {
+    /// The answer's text.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// Tool calls (`{name, arguments}`), for tool-loop levels.
+    #[serde(default)]
+    pub tool_calls: Vec<Value>,
+    /// Token counts; estimated from the text when absent.
+    #[serde(default)]
+    pub usage: Option<ScriptedUsage>,
+    /// Cost of the call in US dollars (default 0).
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    /// Wait this long before answering (a cancel cuts the wait short).
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    /// Fail the call with this message instead of answering.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Scripted token counts.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScript {
+    #[serde(default)]
+    levels: BTreeMap<String, Located<Vec<ScriptedResponse>>>,
+    #[serde(default)]
+    default: Option<ScriptedResponse>,
+}
+
+impl ScriptedModel {
+    /// A model that gives every call the same answer.
+    pub fn constant(text: impl Into<String>) -> Self {
+        ScriptedModel {
+            levels: BTreeMap::new(),
+            default: Some(ScriptedResponse {
+                text: Some(text.into()),
+                ..ScriptedResponse::default()
+            }),
+        }
+    }
+
+    /// Adds responses for a level, in order.
+    #[must_use]
+    pub fn with_level(mut self, level: &str, responses: Vec<ScriptedResponse>) -> Self {
+        self.levels.insert(level.to_owned(), responses);
+        self
+    }
+
+    /// Parses a script; errors name the line.
+    pub fn parse(text: &str, file: &str) -> Result<Self, String> {
+        let node = Node::parse(text, SourceId(0))
+            .map_err(|d| format!("{file}:{}:{}: {}", d.line, d.column, d.message))?;
+        let raw: RawScript = from_node(&node).map_err(|e| {
+            let help = e.help.map(|h| format!(" ({h})")).unwrap_or_default();
+            format!("{file}:{}:{}: {}{help}", e.pos.line, e.pos.col, e.message)
+        })?;
+        for (level, list) in &raw.levels {
+            if list.value.is_empty() {
+                return Err(format!(
+                    "{file}:{}:{}: level `{level}` has an empty list of responses",
+                    list.pos.line, list.pos.col
+                ));
+            }
+        }
+        Ok(ScriptedModel {
+            levels: raw.levels.into_iter().map(|(k, v)| (k, v.value)).collect(),
+            default: raw.default,
+        })
+    }
+
+    fn response(&self, request: &ModelRequest) -> Option<&ScriptedResponse> {
+        match self.levels.get(&request.level_id) {
+            Some(list) => list.get(request.call_index as usize).or_else(|| list.last()),
+            None => self.default.as_ref(),
+        }
+    }
+}
+
+fn estimate_tokens(text: &str) -> u64 {
+    (text.len().div_ceil(limits::CHARS_PER_TOKEN)) as u64
+}
+
+impl ModelProvider for ScriptedModel {
+    fn call<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, Result<ModelReply, ModelError>> {
+        Box::pin(async move {
+            let Some(response) = self.response(request) else {
+                return Err(ModelError::Failed {
+                    provider: "scripted".to_owned(),
+                    message: format!(
+                        "the script has no response for level `{}` and no `default`; add one under `levels: {{{}: [...]}}`",
+                        request.level_id, request.level_id
+                    ),
+                });
+            };
+            if let Some(ms) = response.delay_ms.filter(|ms| *ms > 0) {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                    () = cancel.cancelled() => return Err(ModelError::Cancelled),
+                }
+            }
+            if cancel.is_cancelled() {
+                return Err(ModelError::Cancelled);
+            }
+            if let Some(message) = &response.error {
+                return Err(ModelError::Failed {
+                    provider: "scripted".to_owned(),
+                    message: message.clone(),
+                });
+            }
+            let text = response.text.clone().unwrap_or_default();
+            let usage = response.usage.map_or_else(
+                || Usage {
+                    input_tokens: estimate_tokens(&request.prompt),
+                    output_tokens: estimate_tokens(&text),
+                },
+                |u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens },
+            );
+            Ok(ModelReply {
+                provider: "scripted".to_owned(),
+                model: "script".to_owned(),
+                text,
+                tool_calls: response.tool_calls.clone(),
+                usage,
+                cost_usd: response.cost_usd.unwrap_or(0.0),
+            })
+        })
+    }
+
+    fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64 {
+        self.response(request).and_then(|r| r.cost_usd).unwrap_or(0.0)
+    }
+}

@@ -1,0 +1,265 @@
+//! The planner: `plan(&Scenario, &RunState) -> Step`, pure.
+//!
+//! Given the same scenario and the same events, the planner always returns the same step,
+//! on any machine, on replay. It reads no clock and no random source. Transitions that
+//! need nothing from the world (gate decisions, level starts, budget aborts, the end of
+//! the run) are returned as events to append; only the work of a level is returned as
+//! [`Step::Run`], for a runner to perform.
+
+use baton_scenario::Scenario;
+use baton_scenario::model::{END, LevelIdx, LevelKind, Target};
+use serde_json::json;
+
+use crate::event::{
+    BudgetExceeded, EventData, FinalStatus, GateDecision, LevelFinished, LevelStarted, NewEvent,
+    Reading, ScenarioFinished, Warning,
+};
+use crate::gate_ctx::GateContext;
+use crate::limits;
+use crate::state::{Next, RunState, Status};
+
+/// What the executor does next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Append these events; nothing outside the log changes.
+    Append(Vec<NewEvent>),
+    /// Run an attempt of a level through its kind's runner.
+    Run { level: LevelIdx, attempt: u32 },
+    /// Wait for a person: an approval decision or an answer.
+    Pause,
+    /// The run has ended (or never started); nothing to do.
+    Done,
+}
+
+/// The next step of a run.
+pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
+    if state.finished.is_some() || state.status == Status::New {
+        return Step::Done;
+    }
+    if state.cancel_requested.is_some() {
+        return finish(state, FinalStatus::Cancelled, Some("cancelled_by_user".to_owned()));
+    }
+    if state.aborted_reason.is_some() {
+        return finish(state, FinalStatus::Aborted, state.aborted_reason.clone());
+    }
+    if let Some(exceeded) = over_budget(state) {
+        return Step::Append(vec![NewEvent::run(EventData::BudgetExceeded(exceeded))]);
+    }
+    if let Some(id) = &state.in_flight {
+        return in_flight(scenario, state, id);
+    }
+    if let Some(source) = &state.route_pending {
+        return route(scenario, state, source);
+    }
+    if state.level_runs >= limits::LEVEL_RUNS_MAX {
+        return finish(state, FinalStatus::Aborted, Some("level_run_limit".to_owned()));
+    }
+    match &state.next {
+        None if state.level_runs == 0 => start(scenario, state, scenario.entry),
+        None => finish(state, FinalStatus::Failed, Some("no_route".to_owned())),
+        Some(Next::End) => finish(state, FinalStatus::Completed, None),
+        Some(Next::Level(id)) => match scenario.level_index(id) {
+            Some(i) => start(scenario, state, i),
+            None => finish(state, FinalStatus::Failed, Some(format!("unknown_level:{id}"))),
+        },
+    }
+}
+
+fn start(scenario: &Scenario, state: &RunState, index: LevelIdx) -> Step {
+    let level = &scenario.levels[index];
+    let attempt = state.level(&level.id).map_or(0, |l| l.attempts) + 1;
+    Step::Append(vec![NewEvent::level(
+        &level.id,
+        attempt,
+        EventData::LevelStarted(LevelStarted {
+            role: level.role.clone(),
+            kind: level.kind_name().to_owned(),
+            parent: None,
+        }),
+    )])
+}
+
+fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
+    let Some(index) = scenario.level_index(id) else {
+        return finish(state, FinalStatus::Failed, Some(format!("unknown_level:{id}")));
+    };
+    let level = &scenario.levels[index];
+    let attempt = state.level(id).map_or(1, |l| l.attempts);
+    if let Some(request) = &state.pending_approval {
+        let Some(decision) = state.decisions.get(&request.request_id) else {
+            return Step::Pause;
+        };
+        // The decision is in the log: the approval level finishes without any effect.
+        let verdict = if decision.approved { "PASS" } else { "FAIL" };
+        let output = decision.comment.clone().unwrap_or_else(|| {
+            if decision.approved { "approved".to_owned() } else { "rejected".to_owned() }
+        });
+        let finished = LevelFinished {
+            ok: true,
+            skipped: false,
+            verdict: Some(verdict.to_owned()),
+            output,
+            parsed: Some(json!({
+                "approved": decision.approved,
+                "comment": decision.comment,
+                "by": decision.by,
+            })),
+            confidence: None,
+            scratchpad: serde_json::Map::new(),
+            conflict: (!decision.approved).then(|| format!("human_approval:{id}")),
+            error: None,
+            cost_usd: 0.0,
+            tokens: 0,
+            duration_ms: 0,
+            terminal: level.terminal,
+        };
+        return Step::Append(vec![NewEvent::level(
+            id,
+            attempt,
+            EventData::LevelFinished(finished),
+        )]);
+    }
+    if state.awaiting_person() {
+        return Step::Pause;
+    }
+    Step::Run { level: index, attempt }
+}
+
+fn route(scenario: &Scenario, state: &RunState, source: &str) -> Step {
+    let Some(index) = scenario.level_index(source) else {
+        return finish(state, FinalStatus::Failed, Some(format!("unknown_level:{source}")));
+    };
+    if let Some(error) = state.level(source).and_then(|l| l.error.clone()) {
+        return finish(state, FinalStatus::Failed, Some(error));
+    }
+    let ctx = GateContext { state, source };
+    let mut edges = scenario.edges_from(index).peekable();
+    if edges.peek().is_none() {
+        // A level without outgoing edges leads to the end.
+        return decision(source, END, None, Vec::new(), false, None);
+    }
+    for edge in edges {
+        let (fires, readings, expression) = match &edge.when {
+            None => (true, Vec::new(), None),
+            Some(gate) => {
+                let (fires, readings) = gate.fires_traced(&ctx);
+                let readings = readings
+                    .into_iter()
+                    .map(|r| Reading { path: r.path, value: r.value })
+                    .collect();
+                (fires, readings, Some(gate.to_string()))
+            }
+        };
+        if fires {
+            let target = match edge.to {
+                Target::Level(t) => scenario.levels[t].id.as_str(),
+                Target::End => END,
+            };
+            return decision(source, target, expression, readings, false, None);
+        }
+    }
+    let warning = format!("no edge from `{source}` matched; the run falls through to the end");
+    decision(source, END, None, Vec::new(), true, Some(warning))
+}
+
+fn decision(
+    source: &str,
+    target: &str,
+    expression: Option<String>,
+    readings: Vec<Reading>,
+    fallthrough: bool,
+    warning: Option<String>,
+) -> Step {
+    let mut events = Vec::new();
+    if let Some(message) = warning {
+        events.push(NewEvent::run(EventData::Warning(Warning { message })));
+    }
+    events.push(NewEvent::run(EventData::GateDecision(GateDecision {
+        source: source.to_owned(),
+        target: target.to_owned(),
+        expression,
+        readings,
+        fallthrough,
+    })));
+    Step::Append(events)
+}
+
+/// The first cap the run's totals have crossed, if any.
+pub fn over_budget(state: &RunState) -> Option<BudgetExceeded> {
+    let b = state.budget;
+    let t = state.totals;
+    let exceeded = |kind: &str, limit: f64, observed: f64| BudgetExceeded {
+        limit_kind: kind.to_owned(),
+        limit_value: limit,
+        observed_value: observed,
+        refused_before_call: false,
+    };
+    if let Some(max) = b.max_cost_usd
+        && t.cost_usd > max
+    {
+        return Some(exceeded("cost", max, t.cost_usd));
+    }
+    #[allow(clippy::cast_precision_loss)]
+    if let Some(max) = b.max_tokens
+        && t.tokens > max
+    {
+        return Some(exceeded("tokens", max as f64, t.tokens as f64));
+    }
+    #[allow(clippy::cast_precision_loss)]
+    if let Some(max) = b.max_duration_s {
+        let seconds = t.duration_ms as f64 / 1000.0;
+        if seconds > max {
+            return Some(exceeded("duration", max, seconds));
+        }
+    }
+    None
+}
+
+fn finish(state: &RunState, status: FinalStatus, reason: Option<String>) -> Step {
+    let mut events = Vec::new();
+    // A level cut short by a cancel or an abort is closed as skipped, so the log says so.
+    if let Some(id) = &state.in_flight {
+        let attempt = state.level(id).map_or(1, |l| l.attempts);
+        events.push(NewEvent::level(id, attempt, EventData::LevelFinished(skipped())));
+    }
+    let final_output = match status {
+        FinalStatus::Completed => state.final_output.clone().or_else(|| last_output(state)),
+        _ => state.final_output.clone(),
+    };
+    events.push(NewEvent::run(EventData::ScenarioFinished(ScenarioFinished {
+        status,
+        aborted_reason: reason,
+        totals: state.totals,
+        checksum: state.checksum.clone(),
+        final_output,
+    })));
+    Step::Append(events)
+}
+
+/// Without a terminal level, the run's output is that of the last level that produced one.
+fn last_output(state: &RunState) -> Option<String> {
+    state.last_output.clone()
+}
+
+fn skipped() -> LevelFinished {
+    LevelFinished {
+        ok: true,
+        skipped: true,
+        verdict: None,
+        output: String::new(),
+        parsed: None,
+        confidence: None,
+        scratchpad: serde_json::Map::new(),
+        conflict: None,
+        error: None,
+        cost_usd: 0.0,
+        tokens: 0,
+        duration_ms: 0,
+        terminal: false,
+    }
+}
+
+/// Whether a level kind is one this build can run.
+pub fn runnable(kind: &LevelKind) -> bool {
+    !matches!(kind, LevelKind::ToolLoop { .. })
+}

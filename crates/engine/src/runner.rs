@@ -1,0 +1,637 @@
+//! Runners: the work of one attempt of a level, per kind, as a batch of events.
+//!
+//! A runner reads the state as of the start of its step, talks to the world only through
+//! the [`Runtime`]'s traits, and returns every event of the step; the executor appends
+//! them in one transaction. A crash mid-step loses the step, which the planner then gives
+//! again: at most the in-flight step is executed twice, and the log never holds half of
+//! one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use baton_scenario::Scenario;
+use baton_scenario::model::{
+    Aggregator, LevelIdx, LevelKind, Mode, OnFail, Response, VerifierSpec,
+};
+use serde_json::{Map, Value, json};
+use tokio::task::JoinSet;
+
+use crate::cancel::CancelToken;
+use crate::event::{
+    ApprovalRequested, AskUser, BudgetExceeded, EventData, LevelFinished, LevelStarted,
+    ModelResponse, NewEvent, PromptSent, VerifierFinished, VerifierStarted,
+};
+use crate::limits;
+use crate::model::{ModelError, ModelProvider, ModelRequest};
+use crate::render::{self, Renderer};
+use crate::state::RunState;
+use crate::verdict;
+use crate::verifier::{self, Verifiers, VerifyContext};
+
+/// What runners use to reach the world.
+#[derive(Debug)]
+pub struct Runtime {
+    pub model: Arc<dyn ModelProvider>,
+    pub verifiers: Verifiers,
+    /// The directory verifiers run in.
+    pub workspace: PathBuf,
+    /// The scenarios the intent classifier may choose from (`catalog` in templates).
+    pub catalog: Value,
+}
+
+/// One attempt of one level, with everything it reads.
+#[derive(Clone, Debug)]
+pub struct LevelRun {
+    pub scenario: Arc<Scenario>,
+    pub renderer: Arc<Renderer>,
+    pub state: Arc<RunState>,
+    pub runtime: Arc<Runtime>,
+    pub run_id: Arc<str>,
+    pub level: LevelIdx,
+    pub attempt: u32,
+    pub cancel: CancelToken,
+}
+
+/// The result of a level that could not run to a result.
+fn error_finish(message: String, duration_ms: u64) -> LevelFinished {
+    LevelFinished {
+        ok: false,
+        skipped: false,
+        verdict: None,
+        output: String::new(),
+        parsed: None,
+        confidence: None,
+        scratchpad: Map::new(),
+        conflict: None,
+        error: Some(message),
+        cost_usd: 0.0,
+        tokens: 0,
+        duration_ms,
+        terminal: false,
+    }
+}
+
+fn millis(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+impl LevelRun {
+    fn id(&self) -> &str {
+        &self.scenario.levels[self.level].id
+    }
+
+    fn event(&self, data: EventData) -> NewEvent {
+        NewEvent::level(self.id(), self.attempt, data)
+    }
+
+    /// Runs the attempt and returns its events.
+    pub async fn run(&self) -> Vec<NewEvent> {
+        let level = &self.scenario.levels[self.level];
+        match &level.kind {
+            LevelKind::Prompt { .. } => self.prompt().await,
+            LevelKind::Verifier => self.verifier_level().await,
+            LevelKind::FanOut { .. } => self.fan_out().await,
+            LevelKind::HumanApproval { .. } => self.approval(),
+            LevelKind::ToolLoop { .. } => vec![self.event(EventData::LevelFinished(error_finish(
+                format!("level `{}` is a tool_loop, which this build cannot run yet", level.id),
+                0,
+            )))],
+        }
+    }
+
+    async fn prompt(&self) -> Vec<NewEvent> {
+        let started = Instant::now();
+        let level = &self.scenario.levels[self.level];
+        let LevelKind::Prompt { prompt, response } = &level.kind else { return Vec::new() };
+        let mut events = Vec::new();
+        let ctx = render::context(&self.state, &self.run_id, &level.id, &self.runtime.catalog);
+        let mut text = match self.renderer.render(prompt, &ctx) {
+            Ok(t) => t,
+            Err(e) => {
+                events.push(self.event(EventData::LevelFinished(error_finish(e, millis(started)))));
+                return events;
+            }
+        };
+        if !self.state.answers.is_empty() {
+            let answers: Vec<&Value> = self.state.answers.iter().map(|(_, a)| a).collect();
+            text.push_str(&format!(
+                "\n\nThe user answered your questions: {}",
+                Value::from(answers.into_iter().cloned().collect::<Vec<_>>())
+            ));
+        }
+        let mut calls = Calls {
+            run: self,
+            call_index: self.state.level(&level.id).map_or(0, |l| l.calls_total),
+            cost_usd: 0.0,
+            tokens: 0,
+            call: self.state.level(&level.id).map_or(0, |l| l.calls),
+        };
+        let json_mode = matches!(response, Response::Json { .. });
+        let mut reply = match calls.call(&mut events, &prompt.name, &text, json_mode).await {
+            Ok(r) => r,
+            Err(stop) => return stop.finish(self, &mut events, started),
+        };
+        if let Some(question) = verdict::parse_json(&reply).and_then(|v| v.get("ask_user").cloned())
+        {
+            let call_id = format!("{}#{}#{}", level.id, self.attempt, calls.call);
+            events.push(self.event(EventData::AskUser(AskUser { call_id, question })));
+            return events;
+        }
+        let mut retries_left: u32 = level
+            .verifiers
+            .iter()
+            .filter(|v| v.on_fail == OnFail::Retry)
+            .map(|v| v.max_retries)
+            .max()
+            .unwrap_or(0);
+        loop {
+            let (mut verdict, confidence, parsed) = match response {
+                Response::Markdown => (None, None, None),
+                Response::Verdict => match verdict::parse(&reply) {
+                    Some(v) => (Some(v.verdict), v.confidence, None),
+                    None => {
+                        let repair =
+                            format!("{text}\n\nYour answer was:\n{reply}\n\n{}", verdict::CONTRACT);
+                        match calls.call(&mut events, &prompt.name, &repair, false).await {
+                            Ok(r) => reply = r,
+                            Err(stop) => return stop.finish(self, &mut events, started),
+                        }
+                        match verdict::parse(&reply) {
+                            Some(v) => (Some(v.verdict), v.confidence, None),
+                            None => (Some("FAIL".to_owned()), None, None),
+                        }
+                    }
+                },
+                Response::Json { .. } => {
+                    let parsed = verdict::parse_json(&reply);
+                    let confidence =
+                        parsed.as_ref().and_then(|p| p.get("confidence")).and_then(Value::as_f64);
+                    (None, confidence, parsed)
+                }
+            };
+            let ctx = VerifyContext {
+                workspace: self.runtime.workspace.clone(),
+                input: self.state.input.clone(),
+                output: reply.clone(),
+                parsed: parsed.clone(),
+                scratchpad: self.state.scratchpad.clone(),
+            };
+            let outcomes =
+                run_verifiers(self, &level.verifiers, level.mode, level.run_all, &ctx, &mut events)
+                    .await;
+            let failed: Vec<(&VerifierSpec, &VerifierFinished)> = level
+                .verifiers
+                .iter()
+                .zip(&outcomes)
+                .filter(|(spec, o)| !o.passed && spec.on_fail != OnFail::Ignore)
+                .collect();
+            if failed.iter().any(|(spec, _)| spec.on_fail == OnFail::Retry) && retries_left > 0 {
+                retries_left -= 1;
+                let feedback = feedback_text(&failed);
+                let retry = format!(
+                    "{text}\n\nYour previous answer was:\n{reply}\n\nIt failed these checks; fix them:\n{feedback}"
+                );
+                match calls.call(&mut events, &prompt.name, &retry, json_mode).await {
+                    Ok(r) => reply = r,
+                    Err(stop) => return stop.finish(self, &mut events, started),
+                }
+                continue;
+            }
+            let mut scratchpad = Map::new();
+            if !failed.is_empty() {
+                verdict = Some("FAIL".to_owned());
+                scratchpad.insert("feedback".to_owned(), Value::String(feedback_text(&failed)));
+            }
+            let conflict = (verdict.as_deref() == Some("FAIL")).then(|| level.id.clone());
+            events.push(self.event(EventData::LevelFinished(LevelFinished {
+                ok: true,
+                skipped: false,
+                verdict,
+                output: reply,
+                parsed,
+                confidence,
+                scratchpad,
+                conflict,
+                error: None,
+                cost_usd: calls.cost_usd + outcomes.iter().map(|o| o.cost_usd).sum::<f64>(),
+                tokens: calls.tokens,
+                duration_ms: millis(started),
+                terminal: level.terminal,
+            })));
+            return events;
+        }
+    }
+
+    async fn verifier_level(&self) -> Vec<NewEvent> {
+        let started = Instant::now();
+        let level = &self.scenario.levels[self.level];
+        let mut events = Vec::new();
+        let ctx = VerifyContext {
+            workspace: self.runtime.workspace.clone(),
+            input: self.state.input.clone(),
+            output: String::new(),
+            parsed: None,
+            scratchpad: self.state.scratchpad.clone(),
+        };
+        let outcomes =
+            run_verifiers(self, &level.verifiers, level.mode, level.run_all, &ctx, &mut events)
+                .await;
+        let failed: Vec<(&VerifierSpec, &VerifierFinished)> = level
+            .verifiers
+            .iter()
+            .zip(&outcomes)
+            .filter(|(spec, o)| !o.passed && spec.on_fail != OnFail::Ignore)
+            .collect();
+        let passed_names: Vec<&str> =
+            outcomes.iter().filter(|o| o.passed).map(|o| o.name.as_str()).collect();
+        let summary = if failed.is_empty() {
+            format!("all {} verifiers passed ({})", outcomes.len(), passed_names.join(", "))
+        } else {
+            let names: Vec<&str> = failed.iter().map(|(s, _)| s.name.as_str()).collect();
+            format!(
+                "{} of {} verifiers failed ({})",
+                failed.len(),
+                outcomes.len(),
+                names.join(", ")
+            )
+        };
+        let mut scratchpad = Map::new();
+        scratchpad.insert("build_result_summary".to_owned(), Value::String(summary.clone()));
+        let verdict = if failed.is_empty() {
+            scratchpad.insert("build_feedback".to_owned(), Value::Null);
+            "PASS"
+        } else {
+            scratchpad.insert("build_feedback".to_owned(), Value::String(feedback_text(&failed)));
+            "FAIL"
+        };
+        events.push(self.event(EventData::LevelFinished(LevelFinished {
+            ok: true,
+            skipped: false,
+            verdict: Some(verdict.to_owned()),
+            output: summary,
+            parsed: None,
+            confidence: None,
+            scratchpad,
+            conflict: (verdict == "FAIL").then(|| format!("verify:{}", level.id)),
+            error: None,
+            cost_usd: outcomes.iter().map(|o| o.cost_usd).sum(),
+            tokens: 0,
+            duration_ms: millis(started),
+            terminal: level.terminal,
+        })));
+        events
+    }
+
+    async fn fan_out(&self) -> Vec<NewEvent> {
+        let started = Instant::now();
+        let level = &self.scenario.levels[self.level];
+        let LevelKind::FanOut { children, fan_in, max_parallel } = &level.kind else {
+            return Vec::new();
+        };
+        let permits = Arc::new(tokio::sync::Semaphore::new(*max_parallel as usize));
+        let mut set = JoinSet::new();
+        for (order, &child) in children.iter().enumerate() {
+            let id = &self.scenario.levels[child].id;
+            let mut run = self.clone();
+            run.level = child;
+            run.attempt = self.state.level(id).map_or(0, |l| l.attempts) + 1;
+            let permits = Arc::clone(&permits);
+            let parent = level.id.clone();
+            set.spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                let child = &run.scenario.levels[run.level];
+                let mut events = vec![run.event(EventData::LevelStarted(LevelStarted {
+                    role: child.role.clone(),
+                    kind: child.kind_name().to_owned(),
+                    parent: Some(parent),
+                }))];
+                let body = match child.kind {
+                    LevelKind::Prompt { .. } => run.prompt().await,
+                    LevelKind::Verifier => run.verifier_level().await,
+                    _ => vec![run.event(EventData::LevelFinished(error_finish(
+                        format!(
+                            "fan-out child `{}` is a {}, which cannot run inside a fan-out",
+                            child.id,
+                            child.kind_name()
+                        ),
+                        0,
+                    )))],
+                };
+                events.extend(body);
+                (order, events)
+            });
+        }
+        let mut results: Vec<(usize, Vec<NewEvent>)> = Vec::with_capacity(children.len());
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    let mut events = Vec::new();
+                    events.push(self.event(EventData::LevelFinished(error_finish(
+                        format!("a fan-out child crashed: {e}"),
+                        millis(started),
+                    ))));
+                    return events;
+                }
+            }
+        }
+        // Children commit in declared order whatever order they finished in, so the log is
+        // the same on every run.
+        results.sort_by_key(|(order, _)| *order);
+        let mut events = Vec::new();
+        let mut verdicts = Map::new();
+        let (mut cost, mut tokens, mut weight_all, mut weight_pass, mut passed) =
+            (0.0, 0u64, 0.0, 0.0, 0usize);
+        let mut error = None;
+        let mut budget_stop = false;
+        for (order, child_events) in results {
+            let child_id = self.scenario.levels[children[order]].id.clone();
+            for e in &child_events {
+                match &e.data {
+                    EventData::LevelFinished(f)
+                        if e.level_id.as_deref() == Some(child_id.as_str()) =>
+                    {
+                        cost += f.cost_usd;
+                        tokens += f.tokens;
+                        let pass = f.ok && f.verdict.as_deref().is_none_or(|v| v == "PASS");
+                        let w = fan_in.weights.get(&child_id).copied().unwrap_or(1.0);
+                        weight_all += w;
+                        if pass {
+                            passed += 1;
+                            weight_pass += w;
+                        }
+                        if let Some(err) = &f.error {
+                            error = Some(format!("fan-out child `{child_id}` failed: {err}"));
+                        }
+                        verdicts.insert(
+                            child_id.clone(),
+                            Value::String(if pass { "PASS" } else { "FAIL" }.to_owned()),
+                        );
+                    }
+                    EventData::BudgetExceeded(_) => budget_stop = true,
+                    _ => {}
+                }
+            }
+            events.extend(child_events);
+        }
+        if budget_stop {
+            return events;
+        }
+        if let Some(error) = error {
+            events.push(self.event(EventData::LevelFinished(error_finish(error, millis(started)))));
+            return events;
+        }
+        let n = children.len();
+        let score = if weight_all > 0.0 { weight_pass / weight_all } else { 0.0 };
+        let pass = match fan_in.aggregator {
+            Aggregator::MajorityPass => passed * 2 > n,
+            Aggregator::AllPass => passed == n,
+            Aggregator::WeightedScore => score >= fan_in.threshold,
+        };
+        let verdict = if pass { "PASS" } else { "FAIL" };
+        let aggregator = match fan_in.aggregator {
+            Aggregator::MajorityPass => "majority_pass",
+            Aggregator::AllPass => "all_pass",
+            Aggregator::WeightedScore => "weighted_score",
+        };
+        events.push(self.event(EventData::LevelFinished(LevelFinished {
+            ok: true,
+            skipped: false,
+            verdict: Some(verdict.to_owned()),
+            output: format!("{passed} of {n} children passed ({aggregator}): {verdict}"),
+            parsed: Some(json!({"children": verdicts, "score": score, "aggregator": aggregator})),
+            confidence: None,
+            scratchpad: Map::new(),
+            conflict: (!pass).then(|| level.id.clone()),
+            error: None,
+            cost_usd: cost,
+            tokens,
+            duration_ms: millis(started),
+            terminal: level.terminal,
+        })));
+        events
+    }
+
+    fn approval(&self) -> Vec<NewEvent> {
+        let level = &self.scenario.levels[self.level];
+        let LevelKind::HumanApproval { prompt, approver_role, output_schema } = &level.kind else {
+            return Vec::new();
+        };
+        let question = match prompt {
+            Some(p) => {
+                let ctx =
+                    render::context(&self.state, &self.run_id, &level.id, &self.runtime.catalog);
+                match self.renderer.render(p, &ctx) {
+                    Ok(q) => q,
+                    Err(e) => {
+                        return vec![self.event(EventData::LevelFinished(error_finish(e, 0)))];
+                    }
+                }
+            }
+            None => format!(
+                "Approve the result of `{}`?",
+                self.state.in_flight.clone().unwrap_or_default()
+            ),
+        };
+        vec![self.event(EventData::ApprovalRequested(ApprovalRequested {
+            request_id: format!("{}#{}", level.id, self.attempt),
+            approver_role: approver_role.clone(),
+            question,
+            schema: output_schema.clone(),
+        }))]
+    }
+}
+
+/// Why a prompt level stopped before its result.
+enum Stop {
+    /// A budget refusal or a cancel: the planner decides what follows.
+    Halted,
+    Failed(String),
+}
+
+impl Stop {
+    fn finish(self, run: &LevelRun, events: &mut Vec<NewEvent>, started: Instant) -> Vec<NewEvent> {
+        match self {
+            // The planner sees the abort and closes the level as skipped.
+            Stop::Halted => {}
+            Stop::Failed(message) => {
+                events.push(
+                    run.event(EventData::LevelFinished(error_finish(message, millis(started)))),
+                );
+            }
+        }
+        std::mem::take(events)
+    }
+}
+
+/// The model calls of one attempt, with their running cost.
+struct Calls<'a> {
+    run: &'a LevelRun,
+    call_index: u32,
+    call: u32,
+    cost_usd: f64,
+    tokens: u64,
+}
+
+impl Calls<'_> {
+    async fn call(
+        &mut self,
+        events: &mut Vec<NewEvent>,
+        template: &str,
+        prompt: &str,
+        json: bool,
+    ) -> Result<String, Stop> {
+        let level = &self.run.scenario.levels[self.run.level];
+        let request = ModelRequest {
+            level_id: level.id.clone(),
+            call_index: self.call_index,
+            prompt: prompt.to_owned(),
+            json,
+            max_tokens: limits::MAX_TOKENS_DEFAULT,
+            constraint: level.model.clone(),
+        };
+        // Refuse a call whose worst case would cross the cost cap, before making it.
+        let state = &self.run.state;
+        if let Some(max) = state.budget.max_cost_usd {
+            let worst = self.run.runtime.model.worst_case_cost_usd(&request);
+            let spent = state.totals.cost_usd + self.cost_usd;
+            if spent + worst > max {
+                events.push(self.run.event(EventData::BudgetExceeded(BudgetExceeded {
+                    limit_kind: "cost".to_owned(),
+                    limit_value: max,
+                    observed_value: spent + worst,
+                    refused_before_call: true,
+                })));
+                return Err(Stop::Halted);
+            }
+        }
+        events.push(self.run.event(EventData::PromptSent(PromptSent {
+            template: template.to_owned(),
+            prompt: prompt.to_owned(),
+            call: self.call,
+        })));
+        let reply = match self.run.runtime.model.call(&request, &self.run.cancel).await {
+            Ok(r) => r,
+            Err(ModelError::Cancelled) => return Err(Stop::Halted),
+            Err(e) => return Err(Stop::Failed(e.to_string())),
+        };
+        let mut text = reply.text;
+        if text.len() > limits::MODEL_TEXT_BYTES_MAX {
+            let mut cut = limits::MODEL_TEXT_BYTES_MAX;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            text.push_str("\n[answer cut at the size limit]");
+        }
+        events.push(self.run.event(EventData::ModelResponse(ModelResponse {
+            provider: reply.provider,
+            model: reply.model,
+            request_hash: request.hash(),
+            call: self.call,
+            text: text.clone(),
+            tool_calls: reply.tool_calls,
+            usage: reply.usage,
+            cost_usd: reply.cost_usd,
+        })));
+        self.call += 1;
+        self.call_index += 1;
+        self.cost_usd += reply.cost_usd;
+        self.tokens += reply.usage.total();
+        Ok(text)
+    }
+}
+
+fn feedback_text(failed: &[(&VerifierSpec, &VerifierFinished)]) -> String {
+    let mut out = String::new();
+    for (spec, outcome) in failed {
+        out.push_str(&format!(
+            "- {} ({}): {}\n",
+            spec.name,
+            spec.uses.as_str(),
+            outcome.reasons.join("; ")
+        ));
+        if let Some(tail) =
+            outcome.details.get("stderr_tail").and_then(Value::as_str).filter(|t| !t.is_empty())
+        {
+            out.push_str(&format!(
+                "  stderr (tail):\n{}\n",
+                verifier::tail(tail, limits::FEEDBACK_TAIL_BYTES)
+            ));
+        }
+    }
+    out
+}
+
+/// Runs a level's verifiers in its mode; outcomes come back in declared order.
+async fn run_verifiers(
+    run: &LevelRun,
+    specs: &[VerifierSpec],
+    mode: Mode,
+    run_all: bool,
+    ctx: &VerifyContext,
+    events: &mut Vec<NewEvent>,
+) -> Vec<VerifierFinished> {
+    let mut outcomes = Vec::with_capacity(specs.len());
+    for spec in specs {
+        events.push(run.event(EventData::VerifierStarted(VerifierStarted {
+            name: spec.name.clone(),
+            uses: spec.uses.as_str().to_owned(),
+        })));
+    }
+    match mode {
+        Mode::Serial => {
+            let mut stopped = false;
+            for spec in specs {
+                let outcome = if stopped {
+                    verifier::unavailable(spec, "not run: an earlier verifier failed (serial mode)")
+                } else {
+                    verify_one(run, spec, ctx, &run.cancel).await
+                };
+                if !outcome.passed && !run_all && spec.on_fail != OnFail::Ignore {
+                    stopped = true;
+                }
+                outcomes.push(outcome);
+            }
+        }
+        // `race` runs like `parallel` until the verifiers issue gives it early cancellation.
+        Mode::Parallel | Mode::Race => {
+            let mut set = JoinSet::new();
+            for (i, spec) in specs.iter().enumerate() {
+                let (run, spec, ctx) = (run.clone(), spec.clone(), ctx.clone());
+                set.spawn(async move { (i, verify_one(&run, &spec, &ctx, &run.cancel).await) });
+            }
+            let mut slots: Vec<Option<VerifierFinished>> = vec![None; specs.len()];
+            while let Some(joined) = set.join_next().await {
+                if let Ok((i, outcome)) = joined {
+                    slots[i] = Some(outcome);
+                }
+            }
+            for (i, slot) in slots.into_iter().enumerate() {
+                outcomes.push(slot.unwrap_or_else(|| {
+                    verifier::unavailable(&specs[i], "the verifier task crashed")
+                }));
+            }
+        }
+    }
+    for outcome in &outcomes {
+        events.push(run.event(EventData::VerifierFinished(outcome.clone())));
+    }
+    outcomes
+}
+
+async fn verify_one(
+    run: &LevelRun,
+    spec: &VerifierSpec,
+    ctx: &VerifyContext,
+    cancel: &CancelToken,
+) -> VerifierFinished {
+    match run.runtime.verifiers.get(spec.uses) {
+        Some(v) => v.verify(spec, ctx, cancel).await,
+        None => verifier::unavailable(
+            spec,
+            &format!("the `{}` verifier is not available in this build", spec.uses.as_str()),
+        ),
+    }
+}

@@ -1,0 +1,357 @@
+//! The projection: `RunState = fold(events)`.
+//!
+//! Folding is pure and total: any sequence of events gives a state, and folding a log
+//! in pieces gives the same state as folding it at once (a property test holds this).
+//! The state is never stored as truth; it is rebuilt from the log whenever it is needed.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::event::{
+    ApprovalDecided, ApprovalRequested, AskUser, BudgetCaps, BudgetExceeded, CancelRequested,
+    Event, EventData, ScenarioFinished, Totals, VerifierFinished,
+};
+
+/// Where a run stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// No event yet.
+    New,
+    Running,
+    /// Waiting for a person (an approval or an answer).
+    Paused,
+    Completed,
+    Aborted,
+    Cancelled,
+    Failed,
+}
+
+impl Status {
+    /// The status as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::New => "new",
+            Status::Running => "running",
+            Status::Paused => "paused",
+            Status::Completed => "completed",
+            Status::Aborted => "aborted",
+            Status::Cancelled => "cancelled",
+            Status::Failed => "failed",
+        }
+    }
+
+    /// Whether the run has ended.
+    pub fn is_final(self) -> bool {
+        matches!(self, Status::Completed | Status::Aborted | Status::Cancelled | Status::Failed)
+    }
+}
+
+/// What the run does after its current level: the target of the last gate decision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum Next {
+    Level(String),
+    End,
+}
+
+/// The state of one level in a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LevelState {
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// Started and not yet finished.
+    pub running: bool,
+    pub ok: Option<bool>,
+    pub skipped: bool,
+    pub output: String,
+    pub parsed: Option<Value>,
+    pub verdict: Option<String>,
+    pub confidence: Option<f64>,
+    pub error: Option<String>,
+    /// Outcomes of the current attempt's verifiers, by name.
+    pub verifiers: BTreeMap<String, VerifierFinished>,
+    /// Model calls made by the current attempt.
+    pub calls: u32,
+    /// Model calls made by every attempt of this level.
+    pub calls_total: u32,
+    pub cost_usd: f64,
+    pub tokens: u64,
+    pub duration_ms: u64,
+    pub approved: Option<bool>,
+    pub comment: Option<String>,
+    pub parent: Option<String>,
+}
+
+/// The state of a run, as of its last event.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunState {
+    pub status: Status,
+    pub last_seq: u64,
+    pub scenario_id: String,
+    pub scenario_version: u32,
+    pub checksum: String,
+    pub input: String,
+    /// The input read as JSON, when it is JSON (gates read `input.<path>` from it).
+    pub input_json: Option<Value>,
+    pub metadata: Map<String, Value>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub budget: BudgetCaps,
+    pub max_attempts_per_conflict: u32,
+    pub levels: BTreeMap<String, LevelState>,
+    /// The top-level (non-child) level started and not yet finished.
+    pub in_flight: Option<String>,
+    /// A level that finished and whose outgoing gates have not been decided yet.
+    pub route_pending: Option<String>,
+    pub next: Option<Next>,
+    pub verdict: Option<String>,
+    pub escalate_now: bool,
+    pub confidence: Option<f64>,
+    /// Failures counted per conflict.
+    pub tracker: BTreeMap<String, u32>,
+    pub scratchpad: Map<String, Value>,
+    pub totals: Totals,
+    pub budget_exceeded: Option<BudgetExceeded>,
+    pub aborted_reason: Option<String>,
+    pub cancel_requested: Option<CancelRequested>,
+    pub pending_approval: Option<ApprovalRequested>,
+    pub decisions: BTreeMap<String, ApprovalDecided>,
+    pub pending_ask: Option<AskUser>,
+    /// Answers to `ask_user` requests, by call id, in order.
+    pub answers: Vec<(String, Value)>,
+    pub final_output: Option<String>,
+    /// The output of the last top-level level that finished with one.
+    pub last_output: Option<String>,
+    pub finished: Option<ScenarioFinished>,
+    /// Level executions started, all levels together.
+    pub level_runs: u32,
+}
+
+impl Default for RunState {
+    fn default() -> Self {
+        RunState {
+            status: Status::New,
+            last_seq: 0,
+            scenario_id: String::new(),
+            scenario_version: 0,
+            checksum: String::new(),
+            input: String::new(),
+            input_json: None,
+            metadata: Map::new(),
+            started_at: None,
+            budget: BudgetCaps::default(),
+            max_attempts_per_conflict: 3,
+            levels: BTreeMap::new(),
+            in_flight: None,
+            route_pending: None,
+            next: None,
+            verdict: None,
+            escalate_now: false,
+            confidence: None,
+            tracker: BTreeMap::new(),
+            scratchpad: Map::new(),
+            totals: Totals::default(),
+            budget_exceeded: None,
+            aborted_reason: None,
+            cancel_requested: None,
+            pending_approval: None,
+            decisions: BTreeMap::new(),
+            pending_ask: None,
+            answers: Vec::new(),
+            final_output: None,
+            last_output: None,
+            finished: None,
+            level_runs: 0,
+        }
+    }
+}
+
+/// Folds a whole log.
+pub fn fold(events: &[Event]) -> RunState {
+    let mut state = RunState::default();
+    for e in events {
+        state.apply(e);
+    }
+    state
+}
+
+impl RunState {
+    /// The state of a level (default when it has not run).
+    pub fn level(&self, id: &str) -> Option<&LevelState> {
+        self.levels.get(id)
+    }
+
+    /// Whether the run waits for an approval decision or an answer that has not arrived.
+    pub fn awaiting_person(&self) -> bool {
+        let approval = self
+            .pending_approval
+            .as_ref()
+            .is_some_and(|a| !self.decisions.contains_key(&a.request_id));
+        let ask = self
+            .pending_ask
+            .as_ref()
+            .is_some_and(|a| !self.answers.iter().any(|(id, _)| id == &a.call_id));
+        approval || ask
+    }
+
+    /// Applies one event. Total: an event that does not fit the state is absorbed.
+    pub fn apply(&mut self, event: &Event) {
+        self.last_seq = event.seq;
+        let level_id = event.level_id.clone().unwrap_or_default();
+        match &event.data {
+            EventData::ScenarioStarted(s) => {
+                self.status = Status::Running;
+                self.scenario_id.clone_from(&s.scenario_id);
+                self.scenario_version = s.scenario_version;
+                self.checksum.clone_from(&s.checksum);
+                self.input.clone_from(&s.input);
+                self.input_json = serde_json::from_str(&s.input).ok();
+                self.metadata.clone_from(&s.metadata);
+                self.started_at = Some(event.at);
+                self.budget = s.budget;
+                self.max_attempts_per_conflict = s.max_attempts_per_conflict;
+            }
+            EventData::LevelStarted(s) => {
+                let level = self.levels.entry(level_id.clone()).or_default();
+                level.attempts = event.attempt.unwrap_or(level.attempts + 1);
+                level.running = true;
+                level.ok = None;
+                level.skipped = false;
+                level.error = None;
+                level.verifiers.clear();
+                level.calls = 0;
+                level.parent.clone_from(&s.parent);
+                if s.parent.is_none() {
+                    self.in_flight = Some(level_id);
+                    self.next = None;
+                }
+                self.level_runs += 1;
+            }
+            EventData::ModelResponse(r) => {
+                let level = self.levels.entry(level_id).or_default();
+                level.calls += 1;
+                level.calls_total += 1;
+                level.cost_usd += r.cost_usd;
+                level.tokens += r.usage.total();
+                self.totals.cost_usd += r.cost_usd;
+                self.totals.tokens += r.usage.total();
+            }
+            EventData::VerifierFinished(v) => {
+                self.totals.cost_usd += v.cost_usd;
+                let level = self.levels.entry(level_id).or_default();
+                level.cost_usd += v.cost_usd;
+                level.verifiers.insert(v.name.clone(), v.clone());
+            }
+            EventData::AskUser(a) => {
+                self.pending_ask = Some(a.clone());
+                self.status = Status::Paused;
+            }
+            EventData::UserAnswered(a) => {
+                self.answers.push((a.call_id.clone(), a.answer.clone()));
+                if self.pending_ask.as_ref().is_some_and(|p| p.call_id == a.call_id) {
+                    self.status = Status::Running;
+                }
+            }
+            EventData::ApprovalRequested(a) => {
+                self.pending_approval = Some(a.clone());
+                self.status = Status::Paused;
+            }
+            EventData::ApprovalDecided(d) => {
+                self.decisions.insert(d.request_id.clone(), d.clone());
+                if self.pending_approval.as_ref().is_some_and(|p| p.request_id == d.request_id) {
+                    self.status = Status::Running;
+                }
+            }
+            EventData::LevelFinished(f) => {
+                let is_top;
+                {
+                    let level = self.levels.entry(level_id.clone()).or_default();
+                    level.running = false;
+                    level.ok = Some(f.ok);
+                    level.skipped = f.skipped;
+                    level.output.clone_from(&f.output);
+                    level.parsed.clone_from(&f.parsed);
+                    level.verdict.clone_from(&f.verdict);
+                    level.confidence = f.confidence;
+                    level.error.clone_from(&f.error);
+                    level.duration_ms += f.duration_ms;
+                    is_top = level.parent.is_none();
+                    if let Some(parsed) = &f.parsed {
+                        if let Some(approved) = parsed.get("approved").and_then(Value::as_bool) {
+                            level.approved = Some(approved);
+                        }
+                        if let Some(comment) = parsed.get("comment").and_then(Value::as_str) {
+                            level.comment = Some(comment.to_owned());
+                        }
+                    }
+                }
+                if !f.skipped {
+                    self.totals.levels_run += 1;
+                }
+                if is_top {
+                    if f.verdict.is_some() {
+                        self.verdict.clone_from(&f.verdict);
+                    }
+                    if f.confidence.is_some() {
+                        self.confidence = f.confidence;
+                    }
+                    self.in_flight = None;
+                    self.route_pending = Some(level_id.clone());
+                    if f.ok && !f.skipped && !f.output.is_empty() {
+                        self.last_output = Some(f.output.clone());
+                    }
+                    self.pending_approval = None;
+                    self.pending_ask = None;
+                }
+                for (key, value) in &f.scratchpad {
+                    if value.is_null() {
+                        self.scratchpad.remove(key);
+                    } else {
+                        self.scratchpad.insert(key.clone(), value.clone());
+                    }
+                }
+                if let Some(conflict) = &f.conflict {
+                    let count = self.tracker.entry(conflict.clone()).or_insert(0);
+                    *count += 1;
+                    if *count >= self.max_attempts_per_conflict {
+                        self.escalate_now = true;
+                    }
+                }
+                if f.terminal && f.ok && !f.skipped {
+                    self.final_output = Some(f.output.clone());
+                }
+            }
+            EventData::GateDecision(g) => {
+                self.route_pending = None;
+                self.next = Some(if g.target == baton_scenario::model::END {
+                    Next::End
+                } else {
+                    Next::Level(g.target.clone())
+                });
+            }
+            EventData::BudgetConsumed(b) => {
+                self.totals.duration_ms = b.total_duration_ms;
+            }
+            EventData::BudgetExceeded(b) => {
+                self.budget_exceeded = Some(b.clone());
+                self.aborted_reason = Some(format!("budget_exceeded:{}", b.limit_kind));
+            }
+            EventData::CancelRequested(c) => {
+                self.cancel_requested = Some(c.clone());
+            }
+            EventData::PromptSent(_) | EventData::VerifierStarted(_) | EventData::Warning(_) => {}
+            EventData::ScenarioFinished(f) => {
+                self.status = match f.status {
+                    crate::event::FinalStatus::Completed => Status::Completed,
+                    crate::event::FinalStatus::Aborted => Status::Aborted,
+                    crate::event::FinalStatus::Cancelled => Status::Cancelled,
+                    crate::event::FinalStatus::Failed => Status::Failed,
+                };
+                self.finished = Some(f.clone());
+                self.in_flight = None;
+            }
+        }
+    }
+}

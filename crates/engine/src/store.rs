@@ -1,0 +1,285 @@
+//! The event store: one trait, an in-memory implementation, and the conformance suite
+//! every implementation must pass.
+//!
+//! An append names the `seq` it expects to write first; a store refuses an append whose
+//! expected `seq` is not the run's next one ([`Error::Conflict`]), so two writers can never
+//! both advance a run. All events of one append are written together or not at all.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::event::Event;
+use crate::model::BoxFuture;
+
+/// A run as the store lists it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub scenario_id: String,
+    /// The status as of the last append (`running`, `paused`, `completed` …).
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub last_seq: u64,
+}
+
+/// What can go wrong in a store.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "run {run_id}: expected to write event {expected}, but the log is at {actual}; another writer advanced it"
+    )]
+    Conflict { run_id: String, expected: u64, actual: u64 },
+    #[error("no run {0}")]
+    NotFound(String),
+    #[error("run {0} already exists")]
+    Exists(String),
+    #[error("store: {0}")]
+    Backend(String),
+}
+
+/// Where runs and their events live.
+pub trait EventStore: Send + Sync + std::fmt::Debug {
+    /// Records a new run with no events.
+    fn create_run<'a>(&'a self, run: &'a RunRecord) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Appends events numbered from `expected_seq` (the run's next number) in one
+    /// transaction, and sets the run's listed status.
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected_seq: u64,
+        events: &'a [Event],
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// The run's events with `seq > after`, in order.
+    fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>>;
+
+    /// The run's record.
+    fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
+
+    /// Every run, newest first, optionally only those with one status.
+    fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>>;
+}
+
+/// Each run's record and log, by run id.
+type Runs = BTreeMap<String, (RunRecord, Vec<Event>)>;
+
+/// Runs and events in memory: for tests, benchmarks and one-shot runs.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Runs>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Runs) -> T) -> T {
+        let mut guard = match self.inner.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f(&mut guard)
+    }
+}
+
+impl EventStore for MemoryStore {
+    fn create_run<'a>(&'a self, run: &'a RunRecord) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.with(|runs| {
+                if runs.contains_key(&run.run_id) {
+                    return Err(Error::Exists(run.run_id.clone()));
+                }
+                runs.insert(run.run_id.clone(), (run.clone(), Vec::new()));
+                Ok(())
+            })
+        })
+    }
+
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected_seq: u64,
+        events: &'a [Event],
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.with(|runs| {
+                let (record, log) =
+                    runs.get_mut(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
+                let actual = log.len() as u64 + 1;
+                if actual != expected_seq {
+                    return Err(Error::Conflict {
+                        run_id: run_id.to_owned(),
+                        expected: expected_seq,
+                        actual,
+                    });
+                }
+                for (i, e) in events.iter().enumerate() {
+                    if e.seq != expected_seq + i as u64 {
+                        return Err(Error::Backend(format!(
+                            "event {} is numbered {}",
+                            expected_seq + i as u64,
+                            e.seq
+                        )));
+                    }
+                }
+                log.extend_from_slice(events);
+                record.last_seq = log.len() as u64;
+                record.status = status.to_owned();
+                if let Some(last) = events.last() {
+                    record.updated_at = last.at;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
+        Box::pin(async move {
+            self.with(|runs| {
+                let (_, log) =
+                    runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
+                Ok(log.iter().skip(usize::try_from(after).unwrap_or(usize::MAX)).cloned().collect())
+            })
+        })
+    }
+
+    fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move { Ok(self.with(|runs| runs.get(run_id).map(|(r, _)| r.clone()))) })
+    }
+
+    fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        Box::pin(async move {
+            let mut list: Vec<RunRecord> = self.with(|runs| {
+                runs.values()
+                    .map(|(r, _)| r.clone())
+                    .filter(|r| status.is_none_or(|s| r.status == s))
+                    .collect()
+            });
+            list.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.run_id.cmp(&a.run_id)));
+            Ok(list)
+        })
+    }
+}
+
+/// The conformance suite: every [`EventStore`] implementation runs these checks in its
+/// own tests. Each function panics with a message on a violation.
+pub mod conformance {
+    use chrono::{TimeZone, Utc};
+
+    use super::{Error, EventStore, RunRecord};
+    use crate::event::{Event, EventData, NewEvent, Warning};
+
+    fn record(id: &str) -> RunRecord {
+        let at = Utc.timestamp_opt(1_700_000_000, 0).single().unwrap_or_default();
+        RunRecord {
+            run_id: id.to_owned(),
+            scenario_id: "demo".to_owned(),
+            status: "running".to_owned(),
+            created_at: at,
+            updated_at: at,
+            last_seq: 0,
+        }
+    }
+
+    fn events(from: u64, n: u64) -> Vec<Event> {
+        let at = Utc.timestamp_opt(1_700_000_000, 0).single().unwrap_or_default();
+        (from..from + n)
+            .map(|seq| {
+                NewEvent::level(
+                    "l1",
+                    1,
+                    EventData::Warning(Warning { message: format!("event {seq}") }),
+                )
+                .at(seq, at)
+            })
+            .collect()
+    }
+
+    /// Runs every check against a store with no runs whose ids start with `prefix`.
+    pub async fn run_all(store: &dyn EventStore, prefix: &str) {
+        append_and_load(store, &format!("{prefix}-a")).await;
+        expected_seq_is_enforced(store, &format!("{prefix}-b")).await;
+        a_batch_is_all_or_nothing(store, &format!("{prefix}-c")).await;
+        unknown_runs_are_reported(store, &format!("{prefix}-missing")).await;
+        runs_are_listed_by_status(store, prefix).await;
+    }
+
+    async fn append_and_load(store: &dyn EventStore, id: &str) {
+        store.create_run(&record(id)).await.expect("create run");
+        assert!(
+            matches!(store.create_run(&record(id)).await, Err(Error::Exists(_))),
+            "a second create must fail"
+        );
+        store.append(id, 1, &events(1, 3), "running").await.expect("append 1..=3");
+        store.append(id, 4, &events(4, 2), "paused").await.expect("append 4..=5");
+        let all = store.load(id, 0).await.expect("load");
+        assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(all, [events(1, 3), events(4, 2)].concat(), "events come back as written");
+        let tail = store.load(id, 3).await.expect("load tail");
+        assert_eq!(tail.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
+        let run = store.run(id).await.expect("run").expect("run exists");
+        assert_eq!((run.last_seq, run.status.as_str()), (5, "paused"));
+    }
+
+    async fn expected_seq_is_enforced(store: &dyn EventStore, id: &str) {
+        store.create_run(&record(id)).await.expect("create run");
+        store.append(id, 1, &events(1, 2), "running").await.expect("append");
+        let stale = store.append(id, 2, &events(2, 1), "running").await;
+        assert!(
+            matches!(stale, Err(Error::Conflict { expected: 2, actual: 3, .. })),
+            "stale append: {stale:?}"
+        );
+        let ahead = store.append(id, 5, &events(5, 1), "running").await;
+        assert!(matches!(ahead, Err(Error::Conflict { .. })), "append past the end: {ahead:?}");
+        assert_eq!(store.load(id, 0).await.expect("load").len(), 2);
+    }
+
+    async fn a_batch_is_all_or_nothing(store: &dyn EventStore, id: &str) {
+        store.create_run(&record(id)).await.expect("create run");
+        let mut bad = events(1, 3);
+        bad[2].seq = 9;
+        assert!(
+            store.append(id, 1, &bad, "running").await.is_err(),
+            "a misnumbered batch must fail"
+        );
+        assert!(
+            store.load(id, 0).await.expect("load").is_empty(),
+            "nothing of a failed batch is kept"
+        );
+    }
+
+    async fn unknown_runs_are_reported(store: &dyn EventStore, id: &str) {
+        assert!(matches!(
+            store.append(id, 1, &events(1, 1), "running").await,
+            Err(Error::NotFound(_))
+        ));
+        assert!(store.run(id).await.expect("run").is_none());
+    }
+
+    async fn runs_are_listed_by_status(store: &dyn EventStore, prefix: &str) {
+        let paused = store.runs(Some("paused")).await.expect("list");
+        assert!(paused.iter().any(|r| r.run_id == format!("{prefix}-a")));
+        assert!(paused.iter().all(|r| r.status == "paused"));
+        let all = store.runs(None).await.expect("list");
+        assert!(all.len() >= 3);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn memory_store_conforms() {
+        conformance::run_all(&MemoryStore::new(), "mem").await;
+    }
+}

@@ -1,0 +1,246 @@
+//! Verifiers, as the kernel sees them: the [`Verifier`] trait and the `command` verifier.
+//!
+//! A verifier gets a [`VerifyContext`] and returns a [`VerifierFinished`] outcome. The
+//! `command` verifier runs a program (no shell) in the workspace with a timeout and a
+//! scrubbed environment, passes on exit code 0 (or `expect_exit`), and keeps the tail of
+//! stderr for the next attempt's feedback. Output is read with a byte cap, so a verifier
+//! printing gigabytes cannot exhaust memory.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_scenario::model::{Uses, VerifierSpec};
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::cancel::CancelToken;
+use crate::event::VerifierFinished;
+use crate::limits;
+use crate::model::BoxFuture;
+
+/// What a verifier may look at.
+#[derive(Clone, Debug)]
+pub struct VerifyContext {
+    pub workspace: PathBuf,
+    pub input: String,
+    pub output: String,
+    pub parsed: Option<Value>,
+    pub scratchpad: serde_json::Map<String, Value>,
+}
+
+/// A check on a level's result.
+pub trait Verifier: Send + Sync + std::fmt::Debug {
+    /// Runs the check described by `spec`.
+    fn verify<'a>(
+        &'a self,
+        spec: &'a VerifierSpec,
+        ctx: &'a VerifyContext,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, VerifierFinished>;
+}
+
+/// The verifiers available to a run, by `uses`.
+#[derive(Clone, Debug, Default)]
+pub struct Verifiers {
+    by_uses: BTreeMap<&'static str, Arc<dyn Verifier>>,
+}
+
+impl Verifiers {
+    /// The verifiers this crate ships: `command`.
+    pub fn builtin() -> Self {
+        let mut v = Verifiers::default();
+        v.register(Uses::Command, Arc::new(CommandVerifier));
+        v
+    }
+
+    /// Registers (or replaces) the verifier for a `uses`.
+    pub fn register(&mut self, uses: Uses, verifier: Arc<dyn Verifier>) {
+        self.by_uses.insert(uses.as_str(), verifier);
+    }
+
+    /// The verifier for a `uses`, if this build has one.
+    pub fn get(&self, uses: Uses) -> Option<&Arc<dyn Verifier>> {
+        self.by_uses.get(uses.as_str())
+    }
+}
+
+/// An outcome for a verifier that could not run.
+pub fn unavailable(spec: &VerifierSpec, why: &str) -> VerifierFinished {
+    VerifierFinished {
+        name: spec.name.clone(),
+        passed: false,
+        score: None,
+        reasons: vec![why.to_owned()],
+        cost_usd: 0.0,
+        duration_ms: 0,
+        details: Value::Null,
+    }
+}
+
+/// Runs a program and checks its exit code.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CommandVerifier;
+
+impl Verifier for CommandVerifier {
+    fn verify<'a>(
+        &'a self,
+        spec: &'a VerifierSpec,
+        ctx: &'a VerifyContext,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, VerifierFinished> {
+        Box::pin(async move { run_command(spec, ctx, cancel).await })
+    }
+}
+
+async fn read_capped<R: AsyncRead + Unpin>(mut reader: R) -> (Vec<u8>, u64) {
+    // Keep the last bytes: the end of a build log says what failed.
+    let mut kept: Vec<u8> = Vec::new();
+    let mut total = 0u64;
+    let mut buf = [0u8; 8192];
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                total += n as u64;
+                kept.extend_from_slice(&buf[..n]);
+                if kept.len() > 2 * limits::VERIFIER_OUTPUT_BYTES_MAX {
+                    let cut = kept.len() - limits::VERIFIER_OUTPUT_BYTES_MAX;
+                    kept.drain(..cut);
+                }
+            }
+        }
+    }
+    if kept.len() > limits::VERIFIER_OUTPUT_BYTES_MAX {
+        let cut = kept.len() - limits::VERIFIER_OUTPUT_BYTES_MAX;
+        kept.drain(..cut);
+    }
+    (kept, total)
+}
+
+/// The last `max` bytes of a text, on a character boundary.
+pub fn tail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+async fn run_command(
+    spec: &VerifierSpec,
+    ctx: &VerifyContext,
+    cancel: &CancelToken,
+) -> VerifierFinished {
+    let started = Instant::now();
+    let fail = |reason: String| VerifierFinished {
+        name: spec.name.clone(),
+        passed: false,
+        score: None,
+        reasons: vec![reason],
+        cost_usd: 0.0,
+        duration_ms: 0,
+        details: Value::Null,
+    };
+    let argv: Vec<String> = spec
+        .params
+        .get("argv")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    let Some((program, args)) = argv.split_first() else {
+        return fail("no `argv` to run".to_owned());
+    };
+    let cwd = match spec.params.get("cwd").and_then(Value::as_str) {
+        Some(dir) => ctx.workspace.join(dir),
+        None => ctx.workspace.clone(),
+    };
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .current_dir(&cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // A scrubbed environment: a verifier never sees API keys.
+    command.env_clear();
+    for key in ["PATH", "HOME", "LANG", "TMPDIR", "CARGO_HOME", "RUSTUP_HOME"] {
+        if let Ok(value) = std::env::var(key) {
+            command.env(key, value);
+        }
+    }
+    if let Some(env) = spec.params.get("env").and_then(Value::as_object) {
+        for (k, v) in env {
+            if let Some(v) = v.as_str() {
+                command.env(k, v);
+            }
+        }
+    }
+    command.kill_on_drop(true);
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => return fail(format!("cannot start `{program}` in {}: {e}", cwd.display())),
+    };
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let out_task = tokio::spawn(async move {
+        match stdout {
+            Some(s) => read_capped(s).await,
+            None => (Vec::new(), 0),
+        }
+    });
+    let err_task = tokio::spawn(async move {
+        match stderr {
+            Some(s) => read_capped(s).await,
+            None => (Vec::new(), 0),
+        }
+    });
+    let timeout =
+        Duration::from_secs_f64(spec.timeout_s.unwrap_or(limits::VERIFIER_TIMEOUT_S_DEFAULT));
+    let status = tokio::select! {
+        s = child.wait() => s.ok(),
+        () = tokio::time::sleep(timeout) => {
+            let _ = child.kill().await;
+            let mut f = fail(format!("`{program}` timed out after {:.0} s and was killed", timeout.as_secs_f64()));
+            f.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            return f;
+        }
+        () = cancel.cancelled() => {
+            let _ = child.kill().await;
+            return fail("cancelled".to_owned());
+        }
+    };
+    let (out, _) = out_task.await.unwrap_or_default();
+    let (err, err_total) = err_task.await.unwrap_or_default();
+    let code = status.and_then(|s| s.code());
+    let expected = spec.params.get("expect_exit").and_then(Value::as_i64).unwrap_or(0);
+    let passed = code.is_some_and(|c| i64::from(c) == expected);
+    let stderr_text = String::from_utf8_lossy(&err).into_owned();
+    let stdout_text = String::from_utf8_lossy(&out).into_owned();
+    let mut reasons = Vec::new();
+    if !passed {
+        reasons.push(match code {
+            Some(c) => format!("`{}` exited with {c}", argv.join(" ")),
+            None => format!("`{}` was killed by a signal", argv.join(" ")),
+        });
+    }
+    VerifierFinished {
+        name: spec.name.clone(),
+        passed,
+        score: Some(if passed { 1.0 } else { 0.0 }),
+        reasons,
+        cost_usd: 0.0,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        details: json!({
+            "exit_code": code,
+            "stderr_tail": tail(&stderr_text, limits::FEEDBACK_TAIL_BYTES),
+            "stdout_tail": tail(&stdout_text, limits::FEEDBACK_TAIL_BYTES),
+            "stderr_bytes": err_total,
+        }),
+    }
+}

@@ -1,0 +1,192 @@
+//! Crash anywhere, resume anywhere: stopping after any append and resuming in a fresh
+//! engine gives the same log as a run that never stopped (timestamps, ids and durations
+//! aside). Also: folding a log in pieces equals folding it at once.
+
+use std::sync::{Arc, Mutex};
+
+use baton_engine::event::{Event, EventData};
+use baton_engine::model::{BoxFuture, ScriptedModel};
+use baton_engine::store::{self, EventStore, MemoryStore, RunRecord};
+use baton_engine::{Engine, Outcome, fold};
+use baton_scenario::Scenario;
+use proptest::prelude::*;
+use serde_json::{Map, Value};
+
+use crate::{engine_on, scenario, script};
+
+/// A memory store that remembers where each append ended.
+#[derive(Debug, Default)]
+struct Recording {
+    inner: MemoryStore,
+    boundaries: Mutex<Vec<u64>>,
+}
+
+impl EventStore for Recording {
+    fn create_run<'a>(&'a self, run: &'a RunRecord) -> BoxFuture<'a, Result<(), store::Error>> {
+        self.inner.create_run(run)
+    }
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected: u64,
+        events: &'a [Event],
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        Box::pin(async move {
+            self.inner.append(run_id, expected, events, status).await?;
+            self.boundaries.lock().unwrap().push(expected + events.len() as u64 - 1);
+            Ok(())
+        })
+    }
+    fn load<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+    ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
+        self.inner.load(run_id, after)
+    }
+    fn run<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
+        self.inner.run(run_id)
+    }
+    fn runs<'a>(
+        &'a self,
+        status: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<RunRecord>, store::Error>> {
+        self.inner.runs(status)
+    }
+}
+
+/// Drives a run to its end, approving every approval and answering every question.
+async fn to_the_end(e: &Engine, run: &str, s: &Arc<Scenario>) {
+    for _ in 0..20 {
+        match e.drive(run, s).await.unwrap() {
+            Outcome::Finished(_) => return,
+            Outcome::Paused => {
+                let st = e.state(run).await.unwrap();
+                if st.pending_ask.is_some() {
+                    e.answer(run, Value::String("yes".into())).await.unwrap();
+                } else {
+                    e.approve(run, true, None, Some("tester".into())).await.unwrap();
+                }
+            }
+        }
+    }
+    panic!("the run did not end");
+}
+
+/// The log without what may differ between runs: times, ids and durations.
+fn normalised(events: &[Event]) -> Vec<Value> {
+    fn scrub(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                for key in ["duration_ms", "total_duration_ms", "at"] {
+                    map.remove(key);
+                }
+                map.values_mut().for_each(scrub);
+            }
+            Value::Array(items) => items.iter_mut().for_each(scrub),
+            _ => {}
+        }
+    }
+    events
+        .iter()
+        .map(|e| {
+            let mut v = serde_json::to_value(e).unwrap();
+            scrub(&mut v);
+            v
+        })
+        .collect()
+}
+
+const SCENARIO: &str = "
+id: crashy
+version: 1
+levels:
+  - {id: brief, kind: prompt, prompt: {inline: 'Brief {{ input }}'}}
+  - id: fan
+    kind: fan_out
+    fan_out: [r1, r2]
+    fan_in: {aggregator: all_pass}
+  - {id: r1, kind: prompt, prompt: {inline: R1}, response: verdict}
+  - {id: r2, kind: prompt, prompt: {inline: R2}, response: verdict}
+  - {id: accept, kind: prompt, prompt: {inline: 'Accept {{ level.brief.output }}'}, response: verdict}
+  - {id: ok, kind: human_approval}
+  - {id: ask, kind: prompt, prompt: {inline: Ask}, response: json, terminal: true}
+edges:
+  - {from: brief, to: fan}
+  - {from: fan, to: accept}
+  - {from: accept, to: ok, when: \"verdict == 'PASS'\"}
+  - {from: accept, to: brief}
+  - {from: ok, to: ask}
+";
+
+const SCRIPT: &str = "
+levels:
+  brief: [{text: b1}, {text: b2}]
+  r1: [{text: PASS}]
+  r2: [{text: PASS}]
+  accept: [{text: 'FAIL: again'}, {text: 'PASS'}]
+  ask: [{text: '{\"ask_user\": {\"q\": \"sure?\"}}'}, {text: '{\"done\": true}'}]
+";
+
+#[tokio::test]
+async fn resuming_after_any_append_gives_the_same_log() {
+    let s = scenario(SCENARIO);
+    let recording = Arc::new(Recording::default());
+    let e = engine_on(recording.clone(), script(SCRIPT));
+    let run = e.start(&s, "go", Map::new()).await.unwrap();
+    to_the_end(&e, &run, &s).await;
+    let full = e.store.load(&run, 0).await.unwrap();
+    assert!(matches!(full.last().unwrap().data, EventData::ScenarioFinished(_)));
+    let boundaries = recording.boundaries.lock().unwrap().clone();
+    assert!(boundaries.len() > 20, "{boundaries:?}");
+    for &n in &boundaries {
+        let store = Arc::new(MemoryStore::new());
+        store.create_run(&e.store.run(&run).await.unwrap().unwrap()).await.unwrap();
+        let prefix: Vec<Event> = full[..usize::try_from(n).unwrap()].to_vec();
+        store.append(&run, 1, &prefix, "running").await.unwrap();
+        let fresh = engine_on(store, script(SCRIPT));
+        to_the_end(&fresh, &run, &s).await;
+        let resumed = fresh.store.load(&run, 0).await.unwrap();
+        assert_eq!(normalised(&resumed), normalised(&full), "stopped after event {n}");
+    }
+}
+
+#[tokio::test]
+async fn folding_in_pieces_equals_folding_at_once() {
+    let s = scenario(SCENARIO);
+    let e = engine_on(Arc::new(MemoryStore::new()), script(SCRIPT));
+    let run = e.start(&s, "go", Map::new()).await.unwrap();
+    to_the_end(&e, &run, &s).await;
+    let full = e.store.load(&run, 0).await.unwrap();
+    let at_once = serde_json::to_value(fold(&full)).unwrap();
+    let mut runner = proptest::test_runner::TestRunner::default();
+    runner
+        .run(&prop::collection::vec(0..full.len(), 0..6), |mut cuts| {
+            cuts.sort_unstable();
+            let mut state = fold(&full[..cuts.first().copied().unwrap_or(0)]);
+            let mut from = cuts.first().copied().unwrap_or(0);
+            for &cut in cuts.iter().skip(1).chain(std::iter::once(&full.len())) {
+                for e in &full[from..cut.max(from)] {
+                    state.apply(e);
+                }
+                from = cut.max(from);
+            }
+            prop_assert_eq!(serde_json::to_value(&state).unwrap(), at_once.clone());
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_scripted_constant_model_runs_a_scenario_end_to_end() {
+    let s = scenario(SCENARIO);
+    let e =
+        engine_on(Arc::new(MemoryStore::new()), ScriptedModel::constant("PASS: fine {\"x\": 1}"));
+    let run = e.start(&s, "go", Map::new()).await.unwrap();
+    to_the_end(&e, &run, &s).await;
+    assert!(e.state(&run).await.unwrap().status.is_final());
+}

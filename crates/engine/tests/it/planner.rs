@@ -1,0 +1,278 @@
+//! The planner, pure: given these events, the next step is this.
+
+use baton_engine::event::*;
+use baton_engine::plan::{Step, plan};
+use baton_engine::{Status, fold};
+use chrono::Utc;
+
+use crate::scenario;
+
+const TWO: &str = "
+id: two
+version: 1
+budget: {max_cost_usd: 1.0}
+levels:
+  - {id: a, kind: prompt, prompt: {inline: 'A {{ input }}'}, response: verdict}
+  - {id: b, kind: prompt, prompt: {inline: 'B'}, terminal: true}
+edges:
+  - {from: a, to: b, when: \"verdict == 'PASS'\"}
+  - {from: a, to: a}
+";
+
+fn log(events: Vec<NewEvent>) -> Vec<Event> {
+    events.into_iter().enumerate().map(|(i, e)| e.at(i as u64 + 1, Utc::now())).collect()
+}
+
+fn started() -> NewEvent {
+    NewEvent::run(EventData::ScenarioStarted(ScenarioStarted {
+        scenario_id: "two".into(),
+        scenario_version: 1,
+        checksum: "x".into(),
+        input: "hi".into(),
+        metadata: serde_json::Map::new(),
+        budget: BudgetCaps { max_cost_usd: Some(1.0), max_tokens: None, max_duration_s: None },
+        max_attempts_per_conflict: 3,
+    }))
+}
+
+fn level_started(id: &str, attempt: u32) -> NewEvent {
+    NewEvent::level(
+        id,
+        attempt,
+        EventData::LevelStarted(LevelStarted {
+            role: id.into(),
+            kind: "prompt".into(),
+            parent: None,
+        }),
+    )
+}
+
+fn finished(id: &str, attempt: u32, verdict: Option<&str>, cost: f64) -> NewEvent {
+    NewEvent::level(
+        id,
+        attempt,
+        EventData::LevelFinished(LevelFinished {
+            ok: true,
+            skipped: false,
+            verdict: verdict.map(str::to_owned),
+            output: format!("{id} out"),
+            parsed: None,
+            confidence: None,
+            scratchpad: serde_json::Map::new(),
+            conflict: (verdict == Some("FAIL")).then(|| id.to_owned()),
+            error: None,
+            cost_usd: cost,
+            tokens: 0,
+            duration_ms: 0,
+            terminal: id == "b",
+        }),
+    )
+}
+
+fn model_response(id: &str, attempt: u32, cost: f64) -> NewEvent {
+    NewEvent::level(
+        id,
+        attempt,
+        EventData::ModelResponse(ModelResponse {
+            provider: "scripted".into(),
+            model: "script".into(),
+            request_hash: String::new(),
+            call: 0,
+            text: "PASS".into(),
+            tool_calls: Vec::new(),
+            usage: Usage { input_tokens: 1, output_tokens: 1 },
+            cost_usd: cost,
+        }),
+    )
+}
+
+fn gate(source: &str, target: &str) -> NewEvent {
+    NewEvent::run(EventData::GateDecision(GateDecision {
+        source: source.into(),
+        target: target.into(),
+        expression: None,
+        readings: Vec::new(),
+        fallthrough: false,
+    }))
+}
+
+fn appended(step: Step) -> Vec<EventData> {
+    match step {
+        Step::Append(events) => events.into_iter().map(|e| e.data).collect(),
+        other => panic!("expected events to append, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_new_run_starts_at_the_entry() {
+    let s = scenario(TWO);
+    let step = plan(&s, &fold(&log(vec![started()])));
+    let events = appended(step);
+    assert!(matches!(&events[..], [EventData::LevelStarted(_)]));
+}
+
+#[test]
+fn a_started_level_is_run() {
+    let s = scenario(TWO);
+    let step = plan(&s, &fold(&log(vec![started(), level_started("a", 1)])));
+    assert_eq!(step, Step::Run { level: 0, attempt: 1 });
+}
+
+#[test]
+fn a_pass_verdict_takes_the_first_edge_and_records_what_it_read() {
+    let s = scenario(TWO);
+    let events = appended(plan(
+        &s,
+        &fold(&log(vec![started(), level_started("a", 1), finished("a", 1, Some("PASS"), 0.0)])),
+    ));
+    let [EventData::GateDecision(g)] = &events[..] else { panic!("{events:?}") };
+    assert_eq!((g.source.as_str(), g.target.as_str()), ("a", "b"));
+    assert_eq!(g.expression.as_deref(), Some("verdict == 'PASS'"));
+    assert_eq!(g.readings[0].path, "verdict");
+    assert_eq!(g.readings[0].value, serde_json::json!("PASS"));
+}
+
+#[test]
+fn a_fail_verdict_falls_to_the_default_edge() {
+    let s = scenario(TWO);
+    let events = appended(plan(
+        &s,
+        &fold(&log(vec![started(), level_started("a", 1), finished("a", 1, Some("FAIL"), 0.0)])),
+    ));
+    let [EventData::GateDecision(g)] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(g.target, "a");
+}
+
+#[test]
+fn a_gate_target_is_started_with_the_next_attempt() {
+    let s = scenario(TWO);
+    let st = fold(&log(vec![
+        started(),
+        level_started("a", 1),
+        finished("a", 1, Some("FAIL"), 0.0),
+        gate("a", "a"),
+    ]));
+    let events = plan(&s, &st);
+    let Step::Append(events) = events else { panic!() };
+    assert_eq!(events[0].attempt, Some(2));
+}
+
+#[test]
+fn the_end_finishes_the_run_with_the_terminal_output() {
+    let s = scenario(TWO);
+    let st = fold(&log(vec![
+        started(),
+        level_started("a", 1),
+        finished("a", 1, Some("PASS"), 0.0),
+        gate("a", "b"),
+        level_started("b", 1),
+        finished("b", 1, None, 0.0),
+        gate("b", "__end__"),
+    ]));
+    let events = appended(plan(&s, &st));
+    let [EventData::ScenarioFinished(f)] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(f.status, FinalStatus::Completed);
+    assert_eq!(f.final_output.as_deref(), Some("b out"));
+}
+
+#[test]
+fn crossing_the_cost_cap_aborts() {
+    let s = scenario(TWO);
+    let st = fold(&log(vec![
+        started(),
+        level_started("a", 1),
+        model_response("a", 1, 2.0),
+        finished("a", 1, Some("PASS"), 2.0),
+    ]));
+    let events = appended(plan(&s, &st));
+    let [EventData::BudgetExceeded(b)] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(b.limit_kind, "cost");
+    let mut all = log(vec![
+        started(),
+        level_started("a", 1),
+        model_response("a", 1, 2.0),
+        finished("a", 1, Some("PASS"), 2.0),
+    ]);
+    all.push(NewEvent::run(events[0].clone()).at(5, Utc::now()));
+    let events = appended(plan(&s, &fold(&all)));
+    let [EventData::ScenarioFinished(f)] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(f.status, FinalStatus::Aborted);
+    assert_eq!(f.aborted_reason.as_deref(), Some("budget_exceeded:cost"));
+}
+
+#[test]
+fn a_cancel_ends_the_run_and_closes_the_level_in_flight() {
+    let s = scenario(TWO);
+    let cancel =
+        NewEvent::run(EventData::CancelRequested(CancelRequested { by: None, reason: None }));
+    let events = appended(plan(&s, &fold(&log(vec![started(), level_started("a", 1), cancel]))));
+    let [EventData::LevelFinished(l), EventData::ScenarioFinished(f)] = &events[..] else {
+        panic!("{events:?}")
+    };
+    assert!(l.skipped);
+    assert_eq!(f.status, FinalStatus::Cancelled);
+}
+
+#[test]
+fn three_failures_of_one_conflict_set_escalate_now() {
+    let mut events = vec![started()];
+    for attempt in 1..=3 {
+        events.push(level_started("a", attempt));
+        events.push(finished("a", attempt, Some("FAIL"), 0.0));
+        events.push(gate("a", "a"));
+    }
+    let st = fold(&log(events));
+    assert!(st.escalate_now);
+    assert_eq!(st.tracker.get("a"), Some(&3));
+}
+
+#[test]
+fn a_finished_run_has_nothing_to_do() {
+    let s = scenario(TWO);
+    let done = NewEvent::run(EventData::ScenarioFinished(ScenarioFinished {
+        status: FinalStatus::Completed,
+        aborted_reason: None,
+        totals: Totals::default(),
+        checksum: "x".into(),
+        final_output: None,
+    }));
+    let st = fold(&log(vec![started(), done]));
+    assert_eq!(st.status, Status::Completed);
+    assert_eq!(plan(&s, &st), Step::Done);
+}
+
+#[test]
+fn an_approval_pauses_until_decided_then_finishes_the_level() {
+    let s = scenario(
+        "
+id: appr
+version: 1
+levels:
+  - {id: ok, kind: human_approval}
+",
+    );
+    let request = NewEvent::level(
+        "ok",
+        1,
+        EventData::ApprovalRequested(ApprovalRequested {
+            request_id: "ok#1".into(),
+            approver_role: "approver".into(),
+            question: "?".into(),
+            schema: serde_json::Value::Null,
+        }),
+    );
+    let mut events = vec![started(), level_started("ok", 1), request];
+    let st = fold(&log(events.clone()));
+    assert_eq!(st.status, Status::Paused);
+    assert_eq!(plan(&s, &st), Step::Pause);
+    events.push(NewEvent::run(EventData::ApprovalDecided(ApprovalDecided {
+        request_id: "ok#1".into(),
+        approved: false,
+        comment: Some("no".into()),
+        by: Some("ann".into()),
+    })));
+    let decided = appended(plan(&s, &fold(&log(events))));
+    let [EventData::LevelFinished(f)] = &decided[..] else { panic!("{decided:?}") };
+    assert_eq!(f.verdict.as_deref(), Some("FAIL"));
+    assert_eq!(f.conflict.as_deref(), Some("human_approval:ok"));
+}

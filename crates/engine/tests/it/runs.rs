@@ -1,0 +1,424 @@
+//! Whole runs on the scripted model over the in-memory store.
+
+use std::time::{Duration, Instant};
+
+use baton_engine::event::EventData;
+use baton_engine::model::ScriptedModel;
+use baton_engine::{Outcome, Status};
+use serde_json::Map;
+
+use crate::{engine, kinds, route, scenario, script};
+
+const LOOP: &str = "
+id: loop
+version: 1
+defaults: {max_attempts_per_conflict: 3}
+levels:
+  - {id: brief, kind: prompt, prompt: {inline: 'Brief for {{ input }}'}}
+  - {id: execute, kind: prompt, prompt: {inline: 'Do it. {% if feedback %}Fix: {{ feedback }}{% endif %}'}}
+  - {id: accept, kind: prompt, prompt: {inline: 'Review {{ level.execute.output }}'}, response: verdict, terminal: true}
+  - {id: escalate, kind: prompt, prompt: {inline: 'Escalate'}, terminal: true}
+edges:
+  - {from: brief, to: execute}
+  - {from: execute, to: accept}
+  - {from: accept, to: __end__, when: \"verdict == 'PASS'\"}
+  - {from: accept, to: escalate, when: escalate_now}
+  - {from: accept, to: execute}
+  - {from: escalate, to: __end__}
+";
+
+#[tokio::test]
+async fn a_gate_loop_runs_until_the_verdict_passes() {
+    let s = scenario(LOOP);
+    let model = script(
+        "
+levels:
+  brief: [{text: the brief}]
+  execute: [{text: attempt one}, {text: attempt two}]
+  accept:
+    - {text: \"not yet\\n```control\\n{\\\"verdict\\\": \\\"FAIL\\\"}\\n```\"}
+    - {text: \"PASS: good\"}
+",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "a CLI", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    assert_eq!(
+        route(&log),
+        vec![
+            "brief->execute",
+            "execute->accept",
+            "accept->execute",
+            "execute->accept",
+            "accept->__end__"
+        ]
+    );
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.final_output.as_deref(), Some("PASS: good"));
+    assert_eq!(st.level("execute").unwrap().attempts, 2);
+    let EventData::ScenarioFinished(f) = &log.last().unwrap().data else { panic!() };
+    assert_eq!(f.checksum, s.checksum);
+    assert_eq!(f.totals.levels_run, 5);
+}
+
+#[tokio::test]
+async fn repeated_failures_escalate() {
+    let s = scenario(LOOP);
+    let model = script("levels:\n  accept: [{text: 'FAIL: no'}]\ndefault: {text: work}\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    e.drive(&run, &s).await.unwrap();
+    let log = e.store.load(&run, 0).await.unwrap();
+    let r = route(&log);
+    assert_eq!(r.iter().filter(|x| *x == "accept->execute").count(), 2, "{r:?}");
+    assert!(r.contains(&"accept->escalate".to_owned()), "{r:?}");
+    assert_eq!(e.state(&run).await.unwrap().final_output.as_deref(), Some("work"));
+}
+
+#[tokio::test]
+async fn an_unreadable_verdict_gets_one_repair_call() {
+    let s = scenario(LOOP);
+    let model = script(
+        "levels:\n  accept: [{text: 'hmm, fine I guess'}, {text: \"ok\\n```control\\n{\\\"verdict\\\": \\\"PASS\\\", \\\"confidence\\\": 0.8}\\n```\"}]\ndefault: {text: work}\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    e.drive(&run, &s).await.unwrap();
+    let log = e.store.load(&run, 0).await.unwrap();
+    let prompts: Vec<&str> = log
+        .iter()
+        .filter(|ev| ev.level_id.as_deref() == Some("accept"))
+        .filter_map(|ev| match &ev.data {
+            EventData::PromptSent(p) => Some(p.prompt.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(prompts.len(), 2);
+    assert!(prompts[1].contains("```control"), "the repair spells out the contract");
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.verdict.as_deref(), Some("PASS"));
+    assert_eq!(st.confidence, Some(0.8));
+}
+
+#[tokio::test]
+async fn verifier_failure_feeds_back_and_gates_route_on_it() {
+    let dir = std::env::temp_dir().join(format!("baton-verify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = scenario(
+        "
+id: build
+version: 1
+levels:
+  - {id: work, kind: prompt, prompt: {inline: 'Work. {{ feedback }}'}}
+  - id: check
+    kind: verifier
+    verifiers:
+      - {name: build, uses: command, params: {argv: [sh, -c, 'test -f done || { echo missing done >&2; touch done; exit 3; }']}}
+  - {id: finish, kind: prompt, prompt: {inline: 'Done'}, terminal: true}
+edges:
+  - {from: work, to: check}
+  - {from: check, to: finish, when: verifier.build.passed}
+  - {from: check, to: work}
+",
+    );
+    let mut e = engine(ScriptedModel::constant("ok"));
+    std::sync::Arc::get_mut(&mut e.runtime).unwrap().workspace = dir.clone();
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    assert_eq!(
+        route(&log),
+        vec!["work->check", "check->work", "work->check", "check->finish", "finish->__end__"]
+    );
+    let second_prompt = log
+        .iter()
+        .filter_map(|ev| match &ev.data {
+            EventData::PromptSent(p) if ev.level_id.as_deref() == Some("work") => {
+                Some(p.prompt.clone())
+            }
+            _ => None,
+        })
+        .nth(1)
+        .unwrap();
+    assert!(
+        second_prompt.contains("missing done"),
+        "stderr reaches the next attempt: {second_prompt}"
+    );
+    let st = e.state(&run).await.unwrap();
+    assert!(st.scratchpad.get("build_feedback").is_none(), "a pass clears the feedback");
+    assert!(
+        st.scratchpad["build_result_summary"].as_str().unwrap().contains("all 1 verifiers passed")
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn fan_out_children_run_and_aggregate() {
+    let s = scenario(
+        "
+id: fan
+version: 1
+levels:
+  - id: review
+    kind: fan_out
+    fan_out: [a, b, c]
+    fan_in: {aggregator: majority_pass}
+    max_parallel: 2
+  - {id: a, kind: prompt, prompt: {inline: A}, response: verdict}
+  - {id: b, kind: prompt, prompt: {inline: B}, response: verdict}
+  - {id: c, kind: prompt, prompt: {inline: C}, response: verdict}
+  - {id: sum, kind: prompt, prompt: {inline: \"{{ level.a.verdict }}{{ level.b.verdict }}{{ level.c.verdict }}\"}, terminal: true}
+edges:
+  - {from: review, to: sum}
+",
+    );
+    let model = script(
+        "levels:\n  a: [{text: PASS, delay_ms: 30}]\n  b: [{text: FAIL}]\n  c: [{text: PASS}]\n  sum: [{text: summary}]\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    let k = kinds(&log);
+    let firsts: Vec<&String> = k.iter().filter(|x| x.starts_with("level_started:")).collect();
+    assert_eq!(
+        firsts,
+        vec![
+            "level_started:review",
+            "level_started:a",
+            "level_started:b",
+            "level_started:c",
+            "level_started:sum"
+        ],
+        "children commit in declared order"
+    );
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.level("review").unwrap().verdict.as_deref(), Some("PASS"));
+    assert_eq!(st.level("review").unwrap().output, "2 of 3 children passed (majority_pass): PASS");
+}
+
+const APPROVAL: &str = "
+id: appr
+version: 1
+levels:
+  - {id: draft, kind: prompt, prompt: {inline: 'Draft'}}
+  - {id: approve, kind: human_approval, approver_role: lead, prompt: {inline: 'Ship {{ level.draft.output }}?'}}
+  - {id: final, kind: prompt, prompt: {inline: 'Final'}, terminal: true}
+edges:
+  - {from: draft, to: approve}
+  - {from: approve, to: final, when: level.approve.approved}
+  - {from: approve, to: draft}
+";
+
+#[tokio::test]
+async fn approval_pauses_resumes_and_is_decided_once() {
+    let s = scenario(APPROVAL);
+    let e = engine(ScriptedModel::constant("text"));
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Paused);
+    assert_eq!(e.store.run(&run).await.unwrap().unwrap().status, "paused");
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.pending_approval.as_ref().unwrap().question, "Ship text?");
+
+    // Rejected once: back to the draft, and a new request.
+    e.approve(&run, false, Some("redo".into()), Some("ann".into())).await.unwrap();
+    assert!(
+        e.approve(&run, true, None, None).await.is_err(),
+        "a second decision for one request is refused"
+    );
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Paused);
+    // A fresh engine over the same store continues, as a restart would.
+    let e2 = crate::engine_on(std::sync::Arc::clone(&e.store), ScriptedModel::constant("text"));
+    e2.approve(&run, true, None, Some("bob".into())).await.unwrap();
+    assert_eq!(e2.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let log = e2.store.load(&run, 0).await.unwrap();
+    assert_eq!(
+        route(&log),
+        vec![
+            "draft->approve",
+            "approve->draft",
+            "draft->approve",
+            "approve->final",
+            "final->__end__"
+        ]
+    );
+    assert_eq!(e2.state(&run).await.unwrap().tracker.get("human_approval:approve"), Some(&1));
+    assert!(e2.approve(&run, true, None, None).await.is_err(), "nothing to approve after the end");
+}
+
+#[tokio::test]
+async fn ask_user_pauses_until_answered() {
+    let s = scenario(
+        "
+id: ask
+version: 1
+levels:
+  - {id: pick, kind: prompt, prompt: {inline: 'Pick'}, response: json, terminal: true}
+",
+    );
+    let model = script(
+        "levels:\n  pick: [{text: '{\"ask_user\": {\"question\": \"which?\", \"enum\": [\"a\", \"b\"]}}'}, {text: '{\"choice\": \"b\"}'}]\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Paused);
+    e.answer(&run, serde_json::json!("b")).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.level("pick").unwrap().parsed, Some(serde_json::json!({"choice": "b"})));
+    let log = e.store.load(&run, 0).await.unwrap();
+    let last_prompt = log.iter().rev().find_map(|ev| match &ev.data {
+        EventData::PromptSent(p) => Some(p.prompt.clone()),
+        _ => None,
+    });
+    assert!(last_prompt.unwrap().contains("The user answered your questions: [\"b\"]"));
+}
+
+#[tokio::test]
+async fn the_cost_cap_is_checked_before_a_call() {
+    let s = scenario(
+        "
+id: cap
+version: 1
+budget: {max_cost_usd: 0.05}
+levels:
+  - {id: a, kind: prompt, prompt: {inline: A}}
+  - {id: b, kind: prompt, prompt: {inline: B}, terminal: true}
+edges:
+  - {from: a, to: b}
+",
+    );
+    let model =
+        script("levels:\n  a: [{text: x, cost_usd: 0.03}]\n  b: [{text: y, cost_usd: 0.03}]\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Aborted));
+    let log = e.store.load(&run, 0).await.unwrap();
+    let refused = log.iter().find_map(|ev| match &ev.data {
+        EventData::BudgetExceeded(b) => Some(b.clone()),
+        _ => None,
+    });
+    let refused = refused.unwrap();
+    assert!(refused.refused_before_call);
+    assert!((refused.observed_value - 0.06).abs() < 1e-9);
+    let st = e.state(&run).await.unwrap();
+    assert!((st.totals.cost_usd - 0.03).abs() < 1e-9, "b was never called");
+    assert!(st.level("b").unwrap().skipped);
+}
+
+#[tokio::test]
+async fn the_token_cap_aborts_after_the_level_that_crossed_it() {
+    let s = scenario(
+        "
+id: tok
+version: 1
+budget: {max_tokens: 100}
+levels:
+  - {id: a, kind: prompt, prompt: {inline: A}}
+  - {id: b, kind: prompt, prompt: {inline: B}, terminal: true}
+edges:
+  - {from: a, to: b}
+",
+    );
+    let model = script("default: {text: x, usage: {input_tokens: 90, output_tokens: 20}}\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Aborted));
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.aborted_reason.as_deref(), Some("budget_exceeded:tokens"));
+    assert!(st.level("b").is_none(), "no level runs after the cap");
+}
+
+#[tokio::test]
+async fn cancel_while_paused_ends_the_run() {
+    let s = scenario(APPROVAL);
+    let e = engine(ScriptedModel::constant("text"));
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Paused);
+    e.cancel(&run, Some("ann".into()), None).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Cancelled));
+    assert!(e.cancel(&run, None, None).await.is_err(), "a finished run cannot be cancelled");
+}
+
+#[tokio::test]
+async fn cancel_before_the_first_level() {
+    let s = scenario(LOOP);
+    let e = engine(ScriptedModel::constant("x"));
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    e.cancel(&run, None, Some("changed my mind".into())).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Cancelled));
+    assert_eq!(e.state(&run).await.unwrap().level_runs, 0);
+}
+
+#[tokio::test]
+async fn cancel_mid_model_call_stops_within_the_poll() {
+    let s = scenario(LOOP);
+    let model = script("levels:\n  brief: [{text: slow, delay_ms: 20000}]\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    let driver = {
+        let (e, s, run) = (e.clone(), std::sync::Arc::clone(&s), run.clone());
+        tokio::spawn(async move { e.drive(&run, &s).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let t = Instant::now();
+    e.cancel(&run, None, None).await.unwrap();
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(5), driver).await.unwrap().unwrap().unwrap();
+    assert_eq!(outcome, Outcome::Finished(Status::Cancelled));
+    assert!(t.elapsed() < Duration::from_millis(1000), "stopped in {:?}", t.elapsed());
+    let log = e.store.load(&run, 0).await.unwrap();
+    assert!(
+        !log.iter().any(|ev| matches!(ev.data, EventData::ModelResponse(_))),
+        "the cut call left no response"
+    );
+}
+
+#[tokio::test]
+async fn cancel_mid_fan_out() {
+    let s = scenario(
+        "
+id: fan
+version: 1
+levels:
+  - {id: f, kind: fan_out, fan_out: [a, b], fan_in: {aggregator: all_pass}}
+  - {id: a, kind: prompt, prompt: {inline: A}}
+  - {id: b, kind: prompt, prompt: {inline: B}}
+",
+    );
+    let model = script("levels:\n  a: [{text: x}]\n  b: [{text: y, delay_ms: 20000}]\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    let driver = {
+        let (e, s, run) = (e.clone(), std::sync::Arc::clone(&s), run.clone());
+        tokio::spawn(async move { e.drive(&run, &s).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    e.cancel(&run, None, None).await.unwrap();
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(5), driver).await.unwrap().unwrap().unwrap();
+    assert_eq!(outcome, Outcome::Finished(Status::Cancelled));
+}
+
+#[tokio::test]
+async fn a_model_failure_fails_the_run_with_the_reason() {
+    let s = scenario(LOOP);
+    let model = script("levels:\n  brief: [{error: upstream said 500}]\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Failed));
+    let st = e.state(&run).await.unwrap();
+    let reason = st.finished.unwrap().aborted_reason.unwrap();
+    assert!(reason.contains("upstream said 500"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_run_resumed_with_changed_scenario_files_is_refused() {
+    let s = scenario(LOOP);
+    let e = engine(ScriptedModel::constant("x"));
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    let changed = scenario(&LOOP.replace("Escalate", "Escalate now"));
+    let err = e.drive(&run, &changed).await.unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+}
