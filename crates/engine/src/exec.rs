@@ -27,6 +27,9 @@ use crate::store::{self, EventStore, RunRecord};
 /// How often a running step checks the store for a cancel request.
 const CANCEL_POLL: Duration = Duration::from_millis(100);
 
+/// How long a step may run before the events staged ahead of it are committed.
+pub const FLUSH_AFTER: Duration = Duration::from_millis(50);
+
 /// Why the engine could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -112,8 +115,13 @@ impl Engine {
     }
 
     /// Runs until the run ends or pauses.
+    ///
+    /// Events the planner derives without effects (gate decisions, level starts) are
+    /// staged and committed together with the next runner batch, so a quick level costs
+    /// one transaction. A step that runs longer than [`FLUSH_AFTER`] commits what is
+    /// staged first, so watchers see the level start. Either way the log is the same.
     pub async fn drive(&self, run_id: &str, scenario: &Arc<Scenario>) -> Result<Outcome, Error> {
-        let mut state = self.state(run_id).await?;
+        let state = self.state(run_id).await?;
         if state.scenario_id != scenario.id {
             return Err(Error::WrongScenario {
                 run_id: run_id.to_owned(),
@@ -132,44 +140,49 @@ impl Engine {
         check_runnable(scenario)?;
         let renderer = Arc::new(Renderer::new(scenario).map_err(Error::Template)?);
         let run_id_arc: Arc<str> = Arc::from(run_id);
+        let mut w =
+            Writer { engine: self, run_id, stored_seq: state.last_seq, state, pending: Vec::new() };
         loop {
-            match plan(scenario, &state) {
-                Step::Done => return Ok(Outcome::Finished(state.status)),
+            match plan(scenario, &w.state) {
+                Step::Done => {
+                    w.flush().await?;
+                    return Ok(Outcome::Finished(w.state.status));
+                }
                 Step::Pause => {
+                    w.flush().await?;
                     if let Some(record) = self.store.run(run_id).await?
                         && record.status != Status::Paused.as_str()
                     {
                         // Record the pause in the run list; nothing changes in the log.
-                        self.append(&mut state, run_id, Vec::new()).await?;
+                        w.write(Vec::new()).await?;
                     }
                     return Ok(Outcome::Paused);
                 }
-                Step::Append(events) => self.append(&mut state, run_id, events).await?,
+                Step::Append(events) => w.stage(events),
                 Step::Run { level, attempt } => {
                     let cancel = CancelToken::new();
                     let run = LevelRun {
                         scenario: Arc::clone(scenario),
                         renderer: Arc::clone(&renderer),
-                        state: Arc::new(state.clone()),
+                        state: Arc::new(w.state.clone()),
                         runtime: Arc::clone(&self.runtime),
                         run_id: Arc::clone(&run_id_arc),
                         level,
                         attempt,
                         cancel: cancel.clone(),
                     };
-                    let mut events = self.run_watching_cancel(run, run_id, &state, &cancel).await?;
+                    let mut events = w.run_watching(run, &cancel).await?;
                     if cancel.is_cancelled() {
                         // The step was cut short: keep none of it; the cancel is in the log.
-                        events.clear();
-                        state = self.state(run_id).await?;
+                        w.reload().await?;
                         continue;
                     }
-                    let mut after = state.clone();
-                    let last = state.last_seq;
+                    let mut after = w.state.clone();
+                    let last = w.state.last_seq;
                     for (i, e) in events.iter().enumerate() {
                         after.apply(&e.clone().at(last + 1 + i as u64, Utc::now()));
                     }
-                    let elapsed = state.started_at.map_or(0, |s| {
+                    let elapsed = w.state.started_at.map_or(0, |s| {
                         u64::try_from((self.clock.now() - s).num_milliseconds().max(0)).unwrap_or(0)
                     });
                     events.push(NewEvent::run(EventData::BudgetConsumed(BudgetConsumed {
@@ -177,66 +190,10 @@ impl Engine {
                         total_tokens: after.totals.tokens,
                         total_duration_ms: elapsed,
                     })));
-                    self.append(&mut state, run_id, events).await?;
+                    w.stage(events);
+                    w.flush().await?;
                 }
             }
-        }
-    }
-
-    async fn run_watching_cancel(
-        &self,
-        run: LevelRun,
-        run_id: &str,
-        state: &RunState,
-        cancel: &CancelToken,
-    ) -> Result<Vec<NewEvent>, Error> {
-        let work = run.run();
-        tokio::pin!(work);
-        let after = state.last_seq;
-        loop {
-            tokio::select! {
-                events = &mut work => return Ok(events),
-                () = tokio::time::sleep(CANCEL_POLL) => {
-                    let newer = self.store.load(run_id, after).await?;
-                    if newer.iter().any(|e| matches!(e.data, EventData::CancelRequested(_))) {
-                        cancel.cancel();
-                    }
-                }
-            }
-        }
-    }
-
-    /// Appends events after the state's last one and folds them in.
-    async fn append(
-        &self,
-        state: &mut RunState,
-        run_id: &str,
-        events: Vec<NewEvent>,
-    ) -> Result<(), Error> {
-        let now = self.clock.now();
-        let first = state.last_seq + 1;
-        let stamped: Vec<Event> =
-            events.into_iter().enumerate().map(|(i, e)| e.at(first + i as u64, now)).collect();
-        let mut next = state.clone();
-        for e in &stamped {
-            next.apply(e);
-        }
-        let status = if next.awaiting_person() && !next.status.is_final() {
-            Status::Paused
-        } else {
-            next.status
-        };
-        match self.store.append(run_id, first, &stamped, status.as_str()).await {
-            Ok(()) => {
-                *state = next;
-                Ok(())
-            }
-            Err(store::Error::Conflict { .. }) => {
-                // Another writer (a cancel, an approval) got in first: re-read and re-plan.
-                *state = self.state(run_id).await?;
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
         }
     }
 
@@ -360,5 +317,100 @@ fn check_runnable(scenario: &Scenario) -> Result<(), Error> {
             kind: level.kind_name().to_owned(),
         }),
         None => Ok(()),
+    }
+}
+
+/// The executor's view of one run: the state including staged events, and the events
+/// staged but not yet committed.
+struct Writer<'a> {
+    engine: &'a Engine,
+    run_id: &'a str,
+    state: RunState,
+    /// The last `seq` known to be in the store.
+    stored_seq: u64,
+    pending: Vec<Event>,
+}
+
+impl Writer<'_> {
+    /// Folds events into the state and stages them for the next commit.
+    fn stage(&mut self, events: Vec<NewEvent>) {
+        let now = self.engine.clock.now();
+        for e in events {
+            let event = e.at(self.state.last_seq + 1, now);
+            self.state.apply(&event);
+            self.pending.push(event);
+        }
+    }
+
+    /// Commits the staged events in one transaction.
+    async fn flush(&mut self) -> Result<(), Error> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let events = std::mem::take(&mut self.pending);
+        self.write(events).await
+    }
+
+    async fn write(&mut self, events: Vec<Event>) -> Result<(), Error> {
+        let status = if self.state.awaiting_person() && !self.state.status.is_final() {
+            Status::Paused
+        } else {
+            self.state.status
+        };
+        let first = self.stored_seq + 1;
+        match self.engine.store.append(self.run_id, first, &events, status.as_str()).await {
+            Ok(()) => {
+                self.stored_seq += events.len() as u64;
+                Ok(())
+            }
+            // Another writer (a cancel, an approval) got in first: drop what was staged,
+            // re-read and re-plan.
+            Err(store::Error::Conflict { .. }) => self.reload().await,
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn reload(&mut self) -> Result<(), Error> {
+        self.pending.clear();
+        self.state = self.engine.state(self.run_id).await?;
+        self.stored_seq = self.state.last_seq;
+        Ok(())
+    }
+
+    /// Runs a step; commits the staged events if it is slow, and watches the store for a
+    /// cancel request while it runs.
+    async fn run_watching(
+        &mut self,
+        run: LevelRun,
+        cancel: &CancelToken,
+    ) -> Result<Vec<NewEvent>, Error> {
+        let work = run.run();
+        tokio::pin!(work);
+        let flush_at = tokio::time::sleep(FLUSH_AFTER);
+        tokio::pin!(flush_at);
+        let mut flushed = false;
+        let mut poll = tokio::time::interval(CANCEL_POLL);
+        poll.tick().await;
+        loop {
+            tokio::select! {
+                events = &mut work => return Ok(events),
+                () = &mut flush_at, if !flushed => {
+                    flushed = true;
+                    let staged = self.pending.len() as u64;
+                    let expected = self.stored_seq + staged;
+                    self.flush().await?;
+                    if self.stored_seq != expected {
+                        // The log moved under us and the state was re-read: stop the step.
+                        cancel.cancel();
+                    }
+                }
+                _ = poll.tick() => {
+                    let newer = self.engine.store.load(self.run_id, self.stored_seq).await?;
+                    if newer.iter().any(|e| matches!(e.data, EventData::CancelRequested(_))) {
+                        cancel.cancel();
+                    }
+                }
+            }
+        }
     }
 }
