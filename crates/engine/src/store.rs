@@ -213,6 +213,18 @@ pub mod conformance {
         runs_are_listed_by_status(store, prefix).await;
     }
 
+    /// Checks, on a store reopened after [`run_all`], that every committed event is there.
+    pub async fn reopened(store: &dyn EventStore, prefix: &str) {
+        let id = format!("{prefix}-a");
+        let all = store.load(&id, 0).await.expect("load after reopening");
+        assert_eq!(
+            all,
+            [events(1, 3), events(4, 2)].concat(),
+            "a reopened store keeps every event"
+        );
+        assert_eq!(store.run(&id).await.expect("run").expect("run exists").status, "paused");
+    }
+
     async fn append_and_load(store: &dyn EventStore, id: &str) {
         store.create_run(&record(id)).await.expect("create run");
         assert!(

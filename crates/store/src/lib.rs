@@ -1,0 +1,8 @@
+//! Stores for the Baton kernel: an embedded SQLite store (the default).
+//!
+//! Each store implements `baton_engine::store::EventStore` and passes its conformance
+//! suite. The kernel never names a concrete store; the CLI wires one in.
+
+pub mod sqlite;
+
+pub use sqlite::SqliteStore;

@@ -1,0 +1,391 @@
+//! The embedded SQLite store: one file in WAL mode, one writer thread, group commit.
+//!
+//! Every request goes to a dedicated thread that owns the connection. The thread takes
+//! every request waiting in its queue at once and writes all of their appends in one
+//! transaction (each inside its own savepoint, so one conflicting append fails alone),
+//! so concurrent runs share a commit — and its fsync. `synchronous = FULL`: a committed
+//! event survives a power loss, not only a crash of the process.
+//!
+//! Test failpoint: with `BATON_FAILPOINT_ABORT_AFTER_EVENT=N` in the environment, the
+//! process aborts right after the commit that makes any event numbered N or more durable.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+
+use baton_engine::event::{Event, EventData};
+use baton_engine::model::BoxFuture;
+use baton_engine::store::{Error, EventStore, RunRecord};
+use chrono::{DateTime, SecondsFormat, Utc};
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+/// The schema, one file per version, applied in order.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+
+/// Most requests taken into one group commit.
+const GROUP_MAX: usize = 256;
+
+type Reply<T> = oneshot::Sender<Result<T, Error>>;
+
+enum Request {
+    Create(RunRecord, Reply<()>),
+    Append { run_id: String, expected: u64, events: Vec<Event>, status: String, reply: Reply<()> },
+    Load { run_id: String, after: u64, reply: Reply<Vec<Event>> },
+    Run { run_id: String, reply: Reply<Option<RunRecord>> },
+    Runs { status: Option<String>, reply: Reply<Vec<RunRecord>> },
+}
+
+/// Runs and events in one SQLite file.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    requests: mpsc::Sender<Request>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Request")
+    }
+}
+
+fn backend(e: impl std::fmt::Display) -> Error {
+    Error::Backend(e.to_string())
+}
+
+impl SqliteStore {
+    /// Opens (creating when absent) the database at `path` and brings its schema up to date.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Backend(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(&path)
+            .map_err(|e| Error::Backend(format!("cannot open {}: {e}", path.display())))?;
+        prepare(&conn).map_err(|e| Error::Backend(format!("{}: {e}", path.display())))?;
+        let failpoint = std::env::var("BATON_FAILPOINT_ABORT_AFTER_EVENT")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok());
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("baton-sqlite".to_owned())
+            .spawn(move || serve(conn, &rx, failpoint))
+            .map_err(backend)?;
+        Ok(SqliteStore { requests: tx, path })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send(make(reply))
+            .map_err(|_| Error::Backend("the SQLite thread has stopped".to_owned()))?;
+        answer
+            .await
+            .map_err(|_| Error::Backend("the SQLite thread dropped a request".to_owned()))?
+    }
+}
+
+fn prepare(conn: &Connection) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
+    let current: i64 =
+        conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| r.get(0))?;
+    for (i, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        if version > current {
+            conn.execute_batch(&format!("BEGIN IMMEDIATE; {sql}; INSERT INTO schema_version (version) VALUES ({version}); COMMIT;"))?;
+        }
+    }
+    Ok(())
+}
+
+fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Option<u64>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let (writes, reads): (Vec<Request>, Vec<Request>) = batch
+            .into_iter()
+            .partition(|r| matches!(r, Request::Create(..) | Request::Append { .. }));
+        if !writes.is_empty() {
+            write_group(&mut conn, writes, failpoint);
+        }
+        for r in reads {
+            read(&conn, r);
+        }
+    }
+}
+
+fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Option<u64>) {
+    let mut results: Vec<(Request, Result<(), Error>)> = Vec::with_capacity(writes.len());
+    let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => {
+            let e = backend(e);
+            for w in writes {
+                reply_write(w, Err(e.clone()));
+            }
+            return;
+        }
+    };
+    let mut highest = 0u64;
+    let mut tx = tx;
+    for w in writes {
+        let outcome = (|| -> Result<(), Error> {
+            let sp = tx.savepoint().map_err(backend)?;
+            let r = match &w {
+                Request::Create(run, _) => create(&sp, run),
+                Request::Append { run_id, expected, events, status, .. } => {
+                    append(&sp, run_id, *expected, events, status)
+                }
+                _ => Ok(()),
+            };
+            match r {
+                Ok(()) => sp.commit().map_err(backend),
+                Err(e) => Err(e),
+            }
+        })();
+        if outcome.is_ok()
+            && let Request::Append { events, .. } = &w
+        {
+            highest = highest.max(events.last().map_or(0, |e| e.seq));
+        }
+        results.push((w, outcome));
+    }
+    let committed = tx.commit().map_err(backend);
+    if committed.is_ok() && failpoint.is_some_and(|n| highest >= n) {
+        // Test failpoint: die the way SIGKILL would, right after the commit.
+        std::process::abort();
+    }
+    for (w, outcome) in results {
+        let outcome = match (&committed, outcome) {
+            (Err(e), _) => Err(e.clone()),
+            (Ok(()), o) => o,
+        };
+        reply_write(w, outcome);
+    }
+}
+
+fn reply_write(w: Request, outcome: Result<(), Error>) {
+    match w {
+        Request::Create(_, reply) | Request::Append { reply, .. } => {
+            let _ = reply.send(outcome);
+        }
+        _ => {}
+    }
+}
+
+fn time(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+fn parse_time(s: &str) -> Result<DateTime<Utc>, Error> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| Error::Backend(format!("bad time {s:?}: {e}")))
+}
+
+fn create(conn: &Connection, run: &RunRecord) -> Result<(), Error> {
+    let exists: Option<i64> = conn
+        .query_row("SELECT 1 FROM runs WHERE run_id = ?1", [&run.run_id], |r| r.get(0))
+        .optional()
+        .map_err(backend)?;
+    if exists.is_some() {
+        return Err(Error::Exists(run.run_id.clone()));
+    }
+    conn.execute(
+        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![run.run_id, run.scenario_id, run.status, time(run.created_at), time(run.updated_at), i64::try_from(run.last_seq).unwrap_or(0)],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+fn append(
+    conn: &Connection,
+    run_id: &str,
+    expected: u64,
+    events: &[Event],
+    status: &str,
+) -> Result<(), Error> {
+    let last: Option<i64> = conn
+        .query_row("SELECT last_seq FROM runs WHERE run_id = ?1", [run_id], |r| r.get(0))
+        .optional()
+        .map_err(backend)?;
+    let Some(last) = last else { return Err(Error::NotFound(run_id.to_owned())) };
+    let actual = u64::try_from(last).unwrap_or(0) + 1;
+    if actual != expected {
+        return Err(Error::Conflict { run_id: run_id.to_owned(), expected, actual });
+    }
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO events (run_id, seq, at, kind, version, level_id, attempt, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )
+        .map_err(backend)?;
+    for (i, e) in events.iter().enumerate() {
+        if e.seq != expected + i as u64 {
+            return Err(Error::Backend(format!(
+                "event {} is numbered {}",
+                expected + i as u64,
+                e.seq
+            )));
+        }
+        insert
+            .execute(params![
+                run_id,
+                i64::try_from(e.seq).unwrap_or(i64::MAX),
+                time(e.at),
+                e.data.kind(),
+                baton_engine::event::VERSION,
+                e.level_id,
+                e.attempt,
+                e.data.payload().to_string(),
+            ])
+            .map_err(backend)?;
+    }
+    let new_last = i64::try_from(expected - 1 + events.len() as u64).unwrap_or(i64::MAX);
+    let updated = events.last().map_or_else(Utc::now, |e| e.at);
+    conn.execute(
+        "UPDATE runs SET last_seq = ?2, status = ?3, updated_at = ?4 WHERE run_id = ?1",
+        params![run_id, new_last, status, time(updated)],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+fn read(conn: &Connection, r: Request) {
+    match r {
+        Request::Load { run_id, after, reply } => {
+            let _ = reply.send(load(conn, &run_id, after));
+        }
+        Request::Run { run_id, reply } => {
+            let _ = reply.send(run(conn, &run_id));
+        }
+        Request::Runs { status, reply } => {
+            let _ = reply.send(runs(conn, status.as_deref()));
+        }
+        _ => {}
+    }
+}
+
+fn load(conn: &Connection, run_id: &str, after: u64) -> Result<Vec<Event>, Error> {
+    if run(conn, run_id)?.is_none() {
+        return Err(Error::NotFound(run_id.to_owned()));
+    }
+    let mut stmt = conn
+        .prepare_cached("SELECT seq, at, kind, version, level_id, attempt, data FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
+        .map_err(backend)?;
+    let rows = stmt
+        .query_map(params![run_id, i64::try_from(after).unwrap_or(i64::MAX)], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, Option<u32>>(5)?,
+                r.get::<_, String>(6)?,
+            ))
+        })
+        .map_err(backend)?;
+    let mut events = Vec::new();
+    for row in rows {
+        let (seq, at, kind, version, level_id, attempt, data) = row.map_err(backend)?;
+        let payload: serde_json::Value = serde_json::from_str(&data)
+            .map_err(|e| Error::Backend(format!("run {run_id} event {seq}: {e}")))?;
+        let data = EventData::decode(&kind, u16::try_from(version).unwrap_or(u16::MAX), payload)
+            .map_err(|e| Error::Backend(format!("run {run_id} event {seq}: {e}")))?;
+        events.push(Event {
+            seq: u64::try_from(seq).unwrap_or(0),
+            at: parse_time(&at)?,
+            level_id,
+            attempt,
+            data,
+        });
+    }
+    Ok(events)
+}
+
+fn record(
+    r: &rusqlite::Row<'_>,
+) -> rusqlite::Result<(String, String, String, String, String, i64)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+}
+
+fn to_record(row: (String, String, String, String, String, i64)) -> Result<RunRecord, Error> {
+    let (run_id, scenario_id, status, created_at, updated_at, last_seq) = row;
+    Ok(RunRecord {
+        run_id,
+        scenario_id,
+        status,
+        created_at: parse_time(&created_at)?,
+        updated_at: parse_time(&updated_at)?,
+        last_seq: u64::try_from(last_seq).unwrap_or(0),
+    })
+}
+
+const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq";
+
+fn run(conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, Error> {
+    let row = conn
+        .query_row(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"), [run_id], record)
+        .optional()
+        .map_err(backend)?;
+    row.map(to_record).transpose()
+}
+
+fn runs(conn: &Connection, status: Option<&str>) -> Result<Vec<RunRecord>, Error> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE (?1 IS NULL OR status = ?1) ORDER BY created_at DESC, run_id DESC"
+        ))
+        .map_err(backend)?;
+    let rows = stmt.query_map(params![status], record).map_err(backend)?;
+    rows.map(|r| r.map_err(backend).and_then(to_record)).collect()
+}
+
+impl EventStore for SqliteStore {
+    fn create_run<'a>(&'a self, run: &'a RunRecord) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.ask(|reply| Request::Create(run.clone(), reply)))
+    }
+
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected_seq: u64,
+        events: &'a [Event],
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.ask(move |reply| Request::Append {
+            run_id: run_id.to_owned(),
+            expected: expected_seq,
+            events: events.to_vec(),
+            status: status.to_owned(),
+            reply,
+        }))
+    }
+
+    fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
+        Box::pin(self.ask(move |reply| Request::Load { run_id: run_id.to_owned(), after, reply }))
+    }
+
+    fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(self.ask(|reply| Request::Run { run_id: run_id.to_owned(), reply }))
+    }
+
+    fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        Box::pin(self.ask(move |reply| Request::Runs { status: status.map(str::to_owned), reply }))
+    }
+}
