@@ -5,7 +5,9 @@
 
 mod cmd_expr;
 mod cmd_graph;
+mod cmd_run;
 mod cmd_validate;
+mod timeline;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,6 +21,10 @@ struct Cli {
     /// The scenarios directory (scenario files beside prompts/ and rubrics/).
     #[arg(long, global = true, env = "BATON_SCENARIOS", default_value = "scenarios")]
     scenarios: PathBuf,
+
+    /// The run database (SQLite).
+    #[arg(long, global = true, env = "BATON_DB", default_value = ".baton/baton.db")]
+    db: PathBuf,
 
     #[command(subcommand)]
     command: Command,
@@ -37,6 +43,86 @@ enum Command {
         /// over its base scenario and checked like one.
         #[arg(long)]
         overrides: Option<PathBuf>,
+    },
+    /// Start a run of a scenario and drive it to its end or to a pause.
+    ///
+    /// Exit codes: 0 completed, 1 failed, 3 paused, 4 aborted, 5 cancelled.
+    Run {
+        /// The scenario id.
+        scenario: String,
+        /// The input text.
+        #[arg(long, conflicts_with = "input_file", required_unless_present = "input_file")]
+        input: Option<String>,
+        /// A file holding the input.
+        #[arg(long)]
+        input_file: Option<PathBuf>,
+        /// Metadata for the run, readable by gates as `metadata.KEY` (repeatable).
+        #[arg(long = "meta", value_parser = parse_meta)]
+        meta: Vec<(String, String)>,
+        /// Answer model calls from this script (YAML: per level, an ordered list of responses).
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Print the result as JSON instead of a timeline.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Continue a run (after a crash, or after a decision or answer).
+    Resume {
+        run: String,
+        /// The script to answer model calls (default: the one the run started with).
+        #[arg(long)]
+        script: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve (or reject) the approval a paused run waits for, then continue it.
+    Approve {
+        run: String,
+        #[arg(long)]
+        reject: bool,
+        #[arg(long)]
+        comment: Option<String>,
+        /// Who decides (recorded in the log).
+        #[arg(long)]
+        by: Option<String>,
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Record the decision without continuing the run here.
+        #[arg(long)]
+        no_resume: bool,
+    },
+    /// Answer the question a paused run asked, then continue it.
+    Answer {
+        run: String,
+        /// The answer, as JSON (`'"yes"'`, `42`, `{"choice": "b"}`).
+        #[arg(long)]
+        answer: String,
+        #[arg(long)]
+        script: Option<PathBuf>,
+        #[arg(long)]
+        no_resume: bool,
+    },
+    /// Ask a run to stop; a running executor stops at its next check.
+    Cancel {
+        run: String,
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// List runs.
+    Runs {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a run's events (JSON lines with --json).
+    Events {
+        run: String,
+        /// Keep printing new events until the run ends.
+        #[arg(long)]
+        follow: bool,
+        #[arg(long)]
+        json: bool,
     },
     /// Draw a scenario's graph.
     Graph {
@@ -79,9 +165,61 @@ enum GraphFormat {
     Dot,
 }
 
+fn parse_meta(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got `{s}`")),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let place = cmd_run::Place { db: cli.db.clone(), scenarios: cli.scenarios.clone() };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("error: cannot start the async runtime: {e}");
+            }
+            return ExitCode::from(1);
+        }
+    };
     let result = match cli.command {
+        Command::Run { scenario, input, input_file, meta, script, json } => {
+            let input = match (input, input_file) {
+                (Some(i), _) => Ok(i),
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .map_err(|e| anyhow::anyhow!("cannot read input file {}: {e}", f.display())),
+                (None, None) => Err(anyhow::anyhow!("give --input TEXT or --input-file F")),
+            };
+            input.and_then(|input| {
+                runtime.block_on(cmd_run::run(
+                    &place,
+                    cmd_run::RunArgs { scenario, input, meta, script, json },
+                ))
+            })
+        }
+        Command::Resume { run, script, json } => {
+            runtime.block_on(cmd_run::resume(&place, &run, script.as_deref(), json))
+        }
+        Command::Approve { run, reject, comment, by, script, no_resume } => {
+            runtime.block_on(cmd_run::approve(
+                &place,
+                &run,
+                cmd_run::Decision { reject, comment, by, script, no_resume },
+            ))
+        }
+        Command::Answer { run, answer, script, no_resume } => {
+            runtime.block_on(cmd_run::answer(&place, &run, &answer, script.as_deref(), no_resume))
+        }
+        Command::Cancel { run, by } => runtime.block_on(cmd_run::cancel(&place, &run, by)),
+        Command::Runs { status, json } => {
+            runtime.block_on(cmd_run::runs(&place, status.as_deref(), json))
+        }
+        Command::Events { run, follow, json } => {
+            runtime.block_on(cmd_run::events(&place, &run, follow, json))
+        }
         Command::Validate { paths, format, overrides } => {
             let paths = if paths.is_empty() { vec![cli.scenarios.clone()] } else { paths };
             cmd_validate::run(&paths, format == Format::Json, overrides.as_deref())

@@ -22,7 +22,7 @@ fn validate_accepts_the_bundled_scenarios() {
     let out = baton(&["validate"]);
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
     assert!(
-        text(&out.stdout).contains("ok: 8 scenarios valid, 0 warnings"),
+        text(&out.stdout).contains("ok: 9 scenarios valid, 0 warnings"),
         "{}",
         text(&out.stdout)
     );
@@ -58,7 +58,7 @@ fn validate_prints_json_for_machines() {
     let out = baton(&["validate", "--format", "json"]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], true);
-    assert_eq!(report["scenarios"].as_array().unwrap().len(), 8);
+    assert_eq!(report["scenarios"].as_array().unwrap().len(), 9);
     assert_eq!(report["scenarios"][0]["checksum"].as_str().unwrap().len(), 64);
 }
 
@@ -137,4 +137,94 @@ fn expr_evaluates_and_explains() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("`=` is not an operator"));
     let _ = std::fs::remove_file(state);
+}
+
+fn baton_db(db: &std::path::Path, args: &[&str]) -> Output {
+    let mut all = vec!["--db", db.to_str().unwrap()];
+    all.extend_from_slice(args);
+    baton(&all)
+}
+
+#[test]
+fn run_pauses_for_approval_and_a_second_process_resumes_it() {
+    let db = std::env::temp_dir().join(format!("baton-cli-run-{}/runs.db", std::process::id()));
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "release_notes",
+            "--script",
+            "scenarios/scripts/release_notes.yaml",
+            "--input",
+            "PR 1: CSV export",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let o = text(&out.stdout);
+    assert!(o.contains("gate      review → draft") && o.contains("approval  sign_off"), "{o}");
+    let run = o.lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned();
+
+    let runs = baton_db(&db, &["runs", "--status", "paused", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&runs.stdout).unwrap();
+    assert_eq!(list[0]["run_id"], run.as_str());
+
+    let out = baton_db(&db, &["approve", &run, "--by", "ann"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("finished  completed"));
+    let again = baton_db(&db, &["approve", &run]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(text(&again.stderr).contains("the run has ended (completed)"));
+
+    let events = baton_db(&db, &["events", &run, "--json"]);
+    let lines: Vec<serde_json::Value> =
+        text(&events.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["seq"], 1);
+    assert_eq!(lines[0]["kind"], "scenario_started");
+    assert_eq!(lines.last().unwrap()["kind"], "scenario_finished");
+    let _ = std::fs::remove_dir_all(db.parent().unwrap());
+}
+
+#[test]
+fn rejection_and_cancel_of_a_paused_run() {
+    let db = std::env::temp_dir().join(format!("baton-cli-cancel-{}/runs.db", std::process::id()));
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "release_notes",
+            "--script",
+            "scenarios/scripts/release_notes.yaml",
+            "--input",
+            "x",
+        ],
+    );
+    let run = text(&out.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned();
+    let out = baton_db(&db, &["approve", &run, "--reject", "--comment", "tone it down"]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "a rejection sends the run back to the draft and to a new sign-off"
+    );
+    let out = baton_db(&db, &["cancel", &run]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = baton_db(&db, &["resume", &run, "--json"]);
+    assert_eq!(out.status.code(), Some(5));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "cancelled");
+    let _ = std::fs::remove_dir_all(db.parent().unwrap());
+}
+
+#[test]
+fn run_without_a_model_says_what_to_do() {
+    let db = std::env::temp_dir().join(format!("baton-cli-nomodel-{}/runs.db", std::process::id()));
+    let out = baton_db(&db, &["run", "release_notes", "--input", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("pass --script FILE"), "{}", text(&out.stderr));
+    let out = baton_db(
+        &db,
+        &["run", "code_build", "--input", "x", "--script", "scenarios/scripts/release_notes.yaml"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("tool_loop"), "{}", text(&out.stderr));
+    let _ = std::fs::remove_dir_all(db.parent().unwrap());
 }

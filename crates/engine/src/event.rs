@@ -171,6 +171,9 @@ pub struct ScenarioStarted {
     pub metadata: serde_json::Map<String, Value>,
     pub budget: BudgetCaps,
     pub max_attempts_per_conflict: u32,
+    /// Where the model answers come from when it is not the configured providers, e.g.
+    /// `script:PATH` for the scripted model; a later process resumes with the same.
+    pub model_source: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -76,6 +76,17 @@ impl Engine {
         input: &str,
         metadata: Map<String, Value>,
     ) -> Result<String, Error> {
+        self.start_with(scenario, input, metadata, None).await
+    }
+
+    /// Like [`Engine::start`], recording where model answers come from.
+    pub async fn start_with(
+        &self,
+        scenario: &Scenario,
+        input: &str,
+        metadata: Map<String, Value>,
+        model_source: Option<String>,
+    ) -> Result<String, Error> {
         check_runnable(scenario)?;
         let run_id = uuid::Uuid::now_v7().to_string();
         let now = self.clock.now();
@@ -101,6 +112,7 @@ impl Engine {
                 max_duration_s: scenario.budget.max_duration_s,
             },
             max_attempts_per_conflict: scenario.max_attempts_per_conflict,
+            model_source,
         }));
         self.store.append(&run_id, 1, &[started.at(1, now)], Status::Running.as_str()).await?;
         Ok(run_id)

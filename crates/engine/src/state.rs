@@ -100,6 +100,7 @@ pub struct RunState {
     pub started_at: Option<DateTime<Utc>>,
     pub budget: BudgetCaps,
     pub max_attempts_per_conflict: u32,
+    pub model_source: Option<String>,
     pub levels: BTreeMap<String, LevelState>,
     /// The top-level (non-child) level started and not yet finished.
     pub in_flight: Option<String>,
@@ -143,6 +144,7 @@ impl Default for RunState {
             started_at: None,
             budget: BudgetCaps::default(),
             max_attempts_per_conflict: 3,
+            model_source: None,
             levels: BTreeMap::new(),
             in_flight: None,
             route_pending: None,
@@ -212,6 +214,7 @@ impl RunState {
                 self.started_at = Some(event.at);
                 self.budget = s.budget;
                 self.max_attempts_per_conflict = s.max_attempts_per_conflict;
+                self.model_source.clone_from(&s.model_source);
             }
             EventData::LevelStarted(s) => {
                 let level = self.levels.entry(level_id.clone()).or_default();

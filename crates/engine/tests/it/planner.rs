@@ -32,6 +32,7 @@ fn started() -> NewEvent {
         metadata: serde_json::Map::new(),
         budget: BudgetCaps { max_cost_usd: Some(1.0), max_tokens: None, max_duration_s: None },
         max_attempts_per_conflict: 3,
+        model_source: None,
     }))
 }
 

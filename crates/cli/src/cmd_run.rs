@@ -1,0 +1,338 @@
+//! `baton run`, `resume`, `approve`, `answer`, `cancel`, `runs` and `events`.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use baton_engine::clock::SystemClock;
+use baton_engine::model::{ModelProvider, ScriptedModel};
+use baton_engine::runner::Runtime;
+use baton_engine::store::EventStore;
+use baton_engine::verifier::Verifiers;
+use baton_engine::{Engine, Outcome, Status};
+use baton_scenario::{Registry, Scenario};
+use baton_store::SqliteStore;
+use serde_json::{Map, Value, json};
+
+use crate::timeline;
+
+/// Where runs live and where scenarios are read from.
+#[derive(Debug, Clone)]
+pub(crate) struct Place {
+    pub db: PathBuf,
+    pub scenarios: PathBuf,
+}
+
+fn open_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
+    let store = SqliteStore::open(&place.db)
+        .with_context(|| format!("cannot open the run database {}", place.db.display()))?;
+    Ok(Arc::new(store))
+}
+
+fn load_model(script: Option<&Path>) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
+    let Some(path) = script else {
+        bail!(
+            "no model to call: pass --script FILE to run on the scripted model (real providers are configured in baton.toml once they land)"
+        );
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the script {}", path.display()))?;
+    let model =
+        ScriptedModel::parse(&text, &path.display().to_string()).map_err(anyhow::Error::msg)?;
+    let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    Ok((Arc::new(model), Some(format!("script:{}", absolute.display()))))
+}
+
+fn engine(
+    store: Arc<dyn EventStore>,
+    model: Arc<dyn ModelProvider>,
+    registry: &Registry,
+) -> Engine {
+    let catalog: Vec<Value> = registry
+        .scenarios()
+        .filter(|s| s.classifier_eligible())
+        .map(|s| json!({"id": s.id, "display_name": s.display_name, "description": s.description, "examples": s.examples}))
+        .collect();
+    Engine {
+        store,
+        runtime: Arc::new(Runtime {
+            model,
+            verifiers: Verifiers::builtin(),
+            workspace: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            catalog: Value::Array(catalog),
+        }),
+        clock: Arc::new(SystemClock),
+    }
+}
+
+fn registry(place: &Place) -> anyhow::Result<Registry> {
+    match Registry::load(&[&place.scenarios]) {
+        Ok(loaded) => Ok(loaded.registry),
+        Err(e) => {
+            eprint!("{}", e.diagnostics.render());
+            bail!("the scenarios in {} do not load", place.scenarios.display())
+        }
+    }
+}
+
+fn find_scenario(registry: &Registry, which: &str, place: &Place) -> anyhow::Result<Arc<Scenario>> {
+    if let Some(s) = registry.get(which) {
+        return Ok(Arc::clone(s));
+    }
+    let known: Vec<&str> = registry.scenarios().map(|s| s.id.as_str()).collect();
+    bail!("no scenario `{which}` in {} (known: {})", place.scenarios.display(), known.join(", "))
+}
+
+/// Options of `baton run`.
+#[derive(Debug)]
+pub(crate) struct RunArgs {
+    pub scenario: String,
+    pub input: String,
+    pub meta: Vec<(String, String)>,
+    pub script: Option<PathBuf>,
+    pub json: bool,
+}
+
+pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let registry = registry(place)?;
+    let scenario = find_scenario(&registry, &args.scenario, place)?;
+    let (model, source) = load_model(args.script.as_deref())?;
+    let store = open_store(place)?;
+    let engine = engine(store, model, &registry);
+    let mut metadata = Map::new();
+    for (k, v) in args.meta {
+        metadata.insert(k, Value::String(v));
+    }
+    let run_id = engine.start_with(&scenario, &args.input, metadata, source).await?;
+    if !args.json {
+        println!("run {run_id}");
+    }
+    drive(&engine, &run_id, &scenario, args.json, 0).await
+}
+
+pub(crate) async fn resume(
+    place: &Place,
+    run_id: &str,
+    script: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let registry = registry(place)?;
+    let store = open_store(place)?;
+    let probe = engine(Arc::clone(&store), Arc::new(ScriptedModel::default()), &registry);
+    let state = probe.state(run_id).await.with_context(|| format!("cannot read run {run_id}"))?;
+    let scenario = find_scenario(&registry, &state.scenario_id, place)?;
+    let recorded =
+        state.model_source.as_deref().and_then(|s| s.strip_prefix("script:")).map(PathBuf::from);
+    let script = script.map(Path::to_path_buf).or(recorded);
+    let (model, _) = load_model(script.as_deref())?;
+    let engine = engine(store, model, &registry);
+    // Show the decision or answer that led here, then what follows.
+    let from = state.last_seq.saturating_sub(1);
+    drive(&engine, run_id, &scenario, json, from).await
+}
+
+async fn drive(
+    engine: &Engine,
+    run_id: &str,
+    scenario: &Arc<Scenario>,
+    json: bool,
+    from: u64,
+) -> anyhow::Result<ExitCode> {
+    // Print events as they land, from another task reading the store.
+    let printer = (!json).then(|| {
+        let (store, run_id) = (Arc::clone(&engine.store), run_id.to_owned());
+        tokio::spawn(async move { follow(store.as_ref(), &run_id, from, false).await })
+    });
+    let outcome = engine.drive(run_id, scenario).await;
+    if let Some(printer) = printer {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        printer.abort();
+        let _ = printer.await;
+        // Print whatever the follower had not reached yet.
+        let seen = LAST_PRINTED.load(std::sync::atomic::Ordering::SeqCst).max(from);
+        for e in engine.store.load(run_id, seen).await? {
+            if let Some(line) = timeline::line(&e) {
+                println!("{line}");
+            }
+        }
+    }
+    let outcome = outcome?;
+    let state = engine.state(run_id).await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "run_id": run_id,
+                "scenario_id": state.scenario_id,
+                "status": state.status.as_str(),
+                "final_output": state.final_output,
+                "aborted_reason": state.finished.as_ref().and_then(|f| f.aborted_reason.clone()),
+                "totals": state.totals,
+                "checksum": state.checksum,
+                "pending_approval": state.pending_approval,
+                "pending_question": state.pending_ask,
+            }))?
+        );
+    } else if outcome == Outcome::Paused {
+        println!(
+            "paused: run {run_id} waits for a person; continue with `baton approve {run_id}` or `baton answer {run_id} --answer JSON`"
+        );
+    } else if let Some(output) = &state.final_output {
+        println!("output:\n{output}");
+    }
+    Ok(exit_code(&outcome))
+}
+
+static LAST_PRINTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Prints events after `after` as they arrive; with `until_end`, stops at the end of the run.
+async fn follow(
+    store: &dyn EventStore,
+    run_id: &str,
+    mut after: u64,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    loop {
+        let events = store.load(run_id, after).await?;
+        for e in &events {
+            if as_json {
+                println!("{}", timeline::json_line(e));
+            } else if let Some(line) = timeline::line(e) {
+                println!("{line}");
+            }
+            after = e.seq;
+            LAST_PRINTED.store(after, std::sync::atomic::Ordering::SeqCst);
+            if matches!(e.data, baton_engine::event::EventData::ScenarioFinished(_)) {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn exit_code(outcome: &Outcome) -> ExitCode {
+    match outcome {
+        Outcome::Paused => ExitCode::from(3),
+        Outcome::Finished(Status::Completed) => ExitCode::SUCCESS,
+        Outcome::Finished(Status::Aborted) => ExitCode::from(4),
+        Outcome::Finished(Status::Cancelled) => ExitCode::from(5),
+        Outcome::Finished(_) => ExitCode::from(1),
+    }
+}
+
+/// Options of `baton approve`.
+#[derive(Debug)]
+pub(crate) struct Decision {
+    pub reject: bool,
+    pub comment: Option<String>,
+    pub by: Option<String>,
+    pub script: Option<PathBuf>,
+    pub no_resume: bool,
+}
+
+pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow::Result<ExitCode> {
+    let registry = registry(place)?;
+    let store = open_store(place)?;
+    let probe = engine(Arc::clone(&store), Arc::new(ScriptedModel::default()), &registry);
+    probe.approve(run_id, !d.reject, d.comment, d.by).await?;
+    println!("{} run {run_id}", if d.reject { "rejected" } else { "approved" });
+    if d.no_resume {
+        return Ok(ExitCode::SUCCESS);
+    }
+    resume(place, run_id, d.script.as_deref(), false).await
+}
+
+pub(crate) async fn answer(
+    place: &Place,
+    run_id: &str,
+    answer: &str,
+    script: Option<&Path>,
+    no_resume: bool,
+) -> anyhow::Result<ExitCode> {
+    let value: Value = serde_json::from_str(answer).with_context(|| {
+        format!("--answer must be JSON (a string needs quotes: '\"yes\"'), got {answer}")
+    })?;
+    let registry = registry(place)?;
+    let store = open_store(place)?;
+    let probe = engine(Arc::clone(&store), Arc::new(ScriptedModel::default()), &registry);
+    probe.answer(run_id, value).await?;
+    println!("answered run {run_id}");
+    if no_resume {
+        return Ok(ExitCode::SUCCESS);
+    }
+    resume(place, run_id, script, false).await
+}
+
+pub(crate) async fn cancel(
+    place: &Place,
+    run_id: &str,
+    by: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let registry = registry(place)?;
+    let store = open_store(place)?;
+    let probe = engine(Arc::clone(&store), Arc::new(ScriptedModel::default()), &registry);
+    probe.cancel(run_id, by, None).await?;
+    let state = probe.state(run_id).await?;
+    if state.status == Status::Paused {
+        // Nobody is driving a paused run: finish it here.
+        let scenario = find_scenario(&registry, &state.scenario_id, place)?;
+        probe.drive(run_id, &scenario).await?;
+    }
+    println!("cancel requested for run {run_id}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn runs(
+    place: &Place,
+    status: Option<&str>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let store = open_store(place)?;
+    let list = store.runs(status).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if list.is_empty() {
+        println!("no runs");
+    }
+    for r in list {
+        println!(
+            "{}  {:<10} {:<22} {:>5} events  {}",
+            r.run_id,
+            r.status,
+            r.scenario_id,
+            r.last_seq,
+            r.updated_at.format("%Y-%m-%d %H:%M:%S")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn events(
+    place: &Place,
+    run_id: &str,
+    follow_on: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let store = open_store(place)?;
+    if store.run(run_id).await?.is_none() {
+        bail!("no run {run_id} in {}", place.db.display());
+    }
+    if follow_on {
+        follow(store.as_ref(), run_id, 0, json).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    for e in store.load(run_id, 0).await? {
+        if json {
+            println!("{}", timeline::json_line(&e));
+        } else if let Some(line) = timeline::line(&e) {
+            println!("{line}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

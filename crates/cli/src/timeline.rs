@@ -1,0 +1,121 @@
+//! Printing a run's events as a timeline: one line per event worth reading.
+
+use baton_engine::event::{Event, EventData};
+
+/// The line for an event, or `None` for events the timeline leaves out.
+pub(crate) fn line(e: &Event) -> Option<String> {
+    let level = e.level_id.as_deref().unwrap_or("");
+    let attempt = e.attempt.unwrap_or(0);
+    let text = match &e.data {
+        EventData::ScenarioStarted(s) => format!(
+            "started   {} v{} (checksum {}…)",
+            s.scenario_id,
+            s.scenario_version,
+            &s.checksum[..s.checksum.len().min(12)]
+        ),
+        EventData::LevelStarted(s) => match &s.parent {
+            Some(p) => format!("level     {level} ({}, attempt {attempt}, child of {p})", s.kind),
+            None => format!("level     {level} ({}, attempt {attempt})", s.kind),
+        },
+        EventData::ModelResponse(r) => format!(
+            "model     {level}: {} tokens, ${:.4} — {}",
+            r.usage.total(),
+            r.cost_usd,
+            preview(&r.text, 60)
+        ),
+        EventData::VerifierFinished(v) => format!(
+            "verifier  {level}/{}: {}{}",
+            v.name,
+            if v.passed { "passed" } else { "FAILED" },
+            if v.reasons.is_empty() {
+                String::new()
+            } else {
+                format!(" — {}", preview(&v.reasons.join("; "), 80))
+            }
+        ),
+        EventData::AskUser(a) => format!(
+            "question  {level}: {} — answer with `baton answer RUN --answer JSON`",
+            preview(&a.question.to_string(), 80)
+        ),
+        EventData::UserAnswered(a) => format!("answered  {}", preview(&a.answer.to_string(), 80)),
+        EventData::ApprovalRequested(a) => format!(
+            "approval  {level}: {} (role {}) — decide with `baton approve RUN [--reject]`",
+            preview(&a.question, 80),
+            a.approver_role
+        ),
+        EventData::ApprovalDecided(d) => format!(
+            "decided   {} by {}{}",
+            if d.approved { "approved" } else { "rejected" },
+            d.by.as_deref().unwrap_or("someone"),
+            d.comment.as_ref().map_or(String::new(), |c| format!(": {c}"))
+        ),
+        EventData::LevelFinished(f) if f.skipped => format!("skipped   {level}"),
+        EventData::LevelFinished(f) => match &f.error {
+            Some(err) => format!("failed    {level}: {err}"),
+            None => format!(
+                "done      {level}{} ${:.4} {} tok {} ms",
+                f.verdict.as_ref().map_or(String::new(), |v| format!(" {v}")),
+                f.cost_usd,
+                f.tokens,
+                f.duration_ms
+            ),
+        },
+        EventData::GateDecision(g) => format!(
+            "gate      {} → {}{}",
+            g.source,
+            g.target,
+            match (&g.expression, g.fallthrough) {
+                (_, true) => " (no edge matched)".to_owned(),
+                (Some(x), _) => format!("  [{x}]"),
+                (None, _) => String::new(),
+            }
+        ),
+        EventData::BudgetExceeded(b) => format!(
+            "budget    {} cap {} crossed ({}){}",
+            b.limit_kind,
+            b.limit_value,
+            b.observed_value,
+            if b.refused_before_call { ", call refused before it was made" } else { "" }
+        ),
+        EventData::CancelRequested(c) => format!(
+            "cancel    requested{}",
+            c.by.as_ref().map_or(String::new(), |b| format!(" by {b}"))
+        ),
+        EventData::Warning(w) => format!("warning   {}", w.message),
+        EventData::ScenarioFinished(f) => format!(
+            "finished  {} — ${:.4}, {} tokens, {} levels{}",
+            f.status.as_str(),
+            f.totals.cost_usd,
+            f.totals.tokens,
+            f.totals.levels_run,
+            f.aborted_reason.as_ref().map_or(String::new(), |r| format!(" ({r})"))
+        ),
+        EventData::PromptSent(_) | EventData::VerifierStarted(_) | EventData::BudgetConsumed(_) => {
+            return None;
+        }
+    };
+    Some(format!("#{:<4} {text}", e.seq))
+}
+
+fn preview(text: &str, max: usize) -> String {
+    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let cut: String = one_line.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+/// An event as one JSON line: seq, at, kind, level_id, attempt, data.
+pub(crate) fn json_line(e: &Event) -> String {
+    serde_json::json!({
+        "seq": e.seq,
+        "at": e.at,
+        "kind": e.data.kind(),
+        "level_id": e.level_id,
+        "attempt": e.attempt,
+        "data": e.data.payload(),
+    })
+    .to_string()
+}
