@@ -228,3 +228,111 @@ fn run_without_a_model_says_what_to_do() {
     assert!(text(&out.stderr).contains("tool_loop"), "{}", text(&out.stderr));
     let _ = std::fs::remove_dir_all(db.parent().unwrap());
 }
+
+/// Drives a run to its end from new processes, approving approvals and answering questions.
+fn drive_to_end(db: &std::path::Path, run: &str) {
+    for _ in 0..30 {
+        let out = baton_db(db, &["resume", run]);
+        match out.status.code() {
+            Some(0 | 1 | 4 | 5) => return,
+            Some(3) => {
+                let approved = baton_db(db, &["approve", run, "--by", "tester", "--no-resume"]);
+                if approved.status.code() != Some(0) {
+                    let answered =
+                        baton_db(db, &["answer", run, "--answer", "\"yes\"", "--no-resume"]);
+                    assert_eq!(answered.status.code(), Some(0), "{}", text(&answered.stderr));
+                }
+            }
+            other => panic!("resume exited {other:?}: {}{}", text(&out.stdout), text(&out.stderr)),
+        }
+    }
+    panic!("run {run} did not end");
+}
+
+/// A run's log as JSON lines, without times and durations.
+fn normalised_log(db: &std::path::Path, run: &str) -> Vec<serde_json::Value> {
+    fn scrub(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for key in ["at", "duration_ms", "total_duration_ms"] {
+                    map.remove(key);
+                }
+                map.values_mut().for_each(scrub);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(scrub),
+            _ => {}
+        }
+    }
+    let out = baton_db(db, &["events", run, "--json"]);
+    text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            scrub(&mut v);
+            v
+        })
+        .collect()
+}
+
+fn only_run(db: &std::path::Path) -> Option<String> {
+    let out = baton_db(db, &["runs", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    list.as_array()?.first()?["run_id"].as_str().map(str::to_owned)
+}
+
+/// Kill the process right after event N is durable, for every N, resume from a new
+/// process, and compare the final log with one from a run that was never killed.
+#[test]
+fn killed_after_any_event_a_run_resumes_to_the_same_log() {
+    let scenarios = [
+        "release_notes",
+        "security_review",
+        "document_writing",
+        "research_brief",
+        "parallel_review_demo",
+        "quick_qa",
+        "intent_classifier",
+    ];
+    let base = std::env::temp_dir().join(format!("baton-cli-crash-{}", std::process::id()));
+    for scenario in scenarios {
+        let script = format!("scenarios/scripts/{scenario}.yaml");
+        let start = [
+            "run",
+            scenario,
+            "--script",
+            script.as_str(),
+            "--input",
+            "What is the capital of France?",
+        ];
+        let reference_db = base.join(format!("{scenario}-ref.db"));
+        baton_db(&reference_db, &start);
+        let run = only_run(&reference_db).unwrap();
+        drive_to_end(&reference_db, &run);
+        let reference = normalised_log(&reference_db, &run);
+        assert_eq!(reference.last().unwrap()["kind"], "scenario_finished", "{scenario}");
+        let mut kills = 0;
+        for n in 1..=reference.len() {
+            let db = base.join(format!("{scenario}-{n}.db"));
+            let mut all = vec!["--db", db.to_str().unwrap()];
+            all.extend_from_slice(&start);
+            let killed = Command::new(env!("CARGO_BIN_EXE_baton"))
+                .args(&all)
+                .env("BATON_FAILPOINT_ABORT_AFTER_EVENT", n.to_string())
+                .current_dir(repo())
+                .output()
+                .unwrap();
+            // Killed by the failpoint: no exit code, only a signal.
+            kills += usize::from(killed.status.code().is_none());
+            let Some(run) = only_run(&db) else {
+                panic!("{scenario}: no run after a kill at {n}: {}", text(&killed.stderr));
+            };
+            drive_to_end(&db, &run);
+            let log = normalised_log(&db, &run);
+            assert_eq!(
+                log, reference,
+                "{scenario}: killed after event {n}, the resumed log differs"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(base);
+}
