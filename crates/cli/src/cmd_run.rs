@@ -57,16 +57,16 @@ fn engine(
         .filter(|s| s.classifier_eligible())
         .map(|s| json!({"id": s.id, "display_name": s.display_name, "description": s.description, "examples": s.examples}))
         .collect();
-    Engine {
+    Engine::new(
         store,
-        runtime: Arc::new(Runtime {
+        Arc::new(Runtime {
             model,
             verifiers: Verifiers::builtin(),
             workspace: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
-            catalog: Value::Array(catalog),
+            catalog: Arc::new(Value::Array(catalog)),
         }),
-        clock: Arc::new(SystemClock),
-    }
+        Arc::new(SystemClock),
+    )
 }
 
 fn registry(place: &Place) -> anyhow::Result<Registry> {

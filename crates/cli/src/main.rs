@@ -3,6 +3,7 @@
 //! Each subcommand lives in its own module and returns an exit code; `main` only parses
 //! arguments and maps errors to exit codes (0 success, 1 the input is invalid, 2 usage).
 
+mod cmd_bench;
 mod cmd_expr;
 mod cmd_graph;
 mod cmd_run;
@@ -124,6 +125,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure the kernel on a fixed workload with a zero-latency scripted model.
+    Bench {
+        /// linear5, gate_loop, fanout8, approval or reopen.
+        #[arg(long, default_value = "linear5")]
+        workload: String,
+        /// memory or sqlite.
+        #[arg(long, default_value = "memory")]
+        store: String,
+        /// How many runs.
+        #[arg(long, default_value_t = 1000)]
+        runs: usize,
+        /// How many runs in flight at once.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// The SQLite file (default: a fresh temporary one).
+        #[arg(long = "bench-db")]
+        bench_db: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Draw a scenario's graph.
     Graph {
         /// A scenario id (looked up in the scenarios directory) or a scenario file.
@@ -223,6 +244,16 @@ fn main() -> ExitCode {
         Command::Validate { paths, format, overrides } => {
             let paths = if paths.is_empty() { vec![cli.scenarios.clone()] } else { paths };
             cmd_validate::run(&paths, format == Format::Json, overrides.as_deref())
+        }
+        Command::Bench { workload, store, runs, concurrency, bench_db, json } => {
+            runtime.block_on(cmd_bench::bench(cmd_bench::BenchArgs {
+                workload,
+                store,
+                runs,
+                concurrency,
+                json,
+                db: bench_db,
+            }))
         }
         Command::Graph { scenario, format } => {
             cmd_graph::run(&cli.scenarios, &scenario, format == GraphFormat::Dot)

@@ -333,6 +333,7 @@ fn killed_after_any_event_a_run_resumes_to_the_same_log() {
                 "{scenario}: killed after event {n}, the resumed log differs"
             );
         }
+        assert!(kills > 3, "{scenario}: the failpoint killed the first process only {kills} times");
     }
     let _ = std::fs::remove_dir_all(base);
 }

@@ -5,11 +5,11 @@
 //! continues any run exactly where it stopped. Cancel requests written by another process
 //! reach a running step because the executor watches the store while the step runs.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_scenario::Scenario;
-use chrono::Utc;
 use serde_json::{Map, Value};
 
 use crate::cancel::CancelToken;
@@ -68,7 +68,31 @@ pub struct Engine {
     pub clock: Arc<dyn Clock>,
 }
 
+/// Compiled templates by scenario checksum, for the whole process: a checksum covers every
+/// template a scenario reads, so its compiled form never changes.
+static RENDERERS: std::sync::OnceLock<Mutex<HashMap<String, Arc<Renderer>>>> =
+    std::sync::OnceLock::new();
+
 impl Engine {
+    /// An engine over a store, with a runtime and a clock.
+    pub fn new(store: Arc<dyn EventStore>, runtime: Arc<Runtime>, clock: Arc<dyn Clock>) -> Self {
+        Engine { store, runtime, clock }
+    }
+
+    /// The scenario's compiled templates, compiled once per process.
+    fn renderer(scenario: &Scenario) -> Result<Arc<Renderer>, Error> {
+        let mut cache = match RENDERERS.get_or_init(Mutex::default).lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(r) = cache.get(&scenario.checksum) {
+            return Ok(Arc::clone(r));
+        }
+        let r = Arc::new(Renderer::new(scenario).map_err(Error::Template)?);
+        cache.insert(scenario.checksum.clone(), Arc::clone(&r));
+        Ok(r)
+    }
+
     /// Creates a run of `scenario` and records `scenario_started`.
     pub async fn start(
         &self,
@@ -114,7 +138,7 @@ impl Engine {
             max_attempts_per_conflict: scenario.max_attempts_per_conflict,
             model_source,
         }));
-        self.store.append(&run_id, 1, &[started.at(1, now)], Status::Running.as_str()).await?;
+        self.store.append(&run_id, 1, vec![started.at(1, now)], Status::Running.as_str()).await?;
         Ok(run_id)
     }
 
@@ -150,10 +174,15 @@ impl Engine {
             });
         }
         check_runnable(scenario)?;
-        let renderer = Arc::new(Renderer::new(scenario).map_err(Error::Template)?);
+        let renderer = Self::renderer(scenario)?;
         let run_id_arc: Arc<str> = Arc::from(run_id);
-        let mut w =
-            Writer { engine: self, run_id, stored_seq: state.last_seq, state, pending: Vec::new() };
+        let mut w = Writer {
+            engine: self,
+            run_id,
+            stored_seq: state.last_seq,
+            state: Arc::new(state),
+            pending: Vec::new(),
+        };
         loop {
             match plan(scenario, &w.state) {
                 Step::Done => {
@@ -176,33 +205,29 @@ impl Engine {
                     let run = LevelRun {
                         scenario: Arc::clone(scenario),
                         renderer: Arc::clone(&renderer),
-                        state: Arc::new(w.state.clone()),
+                        state: Arc::clone(&w.state),
                         runtime: Arc::clone(&self.runtime),
                         run_id: Arc::clone(&run_id_arc),
                         level,
                         attempt,
                         cancel: cancel.clone(),
                     };
-                    let mut events = w.run_watching(run, &cancel).await?;
+                    let events = w.run_watching(run, &cancel).await?;
                     if cancel.is_cancelled() {
                         // The step was cut short: keep none of it; the cancel is in the log.
                         w.reload().await?;
                         continue;
                     }
-                    let mut after = w.state.clone();
-                    let last = w.state.last_seq;
-                    for (i, e) in events.iter().enumerate() {
-                        after.apply(&e.clone().at(last + 1 + i as u64, Utc::now()));
-                    }
+                    w.stage(events);
                     let elapsed = w.state.started_at.map_or(0, |s| {
                         u64::try_from((self.clock.now() - s).num_milliseconds().max(0)).unwrap_or(0)
                     });
-                    events.push(NewEvent::run(EventData::BudgetConsumed(BudgetConsumed {
-                        total_cost_usd: after.totals.cost_usd,
-                        total_tokens: after.totals.tokens,
+                    let consumed = BudgetConsumed {
+                        total_cost_usd: w.state.totals.cost_usd,
+                        total_tokens: w.state.totals.tokens,
                         total_duration_ms: elapsed,
-                    })));
-                    w.stage(events);
+                    };
+                    w.stage(vec![NewEvent::run(EventData::BudgetConsumed(consumed))]);
                     w.flush().await?;
                 }
             }
@@ -304,11 +329,7 @@ impl Engine {
             let mut next = state.clone();
             next.apply(&stamped);
             let status = if next.awaiting_person() { Status::Paused } else { next.status };
-            match self
-                .store
-                .append(run_id, seq, std::slice::from_ref(&stamped), status.as_str())
-                .await
-            {
+            match self.store.append(run_id, seq, vec![stamped], status.as_str()).await {
                 Ok(()) => return Ok(()),
                 Err(store::Error::Conflict { .. }) => state = self.state(run_id).await?,
                 Err(e) => return Err(e.into()),
@@ -337,7 +358,8 @@ fn check_runnable(scenario: &Scenario) -> Result<(), Error> {
 struct Writer<'a> {
     engine: &'a Engine,
     run_id: &'a str,
-    state: RunState,
+    /// Shared with the runner of the current step; copied only if still shared on write.
+    state: Arc<RunState>,
     /// The last `seq` known to be in the store.
     stored_seq: u64,
     pending: Vec<Event>,
@@ -347,9 +369,10 @@ impl Writer<'_> {
     /// Folds events into the state and stages them for the next commit.
     fn stage(&mut self, events: Vec<NewEvent>) {
         let now = self.engine.clock.now();
+        let state = Arc::make_mut(&mut self.state);
         for e in events {
-            let event = e.at(self.state.last_seq + 1, now);
-            self.state.apply(&event);
+            let event = e.at(state.last_seq + 1, now);
+            state.apply(&event);
             self.pending.push(event);
         }
     }
@@ -370,9 +393,10 @@ impl Writer<'_> {
             self.state.status
         };
         let first = self.stored_seq + 1;
-        match self.engine.store.append(self.run_id, first, &events, status.as_str()).await {
+        let count = events.len() as u64;
+        match self.engine.store.append(self.run_id, first, events, status.as_str()).await {
             Ok(()) => {
-                self.stored_seq += events.len() as u64;
+                self.stored_seq += count;
                 Ok(())
             }
             // Another writer (a cancel, an approval) got in first: drop what was staged,
@@ -384,7 +408,7 @@ impl Writer<'_> {
 
     async fn reload(&mut self) -> Result<(), Error> {
         self.pending.clear();
-        self.state = self.engine.state(self.run_id).await?;
+        self.state = Arc::new(self.engine.state(self.run_id).await?);
         self.stored_seq = self.state.last_seq;
         Ok(())
     }
@@ -398,6 +422,15 @@ impl Writer<'_> {
     ) -> Result<Vec<NewEvent>, Error> {
         let work = run.run();
         tokio::pin!(work);
+        // Most steps finish without waiting for anything: try once before arming timers.
+        let ready = std::future::poll_fn(|cx| match work.as_mut().poll(cx) {
+            std::task::Poll::Ready(events) => std::task::Poll::Ready(Some(events)),
+            std::task::Poll::Pending => std::task::Poll::Ready(None),
+        })
+        .await;
+        if let Some(events) = ready {
+            return Ok(events);
+        }
         let flush_at = tokio::time::sleep(FLUSH_AFTER);
         tokio::pin!(flush_at);
         let mut flushed = false;

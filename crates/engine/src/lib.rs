@@ -11,6 +11,7 @@ pub mod clock;
 pub mod event;
 pub mod exec;
 pub mod gate_ctx;
+pub mod join;
 pub mod limits;
 pub mod model;
 pub mod plan;

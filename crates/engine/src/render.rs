@@ -4,9 +4,12 @@
 //! `baton_scenario::files::TEMPLATE_VARIABLES` lists — the loader refuses any other —
 //! and undefined values are errors, never empty strings.
 
+use std::sync::Arc;
+
 use baton_scenario::Scenario;
 use baton_scenario::model::{LevelKind, Template};
-use serde_json::{Map, Value, json};
+use minijinja::value::{Enumerator, Object};
+use serde_json::{Value, json};
 
 use crate::state::RunState;
 
@@ -41,12 +44,12 @@ impl Renderer {
     }
 
     /// Renders a template for an attempt of a level.
-    pub fn render(&self, template: &Template, ctx: &Value) -> Result<String, String> {
+    pub fn render(&self, template: &Template, ctx: &minijinja::Value) -> Result<String, String> {
         let t = self
             .env
             .get_template(&template.name)
             .map_err(|e| format!("template {}: {e}", template.name))?;
-        t.render(minijinja::value::Serde(ctx)).map_err(|e| {
+        t.render(ctx).map_err(|e| {
             let mut message = format!("cannot render template {}: {e}", template.name);
             if let Some(detail) = e.detail() {
                 message.push_str(&format!(" ({detail})"));
@@ -57,44 +60,137 @@ impl Renderer {
 }
 
 /// The values a template reads, for an attempt of `level_id`.
-pub fn context(state: &RunState, run_id: &str, level_id: &str, catalog: &Value) -> Value {
-    let mut levels = Map::new();
-    for (id, l) in &state.levels {
-        if l.attempts == 0 || l.running {
-            continue;
-        }
-        levels.insert(
-            id.clone(),
-            json!({
-                "output": l.output,
-                "parsed": l.parsed,
-                "verdict": l.verdict,
-                "ok": l.ok,
-                "attempts": l.attempts,
-                "confidence": l.confidence,
-                "approved": l.approved,
-                "comment": l.comment,
-            }),
-        );
-    }
-    let feedback = state
-        .scratchpad
-        .get("build_feedback")
-        .or_else(|| state.scratchpad.get("feedback"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let answers: Vec<Value> =
-        state.answers.iter().map(|(id, a)| json!({"call_id": id, "answer": a})).collect();
-    json!({
-        "input": state.input,
-        "level": levels,
-        "scratchpad": state.scratchpad,
-        "feedback": feedback,
-        "metadata": state.metadata,
-        "attempt": state.level(level_id).map_or(1, |l| l.attempts),
-        "scenario": {"id": state.scenario_id, "version": state.scenario_version},
-        "catalog": catalog,
-        "answers": answers,
-        "run": {"id": run_id},
+///
+/// The context is lazy: a value is built only when the template reads it, so a template
+/// that reads `level.draft.output` costs one string, not a copy of the whole state.
+pub fn context(
+    state: &Arc<RunState>,
+    run_id: &str,
+    level_id: &str,
+    catalog: &Arc<Value>,
+) -> minijinja::Value {
+    minijinja::Value::from_object(Ctx {
+        state: Arc::clone(state),
+        run_id: run_id.to_owned(),
+        level_id: level_id.to_owned(),
+        catalog: Arc::clone(catalog),
     })
+}
+
+fn serde<T: serde::Serialize>(value: &T) -> minijinja::Value {
+    minijinja::Value::from(minijinja::value::Serde(value))
+}
+
+const CTX_KEYS: &[&str] = &[
+    "input",
+    "level",
+    "scratchpad",
+    "feedback",
+    "metadata",
+    "attempt",
+    "scenario",
+    "catalog",
+    "answers",
+    "run",
+];
+
+#[derive(Debug)]
+struct Ctx {
+    state: Arc<RunState>,
+    run_id: String,
+    level_id: String,
+    catalog: Arc<Value>,
+}
+
+impl Object for Ctx {
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        let s = &self.state;
+        Some(match key.as_str()? {
+            "input" => minijinja::Value::from(s.input.as_str()),
+            "level" => minijinja::Value::from_object(Levels(Arc::clone(s))),
+            "scratchpad" => serde(&s.scratchpad),
+            "feedback" => {
+                let feedback =
+                    s.scratchpad.get("build_feedback").or_else(|| s.scratchpad.get("feedback"));
+                feedback.map_or(minijinja::Value::from(()), serde)
+            }
+            "metadata" => serde(&s.metadata),
+            "attempt" => minijinja::Value::from(s.level(&self.level_id).map_or(1, |l| l.attempts)),
+            "scenario" => serde(&json!({"id": s.scenario_id, "version": s.scenario_version})),
+            "catalog" => serde(self.catalog.as_ref()),
+            "answers" => {
+                let answers: Vec<Value> =
+                    s.answers.iter().map(|(id, a)| json!({"call_id": id, "answer": a})).collect();
+                serde(&answers)
+            }
+            "run" => serde(&json!({"id": self.run_id})),
+            _ => return None,
+        })
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(CTX_KEYS)
+    }
+}
+
+/// `level`: the finished levels, by id.
+#[derive(Debug)]
+struct Levels(Arc<RunState>);
+
+impl Levels {
+    fn finished(&self) -> impl Iterator<Item = &String> {
+        self.0.levels.iter().filter(|(_, l)| l.attempts > 0 && !l.running).map(|(id, _)| id)
+    }
+}
+
+impl Object for Levels {
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        let id = key.as_str()?;
+        let level = self.0.levels.get(id)?;
+        if level.attempts == 0 || level.running {
+            return None;
+        }
+        Some(minijinja::Value::from_object(LevelView {
+            state: Arc::clone(&self.0),
+            id: id.to_owned(),
+        }))
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let ids: Vec<minijinja::Value> =
+            self.finished().map(|id| minijinja::Value::from(id.as_str())).collect();
+        Enumerator::Values(ids)
+    }
+}
+
+const LEVEL_KEYS: &[&str] =
+    &["output", "parsed", "verdict", "ok", "attempts", "confidence", "approved", "comment"];
+
+/// `level.<id>`: one finished level.
+#[derive(Debug)]
+struct LevelView {
+    state: Arc<RunState>,
+    id: String,
+}
+
+impl Object for LevelView {
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        let l = self.state.levels.get(&self.id)?;
+        let none = || minijinja::Value::from(());
+        Some(match key.as_str()? {
+            "output" => minijinja::Value::from(l.output.as_str()),
+            "parsed" => l.parsed.as_ref().map_or_else(none, serde),
+            "verdict" => l.verdict.as_deref().map_or_else(none, minijinja::Value::from),
+            "ok" => l.ok.map_or_else(none, minijinja::Value::from),
+            "attempts" => minijinja::Value::from(l.attempts),
+            "confidence" => l.confidence.map_or_else(none, minijinja::Value::from),
+            "approved" => l.approved.map_or_else(none, minijinja::Value::from),
+            "comment" => l.comment.as_deref().map_or_else(none, minijinja::Value::from),
+            _ => return None,
+        })
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(LEVEL_KEYS)
+    }
 }

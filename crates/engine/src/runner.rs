@@ -15,13 +15,13 @@ use baton_scenario::model::{
     Aggregator, LevelIdx, LevelKind, Mode, OnFail, Response, VerifierSpec,
 };
 use serde_json::{Map, Value, json};
-use tokio::task::JoinSet;
 
 use crate::cancel::CancelToken;
 use crate::event::{
     ApprovalRequested, AskUser, BudgetExceeded, EventData, LevelFinished, LevelStarted,
     ModelResponse, NewEvent, PromptSent, VerifierFinished, VerifierStarted,
 };
+use crate::join::join_limited;
 use crate::limits;
 use crate::model::{ModelError, ModelProvider, ModelRequest};
 use crate::render::{self, Renderer};
@@ -37,7 +37,7 @@ pub struct Runtime {
     /// The directory verifiers run in.
     pub workspace: PathBuf,
     /// The scenarios the intent classifier may choose from (`catalog` in templates).
-    pub catalog: Value,
+    pub catalog: Arc<Value>,
 }
 
 /// One attempt of one level, with everything it reads.
@@ -132,7 +132,10 @@ impl LevelRun {
             Ok(r) => r,
             Err(stop) => return stop.finish(self, &mut events, started),
         };
-        if let Some(question) = verdict::parse_json(&reply).and_then(|v| v.get("ask_user").cloned())
+        if let Some(question) = Some(&reply)
+            .filter(|r| r.contains("ask_user"))
+            .and_then(|r| verdict::parse_json(r))
+            .and_then(|v| v.get("ask_user").cloned())
         {
             let call_id = format!("{}#{}#{}", level.id, self.attempt, calls.call);
             events.push(self.event(EventData::AskUser(AskUser { call_id, question })));
@@ -289,17 +292,19 @@ impl LevelRun {
         let LevelKind::FanOut { children, fan_in, max_parallel } = &level.kind else {
             return Vec::new();
         };
-        let permits = Arc::new(tokio::sync::Semaphore::new(*max_parallel as usize));
-        let mut set = JoinSet::new();
-        for (order, &child) in children.iter().enumerate() {
-            let id = &self.scenario.levels[child].id;
-            let mut run = self.clone();
-            run.level = child;
-            run.attempt = self.state.level(id).map_or(0, |l| l.attempts) + 1;
-            let permits = Arc::clone(&permits);
+        let runs: Vec<LevelRun> = children
+            .iter()
+            .map(|&child| {
+                let mut run = self.clone();
+                run.level = child;
+                run.attempt =
+                    self.state.level(&self.scenario.levels[child].id).map_or(0, |l| l.attempts) + 1;
+                run
+            })
+            .collect();
+        let futures = runs.iter().map(|run| {
             let parent = level.id.clone();
-            set.spawn(async move {
-                let _permit = permits.acquire_owned().await;
+            async move {
                 let child = &run.scenario.levels[run.level];
                 let mut events = vec![run.event(EventData::LevelStarted(LevelStarted {
                     role: child.role.clone(),
@@ -319,26 +324,17 @@ impl LevelRun {
                     )))],
                 };
                 events.extend(body);
-                (order, events)
-            });
-        }
-        let mut results: Vec<(usize, Vec<NewEvent>)> = Vec::with_capacity(children.len());
-        while let Some(joined) = set.join_next().await {
-            match joined {
-                Ok(r) => results.push(r),
-                Err(e) => {
-                    let mut events = Vec::new();
-                    events.push(self.event(EventData::LevelFinished(error_finish(
-                        format!("a fan-out child crashed: {e}"),
-                        millis(started),
-                    ))));
-                    return events;
-                }
+                events
             }
-        }
+        });
+        let results: Vec<(usize, Vec<NewEvent>)> =
+            join_limited(futures.collect(), *max_parallel as usize)
+                .await
+                .into_iter()
+                .enumerate()
+                .collect();
         // Children commit in declared order whatever order they finished in, so the log is
         // the same on every run.
-        results.sort_by_key(|(order, _)| *order);
         let mut events = Vec::new();
         let mut verdicts = Map::new();
         let (mut cost, mut tokens, mut weight_all, mut weight_pass, mut passed) =
@@ -597,22 +593,9 @@ async fn run_verifiers(
         }
         // `race` runs like `parallel` until the verifiers issue gives it early cancellation.
         Mode::Parallel | Mode::Race => {
-            let mut set = JoinSet::new();
-            for (i, spec) in specs.iter().enumerate() {
-                let (run, spec, ctx) = (run.clone(), spec.clone(), ctx.clone());
-                set.spawn(async move { (i, verify_one(&run, &spec, &ctx, &run.cancel).await) });
-            }
-            let mut slots: Vec<Option<VerifierFinished>> = vec![None; specs.len()];
-            while let Some(joined) = set.join_next().await {
-                if let Ok((i, outcome)) = joined {
-                    slots[i] = Some(outcome);
-                }
-            }
-            for (i, slot) in slots.into_iter().enumerate() {
-                outcomes.push(slot.unwrap_or_else(|| {
-                    verifier::unavailable(&specs[i], "the verifier task crashed")
-                }));
-            }
+            let futures: Vec<_> =
+                specs.iter().map(|spec| verify_one(run, spec, ctx, &run.cancel)).collect();
+            outcomes = join_limited(futures, specs.len()).await;
         }
     }
     for outcome in &outcomes {

@@ -52,7 +52,7 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         &'a self,
         run_id: &'a str,
         expected_seq: u64,
-        events: &'a [Event],
+        events: Vec<Event>,
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
@@ -107,7 +107,7 @@ impl EventStore for MemoryStore {
         &'a self,
         run_id: &'a str,
         expected_seq: u64,
-        events: &'a [Event],
+        events: Vec<Event>,
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
@@ -131,12 +131,12 @@ impl EventStore for MemoryStore {
                         )));
                     }
                 }
-                log.extend_from_slice(events);
-                record.last_seq = log.len() as u64;
-                record.status = status.to_owned();
                 if let Some(last) = events.last() {
                     record.updated_at = last.at;
                 }
+                log.extend(events);
+                record.last_seq = log.len() as u64;
+                record.status = status.to_owned();
                 Ok(())
             })
         })
@@ -231,8 +231,8 @@ pub mod conformance {
             matches!(store.create_run(&record(id)).await, Err(Error::Exists(_))),
             "a second create must fail"
         );
-        store.append(id, 1, &events(1, 3), "running").await.expect("append 1..=3");
-        store.append(id, 4, &events(4, 2), "paused").await.expect("append 4..=5");
+        store.append(id, 1, events(1, 3), "running").await.expect("append 1..=3");
+        store.append(id, 4, events(4, 2), "paused").await.expect("append 4..=5");
         let all = store.load(id, 0).await.expect("load");
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
         assert_eq!(all, [events(1, 3), events(4, 2)].concat(), "events come back as written");
@@ -244,13 +244,13 @@ pub mod conformance {
 
     async fn expected_seq_is_enforced(store: &dyn EventStore, id: &str) {
         store.create_run(&record(id)).await.expect("create run");
-        store.append(id, 1, &events(1, 2), "running").await.expect("append");
-        let stale = store.append(id, 2, &events(2, 1), "running").await;
+        store.append(id, 1, events(1, 2), "running").await.expect("append");
+        let stale = store.append(id, 2, events(2, 1), "running").await;
         assert!(
             matches!(stale, Err(Error::Conflict { expected: 2, actual: 3, .. })),
             "stale append: {stale:?}"
         );
-        let ahead = store.append(id, 5, &events(5, 1), "running").await;
+        let ahead = store.append(id, 5, events(5, 1), "running").await;
         assert!(matches!(ahead, Err(Error::Conflict { .. })), "append past the end: {ahead:?}");
         assert_eq!(store.load(id, 0).await.expect("load").len(), 2);
     }
@@ -260,7 +260,7 @@ pub mod conformance {
         let mut bad = events(1, 3);
         bad[2].seq = 9;
         assert!(
-            store.append(id, 1, &bad, "running").await.is_err(),
+            store.append(id, 1, bad, "running").await.is_err(),
             "a misnumbered batch must fail"
         );
         assert!(
@@ -271,7 +271,7 @@ pub mod conformance {
 
     async fn unknown_runs_are_reported(store: &dyn EventStore, id: &str) {
         assert!(matches!(
-            store.append(id, 1, &events(1, 1), "running").await,
+            store.append(id, 1, events(1, 1), "running").await,
             Err(Error::NotFound(_))
         ));
         assert!(store.run(id).await.expect("run").is_none());

@@ -10,7 +10,8 @@
 //! process aborts right after the commit that makes any event numbered N or more durable.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
@@ -40,6 +41,7 @@ enum Request {
 pub struct SqliteStore {
     requests: mpsc::Sender<Request>,
     path: PathBuf,
+    commits: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Request {
@@ -67,11 +69,19 @@ impl SqliteStore {
             .ok()
             .and_then(|v| v.parse::<u64>().ok());
         let (tx, rx) = mpsc::channel();
+        let commits = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&commits);
         std::thread::Builder::new()
             .name("baton-sqlite".to_owned())
-            .spawn(move || serve(conn, &rx, failpoint))
+            .spawn(move || serve(conn, &rx, failpoint, &counter))
             .map_err(backend)?;
-        Ok(SqliteStore { requests: tx, path })
+        Ok(SqliteStore { requests: tx, path, commits })
+    }
+
+    /// Transactions committed since the store was opened (each is one WAL sync under
+    /// `synchronous = FULL`).
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
     }
 
     /// The database file.
@@ -107,7 +117,12 @@ fn prepare(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Option<u64>) {
+fn serve(
+    mut conn: Connection,
+    rx: &mpsc::Receiver<Request>,
+    failpoint: Option<u64>,
+    commits: &AtomicU64,
+) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < GROUP_MAX {
@@ -121,6 +136,7 @@ fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Option<u
             .partition(|r| matches!(r, Request::Create(..) | Request::Append { .. }));
         if !writes.is_empty() {
             write_group(&mut conn, writes, failpoint);
+            commits.fetch_add(1, Ordering::Relaxed);
         }
         for r in reads {
             read(&conn, r);
@@ -365,13 +381,13 @@ impl EventStore for SqliteStore {
         &'a self,
         run_id: &'a str,
         expected_seq: u64,
-        events: &'a [Event],
+        events: Vec<Event>,
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.ask(move |reply| Request::Append {
             run_id: run_id.to_owned(),
             expected: expected_seq,
-            events: events.to_vec(),
+            events,
             status: status.to_owned(),
             reply,
         }))

@@ -29,12 +29,13 @@ impl EventStore for Recording {
         &'a self,
         run_id: &'a str,
         expected: u64,
-        events: &'a [Event],
+        events: Vec<Event>,
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), store::Error>> {
         Box::pin(async move {
+            let count = events.len() as u64;
             self.inner.append(run_id, expected, events, status).await?;
-            self.boundaries.lock().unwrap().push(expected + events.len() as u64 - 1);
+            self.boundaries.lock().unwrap().push(expected + count - 1);
             Ok(())
         })
     }
@@ -147,7 +148,7 @@ async fn resuming_after_any_append_gives_the_same_log() {
         let store = Arc::new(MemoryStore::new());
         store.create_run(&e.store.run(&run).await.unwrap().unwrap()).await.unwrap();
         let prefix: Vec<Event> = full[..usize::try_from(n).unwrap()].to_vec();
-        store.append(&run, 1, &prefix, "running").await.unwrap();
+        store.append(&run, 1, prefix, "running").await.unwrap();
         let fresh = engine_on(store, script(SCRIPT));
         to_the_end(&fresh, &run, &s).await;
         let resumed = fresh.store.load(&run, 0).await.unwrap();

@@ -39,16 +39,16 @@ pub fn engine(model: impl ModelProvider + 'static) -> Engine {
 
 /// An engine over a given store.
 pub fn engine_on(store: Arc<dyn EventStore>, model: impl ModelProvider + 'static) -> Engine {
-    Engine {
+    Engine::new(
         store,
-        runtime: Arc::new(Runtime {
+        Arc::new(Runtime {
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),
-            catalog: serde_json::Value::Array(Vec::new()),
+            catalog: Arc::new(serde_json::Value::Array(Vec::new())),
         }),
-        clock: Arc::new(SystemClock),
-    }
+        Arc::new(SystemClock),
+    )
 }
 
 /// A scripted model from YAML text.

@@ -1,0 +1,369 @@
+//! `baton bench`: the kernel's speed and cost on fixed workloads.
+//!
+//! The model is scripted with zero latency and answers every call with the same
+//! 235-character text starting with `PASS:`, so what is measured is the engine and its
+//! store. Workloads: `linear5` (5 prompt levels in a chain), `gate_loop` (brief → execute
+//! → verify → accept, looping back until accept has run 3 times: 10 level executions),
+//! `fanout8` (plan → a fan-out of 8 prompt children with majority_pass: 10), `approval`
+//! (draft → human approval → finalize, decided and resumed by a fresh engine over the same
+//! store, as a restart would), and `reopen` (a run of 10 000 events reopened from the
+//! store and planned).
+
+#![allow(clippy::print_stdout, clippy::print_stderr, clippy::cast_precision_loss)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use baton_engine::clock::SystemClock;
+use baton_engine::event::{EventData, NewEvent, Warning};
+use baton_engine::model::ScriptedModel;
+use baton_engine::runner::Runtime;
+use baton_engine::store::{EventStore, MemoryStore};
+use baton_engine::verifier::Verifiers;
+use baton_engine::{Engine, Outcome, Status};
+use baton_scenario::{Registry, Scenario};
+use baton_store::SqliteStore;
+use serde_json::{Map, json};
+
+/// The model's fixed answer: 235 characters, starting with `PASS:`.
+fn answer() -> String {
+    let mut text = String::from(
+        "PASS: the work matches the brief, every acceptance criterion holds and nothing else changed. ",
+    );
+    while text.len() < 235 {
+        text.push_str("All good. ");
+    }
+    text.truncate(235);
+    text
+}
+
+const LINEAR5: &str = "
+id: linear5
+version: 1
+levels:
+  - {id: l1, kind: prompt, prompt: {inline: 'One {{ input }}'}}
+  - {id: l2, kind: prompt, prompt: {inline: 'Two {{ level.l1.output }}'}}
+  - {id: l3, kind: prompt, prompt: {inline: 'Three'}}
+  - {id: l4, kind: prompt, prompt: {inline: 'Four'}}
+  - {id: l5, kind: prompt, prompt: {inline: 'Five'}, terminal: true}
+edges:
+  - {from: l1, to: l2}
+  - {from: l2, to: l3}
+  - {from: l3, to: l4}
+  - {from: l4, to: l5}
+";
+
+const GATE_LOOP: &str = "
+id: gate_loop
+version: 1
+levels:
+  - {id: brief, kind: prompt, prompt: {inline: 'Brief {{ input }}'}}
+  - {id: execute, kind: prompt, prompt: {inline: 'Execute'}}
+  - {id: verify, kind: prompt, prompt: {inline: 'Verify'}, response: verdict}
+  - {id: accept, kind: prompt, prompt: {inline: 'Accept'}, response: verdict, terminal: true}
+edges:
+  - {from: brief, to: execute}
+  - {from: execute, to: verify}
+  - {from: verify, to: accept}
+  - {from: accept, to: execute, when: 'level.accept.attempts < 3'}
+  - {from: accept, to: __end__}
+";
+
+const FANOUT8: &str = "
+id: fanout8
+version: 1
+levels:
+  - {id: plan, kind: prompt, prompt: {inline: 'Plan {{ input }}'}}
+  - id: review
+    kind: fan_out
+    fan_out: [c1, c2, c3, c4, c5, c6, c7, c8]
+    fan_in: {aggregator: majority_pass}
+  - {id: c1, kind: prompt, prompt: {inline: C1}, response: verdict}
+  - {id: c2, kind: prompt, prompt: {inline: C2}, response: verdict}
+  - {id: c3, kind: prompt, prompt: {inline: C3}, response: verdict}
+  - {id: c4, kind: prompt, prompt: {inline: C4}, response: verdict}
+  - {id: c5, kind: prompt, prompt: {inline: C5}, response: verdict}
+  - {id: c6, kind: prompt, prompt: {inline: C6}, response: verdict}
+  - {id: c7, kind: prompt, prompt: {inline: C7}, response: verdict}
+  - {id: c8, kind: prompt, prompt: {inline: C8}, response: verdict}
+edges:
+  - {from: plan, to: review}
+";
+
+const APPROVAL: &str = "
+id: approval
+version: 1
+levels:
+  - {id: draft, kind: prompt, prompt: {inline: 'Draft {{ input }}'}}
+  - {id: approve, kind: human_approval}
+  - {id: finalize, kind: prompt, prompt: {inline: 'Final'}, terminal: true}
+edges:
+  - {from: draft, to: approve}
+  - {from: approve, to: finalize}
+";
+
+/// Options of `baton bench`.
+#[derive(Debug)]
+pub(crate) struct BenchArgs {
+    pub workload: String,
+    pub store: String,
+    pub runs: usize,
+    pub concurrency: usize,
+    pub json: bool,
+    pub db: Option<PathBuf>,
+}
+
+fn scenario(yaml: &str, dir: &Path) -> anyhow::Result<Arc<Scenario>> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("workload.yaml"), yaml)?;
+    let loaded =
+        Registry::load(&[dir]).map_err(|e| anyhow::anyhow!("{}", e.diagnostics.render()))?;
+    loaded.registry.scenarios().next().cloned().context("the workload scenario did not load")
+}
+
+fn engine(store: Arc<dyn EventStore>) -> Engine {
+    Engine::new(
+        store,
+        Arc::new(Runtime {
+            model: Arc::new(ScriptedModel::constant(answer())),
+            verifiers: Verifiers::builtin(),
+            workspace: PathBuf::from("."),
+            catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+        }),
+        Arc::new(SystemClock),
+    )
+}
+
+/// CPU time of this process so far (user + system), from /proc.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+async fn one_run(
+    e: &Engine,
+    scenario: Arc<Scenario>,
+    approval: bool,
+    levels: u32,
+) -> anyhow::Result<(Duration, u32)> {
+    let started = Instant::now();
+    let store = Arc::clone(&e.store);
+    let run = e.start(&scenario, "bench", Map::new()).await?;
+    let mut outcome = e.drive(&run, &scenario).await?;
+    if approval {
+        if outcome != Outcome::Paused {
+            bail!("the approval workload did not pause");
+        }
+        // A fresh engine over the same store decides and resumes, as a restart would.
+        let fresh = engine(store);
+        fresh.approve(&run, true, None, Some("bench".to_owned())).await?;
+        outcome = fresh.drive(&run, &scenario).await?;
+    }
+    if outcome != Outcome::Finished(Status::Completed) {
+        bail!("a bench run ended {outcome:?}");
+    }
+    Ok((started.elapsed(), levels))
+}
+
+pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let yaml = match args.workload.as_str() {
+        "linear5" => LINEAR5,
+        "gate_loop" => GATE_LOOP,
+        "fanout8" => FANOUT8,
+        "approval" | "reopen" => APPROVAL,
+        other => {
+            bail!("unknown workload `{other}`: use linear5, gate_loop, fanout8, approval or reopen")
+        }
+    };
+    let tmp = std::env::temp_dir().join(format!("baton-bench-{}", uuid_like()));
+    let scenario = scenario(yaml, &tmp.join("scenarios"))?;
+    let (store, sqlite): (Arc<dyn EventStore>, Option<SqliteStore>) = match args.store.as_str() {
+        "memory" => (Arc::new(MemoryStore::new()), None),
+        "sqlite" => {
+            let path = args.db.clone().unwrap_or_else(|| tmp.join("bench.db"));
+            let s = SqliteStore::open(&path)?;
+            (Arc::new(s.clone()), Some(s))
+        }
+        other => bail!("unknown store `{other}`: use memory or sqlite"),
+    };
+    if args.workload == "reopen" {
+        return reopen(store, &scenario, args.json).await;
+    }
+    let approval = args.workload == "approval";
+    // Level executions per run of each workload.
+    let levels_per_run = match args.workload.as_str() {
+        "linear5" => 5,
+        "approval" => 3,
+        _ => 10,
+    };
+    // Check the count once, from the log of a first run.
+    {
+        let e = engine(Arc::new(MemoryStore::new()));
+        one_run(&e, Arc::clone(&scenario), approval, 0).await?;
+        let run = e.store.runs(None).await?.pop().context("the check run is missing")?;
+        let counted = e.state(&run.run_id).await?.totals.levels_run;
+        if counted != levels_per_run {
+            bail!("workload {} ran {counted} levels, expected {levels_per_run}", args.workload);
+        }
+    }
+    let cpu0 = cpu_time();
+    let commits0 = sqlite.as_ref().map_or(0, SqliteStore::commits);
+    let wall = Instant::now();
+    let concurrency = args.concurrency.max(1);
+    let per_worker = args.runs.div_ceil(concurrency);
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..concurrency {
+        let n = per_worker.min(args.runs.saturating_sub(w * per_worker));
+        let (e, scenario) = (engine(Arc::clone(&store)), Arc::clone(&scenario));
+        tasks.spawn(async move {
+            let mut results = Vec::with_capacity(n);
+            for _ in 0..n {
+                results.push(one_run(&e, Arc::clone(&scenario), approval, levels_per_run).await?);
+            }
+            anyhow::Ok(results)
+        });
+    }
+    let mut latencies = Vec::with_capacity(args.runs);
+    let mut levels = 0u64;
+    while let Some(joined) = tasks.join_next().await {
+        for (latency, l) in joined.context("a bench task panicked")?? {
+            latencies.push(latency);
+            levels += u64::from(l);
+        }
+    }
+    let wall = wall.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu0);
+    latencies.sort_unstable();
+    let runs = latencies.len();
+    let store_bytes = match &sqlite {
+        Some(s) => {
+            let p = s.path();
+            let size = |suffix: &str| {
+                std::fs::metadata(format!("{}{suffix}", p.display())).map_or(0, |m| m.len())
+            };
+            size("") + size("-wal")
+        }
+        None => {
+            let mut bytes = 0u64;
+            for r in store.runs(None).await? {
+                for e in store.load(&r.run_id, 0).await? {
+                    bytes += serde_json::to_vec(&e).map_or(0, |v| v.len() as u64);
+                }
+            }
+            bytes
+        }
+    };
+    let commits = sqlite.as_ref().map_or(0, SqliteStore::commits) - commits0;
+    let report = json!({
+        "workload": args.workload,
+        "store": args.store,
+        "runs": runs,
+        "concurrency": concurrency,
+        "levels": levels,
+        "wall_s": wall.as_secs_f64(),
+        "runs_per_s": runs as f64 / wall.as_secs_f64(),
+        "levels_per_s": levels as f64 / wall.as_secs_f64(),
+        "run_latency_p50_ms": percentile(&latencies, 50.0).as_secs_f64() * 1e3,
+        "run_latency_p99_ms": percentile(&latencies, 99.0).as_secs_f64() * 1e3,
+        "wall_us_per_level": wall.as_secs_f64() * 1e6 / levels.max(1) as f64,
+        "cpu_us_per_level": cpu.as_secs_f64() * 1e6 / levels.max(1) as f64,
+        "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
+        "store_bytes_per_run": store_bytes as f64 / runs.max(1) as f64,
+        "commits_per_level": (sqlite.is_some()).then(|| commits as f64 / levels.max(1) as f64),
+        "fsyncs_per_level": (sqlite.is_some()).then(|| commits as f64 / levels.max(1) as f64),
+    });
+    print_report(&report, args.json)?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A run of 10 000 events, reopened from the store and planned.
+async fn reopen(
+    store: Arc<dyn EventStore>,
+    scenario: &Arc<Scenario>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let e = engine(Arc::clone(&store));
+    let run = e.start(scenario, "bench", Map::new()).await?;
+    // Fill the log: 9 999 more events, appended in batches as a long run would.
+    let mut seq = 2u64;
+    while seq <= 10_000 {
+        let batch: Vec<_> = (seq..(seq + 100).min(10_001))
+            .map(|s| {
+                NewEvent::run(EventData::Warning(Warning { message: format!("filler event {s}") }))
+                    .at(s, chrono::Utc::now())
+            })
+            .collect();
+        let count = batch.len() as u64;
+        store.append(&run, seq, batch, "running").await?;
+        seq += count;
+    }
+    let mut times = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let fresh = engine(Arc::clone(&store));
+        let state = fresh.state(&run).await?;
+        let step = baton_engine::plan::plan(scenario, &state);
+        std::hint::black_box(step);
+        times.push(t.elapsed());
+    }
+    times.sort_unstable();
+    let report = json!({
+        "workload": "reopen",
+        "events": 10_000,
+        "reopen_and_plan_p50_ms": percentile(&times, 50.0).as_secs_f64() * 1e3,
+        "reopen_and_plan_max_ms": times.last().map_or(0.0, |t| t.as_secs_f64() * 1e3),
+        "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
+    });
+    print_report(&report, json_out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_report(report: &serde_json::Value, json_out: bool) -> anyhow::Result<()> {
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    if let Some(map) = report.as_object() {
+        for (k, v) in map {
+            match v.as_f64() {
+                Some(f) if v.is_f64() => println!("{k:>22}: {f:.3}"),
+                _ => println!("{k:>22}: {v}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id())
+    )
+}

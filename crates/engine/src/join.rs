@@ -1,0 +1,48 @@
+//! Running futures concurrently inside one task, at most `limit` at a time.
+//!
+//! Fan-out children and parallel verifiers wait mostly on the outside world; polling them
+//! together in the step's own task avoids spawning a task per child and keeps their
+//! results in declared order.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+/// Runs every future, at most `limit` at once, and returns their outputs in input order.
+pub async fn join_limited<F: Future>(futures: Vec<F>, limit: usize) -> Vec<F::Output> {
+    let total = futures.len();
+    let mut waiting = futures.into_iter().enumerate();
+    let mut active: Vec<(usize, Pin<Box<F>>)> = Vec::with_capacity(limit.min(total));
+    let mut outputs: Vec<Option<F::Output>> = (0..total).map(|_| None).collect();
+    let mut done = 0;
+    std::future::poll_fn(move |cx| {
+        loop {
+            while active.len() < limit.max(1) {
+                match waiting.next() {
+                    Some((i, f)) => active.push((i, Box::pin(f))),
+                    None => break,
+                }
+            }
+            let mut progressed = false;
+            let mut k = 0;
+            while k < active.len() {
+                if let Poll::Ready(out) = active[k].1.as_mut().poll(cx) {
+                    let (i, _) = active.swap_remove(k);
+                    outputs[i] = Some(out);
+                    done += 1;
+                    progressed = true;
+                } else {
+                    k += 1;
+                }
+            }
+            if done == total {
+                return Poll::Ready(std::mem::take(&mut outputs).into_iter().flatten().collect());
+            }
+            // A finished future freed a slot: start the next ones before waiting.
+            if !progressed || waiting.len() == 0 {
+                return Poll::Pending;
+            }
+        }
+    })
+    .await
+}
