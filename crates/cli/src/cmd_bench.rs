@@ -173,8 +173,8 @@ async fn one_run(
 ) -> anyhow::Result<(Duration, u32)> {
     let started = Instant::now();
     let store = Arc::clone(&e.store);
-    let run = e.start(&scenario, "bench", Map::new()).await?;
-    let mut outcome = e.drive(&run, &scenario).await?;
+    let run = Engine::new_run_id();
+    let mut outcome = e.run(&run, &scenario, "bench", Map::new(), None).await?;
     if approval {
         if outcome != Outcome::Paused {
             bail!("the approval workload did not pause");
@@ -233,6 +233,7 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let cpu0 = cpu_time();
     let commits0 = sqlite.as_ref().map_or(0, SqliteStore::commits);
+    let syncs0 = sqlite.as_ref().map_or(0, SqliteStore::syncs);
     let wall = Instant::now();
     let concurrency = args.concurrency.max(1);
     let per_worker = args.runs.div_ceil(concurrency);
@@ -279,6 +280,7 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let commits = sqlite.as_ref().map_or(0, SqliteStore::commits) - commits0;
+    let syncs = sqlite.as_ref().map_or(0, SqliteStore::syncs) - syncs0;
     let report = json!({
         "workload": args.workload,
         "store": args.store,
@@ -295,7 +297,7 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
         "store_bytes_per_run": store_bytes as f64 / runs.max(1) as f64,
         "commits_per_level": (sqlite.is_some()).then(|| commits as f64 / levels.max(1) as f64),
-        "fsyncs_per_level": (sqlite.is_some()).then(|| commits as f64 / levels.max(1) as f64),
+        "fsyncs_per_level": (sqlite.is_some()).then(|| syncs as f64 / levels.max(1) as f64),
     });
     print_report(&report, args.json)?;
     let _ = std::fs::remove_dir_all(&tmp);

@@ -107,11 +107,12 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     for (k, v) in args.meta {
         metadata.insert(k, Value::String(v));
     }
-    let run_id = engine.start_with(&scenario, &args.input, metadata, source).await?;
+    let run_id = Engine::new_run_id();
     if !args.json {
         println!("run {run_id}");
     }
-    drive(&engine, &run_id, &scenario, args.json, 0).await
+    let first = Start { input: args.input, metadata, source };
+    drive(&engine, &run_id, &scenario, args.json, 0, Some(first)).await
 }
 
 pub(crate) async fn resume(
@@ -132,7 +133,7 @@ pub(crate) async fn resume(
     let engine = engine(store, model, &registry);
     // Show the decision or answer that led here, then what follows.
     let from = state.last_seq.saturating_sub(1);
-    drive(&engine, run_id, &scenario, json, from).await
+    drive(&engine, run_id, &scenario, json, from, None).await
 }
 
 async fn drive(
@@ -141,20 +142,25 @@ async fn drive(
     scenario: &Arc<Scenario>,
     json: bool,
     from: u64,
+    start: Option<Start>,
 ) -> anyhow::Result<ExitCode> {
     // Print events as they land, from another task reading the store.
     let printer = (!json).then(|| {
         let (store, run_id) = (Arc::clone(&engine.store), run_id.to_owned());
         tokio::spawn(async move { follow(store.as_ref(), &run_id, from, false).await })
     });
-    let outcome = engine.drive(run_id, scenario).await;
+    let outcome = match start {
+        Some(s) => engine.run(run_id, scenario, &s.input, s.metadata, s.source).await,
+        None => engine.drive(run_id, scenario).await,
+    };
     if let Some(printer) = printer {
         tokio::time::sleep(Duration::from_millis(60)).await;
         printer.abort();
         let _ = printer.await;
         // Print whatever the follower had not reached yet.
         let seen = LAST_PRINTED.load(std::sync::atomic::Ordering::SeqCst).max(from);
-        for e in engine.store.load(run_id, seen).await? {
+        // A run that failed before it was written has nothing to print.
+        for e in engine.store.load(run_id, seen).await.unwrap_or_default() {
             if let Some(line) = timeline::line(&e) {
                 println!("{line}");
             }
@@ -187,6 +193,13 @@ async fn drive(
     Ok(exit_code(&outcome))
 }
 
+/// What a new run starts with.
+struct Start {
+    input: String,
+    metadata: Map<String, Value>,
+    source: Option<String>,
+}
+
 static LAST_PRINTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Prints events after `after` as they arrive; with `until_end`, stops at the end of the run.
@@ -197,7 +210,12 @@ async fn follow(
     as_json: bool,
 ) -> anyhow::Result<()> {
     loop {
-        let events = store.load(run_id, after).await?;
+        let events = match store.load(run_id, after).await {
+            Ok(events) => events,
+            // A new run is written with its first level's results: wait for it.
+            Err(baton_engine::store::Error::NotFound(_)) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
         for e in &events {
             if as_json {
                 println!("{}", timeline::json_line(e));

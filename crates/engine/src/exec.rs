@@ -111,19 +111,64 @@ impl Engine {
         metadata: Map<String, Value>,
         model_source: Option<String>,
     ) -> Result<String, Error> {
+        let (record, started) = self.new_run(scenario, input, metadata, model_source)?;
+        self.store.create_run(&record, vec![started]).await?;
+        Ok(record.run_id)
+    }
+
+    /// Starts a run and drives it to its end or a pause. The run is created in the same
+    /// transaction as its first level's results (or as soon as a step takes longer than
+    /// [`FLUSH_AFTER`]), so a quick run costs one transaction per level.
+    ///
+    /// `run_id` comes from [`Engine::new_run_id`], so a caller can show it before the run
+    /// exists in the store.
+    pub async fn run(
+        &self,
+        run_id: &str,
+        scenario: &Arc<Scenario>,
+        input: &str,
+        metadata: Map<String, Value>,
+        model_source: Option<String>,
+    ) -> Result<Outcome, Error> {
+        let (mut record, started) = self.new_run(scenario, input, metadata, model_source)?;
+        record.run_id = run_id.to_owned();
+        let mut state = RunState::default();
+        state.apply(&started);
+        let mut w = Writer {
+            engine: self,
+            run_id,
+            stored_seq: 0,
+            state: Arc::new(state),
+            pending: vec![started],
+            create: Some(record),
+            has_results: false,
+        };
+        self.drive_writer(&mut w, scenario).await
+    }
+
+    /// A fresh run id (UUID v7: sortable by creation time).
+    pub fn new_run_id() -> String {
+        uuid::Uuid::now_v7().to_string()
+    }
+
+    fn new_run(
+        &self,
+        scenario: &Scenario,
+        input: &str,
+        metadata: Map<String, Value>,
+        model_source: Option<String>,
+    ) -> Result<(RunRecord, Event), Error> {
         check_runnable(scenario)?;
-        let run_id = uuid::Uuid::now_v7().to_string();
+        let run_id = Self::new_run_id();
         let now = self.clock.now();
-        self.store
-            .create_run(&RunRecord {
-                run_id: run_id.clone(),
-                scenario_id: scenario.id.clone(),
-                status: Status::Running.as_str().to_owned(),
-                created_at: now,
-                updated_at: now,
-                last_seq: 0,
-            })
-            .await?;
+        let record = RunRecord {
+            run_id,
+            scenario_id: scenario.id.clone(),
+            status: Status::Running.as_str().to_owned(),
+            created_at: now,
+            updated_at: now,
+            last_seq: 0,
+        };
         let started = NewEvent::run(EventData::ScenarioStarted(ScenarioStarted {
             scenario_id: scenario.id.clone(),
             scenario_version: scenario.version,
@@ -138,8 +183,7 @@ impl Engine {
             max_attempts_per_conflict: scenario.max_attempts_per_conflict,
             model_source,
         }));
-        self.store.append(&run_id, 1, vec![started.at(1, now)], Status::Running.as_str()).await?;
-        Ok(run_id)
+        Ok((record, started.at(1, now)))
     }
 
     /// The run's state, folded from its log.
@@ -152,10 +196,11 @@ impl Engine {
 
     /// Runs until the run ends or pauses.
     ///
-    /// Events the planner derives without effects (gate decisions, level starts) are
-    /// staged and committed together with the next runner batch, so a quick level costs
-    /// one transaction. A step that runs longer than [`FLUSH_AFTER`] commits what is
-    /// staged first, so watchers see the level start. Either way the log is the same.
+    /// A level's results are staged with the events the planner derives after them (its
+    /// gate decision, the next level's start, the end of the run) and committed in one
+    /// transaction before the next level runs: a quick level costs one transaction. A
+    /// step that runs longer than [`FLUSH_AFTER`] commits what is staged first, so
+    /// watchers see it start. Either way the log is the same.
     pub async fn drive(&self, run_id: &str, scenario: &Arc<Scenario>) -> Result<Outcome, Error> {
         let state = self.state(run_id).await?;
         if state.scenario_id != scenario.id {
@@ -173,16 +218,27 @@ impl Engine {
                 loaded: scenario.checksum.clone(),
             });
         }
-        check_runnable(scenario)?;
-        let renderer = Self::renderer(scenario)?;
-        let run_id_arc: Arc<str> = Arc::from(run_id);
         let mut w = Writer {
             engine: self,
             run_id,
             stored_seq: state.last_seq,
             state: Arc::new(state),
             pending: Vec::new(),
+            create: None,
+            has_results: false,
         };
+        self.drive_writer(&mut w, scenario).await
+    }
+
+    async fn drive_writer(
+        &self,
+        w: &mut Writer<'_>,
+        scenario: &Arc<Scenario>,
+    ) -> Result<Outcome, Error> {
+        check_runnable(scenario)?;
+        let renderer = Self::renderer(scenario)?;
+        let run_id = w.run_id;
+        let run_id_arc: Arc<str> = Arc::from(run_id);
         loop {
             match plan(scenario, &w.state) {
                 Step::Done => {
@@ -201,6 +257,11 @@ impl Engine {
                 }
                 Step::Append(events) => w.stage(events),
                 Step::Run { level, attempt } => {
+                    // The previous level's results, and the start of this one, become
+                    // durable before this level does anything.
+                    if w.has_results {
+                        w.flush().await?;
+                    }
                     let cancel = CancelToken::new();
                     let run = LevelRun {
                         scenario: Arc::clone(scenario),
@@ -228,7 +289,7 @@ impl Engine {
                         total_duration_ms: elapsed,
                     };
                     w.stage(vec![NewEvent::run(EventData::BudgetConsumed(consumed))]);
-                    w.flush().await?;
+                    w.has_results = true;
                 }
             }
         }
@@ -363,6 +424,10 @@ struct Writer<'a> {
     /// The last `seq` known to be in the store.
     stored_seq: u64,
     pending: Vec<Event>,
+    /// The run's record, while the run is not yet in the store.
+    create: Option<RunRecord>,
+    /// Whether `pending` holds a runner's results.
+    has_results: bool,
 }
 
 impl Writer<'_> {
@@ -379,19 +444,31 @@ impl Writer<'_> {
 
     /// Commits the staged events in one transaction.
     async fn flush(&mut self) -> Result<(), Error> {
+        self.has_results = false;
         if self.pending.is_empty() {
             return Ok(());
         }
         let events = std::mem::take(&mut self.pending);
+        if let Some(mut record) = self.create.take() {
+            record.status = self.status().as_str().to_owned();
+            let count = events.len() as u64;
+            self.engine.store.create_run(&record, events).await?;
+            self.stored_seq = count;
+            return Ok(());
+        }
         self.write(events).await
     }
 
-    async fn write(&mut self, events: Vec<Event>) -> Result<(), Error> {
-        let status = if self.state.awaiting_person() && !self.state.status.is_final() {
+    fn status(&self) -> Status {
+        if self.state.awaiting_person() && !self.state.status.is_final() {
             Status::Paused
         } else {
             self.state.status
-        };
+        }
+    }
+
+    async fn write(&mut self, events: Vec<Event>) -> Result<(), Error> {
+        let status = self.status();
         let first = self.stored_seq + 1;
         let count = events.len() as u64;
         match self.engine.store.append(self.run_id, first, events, status.as_str()).await {
@@ -449,7 +526,7 @@ impl Writer<'_> {
                         cancel.cancel();
                     }
                 }
-                _ = poll.tick() => {
+                _ = poll.tick(), if self.create.is_none() => {
                     let newer = self.engine.store.load(self.run_id, self.stored_seq).await?;
                     if newer.iter().any(|e| matches!(e.data, EventData::CancelRequested(_))) {
                         cancel.cancel();

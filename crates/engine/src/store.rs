@@ -43,8 +43,12 @@ pub enum Error {
 
 /// Where runs and their events live.
 pub trait EventStore: Send + Sync + std::fmt::Debug {
-    /// Records a new run with no events.
-    fn create_run<'a>(&'a self, run: &'a RunRecord) -> BoxFuture<'a, Result<(), Error>>;
+    /// Records a new run and its first events (numbered from 1), in one transaction.
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Appends events numbered from `expected_seq` (the run's next number) in one
     /// transaction, and sets the run's listed status.
@@ -91,13 +95,27 @@ impl MemoryStore {
 }
 
 impl EventStore for MemoryStore {
-    fn create_run<'a>(&'a self, run: &'a RunRecord) -> BoxFuture<'a, Result<(), Error>> {
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             self.with(|runs| {
                 if runs.contains_key(&run.run_id) {
                     return Err(Error::Exists(run.run_id.clone()));
                 }
-                runs.insert(run.run_id.clone(), (run.clone(), Vec::new()));
+                if let Some((i, e)) =
+                    events.iter().enumerate().find(|(i, e)| e.seq != *i as u64 + 1)
+                {
+                    return Err(Error::Backend(format!("event {} is numbered {}", i + 1, e.seq)));
+                }
+                let mut record = run.clone();
+                record.last_seq = events.len() as u64;
+                if let Some(last) = events.last() {
+                    record.updated_at = last.at;
+                }
+                runs.insert(run.run_id.clone(), (record, events));
                 Ok(())
             })
         })
@@ -209,6 +227,7 @@ pub mod conformance {
         append_and_load(store, &format!("{prefix}-a")).await;
         expected_seq_is_enforced(store, &format!("{prefix}-b")).await;
         a_batch_is_all_or_nothing(store, &format!("{prefix}-c")).await;
+        a_run_is_created_with_its_first_events(store, &format!("{prefix}-d")).await;
         unknown_runs_are_reported(store, &format!("{prefix}-missing")).await;
         runs_are_listed_by_status(store, prefix).await;
     }
@@ -226,9 +245,9 @@ pub mod conformance {
     }
 
     async fn append_and_load(store: &dyn EventStore, id: &str) {
-        store.create_run(&record(id)).await.expect("create run");
+        store.create_run(&record(id), Vec::new()).await.expect("create run");
         assert!(
-            matches!(store.create_run(&record(id)).await, Err(Error::Exists(_))),
+            matches!(store.create_run(&record(id), Vec::new()).await, Err(Error::Exists(_))),
             "a second create must fail"
         );
         store.append(id, 1, events(1, 3), "running").await.expect("append 1..=3");
@@ -243,7 +262,7 @@ pub mod conformance {
     }
 
     async fn expected_seq_is_enforced(store: &dyn EventStore, id: &str) {
-        store.create_run(&record(id)).await.expect("create run");
+        store.create_run(&record(id), Vec::new()).await.expect("create run");
         store.append(id, 1, events(1, 2), "running").await.expect("append");
         let stale = store.append(id, 2, events(2, 1), "running").await;
         assert!(
@@ -256,7 +275,7 @@ pub mod conformance {
     }
 
     async fn a_batch_is_all_or_nothing(store: &dyn EventStore, id: &str) {
-        store.create_run(&record(id)).await.expect("create run");
+        store.create_run(&record(id), Vec::new()).await.expect("create run");
         let mut bad = events(1, 3);
         bad[2].seq = 9;
         assert!(
@@ -267,6 +286,19 @@ pub mod conformance {
             store.load(id, 0).await.expect("load").is_empty(),
             "nothing of a failed batch is kept"
         );
+    }
+
+    async fn a_run_is_created_with_its_first_events(store: &dyn EventStore, id: &str) {
+        store.create_run(&record(id), events(1, 2)).await.expect("create with events");
+        assert_eq!(store.load(id, 0).await.expect("load"), events(1, 2));
+        assert_eq!(store.run(id).await.expect("run").expect("exists").last_seq, 2);
+        store.append(id, 3, events(3, 1), "running").await.expect("append after");
+        let other = format!("{id}-bad");
+        assert!(
+            store.create_run(&record(&other), events(2, 1)).await.is_err(),
+            "first events start at 1"
+        );
+        assert!(store.run(&other).await.expect("run").is_none(), "a failed create leaves no run");
     }
 
     async fn unknown_runs_are_reported(store: &dyn EventStore, id: &str) {

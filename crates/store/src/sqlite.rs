@@ -26,10 +26,14 @@ const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
 /// Most requests taken into one group commit.
 const GROUP_MAX: usize = 256;
 
+/// Commits between two checkpoints of the WAL into the database file. Checkpoints are
+/// run here rather than by SQLite's page count so that the syncs they cost are counted.
+const COMMITS_PER_CHECKPOINT: u64 = 500;
+
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
 enum Request {
-    Create(RunRecord, Reply<()>),
+    Create(RunRecord, Vec<Event>, Reply<()>),
     Append { run_id: String, expected: u64, events: Vec<Event>, status: String, reply: Reply<()> },
     Load { run_id: String, after: u64, reply: Reply<Vec<Event>> },
     Run { run_id: String, reply: Reply<Option<RunRecord>> },
@@ -41,7 +45,14 @@ enum Request {
 pub struct SqliteStore {
     requests: mpsc::Sender<Request>,
     path: PathBuf,
-    commits: Arc<AtomicU64>,
+    stats: Arc<Stats>,
+}
+
+/// What the writer thread has done, for benchmarks.
+#[derive(Debug, Default)]
+struct Stats {
+    commits: AtomicU64,
+    checkpoints: AtomicU64,
 }
 
 impl std::fmt::Debug for Request {
@@ -69,19 +80,24 @@ impl SqliteStore {
             .ok()
             .and_then(|v| v.parse::<u64>().ok());
         let (tx, rx) = mpsc::channel();
-        let commits = Arc::new(AtomicU64::new(0));
-        let counter = Arc::clone(&commits);
+        let stats = Arc::new(Stats::default());
+        let counter = Arc::clone(&stats);
         std::thread::Builder::new()
             .name("baton-sqlite".to_owned())
             .spawn(move || serve(conn, &rx, failpoint, &counter))
             .map_err(backend)?;
-        Ok(SqliteStore { requests: tx, path, commits })
+        Ok(SqliteStore { requests: tx, path, stats })
     }
 
-    /// Transactions committed since the store was opened (each is one WAL sync under
-    /// `synchronous = FULL`).
+    /// Transactions committed since the store was opened.
     pub fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
+        self.stats.commits.load(Ordering::Relaxed)
+    }
+
+    /// File syncs since the store was opened: one per commit (the WAL, under
+    /// `synchronous = FULL`) and two per checkpoint (the WAL and the database file).
+    pub fn syncs(&self) -> u64 {
+        self.commits() + 2 * self.stats.checkpoints.load(Ordering::Relaxed)
     }
 
     /// The database file.
@@ -103,6 +119,7 @@ impl SqliteStore {
 fn prepare(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
@@ -121,7 +138,7 @@ fn serve(
     mut conn: Connection,
     rx: &mpsc::Receiver<Request>,
     failpoint: Option<u64>,
-    commits: &AtomicU64,
+    stats: &Stats,
 ) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
@@ -136,7 +153,14 @@ fn serve(
             .partition(|r| matches!(r, Request::Create(..) | Request::Append { .. }));
         if !writes.is_empty() {
             write_group(&mut conn, writes, failpoint);
-            commits.fetch_add(1, Ordering::Relaxed);
+            let commits = stats.commits.fetch_add(1, Ordering::Relaxed) + 1;
+            if commits.is_multiple_of(COMMITS_PER_CHECKPOINT) {
+                // A passive checkpoint never blocks readers; what it cannot copy now waits
+                // for the next one.
+                if conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).is_ok() {
+                    stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         for r in reads {
             read(&conn, r);
@@ -162,7 +186,13 @@ fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Option<u6
         let outcome = (|| -> Result<(), Error> {
             let sp = tx.savepoint().map_err(backend)?;
             let r = match &w {
-                Request::Create(run, _) => create(&sp, run),
+                Request::Create(run, events, _) => create(&sp, run).and_then(|()| {
+                    if events.is_empty() {
+                        Ok(())
+                    } else {
+                        append(&sp, &run.run_id, 1, events, &run.status)
+                    }
+                }),
                 Request::Append { run_id, expected, events, status, .. } => {
                     append(&sp, run_id, *expected, events, status)
                 }
@@ -174,7 +204,7 @@ fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Option<u6
             }
         })();
         if outcome.is_ok()
-            && let Request::Append { events, .. } = &w
+            && let Request::Append { events, .. } | Request::Create(_, events, _) = &w
         {
             highest = highest.max(events.last().map_or(0, |e| e.seq));
         }
@@ -196,7 +226,7 @@ fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Option<u6
 
 fn reply_write(w: Request, outcome: Result<(), Error>) {
     match w {
-        Request::Create(_, reply) | Request::Append { reply, .. } => {
+        Request::Create(_, _, reply) | Request::Append { reply, .. } => {
             let _ = reply.send(outcome);
         }
         _ => {}
@@ -373,8 +403,12 @@ fn runs(conn: &Connection, status: Option<&str>) -> Result<Vec<RunRecord>, Error
 }
 
 impl EventStore for SqliteStore {
-    fn create_run<'a>(&'a self, run: &'a RunRecord) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.ask(|reply| Request::Create(run.clone(), reply)))
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.ask(move |reply| Request::Create(run.clone(), events, reply)))
     }
 
     fn append<'a>(

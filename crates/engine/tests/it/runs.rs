@@ -422,3 +422,105 @@ async fn a_run_resumed_with_changed_scenario_files_is_refused() {
     let err = e.drive(&run, &changed).await.unwrap_err();
     assert!(err.to_string().contains("checksum"), "{err}");
 }
+
+#[tokio::test]
+async fn a_quick_run_costs_one_transaction_per_level() {
+    use baton_engine::Engine;
+    let s = scenario(LOOP);
+    let model = script("levels:\n  accept: [{text: 'PASS'}]\ndefault: {text: work}\n");
+    let store = std::sync::Arc::new(Counting::default());
+    let e = crate::engine_on(store.clone(), model);
+    let run = Engine::new_run_id();
+    assert_eq!(
+        e.run(&run, &s, "x", Map::new(), None).await.unwrap(),
+        Outcome::Finished(Status::Completed)
+    );
+    let levels = e.state(&run).await.unwrap().totals.levels_run;
+    assert_eq!(levels, 3);
+    assert_eq!(
+        store.writes(),
+        3,
+        "brief, execute, accept: one transaction each, the run's creation and end included"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_first_level_is_visible_before_it_ends() {
+    use baton_engine::Engine;
+    let s = scenario(LOOP);
+    let model = script(
+        "levels:\n  brief: [{text: slow, delay_ms: 300}]\n  accept: [{text: PASS}]\ndefault: {text: work}\n",
+    );
+    let e = engine(model);
+    let run = Engine::new_run_id();
+    let driver = {
+        let (e, s, run) = (e.clone(), std::sync::Arc::clone(&s), run.clone());
+        tokio::spawn(async move { e.run(&run, &s, "x", Map::new(), None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let seen = e.store.load(&run, 0).await.unwrap();
+    assert_eq!(kinds(&seen), vec!["scenario_started", "level_started:brief"]);
+    assert_eq!(driver.await.unwrap().unwrap(), Outcome::Finished(Status::Completed));
+}
+
+/// A memory store that counts write transactions.
+#[derive(Debug, Default)]
+struct Counting {
+    inner: baton_engine::store::MemoryStore,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+impl Counting {
+    fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl baton_engine::store::EventStore for Counting {
+    fn create_run<'a>(
+        &'a self,
+        run: &'a baton_engine::store::RunRecord,
+        events: Vec<baton_engine::event::Event>,
+    ) -> baton_engine::model::BoxFuture<'a, Result<(), baton_engine::store::Error>> {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.create_run(run, events)
+    }
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected: u64,
+        events: Vec<baton_engine::event::Event>,
+        status: &'a str,
+    ) -> baton_engine::model::BoxFuture<'a, Result<(), baton_engine::store::Error>> {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.append(run_id, expected, events, status)
+    }
+    fn load<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+    ) -> baton_engine::model::BoxFuture<
+        'a,
+        Result<Vec<baton_engine::event::Event>, baton_engine::store::Error>,
+    > {
+        self.inner.load(run_id, after)
+    }
+    fn run<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> baton_engine::model::BoxFuture<
+        'a,
+        Result<Option<baton_engine::store::RunRecord>, baton_engine::store::Error>,
+    > {
+        self.inner.run(run_id)
+    }
+    fn runs<'a>(
+        &'a self,
+        status: Option<&'a str>,
+    ) -> baton_engine::model::BoxFuture<
+        'a,
+        Result<Vec<baton_engine::store::RunRecord>, baton_engine::store::Error>,
+    > {
+        self.inner.runs(status)
+    }
+}
