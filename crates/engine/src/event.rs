@@ -105,8 +105,8 @@ impl EventData {
         }
     }
 
-    /// Decodes a stored payload of `kind` written with schema `version`.
-    pub fn decode(kind: &str, version: u16, payload: Value) -> Result<EventData, DecodeError> {
+    /// Decodes a stored payload, given as JSON text, of `kind` written with schema `version`.
+    pub fn decode_str(kind: &str, version: u16, payload: &str) -> Result<EventData, DecodeError> {
         if version != VERSION {
             return Err(DecodeError {
                 kind: kind.to_owned(),
@@ -115,12 +115,35 @@ impl EventData {
                 ),
             });
         }
-        let mut tagged = serde_json::Map::new();
-        tagged.insert("kind".to_owned(), Value::String(kind.to_owned()));
-        tagged.insert("data".to_owned(), payload);
-        let tagged = Value::Object(tagged);
-        serde_json::from_value(tagged)
-            .map_err(|e| DecodeError { kind: kind.to_owned(), message: e.to_string() })
+        let fail =
+            |e: serde_json::Error| DecodeError { kind: kind.to_owned(), message: e.to_string() };
+        macro_rules! decode {
+            ($($name:literal => $variant:ident),* $(,)?) => {
+                match kind {
+                    $($name => serde_json::from_str(payload).map(EventData::$variant).map_err(fail),)*
+                    other => Err(DecodeError { kind: other.to_owned(), message: "unknown event kind".to_owned() }),
+                }
+            };
+        }
+        decode! {
+            "scenario_started" => ScenarioStarted,
+            "level_started" => LevelStarted,
+            "prompt_sent" => PromptSent,
+            "model_response" => ModelResponse,
+            "verifier_started" => VerifierStarted,
+            "verifier_finished" => VerifierFinished,
+            "ask_user" => AskUser,
+            "user_answered" => UserAnswered,
+            "approval_requested" => ApprovalRequested,
+            "approval_decided" => ApprovalDecided,
+            "level_finished" => LevelFinished,
+            "gate_decision" => GateDecision,
+            "budget_consumed" => BudgetConsumed,
+            "budget_exceeded" => BudgetExceeded,
+            "cancel_requested" => CancelRequested,
+            "warning" => Warning,
+            "scenario_finished" => ScenarioFinished,
+        }
     }
 }
 

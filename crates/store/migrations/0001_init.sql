@@ -12,7 +12,7 @@ CREATE INDEX runs_by_status ON runs (status, created_at);
 CREATE TABLE events (
     run_id   TEXT NOT NULL,
     seq      INTEGER NOT NULL,
-    at       TEXT NOT NULL,
+    at_us    INTEGER NOT NULL, -- microseconds since the Unix epoch, UTC
     kind     TEXT NOT NULL,
     version  INTEGER NOT NULL,
     level_id TEXT,

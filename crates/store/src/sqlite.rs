@@ -277,7 +277,7 @@ fn append(
     }
     let mut insert = conn
         .prepare_cached(
-            "INSERT INTO events (run_id, seq, at, kind, version, level_id, attempt, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )
         .map_err(backend)?;
     for (i, e) in events.iter().enumerate() {
@@ -292,7 +292,7 @@ fn append(
             .execute(params![
                 run_id,
                 i64::try_from(e.seq).unwrap_or(i64::MAX),
-                time(e.at),
+                e.at.timestamp_micros(),
                 e.data.kind(),
                 baton_engine::event::VERSION,
                 e.level_id,
@@ -331,13 +331,13 @@ fn load(conn: &Connection, run_id: &str, after: u64) -> Result<Vec<Event>, Error
         return Err(Error::NotFound(run_id.to_owned()));
     }
     let mut stmt = conn
-        .prepare_cached("SELECT seq, at, kind, version, level_id, attempt, data FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
+        .prepare_cached("SELECT seq, at_us, kind, version, level_id, attempt, data FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
         .map_err(backend)?;
     let rows = stmt
         .query_map(params![run_id, i64::try_from(after).unwrap_or(i64::MAX)], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
+                r.get::<_, i64>(1)?,
                 r.get::<_, String>(2)?,
                 r.get::<_, i64>(3)?,
                 r.get::<_, Option<String>>(4)?,
@@ -348,18 +348,12 @@ fn load(conn: &Connection, run_id: &str, after: u64) -> Result<Vec<Event>, Error
         .map_err(backend)?;
     let mut events = Vec::new();
     for row in rows {
-        let (seq, at, kind, version, level_id, attempt, data) = row.map_err(backend)?;
-        let payload: serde_json::Value = serde_json::from_str(&data)
+        let (seq, at_us, kind, version, level_id, attempt, data) = row.map_err(backend)?;
+        let data = EventData::decode_str(&kind, u16::try_from(version).unwrap_or(u16::MAX), &data)
             .map_err(|e| Error::Backend(format!("run {run_id} event {seq}: {e}")))?;
-        let data = EventData::decode(&kind, u16::try_from(version).unwrap_or(u16::MAX), payload)
-            .map_err(|e| Error::Backend(format!("run {run_id} event {seq}: {e}")))?;
-        events.push(Event {
-            seq: u64::try_from(seq).unwrap_or(0),
-            at: parse_time(&at)?,
-            level_id,
-            attempt,
-            data,
-        });
+        let at = DateTime::from_timestamp_micros(at_us)
+            .ok_or_else(|| Error::Backend(format!("run {run_id} event {seq}: bad time {at_us}")))?;
+        events.push(Event { seq: u64::try_from(seq).unwrap_or(0), at, level_id, attempt, data });
     }
     Ok(events)
 }
