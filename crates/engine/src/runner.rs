@@ -14,6 +14,7 @@ use baton_scenario::Scenario;
 use baton_scenario::model::{
     Aggregator, LevelIdx, LevelKind, Mode, OnFail, Response, VerifierSpec,
 };
+use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value, json};
 
 use crate::cancel::CancelToken;
@@ -148,6 +149,7 @@ impl LevelRun {
             .map(|v| v.max_retries)
             .max()
             .unwrap_or(0);
+        let mut json_failure: Option<Vec<String>> = None;
         loop {
             let (mut verdict, confidence, parsed) = match response {
                 Response::Markdown => (None, None, None),
@@ -166,8 +168,26 @@ impl LevelRun {
                         }
                     }
                 },
-                Response::Json { .. } => {
-                    let parsed = verdict::parse_json(&reply);
+                Response::Json { schema } => {
+                    let mut parsed = verdict::parse_json(&reply);
+                    let mut problems = json_problems(parsed.as_ref(), schema.as_ref());
+                    if !problems.is_empty() {
+                        // One repair call that says what was wrong.
+                        let contract = schema.as_ref().map_or(String::new(), |s| {
+                            format!(" matching this JSON Schema:\n{}", s.value())
+                        });
+                        let repair = format!(
+                            "{text}\n\nYour answer was:\n{reply}\n\nAnswer with one JSON value{contract}\nProblems with your answer:\n- {}",
+                            problems.join("\n- ")
+                        );
+                        match calls.call(&mut events, &prompt.name, &repair, true).await {
+                            Ok(r) => reply = r,
+                            Err(stop) => return stop.finish(self, &mut events, started),
+                        }
+                        parsed = verdict::parse_json(&reply);
+                        problems = json_problems(parsed.as_ref(), schema.as_ref());
+                    }
+                    json_failure = (!problems.is_empty()).then_some(problems);
                     let confidence =
                         parsed.as_ref().and_then(|p| p.get("confidence")).and_then(Value::as_f64);
                     (None, confidence, parsed)
@@ -202,9 +222,17 @@ impl LevelRun {
                 continue;
             }
             let mut scratchpad = Map::new();
-            if !failed.is_empty() {
+            let mut feedback = String::new();
+            if let Some(problems) = &json_failure {
+                feedback.push_str(&format!(
+                    "- the answer does not match its JSON contract: {}\n",
+                    problems.join("; ")
+                ));
+            }
+            feedback.push_str(&feedback_text(&failed));
+            if !feedback.is_empty() {
                 verdict = Some("FAIL".to_owned());
-                scratchpad.insert("feedback".to_owned(), Value::String(feedback_text(&failed)));
+                scratchpad.insert("feedback".to_owned(), Value::String(feedback));
             }
             let conflict = (verdict.as_deref() == Some("FAIL")).then(|| level.id.clone());
             events.push(self.event(EventData::LevelFinished(LevelFinished {
@@ -434,7 +462,7 @@ impl LevelRun {
             request_id: format!("{}#{}", level.id, self.attempt),
             approver_role: approver_role.clone(),
             question,
-            schema: output_schema.clone(),
+            schema: output_schema.value().clone(),
         }))]
     }
 }
@@ -536,6 +564,15 @@ impl Calls<'_> {
         self.cost_usd += reply.cost_usd;
         self.tokens += reply.usage.total();
         Ok(text)
+    }
+}
+
+/// What is wrong with a JSON answer: not JSON at all, or its schema's violations.
+fn json_problems(parsed: Option<&Value>, schema: Option<&JsonSchema>) -> Vec<String> {
+    match (parsed, schema) {
+        (None, _) => vec!["the answer is not valid JSON".to_owned()],
+        (Some(value), Some(schema)) => schema.violations(value),
+        (Some(_), None) => Vec::new(),
     }
 }
 

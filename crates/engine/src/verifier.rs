@@ -49,10 +49,11 @@ pub struct Verifiers {
 }
 
 impl Verifiers {
-    /// The verifiers this crate ships: `command`.
+    /// The verifiers this crate ships: `command` and `schema`.
     pub fn builtin() -> Self {
         let mut v = Verifiers::default();
         v.register(Uses::Command, Arc::new(CommandVerifier));
+        v.register(Uses::Schema, Arc::new(SchemaVerifier));
         v
     }
 
@@ -77,6 +78,38 @@ pub fn unavailable(spec: &VerifierSpec, why: &str) -> VerifierFinished {
         cost_usd: 0.0,
         duration_ms: 0,
         details: Value::Null,
+    }
+}
+
+/// Validates the level's parsed JSON against the verifier's schema.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SchemaVerifier;
+
+impl Verifier for SchemaVerifier {
+    fn verify<'a>(
+        &'a self,
+        spec: &'a VerifierSpec,
+        ctx: &'a VerifyContext,
+        _cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, VerifierFinished> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let reasons = match (&spec.schema, &ctx.parsed) {
+                (None, _) => vec!["the verifier has no schema".to_owned()],
+                (Some(_), None) => vec!["the level's answer is not JSON".to_owned()],
+                (Some(schema), Some(value)) => schema.violations(value),
+            };
+            let passed = reasons.is_empty();
+            VerifierFinished {
+                name: spec.name.clone(),
+                passed,
+                score: Some(if passed { 1.0 } else { 0.0 }),
+                reasons,
+                cost_usd: 0.0,
+                duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                details: Value::Null,
+            }
+        })
     }
 }
 

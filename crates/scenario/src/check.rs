@@ -23,6 +23,7 @@ use crate::node::Node;
 use crate::raw::{
     RawKind, RawLevel, RawModel, RawPrompt, RawResponse, RawScenario, RawSchema, RawVerifier,
 };
+use crate::schema::JsonSchema;
 use crate::source::{Pos, Sources, pos_in_text};
 use crate::suggest;
 
@@ -483,7 +484,10 @@ impl Checker<'_> {
                 }
                 let output_schema = match &raw.output_schema {
                     Some(s) => self.schema(s),
-                    None => Some(default_approval_schema()),
+                    None => Some(
+                        JsonSchema::compile(default_approval_schema())
+                            .expect("the default approval schema is a valid JSON Schema"),
+                    ),
                 };
                 output_schema.map(|output_schema| LevelKind::HumanApproval {
                     prompt,
@@ -589,7 +593,23 @@ impl Checker<'_> {
         }
     }
 
-    fn schema(&mut self, s: &Located<RawSchema>) -> Option<serde_json::Value> {
+    fn schema(&mut self, s: &Located<RawSchema>) -> Option<JsonSchema> {
+        let value = self.schema_value(s)?;
+        self.compile_schema(value, s.pos)
+    }
+
+    /// Compiles a schema document, reporting at `pos` when it is not a valid JSON Schema.
+    fn compile_schema(&mut self, value: serde_json::Value, pos: Pos) -> Option<JsonSchema> {
+        match JsonSchema::compile(value) {
+            Ok(schema) => Some(schema),
+            Err(e) => {
+                self.error("bad-schema", pos, format!("invalid JSON Schema: {e}"));
+                None
+            }
+        }
+    }
+
+    fn schema_value(&mut self, s: &Located<RawSchema>) -> Option<serde_json::Value> {
         match &s.value {
             RawSchema::Inline(map) => {
                 if map.is_empty() {
@@ -821,13 +841,16 @@ impl Checker<'_> {
                 }
             }
             Uses::Schema => {
-                schema = match params.get("schema") {
+                let value = match params.get("schema") {
                     Some(serde_json::Value::String(path)) => {
                         Some(self.files.schema(path, at("schema"), self.sources, self.diags)?)
                     }
                     Some(inline) => Some(inline.clone()),
                     None => None,
                 };
+                if let Some(value) = value {
+                    schema = Some(self.compile_schema(value, at("schema"))?);
+                }
             }
             Uses::Semgrep => {
                 let rules = params.get("rules").and_then(|r| r.as_str()).unwrap_or_default();

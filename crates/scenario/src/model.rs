@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::expr::Gate;
 use crate::rubric::Rubric;
+use crate::schema::JsonSchema;
 
 pub use crate::raw::{
     RawAggregator as Aggregator, RawMode as Mode, RawOnFail as OnFail, RawUses as Uses,
@@ -144,7 +145,7 @@ pub enum LevelKind {
         /// The question shown to the approver.
         prompt: Option<Template>,
         approver_role: String,
-        output_schema: serde_json::Value,
+        output_schema: JsonSchema,
     },
 }
 
@@ -161,7 +162,7 @@ pub struct Template {
 pub enum Response {
     Markdown,
     Verdict,
-    Json { schema: Option<serde_json::Value> },
+    Json { schema: Option<JsonSchema> },
 }
 
 /// Pricing tier of a model.
@@ -208,7 +209,7 @@ pub struct VerifierSpec {
     /// The rubric of an `llm_judge`.
     pub rubric: Option<Arc<Rubric>>,
     /// The schema of a `schema` verifier, read from its file when it named one.
-    pub schema: Option<serde_json::Value>,
+    pub schema: Option<JsonSchema>,
 }
 
 /// How a fan-out merges its children.

@@ -524,3 +524,60 @@ impl baton_engine::store::EventStore for Counting {
         self.inner.runs(status)
     }
 }
+
+#[tokio::test]
+async fn a_json_answer_is_checked_against_its_schema_with_one_repair() {
+    let s = scenario(
+        "
+id: js
+version: 1
+levels:
+  - id: answer
+    kind: prompt
+    prompt: {inline: 'Answer'}
+    response: {json: {schema: {type: object, required: [answer], properties: {answer: {type: string}}}}}
+    verifiers:
+      - {name: shape, uses: schema, params: {schema: {type: object, required: [sources]}}, on_fail: ignore}
+    terminal: true
+",
+    );
+    let model = script(
+        "levels:\n  answer: [{text: '{\"answr\": 1}'}, {text: '{\"answer\": \"Paris\"}'}]\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    let prompts: Vec<String> = log
+        .iter()
+        .filter_map(|ev| match &ev.data {
+            EventData::PromptSent(p) => Some(p.prompt.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(prompts.len(), 2);
+    assert!(prompts[1].contains("\"answer\" is a required property"), "{}", prompts[1]);
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.level("answer").unwrap().parsed, Some(serde_json::json!({"answer": "Paris"})));
+    let shape = &st.level("answer").unwrap().verifiers["shape"];
+    assert!(!shape.passed && shape.reasons[0].contains("sources"), "{:?}", shape.reasons);
+    assert_eq!(st.verdict, None, "an ignored verifier does not change the verdict");
+}
+
+#[tokio::test]
+async fn a_json_answer_that_stays_wrong_fails_the_level() {
+    let s = scenario(
+        "
+id: js2
+version: 1
+levels:
+  - {id: answer, kind: prompt, prompt: {inline: A}, response: {json: {schema: {type: object, required: [answer]}}}, terminal: true}
+",
+    );
+    let e = engine(ScriptedModel::constant("not json at all"));
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    e.drive(&run, &s).await.unwrap();
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.verdict.as_deref(), Some("FAIL"));
+    assert!(st.scratchpad["feedback"].as_str().unwrap().contains("not valid JSON"));
+}
