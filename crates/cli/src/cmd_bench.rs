@@ -6,7 +6,8 @@
 //! → verify → accept, looping back until accept has run 3 times: 10 level executions),
 //! `fanout8` (plan → a fan-out of 8 prompt children with majority_pass: 10), `approval`
 //! (draft → human approval → finalize, decided and resumed by a fresh engine over the same
-//! store, as a restart would), and `reopen` (a run of 10 000 events reopened from the
+//! store, as a restart would), `paused` (runs left waiting for an approval: how much
+//! memory each paused run holds), and `reopen` (a run of 10 000 events reopened from the
 //! store and planned).
 
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::cast_precision_loss)]
@@ -195,9 +196,11 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "linear5" => LINEAR5,
         "gate_loop" => GATE_LOOP,
         "fanout8" => FANOUT8,
-        "approval" | "reopen" => APPROVAL,
+        "approval" | "reopen" | "paused" => APPROVAL,
         other => {
-            bail!("unknown workload `{other}`: use linear5, gate_loop, fanout8, approval or reopen")
+            bail!(
+                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused or reopen"
+            )
         }
     };
     let tmp = std::env::temp_dir().join(format!("baton-bench-{}", uuid_like()));
@@ -213,6 +216,9 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     if args.workload == "reopen" {
         return reopen(store, &scenario, args.json).await;
+    }
+    if args.workload == "paused" {
+        return paused(store, &scenario, args.runs, args.json).await;
     }
     let approval = args.workload == "approval";
     // Level executions per run of each workload.
@@ -302,6 +308,48 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     print_report(&report, args.json)?;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs left waiting for an approval: the process keeps nothing of them (they live in
+/// the store), so its memory does not grow with their number.
+async fn paused(
+    store: Arc<dyn EventStore>,
+    scenario: &Arc<Scenario>,
+    runs: usize,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let e = engine(store);
+    let warm = (runs / 10).max(1);
+    let mut rss_warm = 0;
+    for i in 0..runs {
+        let run = Engine::new_run_id();
+        if e.run(&run, scenario, "bench", Map::new(), None).await? != Outcome::Paused {
+            bail!("the approval workload did not pause");
+        }
+        if i + 1 == warm {
+            rss_warm = rss_kib();
+        }
+    }
+    let rss_end = rss_kib();
+    let growth = rss_end.saturating_sub(rss_warm) as f64 * 1024.0 / (runs - warm).max(1) as f64;
+    let report = json!({
+        "workload": "paused",
+        "paused_runs": runs,
+        "rss_after_warmup_mib": rss_warm as f64 / 1024.0,
+        "rss_at_end_mib": rss_end as f64 / 1024.0,
+        "rss_growth_bytes_per_paused_run": growth,
+    });
+    print_report(&report, json_out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
 }
 
 /// A run of 10 000 events, reopened from the store and planned.

@@ -581,3 +581,32 @@ levels:
     assert_eq!(st.verdict.as_deref(), Some("FAIL"));
     assert!(st.scratchpad["feedback"].as_str().unwrap().contains("not valid JSON"));
 }
+
+#[tokio::test]
+async fn the_duration_cap_aborts_at_the_next_level_boundary() {
+    let s = scenario(
+        "
+id: slow
+version: 1
+budget: {max_duration_s: 0.2}
+levels:
+  - {id: a, kind: prompt, prompt: {inline: A}}
+  - {id: b, kind: prompt, prompt: {inline: B}, terminal: true}
+edges:
+  - {from: a, to: b}
+",
+    );
+    let model = script("levels:\n  a: [{text: x, delay_ms: 350}]\n  b: [{text: y}]\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Aborted));
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.aborted_reason.as_deref(), Some("budget_exceeded:duration"));
+    assert!(st.level("b").is_none());
+    let log = e.store.load(&run, 0).await.unwrap();
+    let consumed = log.iter().find_map(|ev| match &ev.data {
+        EventData::BudgetConsumed(b) => Some(b.total_duration_ms),
+        _ => None,
+    });
+    assert!(consumed.unwrap() >= 350, "the clock reading that decided is in the log");
+}
