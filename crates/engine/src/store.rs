@@ -68,6 +68,65 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 
     /// Every run, newest first, optionally only those with one status.
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>>;
+
+    /// Leases the oldest runnable run (status `running`) that nobody holds — or whose
+    /// lease expired before `now` — to `worker` until `until`. `None` when there is none.
+    /// This is how several workers share runs: a dead worker's lease runs out and another
+    /// claims the run and resumes it from its log.
+    fn claim<'a>(
+        &'a self,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
+
+    /// Extends `worker`'s lease on a run; false when the worker no longer holds it.
+    fn renew<'a>(
+        &'a self,
+        run_id: &'a str,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// Gives up `worker`'s lease on a run (nothing happens when it does not hold it).
+    fn release<'a>(&'a self, run_id: &'a str, worker: &'a str) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Resolves once the run has an event numbered above `after`, or after `timeout`;
+    /// true when there is one. The default polls; stores that can notify do better.
+    fn wait_for_events<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                if self.run(run_id).await?.is_some_and(|r| r.last_seq > after) {
+                    return Ok(true);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(false);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50).min(timeout)).await;
+            }
+        })
+    }
+}
+
+/// Who holds a run, and until when.
+#[derive(Clone, Debug, PartialEq)]
+struct Lease {
+    worker: String,
+    until: DateTime<Utc>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
 }
 
 /// Each run's record and log, by run id.
@@ -77,6 +136,8 @@ type Runs = BTreeMap<String, (RunRecord, Vec<Event>)>;
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Runs>>,
+    leases: Arc<Mutex<BTreeMap<String, Lease>>>,
+    appended: Arc<tokio::sync::Notify>,
 }
 
 impl MemoryStore {
@@ -156,7 +217,9 @@ impl EventStore for MemoryStore {
                 record.last_seq = log.len() as u64;
                 record.status = status.to_owned();
                 Ok(())
-            })
+            })?;
+            self.appended.notify_waiters();
+            Ok(())
         })
     }
 
@@ -172,6 +235,81 @@ impl EventStore for MemoryStore {
 
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move { Ok(self.with(|runs| runs.get(run_id).map(|(r, _)| r.clone()))) })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move {
+            let mut leases = lock(&self.leases);
+            let mut candidates: Vec<RunRecord> = self.with(|runs| {
+                runs.values().map(|(r, _)| r.clone()).filter(|r| r.status == "running").collect()
+            });
+            candidates
+                .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.run_id.cmp(&b.run_id)));
+            let free = candidates
+                .into_iter()
+                .find(|r| leases.get(&r.run_id).is_none_or(|l| l.until < now));
+            if let Some(run) = &free {
+                leases.insert(run.run_id.clone(), Lease { worker: worker.to_owned(), until });
+            }
+            Ok(free)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        run_id: &'a str,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut leases = lock(&self.leases);
+            match leases.get_mut(run_id) {
+                Some(l) if l.worker == worker && l.until >= now => {
+                    l.until = until;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+    }
+
+    fn release<'a>(&'a self, run_id: &'a str, worker: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut leases = lock(&self.leases);
+            if leases.get(run_id).is_some_and(|l| l.worker == worker) {
+                leases.remove(run_id);
+            }
+            Ok(())
+        })
+    }
+
+    fn wait_for_events<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let notified = self.appended.notified();
+                let last = self.with(|runs| runs.get(run_id).map(|(r, _)| r.last_seq));
+                match last {
+                    None => return Err(Error::NotFound(run_id.to_owned())),
+                    Some(last) if last > after => return Ok(true),
+                    Some(_) => {}
+                }
+                if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    return Ok(false);
+                }
+            }
+        })
     }
 
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
@@ -230,6 +368,78 @@ pub mod conformance {
         a_run_is_created_with_its_first_events(store, &format!("{prefix}-d")).await;
         unknown_runs_are_reported(store, &format!("{prefix}-missing")).await;
         runs_are_listed_by_status(store, prefix).await;
+        leases_share_runs_between_workers(store, prefix).await;
+        waiting_for_events(store, &format!("{prefix}-w")).await;
+    }
+
+    async fn leases_share_runs_between_workers(store: &dyn EventStore, prefix: &str) {
+        use chrono::Duration;
+        // Only runs whose status is `running` can be claimed; take every one there is.
+        let t0 = Utc.timestamp_opt(1_800_000_000, 0).single().unwrap_or_default();
+        let mut claimed = Vec::new();
+        while let Some(run) =
+            store.claim("w1", t0, t0 + Duration::seconds(30)).await.expect("claim")
+        {
+            assert!(!claimed.contains(&run.run_id), "a run is leased once");
+            assert_eq!(run.status, "running");
+            claimed.push(run.run_id);
+            assert!(claimed.len() < 1000, "claim must run out of runs");
+        }
+        assert!(claimed.iter().any(|id| id.starts_with(prefix)), "{claimed:?}");
+        let mine = &claimed[0];
+        assert!(
+            store
+                .claim("w2", t0 + Duration::seconds(10), t0 + Duration::seconds(40))
+                .await
+                .expect("claim")
+                .is_none(),
+            "leased runs are not claimable"
+        );
+        assert!(
+            store
+                .renew(mine, "w1", t0 + Duration::seconds(20), t0 + Duration::seconds(60))
+                .await
+                .expect("renew")
+        );
+        assert!(
+            !store
+                .renew(mine, "w2", t0 + Duration::seconds(20), t0 + Duration::seconds(60))
+                .await
+                .expect("renew"),
+            "only the holder renews"
+        );
+        // After the lease runs out, another worker takes the run over.
+        let later = t0 + Duration::seconds(61);
+        let taken = store
+            .claim("w2", later, later + Duration::seconds(30))
+            .await
+            .expect("claim")
+            .expect("an expired lease frees the run");
+        assert!(
+            !store
+                .renew(&taken.run_id, "w1", later, later + Duration::seconds(30))
+                .await
+                .expect("renew"),
+            "a lost lease cannot be renewed"
+        );
+        store.release(&taken.run_id, "w2").await.expect("release");
+        let again = store.claim("w3", later, later + Duration::seconds(30)).await.expect("claim");
+        assert_eq!(
+            again.map(|r| r.run_id),
+            Some(taken.run_id),
+            "a released run is claimable at once"
+        );
+    }
+
+    async fn waiting_for_events(store: &dyn EventStore, id: &str) {
+        store.create_run(&record(id), events(1, 1)).await.expect("create");
+        let quiet =
+            store.wait_for_events(id, 1, std::time::Duration::from_millis(60)).await.expect("wait");
+        assert!(!quiet, "no new event: the wait times out");
+        store.append(id, 2, events(2, 1), "running").await.expect("append");
+        assert!(
+            store.wait_for_events(id, 1, std::time::Duration::from_secs(5)).await.expect("wait")
+        );
     }
 
     /// Checks, on a store reopened after [`run_all`], that every committed event is there.

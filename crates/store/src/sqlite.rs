@@ -21,7 +21,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 /// The schema, one file per version, applied in order.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] =
+    &[include_str!("../migrations/0001_init.sql"), include_str!("../migrations/0002_leases.sql")];
 
 /// Most requests taken into one group commit.
 const GROUP_MAX: usize = 256;
@@ -38,6 +39,20 @@ enum Request {
     Load { run_id: String, after: u64, reply: Reply<Vec<Event>> },
     Run { run_id: String, reply: Reply<Option<RunRecord>> },
     Runs { status: Option<String>, reply: Reply<Vec<RunRecord>> },
+    Lease(LeaseOp, Reply<LeaseAnswer>),
+}
+
+/// A change to a lease, done by the writer thread.
+enum LeaseOp {
+    Claim { worker: String, now: i64, until: i64 },
+    Renew { run_id: String, worker: String, now: i64, until: i64 },
+    Release { run_id: String, worker: String },
+}
+
+enum LeaseAnswer {
+    Claimed(Option<RunRecord>),
+    Renewed(bool),
+    Released,
 }
 
 /// Runs and events in one SQLite file.
@@ -151,6 +166,8 @@ fn serve(
         let (writes, reads): (Vec<Request>, Vec<Request>) = batch
             .into_iter()
             .partition(|r| matches!(r, Request::Create(..) | Request::Append { .. }));
+        let (leases, reads): (Vec<Request>, Vec<Request>) =
+            reads.into_iter().partition(|r| matches!(r, Request::Lease(..)));
         if !writes.is_empty() {
             write_group(&mut conn, writes, failpoint);
             let commits = stats.commits.fetch_add(1, Ordering::Relaxed) + 1;
@@ -160,6 +177,12 @@ fn serve(
                 if conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).is_ok() {
                     stats.checkpoints.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+        }
+        // Lease changes are single statements: each commits on its own, after the appends.
+        for r in leases {
+            if let Request::Lease(op, reply) = r {
+                let _ = reply.send(lease(&conn, op));
             }
         }
         for r in reads {
@@ -311,6 +334,45 @@ fn append(
     Ok(())
 }
 
+fn lease(conn: &Connection, op: LeaseOp) -> Result<LeaseAnswer, Error> {
+    match op {
+        LeaseOp::Claim { worker, now, until } => {
+            let row = conn
+                .query_row(
+                    &format!(
+                        "UPDATE runs SET lease_owner = ?1, lease_until_us = ?2 WHERE run_id = (
+                            SELECT run_id FROM runs WHERE status = 'running'
+                              AND (lease_until_us IS NULL OR lease_until_us < ?3)
+                            ORDER BY created_at, run_id LIMIT 1)
+                         RETURNING {RUN_COLUMNS}"
+                    ),
+                    params![worker, until, now],
+                    record,
+                )
+                .optional()
+                .map_err(backend)?;
+            Ok(LeaseAnswer::Claimed(row.map(to_record).transpose()?))
+        }
+        LeaseOp::Renew { run_id, worker, now, until } => {
+            let n = conn
+                .execute(
+                    "UPDATE runs SET lease_until_us = ?4 WHERE run_id = ?1 AND lease_owner = ?2 AND lease_until_us >= ?3",
+                    params![run_id, worker, now, until],
+                )
+                .map_err(backend)?;
+            Ok(LeaseAnswer::Renewed(n == 1))
+        }
+        LeaseOp::Release { run_id, worker } => {
+            conn.execute(
+                "UPDATE runs SET lease_owner = NULL, lease_until_us = NULL WHERE run_id = ?1 AND lease_owner = ?2",
+                params![run_id, worker],
+            )
+            .map_err(backend)?;
+            Ok(LeaseAnswer::Released)
+        }
+    }
+}
+
 fn read(conn: &Connection, r: Request) {
     match r {
         Request::Load { run_id, after, reply } => {
@@ -427,6 +489,53 @@ impl EventStore for SqliteStore {
 
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(self.ask(|reply| Request::Run { run_id: run_id.to_owned(), reply }))
+    }
+
+    fn claim<'a>(
+        &'a self,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move {
+            let op = LeaseOp::Claim {
+                worker: worker.to_owned(),
+                now: now.timestamp_micros(),
+                until: until.timestamp_micros(),
+            };
+            match self.ask(move |reply| Request::Lease(op, reply)).await? {
+                LeaseAnswer::Claimed(run) => Ok(run),
+                _ => Err(Error::Backend("unexpected answer to a claim".to_owned())),
+            }
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        run_id: &'a str,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let op = LeaseOp::Renew {
+                run_id: run_id.to_owned(),
+                worker: worker.to_owned(),
+                now: now.timestamp_micros(),
+                until: until.timestamp_micros(),
+            };
+            match self.ask(move |reply| Request::Lease(op, reply)).await? {
+                LeaseAnswer::Renewed(ok) => Ok(ok),
+                _ => Err(Error::Backend("unexpected answer to a renewal".to_owned())),
+            }
+        })
+    }
+
+    fn release<'a>(&'a self, run_id: &'a str, worker: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let op = LeaseOp::Release { run_id: run_id.to_owned(), worker: worker.to_owned() };
+            self.ask(move |reply| Request::Lease(op, reply)).await.map(|_| ())
+        })
     }
 
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {

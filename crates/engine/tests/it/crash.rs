@@ -2,74 +2,17 @@
 //! engine gives the same log as a run that never stopped (timestamps, ids and durations
 //! aside). Also: folding a log in pieces equals folding it at once.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use baton_engine::event::{Event, EventData};
-use baton_engine::model::{BoxFuture, ScriptedModel};
-use baton_engine::store::{self, EventStore, MemoryStore, RunRecord};
+use baton_engine::model::ScriptedModel;
+use baton_engine::store::{EventStore, MemoryStore};
 use baton_engine::{Engine, Outcome, fold};
 use baton_scenario::Scenario;
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
 use crate::{engine_on, scenario, script};
-
-/// A memory store that remembers where each append ended.
-#[derive(Debug, Default)]
-struct Recording {
-    inner: MemoryStore,
-    boundaries: Mutex<Vec<u64>>,
-}
-
-impl EventStore for Recording {
-    fn create_run<'a>(
-        &'a self,
-        run: &'a RunRecord,
-        events: Vec<Event>,
-    ) -> BoxFuture<'a, Result<(), store::Error>> {
-        let count = events.len() as u64;
-        Box::pin(async move {
-            self.inner.create_run(run, events).await?;
-            if count > 0 {
-                self.boundaries.lock().unwrap().push(count);
-            }
-            Ok(())
-        })
-    }
-    fn append<'a>(
-        &'a self,
-        run_id: &'a str,
-        expected: u64,
-        events: Vec<Event>,
-        status: &'a str,
-    ) -> BoxFuture<'a, Result<(), store::Error>> {
-        Box::pin(async move {
-            let count = events.len() as u64;
-            self.inner.append(run_id, expected, events, status).await?;
-            self.boundaries.lock().unwrap().push(expected + count - 1);
-            Ok(())
-        })
-    }
-    fn load<'a>(
-        &'a self,
-        run_id: &'a str,
-        after: u64,
-    ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
-        self.inner.load(run_id, after)
-    }
-    fn run<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
-        self.inner.run(run_id)
-    }
-    fn runs<'a>(
-        &'a self,
-        status: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Vec<RunRecord>, store::Error>> {
-        self.inner.runs(status)
-    }
-}
 
 /// Drives a run to its end, approving every approval and answering every question.
 async fn to_the_end(e: &Engine, run: &str, s: &Arc<Scenario>) {
@@ -147,14 +90,14 @@ levels:
 #[tokio::test]
 async fn resuming_after_any_append_gives_the_same_log() {
     let s = scenario(SCENARIO);
-    let recording = Arc::new(Recording::default());
+    let recording = Arc::new(crate::Observed::default());
     let e = engine_on(recording.clone(), script(SCRIPT));
     let run = Engine::new_run_id();
     e.run(&run, &s, "go", Map::new(), None).await.unwrap();
     to_the_end(&e, &run, &s).await;
     let full = e.store.load(&run, 0).await.unwrap();
     assert!(matches!(full.last().unwrap().data, EventData::ScenarioFinished(_)));
-    let boundaries = recording.boundaries.lock().unwrap().clone();
+    let boundaries = recording.boundaries();
     assert!(boundaries.len() > 10, "{boundaries:?}");
     for &n in &boundaries {
         let store = Arc::new(MemoryStore::new());

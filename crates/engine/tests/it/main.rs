@@ -11,12 +11,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use baton_engine::event::{Event, EventData};
+use baton_engine::model::BoxFuture;
 use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::runner::Runtime;
+use baton_engine::store::{self, RunRecord};
 use baton_engine::store::{EventStore, MemoryStore};
 use baton_engine::verifier::Verifiers;
 use baton_engine::{Engine, clock::SystemClock};
 use baton_scenario::{Registry, Scenario};
+use chrono::{DateTime, Utc};
 
 /// Loads one scenario from YAML text (templates inline).
 pub fn scenario(yaml: &str) -> Arc<Scenario> {
@@ -76,4 +79,95 @@ pub fn route(events: &[Event]) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// A memory store that counts its write transactions and remembers where each ended.
+#[derive(Debug, Default)]
+pub struct Observed {
+    inner: MemoryStore,
+    ends: std::sync::Mutex<Vec<u64>>,
+}
+
+impl Observed {
+    /// The `seq` of the last event of every write, in order.
+    pub fn boundaries(&self) -> Vec<u64> {
+        self.ends.lock().unwrap().clone()
+    }
+
+    /// How many writes there were.
+    pub fn writes(&self) -> usize {
+        self.ends.lock().unwrap().len()
+    }
+}
+
+impl EventStore for Observed {
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        let count = events.len() as u64;
+        Box::pin(async move {
+            self.inner.create_run(run, events).await?;
+            self.ends.lock().unwrap().push(count);
+            Ok(())
+        })
+    }
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected: u64,
+        events: Vec<Event>,
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        let count = events.len() as u64;
+        Box::pin(async move {
+            self.inner.append(run_id, expected, events, status).await?;
+            self.ends.lock().unwrap().push(expected + count - 1);
+            Ok(())
+        })
+    }
+    fn load<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+    ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
+        self.inner.load(run_id, after)
+    }
+    fn run<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
+        self.inner.run(run_id)
+    }
+    fn runs<'a>(
+        &'a self,
+        status: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<RunRecord>, store::Error>> {
+        self.inner.runs(status)
+    }
+    fn claim<'a>(
+        &'a self,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
+        self.inner.claim(worker, now, until)
+    }
+    fn renew<'a>(
+        &'a self,
+        run_id: &'a str,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, store::Error>> {
+        self.inner.renew(run_id, worker, now, until)
+    }
+    fn release<'a>(
+        &'a self,
+        run_id: &'a str,
+        worker: &'a str,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        self.inner.release(run_id, worker)
+    }
 }

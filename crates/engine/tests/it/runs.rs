@@ -428,7 +428,7 @@ async fn a_quick_run_costs_one_transaction_per_level() {
     use baton_engine::Engine;
     let s = scenario(LOOP);
     let model = script("levels:\n  accept: [{text: 'PASS'}]\ndefault: {text: work}\n");
-    let store = std::sync::Arc::new(Counting::default());
+    let store = std::sync::Arc::new(crate::Observed::default());
     let e = crate::engine_on(store.clone(), model);
     let run = Engine::new_run_id();
     assert_eq!(
@@ -461,68 +461,6 @@ async fn a_slow_first_level_is_visible_before_it_ends() {
     let seen = e.store.load(&run, 0).await.unwrap();
     assert_eq!(kinds(&seen), vec!["scenario_started", "level_started:brief"]);
     assert_eq!(driver.await.unwrap().unwrap(), Outcome::Finished(Status::Completed));
-}
-
-/// A memory store that counts write transactions.
-#[derive(Debug, Default)]
-struct Counting {
-    inner: baton_engine::store::MemoryStore,
-    writes: std::sync::atomic::AtomicU64,
-}
-
-impl Counting {
-    fn writes(&self) -> u64 {
-        self.writes.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl baton_engine::store::EventStore for Counting {
-    fn create_run<'a>(
-        &'a self,
-        run: &'a baton_engine::store::RunRecord,
-        events: Vec<baton_engine::event::Event>,
-    ) -> baton_engine::model::BoxFuture<'a, Result<(), baton_engine::store::Error>> {
-        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.create_run(run, events)
-    }
-    fn append<'a>(
-        &'a self,
-        run_id: &'a str,
-        expected: u64,
-        events: Vec<baton_engine::event::Event>,
-        status: &'a str,
-    ) -> baton_engine::model::BoxFuture<'a, Result<(), baton_engine::store::Error>> {
-        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.append(run_id, expected, events, status)
-    }
-    fn load<'a>(
-        &'a self,
-        run_id: &'a str,
-        after: u64,
-    ) -> baton_engine::model::BoxFuture<
-        'a,
-        Result<Vec<baton_engine::event::Event>, baton_engine::store::Error>,
-    > {
-        self.inner.load(run_id, after)
-    }
-    fn run<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> baton_engine::model::BoxFuture<
-        'a,
-        Result<Option<baton_engine::store::RunRecord>, baton_engine::store::Error>,
-    > {
-        self.inner.run(run_id)
-    }
-    fn runs<'a>(
-        &'a self,
-        status: Option<&'a str>,
-    ) -> baton_engine::model::BoxFuture<
-        'a,
-        Result<Vec<baton_engine::store::RunRecord>, baton_engine::store::Error>,
-    > {
-        self.inner.runs(status)
-    }
 }
 
 #[tokio::test]
