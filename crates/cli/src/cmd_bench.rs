@@ -115,6 +115,8 @@ pub(crate) struct BenchArgs {
     pub concurrency: usize,
     pub json: bool,
     pub db: Option<PathBuf>,
+    /// Measure this many times and report medians.
+    pub repeat: usize,
 }
 
 fn scenario(yaml: &str, dir: &Path) -> anyhow::Result<Arc<Scenario>> {
@@ -192,6 +194,34 @@ async fn one_run(
 }
 
 pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if matches!(args.workload.as_str(), "reopen" | "paused") || args.repeat <= 1 {
+        let report = measure(&args).await?;
+        print_report(&report, args.json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Each repetition on a fresh store; the report gives every figure's median.
+    let mut reports = Vec::with_capacity(args.repeat);
+    for _ in 0..args.repeat {
+        reports.push(measure(&args).await?);
+    }
+    let mut median = reports[0].clone();
+    if let Some(map) = median.as_object_mut() {
+        for (key, value) in map.iter_mut() {
+            if value.is_f64() {
+                let mut xs: Vec<f64> =
+                    reports.iter().filter_map(|r| r[key.as_str()].as_f64()).collect();
+                xs.sort_by(f64::total_cmp);
+                *value = json!(xs[xs.len() / 2]);
+            }
+        }
+        map.insert("repeats".to_owned(), json!(args.repeat));
+    }
+    print_report(&median, args.json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One measurement of a workload.
+async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let yaml = match args.workload.as_str() {
         "linear5" => LINEAR5,
         "gate_loop" => GATE_LOOP,
@@ -215,10 +245,10 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         other => bail!("unknown store `{other}`: use memory or sqlite"),
     };
     if args.workload == "reopen" {
-        return reopen(store, &scenario, args.json).await;
+        return reopen(store, &scenario).await;
     }
     if args.workload == "paused" {
-        return paused(store, &scenario, args.runs, args.json).await;
+        return paused(store, &scenario, args.runs).await;
     }
     let approval = args.workload == "approval";
     // Level executions per run of each workload.
@@ -305,9 +335,8 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "commits_per_level": (sqlite.is_some()).then(|| commits as f64 / levels.max(1) as f64),
         "fsyncs_per_level": (sqlite.is_some()).then(|| syncs as f64 / levels.max(1) as f64),
     });
-    print_report(&report, args.json)?;
     let _ = std::fs::remove_dir_all(&tmp);
-    Ok(ExitCode::SUCCESS)
+    Ok(report)
 }
 
 /// Runs left waiting for an approval: the process keeps nothing of them (they live in
@@ -316,8 +345,7 @@ async fn paused(
     store: Arc<dyn EventStore>,
     scenario: &Arc<Scenario>,
     runs: usize,
-    json_out: bool,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<serde_json::Value> {
     let e = engine(store);
     let warm = (runs / 10).max(1);
     let mut rss_warm = 0;
@@ -339,8 +367,7 @@ async fn paused(
         "rss_at_end_mib": rss_end as f64 / 1024.0,
         "rss_growth_bytes_per_paused_run": growth,
     });
-    print_report(&report, json_out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(report)
 }
 
 fn rss_kib() -> u64 {
@@ -356,8 +383,7 @@ fn rss_kib() -> u64 {
 async fn reopen(
     store: Arc<dyn EventStore>,
     scenario: &Arc<Scenario>,
-    json_out: bool,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<serde_json::Value> {
     let e = engine(Arc::clone(&store));
     let run = e.start(scenario, "bench", Map::new()).await?;
     // Fill the log: 9 999 more events, appended in batches as a long run would.
@@ -390,8 +416,7 @@ async fn reopen(
         "reopen_and_plan_max_ms": times.last().map_or(0.0, |t| t.as_secs_f64() * 1e3),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
     });
-    print_report(&report, json_out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(report)
 }
 
 fn print_report(report: &serde_json::Value, json_out: bool) -> anyhow::Result<()> {

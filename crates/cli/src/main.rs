@@ -15,6 +15,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+// The kernel allocates many small, short-lived values per step (events, strings, JSON);
+// mimalloc serves them faster than the system allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Baton runs multi-step LLM agent workflows declared in YAML, durably.
 #[derive(Debug, Parser)]
 #[command(name = "baton", version, about, max_term_width = 100)]
@@ -142,6 +147,9 @@ enum Command {
         /// The SQLite file (default: a fresh temporary one).
         #[arg(long = "bench-db")]
         bench_db: Option<PathBuf>,
+        /// Measure this many times, each on a fresh store, and report the medians.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
         #[arg(long)]
         json: bool,
     },
@@ -245,16 +253,16 @@ fn main() -> ExitCode {
             let paths = if paths.is_empty() { vec![cli.scenarios.clone()] } else { paths };
             cmd_validate::run(&paths, format == Format::Json, overrides.as_deref())
         }
-        Command::Bench { workload, store, runs, concurrency, bench_db, json } => {
-            runtime.block_on(cmd_bench::bench(cmd_bench::BenchArgs {
+        Command::Bench { workload, store, runs, concurrency, bench_db, json, repeat } => runtime
+            .block_on(cmd_bench::bench(cmd_bench::BenchArgs {
                 workload,
                 store,
                 runs,
                 concurrency,
                 json,
                 db: bench_db,
-            }))
-        }
+                repeat,
+            })),
         Command::Graph { scenario, format } => {
             cmd_graph::run(&cli.scenarios, &scenario, format == GraphFormat::Dot)
         }

@@ -77,6 +77,9 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             b.observed_value,
             if b.refused_before_call { ", call refused before it was made" } else { "" }
         ),
+        EventData::RetryScheduled(r) => {
+            format!("retry     {level} ({}/{}): {}", r.retry, r.retries_max, preview(&r.reason, 80))
+        }
         EventData::CancelRequested(c) => format!(
             "cancel    requested{}",
             c.by.as_ref().map_or(String::new(), |b| format!(" by {b}"))

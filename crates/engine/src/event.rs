@@ -68,6 +68,7 @@ pub enum EventData {
     GateDecision(GateDecision),
     BudgetConsumed(BudgetConsumed),
     BudgetExceeded(BudgetExceeded),
+    RetryScheduled(RetryScheduled),
     CancelRequested(CancelRequested),
     Warning(Warning),
     ScenarioFinished(ScenarioFinished),
@@ -91,6 +92,7 @@ impl EventData {
             EventData::GateDecision(_) => "gate_decision",
             EventData::BudgetConsumed(_) => "budget_consumed",
             EventData::BudgetExceeded(_) => "budget_exceeded",
+            EventData::RetryScheduled(_) => "retry_scheduled",
             EventData::CancelRequested(_) => "cancel_requested",
             EventData::Warning(_) => "warning",
             EventData::ScenarioFinished(_) => "scenario_finished",
@@ -140,6 +142,7 @@ impl EventData {
             "gate_decision" => GateDecision,
             "budget_consumed" => BudgetConsumed,
             "budget_exceeded" => BudgetExceeded,
+            "retry_scheduled" => RetryScheduled,
             "cancel_requested" => CancelRequested,
             "warning" => Warning,
             "scenario_finished" => ScenarioFinished,
@@ -341,6 +344,16 @@ pub struct BudgetExceeded {
     /// True when a model call was refused before it was made because its worst case would
     /// cross the cap.
     pub refused_before_call: bool,
+}
+
+/// A level is asked again within its attempt because a check failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RetryScheduled {
+    /// 1 for the first retry.
+    pub retry: u32,
+    pub retries_max: u32,
+    /// The checks that failed.
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -142,13 +142,14 @@ impl LevelRun {
             events.push(self.event(EventData::AskUser(AskUser { call_id, question })));
             return events;
         }
-        let mut retries_left: u32 = level
+        let retries_max: u32 = level
             .verifiers
             .iter()
             .filter(|v| v.on_fail == OnFail::Retry)
             .map(|v| v.max_retries)
             .max()
             .unwrap_or(0);
+        let mut retries_left = retries_max;
         let mut json_failure: Option<Vec<String>> = None;
         loop {
             let (mut verdict, confidence, parsed) = match response {
@@ -212,6 +213,11 @@ impl LevelRun {
             if failed.iter().any(|(spec, _)| spec.on_fail == OnFail::Retry) && retries_left > 0 {
                 retries_left -= 1;
                 let feedback = feedback_text(&failed);
+                events.push(self.event(EventData::RetryScheduled(crate::event::RetryScheduled {
+                    retry: retries_max - retries_left,
+                    retries_max,
+                    reason: feedback.trim_end().to_owned(),
+                })));
                 let retry = format!(
                     "{text}\n\nYour previous answer was:\n{reply}\n\nIt failed these checks; fix them:\n{feedback}"
                 );

@@ -344,7 +344,10 @@ impl RunState {
             EventData::CancelRequested(c) => {
                 self.cancel_requested = Some(c.clone());
             }
-            EventData::PromptSent(_) | EventData::VerifierStarted(_) | EventData::Warning(_) => {}
+            EventData::PromptSent(_)
+            | EventData::VerifierStarted(_)
+            | EventData::RetryScheduled(_)
+            | EventData::Warning(_) => {}
             EventData::ScenarioFinished(f) => {
                 self.status = match f.status {
                     crate::event::FinalStatus::Completed => Status::Completed,

@@ -548,3 +548,39 @@ edges:
     });
     assert!(consumed.unwrap() >= 350, "the clock reading that decided is in the log");
 }
+
+#[tokio::test]
+async fn a_retry_verifier_asks_again_and_says_so() {
+    let s = scenario(
+        "
+id: retry
+version: 1
+levels:
+  - id: answer
+    kind: prompt
+    prompt: {inline: 'Answer'}
+    response: json
+    verifiers:
+      - {name: shape, uses: schema, params: {schema: {type: object, required: [answer]}}, on_fail: retry, max_retries: 2}
+    terminal: true
+",
+    );
+    let model = script(
+        "levels:\n  answer: [{text: '{}'}, {text: '{\"nope\": 1}'}, {text: '{\"answer\": 42}'}]\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    e.drive(&run, &s).await.unwrap();
+    let log = e.store.load(&run, 0).await.unwrap();
+    let retries: Vec<(u32, u32)> = log
+        .iter()
+        .filter_map(|ev| match &ev.data {
+            EventData::RetryScheduled(r) => Some((r.retry, r.retries_max)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(retries, vec![(1, 2), (2, 2)]);
+    let st = e.state(&run).await.unwrap();
+    assert!(st.level("answer").unwrap().verifiers["shape"].passed);
+    assert_eq!(st.verdict, None);
+}
