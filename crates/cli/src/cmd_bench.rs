@@ -188,7 +188,8 @@ async fn one_run(
         outcome = fresh.drive(&run, &scenario).await?;
     }
     if outcome != Outcome::Finished(Status::Completed) {
-        bail!("a bench run ended {outcome:?}");
+        let reason = e.state(&run).await?.finished.and_then(|f| f.aborted_reason);
+        bail!("a bench run ended {outcome:?}: {}", reason.unwrap_or_default());
     }
     Ok((started.elapsed(), levels))
 }

@@ -290,7 +290,7 @@ impl Checker<'_> {
                 timeout_s: default_timeout,
                 max_iterations: default_iterations,
             };
-            if let Some(checked) = self.level(level, &index, parents.get(&i).copied(), &ctx, file) {
+            if let Some(checked) = self.level(level, &index, parents.get(&i).copied(), &ctx) {
                 levels.push(checked);
             }
         }
@@ -410,7 +410,6 @@ impl Checker<'_> {
         index: &HashMap<String, LevelIdx>,
         parent: Option<LevelIdx>,
         defaults: &LevelDefaults<'_>,
-        file: &str,
     ) -> Option<Level> {
         let errors_before = self.diags.error_count();
         let kind = raw.kind.value;
@@ -431,7 +430,7 @@ impl Checker<'_> {
             .or(default_timeout);
         let level_kind = match kind {
             RawKind::Prompt => {
-                let prompt = self.required_prompt(raw, file);
+                let prompt = self.required_prompt(raw);
                 let response = match raw.response.as_ref().map(|r| &r.value) {
                     None | Some(RawResponse::Markdown) => Response::Markdown,
                     Some(RawResponse::Verdict) => Response::Verdict,
@@ -453,7 +452,7 @@ impl Checker<'_> {
                 prompt.map(|prompt| LevelKind::Prompt { prompt, response })
             }
             RawKind::ToolLoop => {
-                let prompt = self.required_prompt(raw, file);
+                let prompt = self.required_prompt(raw);
                 let max_iterations = self
                     .bounded(raw.max_iterations.as_ref(), "max_iterations", limits::ITERATIONS_MAX)
                     .or(defaults.max_iterations)
@@ -473,7 +472,7 @@ impl Checker<'_> {
             }
             RawKind::FanOut => self.fan_out(raw, index),
             RawKind::HumanApproval => {
-                let prompt = raw.prompt.as_ref().and_then(|p| self.prompt(p, &raw.id.value, file));
+                let prompt = raw.prompt.as_ref().and_then(|p| self.prompt(p, &raw.id.value));
                 let approver_role = raw.approver_role.as_ref().map_or_else(
                     || APPROVER_ROLE_DEFAULT.to_owned(),
                     |r| r.value.trim().to_owned(),
@@ -557,9 +556,9 @@ impl Checker<'_> {
         }
     }
 
-    fn required_prompt(&mut self, raw: &Located<RawLevel>, file: &str) -> Option<Template> {
+    fn required_prompt(&mut self, raw: &Located<RawLevel>) -> Option<Template> {
         match &raw.prompt {
-            Some(p) => self.prompt(p, &raw.id.value, file),
+            Some(p) => self.prompt(p, &raw.id.value),
             None => {
                 self.error(
                     "missing-field",
@@ -573,14 +572,14 @@ impl Checker<'_> {
         }
     }
 
-    fn prompt(&mut self, p: &Located<RawPrompt>, level: &str, file: &str) -> Option<Template> {
+    fn prompt(&mut self, p: &Located<RawPrompt>, level: &str) -> Option<Template> {
         match &p.value {
             RawPrompt::Template(path) => {
                 let text = self.files.template(path, p.pos, self.sources, self.diags)?;
                 Some(Template { name: path.clone(), text })
             }
             RawPrompt::Inline { inline } => {
-                let name = format!("{file}#{level}");
+                let name = format!("inline:{level}");
                 let errors = check_template(&name, inline, p.pos.source, self.sources, Some(p.pos));
                 if !errors.is_empty() {
                     for e in errors {

@@ -152,7 +152,8 @@ pub enum LevelKind {
 /// A prompt template, parsed at load time.
 #[derive(Clone, Debug)]
 pub struct Template {
-    /// The file (relative to the scenarios directory) or `<scenario file>#<level>` for inline.
+    /// The file (relative to the scenarios directory), or `inline:<level id>` for an inline
+    /// template: never a machine path, so logs and caches do not depend on where it lives.
     pub name: String,
     pub text: Arc<str>,
 }

@@ -584,3 +584,17 @@ levels:
     assert!(st.level("answer").unwrap().verifiers["shape"].passed);
     assert_eq!(st.verdict, None);
 }
+
+#[tokio::test]
+async fn one_scenario_loaded_from_two_directories_runs_from_either() {
+    // Compiled templates are cached by checksum, which ignores where the files live.
+    let first = scenario(LOOP);
+    let second = scenario(LOOP);
+    assert_eq!(first.checksum, second.checksum);
+    let model = script("levels:\n  accept: [{text: PASS}]\ndefault: {text: work}\n");
+    let e = engine(model);
+    for s in [&first, &second] {
+        let run = e.start(s, "x", Map::new()).await.unwrap();
+        assert_eq!(e.drive(&run, s).await.unwrap(), Outcome::Finished(Status::Completed));
+    }
+}
