@@ -300,6 +300,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let runs = latencies.len();
     let store_bytes = match &sqlite {
         Some(s) => {
+            s.checkpoint().await?;
             let p = s.path();
             let size = |suffix: &str| {
                 std::fs::metadata(format!("{}{suffix}", p.display())).map_or(0, |m| m.len())

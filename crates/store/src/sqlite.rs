@@ -40,6 +40,7 @@ enum Request {
     Run { run_id: String, reply: Reply<Option<RunRecord>> },
     Runs { status: Option<String>, reply: Reply<Vec<RunRecord>> },
     Lease(LeaseOp, Reply<LeaseAnswer>),
+    Checkpoint(Reply<()>),
 }
 
 /// A change to a lease, done by the writer thread.
@@ -115,6 +116,12 @@ impl SqliteStore {
         self.commits() + 2 * self.stats.checkpoints.load(Ordering::Relaxed)
     }
 
+    /// Copies the WAL into the database file and empties it (the file then holds
+    /// everything: useful before measuring its size or copying it).
+    pub async fn checkpoint(&self) -> Result<(), Error> {
+        self.ask(Request::Checkpoint).await
+    }
+
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -186,6 +193,13 @@ fn serve(
             }
         }
         for r in reads {
+            if let Request::Checkpoint(reply) = r {
+                let done = conn
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                    .map_err(backend);
+                let _ = reply.send(done);
+                continue;
+            }
             read(&conn, r);
         }
     }
