@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use baton_scenario::Scenario;
+use baton_scenario::files::TEMPLATE_VARIABLES;
 use baton_scenario::model::{LevelKind, Template};
 use minijinja::value::{Enumerator, Object};
 use serde_json::{Value, json};
@@ -81,19 +82,6 @@ fn serde<T: serde::Serialize>(value: &T) -> minijinja::Value {
     minijinja::Value::from(minijinja::value::Serde(value))
 }
 
-const CTX_KEYS: &[&str] = &[
-    "input",
-    "level",
-    "scratchpad",
-    "feedback",
-    "metadata",
-    "attempt",
-    "scenario",
-    "catalog",
-    "answers",
-    "run",
-];
-
 #[derive(Debug)]
 struct Ctx {
     state: Arc<RunState>,
@@ -129,7 +117,7 @@ impl Object for Ctx {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(CTX_KEYS)
+        Enumerator::Str(TEMPLATE_VARIABLES)
     }
 }
 

@@ -204,12 +204,7 @@ impl LevelRun {
             let outcomes =
                 run_verifiers(self, &level.verifiers, level.mode, level.run_all, &ctx, &mut events)
                     .await;
-            let failed: Vec<(&VerifierSpec, &VerifierFinished)> = level
-                .verifiers
-                .iter()
-                .zip(&outcomes)
-                .filter(|(spec, o)| !o.passed && spec.on_fail != OnFail::Ignore)
-                .collect();
+            let failed = failures(&level.verifiers, &outcomes);
             if failed.iter().any(|(spec, _)| spec.on_fail == OnFail::Retry) && retries_left > 0 {
                 retries_left -= 1;
                 let feedback = feedback_text(&failed);
@@ -274,12 +269,7 @@ impl LevelRun {
         let outcomes =
             run_verifiers(self, &level.verifiers, level.mode, level.run_all, &ctx, &mut events)
                 .await;
-        let failed: Vec<(&VerifierSpec, &VerifierFinished)> = level
-            .verifiers
-            .iter()
-            .zip(&outcomes)
-            .filter(|(spec, o)| !o.passed && spec.on_fail != OnFail::Ignore)
-            .collect();
+        let failed = failures(&level.verifiers, &outcomes);
         let passed_names: Vec<&str> =
             outcomes.iter().filter(|o| o.passed).map(|o| o.name.as_str()).collect();
         let summary = if failed.is_empty() {
@@ -571,6 +561,18 @@ impl Calls<'_> {
         self.tokens += reply.usage.total();
         Ok(text)
     }
+}
+
+/// The verifiers that failed and count (those not set to `on_fail: ignore`).
+fn failures<'a>(
+    specs: &'a [VerifierSpec],
+    outcomes: &'a [VerifierFinished],
+) -> Vec<(&'a VerifierSpec, &'a VerifierFinished)> {
+    specs
+        .iter()
+        .zip(outcomes)
+        .filter(|(spec, o)| !o.passed && spec.on_fail != OnFail::Ignore)
+        .collect()
 }
 
 /// What is wrong with a JSON answer: not JSON at all, or its schema's violations.

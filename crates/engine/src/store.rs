@@ -147,11 +147,7 @@ impl MemoryStore {
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Runs) -> T) -> T {
-        let mut guard = match self.inner.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        f(&mut guard)
+        f(&mut lock(&self.inner))
     }
 }
 
