@@ -162,7 +162,7 @@ async fn drive(
         // A run that failed before it was written has nothing to print.
         for e in engine.store.load(run_id, seen).await.unwrap_or_default() {
             if let Some(line) = timeline::line(&e) {
-                println!("{line}");
+                println!("{}", timeline::styled(&line));
             }
         }
     }
@@ -220,7 +220,7 @@ async fn follow(
             if as_json {
                 println!("{}", timeline::json_line(e));
             } else if let Some(line) = timeline::line(e) {
-                println!("{line}");
+                println!("{}", timeline::styled(&line));
             }
             after = e.seq;
             LAST_PRINTED.store(after, std::sync::atomic::Ordering::SeqCst);
@@ -349,7 +349,7 @@ pub(crate) async fn events(
         if json {
             println!("{}", timeline::json_line(&e));
         } else if let Some(line) = timeline::line(&e) {
-            println!("{line}");
+            println!("{}", timeline::styled(&line));
         }
     }
     Ok(ExitCode::SUCCESS)

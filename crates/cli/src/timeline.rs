@@ -110,6 +110,35 @@ fn preview(text: &str, max: usize) -> String {
     }
 }
 
+/// A timeline line as shown on a terminal: verdicts and outcomes in colour.
+pub(crate) fn styled(line: &str) -> String {
+    use std::io::IsTerminal as _;
+    if !std::io::stdout().is_terminal() || std::env::var_os("NO_COLOR").is_some() {
+        return line.to_owned();
+    }
+    const GREEN: &str = "\x1b[32m";
+    const RED: &str = "\x1b[31m";
+    const YELLOW: &str = "\x1b[33m";
+    const DIM: &str = "\x1b[2m";
+    const RESET: &str = "\x1b[0m";
+    let mut out = line
+        .replace(" PASS ", &format!(" {GREEN}PASS{RESET} "))
+        .replace(" FAIL ", &format!(" {RED}FAIL{RESET} "))
+        .replace("FAILED", &format!("{RED}FAILED{RESET}"))
+        .replace("finished  completed", &format!("finished  {GREEN}completed{RESET}"))
+        .replace("finished  failed", &format!("finished  {RED}failed{RESET}"))
+        .replace("finished  aborted", &format!("finished  {RED}aborted{RESET}"))
+        .replace("finished  cancelled", &format!("finished  {YELLOW}cancelled{RESET}"));
+    for word in ["approval  ", "question  ", "budget    ", "warning   "] {
+        out = out.replace(word, &format!("{YELLOW}{word}{RESET}"));
+    }
+    if let Some(rest) = out.strip_prefix('#') {
+        let cut = rest.find(' ').unwrap_or(0);
+        out = format!("{DIM}#{}{RESET}{}", &rest[..cut], &rest[cut..]);
+    }
+    out
+}
+
 /// An event as one JSON line: seq, at, kind, level_id, attempt, data.
 pub(crate) fn json_line(e: &Event) -> String {
     serde_json::json!({

@@ -181,6 +181,12 @@ fn run_pauses_for_approval_and_a_second_process_resumes_it() {
     assert_eq!(lines[0]["seq"], 1);
     assert_eq!(lines[0]["kind"], "scenario_started");
     assert_eq!(lines.last().unwrap()["kind"], "scenario_finished");
+    // Following a finished run prints its whole log and stops at its end.
+    let followed = baton_db(&db, &["events", &run, "--follow"]);
+    assert_eq!(followed.status.code(), Some(0));
+    let f = text(&followed.stdout);
+    assert!(f.starts_with("#1 ") && f.trim_end().ends_with("levels"), "{f}");
+    assert!(!f.contains("\x1b["), "no colour when stdout is not a terminal");
     let _ = std::fs::remove_dir_all(db.parent().unwrap());
 }
 
