@@ -299,8 +299,12 @@ pub(crate) async fn cancel(
         // Nobody is driving a paused run: finish it here.
         let scenario = find_scenario(&registry, &state.scenario_id, place)?;
         probe.drive(run_id, &scenario).await?;
+        println!("cancelled run {run_id}");
+    } else {
+        println!(
+            "cancel requested for run {run_id}: the process driving it stops at its next check (a run nobody drives stops when resumed)"
+        );
     }
-    println!("cancel requested for run {run_id}");
     Ok(ExitCode::SUCCESS)
 }
 
