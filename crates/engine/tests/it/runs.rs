@@ -598,3 +598,34 @@ async fn one_scenario_loaded_from_two_directories_runs_from_either() {
         assert_eq!(e.drive(&run, s).await.unwrap(), Outcome::Finished(Status::Completed));
     }
 }
+
+#[tokio::test]
+async fn a_fan_out_is_checked_against_the_budget_on_the_sum_of_its_children() {
+    let s = scenario(
+        "
+id: fansum
+version: 1
+budget: {max_cost_usd: 0.10}
+levels:
+  - {id: f, kind: fan_out, fan_out: [a, b, c], fan_in: {aggregator: all_pass}}
+  - {id: a, kind: prompt, prompt: {inline: A}}
+  - {id: b, kind: prompt, prompt: {inline: B}}
+  - {id: c, kind: prompt, prompt: {inline: C}}
+  - {id: after, kind: prompt, prompt: {inline: Z}, terminal: true}
+edges:
+  - {from: f, to: after}
+",
+    );
+    // Each child alone fits the cap (its pre-call check sees only the run's spend so far);
+    // together they cross it, and the check after the merge stops the run.
+    let model = script(
+        "levels:\n  a: [{text: x, cost_usd: 0.04}]\n  b: [{text: y, cost_usd: 0.04}]\n  c: [{text: z, cost_usd: 0.04}]\n  after: [{text: never}]\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Aborted));
+    let st = e.state(&run).await.unwrap();
+    assert!((st.totals.cost_usd - 0.12).abs() < 1e-9);
+    assert_eq!(st.aborted_reason.as_deref(), Some("budget_exceeded:cost"));
+    assert!(st.level("after").is_none());
+}
