@@ -153,6 +153,19 @@ async fn read_capped<R: AsyncRead + Unpin>(mut reader: R) -> (Vec<u8>, u64) {
     (kept, total)
 }
 
+/// Kills every process of a process group (the verifier's), without unsafe code: through
+/// the system's `kill` program.
+async fn kill_group(group: Option<u32>) {
+    let Some(pgid) = group else { return };
+    let _ = tokio::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+}
+
 /// The last `max` bytes of a text, on a character boundary.
 pub fn tail(text: &str, max: usize) -> &str {
     if text.len() <= max {
@@ -214,11 +227,13 @@ async fn run_command(
             }
         }
     }
-    command.kill_on_drop(true);
+    // Its own process group, so everything it starts can be stopped with it.
+    command.kill_on_drop(true).process_group(0);
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => return fail(format!("cannot start `{program}` in {}: {e}", cwd.display())),
     };
+    let group = child.id();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let out_task = tokio::spawn(async move {
@@ -235,17 +250,26 @@ async fn run_command(
     });
     let timeout =
         Duration::from_secs_f64(spec.timeout_s.unwrap_or(limits::VERIFIER_TIMEOUT_S_DEFAULT));
-    let status = tokio::select! {
-        s = child.wait() => s.ok(),
-        () = tokio::time::sleep(timeout) => {
+    let stopped = {
+        let wait = child.wait();
+        tokio::select! {
+            s = wait => Ok(s.ok()),
+            () = tokio::time::sleep(timeout) => {
+                Err(format!("`{program}` timed out after {:.0} s and was killed", timeout.as_secs_f64()))
+            }
+            () = cancel.cancelled() => Err("cancelled".to_owned()),
+        }
+    };
+    // Whatever the program left running in its group (a hung child, a daemon) goes with it;
+    // that also closes the pipes the readers wait on.
+    kill_group(group).await;
+    let status = match stopped {
+        Ok(status) => status,
+        Err(reason) => {
             let _ = child.kill().await;
-            let mut f = fail(format!("`{program}` timed out after {:.0} s and was killed", timeout.as_secs_f64()));
+            let mut f = fail(reason);
             f.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             return f;
-        }
-        () = cancel.cancelled() => {
-            let _ = child.kill().await;
-            return fail("cancelled".to_owned());
         }
     };
     let (out, _) = out_task.await.unwrap_or_default();

@@ -6,6 +6,7 @@
 mod crash;
 mod planner;
 mod runs;
+mod verifiers;
 
 use std::path::PathBuf;
 use std::sync::Arc;
