@@ -49,11 +49,15 @@ pub struct Verifiers {
 }
 
 impl Verifiers {
-    /// The verifiers this crate ships: `command` and `schema`.
+    /// The verifiers this crate ships: `command`, `schema`, and the project presets
+    /// `build`, `typecheck`, `lint` and `unit_test`.
     pub fn builtin() -> Self {
         let mut v = Verifiers::default();
         v.register(Uses::Command, Arc::new(CommandVerifier));
         v.register(Uses::Schema, Arc::new(SchemaVerifier));
+        for preset in [Uses::Build, Uses::Typecheck, Uses::Lint, Uses::UnitTest] {
+            v.register(preset, Arc::new(PresetVerifier(preset)));
+        }
         v
     }
 
@@ -78,6 +82,86 @@ pub fn unavailable(spec: &VerifierSpec, why: &str) -> VerifierFinished {
         cost_usd: 0.0,
         duration_ms: 0,
         details: Value::Null,
+    }
+}
+
+/// A project's usual build, type check, lint or test command, detected from the files in
+/// the workspace (Cargo.toml, package.json, go.mod, pyproject.toml / requirements.txt /
+/// setup.py) unless the verifier gives its own `argv`; then run like `command`.
+#[derive(Clone, Copy, Debug)]
+pub struct PresetVerifier(pub Uses);
+
+/// The command a project of `kind` uses for `preset`.
+fn preset_argv(kind: &str, preset: Uses) -> &'static [&'static str] {
+    match (kind, preset) {
+        ("cargo", Uses::Build) => &["cargo", "build", "--quiet"],
+        ("cargo", Uses::Typecheck) => &["cargo", "check", "--quiet"],
+        ("cargo", Uses::Lint) => &["cargo", "clippy", "--quiet", "--", "-D", "warnings"],
+        ("cargo", _) => &["cargo", "test", "--quiet"],
+        ("npm", Uses::Build) => &["npm", "run", "build", "--silent"],
+        ("npm", Uses::Typecheck) => &["npx", "--no-install", "tsc", "--noEmit"],
+        ("npm", Uses::Lint) => &["npm", "run", "lint", "--silent"],
+        ("npm", _) => &["npm", "test", "--silent"],
+        ("go", Uses::Build) => &["go", "build", "./..."],
+        ("go", Uses::UnitTest) => &["go", "test", "./..."],
+        ("go", _) => &["go", "vet", "./..."],
+        (_, Uses::Build) => &["python3", "-m", "compileall", "-q", "."],
+        (_, Uses::Typecheck) => &["python3", "-m", "mypy", "."],
+        (_, Uses::Lint) => &["python3", "-m", "pyflakes", "."],
+        (_, _) => &["python3", "-m", "pytest", "-q"],
+    }
+}
+
+/// What kind of project lives in `dir`, by its marker files.
+pub fn detect_project(dir: &std::path::Path) -> Option<&'static str> {
+    let has = |f: &str| dir.join(f).is_file();
+    if has("Cargo.toml") {
+        Some("cargo")
+    } else if has("package.json") {
+        Some("npm")
+    } else if has("go.mod") {
+        Some("go")
+    } else if has("pyproject.toml") || has("requirements.txt") || has("setup.py") {
+        Some("python")
+    } else {
+        None
+    }
+}
+
+impl Verifier for PresetVerifier {
+    fn verify<'a>(
+        &'a self,
+        spec: &'a VerifierSpec,
+        ctx: &'a VerifyContext,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, VerifierFinished> {
+        Box::pin(async move {
+            if spec.params.contains_key("argv") {
+                return run_command(spec, ctx, cancel).await;
+            }
+            let dir = match spec.params.get("cwd").and_then(Value::as_str) {
+                Some(d) => ctx.workspace.join(d),
+                None => ctx.workspace.clone(),
+            };
+            let Some(kind) = detect_project(&dir) else {
+                return unavailable(
+                    spec,
+                    &format!(
+                        "no Cargo.toml, package.json, go.mod, pyproject.toml, requirements.txt or setup.py in {}; give the verifier an `argv`",
+                        dir.display()
+                    ),
+                );
+            };
+            let mut with_argv = spec.clone();
+            let argv: Vec<Value> =
+                preset_argv(kind, self.0).iter().map(|a| Value::from(*a)).collect();
+            with_argv.params.insert("argv".to_owned(), Value::Array(argv));
+            let mut outcome = run_command(&with_argv, ctx, cancel).await;
+            if let Some(details) = outcome.details.as_object_mut() {
+                details.insert("project".to_owned(), Value::from(kind));
+            }
+            outcome
+        })
     }
 }
 
@@ -193,12 +277,16 @@ async fn run_command(
         duration_ms: 0,
         details: Value::Null,
     };
-    let argv: Vec<String> = spec
+    let mut argv: Vec<String> = spec
         .params
         .get("argv")
         .and_then(Value::as_array)
         .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
         .unwrap_or_default();
+    // `shell: true` runs the words as one shell command line; otherwise there is no shell.
+    if spec.params.get("shell").and_then(Value::as_bool) == Some(true) && !argv.is_empty() {
+        argv = vec!["sh".to_owned(), "-c".to_owned(), argv.join(" ")];
+    }
     let Some((program, args)) = argv.split_first() else {
         return fail("no `argv` to run".to_owned());
     };

@@ -111,3 +111,84 @@ async fn a_cancel_stops_the_command() {
     assert!(!out.passed && out.reasons[0] == "cancelled");
     assert!(t.elapsed() < Duration::from_secs(3));
 }
+
+fn preset(uses: Uses) -> VerifierSpec {
+    let mut s = spec(&[], 300.0);
+    s.uses = uses;
+    s.params = serde_json::Map::new();
+    s
+}
+
+fn workspace(files: &[(&str, &str)]) -> VerifyContext {
+    let dir = std::env::temp_dir().join(format!("baton-preset-{}", uuid::Uuid::now_v7()));
+    for (path, text) in files {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    VerifyContext { workspace: dir, ..ctx() }
+}
+
+const CARGO_TOML: &str = "[package]\nname = \"probe\"\nversion = \"0.1.0\"\nedition = \"2021\"\n";
+
+#[tokio::test]
+async fn the_build_preset_builds_a_cargo_project_and_reports_a_broken_one() {
+    use baton_engine::verifier::PresetVerifier;
+    let good = workspace(&[
+        ("Cargo.toml", CARGO_TOML),
+        ("src/main.rs", "fn main() { println!(\"hi\"); }\n"),
+    ]);
+    let out =
+        PresetVerifier(Uses::Build).verify(&preset(Uses::Build), &good, &CancelToken::new()).await;
+    assert!(out.passed, "{:?} {}", out.reasons, out.details);
+    assert_eq!(out.details["project"], "cargo");
+    let bad = workspace(&[
+        ("Cargo.toml", CARGO_TOML),
+        ("src/main.rs", "fn main() { let x: u8 = \"no\"; }\n"),
+    ]);
+    let out =
+        PresetVerifier(Uses::Build).verify(&preset(Uses::Build), &bad, &CancelToken::new()).await;
+    assert!(!out.passed);
+    assert!(
+        out.details["stderr_tail"].as_str().unwrap().contains("mismatched types"),
+        "{}",
+        out.details
+    );
+    let _ = std::fs::remove_dir_all(&good.workspace);
+    let _ = std::fs::remove_dir_all(&bad.workspace);
+}
+
+#[tokio::test]
+async fn the_build_preset_compiles_a_python_project() {
+    use baton_engine::verifier::PresetVerifier;
+    let good = workspace(&[("requirements.txt", ""), ("app.py", "print('hi')\n")]);
+    let out =
+        PresetVerifier(Uses::Build).verify(&preset(Uses::Build), &good, &CancelToken::new()).await;
+    assert!(out.passed, "{:?} {}", out.reasons, out.details);
+    let bad =
+        workspace(&[("pyproject.toml", "[project]\nname = 'x'\n"), ("app.py", "def broken(:\n")]);
+    let out =
+        PresetVerifier(Uses::Build).verify(&preset(Uses::Build), &bad, &CancelToken::new()).await;
+    assert!(!out.passed);
+    assert_eq!(out.details["project"], "python");
+    let none = workspace(&[("notes.txt", "")]);
+    let out =
+        PresetVerifier(Uses::Build).verify(&preset(Uses::Build), &none, &CancelToken::new()).await;
+    assert!(
+        !out.passed && out.reasons[0].contains("give the verifier an `argv`"),
+        "{:?}",
+        out.reasons
+    );
+    for w in [good, bad, none] {
+        let _ = std::fs::remove_dir_all(&w.workspace);
+    }
+}
+
+#[tokio::test]
+async fn shell_true_runs_one_command_line() {
+    let mut s = spec(&["test", "1", "-eq", "1", "&&", "echo", "ok"], 10.0);
+    s.params.insert("shell".to_owned(), json!(true));
+    let out = CommandVerifier.verify(&s, &ctx(), &CancelToken::new()).await;
+    assert!(out.passed, "{:?}", out.reasons);
+    assert_eq!(out.details["stdout_tail"], "ok\n");
+}
