@@ -7,12 +7,13 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use baton_scenario::registry::Override;
-use baton_scenario::{Diagnostics, Registry};
+use baton_scenario::{Diagnostic, Diagnostics, Registry};
 
 pub(crate) fn run(
     paths: &[PathBuf],
     json: bool,
     overrides: Option<&Path>,
+    config: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     let mut all = Diagnostics::new();
     let mut registry = match Registry::load(paths) {
@@ -33,6 +34,20 @@ pub(crate) fn run(
                 Ok(loaded) => all.extend(loaded.warnings),
                 Err(e) => all.extend(e.diagnostics),
             }
+        }
+        if all.has_errors() {
+            registry = None;
+        }
+    }
+    // With a provider configuration, every model constraint must resolve to something.
+    let config_path = config.map(Path::to_path_buf).or_else(|| {
+        let default = PathBuf::from("baton.toml");
+        default.is_file().then_some(default)
+    });
+    if let (Some(path), Some(r)) = (config_path, registry.as_ref()) {
+        let config = baton_providers::config::Config::from_file(&path)?;
+        for d in check_models(r, &config, &path) {
+            all.push(d);
         }
         if all.has_errors() {
             registry = None;
@@ -84,6 +99,53 @@ pub(crate) fn run(
         }
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Every level that calls a model must resolve to a configured one; fallback entries that
+/// match nothing are worth a warning.
+fn check_models(
+    registry: &Registry,
+    config: &baton_providers::config::Config,
+    config_path: &Path,
+) -> Vec<Diagnostic> {
+    use baton_scenario::{LevelKind, Pos};
+    let mut out = Vec::new();
+    for s in registry.scenarios() {
+        for level in &s.levels {
+            if !matches!(level.kind, LevelKind::Prompt { .. } | LevelKind::ToolLoop { .. }) {
+                continue;
+            }
+            let chain = baton_providers::resolve::chain(config, level.model.as_ref());
+            if chain.is_empty() {
+                let wanted = level.model.as_ref().map_or_else(
+                    || "the routing default (none configured)".to_owned(),
+                    |m| format!("allow [{}]", m.allow.join(", ")),
+                );
+                out.push(
+                    Diagnostic::error(
+                        "unsatisfiable-model",
+                        Pos::UNKNOWN,
+                        format!("level `{}` of `{}` wants {wanted}, which no model in {} satisfies", level.id, s.id, config_path.display()),
+                    )
+                    .in_file(s.file.clone())
+                    .with_help("configure a matching provider and model, or widen the level's `model.allow`"),
+                );
+            }
+            for entry in level.model.iter().flat_map(|m| m.fallback.iter()) {
+                if baton_providers::resolve::find(config, entry).is_none() {
+                    out.push(
+                        Diagnostic::warning(
+                            "dead-fallback",
+                            Pos::UNKNOWN,
+                            format!("fallback `{entry}` of level `{}` of `{}` matches no configured model", level.id, s.id),
+                        )
+                        .in_file(s.file.clone()),
+                    );
+                }
+            }
+        }
+    }
+    out
 }
 
 fn plural(n: usize) -> &'static str {

@@ -28,6 +28,11 @@ struct Cli {
     #[arg(long, global = true, env = "BATON_SCENARIOS", default_value = "scenarios")]
     scenarios: PathBuf,
 
+    /// The provider configuration (default: ./baton.toml when it exists, else the
+    /// environment: ANTHROPIC_API_KEY, OPENAI_API_KEY, OPENAI_BASE_URL).
+    #[arg(long, global = true, env = "BATON_CONFIG")]
+    config: Option<PathBuf>,
+
     /// The run database (SQLite).
     #[arg(long, global = true, env = "BATON_DB", default_value = ".baton/baton.db")]
     db: PathBuf,
@@ -251,7 +256,12 @@ fn main() -> ExitCode {
         }
         Command::Validate { paths, format, overrides } => {
             let paths = if paths.is_empty() { vec![cli.scenarios.clone()] } else { paths };
-            cmd_validate::run(&paths, format == Format::Json, overrides.as_deref())
+            cmd_validate::run(
+                &paths,
+                format == Format::Json,
+                overrides.as_deref(),
+                cli.config.as_deref(),
+            )
         }
         Command::Bench { workload, store, runs, concurrency, bench_db, json, repeat } => runtime
             .block_on(cmd_bench::bench(cmd_bench::BenchArgs {

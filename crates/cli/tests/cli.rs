@@ -343,3 +343,31 @@ fn killed_after_any_event_a_run_resumes_to_the_same_log() {
     }
     let _ = std::fs::remove_dir_all(base);
 }
+
+#[test]
+fn validate_checks_model_constraints_against_the_configured_providers() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let paid_only = "[routing]\ndefault = \"paid:anthropic/claude-sonnet-4-5\"\n\n[[providers]]\nname = \"anthropic\"\nkind = \"anthropic\"\nbase_url = \"https://api.anthropic.com\"\napi_key_env = \"ANTHROPIC_API_KEY\"\ntier = \"paid\"\n[[providers.models]]\nname = \"claude-sonnet-4-5\"\ninput_usd_per_mtok = 3.0\noutput_usd_per_mtok = 15.0\n";
+    let both = format!(
+        "{paid_only}\n[[providers]]\nname = \"ollama\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:11434/v1\"\ntier = \"free\"\n[[providers.models]]\nname = \"llama3.1\"\n"
+    );
+    std::fs::write(dir.join("paid.toml"), paid_only).unwrap();
+    std::fs::write(dir.join("both.toml"), both).unwrap();
+    let out = baton(&["validate", "--config", dir.join("paid.toml").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(
+            "error[unsatisfiable-model]: level `answer` of `quick_qa` wants allow [free:*]"
+        ),
+        "{err}"
+    );
+    let out = baton(&["validate", "--config", dir.join("both.toml").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    std::fs::write(dir.join("bad.toml"), "[[providers]]\nname = 1\n").unwrap();
+    let out = baton(&["validate", "--config", dir.join("bad.toml").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("bad.toml"), "{}", text(&out.stderr));
+    let _ = std::fs::remove_dir_all(dir);
+}

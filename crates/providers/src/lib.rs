@@ -7,7 +7,9 @@
 //! Neither does I/O; the HTTP clients feed them.
 
 pub mod anthropic;
+pub mod config;
 pub mod openai;
+pub mod resolve;
 pub mod sse;
 
 use serde_json::Value;

@@ -1,0 +1,260 @@
+//! `baton.toml`: the providers Baton may call, their models and prices, and the routing
+//! default — or the same, derived from the environment when there is no file.
+//!
+//! ```toml
+//! [routing]
+//! default = "paid:anthropic/claude-sonnet-4-5"
+//!
+//! [[providers]]
+//! name = "anthropic"
+//! kind = "anthropic"                 # or "openai" (any OpenAI-compatible server)
+//! base_url = "https://api.anthropic.com"
+//! api_key_env = "ANTHROPIC_API_KEY"  # the variable's name; the key never enters the file
+//! tier = "paid"                      # or "free"
+//!
+//! [[providers.models]]
+//! name = "claude-sonnet-4-5"
+//! input_usd_per_mtok = 3.0
+//! output_usd_per_mtok = 15.0
+//! cached_input_usd_per_mtok = 0.3
+//! ```
+
+use std::path::Path;
+
+use baton_scenario::model::Tier;
+use serde::Deserialize;
+
+/// Which wire protocol a provider speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// OpenAI-compatible Chat Completions (OpenAI, vLLM, Ollama, llama.cpp, LM Studio, LiteLLM).
+    Openai,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+/// A model and its price.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    pub name: String,
+    /// US dollars per million input tokens.
+    #[serde(default)]
+    pub input_usd_per_mtok: f64,
+    /// US dollars per million output tokens.
+    #[serde(default)]
+    pub output_usd_per_mtok: f64,
+    /// US dollars per million input tokens served from the provider's cache.
+    #[serde(default)]
+    pub cached_input_usd_per_mtok: Option<f64>,
+    /// Most output tokens a call may ask for.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+}
+
+fn default_max_tokens() -> u32 {
+    4096
+}
+
+impl Model {
+    /// The cost of a call, in US dollars.
+    #[allow(clippy::cast_precision_loss)]
+    pub fn cost_usd(&self, input: u64, output: u64, cached_input: u64) -> f64 {
+        let cached_price = self.cached_input_usd_per_mtok.unwrap_or(self.input_usd_per_mtok);
+        let fresh = input.saturating_sub(cached_input);
+        (fresh as f64 * self.input_usd_per_mtok
+            + cached_input as f64 * cached_price
+            + output as f64 * self.output_usd_per_mtok)
+            / 1e6
+    }
+}
+
+/// One configured provider.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provider {
+    pub name: String,
+    pub kind: Kind,
+    pub base_url: String,
+    /// The environment variable holding the API key (none for a local server).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(deserialize_with = "tier")]
+    pub tier: Tier,
+    #[serde(default)]
+    pub models: Vec<Model>,
+}
+
+fn tier<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Tier, D::Error> {
+    match String::deserialize(d)?.as_str() {
+        "free" => Ok(Tier::Free),
+        "paid" => Ok(Tier::Paid),
+        other => {
+            Err(serde::de::Error::custom(format!("tier must be `free` or `paid`, not `{other}`")))
+        }
+    }
+}
+
+/// Routing settings.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Routing {
+    /// `tier:provider/model` used when a level names no constraint, and as the fallback
+    /// of constraints that allow one outside their list.
+    #[serde(default)]
+    pub default: Option<String>,
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub routing: Routing,
+    #[serde(default)]
+    pub providers: Vec<Provider>,
+}
+
+/// Why a configuration could not be read.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct Error {
+    pub file: String,
+    pub message: String,
+}
+
+impl Config {
+    /// Reads a `baton.toml`.
+    pub fn from_file(path: &Path) -> Result<Config, Error> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error { file: file.clone(), message: format!("cannot read it: {e}") })?;
+        Config::parse(&text, &file)
+    }
+
+    /// Parses and checks a configuration's text.
+    pub fn parse(text: &str, file: &str) -> Result<Config, Error> {
+        let config: Config = toml::from_str(text).map_err(|e| Error {
+            file: file.to_owned(),
+            message: e.to_string().trim().to_owned(),
+        })?;
+        config.check().map_err(|message| Error { file: file.to_owned(), message })?;
+        Ok(config)
+    }
+
+    /// The configuration the environment describes, for running without a file:
+    /// `ANTHROPIC_API_KEY` (paid), `OPENAI_API_KEY` (paid) and `OPENAI_BASE_URL` (a local
+    /// OpenAI-compatible server such as Ollama: free tier, models from `BATON_MODELS`,
+    /// comma-separated).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Config {
+        let mut providers = Vec::new();
+        if get("ANTHROPIC_API_KEY").is_some() {
+            providers.push(Provider {
+                name: "anthropic".to_owned(),
+                kind: Kind::Anthropic,
+                base_url: "https://api.anthropic.com".to_owned(),
+                api_key_env: Some("ANTHROPIC_API_KEY".to_owned()),
+                tier: Tier::Paid,
+                models: vec![
+                    price("claude-sonnet-4-5", 3.0, 15.0, Some(0.3)),
+                    price("claude-haiku-4-5", 1.0, 5.0, Some(0.1)),
+                ],
+            });
+        }
+        match get("OPENAI_BASE_URL") {
+            Some(base_url) => {
+                let models = get("BATON_MODELS").unwrap_or_else(|| "llama3.1".to_owned());
+                providers.push(Provider {
+                    name: "local".to_owned(),
+                    kind: Kind::Openai,
+                    base_url,
+                    api_key_env: get("OPENAI_API_KEY").map(|_| "OPENAI_API_KEY".to_owned()),
+                    tier: Tier::Free,
+                    models: models
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|m| !m.is_empty())
+                        .map(|m| price(m, 0.0, 0.0, None))
+                        .collect(),
+                });
+            }
+            None if get("OPENAI_API_KEY").is_some() => providers.push(Provider {
+                name: "openai".to_owned(),
+                kind: Kind::Openai,
+                base_url: "https://api.openai.com/v1".to_owned(),
+                api_key_env: Some("OPENAI_API_KEY".to_owned()),
+                tier: Tier::Paid,
+                models: vec![
+                    price("gpt-4o", 2.5, 10.0, Some(1.25)),
+                    price("gpt-4o-mini", 0.15, 0.6, Some(0.075)),
+                ],
+            }),
+            None => {}
+        }
+        let default = providers.first().and_then(|p| {
+            p.models.first().map(|m| format!("{}:{}/{}", p.tier.as_str(), p.name, m.name))
+        });
+        Config { routing: Routing { default }, providers }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let mut names = std::collections::HashSet::new();
+        for p in &self.providers {
+            if p.name.is_empty()
+                || !p
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            {
+                return Err(format!(
+                    "provider name `{}` may hold letters, digits, `_`, `-` and `.` only",
+                    p.name
+                ));
+            }
+            if !names.insert(p.name.as_str()) {
+                return Err(format!("provider `{}` is configured twice", p.name));
+            }
+            if !(p.base_url.starts_with("http://") || p.base_url.starts_with("https://")) {
+                return Err(format!(
+                    "provider `{}`: base_url must start with http:// or https://",
+                    p.name
+                ));
+            }
+            if p.models.is_empty() {
+                return Err(format!("provider `{}` lists no models", p.name));
+            }
+            for m in &p.models {
+                let prices = [
+                    m.input_usd_per_mtok,
+                    m.output_usd_per_mtok,
+                    m.cached_input_usd_per_mtok.unwrap_or(0.0),
+                ];
+                if prices.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                    return Err(format!(
+                        "provider `{}`, model `{}`: prices must be zero or more",
+                        p.name, m.name
+                    ));
+                }
+            }
+        }
+        if let Some(default) = &self.routing.default
+            && crate::resolve::find(self, default).is_none()
+        {
+            return Err(format!(
+                "routing.default `{default}` names no configured model (write tier:provider/model)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn price(name: &str, input: f64, output: f64, cached: Option<f64>) -> Model {
+    Model {
+        name: name.to_owned(),
+        input_usd_per_mtok: input,
+        output_usd_per_mtok: output,
+        cached_input_usd_per_mtok: cached,
+        max_tokens: default_max_tokens(),
+    }
+}

@@ -1,0 +1,113 @@
+//! The model policy: from a level's constraint and the routing default to a concrete
+//! provider and model, and the ordered chain to fail over along.
+//!
+//! A constraint's `allow` globs match `tier:provider/model` (`*` matches any run of
+//! characters). The first configured model an allow pattern matches is chosen; then come
+//! the constraint's `fallback` entries in order; then, with `fallback_outside_allow`, the
+//! routing default. A level without a constraint uses the routing default.
+
+use baton_scenario::model::{ModelConstraint, Tier};
+
+use crate::config::{Config, Model, Provider};
+
+/// One concrete choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice<'a> {
+    pub tier: Tier,
+    pub provider: &'a Provider,
+    pub model: &'a Model,
+    /// Where the choice came from: `allow`, `fallback`, `default`.
+    pub source: &'static str,
+}
+
+impl Choice<'_> {
+    /// `tier:provider/model`.
+    pub fn label(&self) -> String {
+        format!("{}:{}/{}", self.tier.as_str(), self.provider.name, self.model.name)
+    }
+}
+
+/// Whether `pattern` (with `*` wildcards) matches `text` entirely.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && p[pi] != '*' && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// Every configured model, in configuration order.
+fn models(config: &Config) -> impl Iterator<Item = (&Provider, &Model)> {
+    config.providers.iter().flat_map(|p| p.models.iter().map(move |m| (p, m)))
+}
+
+/// The configured models a pattern matches, in order. A pattern without `/model` matches
+/// every model of the providers it names.
+fn matching<'a>(
+    config: &'a Config,
+    pattern: &'a str,
+) -> impl Iterator<Item = (&'a Provider, &'a Model)> + 'a {
+    let pattern = if pattern.contains('/') { pattern.to_owned() } else { format!("{pattern}/*") };
+    models(config)
+        .filter(move |(p, m)| glob(&pattern, &format!("{}:{}/{}", p.tier.as_str(), p.name, m.name)))
+}
+
+/// The first configured model a pattern matches.
+pub fn find<'a>(config: &'a Config, pattern: &'a str) -> Option<(&'a Provider, &'a Model)> {
+    matching(config, pattern).next()
+}
+
+/// The ordered candidates for a level: its first choice, then what to fail over to.
+/// Empty when nothing configured satisfies the constraint.
+pub fn chain<'a>(config: &'a Config, constraint: Option<&'a ModelConstraint>) -> Vec<Choice<'a>> {
+    let mut out: Vec<Choice<'a>> = Vec::new();
+    let push = |provider: &'a Provider,
+                model: &'a Model,
+                source: &'static str,
+                out: &mut Vec<Choice<'a>>| {
+        if !out.iter().any(|c| std::ptr::eq(c.model, model)) {
+            out.push(Choice { tier: provider.tier, provider, model, source });
+        }
+    };
+    let default = config.routing.default.as_deref().and_then(|d| find(config, d));
+    match constraint {
+        None => {
+            if let Some((p, m)) = default {
+                push(p, m, "default", &mut out);
+            }
+        }
+        Some(c) => {
+            for pattern in &c.allow {
+                if let Some((p, m)) = find(config, pattern) {
+                    push(p, m, "allow", &mut out);
+                    break;
+                }
+            }
+            for pattern in &c.fallback {
+                if let Some((p, m)) = find(config, pattern) {
+                    push(p, m, "fallback", &mut out);
+                }
+            }
+            if c.fallback_outside_allow
+                && let Some((p, m)) = default
+            {
+                push(p, m, "default", &mut out);
+            }
+        }
+    }
+    out
+}
