@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use baton_scenario::Scenario;
 use baton_scenario::model::{
-    Aggregator, LevelIdx, LevelKind, Mode, OnFail, Response, VerifierSpec,
+    Aggregator, LevelIdx, LevelKind, Mode, OnFail, Response, Uses, VerifierSpec,
 };
 use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value, json};
@@ -82,6 +82,18 @@ impl LevelRun {
         &self.scenario.levels[self.level].id
     }
 
+    /// The model calls of this attempt, numbered on from the ones already in the log.
+    fn calls(&self) -> Calls<'_> {
+        let level = self.state.level(self.id());
+        Calls {
+            run: self,
+            call_index: level.map_or(0, |l| l.calls_total),
+            cost_usd: 0.0,
+            tokens: 0,
+            call: level.map_or(0, |l| l.calls),
+        }
+    }
+
     fn event(&self, data: EventData) -> NewEvent {
         NewEvent::level(self.id(), self.attempt, data)
     }
@@ -121,13 +133,7 @@ impl LevelRun {
                 Value::from(answers.into_iter().cloned().collect::<Vec<_>>())
             ));
         }
-        let mut calls = Calls {
-            run: self,
-            call_index: self.state.level(&level.id).map_or(0, |l| l.calls_total),
-            cost_usd: 0.0,
-            tokens: 0,
-            call: self.state.level(&level.id).map_or(0, |l| l.calls),
-        };
+        let mut calls = self.calls();
         let json_mode = matches!(response, Response::Json { .. });
         let mut reply = match calls.call(&mut events, &prompt.name, &text, json_mode).await {
             Ok(r) => r,
@@ -201,9 +207,16 @@ impl LevelRun {
                 parsed: parsed.clone(),
                 scratchpad: self.state.scratchpad.clone(),
             };
-            let outcomes =
-                run_verifiers(self, &level.verifiers, level.mode, level.run_all, &ctx, &mut events)
-                    .await;
+            let outcomes = run_verifiers(
+                self,
+                &mut calls,
+                &level.verifiers,
+                level.mode,
+                level.run_all,
+                &ctx,
+                &mut events,
+            )
+            .await;
             let failed = failures(&level.verifiers, &outcomes);
             if failed.iter().any(|(spec, _)| spec.on_fail == OnFail::Retry) && retries_left > 0 {
                 retries_left -= 1;
@@ -246,7 +259,7 @@ impl LevelRun {
                 scratchpad,
                 conflict,
                 error: None,
-                cost_usd: calls.cost_usd + outcomes.iter().map(|o| o.cost_usd).sum::<f64>(),
+                cost_usd: calls.cost_usd,
                 tokens: calls.tokens,
                 duration_ms: millis(started),
                 terminal: level.terminal,
@@ -259,16 +272,26 @@ impl LevelRun {
         let started = Instant::now();
         let level = &self.scenario.levels[self.level];
         let mut events = Vec::new();
+        let mut calls = self.calls();
+        // A verifier level checks the work so far: the workspace, and for judges the output
+        // of the last level that produced one.
         let ctx = VerifyContext {
             workspace: self.runtime.workspace.clone(),
             input: self.state.input.clone(),
-            output: String::new(),
+            output: self.state.last_output.clone().unwrap_or_default(),
             parsed: None,
             scratchpad: self.state.scratchpad.clone(),
         };
-        let outcomes =
-            run_verifiers(self, &level.verifiers, level.mode, level.run_all, &ctx, &mut events)
-                .await;
+        let outcomes = run_verifiers(
+            self,
+            &mut calls,
+            &level.verifiers,
+            level.mode,
+            level.run_all,
+            &ctx,
+            &mut events,
+        )
+        .await;
         let failed = failures(&level.verifiers, &outcomes);
         let passed_names: Vec<&str> =
             outcomes.iter().filter(|o| o.passed).map(|o| o.name.as_str()).collect();
@@ -302,8 +325,8 @@ impl LevelRun {
             scratchpad,
             conflict: (verdict == "FAIL").then(|| format!("verify:{}", level.id)),
             error: None,
-            cost_usd: outcomes.iter().map(|o| o.cost_usd).sum(),
-            tokens: 0,
+            cost_usd: calls.cost_usd,
+            tokens: calls.tokens,
             duration_ms: millis(started),
             terminal: level.terminal,
         })));
@@ -608,6 +631,7 @@ fn feedback_text(failed: &[(&VerifierSpec, &VerifierFinished)]) -> String {
 /// Runs a level's verifiers in its mode; outcomes come back in declared order.
 async fn run_verifiers(
     run: &LevelRun,
+    calls: &mut Calls<'_>,
     specs: &[VerifierSpec],
     mode: Mode,
     run_all: bool,
@@ -627,6 +651,8 @@ async fn run_verifiers(
             for spec in specs {
                 let outcome = if stopped {
                     verifier::unavailable(spec, "not run: an earlier verifier failed (serial mode)")
+                } else if spec.uses == Uses::LlmJudge {
+                    judge(calls, spec, ctx, events).await
                 } else {
                     verify_one(run, spec, ctx, &run.cancel).await
                 };
@@ -638,15 +664,113 @@ async fn run_verifiers(
         }
         // `race` runs like `parallel` until the verifiers issue gives it early cancellation.
         Mode::Parallel | Mode::Race => {
+            // Judges are model calls recorded in this step's events: they run one after
+            // another, in declared order; the other verifiers run all at once.
+            let others: Vec<&VerifierSpec> =
+                specs.iter().filter(|s| s.uses != Uses::LlmJudge).collect();
             let futures: Vec<_> =
-                specs.iter().map(|spec| verify_one(run, spec, ctx, &run.cancel)).collect();
-            outcomes = join_limited(futures, specs.len()).await;
+                others.iter().map(|spec| verify_one(run, spec, ctx, &run.cancel)).collect();
+            let mut done = join_limited(futures, others.len()).await.into_iter();
+            let mut slots = Vec::with_capacity(specs.len());
+            for spec in specs {
+                if spec.uses == Uses::LlmJudge {
+                    slots.push(judge(calls, spec, ctx, events).await);
+                } else {
+                    slots.push(done.next().unwrap_or_else(|| {
+                        verifier::unavailable(spec, "the verifier did not run")
+                    }));
+                }
+            }
+            outcomes = slots;
         }
     }
     for outcome in &outcomes {
         events.push(run.event(EventData::VerifierFinished(outcome.clone())));
     }
     outcomes
+}
+
+/// An `llm_judge`: one model call, recorded in the step's events, that scores the level's
+/// output against each criterion of a rubric; the score is their weighted mean.
+async fn judge(
+    calls: &mut Calls<'_>,
+    spec: &VerifierSpec,
+    ctx: &VerifyContext,
+    events: &mut Vec<NewEvent>,
+) -> VerifierFinished {
+    let started = Instant::now();
+    let Some(rubric) = &spec.rubric else {
+        return verifier::unavailable(spec, "the judge has no rubric");
+    };
+    let mut prompt = format!(
+        "You are a strict reviewer. Score the work below against each criterion, from 0.0 (not met) to 1.0 (fully met).\n\n{}\n\nCriteria:\n",
+        rubric.body
+    );
+    for c in &rubric.criteria {
+        prompt.push_str(&format!("- {} (weight {}): {}\n", c.id, c.weight, c.description));
+    }
+    prompt.push_str(&format!(
+        "\nThe work:\n{}\n\nAnswer with only a JSON object: {{\"scores\": {{\"<criterion>\": <0.0 to 1.0>}}, \"reasons\": {{\"<criterion>\": \"<one sentence>\"}}}}",
+        ctx.output
+    ));
+    let spent = calls.cost_usd;
+    let answer = match calls.call(events, &format!("judge:{}", rubric.id), &prompt, true).await {
+        Ok(text) => text,
+        Err(Stop::Failed(message)) => {
+            return verifier::unavailable(
+                spec,
+                &format!("the judge's model call failed: {message}"),
+            );
+        }
+        Err(Stop::Halted) => {
+            return verifier::unavailable(
+                spec,
+                "the judge was not called: the budget or a cancel stopped the level",
+            );
+        }
+    };
+    let cost_usd = calls.cost_usd - spent;
+    let duration_ms = millis(started);
+    let Some(scores) = verdict::parse_json(&answer)
+        .and_then(|v| v.get("scores").cloned())
+        .filter(Value::is_object)
+    else {
+        let mut failed =
+            verifier::unavailable(spec, "the judge did not answer with {\"scores\": {…}}");
+        failed.cost_usd = cost_usd;
+        failed.duration_ms = duration_ms;
+        return failed;
+    };
+    let reasons_given =
+        verdict::parse_json(&answer).and_then(|v| v.get("reasons").cloned()).unwrap_or(Value::Null);
+    let threshold =
+        spec.params.get("threshold").and_then(Value::as_f64).unwrap_or(rubric.pass_threshold);
+    let (mut weighted, mut weights) = (0.0, 0.0);
+    let mut reasons = Vec::new();
+    let mut per_criterion = Map::new();
+    for c in &rubric.criteria {
+        let score = scores.get(&c.id).and_then(Value::as_f64).map_or(0.0, |s| s.clamp(0.0, 1.0));
+        weighted += c.weight * score;
+        weights += c.weight;
+        per_criterion.insert(c.id.clone(), json!(score));
+        if score < threshold {
+            let why = reasons_given.get(&c.id).and_then(Value::as_str).unwrap_or(
+                if scores.get(&c.id).is_none() { "not scored" } else { "no reason given" },
+            );
+            reasons.push(format!("{} {score:.2}: {why}", c.id));
+        }
+    }
+    let score = if weights > 0.0 { weighted / weights } else { 0.0 };
+    let passed = score >= threshold;
+    VerifierFinished {
+        name: spec.name.clone(),
+        passed,
+        score: Some(score),
+        reasons: if passed { Vec::new() } else { reasons },
+        cost_usd,
+        duration_ms,
+        details: json!({"rubric": rubric.id, "threshold": threshold, "scores": per_criterion}),
+    }
 }
 
 async fn verify_one(

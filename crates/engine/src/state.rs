@@ -241,10 +241,10 @@ impl RunState {
                 self.totals.cost_usd += r.cost_usd;
                 self.totals.tokens += r.usage.total();
             }
+            // Money is spent only by model calls, each a `model_response`: a verifier's
+            // cost (a judge's call) is reported here but counted there.
             EventData::VerifierFinished(v) => {
-                self.totals.cost_usd += v.cost_usd;
                 let level = self.levels.entry(level_id).or_default();
-                level.cost_usd += v.cost_usd;
                 level.verifiers.insert(v.name.clone(), v.clone());
             }
             EventData::AskUser(a) => {

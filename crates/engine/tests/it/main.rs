@@ -24,6 +24,11 @@ use chrono::{DateTime, Utc};
 
 /// Loads one scenario from YAML text (templates inline).
 pub fn scenario(yaml: &str) -> Arc<Scenario> {
+    scenario_with(yaml, &[])
+}
+
+/// Loads one scenario from YAML text, beside other files (rubrics, schemas).
+pub fn scenario_with(yaml: &str, files: &[(&str, &str)]) -> Arc<Scenario> {
     let dir = std::env::temp_dir().join(format!(
         "baton-engine-it-{}-{}",
         std::process::id(),
@@ -31,6 +36,11 @@ pub fn scenario(yaml: &str) -> Arc<Scenario> {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("s.yaml"), yaml).unwrap();
+    for (path, text) in files {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
     let loaded = Registry::load(&[&dir]).unwrap_or_else(|e| panic!("{}", e.diagnostics.render()));
     let _ = std::fs::remove_dir_all(&dir);
     Arc::clone(loaded.registry.scenarios().next().unwrap())

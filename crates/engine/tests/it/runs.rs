@@ -629,3 +629,75 @@ edges:
     assert_eq!(st.aborted_reason.as_deref(), Some("budget_exceeded:cost"));
     assert!(st.level("after").is_none());
 }
+
+const RUBRIC: &str = "---\nid: clarity_v1\npass_threshold: 0.7\ncriteria:\n  - {id: accuracy, weight: 2, description: every claim holds}\n  - {id: tone, weight: 1, description: plain words}\n---\nJudge the answer for a general reader.\n";
+
+const JUDGED: &str = "
+id: judged
+version: 1
+budget: {max_cost_usd: 1.0}
+levels:
+  - id: answer
+    kind: prompt
+    prompt: {inline: 'Answer {{ input }}'}
+    verifiers:
+      - {name: clarity, uses: llm_judge, params: {rubric: clarity_v1}, on_fail: retry, max_retries: 1}
+    terminal: true
+";
+
+#[tokio::test]
+async fn an_llm_judge_scores_against_its_rubric_and_its_call_is_in_the_log() {
+    let s = crate::scenario_with(JUDGED, &[("rubrics/clarity_v1.md", RUBRIC)]);
+    let model = script(
+        "levels:\n  answer:\n    - {text: 'first answer', cost_usd: 0.01}\n    - {text: '{\"scores\": {\"accuracy\": 0.5, \"tone\": 1.0}, \"reasons\": {\"accuracy\": \"one claim is wrong\"}}', cost_usd: 0.002}\n    - {text: 'second answer', cost_usd: 0.01}\n    - {text: '{\"scores\": {\"accuracy\": 0.9, \"tone\": 0.9}}', cost_usd: 0.002}\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    let outcomes: Vec<(bool, f64, Vec<String>)> = log
+        .iter()
+        .filter_map(|ev| match &ev.data {
+            EventData::VerifierFinished(v) => Some((v.passed, v.score.unwrap(), v.reasons.clone())),
+            _ => None,
+        })
+        .collect();
+    // (2 × 0.5 + 1 × 1.0) / 3 = 0.667 < 0.7: fails and says why; the retry passes.
+    assert!(!outcomes[0].0 && (outcomes[0].1 - 2.0 / 3.0).abs() < 1e-9, "{outcomes:?}");
+    assert_eq!(outcomes[0].2, vec!["accuracy 0.50: one claim is wrong"]);
+    assert!(outcomes[1].0 && (outcomes[1].1 - 0.9).abs() < 1e-9);
+    let judge_prompts = log
+        .iter()
+        .filter(
+            |ev| matches!(&ev.data, EventData::PromptSent(p) if p.template == "judge:clarity_v1"),
+        )
+        .count();
+    assert_eq!(judge_prompts, 2, "each judge call is a recorded model call");
+    let st = e.state(&run).await.unwrap();
+    assert!(
+        (st.totals.cost_usd - 0.024).abs() < 1e-9,
+        "judge costs count once: {}",
+        st.totals.cost_usd
+    );
+    assert_eq!(st.final_output.as_deref(), Some("second answer"));
+}
+
+#[tokio::test]
+async fn a_judge_that_does_not_answer_with_scores_fails_closed() {
+    let s = crate::scenario_with(
+        &JUDGED.replace(", on_fail: retry, max_retries: 1", ""),
+        &[("rubrics/clarity_v1.md", RUBRIC)],
+    );
+    let model = script("levels:\n  answer: [{text: 'an answer'}, {text: 'looks fine to me'}]\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    e.drive(&run, &s).await.unwrap();
+    let st = e.state(&run).await.unwrap();
+    let clarity = &st.level("answer").unwrap().verifiers["clarity"];
+    assert!(
+        !clarity.passed && clarity.reasons[0].contains("did not answer"),
+        "{:?}",
+        clarity.reasons
+    );
+    assert_eq!(st.verdict.as_deref(), Some("FAIL"));
+}
