@@ -1,0 +1,446 @@
+//! The HTTP clients: one streamed call to an OpenAI-compatible or Anthropic endpoint, with
+//! retries, and [`Providers`], the engine's `ModelProvider` over the configured providers.
+//!
+//! Faults: 401/403 is an authentication error naming the provider and the key's variable,
+//! never retried; 429, 5xx, connect and read timeouts and dropped streams are retried with
+//! exponential backoff and jitter, honouring `Retry-After`, within bounded attempts and time;
+//! a malformed stream is an error naming the provider, the model and the request id. API keys
+//! go into headers only — never into errors, logs or events. A cancel aborts a stream at once.
+
+use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
+
+use baton_engine::cancel::CancelToken;
+use baton_engine::event::Usage as EngineUsage;
+use baton_engine::model::{BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest};
+use serde_json::{Value, json};
+
+use crate::config::{Config, Kind, Model, Provider};
+use crate::resolve::{Choice, chain};
+use crate::{Reply, Stop, StreamError, anthropic, openai, sse};
+
+/// Attempts of one call to one provider (the first and its retries).
+pub const ATTEMPTS_MAX: u32 = 4;
+/// Longest time spent retrying one provider.
+pub const RETRY_TIME_MAX: Duration = Duration::from_secs(60);
+/// First backoff; it doubles with each retry.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(250);
+/// Longest `Retry-After` honoured.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(30);
+/// Time to connect.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest silence while reading a response.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(120);
+/// Largest response body read from a provider.
+pub const RESPONSE_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Why a call to one provider failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CallError {
+    #[error("{provider}: authentication failed (HTTP {status}); check the key in ${env}")]
+    Auth { provider: String, status: u16, env: String },
+    #[error("{provider} ({model}): HTTP {status}{}: {message}", request_id.as_ref().map(|r| format!(", request {r}")).unwrap_or_default())]
+    Http {
+        provider: String,
+        model: String,
+        status: u16,
+        message: String,
+        request_id: Option<String>,
+        retry_after: Option<Duration>,
+    },
+    #[error("{provider} ({model}): {message}")]
+    Transport { provider: String, model: String, message: String },
+    #[error("{provider} ({model}){}: {source}", request_id.as_ref().map(|r| format!(", request {r}")).unwrap_or_default())]
+    Stream { provider: String, model: String, request_id: Option<String>, source: StreamError },
+    #[error("{provider} ({model}): the model refused{}", reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Refused { provider: String, model: String, reason: Option<String> },
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl CallError {
+    fn retryable(&self) -> bool {
+        match self {
+            CallError::Http { status, .. } => *status == 429 || (500..600).contains(status),
+            CallError::Transport { .. } => true,
+            CallError::Stream { source, .. } => matches!(source, StreamError::Incomplete),
+            _ => false,
+        }
+    }
+}
+
+static CRYPTO: Once = Once::new();
+
+/// An HTTP client for model providers.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client with Baton's timeouts.
+    pub fn new() -> Result<Self, String> {
+        CRYPTO.call_once(|| {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        });
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Client { http })
+    }
+
+    /// One call to one provider and model, retried on transient faults.
+    pub async fn call(
+        &self,
+        provider: &Provider,
+        model: &Model,
+        request: &ModelRequest,
+        key: Option<&str>,
+        cancel: &CancelToken,
+    ) -> Result<Reply, CallError> {
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = tokio::select! {
+                r = self.once(provider, model, request, key) => r,
+                () = cancel.cancelled() => return Err(CallError::Cancelled),
+            };
+            match result {
+                Ok(reply) => return Ok(reply),
+                Err(e)
+                    if e.retryable()
+                        && attempt < ATTEMPTS_MAX
+                        && started.elapsed() < RETRY_TIME_MAX =>
+                {
+                    let wait = match &e {
+                        CallError::Http { retry_after: Some(after), .. } => *after,
+                        _ => backoff(attempt),
+                    };
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = cancel.cancelled() => return Err(CallError::Cancelled),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn once(
+        &self,
+        provider: &Provider,
+        model: &Model,
+        request: &ModelRequest,
+        key: Option<&str>,
+    ) -> Result<Reply, CallError> {
+        let max_tokens = request.max_tokens.min(model.max_tokens);
+        let transport = |message: String| CallError::Transport {
+            provider: provider.name.clone(),
+            model: model.name.clone(),
+            message,
+        };
+        let base = provider.base_url.trim_end_matches('/');
+        let builder = match provider.kind {
+            Kind::Openai => {
+                let mut body = json!({
+                    "model": model.name,
+                    "messages": [{"role": "user", "content": request.prompt}],
+                    "max_tokens": max_tokens,
+                    "stream": true,
+                    "stream_options": {"include_usage": true},
+                });
+                if request.json {
+                    body["response_format"] = json!({"type": "json_object"});
+                }
+                let mut b = self.http.post(format!("{base}/chat/completions")).json_body(&body);
+                if let Some(key) = key {
+                    b = b.bearer_auth(key);
+                }
+                b
+            }
+            Kind::Anthropic => {
+                let body = json!({
+                    "model": model.name,
+                    "max_tokens": max_tokens,
+                    "messages": [{"role": "user", "content": request.prompt}],
+                    "stream": true,
+                });
+                let mut b = self
+                    .http
+                    .post(format!("{base}/v1/messages"))
+                    .json_body(&body)
+                    .header("anthropic-version", "2023-06-01");
+                if let Some(key) = key {
+                    b = b.header("x-api-key", key);
+                }
+                b
+            }
+        };
+        let mut response = builder.send().await.map_err(|e| transport(describe(&e)))?;
+        let status = response.status().as_u16();
+        let request_id = ["x-request-id", "request-id"]
+            .iter()
+            .find_map(|h| response.headers().get(*h))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if status == 401 || status == 403 {
+            return Err(CallError::Auth {
+                provider: provider.name.clone(),
+                status,
+                env: provider
+                    .api_key_env
+                    .clone()
+                    .unwrap_or_else(|| "(no api_key_env configured)".to_owned()),
+            });
+        }
+        if status >= 400 {
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(|s| Duration::from_secs_f64(s).min(RETRY_AFTER_MAX));
+            let body = read_capped(&mut response).await.unwrap_or_default();
+            let message = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| {
+                    v.get("error")
+                        .and_then(|e| e.get("message").or(Some(e)))
+                        .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_owned))
+                })
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
+            return Err(CallError::Http {
+                provider: provider.name.clone(),
+                model: model.name.clone(),
+                status,
+                message,
+                request_id,
+                retry_after,
+            });
+        }
+        let stream_error = |source: StreamError| CallError::Stream {
+            provider: provider.name.clone(),
+            model: model.name.clone(),
+            request_id: request_id.clone(),
+            source,
+        };
+        let mut parser = sse::Parser::new();
+        let mut events = Vec::new();
+        let mut oa = openai::Assembler::new();
+        let mut an = anthropic::Assembler::new();
+        let mut read = 0usize;
+        loop {
+            let chunk = match response.chunk().await {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                // A dropped connection mid-stream: the response is incomplete.
+                Err(_) => return Err(stream_error(StreamError::Incomplete)),
+            };
+            read += chunk.len();
+            if read > RESPONSE_BYTES_MAX {
+                return Err(stream_error(StreamError::Malformed(format!(
+                    "the response passed {RESPONSE_BYTES_MAX} bytes"
+                ))));
+            }
+            parser.feed(&chunk, &mut events);
+            for e in events.drain(..) {
+                match provider.kind {
+                    Kind::Openai => oa.push(&e).map_err(&stream_error)?,
+                    Kind::Anthropic => an.push(&e).map_err(&stream_error)?,
+                }
+            }
+        }
+        let reply = match provider.kind {
+            Kind::Openai => oa.finish(),
+            Kind::Anthropic => an.finish(),
+        }
+        .map_err(&stream_error)?;
+        if let Stop::Refusal(reason) = &reply.stop {
+            return Err(CallError::Refused {
+                provider: provider.name.clone(),
+                model: model.name.clone(),
+                reason: reason.clone(),
+            });
+        }
+        Ok(reply)
+    }
+}
+
+/// A small trait so both request kinds set a JSON body the same way.
+trait JsonBody {
+    fn json_body(self, body: &Value) -> Self;
+}
+
+impl JsonBody for reqwest::RequestBuilder {
+    fn json_body(self, body: &Value) -> Self {
+        self.header("content-type", "application/json").body(body.to_string())
+    }
+}
+
+async fn read_capped(response: &mut reqwest::Response) -> Result<Vec<u8>, reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        body.extend_from_slice(&chunk);
+        if body.len() > 64 * 1024 {
+            break;
+        }
+    }
+    Ok(body)
+}
+
+/// What went wrong with a request, without its URL's query or any header.
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "the request timed out".to_owned()
+    } else if e.is_connect() {
+        "cannot connect".to_owned()
+    } else {
+        let mut message = e.to_string();
+        if let Some(url) = e.url() {
+            message = message.replace(url.as_str(), url.path());
+        }
+        message
+    }
+}
+
+/// Exponential backoff with jitter: base × 2^(attempt-1), plus up to half of that again.
+pub fn backoff(attempt: u32) -> Duration {
+    let exp = BACKOFF_BASE * 2u32.saturating_pow(attempt.saturating_sub(1).min(8));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let jitter = exp.mul_f64(f64::from(nanos % 1000) / 2000.0);
+    exp + jitter
+}
+
+/// The engine's model provider over the configured providers: a level's constraint picks a
+/// chain of models; a provider that fails after its retries hands over to the next.
+#[derive(Clone)]
+pub struct Providers {
+    config: Arc<Config>,
+    client: Client,
+    /// API keys by variable name, read once; never printed.
+    keys: Arc<std::collections::BTreeMap<String, String>>,
+}
+
+impl std::fmt::Debug for Providers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Key names only: the values are secrets.
+        f.debug_struct("Providers")
+            .field("config", &self.config)
+            .field("keys", &self.keys.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Providers {
+    /// Providers from a configuration; keys are read from the process environment.
+    pub fn new(config: Config) -> Result<Self, String> {
+        Self::with_env(config, |k| std::env::var(k).ok())
+    }
+
+    /// Providers reading keys through `env` (tests pass their own).
+    pub fn with_env(config: Config, env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let keys = config
+            .providers
+            .iter()
+            .filter_map(|p| p.api_key_env.as_deref())
+            .filter_map(|name| env(name).map(|v| (name.to_owned(), v)))
+            .collect();
+        Ok(Providers { config: Arc::new(config), client: Client::new()?, keys: Arc::new(keys) })
+    }
+
+    fn key(&self, provider: &Provider) -> Option<String> {
+        provider.api_key_env.as_deref().and_then(|name| self.keys.get(name).cloned())
+    }
+
+    async fn call_chain(
+        &self,
+        request: &ModelRequest,
+        cancel: &CancelToken,
+    ) -> Result<ModelReply, ModelError> {
+        let choices: Vec<Choice<'_>> = chain(&self.config, request.constraint.as_ref());
+        if choices.is_empty() {
+            return Err(ModelError::Failed {
+                provider: "policy".to_owned(),
+                message: format!(
+                    "no configured model satisfies the constraint of level `{}`",
+                    request.level_id
+                ),
+            });
+        }
+        let mut failures = Vec::new();
+        for choice in choices {
+            let key = self.key(choice.provider);
+            if choice.provider.api_key_env.is_some() && key.is_none() {
+                failures.push(format!(
+                    "{}: ${} is not set",
+                    choice.provider.name,
+                    choice.provider.api_key_env.as_deref().unwrap_or_default()
+                ));
+                continue;
+            }
+            match self
+                .client
+                .call(choice.provider, choice.model, request, key.as_deref(), cancel)
+                .await
+            {
+                Ok(reply) => {
+                    let usage = EngineUsage {
+                        input_tokens: reply.usage.input_tokens,
+                        output_tokens: reply.usage.output_tokens,
+                    };
+                    let cost_usd = choice.model.cost_usd(
+                        reply.usage.input_tokens,
+                        reply.usage.output_tokens,
+                        reply.usage.cached_input_tokens,
+                    );
+                    let tool_calls = reply
+                        .tool_calls
+                        .into_iter()
+                        .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+                        .collect();
+                    let mut note = String::new();
+                    if !failures.is_empty() {
+                        note = format!(" (after failing over from: {})", failures.join("; "));
+                    }
+                    return Ok(ModelReply {
+                        provider: format!("{}{note}", choice.provider.name),
+                        model: choice.model.name.clone(),
+                        text: reply.text,
+                        tool_calls,
+                        usage,
+                        cost_usd,
+                    });
+                }
+                Err(CallError::Cancelled) => return Err(ModelError::Cancelled),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        Err(ModelError::Failed { provider: "providers".to_owned(), message: failures.join("; ") })
+    }
+}
+
+impl ModelProvider for Providers {
+    fn call<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, Result<ModelReply, ModelError>> {
+        Box::pin(self.call_chain(request, cancel))
+    }
+
+    fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64 {
+        let Some(first) = chain(&self.config, request.constraint.as_ref()).into_iter().next()
+        else {
+            return 0.0;
+        };
+        let input = (request.prompt.len() / 4 + 1) as u64;
+        let output = u64::from(request.max_tokens.min(first.model.max_tokens));
+        first.model.cost_usd(input, output, 0)
+    }
+}

@@ -1,0 +1,349 @@
+//! The HTTP clients against fakellm (an independent implementation of both APIs, installed
+//! by scripts/test into .peers/venv) and against a scripted TCP server for the faults
+//! fakellm cannot produce (429 with Retry-After, 5xx, 401, a dropped connection, a slow
+//! stream to cancel).
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::TcpListener as StdListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use baton_engine::cancel::CancelToken;
+use baton_engine::model::{ModelError, ModelProvider, ModelRequest};
+use baton_providers::client::{CallError, Client, Providers};
+use baton_providers::config::Config;
+use baton_scenario::model::ModelConstraint;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Fakellm {
+    child: Child,
+    port: u16,
+    _dir: PathBuf,
+}
+
+impl Drop for Fakellm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fakellm(rules: &str) -> Fakellm {
+    let bin = std::env::var_os("BATON_FAKELLM").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.peers/venv/bin/fakellm")
+    });
+    assert!(
+        bin.exists(),
+        "fakellm is not installed at {}: run scripts/test, which installs it",
+        bin.display()
+    );
+    let dir = std::env::temp_dir().join(format!("baton-fakellm-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("rules.yaml"), rules).unwrap();
+    let port = StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(bin)
+        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--config"])
+        .arg(dir.join("rules.yaml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "fakellm did not start on port {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Fakellm { child, port, _dir: dir }
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    )
+}
+
+fn config(openai_base: &str, anthropic_base: &str) -> Config {
+    Config::parse(
+        &format!(
+            r#"
+[routing]
+default = "free:local/fake-model"
+
+[[providers]]
+name = "local"
+kind = "openai"
+base_url = "{openai_base}"
+tier = "free"
+[[providers.models]]
+name = "fake-model"
+
+[[providers]]
+name = "claude"
+kind = "anthropic"
+base_url = "{anthropic_base}"
+api_key_env = "TEST_ANTHROPIC_KEY"
+tier = "paid"
+[[providers.models]]
+name = "claude-test"
+input_usd_per_mtok = 3.0
+output_usd_per_mtok = 15.0
+"#
+        ),
+        "test.toml",
+    )
+    .unwrap()
+}
+
+fn request(prompt: &str, allow: &str, json_mode: bool) -> ModelRequest {
+    ModelRequest {
+        level_id: "l1".to_owned(),
+        call_index: 0,
+        prompt: prompt.to_owned(),
+        json: json_mode,
+        max_tokens: 256,
+        constraint: Some(ModelConstraint {
+            tier: None,
+            allow: vec![allow.to_owned()],
+            fallback_outside_allow: false,
+            fallback: Vec::new(),
+            source: "level",
+        }),
+    }
+}
+
+const RULES: &str = r#"
+version: 1
+defaults: {fallback: deterministic_echo}
+rules:
+  - name: weather
+    when: {messages_contain: "weather"}
+    respond:
+      tool_calls: [{name: get_weather, arguments: {city: "Paris"}}]
+  - name: parallel
+    when: {messages_contain: "stocks"}
+    respond:
+      tool_calls: [{name: get_price, arguments: {ticker: "AAPL"}}, {name: get_price, arguments: {ticker: "MSFT"}}]
+  - name: json
+    when: {messages_contain: "as json"}
+    respond: {content: '{"answer": 42}'}
+  - name: hello
+    when: {messages_contain: "hello"}
+    respond: {content: "Hi there, this is a longer streamed answer."}
+"#;
+
+#[tokio::test]
+async fn streamed_text_and_tool_calls_from_fakellm_over_both_apis() {
+    let server = fakellm(RULES);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let providers = Providers::with_env(config(&format!("{base}/v1"), &base), |k| {
+        (k == "TEST_ANTHROPIC_KEY").then(|| "sk-test-secret".to_owned())
+    })
+    .unwrap();
+    let cancel = CancelToken::new();
+    for allow in ["free:local/*", "paid:claude/*"] {
+        let reply = providers.call(&request("hello there", allow, false), &cancel).await.unwrap();
+        assert_eq!(reply.text, "Hi there, this is a longer streamed answer.", "{allow}");
+        let reply =
+            providers.call(&request("what's the weather?", allow, false), &cancel).await.unwrap();
+        assert_eq!(
+            reply.tool_calls,
+            vec![
+                json!({"id": reply.tool_calls[0]["id"], "name": "get_weather", "arguments": {"city": "Paris"}})
+            ],
+            "{allow}"
+        );
+        let reply =
+            providers.call(&request("two stocks please", allow, false), &cancel).await.unwrap();
+        let tickers: Vec<&str> =
+            reply.tool_calls.iter().map(|c| c["arguments"]["ticker"].as_str().unwrap()).collect();
+        assert_eq!(tickers, vec!["AAPL", "MSFT"], "{allow}");
+        let reply = providers.call(&request("answer as json", allow, true), &cancel).await.unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&reply.text).unwrap(),
+            json!({"answer": 42}),
+            "{allow}"
+        );
+    }
+    let reply = providers.call(&request("hello", "paid:claude/*", false), &cancel).await.unwrap();
+    assert_eq!(reply.provider, "claude");
+    assert_eq!(reply.model, "claude-test");
+    let expected =
+        (reply.usage.input_tokens as f64 * 3.0 + reply.usage.output_tokens as f64 * 15.0) / 1e6;
+    assert!((reply.cost_usd - expected).abs() < 1e-12, "priced from the table");
+}
+
+/// A TCP server that answers each connection with the next canned response (or, for
+/// `None`, hangs up after the headers, mid-stream).
+async fn scripted_server(responses: Vec<Option<String>>, hits: Arc<AtomicUsize>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut responses = responses.into_iter();
+        while let Ok((mut socket, _)) = listener.accept().await {
+            hits.fetch_add(1, Ordering::SeqCst);
+            let mut buf = vec![0u8; 65536];
+            let _ = socket.read(&mut buf).await;
+            match responses.next() {
+                Some(Some(text)) => {
+                    let _ = socket.write_all(text.as_bytes()).await;
+                    let _ = socket.shutdown().await;
+                }
+                Some(None) => {
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                    let _ = socket.write_all(head.as_bytes()).await;
+                    let piece =
+                        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"par\"}}]}\n\n";
+                    let _ = socket
+                        .write_all(format!("{:x}\r\n{piece}\r\n", piece.len()).as_bytes())
+                        .await;
+                    drop(socket);
+                }
+                None => drop(socket),
+            }
+        }
+    });
+    port
+}
+
+fn ok_stream(text: &str) -> String {
+    let body = format!(
+        "data: {{\"id\":\"c1\",\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"finish_reason\":null}}]}}\n\ndata: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}],\"usage\":{{\"prompt_tokens\":5,\"completion_tokens\":2}}}}\n\ndata: [DONE]\n\n"
+    );
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nx-request-id: req-ok\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn status(code: u16, extra: &str) -> String {
+    let body = format!("{{\"error\":{{\"message\":\"status {code}\"}}}}");
+    format!(
+        "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nx-request-id: req-{code}\r\n{extra}\r\n{body}",
+        body.len()
+    )
+}
+
+fn local(port: u16) -> Config {
+    config(&format!("http://127.0.0.1:{port}/v1"), &format!("http://127.0.0.1:{port}"))
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_and_5xx_and_drops_are_retried() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = scripted_server(
+        vec![
+            Some(status(429, "retry-after: 1\r\n")),
+            Some(status(503, "")),
+            None,
+            Some(ok_stream("done")),
+        ],
+        Arc::clone(&hits),
+    )
+    .await;
+    let providers = Providers::with_env(local(port), |_| None).unwrap();
+    let t = Instant::now();
+    let reply =
+        providers.call(&request("x", "free:local/*", false), &CancelToken::new()).await.unwrap();
+    assert_eq!(reply.text, "done");
+    assert_eq!(hits.load(Ordering::SeqCst), 4, "429, 503 and the dropped stream were each retried");
+    assert!(
+        t.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1 was waited for ({:?})",
+        t.elapsed()
+    );
+    assert_eq!((reply.usage.input_tokens, reply.usage.output_tokens), (5, 2));
+}
+
+#[tokio::test]
+async fn authentication_failures_name_the_variable_never_the_key_and_are_not_retried() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port =
+        scripted_server(vec![Some(status(401, "")), Some(ok_stream("never"))], Arc::clone(&hits))
+            .await;
+    let client = Client::new().unwrap();
+    let config = local(port);
+    let provider = &config.providers[1];
+    let err = client
+        .call(
+            provider,
+            &provider.models[0],
+            &request("x", "paid:claude/*", false),
+            Some("sk-very-secret"),
+            &CancelToken::new(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CallError::Auth { status: 401, .. }), "{err}");
+    let message = err.to_string();
+    assert!(message.contains("$TEST_ANTHROPIC_KEY") && message.contains("claude"), "{message}");
+    assert!(!message.contains("sk-very-secret"));
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_provider_that_keeps_failing_hands_over_along_the_chain() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = scripted_server(
+        vec![Some(status(400, "")), Some(ok_stream("from the fallback"))],
+        Arc::clone(&hits),
+    )
+    .await;
+    let mut config = local(port);
+    // The anthropic entry speaks the OpenAI protocol here so the scripted server can answer it.
+    config.providers[1].kind = baton_providers::config::Kind::Openai;
+    config.providers[1].base_url = format!("http://127.0.0.1:{port}/v1");
+    let providers = Providers::with_env(config, |_| Some("k".to_owned())).unwrap();
+    let mut req = request("x", "free:local/*", false);
+    req.constraint.as_mut().unwrap().fallback = vec!["paid:claude/*".to_owned()];
+    let reply = providers.call(&req, &CancelToken::new()).await.unwrap();
+    assert_eq!(reply.text, "from the fallback");
+    assert!(
+        reply.provider.starts_with("claude (after failing over from: local (fake-model): HTTP 400"),
+        "{}",
+        reply.provider
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_aborts_a_slow_stream_at_once() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        if let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 65536];
+            let _ = socket.read(&mut buf).await;
+            let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n").await;
+            loop {
+                let piece =
+                    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tick \"}}]}\n\n";
+                if socket
+                    .write_all(format!("{:x}\r\n{piece}\r\n", piece.len()).as_bytes())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+    let providers = Providers::with_env(local(port), |_| None).unwrap();
+    let cancel = CancelToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        c2.cancel();
+    });
+    let t = Instant::now();
+    let err = providers.call(&request("x", "free:local/*", false), &cancel).await.unwrap_err();
+    assert_eq!(err, ModelError::Cancelled);
+    let late = t.elapsed().saturating_sub(Duration::from_millis(500));
+    assert!(late < Duration::from_millis(250), "the stream stopped {late:?} after the cancel");
+}
