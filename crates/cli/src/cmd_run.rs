@@ -14,6 +14,8 @@ use baton_engine::runner::Runtime;
 use baton_engine::store::EventStore;
 use baton_engine::verifier::Verifiers;
 use baton_engine::{Engine, Outcome, Status};
+use baton_providers::client::Providers;
+use baton_providers::config::Config;
 use baton_scenario::{Registry, Scenario};
 use baton_store::SqliteStore;
 use serde_json::{Map, Value, json};
@@ -25,6 +27,8 @@ use crate::timeline;
 pub(crate) struct Place {
     pub db: PathBuf,
     pub scenarios: PathBuf,
+    /// The provider configuration given with `--config`.
+    pub config: Option<PathBuf>,
 }
 
 fn open_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
@@ -33,18 +37,59 @@ fn open_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
     Ok(Arc::new(store))
 }
 
-fn load_model(script: Option<&Path>) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
-    let Some(path) = script else {
-        bail!(
-            "no model to call: pass --script FILE to run on the scripted model (real providers are configured in baton.toml once they land)"
-        );
+/// The model answering a run: the scripted model with `--script`, else the providers of the
+/// configuration (`--config`, ./baton.toml, or the environment). The second value says where
+/// it came from, recorded on the run so that a later process resumes with the same.
+fn load_model(
+    script: Option<&Path>,
+    config: Option<&Path>,
+) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
+    if let Some(path) = script {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the script {}", path.display()))?;
+        let model =
+            ScriptedModel::parse(&text, &path.display().to_string()).map_err(anyhow::Error::msg)?;
+        let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        return Ok((Arc::new(model), Some(format!("script:{}", absolute.display()))));
+    }
+    let file = config.map(Path::to_path_buf).or_else(|| {
+        let default = PathBuf::from("baton.toml");
+        default.is_file().then_some(default)
+    });
+    let (config, source) = match &file {
+        Some(path) => {
+            let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+            (Config::from_file(path)?, format!("config:{}", absolute.display()))
+        }
+        None => (Config::from_env(|k| std::env::var(k).ok()), "env".to_owned()),
     };
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the script {}", path.display()))?;
-    let model =
-        ScriptedModel::parse(&text, &path.display().to_string()).map_err(anyhow::Error::msg)?;
-    let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    Ok((Arc::new(model), Some(format!("script:{}", absolute.display()))))
+    if config.providers.is_empty() {
+        bail!(
+            "no model to call: pass --script FILE for the scripted model, or configure providers in baton.toml (--config) or with ANTHROPIC_API_KEY, OPENAI_API_KEY or OPENAI_BASE_URL"
+        );
+    }
+    let providers = Providers::new(config).map_err(anyhow::Error::msg)?;
+    Ok((Arc::new(providers), Some(source)))
+}
+
+/// The model a run recorded as its source, for resuming it.
+fn recorded_model(
+    source: Option<&str>,
+    script: Option<&Path>,
+    config: Option<&Path>,
+) -> anyhow::Result<Arc<dyn ModelProvider>> {
+    if script.is_some() || config.is_some() {
+        return Ok(load_model(script, config)?.0);
+    }
+    match source {
+        Some(s) if s.starts_with("script:") => {
+            Ok(load_model(Some(Path::new(&s["script:".len()..])), None)?.0)
+        }
+        Some(s) if s.starts_with("config:") => {
+            Ok(load_model(None, Some(Path::new(&s["config:".len()..])))?.0)
+        }
+        _ => Ok(load_model(None, None)?.0),
+    }
 }
 
 fn engine(
@@ -100,7 +145,7 @@ pub(crate) struct RunArgs {
 pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode> {
     let registry = registry(place)?;
     let scenario = find_scenario(&registry, &args.scenario, place)?;
-    let (model, source) = load_model(args.script.as_deref())?;
+    let (model, source) = load_model(args.script.as_deref(), place.config.as_deref())?;
     let store = open_store(place)?;
     let engine = engine(store, model, &registry);
     let mut metadata = Map::new();
@@ -126,10 +171,7 @@ pub(crate) async fn resume(
     let probe = engine(Arc::clone(&store), Arc::new(ScriptedModel::default()), &registry);
     let state = probe.state(run_id).await.with_context(|| format!("cannot read run {run_id}"))?;
     let scenario = find_scenario(&registry, &state.scenario_id, place)?;
-    let recorded =
-        state.model_source.as_deref().and_then(|s| s.strip_prefix("script:")).map(PathBuf::from);
-    let script = script.map(Path::to_path_buf).or(recorded);
-    let (model, _) = load_model(script.as_deref())?;
+    let model = recorded_model(state.model_source.as_deref(), script, place.config.as_deref())?;
     let engine = engine(store, model, &registry);
     // Show the decision or answer that led here, then what follows.
     let from = state.last_seq.saturating_sub(1);

@@ -208,7 +208,11 @@ fn parse_meta(s: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let place = cmd_run::Place { db: cli.db.clone(), scenarios: cli.scenarios.clone() };
+    let place = cmd_run::Place {
+        db: cli.db.clone(),
+        scenarios: cli.scenarios.clone(),
+        config: cli.config.clone(),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

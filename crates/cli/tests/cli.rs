@@ -10,7 +10,16 @@ fn repo() -> PathBuf {
 }
 
 fn baton(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_baton")).args(args).current_dir(repo()).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(args)
+        .current_dir(repo())
+        // Provider keys of the machine must not leak into the tests.
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("BATON_CONFIG")
+        .output()
+        .unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -369,5 +378,96 @@ fn validate_checks_model_constraints_against_the_configured_providers() {
     let out = baton(&["validate", "--config", dir.join("bad.toml").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("bad.toml"), "{}", text(&out.stderr));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// fakellm (installed by scripts/test) on a free port, killed when dropped.
+struct Fakellm(std::process::Child, u16);
+
+impl Drop for Fakellm {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn fakellm(rules: &std::path::Path) -> Fakellm {
+    let bin = repo().join(".peers/venv/bin/fakellm");
+    assert!(
+        bin.exists(),
+        "fakellm is not installed at {}: run scripts/test, which installs it",
+        bin.display()
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(bin)
+        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--config"])
+        .arg(rules)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "fakellm did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Fakellm(child, port)
+}
+
+#[test]
+fn a_bundled_scenario_runs_against_a_local_openai_compatible_server_through_baton_toml() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-live-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("rules.yaml"),
+        "version: 1\nrules:\n  - name: capital\n    when: {messages_contain: \"capital of France\"}\n    respond: {content: '{\"answer\": \"Paris\", \"confidence\": 0.95, \"sources\": []}'}\n",
+    )
+    .unwrap();
+    let server = fakellm(&dir.join("rules.yaml"));
+    std::fs::write(
+        dir.join("baton.toml"),
+        format!(
+            "[routing]\ndefault = \"free:local/fake-model\"\n\n[[providers]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\ntier = \"free\"\n[[providers.models]]\nname = \"fake-model\"\ninput_usd_per_mtok = 0.5\noutput_usd_per_mtok = 1.0\n",
+            server.1
+        ),
+    )
+    .unwrap();
+    let db = dir.join("runs.db");
+    let config = dir.join("baton.toml");
+    let out = baton(&[
+        "--db",
+        db.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "run",
+        "quick_qa",
+        "--input",
+        "What is the capital of France?",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "completed");
+    let answer: serde_json::Value =
+        serde_json::from_str(result["final_output"].as_str().unwrap()).unwrap();
+    assert_eq!(answer["answer"], "Paris");
+    assert!(result["totals"]["cost_usd"].as_f64().unwrap() > 0.0, "priced from baton.toml");
+    let events = baton(&[
+        "--db",
+        db.to_str().unwrap(),
+        "events",
+        result["run_id"].as_str().unwrap(),
+        "--json",
+    ]);
+    let response = text(&events.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["kind"] == "model_response")
+        .unwrap();
+    assert_eq!(
+        (response["data"]["provider"].as_str(), response["data"]["model"].as_str()),
+        (Some("local"), Some("fake-model"))
+    );
+    drop(server);
     let _ = std::fs::remove_dir_all(dir);
 }

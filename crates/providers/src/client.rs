@@ -389,7 +389,18 @@ impl Providers {
                 .call(choice.provider, choice.model, request, key.as_deref(), cancel)
                 .await
             {
-                Ok(reply) => {
+                Ok(mut reply) => {
+                    if reply.usage.input_tokens == 0 && reply.usage.output_tokens == 0 {
+                        // Some servers report no usage: estimate it, so budgets still hold.
+                        let out_chars = reply.text.len()
+                            + reply
+                                .tool_calls
+                                .iter()
+                                .map(|c| c.arguments.to_string().len() + c.name.len())
+                                .sum::<usize>();
+                        reply.usage.input_tokens = (request.prompt.len() / 4 + 1) as u64;
+                        reply.usage.output_tokens = (out_chars / 4 + 1) as u64;
+                    }
                     let usage = EngineUsage {
                         input_tokens: reply.usage.input_tokens,
                         output_tokens: reply.usage.output_tokens,
