@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use baton_engine::cassette;
 use baton_engine::clock::SystemClock;
 use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::runner::Runtime;
@@ -44,6 +45,13 @@ fn load_model(
     script: Option<&Path>,
     config: Option<&Path>,
 ) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
+    if let Some(path) = script
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter(|p| cassette::Cassette::load(p).is_ok())
+    {
+        // A cassette given where a script is expected: replay it.
+        return replay(path);
+    }
     if let Some(path) = script {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the script {}", path.display()))?;
@@ -72,6 +80,34 @@ fn load_model(
     Ok((Arc::new(providers), Some(source)))
 }
 
+/// A model that answers from a cassette only.
+fn replay(path: &Path) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
+    let cassette = cassette::Cassette::load(path).map_err(anyhow::Error::msg)?;
+    let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    Ok((
+        Arc::new(cassette::Replayer::new(cassette)),
+        Some(format!("cassette:{}", absolute.display())),
+    ))
+}
+
+/// The model a run uses, given the run's options: a cassette to replay, or a model (scripted
+/// or configured), optionally recorded into a cassette.
+fn choose_model(
+    script: Option<&Path>,
+    config: Option<&Path>,
+    replay_from: Option<&Path>,
+    record_to: Option<&Path>,
+) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
+    if let Some(path) = replay_from {
+        return replay(path);
+    }
+    let (model, source) = load_model(script, config)?;
+    match record_to {
+        Some(path) => Ok((Arc::new(cassette::Recorder::new(model, path.to_path_buf())), source)),
+        None => Ok((model, source)),
+    }
+}
+
 /// The model a run recorded as its source, for resuming it.
 fn recorded_model(
     source: Option<&str>,
@@ -82,6 +118,7 @@ fn recorded_model(
         return Ok(load_model(script, config)?.0);
     }
     match source {
+        Some(s) if s.starts_with("cassette:") => Ok(replay(Path::new(&s["cassette:".len()..]))?.0),
         Some(s) if s.starts_with("script:") => {
             Ok(load_model(Some(Path::new(&s["script:".len()..])), None)?.0)
         }
@@ -140,12 +177,21 @@ pub(crate) struct RunArgs {
     pub meta: Vec<(String, String)>,
     pub script: Option<PathBuf>,
     pub json: bool,
+    /// Replay model answers from this cassette instead of calling any model.
+    pub cassette: Option<PathBuf>,
+    /// Record every model answer into this cassette.
+    pub record: Option<PathBuf>,
 }
 
 pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode> {
     let registry = registry(place)?;
     let scenario = find_scenario(&registry, &args.scenario, place)?;
-    let (model, source) = load_model(args.script.as_deref(), place.config.as_deref())?;
+    let (model, source) = choose_model(
+        args.script.as_deref(),
+        place.config.as_deref(),
+        args.cassette.as_deref(),
+        args.record.as_deref(),
+    )?;
     let store = open_store(place)?;
     let engine = engine(store, model, &registry);
     let mut metadata = Map::new();
@@ -373,6 +419,26 @@ pub(crate) async fn runs(
             r.last_seq,
             r.updated_at.format("%Y-%m-%d %H:%M:%S")
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn export_cassette(
+    place: &Place,
+    run_id: &str,
+    out: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let store = open_store(place)?;
+    if store.run(run_id).await?.is_none() {
+        bail!("no run {run_id} in {}", place.db.display());
+    }
+    let cassette = cassette::from_events(&store.load(run_id, 0).await?);
+    match out {
+        Some(path) => {
+            cassette.save(path).map_err(anyhow::Error::msg)?;
+            println!("wrote {} recorded answers to {}", cassette.entries.len(), path.display());
+        }
+        None => println!("{}", serde_json::to_string_pretty(&cassette)?),
     }
     Ok(ExitCode::SUCCESS)
 }

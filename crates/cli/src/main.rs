@@ -76,7 +76,16 @@ enum Command {
         /// Print the result as JSON instead of a timeline.
         #[arg(long)]
         json: bool,
+        /// Replay model answers from this cassette; no model is called.
+        #[arg(long, conflicts_with = "script")]
+        cassette: Option<PathBuf>,
+        /// Record every model answer into this cassette file.
+        #[arg(long)]
+        record: Option<PathBuf>,
     },
+    /// Work with cassettes (recorded model answers).
+    #[command(subcommand)]
+    Cassette(CassetteCommand),
     /// Continue a run (after a crash, or after a decision or answer).
     Resume {
         run: String,
@@ -185,6 +194,18 @@ enum Command {
     },
 }
 
+/// Cassette commands.
+#[derive(Debug, Subcommand)]
+enum CassetteCommand {
+    /// Write a run's model answers as a cassette, to replay it with `run --cassette`.
+    Export {
+        run: String,
+        /// The file to write (default: standard output).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
 /// How `validate` reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -224,7 +245,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Run { scenario, input, input_file, meta, script, json } => {
+        Command::Run { scenario, input, input_file, meta, script, json, cassette, record } => {
             let input = match (input, input_file) {
                 (Some(i), _) => Ok(i),
                 (None, Some(f)) => std::fs::read_to_string(&f)
@@ -234,9 +255,12 @@ fn main() -> ExitCode {
             input.and_then(|input| {
                 runtime.block_on(cmd_run::run(
                     &place,
-                    cmd_run::RunArgs { scenario, input, meta, script, json },
+                    cmd_run::RunArgs { scenario, input, meta, script, json, cassette, record },
                 ))
             })
+        }
+        Command::Cassette(CassetteCommand::Export { run, out }) => {
+            runtime.block_on(cmd_run::export_cassette(&place, &run, out.as_deref()))
         }
         Command::Resume { run, script, json } => {
             runtime.block_on(cmd_run::resume(&place, &run, script.as_deref(), json))

@@ -434,6 +434,7 @@ fn a_bundled_scenario_runs_against_a_local_openai_compatible_server_through_bato
     .unwrap();
     let db = dir.join("runs.db");
     let config = dir.join("baton.toml");
+    let cassette = dir.join("live.json");
     let out = baton(&[
         "--db",
         db.to_str().unwrap(),
@@ -443,6 +444,8 @@ fn a_bundled_scenario_runs_against_a_local_openai_compatible_server_through_bato
         "quick_qa",
         "--input",
         "What is the capital of France?",
+        "--record",
+        cassette.to_str().unwrap(),
         "--json",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
@@ -468,6 +471,105 @@ fn a_bundled_scenario_runs_against_a_local_openai_compatible_server_through_bato
         (response["data"]["provider"].as_str(), response["data"]["model"].as_str()),
         (Some("local"), Some("fake-model"))
     );
+    // The same run replayed from its cassette, with the server gone: the same result.
     drop(server);
+    let replayed = baton(&[
+        "--db",
+        db.to_str().unwrap(),
+        "run",
+        "quick_qa",
+        "--input",
+        "What is the capital of France?",
+        "--cassette",
+        cassette.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(replayed.status.code(), Some(0), "{}", text(&replayed.stderr));
+    let replayed: serde_json::Value = serde_json::from_slice(&replayed.stdout).unwrap();
+    for key in ["status", "final_output", "totals"] {
+        assert_eq!(without_duration(&replayed[key]), without_duration(&result[key]), "{key}");
+    }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_recorded_run_replays_from_its_cassette_and_any_run_exports_one() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-cassette-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (db, rec, exported) =
+        (dir.join("runs.db"), dir.join("rec.json"), dir.join("exported.json"));
+    let db = db.to_str().unwrap();
+    let input = "What is the capital of France?";
+    let first = baton(&[
+        "--db",
+        db,
+        "run",
+        "quick_qa",
+        "--script",
+        "scenarios/scripts/quick_qa.yaml",
+        "--record",
+        rec.to_str().unwrap(),
+        "--input",
+        input,
+        "--json",
+    ]);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let first: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    let replay = |cassette: &std::path::Path| {
+        let out = baton(&[
+            "--db",
+            db,
+            "run",
+            "quick_qa",
+            "--cassette",
+            cassette.to_str().unwrap(),
+            "--input",
+            input,
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let replayed = replay(&rec);
+    for key in ["status", "final_output", "totals", "checksum"] {
+        assert_eq!(without_duration(&replayed[key]), without_duration(&first[key]), "{key}");
+    }
+    let out = baton(&[
+        "--db",
+        db,
+        "cassette",
+        "export",
+        first["run_id"].as_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(replay(&exported)["final_output"], first["final_output"]);
+    // A different request has no recording: a hard error that says where it differs.
+    let out = baton(&[
+        "--db",
+        db,
+        "run",
+        "quick_qa",
+        "--cassette",
+        rec.to_str().unwrap(),
+        "--input",
+        "What is the capital of Spain?",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let o = text(&out.stdout) + &text(&out.stderr);
+    assert!(
+        o.contains("no recording for level `answer`") && o.contains("differs at character"),
+        "{o}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A result's value with its wall-clock duration removed (it differs between runs).
+fn without_duration(v: &serde_json::Value) -> serde_json::Value {
+    let mut v = v.clone();
+    if let Some(map) = v.as_object_mut() {
+        map.remove("duration_ms");
+    }
+    v
 }

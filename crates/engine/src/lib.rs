@@ -7,6 +7,7 @@
 //! names a concrete provider or store.
 
 pub mod cancel;
+pub mod cassette;
 pub mod clock;
 pub mod event;
 pub mod exec;
