@@ -93,6 +93,18 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             f.totals.levels_run,
             f.aborted_reason.as_ref().map_or(String::new(), |r| format!(" ({r})"))
         ),
+        EventData::RoutingDecision(r) => format!(
+            "routing   {level}: {}:{}/{} ({}){}",
+            r.tier,
+            r.provider,
+            r.model,
+            r.source,
+            if r.failovers.is_empty() {
+                String::new()
+            } else {
+                format!(" after failing over: {}", preview(&r.failovers.join("; "), 80))
+            }
+        ),
         EventData::PromptSent(_) | EventData::VerifierStarted(_) | EventData::BudgetConsumed(_) => {
             return None;
         }

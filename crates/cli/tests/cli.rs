@@ -471,6 +471,12 @@ fn a_bundled_scenario_runs_against_a_local_openai_compatible_server_through_bato
         (response["data"]["provider"].as_str(), response["data"]["model"].as_str()),
         (Some("local"), Some("fake-model"))
     );
+    let routing = text(&events.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["kind"] == "routing_decision")
+        .unwrap();
+    assert_eq!(routing["data"], json_routing());
     // The same run replayed from its cassette, with the server gone: the same result.
     drop(server);
     let replayed = baton(&[
@@ -572,4 +578,8 @@ fn without_duration(v: &serde_json::Value) -> serde_json::Value {
         map.remove("duration_ms");
     }
     v
+}
+
+fn json_routing() -> serde_json::Value {
+    serde_json::json!({"tier": "free", "provider": "local", "model": "fake-model", "source": "allow", "failovers": []})
 }

@@ -253,6 +253,7 @@ impl ModelProvider for Replayer {
                 tool_calls: e.tool_calls.clone(),
                 usage: e.usage,
                 cost_usd: e.cost_usd,
+                routing: None,
             })
         })
     }

@@ -57,6 +57,7 @@ pub enum EventData {
     ScenarioStarted(ScenarioStarted),
     LevelStarted(LevelStarted),
     PromptSent(PromptSent),
+    RoutingDecision(RoutingDecision),
     ModelResponse(ModelResponse),
     VerifierStarted(VerifierStarted),
     VerifierFinished(VerifierFinished),
@@ -81,6 +82,7 @@ impl EventData {
             EventData::ScenarioStarted(_) => "scenario_started",
             EventData::LevelStarted(_) => "level_started",
             EventData::PromptSent(_) => "prompt_sent",
+            EventData::RoutingDecision(_) => "routing_decision",
             EventData::ModelResponse(_) => "model_response",
             EventData::VerifierStarted(_) => "verifier_started",
             EventData::VerifierFinished(_) => "verifier_finished",
@@ -131,6 +133,7 @@ impl EventData {
             "scenario_started" => ScenarioStarted,
             "level_started" => LevelStarted,
             "prompt_sent" => PromptSent,
+            "routing_decision" => RoutingDecision,
             "model_response" => ModelResponse,
             "verifier_started" => VerifierStarted,
             "verifier_finished" => VerifierFinished,
@@ -216,6 +219,18 @@ pub struct PromptSent {
     pub prompt: String,
     /// 0 for the first call of the attempt, then one more per model call (repairs, answers).
     pub call: u32,
+}
+
+/// Which model answered a call and why; failovers on the way are listed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoutingDecision {
+    pub tier: String,
+    pub provider: String,
+    pub model: String,
+    /// `allow`, `fallback` or `default`: which part of the policy chose it.
+    pub source: String,
+    /// Providers tried first that failed, with why.
+    pub failovers: Vec<String>,
 }
 
 /// Tokens of one call.

@@ -59,6 +59,8 @@ pub struct ModelReply {
     pub tool_calls: Vec<Value>,
     pub usage: Usage,
     pub cost_usd: f64,
+    /// How the model was chosen, when a policy chose it (recorded as `routing_decision`).
+    pub routing: Option<crate::event::RoutingDecision>,
 }
 
 /// Why a call produced no answer.
@@ -231,6 +233,7 @@ impl ModelProvider for ScriptedModel {
                 tool_calls: response.tool_calls.clone(),
                 usage,
                 cost_usd: response.cost_usd.unwrap_or(0.0),
+                routing: None,
             })
         })
     }

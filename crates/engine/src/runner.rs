@@ -559,6 +559,9 @@ impl Calls<'_> {
             Err(ModelError::Cancelled) => return Err(Stop::Halted),
             Err(e) => return Err(Stop::Failed(e.to_string())),
         };
+        if let Some(routing) = reply.routing {
+            events.push(self.run.event(EventData::RoutingDecision(routing)));
+        }
         let mut text = reply.text;
         if text.len() > limits::MODEL_TEXT_BYTES_MAX {
             let mut cut = limits::MODEL_TEXT_BYTES_MAX;

@@ -345,6 +345,7 @@ impl RunState {
                 self.cancel_requested = Some(c.clone());
             }
             EventData::PromptSent(_)
+            | EventData::RoutingDecision(_)
             | EventData::VerifierStarted(_)
             | EventData::RetryScheduled(_)
             | EventData::Warning(_) => {}

@@ -415,12 +415,16 @@ impl Providers {
                         .into_iter()
                         .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
                         .collect();
-                    let mut note = String::new();
-                    if !failures.is_empty() {
-                        note = format!(" (after failing over from: {})", failures.join("; "));
-                    }
+                    let routing = baton_engine::event::RoutingDecision {
+                        tier: choice.tier.as_str().to_owned(),
+                        provider: choice.provider.name.clone(),
+                        model: choice.model.name.clone(),
+                        source: choice.source.to_owned(),
+                        failovers: std::mem::take(&mut failures),
+                    };
                     return Ok(ModelReply {
-                        provider: format!("{}{note}", choice.provider.name),
+                        routing: Some(routing),
+                        provider: choice.provider.name.clone(),
                         model: choice.model.name.clone(),
                         text: reply.text,
                         tool_calls,

@@ -304,10 +304,13 @@ async fn a_provider_that_keeps_failing_hands_over_along_the_chain() {
     req.constraint.as_mut().unwrap().fallback = vec!["paid:claude/*".to_owned()];
     let reply = providers.call(&req, &CancelToken::new()).await.unwrap();
     assert_eq!(reply.text, "from the fallback");
+    assert_eq!(reply.provider, "claude");
+    let routing = reply.routing.unwrap();
+    assert_eq!((routing.source.as_str(), routing.tier.as_str()), ("fallback", "paid"));
     assert!(
-        reply.provider.starts_with("claude (after failing over from: local (fake-model): HTTP 400"),
-        "{}",
-        reply.provider
+        routing.failovers[0].starts_with("local (fake-model): HTTP 400"),
+        "{:?}",
+        routing.failovers
     );
 }
 
