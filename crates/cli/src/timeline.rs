@@ -105,6 +105,9 @@ pub(crate) fn line(e: &Event) -> Option<String> {
                 format!(" after failing over: {}", preview(&r.failovers.join("; "), 80))
             }
         ),
+        EventData::Heartbeat(h) => {
+            format!("working   {level}: {:.0} s", h.elapsed_ms as f64 / 1000.0)
+        }
         EventData::PromptSent(_) | EventData::VerifierStarted(_) | EventData::BudgetConsumed(_) => {
             return None;
         }

@@ -70,6 +70,7 @@ pub enum EventData {
     BudgetConsumed(BudgetConsumed),
     BudgetExceeded(BudgetExceeded),
     RetryScheduled(RetryScheduled),
+    Heartbeat(Heartbeat),
     CancelRequested(CancelRequested),
     Warning(Warning),
     ScenarioFinished(ScenarioFinished),
@@ -95,6 +96,7 @@ impl EventData {
             EventData::BudgetConsumed(_) => "budget_consumed",
             EventData::BudgetExceeded(_) => "budget_exceeded",
             EventData::RetryScheduled(_) => "retry_scheduled",
+            EventData::Heartbeat(_) => "heartbeat",
             EventData::CancelRequested(_) => "cancel_requested",
             EventData::Warning(_) => "warning",
             EventData::ScenarioFinished(_) => "scenario_finished",
@@ -146,6 +148,7 @@ impl EventData {
             "budget_consumed" => BudgetConsumed,
             "budget_exceeded" => BudgetExceeded,
             "retry_scheduled" => RetryScheduled,
+            "heartbeat" => Heartbeat,
             "cancel_requested" => CancelRequested,
             "warning" => Warning,
             "scenario_finished" => ScenarioFinished,
@@ -359,6 +362,14 @@ pub struct BudgetExceeded {
     /// True when a model call was refused before it was made because its worst case would
     /// cross the cap.
     pub refused_before_call: bool,
+}
+
+/// A long step is still running (written every few seconds while it does, so that a
+/// watcher sees progress); it changes nothing in the state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// How long the step has been running.
+    pub elapsed_ms: u64,
 }
 
 /// A level is asked again within its attempt because a check failed.

@@ -27,6 +27,9 @@ use crate::store::{self, EventStore, RunRecord};
 /// How often a running step checks the store for a cancel request.
 const CANCEL_POLL: Duration = Duration::from_millis(100);
 
+/// How often a long step writes a heartbeat.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
+
 /// How long a step may run before the events staged ahead of it are committed.
 pub const FLUSH_AFTER: Duration = Duration::from_millis(50);
 
@@ -513,6 +516,8 @@ impl Writer<'_> {
         let mut flushed = false;
         let mut poll = tokio::time::interval(CANCEL_POLL);
         poll.tick().await;
+        let started = tokio::time::Instant::now();
+        let mut heartbeat = tokio::time::interval_at(started + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
         loop {
             tokio::select! {
                 events = &mut work => return Ok(events),
@@ -520,6 +525,20 @@ impl Writer<'_> {
                     flushed = true;
                     let staged = self.pending.len() as u64;
                     let expected = self.stored_seq + staged;
+                    self.flush().await?;
+                    if self.stored_seq != expected {
+                        // The log moved under us and the state was re-read: stop the step.
+                        cancel.cancel();
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    let elapsed_ms =
+                        u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    let beat = EventData::Heartbeat(crate::event::Heartbeat { elapsed_ms });
+                    let level_id = run.scenario.levels[run.level].id.as_str();
+                    let event = NewEvent::level(level_id, run.attempt, beat);
+                    let expected = self.stored_seq + self.pending.len() as u64 + 1;
+                    self.stage(vec![event]);
                     self.flush().await?;
                     if self.stored_seq != expected {
                         // The log moved under us and the state was re-read: stop the step.

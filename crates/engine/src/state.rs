@@ -348,6 +348,7 @@ impl RunState {
             | EventData::RoutingDecision(_)
             | EventData::VerifierStarted(_)
             | EventData::RetryScheduled(_)
+            | EventData::Heartbeat(_)
             | EventData::Warning(_) => {}
             EventData::ScenarioFinished(f) => {
                 self.status = match f.status {

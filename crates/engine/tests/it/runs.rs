@@ -701,3 +701,20 @@ async fn a_judge_that_does_not_answer_with_scores_fails_closed() {
     );
     assert_eq!(st.verdict.as_deref(), Some("FAIL"));
 }
+
+#[tokio::test]
+async fn a_long_step_writes_heartbeats_while_it_runs() {
+    let s = scenario(LOOP);
+    let model = script(
+        "levels:\n  brief: [{text: slow, delay_ms: 2300}]\n  accept: [{text: PASS}]\ndefault: {text: work}\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    let k = kinds(&log);
+    let beat = k.iter().position(|x| x == "heartbeat:brief").expect("a heartbeat while brief ran");
+    let done = k.iter().position(|x| x == "level_finished:brief").unwrap();
+    assert!(beat < done, "{k:?}");
+    assert_eq!(e.state(&run).await.unwrap().final_output.as_deref(), Some("PASS"));
+}
