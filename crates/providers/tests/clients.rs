@@ -350,3 +350,106 @@ async fn a_cancel_aborts_a_slow_stream_at_once() {
     let late = t.elapsed().saturating_sub(Duration::from_millis(500));
     assert!(late < Duration::from_millis(250), "the stream stopped {late:?} after the cancel");
 }
+
+/// aimock (installed by scripts/test into .peers/npm): a second, independent implementation
+/// of both APIs, here cutting streams into 3-character pieces.
+struct Aimock {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Aimock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn aimock(fixtures: &str, extra: &[&str]) -> Aimock {
+    let bin =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.peers/npm/node_modules/.bin/llmock");
+    assert!(
+        bin.exists(),
+        "aimock is not installed at {}: run scripts/test, which installs it",
+        bin.display()
+    );
+    let dir = std::env::temp_dir().join(format!("baton-aimock-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("fixtures.json"), fixtures).unwrap();
+    let port = StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(bin)
+        .args(["-p", &port.to_string(), "-h", "127.0.0.1", "--log-level", "silent", "-f"])
+        .arg(dir.join("fixtures.json"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "aimock did not start on port {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Aimock { child, port }
+}
+
+const AIMOCK_FIXTURES: &str = r#"{"fixtures": [
+  {"match": {"userMessage": "weather"}, "response": {"toolCalls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}},
+  {"match": {"userMessage": "stocks"}, "response": {"toolCalls": [{"name": "get_price", "arguments": {"ticker": "AAPL"}}, {"name": "get_price", "arguments": {"ticker": "MSFT"}}]}},
+  {"match": {"userMessage": "hello"}, "response": {"content": "Hello! A reply streamed in many small pieces."}}
+]}"#;
+
+#[tokio::test]
+async fn streamed_text_and_tool_calls_from_aimock_over_both_apis() {
+    let server = aimock(AIMOCK_FIXTURES, &["-c", "3"]);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let providers =
+        Providers::with_env(config(&format!("{base}/v1"), &base), |_| Some("test-key".to_owned()))
+            .unwrap();
+    let cancel = CancelToken::new();
+    for allow in ["free:local/*", "paid:claude/*"] {
+        let reply = providers.call(&request("hello", allow, false), &cancel).await.unwrap();
+        assert_eq!(reply.text, "Hello! A reply streamed in many small pieces.", "{allow}");
+        let reply =
+            providers.call(&request("weather please", allow, false), &cancel).await.unwrap();
+        assert_eq!(reply.tool_calls.len(), 1, "{allow}");
+        assert_eq!(reply.tool_calls[0]["arguments"], json!({"city": "Paris"}), "{allow}");
+        let reply = providers.call(&request("stocks", allow, false), &cancel).await.unwrap();
+        let tickers: Vec<&str> =
+            reply.tool_calls.iter().map(|c| c["arguments"]["ticker"].as_str().unwrap()).collect();
+        assert_eq!(tickers, vec!["AAPL", "MSFT"], "{allow}");
+    }
+}
+
+#[tokio::test]
+async fn a_cancel_cuts_an_aimock_stream_with_latency_short() {
+    let server = aimock(AIMOCK_FIXTURES, &["-c", "2", "-l", "300"]);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let providers = Providers::with_env(config(&format!("{base}/v1"), &base), |_| None).unwrap();
+    let cancel = CancelToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        c2.cancel();
+    });
+    let t = Instant::now();
+    let err = providers.call(&request("hello", "free:local/*", false), &cancel).await.unwrap_err();
+    assert_eq!(err, ModelError::Cancelled);
+    let late = t.elapsed().saturating_sub(Duration::from_millis(700));
+    assert!(late < Duration::from_millis(250), "the stream stopped {late:?} after the cancel");
+}
+
+#[tokio::test]
+async fn aimock_server_errors_are_retried_a_bounded_number_of_times() {
+    let server = aimock(AIMOCK_FIXTURES, &["--chaos-drop", "1"]);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let providers = Providers::with_env(config(&format!("{base}/v1"), &base), |_| None).unwrap();
+    let t = Instant::now();
+    let err = providers
+        .call(&request("hello", "free:local/*", false), &CancelToken::new())
+        .await
+        .unwrap_err();
+    let ModelError::Failed { message, .. } = err else { panic!("expected a failure") };
+    assert!(message.contains("HTTP 500"), "{message}");
+    assert!(t.elapsed() < Duration::from_secs(20), "retries are bounded ({:?})", t.elapsed());
+}
