@@ -82,6 +82,25 @@ impl LevelRun {
         &self.scenario.levels[self.level].id
     }
 
+    /// Runs this level's verifiers on `output` (and its parsed JSON).
+    async fn verify(
+        &self,
+        calls: &mut Calls<'_>,
+        output: String,
+        parsed: Option<Value>,
+        events: &mut Vec<NewEvent>,
+    ) -> Vec<VerifierFinished> {
+        let level = &self.scenario.levels[self.level];
+        let ctx = VerifyContext {
+            workspace: self.runtime.workspace.clone(),
+            input: self.state.input.clone(),
+            output,
+            parsed,
+            scratchpad: self.state.scratchpad.clone(),
+        };
+        run_verifiers(self, calls, &level.verifiers, level.mode, level.run_all, &ctx, events).await
+    }
+
     /// The model calls of this attempt, numbered on from the ones already in the log.
     fn calls(&self) -> Calls<'_> {
         let level = self.state.level(self.id());
@@ -200,23 +219,8 @@ impl LevelRun {
                     (None, confidence, parsed)
                 }
             };
-            let ctx = VerifyContext {
-                workspace: self.runtime.workspace.clone(),
-                input: self.state.input.clone(),
-                output: reply.clone(),
-                parsed: parsed.clone(),
-                scratchpad: self.state.scratchpad.clone(),
-            };
-            let outcomes = run_verifiers(
-                self,
-                &mut calls,
-                &level.verifiers,
-                level.mode,
-                level.run_all,
-                &ctx,
-                &mut events,
-            )
-            .await;
+            let outcomes =
+                self.verify(&mut calls, reply.clone(), parsed.clone(), &mut events).await;
             let failed = failures(&level.verifiers, &outcomes);
             if failed.iter().any(|(spec, _)| spec.on_fail == OnFail::Retry) && retries_left > 0 {
                 retries_left -= 1;
@@ -275,23 +279,8 @@ impl LevelRun {
         let mut calls = self.calls();
         // A verifier level checks the work so far: the workspace, and for judges the output
         // of the last level that produced one.
-        let ctx = VerifyContext {
-            workspace: self.runtime.workspace.clone(),
-            input: self.state.input.clone(),
-            output: self.state.last_output.clone().unwrap_or_default(),
-            parsed: None,
-            scratchpad: self.state.scratchpad.clone(),
-        };
-        let outcomes = run_verifiers(
-            self,
-            &mut calls,
-            &level.verifiers,
-            level.mode,
-            level.run_all,
-            &ctx,
-            &mut events,
-        )
-        .await;
+        let last = self.state.last_output.clone().unwrap_or_default();
+        let outcomes = self.verify(&mut calls, last, None, &mut events).await;
         let failed = failures(&level.verifiers, &outcomes);
         let passed_names: Vec<&str> =
             outcomes.iter().filter(|o| o.passed).map(|o| o.name.as_str()).collect();

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::openai::preview;
 use crate::sse::Event;
-use crate::{Reply, Stop, StreamError, ToolCall, Usage};
+use crate::{Reply, Stop, StreamError, Usage};
 
 #[derive(Debug)]
 enum Block {
@@ -164,18 +164,8 @@ impl Assembler {
         };
         let mut tool_calls = Vec::new();
         for (_, block) in self.blocks {
-            let Block::Tool { id, name, json } = block else { continue };
-            let raw = if json.trim().is_empty() { "{}" } else { json.as_str() };
-            match serde_json::from_str(raw) {
-                Ok(arguments) => {
-                    tool_calls.push(ToolCall { id, name, arguments });
-                }
-                Err(_) if stop == Stop::MaxTokens => {
-                    return Err(StreamError::TruncatedToolCall { name });
-                }
-                Err(e) => {
-                    return Err(StreamError::BadToolArguments { name, reason: e.to_string() });
-                }
+            if let Block::Tool { id, name, json } = block {
+                tool_calls.push(crate::tool_call(id, name, &json, &stop)?);
             }
         }
         Ok(Reply {

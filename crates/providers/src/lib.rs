@@ -75,3 +75,19 @@ pub enum StreamError {
     #[error("the stream ended before the response was complete")]
     Incomplete,
 }
+
+/// A tool call's arguments, parsed: complete JSON, or an error saying why not — a call cut
+/// off at the output limit is truncated, never completed by guessing.
+pub(crate) fn tool_call(
+    id: String,
+    name: String,
+    raw: &str,
+    stop: &Stop,
+) -> Result<ToolCall, StreamError> {
+    let raw = if raw.trim().is_empty() { "{}" } else { raw };
+    match serde_json::from_str(raw) {
+        Ok(arguments) => Ok(ToolCall { id, name, arguments }),
+        Err(_) if *stop == Stop::MaxTokens => Err(StreamError::TruncatedToolCall { name }),
+        Err(e) => Err(StreamError::BadToolArguments { name, reason: e.to_string() }),
+    }
+}

@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use crate::sse::Event;
-use crate::{Reply, Stop, StreamError, ToolCall, Usage};
+use crate::{Reply, Stop, StreamError, Usage};
 
 #[derive(Debug, Default)]
 struct PartialCall {
@@ -125,21 +125,7 @@ impl Assembler {
         self.calls.sort_by_key(|(i, _)| *i);
         let mut tool_calls = Vec::with_capacity(self.calls.len());
         for (_, call) in self.calls {
-            let raw = if call.arguments.trim().is_empty() { "{}" } else { call.arguments.as_str() };
-            match serde_json::from_str(raw) {
-                Ok(arguments) => {
-                    tool_calls.push(ToolCall { id: call.id, name: call.name, arguments });
-                }
-                Err(_) if stop == Stop::MaxTokens => {
-                    return Err(StreamError::TruncatedToolCall { name: call.name });
-                }
-                Err(e) => {
-                    return Err(StreamError::BadToolArguments {
-                        name: call.name,
-                        reason: e.to_string(),
-                    });
-                }
-            }
+            tool_calls.push(crate::tool_call(call.id, call.name, &call.arguments, &stop)?);
         }
         Ok(Reply {
             text: self.text,

@@ -20,45 +20,65 @@ use baton_scenario::model::ModelConstraint;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-struct Fakellm {
+/// A peer server on a free port, killed when dropped.
+struct Peer {
     child: Child,
     port: u16,
-    _dir: PathBuf,
 }
 
-impl Drop for Fakellm {
+impl Drop for Peer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-fn fakellm(rules: &str) -> Fakellm {
-    let bin = std::env::var_os("BATON_FAKELLM").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.peers/venv/bin/fakellm")
-    });
+/// Starts `bin` (installed by scripts/test under .peers/) with the arguments `args` gives
+/// for a free port, and waits until it accepts connections.
+fn start_peer(bin: &str, args: impl FnOnce(u16) -> Vec<String>) -> Peer {
+    let bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(bin);
     assert!(
         bin.exists(),
-        "fakellm is not installed at {}: run scripts/test, which installs it",
+        "{} is not installed: run scripts/test, which installs it",
         bin.display()
     );
-    let dir = std::env::temp_dir().join(format!("baton-fakellm-{}", uuid_like()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("rules.yaml"), rules).unwrap();
     let port = StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(bin)
-        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--config"])
-        .arg(dir.join("rules.yaml"))
+    let child = Command::new(&bin)
+        .args(args(port))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "fakellm did not start on port {port}");
+        assert!(Instant::now() < deadline, "{} did not start on port {port}", bin.display());
         std::thread::sleep(Duration::from_millis(50));
     }
-    Fakellm { child, port, _dir: dir }
+    Peer { child, port }
+}
+
+/// A file holding `text` in a fresh temporary directory.
+fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("baton-peer-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), text).unwrap();
+    dir.join(name)
+}
+
+/// fakellm, an independent implementation of both APIs (PyPI).
+fn fakellm(rules: &str) -> Peer {
+    let rules = temp_file("rules.yaml", rules);
+    start_peer(".peers/venv/bin/fakellm", |port| {
+        vec![
+            "serve".into(),
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            port.to_string(),
+            "--config".into(),
+            rules.display().to_string(),
+        ]
+    })
 }
 
 fn uuid_like() -> String {
@@ -351,46 +371,19 @@ async fn a_cancel_aborts_a_slow_stream_at_once() {
     assert!(late < Duration::from_millis(250), "the stream stopped {late:?} after the cancel");
 }
 
-/// aimock (installed by scripts/test into .peers/npm): a second, independent implementation
-/// of both APIs, here cutting streams into 3-character pieces.
-struct Aimock {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Aimock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn aimock(fixtures: &str, extra: &[&str]) -> Aimock {
-    let bin =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.peers/npm/node_modules/.bin/llmock");
-    assert!(
-        bin.exists(),
-        "aimock is not installed at {}: run scripts/test, which installs it",
-        bin.display()
-    );
-    let dir = std::env::temp_dir().join(format!("baton-aimock-{}", uuid_like()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("fixtures.json"), fixtures).unwrap();
-    let port = StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(bin)
-        .args(["-p", &port.to_string(), "-h", "127.0.0.1", "--log-level", "silent", "-f"])
-        .arg(dir.join("fixtures.json"))
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "aimock did not start on port {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Aimock { child, port }
+/// aimock (npm), a second independent implementation of both APIs.
+fn aimock(fixtures: &str, extra: &[&str]) -> Peer {
+    let fixtures = temp_file("fixtures.json", fixtures);
+    start_peer(".peers/npm/node_modules/.bin/llmock", |port| {
+        let mut args: Vec<String> =
+            ["-p", &port.to_string(), "-h", "127.0.0.1", "--log-level", "silent", "-f"]
+                .iter()
+                .map(|a| (*a).to_owned())
+                .collect();
+        args.push(fixtures.display().to_string());
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args
+    })
 }
 
 const AIMOCK_FIXTURES: &str = r#"{"fixtures": [
