@@ -179,6 +179,59 @@ impl Assembler {
     }
 }
 
+/// Reads a non-streamed response (`stream: false`) by replaying it as the events a stream
+/// would have carried, so both paths share the assembly.
+pub fn from_response(body: &Value) -> Result<Reply, StreamError> {
+    if let Some(error) = body.get("error") {
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .map_or_else(|| error.to_string(), str::to_owned);
+        return Err(StreamError::Provider(message));
+    }
+    let mut a = Assembler::new();
+    let mut push = |kind: &str, data: Value| {
+        a.push(&Event { event: kind.to_owned(), data: data.to_string(), ..Event::default() })
+    };
+    push(
+        "message_start",
+        serde_json::json!({"type": "message_start", "message": {"id": body.get("id"), "model": body.get("model"), "usage": body.get("usage")}}),
+    )?;
+    for (i, block) in
+        body.get("content").and_then(Value::as_array).into_iter().flatten().enumerate()
+    {
+        match block.get("type").and_then(Value::as_str) {
+            Some("tool_use") => {
+                let start = serde_json::json!({"type": "tool_use", "id": block.get("id"), "name": block.get("name")});
+                push(
+                    "content_block_start",
+                    serde_json::json!({"type": "content_block_start", "index": i, "content_block": start}),
+                )?;
+                let input = block
+                    .get("input")
+                    .cloned()
+                    .unwrap_or_else(|| serde_json::json!({}))
+                    .to_string();
+                push(
+                    "content_block_delta",
+                    serde_json::json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": input}}),
+                )?;
+            }
+            _ => {
+                push(
+                    "content_block_start",
+                    serde_json::json!({"type": "content_block_start", "index": i, "content_block": block}),
+                )?;
+            }
+        }
+    }
+    push(
+        "message_delta",
+        serde_json::json!({"type": "message_delta", "delta": {"stop_reason": body.get("stop_reason"), "stop_details": body.get("stop_details")}, "usage": body.get("usage")}),
+    )?;
+    a.finish()
+}
+
 fn index(v: &Value) -> Result<u64, StreamError> {
     v.get("index").and_then(Value::as_u64).ok_or_else(|| {
         StreamError::Malformed(format!("an event without an index: {}", preview(&v.to_string())))

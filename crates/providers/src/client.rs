@@ -149,9 +149,11 @@ impl Client {
                     "model": model.name,
                     "messages": [{"role": "user", "content": request.prompt}],
                     "max_tokens": max_tokens,
-                    "stream": true,
-                    "stream_options": {"include_usage": true},
+                    "stream": provider.stream,
                 });
+                if provider.stream {
+                    body["stream_options"] = json!({"include_usage": true});
+                }
                 if request.json {
                     body["response_format"] = json!({"type": "json_object"});
                 }
@@ -166,7 +168,7 @@ impl Client {
                     "model": model.name,
                     "max_tokens": max_tokens,
                     "messages": [{"role": "user", "content": request.prompt}],
-                    "stream": true,
+                    "stream": provider.stream,
                 });
                 let mut b = self
                     .http
@@ -204,7 +206,7 @@ impl Client {
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|s| s.is_finite() && *s >= 0.0)
                 .map(|s| Duration::from_secs_f64(s).min(RETRY_AFTER_MAX));
-            let body = read_capped(&mut response).await.unwrap_or_default();
+            let body = read_capped(&mut response, 64 * 1024).await.unwrap_or_default();
             let message = serde_json::from_slice::<Value>(&body)
                 .ok()
                 .and_then(|v| {
@@ -228,6 +230,20 @@ impl Client {
             request_id: request_id.clone(),
             source,
         };
+        if !provider.stream {
+            let body = read_capped(&mut response, RESPONSE_BYTES_MAX)
+                .await
+                .map_err(|_| stream_error(StreamError::Incomplete))?;
+            let value: Value = serde_json::from_slice(&body).map_err(|e| {
+                stream_error(StreamError::Malformed(format!("the response is not JSON: {e}")))
+            })?;
+            let reply = match provider.kind {
+                Kind::Openai => openai::from_response(&value),
+                Kind::Anthropic => anthropic::from_response(&value),
+            }
+            .map_err(&stream_error)?;
+            return refused_or(reply, provider, model);
+        }
         let mut parser = sse::Parser::new();
         let mut events = Vec::new();
         let mut oa = openai::Assembler::new();
@@ -259,15 +275,20 @@ impl Client {
             Kind::Anthropic => an.finish(),
         }
         .map_err(&stream_error)?;
-        if let Stop::Refusal(reason) = &reply.stop {
-            return Err(CallError::Refused {
-                provider: provider.name.clone(),
-                model: model.name.clone(),
-                reason: reason.clone(),
-            });
-        }
-        Ok(reply)
+        refused_or(reply, provider, model)
     }
+}
+
+/// A refusal is an error the caller can see as such; anything else is the reply.
+fn refused_or(reply: Reply, provider: &Provider, model: &Model) -> Result<Reply, CallError> {
+    if let Stop::Refusal(reason) = &reply.stop {
+        return Err(CallError::Refused {
+            provider: provider.name.clone(),
+            model: model.name.clone(),
+            reason: reason.clone(),
+        });
+    }
+    Ok(reply)
 }
 
 /// A small trait so both request kinds set a JSON body the same way.
@@ -281,11 +302,15 @@ impl JsonBody for reqwest::RequestBuilder {
     }
 }
 
-async fn read_capped(response: &mut reqwest::Response) -> Result<Vec<u8>, reqwest::Error> {
+/// A response body, read up to `limit` bytes.
+async fn read_capped(
+    response: &mut reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, reqwest::Error> {
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await? {
         body.extend_from_slice(&chunk);
-        if body.len() > 64 * 1024 {
+        if body.len() > limit {
             break;
         }
     }

@@ -11,6 +11,7 @@
 //! base_url = "https://api.anthropic.com"
 //! api_key_env = "ANTHROPIC_API_KEY"  # the variable's name; the key never enters the file
 //! tier = "paid"                      # or "free"
+//! stream = true                      # false for servers that cannot stream
 //!
 //! [[providers.models]]
 //! name = "claude-sonnet-4-5"
@@ -84,6 +85,13 @@ pub struct Provider {
     pub tier: Tier,
     #[serde(default)]
     pub models: Vec<Model>,
+    /// Stream responses (the default); `false` for servers that cannot.
+    #[serde(default = "yes")]
+    pub stream: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn tier<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Tier, D::Error> {
@@ -160,6 +168,7 @@ impl Config {
                     price("claude-sonnet-4-5", 3.0, 15.0, Some(0.3)),
                     price("claude-haiku-4-5", 1.0, 5.0, Some(0.1)),
                 ],
+                stream: true,
             });
         }
         match get("OPENAI_BASE_URL") {
@@ -177,6 +186,7 @@ impl Config {
                         .filter(|m| !m.is_empty())
                         .map(|m| price(m, 0.0, 0.0, None))
                         .collect(),
+                    stream: true,
                 });
             }
             None if get("OPENAI_API_KEY").is_some() => providers.push(Provider {
@@ -189,6 +199,7 @@ impl Config {
                     price("gpt-4o", 2.5, 10.0, Some(1.25)),
                     price("gpt-4o-mini", 0.15, 0.6, Some(0.075)),
                 ],
+                stream: true,
             }),
             None => {}
         }

@@ -138,6 +138,27 @@ impl Assembler {
     }
 }
 
+/// Reads a non-streamed response (`stream: false`): its message is taken as one chunk
+/// holding everything, so both paths share the assembly.
+pub fn from_response(body: &Value) -> Result<Reply, StreamError> {
+    let mut a = Assembler::new();
+    let mut chunk = body.clone();
+    if let Some(choices) = chunk.get_mut("choices").and_then(Value::as_array_mut) {
+        for choice in choices {
+            let Some(message) = choice.get_mut("message").map(Value::take) else { continue };
+            let mut delta = message;
+            if let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                for (i, call) in calls.iter_mut().enumerate() {
+                    call["index"] = Value::from(i);
+                }
+            }
+            choice["delta"] = delta;
+        }
+    }
+    a.push(&Event { data: chunk.to_string(), ..Event::default() })?;
+    a.finish()
+}
+
 pub(crate) fn preview(s: &str) -> String {
     let cut: String = s.chars().take(120).collect();
     if cut.len() < s.len() { format!("{cut}…") } else { cut }

@@ -446,3 +446,29 @@ async fn aimock_server_errors_are_retried_a_bounded_number_of_times() {
     assert!(message.contains("HTTP 500"), "{message}");
     assert!(t.elapsed() < Duration::from_secs(20), "retries are bounded ({:?})", t.elapsed());
 }
+
+#[tokio::test]
+async fn non_streamed_replies_from_both_peers_over_both_apis() {
+    let fake = fakellm(RULES);
+    let mock = aimock(AIMOCK_FIXTURES, &[]);
+    for port in [fake.port, mock.port] {
+        let base = format!("http://127.0.0.1:{port}");
+        let mut config = config(&format!("{base}/v1"), &base);
+        for p in &mut config.providers {
+            p.stream = false;
+        }
+        let providers = Providers::with_env(config, |_| Some("test-key".to_owned())).unwrap();
+        let cancel = CancelToken::new();
+        for allow in ["free:local/*", "paid:claude/*"] {
+            let reply = providers.call(&request("hello", allow, false), &cancel).await.unwrap();
+            assert!(reply.text.starts_with("H"), "{port} {allow}: {}", reply.text);
+            let reply = providers
+                .call(&request("what's the weather?", allow, false), &cancel)
+                .await
+                .unwrap();
+            assert_eq!(reply.tool_calls.len(), 1, "{port} {allow}");
+            assert_eq!(reply.tool_calls[0]["name"], "get_weather");
+            assert_eq!(reply.tool_calls[0]["arguments"]["city"], "Paris", "{port} {allow}");
+        }
+    }
+}
