@@ -35,6 +35,9 @@ pub struct ModelRequest {
     pub prompt: String,
     /// `json` when the level expects a JSON answer.
     pub json: bool,
+    /// The JSON Schema the answer must match, when the level declares one; providers that
+    /// can constrain their output to it do.
+    pub schema: Option<Value>,
     pub max_tokens: u32,
     pub constraint: Option<ModelConstraint>,
 }
@@ -45,6 +48,9 @@ impl ModelRequest {
         let mut h = Sha256::new();
         h.update(self.prompt.as_bytes());
         h.update([u8::from(self.json)]);
+        if let Some(schema) = &self.schema {
+            h.update(schema.to_string().as_bytes());
+        }
         h.update(self.max_tokens.to_le_bytes());
         baton_scenario::check::hex(&h.finalize())
     }

@@ -515,11 +515,21 @@ impl Calls<'_> {
         json: bool,
     ) -> Result<String, Stop> {
         let level = &self.run.scenario.levels[self.run.level];
+        // The level's own answer carries its schema; a judge's answer has its own shape.
+        let schema = match &level.kind {
+            LevelKind::Prompt { response: Response::Json { schema: Some(s) }, .. }
+                if json && !template.starts_with("judge:") =>
+            {
+                Some(s.value().clone())
+            }
+            _ => None,
+        };
         let request = ModelRequest {
             level_id: level.id.clone(),
             call_index: self.call_index,
             prompt: prompt.to_owned(),
             json,
+            schema,
             max_tokens: limits::MAX_TOKENS_DEFAULT,
             constraint: level.model.clone(),
         };

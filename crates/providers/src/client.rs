@@ -154,7 +154,12 @@ impl Client {
                 if provider.stream {
                     body["stream_options"] = json!({"include_usage": true});
                 }
-                if request.json {
+                if let Some(schema) = &request.schema {
+                    body["response_format"] = json!({
+                        "type": "json_schema",
+                        "json_schema": {"name": "answer", "schema": schema, "strict": false},
+                    });
+                } else if request.json {
                     body["response_format"] = json!({"type": "json_object"});
                 }
                 let mut b = self.http.post(format!("{base}/chat/completions")).json_body(&body);

@@ -127,6 +127,7 @@ fn request(prompt: &str, allow: &str, json_mode: bool) -> ModelRequest {
         call_index: 0,
         prompt: prompt.to_owned(),
         json: json_mode,
+        schema: None,
         max_tokens: 256,
         constraint: Some(ModelConstraint {
             tier: None,
@@ -471,4 +472,47 @@ async fn non_streamed_replies_from_both_peers_over_both_apis() {
             assert_eq!(reply.tool_calls[0]["arguments"]["city"], "Paris", "{port} {allow}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_declared_schema_is_sent_as_the_response_format() {
+    // A one-shot server that keeps the request it receives and answers with an empty object.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = tokio::sync::oneshot::channel::<String>();
+    tokio::spawn(async move {
+        let Ok((mut socket, _)) = listener.accept().await else { return };
+        let mut received = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        // Headers and body may arrive in separate segments: read until the body is whole.
+        let body = loop {
+            let n = socket.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break String::new();
+            }
+            received.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&received).into_owned();
+            let Some(end) = text.find("\r\n\r\n") else { continue };
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                })
+                .unwrap_or(0);
+            if text.len() >= end + 4 + length {
+                break text[end + 4..].to_owned();
+            }
+        };
+        let _ = tx.send(body);
+        let _ = socket.write_all(ok_stream("{}").as_bytes()).await;
+    });
+    let providers = Providers::with_env(local(port), |_| None).unwrap();
+    let mut req = request("x", "free:local/*", true);
+    req.schema = Some(json!({"type": "object", "required": ["answer"]}));
+    providers.call(&req, &CancelToken::new()).await.unwrap();
+    let body: serde_json::Value = serde_json::from_str(&rx.await.unwrap()).unwrap();
+    assert_eq!(body["response_format"]["type"], "json_schema");
+    assert_eq!(body["response_format"]["json_schema"]["schema"]["required"], json!(["answer"]));
 }
