@@ -20,6 +20,11 @@ edges:
   - {from: answer, to: __end__}
 ";
 
+/// An override of scenario `id`, named `name` in its tenant's store.
+fn tenant_override(id: &str, name: &str, yaml: &str) -> Override {
+    Override { scenario_id: id.to_owned(), name: name.to_owned(), yaml: yaml.to_owned() }
+}
+
 fn dir_with_base(name: &str) -> TempDir {
     let dir = TempDir::new(name);
     dir.write("prompts/answer.j2", "Answer: {{ input }}");
@@ -90,11 +95,11 @@ fn refresh_swaps_atomically_and_keeps_the_old_registry_on_error() {
 fn tenant_overrides_merge_maps_and_replace_lists() {
     let dir = dir_with_base("overrides");
     let base = Registry::load(&[dir.path()]).unwrap().registry;
-    let o = Override {
-        scenario_id: "qa".to_owned(),
-        name: "acme/qa.yaml".to_owned(),
-        yaml: "budget: {max_tokens: 5000}\nintent_routes: [quick]\n".to_owned(),
-    };
+    let o = tenant_override(
+        "qa",
+        "acme/qa.yaml",
+        "budget: {max_tokens: 5000}\nintent_routes: [quick]\n",
+    );
     let merged = base.with_overrides("acme", &[o]).unwrap().registry;
     let qa = merged.get("qa").unwrap();
     assert_eq!(qa.budget.max_cost_usd, Some(1.0), "maps merge key by key");
@@ -110,30 +115,22 @@ fn tenant_overrides_merge_maps_and_replace_lists() {
 fn override_errors_name_the_tenant_the_override_and_its_line() {
     let dir = dir_with_base("override-errors");
     let base = Registry::load(&[dir.path()]).unwrap().registry;
-    let o = Override {
-        scenario_id: "qa".to_owned(),
-        name: "acme/qa.yaml".to_owned(),
-        yaml: "budget:\n  max_cost_usd: 2\n  max_cents: 5\n".to_owned(),
-    };
+    let o = tenant_override("qa", "acme/qa.yaml", "budget:\n  max_cost_usd: 2\n  max_cents: 5\n");
     let err = base.with_overrides("acme", &[o]).unwrap_err();
     let d = err.diagnostics.iter().next().unwrap();
     assert!(d.message.contains("tenant `acme`") && d.message.contains("acme/qa.yaml"), "{d}");
     assert!(d.message.contains("unknown field `max_cents`"), "{d}");
     assert_eq!((d.file.as_str(), d.line), ("acme/qa.yaml", 3), "{d}");
 
-    let unknown = Override {
-        scenario_id: "nope".to_owned(),
-        name: "acme/nope.yaml".to_owned(),
-        yaml: "version: 2\n".to_owned(),
-    };
+    let unknown = tenant_override("nope", "acme/nope.yaml", "version: 2\n");
     let err = base.with_overrides("acme", &[unknown]).unwrap_err();
     assert!(err.diagnostics.render().contains("no scenario `nope`"));
 
-    let bad_gate = Override {
-        scenario_id: "qa".to_owned(),
-        name: "acme/qa.yaml".to_owned(),
-        yaml: "edges:\n  - {from: answer, to: __end__, when: \"verdict == 'pass'\"}\n".to_owned(),
-    };
+    let bad_gate = tenant_override(
+        "qa",
+        "acme/qa.yaml",
+        "edges:\n  - {from: answer, to: __end__, when: \"verdict == 'pass'\"}\n",
+    );
     let err = base.with_overrides("acme", &[bad_gate]).unwrap_err();
     let d = err.diagnostics.iter().next().unwrap();
     assert_eq!((d.file.as_str(), d.line), ("acme/qa.yaml", 2), "{d}");
@@ -144,11 +141,7 @@ fn override_errors_name_the_tenant_the_override_and_its_line() {
 fn override_null_does_not_delete() {
     let dir = dir_with_base("override-null");
     let base = Registry::load(&[dir.path()]).unwrap().registry;
-    let o = Override {
-        scenario_id: "qa".to_owned(),
-        name: "t/qa.yaml".to_owned(),
-        yaml: "budget: {max_cost_usd: null}\n".to_owned(),
-    };
+    let o = tenant_override("qa", "t/qa.yaml", "budget: {max_cost_usd: null}\n");
     let merged = base.with_overrides("t", &[o]).unwrap().registry;
     assert_eq!(merged.get("qa").unwrap().budget.max_cost_usd, Some(1.0));
 }
