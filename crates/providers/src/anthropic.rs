@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::openai::preview;
 use crate::sse::Event;
-use crate::{Reply, Stop, StreamError, Usage};
+use crate::{Reply, Stop, StreamError, Usage, provider_message};
 
 #[derive(Debug)]
 enum Block {
@@ -54,12 +54,7 @@ impl Assembler {
         let kind = v.get("type").and_then(Value::as_str).unwrap_or(event.event.as_str());
         match kind {
             "error" => {
-                let e = v.get("error").unwrap_or(&v);
-                let message = e
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .map_or_else(|| e.to_string(), str::to_owned);
-                return Err(StreamError::Provider(message));
+                return Err(StreamError::Provider(provider_message(v.get("error").unwrap_or(&v))));
             }
             "message_start" => {
                 let m = v.get("message").unwrap_or(&Value::Null);
@@ -183,11 +178,7 @@ impl Assembler {
 /// would have carried, so both paths share the assembly.
 pub fn from_response(body: &Value) -> Result<Reply, StreamError> {
     if let Some(error) = body.get("error") {
-        let message = error
-            .get("message")
-            .and_then(Value::as_str)
-            .map_or_else(|| error.to_string(), str::to_owned);
-        return Err(StreamError::Provider(message));
+        return Err(StreamError::Provider(provider_message(error)));
     }
     let mut a = Assembler::new();
     let mut push = |kind: &str, data: Value| {

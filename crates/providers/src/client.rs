@@ -214,11 +214,7 @@ impl Client {
             let body = read_capped(&mut response, 64 * 1024).await.unwrap_or_default();
             let message = serde_json::from_slice::<Value>(&body)
                 .ok()
-                .and_then(|v| {
-                    v.get("error")
-                        .and_then(|e| e.get("message").or(Some(e)))
-                        .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_owned))
-                })
+                .and_then(|v| v.get("error").map(crate::provider_message))
                 .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
             return Err(CallError::Http {
                 provider: provider.name.clone(),

@@ -91,3 +91,8 @@ pub(crate) fn tool_call(
         Err(e) => Err(StreamError::BadToolArguments { name, reason: e.to_string() }),
     }
 }
+
+/// The message of a provider's `error` object: its `message` field, or the whole object.
+pub(crate) fn provider_message(error: &Value) -> String {
+    error.get("message").and_then(Value::as_str).map_or_else(|| error.to_string(), str::to_owned)
+}

@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use crate::sse::Event;
-use crate::{Reply, Stop, StreamError, Usage};
+use crate::{Reply, Stop, StreamError, Usage, provider_message};
 
 #[derive(Debug, Default)]
 struct PartialCall {
@@ -53,11 +53,7 @@ impl Assembler {
         let chunk: Value = serde_json::from_str(data)
             .map_err(|e| StreamError::Malformed(format!("{e}: {}", preview(data))))?;
         if let Some(error) = chunk.get("error") {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .map_or_else(|| error.to_string(), str::to_owned);
-            return Err(StreamError::Provider(message));
+            return Err(StreamError::Provider(provider_message(error)));
         }
         if self.id.is_none() {
             self.id = chunk.get("id").and_then(Value::as_str).map(str::to_owned);
