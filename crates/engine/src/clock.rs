@@ -17,3 +17,8 @@ impl Clock for SystemClock {
         Utc::now()
     }
 }
+
+/// Milliseconds since `since`, for durations reported in events.
+pub fn elapsed_ms(since: std::time::Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}

@@ -532,8 +532,7 @@ impl Writer<'_> {
                     }
                 }
                 _ = heartbeat.tick() => {
-                    let elapsed_ms =
-                        u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    let elapsed_ms = crate::clock::elapsed_ms(started.into_std());
                     let beat = EventData::Heartbeat(crate::event::Heartbeat { elapsed_ms });
                     let level_id = run.scenario.levels[run.level].id.as_str();
                     let event = NewEvent::level(level_id, run.attempt, beat);

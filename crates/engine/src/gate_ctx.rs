@@ -4,8 +4,7 @@
 //! source level's attempt count; everything else reads the state as the gate DSL
 //! describes. Lists, mappings and null are UNDEFINED (the DSL's rule).
 
-use baton_scenario::expr::{Context, PathRef, Root, Val, json_val};
-use serde_json::Value;
+use baton_scenario::expr::{Context, PathRef, Root, Val, json_val, walk};
 
 use crate::state::RunState;
 
@@ -14,17 +13,6 @@ use crate::state::RunState;
 pub struct GateContext<'a> {
     pub state: &'a RunState,
     pub source: &'a str,
-}
-
-fn walk<'v>(mut at: &'v Value, segments: &[String]) -> Option<&'v Value> {
-    for segment in segments {
-        at = match at {
-            Value::Object(map) => map.get(segment.as_str())?,
-            Value::Array(items) => items.get(segment.parse::<usize>().ok()?)?,
-            _ => return None,
-        };
-    }
-    Some(at)
 }
 
 fn num(n: impl Into<f64>) -> Val<'static> {

@@ -18,6 +18,7 @@ use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value, json};
 
 use crate::cancel::CancelToken;
+use crate::clock::elapsed_ms;
 use crate::event::{
     ApprovalRequested, AskUser, BudgetExceeded, EventData, LevelFinished, LevelStarted,
     ModelResponse, NewEvent, PromptSent, VerifierFinished, VerifierStarted,
@@ -71,10 +72,6 @@ fn error_finish(message: String, duration_ms: u64) -> LevelFinished {
         duration_ms,
         terminal: false,
     }
-}
-
-fn millis(since: Instant) -> u64 {
-    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 impl LevelRun {
@@ -141,7 +138,9 @@ impl LevelRun {
         let mut text = match self.renderer.render(prompt, &ctx) {
             Ok(t) => t,
             Err(e) => {
-                events.push(self.event(EventData::LevelFinished(error_finish(e, millis(started)))));
+                events.push(
+                    self.event(EventData::LevelFinished(error_finish(e, elapsed_ms(started)))),
+                );
                 return events;
             }
         };
@@ -265,7 +264,7 @@ impl LevelRun {
                 error: None,
                 cost_usd: calls.cost_usd,
                 tokens: calls.tokens,
-                duration_ms: millis(started),
+                duration_ms: elapsed_ms(started),
                 terminal: level.terminal,
             })));
             return events;
@@ -316,7 +315,7 @@ impl LevelRun {
             error: None,
             cost_usd: calls.cost_usd,
             tokens: calls.tokens,
-            duration_ms: millis(started),
+            duration_ms: elapsed_ms(started),
             terminal: level.terminal,
         })));
         events
@@ -411,7 +410,9 @@ impl LevelRun {
             return events;
         }
         if let Some(error) = error {
-            events.push(self.event(EventData::LevelFinished(error_finish(error, millis(started)))));
+            events.push(
+                self.event(EventData::LevelFinished(error_finish(error, elapsed_ms(started)))),
+            );
             return events;
         }
         let n = children.len();
@@ -439,7 +440,7 @@ impl LevelRun {
             error: None,
             cost_usd: cost,
             tokens,
-            duration_ms: millis(started),
+            duration_ms: elapsed_ms(started),
             terminal: level.terminal,
         })));
         events
@@ -489,7 +490,7 @@ impl Stop {
             Stop::Halted => {}
             Stop::Failed(message) => {
                 events.push(
-                    run.event(EventData::LevelFinished(error_finish(message, millis(started)))),
+                    run.event(EventData::LevelFinished(error_finish(message, elapsed_ms(started)))),
                 );
             }
         }
@@ -732,10 +733,10 @@ async fn judge(
         }
     };
     let cost_usd = calls.cost_usd - spent;
-    let duration_ms = millis(started);
-    let Some(scores) = verdict::parse_json(&answer)
-        .and_then(|v| v.get("scores").cloned())
-        .filter(Value::is_object)
+    let duration_ms = elapsed_ms(started);
+    let parsed = verdict::parse_json(&answer);
+    let Some(scores) =
+        parsed.as_ref().and_then(|v| v.get("scores").cloned()).filter(Value::is_object)
     else {
         let mut failed =
             verifier::unavailable(spec, "the judge did not answer with {\"scores\": {…}}");
@@ -744,7 +745,7 @@ async fn judge(
         return failed;
     };
     let reasons_given =
-        verdict::parse_json(&answer).and_then(|v| v.get("reasons").cloned()).unwrap_or(Value::Null);
+        parsed.as_ref().and_then(|v| v.get("reasons").cloned()).unwrap_or(Value::Null);
     let threshold =
         spec.params.get("threshold").and_then(Value::as_f64).unwrap_or(rubric.pass_threshold);
     let (mut weighted, mut weights) = (0.0, 0.0);

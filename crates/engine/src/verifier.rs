@@ -190,7 +190,7 @@ impl Verifier for SchemaVerifier {
                 score: Some(if passed { 1.0 } else { 0.0 }),
                 reasons,
                 cost_usd: 0.0,
-                duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                duration_ms: crate::clock::elapsed_ms(started),
                 details: Value::Null,
             }
         })
@@ -268,15 +268,7 @@ async fn run_command(
     cancel: &CancelToken,
 ) -> VerifierFinished {
     let started = Instant::now();
-    let fail = |reason: String| VerifierFinished {
-        name: spec.name.clone(),
-        passed: false,
-        score: None,
-        reasons: vec![reason],
-        cost_usd: 0.0,
-        duration_ms: 0,
-        details: Value::Null,
-    };
+    let fail = |reason: String| unavailable(spec, &reason);
     let mut argv: Vec<String> = spec
         .params
         .get("argv")
@@ -356,7 +348,7 @@ async fn run_command(
         Err(reason) => {
             let _ = child.kill().await;
             let mut f = fail(reason);
-            f.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            f.duration_ms = crate::clock::elapsed_ms(started);
             return f;
         }
     };
@@ -380,7 +372,7 @@ async fn run_command(
         score: Some(if passed { 1.0 } else { 0.0 }),
         reasons,
         cost_usd: 0.0,
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        duration_ms: crate::clock::elapsed_ms(started),
         details: json!({
             "exit_code": code,
             "stderr_tail": tail(&stderr_text, limits::FEEDBACK_TAIL_BYTES),

@@ -116,6 +116,22 @@ fn compare(op: CmpOp, l: Val<'_>, r: Val<'_>) -> bool {
     }
 }
 
+/// The value at `segments` under `at`: an object's key, or a list's index when the segment
+/// is a number; `None` where the path leads nowhere.
+pub fn walk<'v>(
+    mut at: &'v serde_json::Value,
+    segments: &[String],
+) -> Option<&'v serde_json::Value> {
+    for segment in segments {
+        at = match at {
+            serde_json::Value::Object(map) => map.get(segment.as_str())?,
+            serde_json::Value::Array(items) => items.get(segment.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(at)
+}
+
 /// A JSON document as a context: the path's segments are looked up key by key (a
 /// numeric segment indexes a list). The document's top level holds the roots:
 /// `{"verdict": "PASS", "verifier": {"build": {"passed": true}}, "level": {…}, …}`.
@@ -124,21 +140,7 @@ pub struct JsonContext<'a>(pub &'a serde_json::Value);
 
 impl Context for JsonContext<'_> {
     fn lookup(&self, path: &PathRef) -> Val<'_> {
-        let mut at = self.0;
-        for segment in &path.segments {
-            let next = match at {
-                serde_json::Value::Object(map) => map.get(segment.as_str()),
-                serde_json::Value::Array(items) => {
-                    segment.parse::<usize>().ok().and_then(|i| items.get(i))
-                }
-                _ => None,
-            };
-            match next {
-                Some(v) => at = v,
-                None => return Val::Undefined,
-            }
-        }
-        json_val(at)
+        walk(self.0, &path.segments).map_or(Val::Undefined, json_val)
     }
 }
 

@@ -15,7 +15,7 @@ mod parse;
 mod print;
 mod resolve;
 
-pub use eval::{Context, JsonContext, Reading, Val, json_val};
+pub use eval::{Context, JsonContext, Reading, Val, json_val, walk};
 pub use parse::{ParseError, parse};
 pub use resolve::{Gate, PathRef, ResolveError, Root, Scope, Type, resolve};
 
