@@ -41,6 +41,17 @@ pub enum Error {
     Backend(String),
 }
 
+/// Checks that `events` are numbered in a row from `first`, as every store requires before
+/// it writes them.
+pub fn check_numbering(events: &[Event], first: u64) -> Result<(), Error> {
+    for (expected, e) in (first..).zip(events) {
+        if e.seq != expected {
+            return Err(Error::Backend(format!("event {expected} is numbered {}", e.seq)));
+        }
+    }
+    Ok(())
+}
+
 /// Where runs and their events live.
 pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Records a new run and its first events (numbered from 1), in one transaction.
@@ -162,11 +173,7 @@ impl EventStore for MemoryStore {
                 if runs.contains_key(&run.run_id) {
                     return Err(Error::Exists(run.run_id.clone()));
                 }
-                if let Some((i, e)) =
-                    events.iter().enumerate().find(|(i, e)| e.seq != *i as u64 + 1)
-                {
-                    return Err(Error::Backend(format!("event {} is numbered {}", i + 1, e.seq)));
-                }
+                check_numbering(&events, 1)?;
                 let mut record = run.clone();
                 record.last_seq = events.len() as u64;
                 if let Some(last) = events.last() {
@@ -197,15 +204,7 @@ impl EventStore for MemoryStore {
                         actual,
                     });
                 }
-                for (i, e) in events.iter().enumerate() {
-                    if e.seq != expected_seq + i as u64 {
-                        return Err(Error::Backend(format!(
-                            "event {} is numbered {}",
-                            expected_seq + i as u64,
-                            e.seq
-                        )));
-                    }
-                }
+                check_numbering(&events, expected_seq)?;
                 if let Some(last) = events.last() {
                     record.updated_at = last.at;
                 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, mpsc};
 
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
-use baton_engine::store::{Error, EventStore, RunRecord};
+use baton_engine::store::{Error, EventStore, RunRecord, check_numbering};
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
@@ -312,19 +312,13 @@ fn append(
     if actual != expected {
         return Err(Error::Conflict { run_id: run_id.to_owned(), expected, actual });
     }
+    check_numbering(events, expected)?;
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )
         .map_err(backend)?;
-    for (i, e) in events.iter().enumerate() {
-        if e.seq != expected + i as u64 {
-            return Err(Error::Backend(format!(
-                "event {} is numbered {}",
-                expected + i as u64,
-                e.seq
-            )));
-        }
+    for e in events {
         insert
             .execute(params![
                 run_id,
