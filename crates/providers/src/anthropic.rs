@@ -51,10 +51,15 @@ impl Assembler {
         }
         let v: Value = serde_json::from_str(&event.data)
             .map_err(|e| StreamError::Malformed(format!("{e}: {}", preview(&event.data))))?;
-        let kind = v.get("type").and_then(Value::as_str).unwrap_or(event.event.as_str());
+        self.push_value(&event.event, &v)
+    }
+
+    /// Takes one event's data, already parsed; its `type`, else `event`, names its kind.
+    fn push_value(&mut self, event: &str, v: &Value) -> Result<(), StreamError> {
+        let kind = v.get("type").and_then(Value::as_str).unwrap_or(event);
         match kind {
             "error" => {
-                return Err(StreamError::Provider(provider_message(v.get("error").unwrap_or(&v))));
+                return Err(StreamError::Provider(provider_message(v.get("error").unwrap_or(v))));
             }
             "message_start" => {
                 let m = v.get("message").unwrap_or(&Value::Null);
@@ -65,7 +70,7 @@ impl Assembler {
                 }
             }
             "content_block_start" => {
-                let index = index(&v)?;
+                let index = index(v)?;
                 let block = v.get("content_block").unwrap_or(&Value::Null);
                 let b = match block.get("type").and_then(Value::as_str) {
                     Some("text") => {
@@ -88,7 +93,7 @@ impl Assembler {
                 self.blocks.push((index, b));
             }
             "content_block_delta" => {
-                let index = index(&v)?;
+                let index = index(v)?;
                 let delta = v.get("delta").unwrap_or(&Value::Null);
                 let block = self.blocks.iter_mut().find(|(i, _)| *i == index).map(|(_, b)| b);
                 match (delta.get("type").and_then(Value::as_str), block) {
@@ -181,9 +186,7 @@ pub fn from_response(body: &Value) -> Result<Reply, StreamError> {
         return Err(StreamError::Provider(provider_message(error)));
     }
     let mut a = Assembler::new();
-    let mut push = |kind: &str, data: Value| {
-        a.push(&Event { event: kind.to_owned(), data: data.to_string(), ..Event::default() })
-    };
+    let mut push = |kind: &str, data: Value| a.push_value(kind, &data);
     push(
         "message_start",
         serde_json::json!({"type": "message_start", "message": {"id": body.get("id"), "model": body.get("model"), "usage": body.get("usage")}}),

@@ -52,6 +52,11 @@ impl Assembler {
         }
         let chunk: Value = serde_json::from_str(data)
             .map_err(|e| StreamError::Malformed(format!("{e}: {}", preview(data))))?;
+        self.push_chunk(&chunk)
+    }
+
+    /// Takes one chunk, already parsed.
+    fn push_chunk(&mut self, chunk: &Value) -> Result<(), StreamError> {
         if let Some(error) = chunk.get("error") {
             return Err(StreamError::Provider(provider_message(error)));
         }
@@ -151,7 +156,7 @@ pub fn from_response(body: &Value) -> Result<Reply, StreamError> {
             choice["delta"] = delta;
         }
     }
-    a.push(&Event { data: chunk.to_string(), ..Event::default() })?;
+    a.push_chunk(&chunk)?;
     a.finish()
 }
 
