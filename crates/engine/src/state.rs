@@ -201,7 +201,7 @@ impl RunState {
     /// Applies one event. Total: an event that does not fit the state is absorbed.
     pub fn apply(&mut self, event: &Event) {
         self.last_seq = event.seq;
-        let level_id = event.level_id.clone().unwrap_or_default();
+        let level_id = event.level_id.as_deref().unwrap_or_default();
         match &event.data {
             EventData::ScenarioStarted(s) => {
                 self.status = Status::Running;
@@ -217,7 +217,7 @@ impl RunState {
                 self.model_source.clone_from(&s.model_source);
             }
             EventData::LevelStarted(s) => {
-                let level = self.levels.entry(level_id.clone()).or_default();
+                let level = self.levels.entry(level_id.to_owned()).or_default();
                 level.attempts = event.attempt.unwrap_or(level.attempts + 1);
                 level.running = true;
                 level.ok = None;
@@ -227,13 +227,13 @@ impl RunState {
                 level.calls = 0;
                 level.parent.clone_from(&s.parent);
                 if s.parent.is_none() {
-                    self.in_flight = Some(level_id);
+                    self.in_flight = Some(level_id.to_owned());
                     self.next = None;
                 }
                 self.level_runs += 1;
             }
             EventData::ModelResponse(r) => {
-                let level = self.levels.entry(level_id).or_default();
+                let level = self.levels.entry(level_id.to_owned()).or_default();
                 level.calls += 1;
                 level.calls_total += 1;
                 level.cost_usd += r.cost_usd;
@@ -244,7 +244,7 @@ impl RunState {
             // Money is spent only by model calls, each a `model_response`: a verifier's
             // cost (a judge's call) is reported here but counted there.
             EventData::VerifierFinished(v) => {
-                let level = self.levels.entry(level_id).or_default();
+                let level = self.levels.entry(level_id.to_owned()).or_default();
                 level.verifiers.insert(v.name.clone(), v.clone());
             }
             EventData::AskUser(a) => {
@@ -270,7 +270,7 @@ impl RunState {
             EventData::LevelFinished(f) => {
                 let is_top;
                 {
-                    let level = self.levels.entry(level_id.clone()).or_default();
+                    let level = self.levels.entry(level_id.to_owned()).or_default();
                     level.running = false;
                     level.ok = Some(f.ok);
                     level.skipped = f.skipped;
@@ -301,7 +301,7 @@ impl RunState {
                         self.confidence = f.confidence;
                     }
                     self.in_flight = None;
-                    self.route_pending = Some(level_id.clone());
+                    self.route_pending = Some(level_id.to_owned());
                     if f.ok && !f.skipped && !f.output.is_empty() {
                         self.last_output = Some(f.output.clone());
                     }
