@@ -72,6 +72,25 @@ impl Verifiers {
     }
 }
 
+/// The outcome of a check that ran for free: passed or not, with its reasons and details.
+fn checked(
+    spec: &VerifierSpec,
+    passed: bool,
+    reasons: Vec<String>,
+    started: Instant,
+    details: Value,
+) -> VerifierFinished {
+    VerifierFinished {
+        name: spec.name.clone(),
+        passed,
+        score: Some(if passed { 1.0 } else { 0.0 }),
+        reasons,
+        cost_usd: 0.0,
+        duration_ms: crate::clock::elapsed_ms(started),
+        details,
+    }
+}
+
 /// An outcome for a verifier that could not run.
 pub fn unavailable(spec: &VerifierSpec, why: &str) -> VerifierFinished {
     VerifierFinished {
@@ -183,16 +202,7 @@ impl Verifier for SchemaVerifier {
                 (Some(_), None) => vec!["the level's answer is not JSON".to_owned()],
                 (Some(schema), Some(value)) => schema.violations(value),
             };
-            let passed = reasons.is_empty();
-            VerifierFinished {
-                name: spec.name.clone(),
-                passed,
-                score: Some(if passed { 1.0 } else { 0.0 }),
-                reasons,
-                cost_usd: 0.0,
-                duration_ms: crate::clock::elapsed_ms(started),
-                details: Value::Null,
-            }
+            checked(spec, reasons.is_empty(), reasons, started, Value::Null)
         })
     }
 }
@@ -366,18 +376,16 @@ async fn run_command(
             None => format!("`{}` was killed by a signal", argv.join(" ")),
         });
     }
-    VerifierFinished {
-        name: spec.name.clone(),
+    checked(
+        spec,
         passed,
-        score: Some(if passed { 1.0 } else { 0.0 }),
         reasons,
-        cost_usd: 0.0,
-        duration_ms: crate::clock::elapsed_ms(started),
-        details: json!({
+        started,
+        json!({
             "exit_code": code,
             "stderr_tail": tail(&stderr_text, limits::FEEDBACK_TAIL_BYTES),
             "stdout_tail": tail(&stdout_text, limits::FEEDBACK_TAIL_BYTES),
             "stderr_bytes": err_total,
         }),
-    }
+    )
 }
