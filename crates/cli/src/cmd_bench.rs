@@ -134,6 +134,7 @@ fn engine(store: Arc<dyn EventStore>) -> Engine {
             model: Arc::new(ScriptedModel::constant(answer())),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),
+            workspaces: None,
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
         }),
         Arc::new(SystemClock),

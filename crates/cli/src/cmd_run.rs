@@ -14,11 +14,13 @@ use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::runner::Runtime;
 use baton_engine::store::EventStore;
 use baton_engine::verifier::Verifiers;
+use baton_engine::workspace::WorkspaceSetup;
 use baton_engine::{Engine, Outcome, Status};
 use baton_providers::client::Providers;
 use baton_providers::config::Config;
 use baton_scenario::{Registry, Scenario};
 use baton_store::SqliteStore;
+use baton_workspace::LocalWorkspaces;
 use serde_json::{Map, Value, json};
 
 use crate::timeline;
@@ -129,10 +131,21 @@ fn recorded_model(
     }
 }
 
+/// Where runs get their workspaces: `DIR` from `--workspace`, else one directory per run
+/// under `workspaces/` beside the database.
+fn workspace_setup(place: &Place, dir: Option<PathBuf>, branch: Option<String>) -> WorkspaceSetup {
+    let data = place.db.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let root =
+        std::path::absolute(data.join("workspaces")).unwrap_or_else(|_| data.join("workspaces"));
+    let dir = dir.map(|d| std::path::absolute(&d).unwrap_or(d));
+    WorkspaceSetup { opener: Arc::new(LocalWorkspaces::new(root)), dir, branch }
+}
+
 fn engine(
     store: Arc<dyn EventStore>,
     model: Arc<dyn ModelProvider>,
     registry: &Registry,
+    workspaces: WorkspaceSetup,
 ) -> Engine {
     let catalog: Vec<Value> = registry
         .scenarios()
@@ -145,6 +158,7 @@ fn engine(
             model,
             verifiers: Verifiers::builtin(),
             workspace: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            workspaces: Some(workspaces),
             catalog: Arc::new(Value::Array(catalog)),
         }),
         Arc::new(SystemClock),
@@ -181,6 +195,10 @@ pub(crate) struct RunArgs {
     pub cassette: Option<PathBuf>,
     /// Record every model answer into this cassette.
     pub record: Option<PathBuf>,
+    /// The workspace directory, instead of a new one under the data directory.
+    pub workspace: Option<PathBuf>,
+    /// Name the completed run's result with this branch of the workspace repository.
+    pub branch: Option<String>,
 }
 
 pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -193,7 +211,8 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         args.record.as_deref(),
     )?;
     let store = open_store(place)?;
-    let engine = engine(store, model, &registry);
+    let engine =
+        engine(store, model, &registry, workspace_setup(place, args.workspace, args.branch));
     let mut metadata = Map::new();
     for (k, v) in args.meta {
         metadata.insert(k, Value::String(v));
@@ -214,11 +233,16 @@ pub(crate) async fn resume(
 ) -> anyhow::Result<ExitCode> {
     let registry = registry(place)?;
     let store = open_store(place)?;
-    let probe = engine(Arc::clone(&store), Arc::new(ScriptedModel::default()), &registry);
+    let probe = engine(
+        Arc::clone(&store),
+        Arc::new(ScriptedModel::default()),
+        &registry,
+        workspace_setup(place, None, None),
+    );
     let state = probe.state(run_id).await.with_context(|| format!("cannot read run {run_id}"))?;
     let scenario = find_scenario(&registry, &state.scenario_id, place)?;
     let model = recorded_model(state.model_source.as_deref(), script, place.config.as_deref())?;
-    let engine = engine(store, model, &registry);
+    let engine = engine(store, model, &registry, workspace_setup(place, None, None));
     // Show the decision or answer that led here, then what follows.
     let from = state.last_seq.saturating_sub(1);
     drive(&engine, run_id, &scenario, json, from, None).await
@@ -343,7 +367,12 @@ pub(crate) struct Decision {
 pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow::Result<ExitCode> {
     let registry = registry(place)?;
     let store = open_store(place)?;
-    let probe = engine(Arc::clone(&store), Arc::new(ScriptedModel::default()), &registry);
+    let probe = engine(
+        Arc::clone(&store),
+        Arc::new(ScriptedModel::default()),
+        &registry,
+        workspace_setup(place, None, None),
+    );
     probe.approve(run_id, !d.reject, d.comment, d.by).await?;
     println!("{} run {run_id}", if d.reject { "rejected" } else { "approved" });
     if d.no_resume {
@@ -364,7 +393,12 @@ pub(crate) async fn answer(
     })?;
     let registry = registry(place)?;
     let store = open_store(place)?;
-    let probe = engine(Arc::clone(&store), Arc::new(ScriptedModel::default()), &registry);
+    let probe = engine(
+        Arc::clone(&store),
+        Arc::new(ScriptedModel::default()),
+        &registry,
+        workspace_setup(place, None, None),
+    );
     probe.answer(run_id, value).await?;
     println!("answered run {run_id}");
     if no_resume {
@@ -380,7 +414,12 @@ pub(crate) async fn cancel(
 ) -> anyhow::Result<ExitCode> {
     let registry = registry(place)?;
     let store = open_store(place)?;
-    let probe = engine(Arc::clone(&store), Arc::new(ScriptedModel::default()), &registry);
+    let probe = engine(
+        Arc::clone(&store),
+        Arc::new(ScriptedModel::default()),
+        &registry,
+        workspace_setup(place, None, None),
+    );
     probe.cancel(run_id, by, None).await?;
     let state = probe.state(run_id).await?;
     if state.status == Status::Paused {

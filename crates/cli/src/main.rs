@@ -82,6 +82,14 @@ enum Command {
         /// Record every model answer into this cassette file.
         #[arg(long)]
         record: Option<PathBuf>,
+        /// The directory tool-loop levels edit (default: a new one per run under
+        /// `workspaces/` beside the database). Baton keeps its snapshots in `DIR/.baton/`.
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// When the run completes, name its result with this branch of the workspace's
+        /// repository (`git --git-dir DIR/.baton/git log NAME`).
+        #[arg(long, value_name = "NAME")]
+        branch: Option<String>,
     },
     /// Work with cassettes (recorded model answers).
     #[command(subcommand)]
@@ -245,7 +253,18 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Run { scenario, input, input_file, meta, script, json, cassette, record } => {
+        Command::Run {
+            scenario,
+            input,
+            input_file,
+            meta,
+            script,
+            json,
+            cassette,
+            record,
+            workspace,
+            branch,
+        } => {
             let input = match (input, input_file) {
                 (Some(i), _) => Ok(i),
                 (None, Some(f)) => std::fs::read_to_string(&f)
@@ -255,7 +274,17 @@ fn main() -> ExitCode {
             input.and_then(|input| {
                 runtime.block_on(cmd_run::run(
                     &place,
-                    cmd_run::RunArgs { scenario, input, meta, script, json, cassette, record },
+                    cmd_run::RunArgs {
+                        scenario,
+                        input,
+                        meta,
+                        script,
+                        json,
+                        cassette,
+                        record,
+                        workspace,
+                        branch,
+                    },
                 ))
             })
         }

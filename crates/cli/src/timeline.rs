@@ -21,8 +21,20 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             "model     {level}: {} tokens, ${:.4} — {}",
             r.usage.total(),
             r.cost_usd,
-            preview(&r.text, 60)
+            match (r.text.trim().is_empty(), r.tool_calls.len()) {
+                (true, 1) => "(1 tool call)".to_owned(),
+                (true, n) if n > 1 => format!("({n} tool calls)"),
+                _ => preview(&r.text, 60),
+            }
         ),
+        EventData::ToolCall(c) => {
+            let path = c.arguments.get("path").and_then(|p| p.as_str()).unwrap_or("");
+            format!("tool      {level}: {} {}", c.tool, preview(path, 60))
+        }
+        EventData::ToolResult(r) if r.is_error => {
+            format!("tool      {level}: {} refused — {}", r.tool, preview(&r.content, 80))
+        }
+        EventData::FileCreated(f) => format!("created   {level}: {}", f.path),
         EventData::VerifierFinished(v) => format!(
             "verifier  {level}/{}: {}{}",
             v.name,
@@ -106,9 +118,19 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             }
         ),
         EventData::Heartbeat(h) => {
-            format!("working   {level}: {:.0} s", h.elapsed_ms as f64 / 1000.0)
+            let mut line = format!("working   {level}: {:.0} s", h.elapsed_ms as f64 / 1000.0);
+            if h.streamed_bytes > 0 {
+                line.push_str(&format!(", {} bytes streamed", h.streamed_bytes));
+            }
+            if h.tool_calls > 0 {
+                line.push_str(&format!(", {} tool calls", h.tool_calls));
+            }
+            line
         }
-        EventData::PromptSent(_) | EventData::VerifierStarted(_) | EventData::BudgetConsumed(_) => {
+        EventData::PromptSent(_)
+        | EventData::VerifierStarted(_)
+        | EventData::BudgetConsumed(_)
+        | EventData::ToolResult(_) => {
             return None;
         }
     };

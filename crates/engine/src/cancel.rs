@@ -1,15 +1,48 @@
-//! Cancellation inside one process: a flag runners poll and a signal they can await.
+//! Cancellation inside one process: a flag runners poll and a signal they can await, and
+//! the step's progress counters, which heartbeats report.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::Notify;
 
-/// A cancel signal shared by the executor and the runners of one run.
+/// A cancel signal shared by the executor and the runners of one step, with the step's
+/// progress: whatever runs the step (a provider streaming an answer, a tool loop) counts
+/// its progress here, and the executor's heartbeats report it.
 #[derive(Clone, Debug, Default)]
 pub struct CancelToken {
     flag: Arc<AtomicBool>,
     notify: Arc<Notify>,
+    progress: Arc<Progress>,
+}
+
+/// How far a step has come.
+#[derive(Debug, Default)]
+pub struct Progress {
+    streamed_bytes: AtomicU64,
+    tool_calls: AtomicU64,
+}
+
+impl Progress {
+    /// Counts bytes of a model answer received.
+    pub fn streamed(&self, bytes: usize) {
+        self.streamed_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a tool call run.
+    pub fn tool_call(&self) {
+        self.tool_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes of model answers received so far.
+    pub fn streamed_bytes(&self) -> u64 {
+        self.streamed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Tool calls run so far.
+    pub fn tool_calls(&self) -> u64 {
+        self.tool_calls.load(Ordering::Relaxed)
+    }
 }
 
 impl CancelToken {
@@ -27,6 +60,11 @@ impl CancelToken {
     /// Whether it was cancelled.
     pub fn is_cancelled(&self) -> bool {
         self.flag.load(Ordering::SeqCst)
+    }
+
+    /// The step's progress counters.
+    pub fn progress(&self) -> &Progress {
+        &self.progress
     }
 
     /// Resolves once cancelled.

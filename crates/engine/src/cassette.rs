@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::cancel::CancelToken;
 use crate::event::{Event, EventData, Usage};
@@ -31,7 +30,7 @@ pub struct Entry {
     pub provider: String,
     pub model: String,
     pub text: String,
-    pub tool_calls: Vec<Value>,
+    pub tool_calls: Vec<crate::model::ToolCall>,
     pub usage: Usage,
     pub cost_usd: f64,
 }

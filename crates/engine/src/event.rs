@@ -59,6 +59,9 @@ pub enum EventData {
     PromptSent(PromptSent),
     RoutingDecision(RoutingDecision),
     ModelResponse(ModelResponse),
+    ToolCall(ToolCalled),
+    ToolResult(ToolResult),
+    FileCreated(FileCreated),
     VerifierStarted(VerifierStarted),
     VerifierFinished(VerifierFinished),
     AskUser(AskUser),
@@ -85,6 +88,9 @@ impl EventData {
             EventData::PromptSent(_) => "prompt_sent",
             EventData::RoutingDecision(_) => "routing_decision",
             EventData::ModelResponse(_) => "model_response",
+            EventData::ToolCall(_) => "tool_call",
+            EventData::ToolResult(_) => "tool_result",
+            EventData::FileCreated(_) => "file_created",
             EventData::VerifierStarted(_) => "verifier_started",
             EventData::VerifierFinished(_) => "verifier_finished",
             EventData::AskUser(_) => "ask_user",
@@ -137,6 +143,9 @@ impl EventData {
             "prompt_sent" => PromptSent,
             "routing_decision" => RoutingDecision,
             "model_response" => ModelResponse,
+            "tool_call" => ToolCall,
+            "tool_result" => ToolResult,
+            "file_created" => FileCreated,
             "verifier_started" => VerifierStarted,
             "verifier_finished" => VerifierFinished,
             "ask_user" => AskUser,
@@ -206,6 +215,19 @@ pub struct ScenarioStarted {
     /// Where the model answers come from when it is not the configured providers, e.g.
     /// `script:PATH` for the scripted model; a later process resumes with the same.
     pub model_source: Option<String>,
+    /// The run's workspace, when the scenario edits one (it has a `tool_loop` level).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceInfo>,
+}
+
+/// Where a run's workspace is and how it was before the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkspaceInfo {
+    pub dir: String,
+    /// The snapshot taken before the run changed anything; a cancelled run goes back to it.
+    pub base: String,
+    /// The branch a completed run's result is committed on, when the user named one.
+    pub branch: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -257,9 +279,33 @@ pub struct ModelResponse {
     pub request_hash: String,
     pub call: u32,
     pub text: String,
-    pub tool_calls: Vec<Value>,
+    pub tool_calls: Vec<crate::model::ToolCall>,
     pub usage: Usage,
     pub cost_usd: f64,
+}
+
+/// A model asked a tool-loop level to run a tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCalled {
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+}
+
+/// What a tool returned to the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub call_id: String,
+    pub tool: String,
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// A tool created a file in the workspace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FileCreated {
+    /// Relative to the workspace, `/`-separated.
+    pub path: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -327,6 +373,12 @@ pub struct LevelFinished {
     pub tokens: u64,
     pub duration_ms: u64,
     pub terminal: bool,
+    /// The workspace paths a tool-loop level's write tools changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub touched_paths: Vec<String>,
+    /// The workspace snapshot taken when a tool-loop level finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -370,6 +422,12 @@ pub struct BudgetExceeded {
 pub struct Heartbeat {
     /// How long the step has been running.
     pub elapsed_ms: u64,
+    /// Bytes of model answers streamed in so far during the step.
+    #[serde(default)]
+    pub streamed_bytes: u64,
+    /// Tool calls the step has run so far.
+    #[serde(default)]
+    pub tool_calls: u64,
 }
 
 /// A level is asked again within its attempt because a check failed.

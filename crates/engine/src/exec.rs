@@ -10,19 +10,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_scenario::Scenario;
+use baton_scenario::model::LevelKind;
 use serde_json::{Map, Value};
 
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
 use crate::event::{
     ApprovalDecided, BudgetCaps, BudgetConsumed, CancelRequested, Event, EventData, NewEvent,
-    ScenarioStarted, UserAnswered,
+    ScenarioStarted, UserAnswered, WorkspaceInfo,
 };
-use crate::plan::{Step, plan, runnable};
+use crate::plan::{Step, plan};
 use crate::render::Renderer;
 use crate::runner::{LevelRun, Runtime};
 use crate::state::{RunState, Status, fold};
 use crate::store::{self, EventStore, RunRecord};
+use crate::workspace::{Workspace, WorkspaceError, WorkspaceRequest, off_thread};
 
 /// How often a running step checks the store for a cancel request.
 const CANCEL_POLL: Duration = Duration::from_millis(100);
@@ -44,14 +46,16 @@ pub enum Error {
         "run {run_id} was started from scenario `{scenario}` with checksum {recorded}, but the loaded one has {loaded}; resume it with the scenario files it started with"
     )]
     ChecksumChanged { run_id: String, scenario: String, recorded: String, loaded: String },
-    #[error(
-        "scenario `{scenario}` has level `{level}` of kind {kind}, which this build cannot run yet"
-    )]
-    Unsupported { scenario: String, level: String, kind: String },
     #[error("run {run_id}: {message}")]
     Refused { run_id: String, message: String },
     #[error("template: {0}")]
     Template(String),
+    #[error(transparent)]
+    Workspace(#[from] WorkspaceError),
+    #[error(
+        "scenario `{scenario}` has tool_loop levels, which need a workspace, and this engine was set up without one"
+    )]
+    NoWorkspaces { scenario: String },
 }
 
 /// Where a call to [`Engine::drive`] left the run.
@@ -114,7 +118,10 @@ impl Engine {
         metadata: Map<String, Value>,
         model_source: Option<String>,
     ) -> Result<String, Error> {
-        let (record, started) = self.new_run(scenario, input, metadata, model_source)?;
+        let run_id = Self::new_run_id();
+        let (_, info) = self.new_workspace(scenario, &run_id).await?.unzip();
+        let (record, started) =
+            self.new_run(scenario, &run_id, input, metadata, model_source, info);
         self.store.create_run(&record, vec![started]).await?;
         Ok(record.run_id)
     }
@@ -133,8 +140,8 @@ impl Engine {
         metadata: Map<String, Value>,
         model_source: Option<String>,
     ) -> Result<Outcome, Error> {
-        let (mut record, started) = self.new_run(scenario, input, metadata, model_source)?;
-        record.run_id = run_id.to_owned();
+        let (workspace, info) = self.new_workspace(scenario, run_id).await?.unzip();
+        let (record, started) = self.new_run(scenario, run_id, input, metadata, model_source, info);
         let mut state = RunState::default();
         state.apply(&started);
         let mut w = Writer {
@@ -146,7 +153,7 @@ impl Engine {
             create: Some(record),
             has_results: false,
         };
-        self.drive_writer(&mut w, scenario).await
+        self.drive_writer(&mut w, scenario, workspace).await
     }
 
     /// A fresh run id (UUID v7: sortable by creation time).
@@ -154,18 +161,72 @@ impl Engine {
         uuid::Uuid::now_v7().to_string()
     }
 
+    /// Opens a new run's workspace when its scenario edits one, and snapshots it as the
+    /// run's base.
+    async fn new_workspace(
+        &self,
+        scenario: &Scenario,
+        run_id: &str,
+    ) -> Result<Option<(Arc<dyn Workspace>, WorkspaceInfo)>, Error> {
+        if !owns_workspace(scenario) {
+            return Ok(None);
+        }
+        let Some(setup) = &self.runtime.workspaces else {
+            return Err(no_workspaces(scenario));
+        };
+        let request = WorkspaceRequest {
+            run_id: run_id.to_owned(),
+            dir: setup.dir.clone(),
+            seed: scenario.workspace_seed.clone(),
+        };
+        let opener = Arc::clone(&setup.opener);
+        let message = format!("baton: run {run_id} starts");
+        let (workspace, base) = off_thread(move || {
+            let workspace = opener.open(&request)?;
+            let base = workspace.snapshot(&message)?;
+            Ok((workspace, base))
+        })
+        .await?;
+        let info = WorkspaceInfo {
+            dir: workspace.root().display().to_string(),
+            base,
+            branch: setup.branch.clone(),
+        };
+        Ok(Some((workspace, info)))
+    }
+
+    /// Opens the workspace a run recorded, to resume it.
+    async fn recorded_workspace(
+        &self,
+        scenario: &Scenario,
+        run_id: &str,
+        state: &RunState,
+    ) -> Result<Option<Arc<dyn Workspace>>, Error> {
+        let Some(info) = &state.workspace else { return Ok(None) };
+        let Some(setup) = &self.runtime.workspaces else {
+            return Err(no_workspaces(scenario));
+        };
+        let request = WorkspaceRequest {
+            run_id: run_id.to_owned(),
+            dir: Some(std::path::PathBuf::from(&info.dir)),
+            seed: None,
+        };
+        let opener = Arc::clone(&setup.opener);
+        Ok(Some(off_thread(move || opener.open(&request)).await?))
+    }
+
     fn new_run(
         &self,
         scenario: &Scenario,
+        run_id: &str,
         input: &str,
         metadata: Map<String, Value>,
         model_source: Option<String>,
-    ) -> Result<(RunRecord, Event), Error> {
-        check_runnable(scenario)?;
-        let run_id = Self::new_run_id();
+        workspace: Option<WorkspaceInfo>,
+    ) -> (RunRecord, Event) {
         let now = self.clock.now();
         let record = RunRecord {
-            run_id,
+            run_id: run_id.to_owned(),
             scenario_id: scenario.id.clone(),
             status: Status::Running.as_str().to_owned(),
             created_at: now,
@@ -185,8 +246,9 @@ impl Engine {
             },
             max_attempts_per_conflict: scenario.max_attempts_per_conflict,
             model_source,
+            workspace,
         }));
-        Ok((record, started.at(1, now)))
+        (record, started.at(1, now))
     }
 
     /// The run's state, folded from its log.
@@ -221,6 +283,7 @@ impl Engine {
                 loaded: scenario.checksum.clone(),
             });
         }
+        let workspace = self.recorded_workspace(scenario, run_id, &state).await?;
         let mut w = Writer {
             engine: self,
             run_id,
@@ -230,15 +293,15 @@ impl Engine {
             create: None,
             has_results: false,
         };
-        self.drive_writer(&mut w, scenario).await
+        self.drive_writer(&mut w, scenario, workspace).await
     }
 
     async fn drive_writer(
         &self,
         w: &mut Writer<'_>,
         scenario: &Arc<Scenario>,
+        workspace: Option<Arc<dyn Workspace>>,
     ) -> Result<Outcome, Error> {
-        check_runnable(scenario)?;
         let renderer = Self::renderer(scenario)?;
         let run_id = w.run_id;
         let run_id_arc: Arc<str> = Arc::from(run_id);
@@ -246,6 +309,9 @@ impl Engine {
             match plan(scenario, &w.state) {
                 Step::Done => {
                     w.flush().await?;
+                    if let Some(workspace) = &workspace {
+                        settle_workspace(Arc::clone(workspace), &w.state).await?;
+                    }
                     return Ok(Outcome::Finished(w.state.status));
                 }
                 Step::Pause => {
@@ -275,6 +341,7 @@ impl Engine {
                         level,
                         attempt,
                         cancel: cancel.clone(),
+                        workspace: workspace.clone(),
                     };
                     let events = w.run_watching(run, &cancel).await?;
                     if cancel.is_cancelled() {
@@ -406,15 +473,31 @@ impl Engine {
     }
 }
 
-fn check_runnable(scenario: &Scenario) -> Result<(), Error> {
-    match scenario.levels.iter().find(|l| !runnable(&l.kind)) {
-        Some(level) => Err(Error::Unsupported {
-            scenario: scenario.id.clone(),
-            level: level.id.clone(),
-            kind: level.kind_name().to_owned(),
-        }),
-        None => Ok(()),
+/// Whether runs of the scenario edit a workspace of their own: it has a tool-loop level.
+pub fn owns_workspace(scenario: &Scenario) -> bool {
+    scenario.levels.iter().any(|l| matches!(l.kind, LevelKind::ToolLoop { .. }))
+}
+
+fn no_workspaces(scenario: &Scenario) -> Error {
+    Error::NoWorkspaces { scenario: scenario.id.clone() }
+}
+
+/// What an ended run leaves in its workspace: a cancelled run's work is discarded back to
+/// the base; a completed run's result is named by its branch, when it asked for one. Both
+/// are idempotent, so a run that ends again after a crash settles the same way.
+async fn settle_workspace(workspace: Arc<dyn Workspace>, state: &RunState) -> Result<(), Error> {
+    let Some(info) = state.workspace.clone() else { return Ok(()) };
+    let head = state.workspace_head.clone().unwrap_or_else(|| info.base.clone());
+    match state.status {
+        Status::Cancelled => off_thread(move || workspace.restore(&info.base)).await?,
+        Status::Completed => {
+            if let Some(branch) = info.branch {
+                off_thread(move || workspace.branch(&branch, &head)).await?;
+            }
+        }
+        _ => {}
     }
+    Ok(())
 }
 
 /// The executor's view of one run: the state including staged events, and the events
@@ -533,7 +616,12 @@ impl Writer<'_> {
                 }
                 _ = heartbeat.tick() => {
                     let elapsed_ms = crate::clock::elapsed_ms(started.into_std());
-                    let beat = EventData::Heartbeat(crate::event::Heartbeat { elapsed_ms });
+                    let progress = cancel.progress();
+                    let beat = EventData::Heartbeat(crate::event::Heartbeat {
+                        elapsed_ms,
+                        streamed_bytes: progress.streamed_bytes(),
+                        tool_calls: progress.tool_calls(),
+                    });
                     let level_id = run.scenario.levels[run.level].id.as_str();
                     let event = NewEvent::level(level_id, run.attempt, beat);
                     let expected = self.stored_seq + self.pending.len() as u64 + 1;

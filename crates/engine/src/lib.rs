@@ -20,8 +20,10 @@ pub mod render;
 pub mod runner;
 pub mod state;
 pub mod store;
+pub mod tool_loop;
 pub mod verdict;
 pub mod verifier;
+pub mod workspace;
 
 pub use exec::{Engine, Outcome};
 pub use state::{RunState, Status, fold};

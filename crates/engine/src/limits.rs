@@ -17,3 +17,9 @@ pub const VERIFIER_TIMEOUT_S_DEFAULT: f64 = 600.0;
 pub const MAX_TOKENS_DEFAULT: u32 = 4_096;
 /// Characters per token when a provider reports no usage (an estimate for budgets).
 pub const CHARS_PER_TOKEN: usize = 4;
+/// Most workspace paths one tool-loop attempt may change.
+pub const FILES_TOUCHED_PER_LEVEL_MAX: usize = 200;
+/// Bytes of a tool result copied into its `tool_result` event (the model gets all of it).
+pub const TOOL_RESULT_EVENT_BYTES_MAX: usize = 16 * 1024;
+/// Most tool calls executed from one model turn.
+pub const TOOL_CALLS_PER_TURN_MAX: usize = 32;

@@ -15,7 +15,7 @@ use baton_scenario::de::{Located, from_node};
 use baton_scenario::model::ModelConstraint;
 use baton_scenario::node::Node;
 use baton_scenario::source::SourceId;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -40,9 +40,69 @@ pub struct ModelRequest {
     pub schema: Option<Value>,
     pub max_tokens: u32,
     pub constraint: Option<ModelConstraint>,
+    /// The conversation after the prompt (a tool loop's earlier turns), oldest first.
+    pub turns: Vec<Turn>,
+    /// The tools the model may call natively; empty for a plain call.
+    pub tools: Vec<ToolSpec>,
+}
+
+/// A tool call a model made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The provider's id of the call, which its result must name.
+    #[serde(default)]
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// A tool's result, sent back to the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolReply {
+    pub call_id: String,
+    pub name: String,
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// One message of a conversation after its first prompt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Turn {
+    /// What the model said: text, and the tools it called.
+    Assistant { text: String, tool_calls: Vec<ToolCall> },
+    /// The results of the tools the model called in its last turn.
+    Tools { results: Vec<ToolReply> },
+    /// A user message (the textual tool protocol's results, a nudge).
+    User { text: String },
+}
+
+/// A tool a model may call: its name, what it does and its arguments' JSON Schema.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
 }
 
 impl ModelRequest {
+    /// Characters of everything the model reads, for token estimates.
+    pub fn input_chars(&self) -> usize {
+        let turns: usize = self
+            .turns
+            .iter()
+            .map(|t| match t {
+                Turn::Assistant { text, tool_calls } => {
+                    text.len()
+                        + tool_calls.iter().map(|c| c.arguments.to_string().len()).sum::<usize>()
+                }
+                Turn::Tools { results } => results.iter().map(|r| r.content.len()).sum(),
+                Turn::User { text } => text.len(),
+            })
+            .sum();
+        self.prompt.len() + turns
+    }
+
     /// The sha256 of the request's content (not its position in the run).
     pub fn hash(&self) -> String {
         let mut h = Sha256::new();
@@ -52,6 +112,11 @@ impl ModelRequest {
             h.update(schema.to_string().as_bytes());
         }
         h.update(self.max_tokens.to_le_bytes());
+        if !self.turns.is_empty() || !self.tools.is_empty() {
+            // Serialising these types cannot fail: no maps with non-string keys.
+            h.update(serde_json::to_string(&self.turns).unwrap_or_default().as_bytes());
+            h.update(serde_json::to_string(&self.tools).unwrap_or_default().as_bytes());
+        }
         baton_scenario::check::hex(&h.finalize())
     }
 }
@@ -62,7 +127,7 @@ pub struct ModelReply {
     pub provider: String,
     pub model: String,
     pub text: String,
-    pub tool_calls: Vec<Value>,
+    pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
     pub cost_usd: f64,
     /// How the model was chosen, when a policy chose it (recorded as `routing_decision`).
@@ -106,9 +171,9 @@ pub struct ScriptedResponse {
     /// The answer's text.
     #[serde(default)]
     pub text: Option<String>,
-    /// Tool calls (`{name, arguments}`), for tool-loop levels.
+    /// Tool calls, for tool-loop levels.
     #[serde(default)]
-    pub tool_calls: Vec<Value>,
+    pub tool_calls: Vec<ScriptedToolCall>,
     /// Token counts; estimated from the text when absent.
     #[serde(default)]
     pub usage: Option<ScriptedUsage>,
@@ -121,6 +186,17 @@ pub struct ScriptedResponse {
     /// Fail the call with this message instead of answering.
     #[serde(default)]
     pub error: Option<String>,
+}
+
+/// A scripted tool call; its id defaults to `call_<call index>_<position>`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Option<Value>,
 }
 
 /// Scripted token counts.
@@ -227,7 +303,7 @@ impl ModelProvider for ScriptedModel {
             let text = response.text.clone().unwrap_or_default();
             let usage = response.usage.map_or_else(
                 || Usage {
-                    input_tokens: estimate_tokens(&request.prompt),
+                    input_tokens: (request.input_chars().div_ceil(limits::CHARS_PER_TOKEN)) as u64,
                     output_tokens: estimate_tokens(&text),
                 },
                 |u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens },
@@ -236,7 +312,22 @@ impl ModelProvider for ScriptedModel {
                 provider: "scripted".to_owned(),
                 model: "script".to_owned(),
                 text,
-                tool_calls: response.tool_calls.clone(),
+                tool_calls: response
+                    .tool_calls
+                    .iter()
+                    .enumerate()
+                    .map(|(n, c)| ToolCall {
+                        id: c
+                            .id
+                            .clone()
+                            .unwrap_or_else(|| format!("call_{}_{n}", request.call_index)),
+                        name: c.name.clone(),
+                        arguments: c
+                            .arguments
+                            .clone()
+                            .unwrap_or_else(|| Value::Object(Default::default())),
+                    })
+                    .collect(),
                 usage,
                 cost_usd: response.cost_usd.unwrap_or(0.0),
                 routing: None,

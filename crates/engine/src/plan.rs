@@ -7,12 +7,12 @@
 //! [`Step::Run`], for a runner to perform.
 
 use baton_scenario::Scenario;
-use baton_scenario::model::{END, LevelIdx, LevelKind, Target};
+use baton_scenario::model::{END, LevelIdx, Target};
 use serde_json::json;
 
 use crate::event::{
-    BudgetExceeded, EventData, FinalStatus, GateDecision, LevelFinished, LevelStarted, NewEvent,
-    Reading, ScenarioFinished, Warning,
+    BudgetCaps, BudgetExceeded, EventData, FinalStatus, GateDecision, LevelFinished, LevelStarted,
+    NewEvent, Reading, ScenarioFinished, Totals, Warning,
 };
 use crate::gate_ctx::GateContext;
 use crate::limits;
@@ -112,6 +112,8 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
             tokens: 0,
             duration_ms: 0,
             terminal: level.terminal,
+            touched_paths: Vec::new(),
+            snapshot: None,
         };
         return Step::Append(vec![NewEvent::level(
             id,
@@ -186,8 +188,11 @@ fn decision(
 
 /// The first cap the run's totals have crossed, if any.
 pub fn over_budget(state: &RunState) -> Option<BudgetExceeded> {
-    let b = state.budget;
-    let t = state.totals;
+    over_caps(state.budget, state.totals)
+}
+
+/// The first cap that `t` crosses, if any.
+pub fn over_caps(b: BudgetCaps, t: Totals) -> Option<BudgetExceeded> {
     let exceeded = |kind: &str, limit: f64, observed: f64| BudgetExceeded {
         limit_kind: kind.to_owned(),
         limit_value: limit,
@@ -256,10 +261,7 @@ fn skipped() -> LevelFinished {
         tokens: 0,
         duration_ms: 0,
         terminal: false,
+        touched_paths: Vec::new(),
+        snapshot: None,
     }
-}
-
-/// Whether a level kind is one this build can run.
-pub fn runnable(kind: &LevelKind) -> bool {
-    !matches!(kind, LevelKind::ToolLoop { .. })
 }

@@ -151,8 +151,17 @@ impl Object for Levels {
     }
 }
 
-const LEVEL_KEYS: &[&str] =
-    &["output", "parsed", "verdict", "ok", "attempts", "confidence", "approved", "comment"];
+const LEVEL_KEYS: &[&str] = &[
+    "output",
+    "parsed",
+    "verdict",
+    "ok",
+    "attempts",
+    "confidence",
+    "approved",
+    "comment",
+    "touched_paths",
+];
 
 /// `level.<id>`: one finished level.
 #[derive(Debug)]
@@ -174,6 +183,7 @@ impl Object for LevelView {
             "confidence" => l.confidence.map_or_else(none, minijinja::Value::from),
             "approved" => l.approved.map_or_else(none, minijinja::Value::from),
             "comment" => l.comment.as_deref().map_or_else(none, minijinja::Value::from),
+            "touched_paths" => serde(&l.touched_paths),
             _ => return None,
         })
     }

@@ -25,7 +25,7 @@ use crate::event::{
 };
 use crate::join::join_limited;
 use crate::limits;
-use crate::model::{ModelError, ModelProvider, ModelRequest};
+use crate::model::{ModelError, ModelProvider, ModelReply, ModelRequest};
 use crate::render::{self, Renderer};
 use crate::state::RunState;
 use crate::verdict;
@@ -36,8 +36,11 @@ use crate::verifier::{self, Verifiers, VerifyContext};
 pub struct Runtime {
     pub model: Arc<dyn ModelProvider>,
     pub verifiers: Verifiers,
-    /// The directory verifiers run in.
+    /// The directory verifiers run in, for scenarios without a workspace of their own.
     pub workspace: PathBuf,
+    /// Opens workspaces for scenarios with tool-loop levels; without it, such scenarios
+    /// cannot run.
+    pub workspaces: Option<crate::workspace::WorkspaceSetup>,
     /// The scenarios the intent classifier may choose from (`catalog` in templates).
     pub catalog: Arc<Value>,
 }
@@ -53,10 +56,12 @@ pub struct LevelRun {
     pub level: LevelIdx,
     pub attempt: u32,
     pub cancel: CancelToken,
+    /// The run's workspace, when its scenario has one.
+    pub workspace: Option<Arc<dyn crate::workspace::Workspace>>,
 }
 
 /// The result of a level that could not run to a result.
-fn error_finish(message: String, duration_ms: u64) -> LevelFinished {
+pub(crate) fn error_finish(message: String, duration_ms: u64) -> LevelFinished {
     LevelFinished {
         ok: false,
         skipped: false,
@@ -71,11 +76,13 @@ fn error_finish(message: String, duration_ms: u64) -> LevelFinished {
         tokens: 0,
         duration_ms,
         terminal: false,
+        touched_paths: Vec::new(),
+        snapshot: None,
     }
 }
 
 impl LevelRun {
-    fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.scenario.levels[self.level].id
     }
 
@@ -89,7 +96,7 @@ impl LevelRun {
     ) -> Vec<VerifierFinished> {
         let level = &self.scenario.levels[self.level];
         let ctx = VerifyContext {
-            workspace: self.runtime.workspace.clone(),
+            workspace: self.workspace_dir(),
             input: self.state.input.clone(),
             output,
             parsed,
@@ -98,8 +105,15 @@ impl LevelRun {
         run_verifiers(self, calls, &level.verifiers, level.mode, level.run_all, &ctx, events).await
     }
 
+    /// Where verifiers run: the run's workspace, else the runtime's directory.
+    pub(crate) fn workspace_dir(&self) -> PathBuf {
+        self.workspace
+            .as_ref()
+            .map_or_else(|| self.runtime.workspace.clone(), |w| w.root().to_path_buf())
+    }
+
     /// The model calls of this attempt, numbered on from the ones already in the log.
-    fn calls(&self) -> Calls<'_> {
+    pub(crate) fn calls(&self) -> Calls<'_> {
         let level = self.state.level(self.id());
         Calls {
             run: self,
@@ -110,7 +124,7 @@ impl LevelRun {
         }
     }
 
-    fn event(&self, data: EventData) -> NewEvent {
+    pub(crate) fn event(&self, data: EventData) -> NewEvent {
         NewEvent::level(self.id(), self.attempt, data)
     }
 
@@ -122,10 +136,7 @@ impl LevelRun {
             LevelKind::Verifier => self.verifier_level().await,
             LevelKind::FanOut { .. } => self.fan_out().await,
             LevelKind::HumanApproval { .. } => self.approval(),
-            LevelKind::ToolLoop { .. } => vec![self.event(EventData::LevelFinished(error_finish(
-                format!("level `{}` is a tool_loop, which this build cannot run yet", level.id),
-                0,
-            )))],
+            LevelKind::ToolLoop { .. } => self.tool_loop().await,
         }
     }
 
@@ -266,6 +277,8 @@ impl LevelRun {
                 tokens: calls.tokens,
                 duration_ms: elapsed_ms(started),
                 terminal: level.terminal,
+                touched_paths: Vec::new(),
+                snapshot: None,
             })));
             return events;
         }
@@ -317,6 +330,8 @@ impl LevelRun {
             tokens: calls.tokens,
             duration_ms: elapsed_ms(started),
             terminal: level.terminal,
+            touched_paths: Vec::new(),
+            snapshot: None,
         })));
         events
     }
@@ -442,6 +457,8 @@ impl LevelRun {
             tokens,
             duration_ms: elapsed_ms(started),
             terminal: level.terminal,
+            touched_paths: Vec::new(),
+            snapshot: None,
         })));
         events
     }
@@ -477,14 +494,19 @@ impl LevelRun {
 }
 
 /// Why a prompt level stopped before its result.
-enum Stop {
+pub(crate) enum Stop {
     /// A budget refusal or a cancel: the planner decides what follows.
     Halted,
     Failed(String),
 }
 
 impl Stop {
-    fn finish(self, run: &LevelRun, events: &mut Vec<NewEvent>, started: Instant) -> Vec<NewEvent> {
+    pub(crate) fn finish(
+        self,
+        run: &LevelRun,
+        events: &mut Vec<NewEvent>,
+        started: Instant,
+    ) -> Vec<NewEvent> {
         match self {
             // The planner sees the abort and closes the level as skipped.
             Stop::Halted => {}
@@ -499,12 +521,12 @@ impl Stop {
 }
 
 /// The model calls of one attempt, with their running cost.
-struct Calls<'a> {
-    run: &'a LevelRun,
+pub(crate) struct Calls<'a> {
+    pub(crate) run: &'a LevelRun,
     call_index: u32,
-    call: u32,
-    cost_usd: f64,
-    tokens: u64,
+    pub(crate) call: u32,
+    pub(crate) cost_usd: f64,
+    pub(crate) tokens: u64,
 }
 
 impl Calls<'_> {
@@ -533,7 +555,28 @@ impl Calls<'_> {
             schema,
             max_tokens: limits::MAX_TOKENS_DEFAULT,
             constraint: level.model.clone(),
+            turns: Vec::new(),
+            tools: Vec::new(),
         };
+        Ok(self.send(events, template, request, true).await?.text)
+    }
+
+    /// Counts a call that failed without an answer, so the next one gets the next index.
+    pub(crate) fn skip(&mut self) {
+        self.call_index += 1;
+    }
+
+    /// Makes one model call: refuses it when its worst case would cross the cost cap,
+    /// records the prompt (when `record_prompt`), the routing and the answer, and counts
+    /// its cost. The answer's text is cut at the size limit.
+    pub(crate) async fn send(
+        &mut self,
+        events: &mut Vec<NewEvent>,
+        template: &str,
+        mut request: ModelRequest,
+        record_prompt: bool,
+    ) -> Result<ModelReply, Stop> {
+        request.call_index = self.call_index;
         // Refuse a call whose worst case would cross the cost cap, before making it.
         let state = &self.run.state;
         if let Some(max) = state.budget.max_cost_usd {
@@ -549,35 +592,36 @@ impl Calls<'_> {
                 return Err(Stop::Halted);
             }
         }
-        events.push(self.run.event(EventData::PromptSent(PromptSent {
-            template: template.to_owned(),
-            prompt: prompt.to_owned(),
-            call: self.call,
-        })));
-        let reply = match self.run.runtime.model.call(&request, &self.run.cancel).await {
+        if record_prompt {
+            events.push(self.run.event(EventData::PromptSent(PromptSent {
+                template: template.to_owned(),
+                prompt: request.prompt.clone(),
+                call: self.call,
+            })));
+        }
+        let mut reply = match self.run.runtime.model.call(&request, &self.run.cancel).await {
             Ok(r) => r,
             Err(ModelError::Cancelled) => return Err(Stop::Halted),
             Err(e) => return Err(Stop::Failed(e.to_string())),
         };
-        if let Some(routing) = reply.routing {
+        if let Some(routing) = reply.routing.take() {
             events.push(self.run.event(EventData::RoutingDecision(routing)));
         }
-        let mut text = reply.text;
-        if text.len() > limits::MODEL_TEXT_BYTES_MAX {
+        if reply.text.len() > limits::MODEL_TEXT_BYTES_MAX {
             let mut cut = limits::MODEL_TEXT_BYTES_MAX;
-            while !text.is_char_boundary(cut) {
+            while !reply.text.is_char_boundary(cut) {
                 cut -= 1;
             }
-            text.truncate(cut);
-            text.push_str("\n[answer cut at the size limit]");
+            reply.text.truncate(cut);
+            reply.text.push_str("\n[answer cut at the size limit]");
         }
         events.push(self.run.event(EventData::ModelResponse(ModelResponse {
-            provider: reply.provider,
-            model: reply.model,
+            provider: reply.provider.clone(),
+            model: reply.model.clone(),
             request_hash: request.hash(),
             call: self.call,
-            text: text.clone(),
-            tool_calls: reply.tool_calls,
+            text: reply.text.clone(),
+            tool_calls: reply.tool_calls.clone(),
             usage: reply.usage,
             cost_usd: reply.cost_usd,
         })));
@@ -585,7 +629,7 @@ impl Calls<'_> {
         self.call_index += 1;
         self.cost_usd += reply.cost_usd;
         self.tokens += reply.usage.total();
-        Ok(text)
+        Ok(reply)
     }
 }
 
@@ -619,11 +663,17 @@ fn feedback_text(failed: &[(&VerifierSpec, &VerifierFinished)]) -> String {
             spec.uses.as_str(),
             outcome.reasons.join("; ")
         ));
-        if let Some(tail) =
-            outcome.details.get("stderr_tail").and_then(Value::as_str).filter(|t| !t.is_empty())
-        {
+        // The program's complaint: its stderr, or its stdout when it wrote nothing else
+        // (compilers such as Python's compileall report errors there).
+        let output = |key: &str| {
+            outcome.details.get(key).and_then(Value::as_str).filter(|t| !t.trim().is_empty())
+        };
+        let complaint = output("stderr_tail")
+            .map(|t| ("stderr", t))
+            .or_else(|| output("stdout_tail").map(|t| ("stdout", t)));
+        if let Some((stream, tail)) = complaint {
             out.push_str(&format!(
-                "  stderr (tail):\n{}\n",
+                "  {stream} (tail):\n{}\n",
                 verifier::tail(tail, limits::FEEDBACK_TAIL_BYTES)
             ));
         }

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::event::{
     ApprovalDecided, ApprovalRequested, AskUser, BudgetCaps, BudgetExceeded, CancelRequested,
-    Event, EventData, ScenarioFinished, Totals, VerifierFinished,
+    Event, EventData, ScenarioFinished, Totals, VerifierFinished, WorkspaceInfo,
 };
 
 /// Where a run stands.
@@ -83,6 +83,8 @@ pub struct LevelState {
     pub approved: Option<bool>,
     pub comment: Option<String>,
     pub parent: Option<String>,
+    /// Workspace paths the last attempt's write tools changed (tool-loop levels).
+    pub touched_paths: Vec<String>,
 }
 
 /// The state of a run, as of its last event.
@@ -101,6 +103,10 @@ pub struct RunState {
     pub budget: BudgetCaps,
     pub max_attempts_per_conflict: u32,
     pub model_source: Option<String>,
+    /// The run's workspace, when its scenario edits one.
+    pub workspace: Option<WorkspaceInfo>,
+    /// The workspace snapshot of the last finished tool-loop level (the base before any).
+    pub workspace_head: Option<String>,
     pub levels: BTreeMap<String, LevelState>,
     /// The top-level (non-child) level started and not yet finished.
     pub in_flight: Option<String>,
@@ -145,6 +151,8 @@ impl Default for RunState {
             budget: BudgetCaps::default(),
             max_attempts_per_conflict: 3,
             model_source: None,
+            workspace: None,
+            workspace_head: None,
             levels: BTreeMap::new(),
             in_flight: None,
             route_pending: None,
@@ -215,6 +223,8 @@ impl RunState {
                 self.budget = s.budget;
                 self.max_attempts_per_conflict = s.max_attempts_per_conflict;
                 self.model_source.clone_from(&s.model_source);
+                self.workspace.clone_from(&s.workspace);
+                self.workspace_head = s.workspace.as_ref().map(|w| w.base.clone());
             }
             EventData::LevelStarted(s) => {
                 let level = self.levels.entry(level_id.to_owned()).or_default();
@@ -280,6 +290,7 @@ impl RunState {
                     level.confidence = f.confidence;
                     level.error.clone_from(&f.error);
                     level.duration_ms += f.duration_ms;
+                    level.touched_paths.clone_from(&f.touched_paths);
                     is_top = level.parent.is_none();
                     if let Some(parsed) = &f.parsed {
                         if let Some(approved) = parsed.get("approved").and_then(Value::as_bool) {
@@ -322,6 +333,9 @@ impl RunState {
                         self.escalate_now = true;
                     }
                 }
+                if f.snapshot.is_some() {
+                    self.workspace_head.clone_from(&f.snapshot);
+                }
                 if f.terminal && f.ok && !f.skipped {
                     self.final_output = Some(f.output.clone());
                 }
@@ -349,6 +363,9 @@ impl RunState {
             | EventData::VerifierStarted(_)
             | EventData::RetryScheduled(_)
             | EventData::Heartbeat(_)
+            | EventData::ToolCall(_)
+            | EventData::ToolResult(_)
+            | EventData::FileCreated(_)
             | EventData::Warning(_) => {}
             EventData::ScenarioFinished(f) => {
                 self.status = match f.status {

@@ -10,9 +10,11 @@
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use baton_engine::cancel::CancelToken;
+use baton_engine::cancel::{CancelToken, Progress};
 use baton_engine::event::Usage as EngineUsage;
-use baton_engine::model::{BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest};
+use baton_engine::model::{
+    BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, ToolCall, Turn,
+};
 use serde_json::{Value, json};
 
 use crate::config::{Config, Kind, Model, Provider};
@@ -105,7 +107,7 @@ impl Client {
         loop {
             attempt += 1;
             let result = tokio::select! {
-                r = self.once(provider, model, request, key) => r,
+                r = self.once(provider, model, request, key, cancel.progress()) => r,
                 () = cancel.cancelled() => return Err(CallError::Cancelled),
             };
             match result {
@@ -135,6 +137,7 @@ impl Client {
         model: &Model,
         request: &ModelRequest,
         key: Option<&str>,
+        progress: &Progress,
     ) -> Result<Reply, CallError> {
         let max_tokens = request.max_tokens.min(model.max_tokens);
         let transport = |message: String| CallError::Transport {
@@ -147,10 +150,17 @@ impl Client {
             Kind::Openai => {
                 let mut body = json!({
                     "model": model.name,
-                    "messages": [{"role": "user", "content": request.prompt}],
+                    "messages": openai_messages(request),
                     "max_tokens": max_tokens,
                     "stream": provider.stream,
                 });
+                if !request.tools.is_empty() {
+                    body["tools"] = request
+                        .tools
+                        .iter()
+                        .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
+                        .collect();
+                }
                 if provider.stream {
                     body["stream_options"] = json!({"include_usage": true});
                 }
@@ -169,12 +179,19 @@ impl Client {
                 b
             }
             Kind::Anthropic => {
-                let body = json!({
+                let mut body = json!({
                     "model": model.name,
                     "max_tokens": max_tokens,
-                    "messages": [{"role": "user", "content": request.prompt}],
+                    "messages": anthropic_messages(request),
                     "stream": provider.stream,
                 });
+                if !request.tools.is_empty() {
+                    body["tools"] = request
+                        .tools
+                        .iter()
+                        .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+                        .collect();
+                }
                 let mut b = self
                     .http
                     .post(format!("{base}/v1/messages"))
@@ -258,6 +275,7 @@ impl Client {
                 Err(_) => return Err(stream_error(StreamError::Incomplete)),
             };
             read += chunk.len();
+            progress.streamed(chunk.len());
             if read > RESPONSE_BYTES_MAX {
                 return Err(stream_error(StreamError::Malformed(format!(
                     "the response passed {RESPONSE_BYTES_MAX} bytes"
@@ -281,6 +299,66 @@ impl Client {
 }
 
 /// A refusal is an error the caller can see as such; anything else is the reply.
+/// A request's conversation as Chat Completions messages: tool calls on the assistant
+/// message, each result as a `tool` message naming its call.
+fn openai_messages(request: &ModelRequest) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "user", "content": request.prompt})];
+    for turn in &request.turns {
+        match turn {
+            Turn::Assistant { text, tool_calls } => {
+                let mut m = json!({"role": "assistant", "content": text});
+                if !tool_calls.is_empty() {
+                    m["tool_calls"] = tool_calls
+                        .iter()
+                        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}}))
+                        .collect();
+                }
+                messages.push(m);
+            }
+            Turn::Tools { results } => {
+                messages.extend(results.iter().map(
+                    |r| json!({"role": "tool", "tool_call_id": r.call_id, "content": r.content}),
+                ));
+            }
+            Turn::User { text } => messages.push(json!({"role": "user", "content": text})),
+        }
+    }
+    messages
+}
+
+/// A request's conversation as Messages API messages: `tool_use` blocks on the assistant
+/// message, the results as `tool_result` blocks of the next user message.
+fn anthropic_messages(request: &ModelRequest) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "user", "content": request.prompt})];
+    for turn in &request.turns {
+        match turn {
+            Turn::Assistant { text, tool_calls } => {
+                let mut blocks: Vec<Value> = Vec::new();
+                if !text.trim().is_empty() {
+                    blocks.push(json!({"type": "text", "text": text}));
+                }
+                blocks.extend(tool_calls.iter().map(|c| {
+                    json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments})
+                }));
+                if blocks.is_empty() {
+                    // The API refuses an empty message; an empty turn still took place.
+                    blocks.push(json!({"type": "text", "text": "(no answer)"}));
+                }
+                messages.push(json!({"role": "assistant", "content": blocks}));
+            }
+            Turn::Tools { results } => {
+                let blocks: Vec<Value> = results
+                    .iter()
+                    .map(|r| json!({"type": "tool_result", "tool_use_id": r.call_id, "content": r.content, "is_error": r.is_error}))
+                    .collect();
+                messages.push(json!({"role": "user", "content": blocks}));
+            }
+            Turn::User { text } => messages.push(json!({"role": "user", "content": text})),
+        }
+    }
+    messages
+}
+
 fn refused_or(reply: Reply, provider: &Provider, model: &Model) -> Result<Reply, CallError> {
     if let Stop::Refusal(reason) = &reply.stop {
         return Err(CallError::Refused {
@@ -424,7 +502,7 @@ impl Providers {
                                 .iter()
                                 .map(|c| c.arguments.to_string().len() + c.name.len())
                                 .sum::<usize>();
-                        reply.usage.input_tokens = (request.prompt.len() / 4 + 1) as u64;
+                        reply.usage.input_tokens = (request.input_chars() / 4 + 1) as u64;
                         reply.usage.output_tokens = (out_chars / 4 + 1) as u64;
                     }
                     let usage = EngineUsage {
@@ -439,7 +517,7 @@ impl Providers {
                     let tool_calls = reply
                         .tool_calls
                         .into_iter()
-                        .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+                        .map(|c| ToolCall { id: c.id, name: c.name, arguments: c.arguments })
                         .collect();
                     let routing = baton_engine::event::RoutingDecision {
                         tier: choice.tier.as_str().to_owned(),
@@ -480,7 +558,7 @@ impl ModelProvider for Providers {
         else {
             return 0.0;
         };
-        let input = (request.prompt.len() / 4 + 1) as u64;
+        let input = (request.input_chars() / 4 + 1) as u64;
         let output = u64::from(request.max_tokens.min(first.model.max_tokens));
         first.model.cost_usd(input, output, 0)
     }

@@ -136,6 +136,8 @@ fn request(prompt: &str, allow: &str, json_mode: bool) -> ModelRequest {
             fallback: Vec::new(),
             source: "level",
         }),
+        turns: Vec::new(),
+        tools: Vec::new(),
     }
 }
 
@@ -173,17 +175,14 @@ async fn streamed_text_and_tool_calls_from_fakellm_over_both_apis() {
         assert_eq!(reply.text, "Hi there, this is a longer streamed answer.", "{allow}");
         let reply =
             providers.call(&request("what's the weather?", allow, false), &cancel).await.unwrap();
-        assert_eq!(
-            reply.tool_calls,
-            vec![
-                json!({"id": reply.tool_calls[0]["id"], "name": "get_weather", "arguments": {"city": "Paris"}})
-            ],
-            "{allow}"
-        );
+        assert_eq!(reply.tool_calls.len(), 1, "{allow}");
+        assert_eq!(reply.tool_calls[0].name, "get_weather", "{allow}");
+        assert_eq!(reply.tool_calls[0].arguments, json!({"city": "Paris"}), "{allow}");
+        assert!(!reply.tool_calls[0].id.is_empty(), "{allow}");
         let reply =
             providers.call(&request("two stocks please", allow, false), &cancel).await.unwrap();
         let tickers: Vec<&str> =
-            reply.tool_calls.iter().map(|c| c["arguments"]["ticker"].as_str().unwrap()).collect();
+            reply.tool_calls.iter().map(|c| c.arguments["ticker"].as_str().unwrap()).collect();
         assert_eq!(tickers, vec!["AAPL", "MSFT"], "{allow}");
         let reply = providers.call(&request("answer as json", allow, true), &cancel).await.unwrap();
         assert_eq!(
@@ -407,10 +406,10 @@ async fn streamed_text_and_tool_calls_from_aimock_over_both_apis() {
         let reply =
             providers.call(&request("weather please", allow, false), &cancel).await.unwrap();
         assert_eq!(reply.tool_calls.len(), 1, "{allow}");
-        assert_eq!(reply.tool_calls[0]["arguments"], json!({"city": "Paris"}), "{allow}");
+        assert_eq!(reply.tool_calls[0].arguments, json!({"city": "Paris"}), "{allow}");
         let reply = providers.call(&request("stocks", allow, false), &cancel).await.unwrap();
         let tickers: Vec<&str> =
-            reply.tool_calls.iter().map(|c| c["arguments"]["ticker"].as_str().unwrap()).collect();
+            reply.tool_calls.iter().map(|c| c.arguments["ticker"].as_str().unwrap()).collect();
         assert_eq!(tickers, vec!["AAPL", "MSFT"], "{allow}");
     }
 }
@@ -468,8 +467,8 @@ async fn non_streamed_replies_from_both_peers_over_both_apis() {
                 .await
                 .unwrap();
             assert_eq!(reply.tool_calls.len(), 1, "{port} {allow}");
-            assert_eq!(reply.tool_calls[0]["name"], "get_weather");
-            assert_eq!(reply.tool_calls[0]["arguments"]["city"], "Paris", "{port} {allow}");
+            assert_eq!(reply.tool_calls[0].name, "get_weather");
+            assert_eq!(reply.tool_calls[0].arguments["city"], "Paris", "{port} {allow}");
         }
     }
 }

@@ -313,6 +313,10 @@ impl Checker<'_> {
             return None;
         };
 
+        let workspace_seed = match raw.workspace.as_ref().and_then(|w| w.value.seed.as_ref()) {
+            Some(seed) => Some(self.files.seed(&seed.value, seed.pos, self.diags)?),
+            None => None,
+        };
         let mut scenario = Scenario {
             id: raw.id.value.clone(),
             version: raw.version.value,
@@ -327,6 +331,7 @@ impl Checker<'_> {
             entry,
             regression,
             metadata: raw.metadata.as_ref().map(|m| m.value.clone()).unwrap_or_default(),
+            workspace_seed,
             checksum: String::new(),
             file: file.to_owned(),
             outgoing,

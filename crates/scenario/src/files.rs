@@ -48,6 +48,8 @@ pub struct Files {
     rubrics: HashMap<String, Result<Arc<Rubric>, Problem>>,
     schemas: HashMap<String, Result<serde_json::Value, Problem>>,
     plain: HashMap<String, Result<Arc<str>, Problem>>,
+    /// Seed directories: their path and a manifest (relative path and sha256 of each file).
+    seeds: HashMap<String, Result<(PathBuf, Arc<str>), Problem>>,
     /// Files referenced since the last [`Files::take_touched`], for one scenario's checksum.
     touched: Vec<(&'static str, String)>,
 }
@@ -61,6 +63,7 @@ impl Files {
             rubrics: HashMap::new(),
             schemas: HashMap::new(),
             plain: HashMap::new(),
+            seeds: HashMap::new(),
             touched: Vec::new(),
         }
     }
@@ -190,6 +193,26 @@ impl Files {
         report(self.plain.get(rel), at, diags).cloned()
     }
 
+    /// Checks a workspace seed directory inside the scenarios directory and returns its
+    /// path; its manifest (every file's relative path and sha256) joins the checksum.
+    pub fn seed(&mut self, rel: &str, at: Pos, diags: &mut Diagnostics) -> Option<PathBuf> {
+        self.touched.push(("seed", rel.to_owned()));
+        if !self.seeds.contains_key(rel) {
+            let result = self.resolve(rel).and_then(|dir| {
+                let manifest = seed_manifest(&dir).map_err(|why| {
+                    Problem::AtReference(
+                        format!("seed directory `{rel}` {why}"),
+                        "bad-seed",
+                        "name a directory of plain files inside the scenarios directory".to_owned(),
+                    )
+                })?;
+                Ok((dir, Arc::from(manifest)))
+            });
+            self.seeds.insert(rel.to_owned(), result);
+        }
+        report(self.seeds.get(rel), at, diags).map(|(dir, _)| dir.clone())
+    }
+
     /// The files referenced since the last call, with their contents, sorted and without
     /// repeats: what one scenario's checksum covers besides its own text.
     pub fn take_touched(&mut self) -> Vec<(String, String)> {
@@ -202,6 +225,7 @@ impl Files {
                         serde_json::to_string(&**self.rubrics.get(&key)?.as_ref().ok()?).ok()?
                     }
                     "schema" => self.schemas.get(&key)?.as_ref().ok()?.to_string(),
+                    "seed" => self.seeds.get(&key)?.as_ref().ok()?.1.to_string(),
                     _ => self.plain.get(&key)?.as_ref().ok()?.to_string(),
                 };
                 Some((format!("{kind}:{key}"), text))
@@ -290,6 +314,47 @@ impl Files {
         }
         Ok(full)
     }
+}
+
+/// One line per file of a seed directory, sorted: its relative path and sha256. Symlinks
+/// are refused (a workspace must not start with a way out); sizes are bounded.
+fn seed_manifest(dir: &Path) -> Result<String, String> {
+    use sha2::{Digest, Sha256};
+    if !std::fs::symlink_metadata(dir).map_err(|_| "does not exist".to_owned())?.is_dir() {
+        return Err("is not a directory".to_owned());
+    }
+    let mut lines = Vec::new();
+    let mut bytes = 0u64;
+    let mut pending = vec![PathBuf::new()];
+    while let Some(rel) = pending.pop() {
+        let entries = std::fs::read_dir(dir.join(&rel))
+            .map_err(|e| format!("cannot be read at `{}`: {e}", rel.display()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("cannot be listed: {e}"))?;
+            let child = rel.join(entry.file_name());
+            let kind = entry.file_type().map_err(|e| format!("cannot be read: {e}"))?;
+            if kind.is_dir() {
+                pending.push(child);
+            } else if kind.is_file() {
+                let data = std::fs::read(entry.path())
+                    .map_err(|e| format!("cannot be read at `{}`: {e}", child.display()))?;
+                bytes += data.len() as u64;
+                if lines.len() >= limits::SEED_FILES_MAX || bytes > limits::SEED_BYTES_MAX {
+                    return Err(format!(
+                        "holds more than {} files or {} bytes",
+                        limits::SEED_FILES_MAX,
+                        limits::SEED_BYTES_MAX
+                    ));
+                }
+                let name = child.to_string_lossy().replace('\\', "/");
+                lines.push(format!("{} {name}", crate::check::hex(&Sha256::digest(&data))));
+            } else {
+                return Err(format!("holds `{}`, which is not a plain file", child.display()));
+            }
+        }
+    }
+    lines.sort();
+    Ok(lines.join("\n"))
 }
 
 fn report<'a, T>(

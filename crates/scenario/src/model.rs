@@ -41,6 +41,8 @@ pub struct Scenario {
     pub entry: LevelIdx,
     pub regression: RegressionThresholds,
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// The directory copied into every new workspace (`workspace.seed`), resolved.
+    pub workspace_seed: Option<std::path::PathBuf>,
     /// sha256 (hex) of the canonical scenario plus every template, rubric and schema it reads.
     pub checksum: String,
     /// The file it was loaded from.

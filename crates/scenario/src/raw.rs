@@ -55,6 +55,19 @@ pub struct RawScenario {
     /// Free-form data, readable by gates as `metadata.<key>`.
     #[serde(default)]
     pub metadata: Option<Located<Map>>,
+    /// The workspace a run's `tool_loop` levels edit.
+    #[serde(default)]
+    pub workspace: Option<Located<RawWorkspace>>,
+}
+
+/// How a run's workspace starts.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawWorkspace {
+    /// A directory (relative to the scenarios directory) copied into every new workspace:
+    /// the project the levels start from. Its files count in the scenario's checksum.
+    #[serde(default)]
+    pub seed: Option<Located<String>>,
 }
 
 /// Caps on one run. Absent caps are unlimited.

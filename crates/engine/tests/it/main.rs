@@ -59,6 +59,7 @@ pub fn engine_on(store: Arc<dyn EventStore>, model: impl ModelProvider + 'static
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),
+            workspaces: None,
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
         }),
         Arc::new(SystemClock),

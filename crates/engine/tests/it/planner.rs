@@ -33,6 +33,7 @@ fn started() -> NewEvent {
         budget: BudgetCaps { max_cost_usd: Some(1.0), max_tokens: None, max_duration_s: None },
         max_attempts_per_conflict: 3,
         model_source: None,
+        workspace: None,
     }))
 }
 
@@ -66,6 +67,8 @@ fn finished(id: &str, attempt: u32, verdict: Option<&str>, cost: f64) -> NewEven
             tokens: 0,
             duration_ms: 0,
             terminal: id == "b",
+            touched_paths: Vec::new(),
+            snapshot: None,
         }),
     )
 }

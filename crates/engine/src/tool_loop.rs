@@ -1,0 +1,401 @@
+//! The tool-loop runner: a model changes the run's workspace through file tools, turn by
+//! turn, until it calls `finish`.
+//!
+//! Each turn is one model call followed by the tools it asked for, recorded as `tool_call`
+//! / `tool_result` (and `file_created`) events. Tools go to the model natively (the
+//! provider's tool calling); when the first native turn fails and the level allows models
+//! outside its `allow` list, the loop falls back to a textual protocol — fenced ```` ```tool
+//! ```` blocks in the model's text, answered with ```` ```tool_result ```` blocks — that
+//! drives the same tools. The loop ends on `finish`, a turn without tool calls,
+//! `max_iterations`, the budget, or a cancel (checked every turn). The attempt starts from
+//! the workspace's last snapshot and ends with a new one, so a crash mid-level leaves no
+//! half-applied edits behind: a resumed run starts the level again from the snapshot.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Instant;
+
+use baton_scenario::model::LevelKind;
+use serde_json::{Map, Value, json};
+
+use crate::clock::elapsed_ms;
+use crate::event::{
+    EventData, FileCreated, LevelFinished, NewEvent, ToolCalled, ToolResult, Warning,
+};
+use crate::limits;
+use crate::model::{ModelRequest, ToolCall, ToolReply, ToolSpec, Turn};
+use crate::plan::over_caps;
+use crate::render;
+use crate::runner::{LevelRun, Stop, error_finish};
+use crate::workspace::{FILE_TOOLS, ToolOutcome, off_thread};
+
+/// The file tools, as models see them.
+pub fn tool_specs() -> Vec<ToolSpec> {
+    let path = json!({"type": "string", "description": "path relative to the workspace root"});
+    let spec = |name: &str, description: &str, parameters: Value| ToolSpec {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        parameters,
+    };
+    vec![
+        spec(
+            "read_file",
+            "Read a text file of the workspace, optionally only lines start_line..=end_line (1-based).",
+            json!({"type": "object", "properties": {"path": path, "start_line": {"type": "integer", "minimum": 1}, "end_line": {"type": "integer", "minimum": 1}}, "required": ["path"], "additionalProperties": false}),
+        ),
+        spec(
+            "write_file",
+            "Create or replace a file with the given content; parent directories are created.",
+            json!({"type": "object", "properties": {"path": path, "content": {"type": "string"}}, "required": ["path", "content"], "additionalProperties": false}),
+        ),
+        spec(
+            "edit_file",
+            "Replace old_string with new_string in a file; old_string must occur exactly once.",
+            json!({"type": "object", "properties": {"path": path, "old_string": {"type": "string"}, "new_string": {"type": "string"}}, "required": ["path", "old_string", "new_string"], "additionalProperties": false}),
+        ),
+        spec(
+            "list_dir",
+            "List a directory of the workspace (default: its root); directories end with `/`.",
+            json!({"type": "object", "properties": {"path": path}, "additionalProperties": false}),
+        ),
+        spec(
+            "delete_file",
+            "Delete a file of the workspace.",
+            json!({"type": "object", "properties": {"path": path}, "required": ["path"], "additionalProperties": false}),
+        ),
+        spec(
+            "finish",
+            "End the task: report what you changed and what remains.",
+            json!({"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"], "additionalProperties": false}),
+        ),
+    ]
+}
+
+/// The textual protocol's instructions, appended to the prompt of a model without tools.
+fn textual_protocol(specs: &[ToolSpec]) -> String {
+    let mut out = String::from(
+        "\n\n## Tools\nYou work on the files of a workspace through tools. To call a tool, write a fenced block tagged `tool` holding one JSON object with `name` and `arguments`, for example:\n\n```tool\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"README.md\"}}\n```\n\nYou may write several blocks in one answer; they run in order, and their results come back in ```tool_result blocks. When the task is done, call `finish` with a `summary`.\n\nThe tools and their arguments (JSON Schema):\n",
+    );
+    for spec in specs {
+        let _ =
+            writeln!(out, "- `{}`: {} Arguments: {}", spec.name, spec.description, spec.parameters);
+    }
+    out
+}
+
+/// The ```` ```tool ```` blocks of a model's text, in order: each a call, or why it is not one.
+pub fn parse_tool_blocks(text: &str, turn: u32) -> Vec<Result<ToolCall, String>> {
+    let mut calls = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let opener = line.trim();
+        if opener != "```tool" && opener != "~~~tool" {
+            continue;
+        }
+        let fence = &opener[..3];
+        let mut body = String::new();
+        let mut closed = false;
+        for inner in lines.by_ref() {
+            if inner.trim() == fence {
+                closed = true;
+                break;
+            }
+            body.push_str(inner);
+            body.push('\n');
+        }
+        let id = format!("text_{turn}_{}", calls.len());
+        if !closed {
+            calls.push(Err("a ```tool block is not closed with ```".to_owned()));
+            break;
+        }
+        calls.push(match serde_json::from_str::<Value>(&body) {
+            Ok(Value::Object(mut call)) => match call.remove("name") {
+                Some(Value::String(name)) => Ok(ToolCall {
+                    id,
+                    name,
+                    arguments: call.remove("arguments").unwrap_or_else(|| json!({})),
+                }),
+                _ => Err("a ```tool block needs a string `name`".to_owned()),
+            },
+            Ok(_) => Err("a ```tool block must hold one JSON object".to_owned()),
+            Err(e) => Err(format!("a ```tool block is not valid JSON: {e}")),
+        });
+    }
+    calls
+}
+
+/// Tool results in the textual protocol.
+fn textual_results(results: &[ToolReply]) -> String {
+    let mut out = String::new();
+    for r in results {
+        let status = if r.is_error { "error" } else { "ok" };
+        let _ = write!(out, "```tool_result {} {status}\n{}\n```\n", r.name, r.content);
+    }
+    out
+}
+
+/// How the tools reach the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    Native,
+    Textual,
+}
+
+/// What a turn's tools did to the loop.
+enum Next {
+    Continue,
+    Finished(String),
+}
+
+impl LevelRun {
+    /// One attempt of a tool-loop level.
+    pub(crate) async fn tool_loop(&self) -> Vec<NewEvent> {
+        let started = Instant::now();
+        let level = &self.scenario.levels[self.level];
+        let LevelKind::ToolLoop { prompt, max_iterations } = &level.kind else {
+            return Vec::new();
+        };
+        let mut events = Vec::new();
+        let fail = |message: String, events: &mut Vec<NewEvent>| {
+            events.push(
+                self.event(EventData::LevelFinished(error_finish(message, elapsed_ms(started)))),
+            );
+            std::mem::take(events)
+        };
+        let Some(workspace) = self.workspace.clone() else {
+            return fail(
+                format!("level `{}` is a tool_loop and the run has no workspace", level.id),
+                &mut events,
+            );
+        };
+        // Start from the last completed level's files: a crash mid-level or a failed
+        // attempt's half-done edits are gone.
+        if let Some(head) = self.state.workspace_head.clone() {
+            let ws = Arc::clone(&workspace);
+            if let Err(e) = off_thread(move || ws.restore(&head)).await {
+                return fail(e.to_string(), &mut events);
+            }
+        }
+        let ctx = render::context(&self.state, &self.run_id, &level.id, &self.runtime.catalog);
+        let text = match self.renderer.render(prompt, &ctx) {
+            Ok(t) => t,
+            Err(e) => return fail(e, &mut events),
+        };
+        let specs = tool_specs();
+        let may_go_textual = level.model.as_ref().is_some_and(|m| m.fallback_outside_allow);
+        let mut transport = Transport::Native;
+        let mut calls = self.calls();
+        let mut turns: Vec<Turn> = Vec::new();
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        let mut last_text = String::new();
+        let mut turn = 0;
+        let ending = loop {
+            if self.cancel.is_cancelled() {
+                return Stop::Halted.finish(self, &mut events, started);
+            }
+            if turn >= *max_iterations {
+                events.push(self.event(EventData::Warning(Warning {
+                    message: format!(
+                        "level `{}` stopped after max_iterations ({max_iterations}) turns without calling finish",
+                        level.id
+                    ),
+                })));
+                break format!(
+                    "stopped after {max_iterations} turns without calling finish; last message: {last_text}"
+                );
+            }
+            let textual = transport == Transport::Textual;
+            let request = ModelRequest {
+                level_id: level.id.clone(),
+                call_index: 0,
+                prompt: if textual {
+                    format!("{text}{}", textual_protocol(&specs))
+                } else {
+                    text.clone()
+                },
+                json: false,
+                schema: None,
+                max_tokens: limits::MAX_TOKENS_DEFAULT,
+                constraint: level.model.clone(),
+                turns: turns.clone(),
+                tools: if textual { Vec::new() } else { specs.clone() },
+            };
+            let first = calls.call == 0;
+            let reply = match calls.send(&mut events, &prompt.name, request, first).await {
+                Ok(r) => r,
+                Err(Stop::Failed(message))
+                    if turn == 0 && transport == Transport::Native && may_go_textual =>
+                {
+                    events.push(self.event(EventData::Warning(Warning {
+                        message: format!(
+                            "native tool calling failed ({message}); level `{}` goes on with the textual tool protocol",
+                            level.id
+                        ),
+                    })));
+                    calls.skip();
+                    transport = Transport::Textual;
+                    continue;
+                }
+                Err(stop) => return stop.finish(self, &mut events, started),
+            };
+            turn += 1;
+            let requested: Vec<Result<ToolCall, String>> = match transport {
+                Transport::Native => reply.tool_calls.iter().cloned().map(Ok).collect(),
+                Transport::Textual => parse_tool_blocks(&reply.text, turn),
+            };
+            last_text.clone_from(&reply.text);
+            turns.push(Turn::Assistant {
+                text: reply.text.clone(),
+                tool_calls: if transport == Transport::Native {
+                    reply.tool_calls
+                } else {
+                    Vec::new()
+                },
+            });
+            if requested.is_empty() {
+                break if reply.text.trim().is_empty() {
+                    "ended with an empty turn".to_owned()
+                } else {
+                    reply.text
+                };
+            }
+            let mut results = Vec::new();
+            let next =
+                self.run_tools(&workspace, requested, &mut touched, &mut results, &mut events);
+            turns.push(match transport {
+                Transport::Native => Turn::Tools { results },
+                Transport::Textual => Turn::User { text: textual_results(&results) },
+            });
+            if let Next::Finished(summary) = next {
+                break summary;
+            }
+            // The budget counts every turn: a loop stops as soon as a cap is crossed.
+            let mut totals = self.state.totals;
+            totals.cost_usd += calls.cost_usd;
+            totals.tokens += calls.tokens;
+            totals.duration_ms += elapsed_ms(started);
+            if let Some(exceeded) = over_caps(self.state.budget, totals) {
+                events.push(self.event(EventData::BudgetExceeded(exceeded)));
+                return Stop::Halted.finish(self, &mut events, started);
+            }
+        };
+        let message = format!("baton: {} attempt {}", level.id, self.attempt);
+        let ws = Arc::clone(&workspace);
+        let snapshot = match off_thread(move || ws.snapshot(&message)).await {
+            Ok(s) => s,
+            Err(e) => return fail(e.to_string(), &mut events),
+        };
+        events.push(self.event(EventData::LevelFinished(LevelFinished {
+            ok: true,
+            skipped: false,
+            verdict: None,
+            output: ending,
+            parsed: None,
+            confidence: None,
+            scratchpad: Map::new(),
+            conflict: None,
+            error: None,
+            cost_usd: calls.cost_usd,
+            tokens: calls.tokens,
+            duration_ms: elapsed_ms(started),
+            terminal: level.terminal,
+            touched_paths: touched.into_iter().collect(),
+            snapshot: Some(snapshot),
+        })));
+        events
+    }
+
+    /// Runs one turn's tool calls in order, recording each; stops at `finish`.
+    fn run_tools(
+        &self,
+        workspace: &Arc<dyn crate::workspace::Workspace>,
+        requested: Vec<Result<ToolCall, String>>,
+        touched: &mut BTreeSet<String>,
+        results: &mut Vec<ToolReply>,
+        events: &mut Vec<NewEvent>,
+    ) -> Next {
+        for (n, call) in requested.into_iter().enumerate() {
+            let (call, outcome) = match call {
+                Err(why) => {
+                    let call = ToolCall {
+                        id: format!("invalid_{n}"),
+                        name: "invalid".to_owned(),
+                        arguments: Value::Null,
+                    };
+                    (call, ToolOutcome::error(why))
+                }
+                Ok(call) => {
+                    self.cancel.progress().tool_call();
+                    events.push(self.event(EventData::ToolCall(ToolCalled {
+                        call_id: call.id.clone(),
+                        tool: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                    })));
+                    let outcome = if n >= limits::TOOL_CALLS_PER_TURN_MAX {
+                        ToolOutcome::error(format!(
+                            "not run: at most {} tool calls are run per turn; call it again in the next turn",
+                            limits::TOOL_CALLS_PER_TURN_MAX
+                        ))
+                    } else if call.name == "finish" {
+                        match call.arguments.get("summary").and_then(Value::as_str) {
+                            Some(summary) => {
+                                let summary = summary.to_owned();
+                                self.record_result(&call, &ToolOutcome::ok("finished"), events);
+                                return Next::Finished(summary);
+                            }
+                            None => ToolOutcome::error(
+                                "finish needs a string argument `summary`: what you changed and what remains",
+                            ),
+                        }
+                    } else if FILE_TOOLS.contains(&call.name.as_str()) {
+                        workspace.execute(
+                            &call.name,
+                            &call.arguments,
+                            touched,
+                            limits::FILES_TOUCHED_PER_LEVEL_MAX,
+                        )
+                    } else {
+                        ToolOutcome::error(format!(
+                            "there is no tool `{}`; the tools are {}",
+                            call.name,
+                            FILE_TOOLS.join(", ")
+                        ))
+                    };
+                    (call, outcome)
+                }
+            };
+            self.record_result(&call, &outcome, events);
+            if let Some(path) = &outcome.created {
+                events.push(self.event(EventData::FileCreated(FileCreated { path: path.clone() })));
+            }
+            results.push(ToolReply {
+                call_id: call.id,
+                name: call.name,
+                content: outcome.content,
+                is_error: outcome.is_error,
+            });
+        }
+        Next::Continue
+    }
+
+    fn record_result(&self, call: &ToolCall, outcome: &ToolOutcome, events: &mut Vec<NewEvent>) {
+        let mut content = outcome.content.clone();
+        if content.len() > limits::TOOL_RESULT_EVENT_BYTES_MAX {
+            let mut cut = limits::TOOL_RESULT_EVENT_BYTES_MAX;
+            while !content.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let dropped = content.len() - cut;
+            content.truncate(cut);
+            let _ =
+                write!(content, "\n[{dropped} more bytes went to the model, not to this event]");
+        }
+        events.push(self.event(EventData::ToolResult(ToolResult {
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            content,
+            is_error: outcome.is_error,
+        })));
+    }
+}

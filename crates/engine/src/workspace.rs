@@ -1,0 +1,116 @@
+//! The workspace, as the kernel sees it: the directory a run's tool-loop levels edit
+//! through file tools, and the snapshots that make a level's edits all-or-nothing.
+//!
+//! The kernel names no filesystem API: [`Workspaces`] opens a run's workspace and
+//! [`Workspace`] runs the file tools inside it and snapshots it. `baton-workspace`
+//! implements both (cap-std for the sandbox, a Baton-managed git repository for the
+//! snapshots).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+/// The file tools a tool-loop level offers, in the order models see them. `finish` is
+/// handled by the kernel; the others by [`Workspace::execute`].
+pub const FILE_TOOLS: [&str; 6] =
+    ["read_file", "write_file", "edit_file", "list_dir", "delete_file", "finish"];
+
+/// What a file tool did, as the model will read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutcome {
+    /// The tool result's text: the file's lines, the listing, what changed, or why the
+    /// call was refused (a message the model can act on).
+    pub content: String,
+    pub is_error: bool,
+    /// The path the call created (relative to the workspace, `/`-separated), for
+    /// `file_created`.
+    pub created: Option<String>,
+}
+
+impl ToolOutcome {
+    /// A refused or failed call.
+    pub fn error(message: impl Into<String>) -> Self {
+        ToolOutcome { content: message.into(), is_error: true, created: None }
+    }
+
+    /// A call that did what it was asked.
+    pub fn ok(content: impl Into<String>) -> Self {
+        ToolOutcome { content: content.into(), is_error: false, created: None }
+    }
+}
+
+/// Why a workspace could not be opened, snapshotted or restored.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("workspace {path}: {message}")]
+pub struct WorkspaceError {
+    pub path: String,
+    pub message: String,
+}
+
+/// One run's workspace.
+pub trait Workspace: Send + Sync + std::fmt::Debug {
+    /// The directory, for verifiers that run programs in it.
+    fn root(&self) -> &Path;
+
+    /// Runs one file tool (`read_file`, `write_file`, `edit_file`, `list_dir`,
+    /// `delete_file`) with its JSON arguments. Never fails: a bad argument, a path outside
+    /// the workspace or an I/O error is an error outcome. Every path a write tool changed
+    /// is added to `touched` (relative, `/`-separated); a write that would make `touched`
+    /// larger than `max_touched` is refused.
+    fn execute(
+        &self,
+        tool: &str,
+        arguments: &Value,
+        touched: &mut BTreeSet<String>,
+        max_touched: usize,
+    ) -> ToolOutcome;
+
+    /// Records the workspace's current files; returns the snapshot's id.
+    fn snapshot(&self, message: &str) -> Result<String, WorkspaceError>;
+
+    /// Puts the workspace back to a snapshot: changed files restored, files created since
+    /// removed (ignored build output such as `target/` is kept).
+    fn restore(&self, snapshot: &str) -> Result<(), WorkspaceError>;
+
+    /// Names a snapshot with a branch of the managed repository.
+    fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError>;
+}
+
+/// Where a run's workspace comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkspaceRequest {
+    pub run_id: String,
+    /// The directory to use, when the user named one or the log recorded one.
+    pub dir: Option<PathBuf>,
+    /// Files to copy into a new workspace (the scenario's seed directory).
+    pub seed: Option<PathBuf>,
+}
+
+/// Opens run workspaces.
+pub trait Workspaces: Send + Sync + std::fmt::Debug {
+    /// Opens a run's workspace, creating and seeding it the first time (a seed is copied
+    /// only into a directory that is new or empty); opening it again gives the same
+    /// directory and repository.
+    fn open(&self, request: &WorkspaceRequest) -> Result<Arc<dyn Workspace>, WorkspaceError>;
+}
+
+/// How an engine gives runs their workspaces.
+#[derive(Clone, Debug)]
+pub struct WorkspaceSetup {
+    pub opener: Arc<dyn Workspaces>,
+    /// The directory new runs use (`--workspace`), instead of one per run.
+    pub dir: Option<PathBuf>,
+    /// The branch a completed run's result is committed on.
+    pub branch: Option<String>,
+}
+
+/// Runs workspace I/O (file copies, git) on the blocking pool, off the async workers.
+pub async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
+) -> Result<T, WorkspaceError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(WorkspaceError { path: String::new(), message: format!("workspace task failed: {e}") })
+    })
+}

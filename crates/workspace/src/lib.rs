@@ -1,0 +1,298 @@
+//! Run workspaces: the directory a run's tool-loop levels edit, and its snapshots.
+//!
+//! This is the only crate that touches a run's workspace files. It implements the
+//! engine's [`Workspaces`] and [`Workspace`] traits (`baton_engine::workspace`):
+//!
+//! - [`LocalWorkspaces`] opens `<root>/<run_id>` (or the directory the request names),
+//!   creating it, copying the scenario's seed into it the first time, and creating the
+//!   Baton-managed git repository in `.baton/git`.
+//! - [`LocalWorkspace`] runs the file tools ([`sandbox`]) through a cap-std directory
+//!   handle, so no path a model gives can reach outside the workspace, and snapshots,
+//!   restores and branches through the managed repository (driven by the `git` command
+//!   line, with a scrubbed environment).
+//!
+//! The boundary: the engine decides when to run a tool, snapshot, restore or branch, and
+//! records what happened; this crate does the filesystem and git work and reports
+//! outcomes as text the model can act on. Verifiers run programs in [`Workspace::root`]
+//! themselves; this crate runs no programs but `git`.
+
+mod repo;
+pub mod sandbox;
+
+use std::collections::BTreeSet;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use baton_engine::workspace::{
+    ToolOutcome, Workspace, WorkspaceError, WorkspaceRequest, Workspaces,
+};
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, OpenOptions, Permissions};
+use serde_json::Value;
+
+use crate::repo::Repo;
+
+/// The most files and directories a seed may hold.
+pub const SEED_ENTRIES_MAX: usize = 10_000;
+
+/// The most bytes a seed's files may hold together.
+pub const SEED_BYTES_MAX: u64 = 64 * 1024 * 1024;
+
+/// The longest run id accepted, in bytes.
+const RUN_ID_BYTES_MAX: usize = 128;
+
+/// Names never copied from a seed: a project's own repository and Baton's directory.
+const SEED_SKIPPED: [&str; 2] = [".git", ".baton"];
+
+/// Opens run workspaces on the local filesystem, each in `<root>/<run_id>` unless the
+/// request names a directory.
+#[derive(Clone, Debug)]
+pub struct LocalWorkspaces {
+    root: PathBuf,
+}
+
+impl LocalWorkspaces {
+    /// Workspaces created under `root` (created when the first workspace is opened).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        LocalWorkspaces { root: root.into() }
+    }
+
+    /// The directory new workspaces are created in.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+impl Workspaces for LocalWorkspaces {
+    fn open(&self, request: &WorkspaceRequest) -> Result<Arc<dyn Workspace>, WorkspaceError> {
+        check_run_id(&request.run_id)
+            .map_err(|message| WorkspaceError { path: self.root.display().to_string(), message })?;
+        let dir = match &request.dir {
+            Some(dir) => dir.clone(),
+            None => self.root.join(&request.run_id),
+        };
+        let workspace = LocalWorkspace::open(&dir, request.seed.as_deref())?;
+        Ok(Arc::new(workspace))
+    }
+}
+
+/// Refuses a run id that is not a plain name (it becomes a directory name).
+fn check_run_id(run_id: &str) -> Result<(), String> {
+    let plain = run_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if run_id.is_empty() || run_id.len() > RUN_ID_BYTES_MAX || !plain {
+        return Err(format!(
+            "run id {run_id:?} cannot name a workspace directory; a run id is 1 to \
+             {RUN_ID_BYTES_MAX} letters, digits, '-' or '_'"
+        ));
+    }
+    Ok(())
+}
+
+/// One run's workspace on the local filesystem.
+#[derive(Debug)]
+pub struct LocalWorkspace {
+    /// The workspace directory; every file tool goes through it.
+    dir: Dir,
+    /// The directory's absolute path, for verifiers and git.
+    root: PathBuf,
+    repo: Repo,
+}
+
+impl LocalWorkspace {
+    /// Opens the workspace in `dir`, creating the directory if it is missing. The first
+    /// time (no managed repository yet), `seed` is copied in if the directory is empty
+    /// (`.baton` aside) and the repository is created; later opens change nothing.
+    pub fn open(dir: &Path, seed: Option<&Path>) -> Result<Self, WorkspaceError> {
+        let failed = |what: &str, e: io::Error| WorkspaceError {
+            path: dir.display().to_string(),
+            message: format!("{what}: {e}; check that the path is a directory Baton may write"),
+        };
+        std::fs::create_dir_all(dir).map_err(|e| failed("cannot create the directory", e))?;
+        let root = std::fs::canonicalize(dir).map_err(|e| failed("cannot resolve the path", e))?;
+        let handle = Dir::open_ambient_dir(&root, ambient_authority())
+            .map_err(|e| failed("cannot open the directory", e))?;
+        let repo = Repo::new(&root);
+        let workspace = LocalWorkspace { dir: handle, root, repo };
+        if !workspace.repo.exists() {
+            if let Some(seed) = seed
+                && workspace.is_empty()?
+            {
+                workspace.copy_seed(seed)?;
+            }
+            workspace
+                .dir
+                .create_dir_all(".baton")
+                .map_err(|e| failed("cannot create .baton", e))?;
+            workspace.repo.init()?;
+        }
+        Ok(workspace)
+    }
+
+    /// Whether the workspace holds nothing but `.baton`.
+    fn is_empty(&self) -> Result<bool, WorkspaceError> {
+        let entries = self.dir.entries().map_err(|e| self.error(format!("cannot list it: {e}")))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| self.error(format!("cannot list it: {e}")))?;
+            if entry.file_name() != ".baton" {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Copies the seed directory's regular files and directories into the workspace
+    /// (symbolic links and special files are skipped). The seed is measured first, so a
+    /// seed over the limits copies nothing.
+    fn copy_seed(&self, seed: &Path) -> Result<(), WorkspaceError> {
+        let seed_error = |message: String| {
+            self.error(format!("cannot copy the seed {}: {message}", seed.display()))
+        };
+        let plan = plan_seed(seed).map_err(seed_error)?;
+        let mut budget = SEED_BYTES_MAX;
+        for entry in &plan {
+            match entry {
+                SeedEntry::Dir(rel) => self
+                    .dir
+                    .create_dir_all(rel)
+                    .map_err(|e| seed_error(format!("{}: {e}", rel.display())))?,
+                SeedEntry::File(rel) => {
+                    let copied = self
+                        .copy_seed_file(&seed.join(rel), rel, budget)
+                        .map_err(|e| seed_error(format!("{}: {e}", rel.display())))?;
+                    budget -= copied;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies one seed file to `rel` in the workspace, at most `budget` bytes of it;
+    /// returns how many bytes it copied.
+    fn copy_seed_file(&self, from: &Path, rel: &Path, budget: u64) -> io::Result<u64> {
+        let source = std::fs::File::open(from)?;
+        let metadata = source.metadata()?;
+        if !metadata.is_file() {
+            return Err(io::Error::other("it is no longer a regular file"));
+        }
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        let mut target = self.dir.open_with(rel, &options)?;
+        let copied = io::copy(&mut source.take(budget + 1), &mut target)?;
+        if copied > budget {
+            return Err(io::Error::other(format!(
+                "the seed grew over {SEED_BYTES_MAX} bytes while it was copied"
+            )));
+        }
+        target.set_permissions(Permissions::from_std(metadata.permissions()))?;
+        Ok(copied)
+    }
+
+    fn error(&self, message: String) -> WorkspaceError {
+        WorkspaceError { path: self.root.display().to_string(), message }
+    }
+}
+
+/// One thing to copy from a seed, by its path relative to the seed.
+#[derive(Debug)]
+enum SeedEntry {
+    Dir(PathBuf),
+    File(PathBuf),
+}
+
+/// Lists a seed's directories (parents first) and regular files, within the limits.
+fn plan_seed(seed: &Path) -> Result<Vec<SeedEntry>, String> {
+    let metadata = std::fs::metadata(seed).map_err(|e| e.to_string())?;
+    if !metadata.is_dir() {
+        return Err("it is not a directory".to_owned());
+    }
+    let mut plan = Vec::new();
+    let mut bytes: u64 = 0;
+    let mut pending = vec![PathBuf::new()];
+    while let Some(rel) = pending.pop() {
+        let listing = std::fs::read_dir(seed.join(&rel))
+            .map_err(|e| format!("cannot list {}: {e}", shown_rel(&rel)))?;
+        let mut names = Vec::new();
+        for entry in listing {
+            let entry = entry.map_err(|e| format!("cannot list {}: {e}", shown_rel(&rel)))?;
+            names.push(entry.file_name());
+        }
+        names.sort();
+        for name in names {
+            if SEED_SKIPPED.iter().any(|s| name == *s) {
+                continue;
+            }
+            let child = rel.join(&name);
+            let metadata = std::fs::symlink_metadata(seed.join(&child))
+                .map_err(|e| format!("cannot read {}: {e}", child.display()))?;
+            if metadata.is_dir() {
+                pending.push(child.clone());
+                plan.push(SeedEntry::Dir(child));
+            } else if metadata.is_file() {
+                bytes = bytes.saturating_add(metadata.len());
+                plan.push(SeedEntry::File(child));
+            } else {
+                continue;
+            }
+            if plan.len() > SEED_ENTRIES_MAX {
+                return Err(format!(
+                    "it holds more than {SEED_ENTRIES_MAX} files and directories; use a smaller \
+                     seed"
+                ));
+            }
+            if bytes > SEED_BYTES_MAX {
+                return Err(format!(
+                    "its files hold more than {SEED_BYTES_MAX} bytes; use a smaller seed"
+                ));
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// A seed-relative directory as messages name it.
+fn shown_rel(rel: &Path) -> String {
+    if rel.as_os_str().is_empty() { ".".to_owned() } else { rel.display().to_string() }
+}
+
+impl Workspace for LocalWorkspace {
+    fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn execute(
+        &self,
+        tool: &str,
+        arguments: &Value,
+        touched: &mut BTreeSet<String>,
+        max_touched: usize,
+    ) -> ToolOutcome {
+        sandbox::execute(&self.dir, tool, arguments, touched, max_touched)
+    }
+
+    fn snapshot(&self, message: &str) -> Result<String, WorkspaceError> {
+        self.repo.snapshot(message)
+    }
+
+    fn restore(&self, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.repo.restore(snapshot)
+    }
+
+    fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.repo.branch(name, snapshot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_plain_names() {
+        assert!(check_run_id("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b").is_ok());
+        assert!(check_run_id("run_1").is_ok());
+        for bad in ["", "..", "a/b", "a b", "a\0", "é", &"x".repeat(RUN_ID_BYTES_MAX + 1)] {
+            assert!(check_run_id(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+}
