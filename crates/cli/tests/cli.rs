@@ -735,3 +735,154 @@ fn a_recorded_code_build_replays_from_its_cassette_into_a_new_workspace() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Starts code_build in the background on a script whose executor waits 20 s before it
+/// calls `finish`, and returns once its files are in the workspace.
+fn code_build_mid_level(dir: &std::path::Path) -> (std::process::Child, String, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let script =
+        std::fs::read_to_string(repo().join("scenarios/scripts/code_build.yaml")).unwrap().replace(
+            "    - tool_calls:\n        - name: finish",
+            "    - delay_ms: 20000\n      tool_calls:\n        - name: finish",
+        );
+    assert!(script.contains("delay_ms: 20000"));
+    let script_path = dir.join("slow.yaml");
+    std::fs::write(&script_path, script).unwrap();
+    let db = dir.join("runs.db");
+    let child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["--db", db.to_str().unwrap(), "run", "code_build", "--input", "a greet CLI"])
+        .args(["--script", script_path.to_str().unwrap()])
+        .current_dir(repo())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(run) = only_run(&db) {
+            let workspace = dir.join("workspaces").join(&run);
+            if workspace.join("greet/__main__.py").is_file() {
+                return (child, run, workspace);
+            }
+        }
+        assert!(started.elapsed().as_secs() < 30, "the executor never wrote its files");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_cancelled_run_discards_its_work_back_to_the_workspace_before_the_run() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-cb-cancel-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut child, run, workspace) = code_build_mid_level(&dir);
+    let out = baton_db(&dir.join("runs.db"), &["cancel", &run]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(5), "a cancelled run exits 5");
+    let left: Vec<String> = std::fs::read_dir(&workspace)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, [".baton"], "the run's files are gone");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_run_killed_mid_level_resumes_from_the_last_snapshot_without_half_applied_edits() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-cb-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut child, run, workspace) = code_build_mid_level(&dir);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // What the killed level left behind, and more of the same kind.
+    std::fs::write(workspace.join("stray.txt"), "half-applied").unwrap();
+    let db = dir.join("runs.db");
+    let out = baton_db(&db, &["resume", &run, "--script", "scenarios/scripts/code_build.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!workspace.join("stray.txt").exists(), "the level restarted from its snapshot");
+    assert_eq!(python_greet(&workspace, "Ed"), "Hello, Ed!\n");
+    let events = events_of(&db, &run);
+    let l4_finished = events
+        .iter()
+        .filter(|e| e["kind"] == "level_finished" && e["level_id"] == "l4_execute")
+        .count();
+    assert_eq!(l4_finished, 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_model_without_tool_calling_drives_the_tools_through_the_textual_protocol() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-textual-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let scenarios = dir.join("scenarios");
+    std::fs::create_dir_all(scenarios.join("prompts")).unwrap();
+    std::fs::create_dir_all(scenarios.join("seeds/hello")).unwrap();
+    std::fs::write(scenarios.join("seeds/hello/hello.txt"), "Hello, world\n").unwrap();
+    std::fs::write(scenarios.join("prompts/work.j2"), "Greet {{ input }} in hello.txt.\n").unwrap();
+    std::fs::write(
+        scenarios.join("seeded.yaml"),
+        r#"id: seeded
+version: 1
+workspace: {seed: seeds/hello}
+levels:
+  - id: work
+    kind: tool_loop
+    prompt: prompts/work.j2
+    model: {allow: ["paid:anthropic/*"], fallback_outside_allow: true}
+    terminal: true
+"#,
+    )
+    .unwrap();
+    let block = |name: &str, arguments: serde_json::Value| {
+        format!("```tool\n{}\n```\n", serde_json::json!({"name": name, "arguments": arguments}))
+    };
+    let turn1 = block("read_file", serde_json::json!({"path": "../../../../etc/passwd"}))
+        + &block("read_file", serde_json::json!({"path": "hello.txt"}));
+    let turn2 = "Changing it now.\n".to_owned()
+        + &block(
+            "edit_file",
+            serde_json::json!({"path": "hello.txt", "old_string": "world", "new_string": "Baton"}),
+        )
+        + &block("finish", serde_json::json!({"summary": "greeting changed"}));
+    let script = serde_json::json!({"levels": {"work": [
+        {"error": "this model has no tool calling"},
+        {"text": turn1},
+        {"text": turn2},
+    ]}});
+    std::fs::write(dir.join("script.yaml"), script.to_string()).unwrap();
+    let db = dir.join("runs.db");
+    let out = baton(&[
+        "--db",
+        db.to_str().unwrap(),
+        "--scenarios",
+        scenarios.to_str().unwrap(),
+        "run",
+        "seeded",
+        "--input",
+        "Baton",
+        "--script",
+        dir.join("script.yaml").to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["final_output"], "greeting changed");
+    let run = result["run_id"].as_str().unwrap();
+    let workspace = dir.join("workspaces").join(run);
+    assert_eq!(std::fs::read_to_string(workspace.join("hello.txt")).unwrap(), "Hello, Baton\n");
+    let events = events_of(&db, run);
+    assert!(events.iter().any(|e| e["kind"] == "warning"
+        && e["data"]["message"].as_str().unwrap().contains("textual tool protocol")));
+    let results: Vec<&serde_json::Value> =
+        events.iter().filter(|e| e["kind"] == "tool_result").map(|e| &e["data"]).collect();
+    assert_eq!(results.len(), 4, "{results:?}");
+    assert_eq!(results[0]["is_error"], true, "the escape is refused: {}", results[0]);
+    assert!(!results[0]["content"].as_str().unwrap().contains("root:"));
+    assert_eq!(results[1]["content"], "Hello, world\n");
+    assert_eq!(results[2]["is_error"], false, "{}", results[2]);
+    // The native call's prompt, then the textual protocol's.
+    let prompt = events.iter().rfind(|e| e["kind"] == "prompt_sent").unwrap()["data"]["prompt"]
+        .as_str()
+        .unwrap();
+    assert!(prompt.contains("```tool") && prompt.starts_with("Greet Baton"), "{prompt}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use baton_engine::cancel::CancelToken;
-use baton_engine::model::{ModelError, ModelProvider, ModelRequest};
+use baton_engine::model::{ModelError, ModelProvider, ModelRequest, ToolCall, ToolReply, Turn};
 use baton_providers::client::{CallError, Client, Providers};
 use baton_providers::config::Config;
 use baton_scenario::model::ModelConstraint;
@@ -514,4 +514,74 @@ async fn a_declared_schema_is_sent_as_the_response_format() {
     let body: serde_json::Value = serde_json::from_str(&rx.await.unwrap()).unwrap();
     assert_eq!(body["response_format"]["type"], "json_schema");
     assert_eq!(body["response_format"]["json_schema"]["schema"]["required"], json!(["answer"]));
+}
+
+/// A tool loop's second turn: the tool definitions, the model's call and its result, in
+/// each API's own shape, understood by an independent server.
+fn tool_turn(prompt: &str, allow: &str, call_id: &str, result: &str) -> ModelRequest {
+    let mut r = request(prompt, allow, false);
+    r.tools = baton_engine::tool_loop::tool_specs();
+    r.turns = vec![
+        Turn::Assistant {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: call_id.to_owned(),
+                name: "list_dir".to_owned(),
+                arguments: json!({}),
+            }],
+        },
+        Turn::Tools {
+            results: vec![ToolReply {
+                call_id: call_id.to_owned(),
+                name: "list_dir".to_owned(),
+                content: result.to_owned(),
+                is_error: false,
+            }],
+        },
+    ];
+    r
+}
+
+#[tokio::test]
+async fn tool_definitions_and_results_go_to_both_peers_over_both_apis() {
+    let mock = aimock(
+        r#"{"fixtures": [
+  {"match": {"toolCallId": "toolu_list_1"}, "response": {"content": "The workspace holds notes.txt."}},
+  {"match": {"toolName": "edit_file", "userMessage": "look around"}, "response": {"toolCalls": [{"name": "list_dir", "arguments": {}}]}}
+]}"#,
+        &[],
+    );
+    let fake = fakellm(
+        r#"
+version: 1
+defaults: {fallback: deterministic_echo}
+rules:
+  - name: after_the_tool
+    when: {messages_contain: "notes.txt"}
+    respond: {content: "The workspace holds notes.txt."}
+  - name: first_turn
+    when: {messages_contain: "look around"}
+    respond:
+      tool_calls: [{name: list_dir, arguments: {}}]
+"#,
+    );
+    for port in [mock.port, fake.port] {
+        let base = format!("http://127.0.0.1:{port}");
+        let providers = Providers::with_env(config(&format!("{base}/v1"), &base), |_| {
+            Some("test-key".to_owned())
+        })
+        .unwrap();
+        let cancel = CancelToken::new();
+        for allow in ["free:local/*", "paid:claude/*"] {
+            let mut first = request("look around", allow, false);
+            first.tools = baton_engine::tool_loop::tool_specs();
+            let reply = providers.call(&first, &cancel).await.unwrap();
+            assert_eq!(reply.tool_calls.len(), 1, "{port} {allow}: {reply:?}");
+            assert_eq!(reply.tool_calls[0].name, "list_dir", "{port} {allow}");
+            let second = tool_turn("look around", allow, "toolu_list_1", "notes.txt\n");
+            let reply = providers.call(&second, &cancel).await.unwrap();
+            assert_eq!(reply.text, "The workspace holds notes.txt.", "{port} {allow}");
+            assert!(reply.tool_calls.is_empty(), "{port} {allow}");
+        }
+    }
 }
