@@ -737,7 +737,9 @@ fn a_recorded_code_build_replays_from_its_cassette_into_a_new_workspace() {
 }
 
 /// Starts code_build in the background on a script whose executor waits 20 s before it
-/// calls `finish`, and returns once its files are in the workspace.
+/// calls `finish`, and returns once its files are in the workspace. The caller waits for
+/// the child (after cancelling or killing it).
+#[allow(clippy::zombie_processes)]
 fn code_build_mid_level(dir: &std::path::Path) -> (std::process::Child, String, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     let script =
@@ -749,7 +751,7 @@ fn code_build_mid_level(dir: &std::path::Path) -> (std::process::Child, String, 
     let script_path = dir.join("slow.yaml");
     std::fs::write(&script_path, script).unwrap();
     let db = dir.join("runs.db");
-    let child = Command::new(env!("CARGO_BIN_EXE_baton"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
         .args(["--db", db.to_str().unwrap(), "run", "code_build", "--input", "a greet CLI"])
         .args(["--script", script_path.to_str().unwrap()])
         .current_dir(repo())
@@ -764,7 +766,11 @@ fn code_build_mid_level(dir: &std::path::Path) -> (std::process::Child, String, 
                 return (child, run, workspace);
             }
         }
-        assert!(started.elapsed().as_secs() < 30, "the executor never wrote its files");
+        if started.elapsed().as_secs() > 30 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the executor never wrote its files");
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }

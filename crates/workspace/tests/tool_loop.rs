@@ -1,0 +1,143 @@
+//! Tool-loop levels on the kernel with a real workspace: how a loop ends (finish, an empty
+//! turn, `max_iterations`, the budget), and tool errors going back to the model.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use baton_engine::clock::SystemClock;
+use baton_engine::event::EventData;
+use baton_engine::model::ScriptedModel;
+use baton_engine::runner::Runtime;
+use baton_engine::state::Status;
+use baton_engine::store::MemoryStore;
+use baton_engine::verifier::Verifiers;
+use baton_engine::workspace::WorkspaceSetup;
+use baton_engine::{Engine, Outcome};
+use baton_scenario::{Registry, Scenario};
+use baton_workspace::LocalWorkspaces;
+
+fn scenario(dir: &Path, level_extra: &str, budget: &str) -> Arc<Scenario> {
+    let scenarios = dir.join("scenarios");
+    std::fs::create_dir_all(&scenarios).unwrap();
+    std::fs::write(
+        scenarios.join("s.yaml"),
+        format!(
+            "id: loop\nversion: 1\n{budget}\nlevels:\n  - id: work\n    kind: tool_loop\n    prompt: {{inline: \"Do the task: {{{{ input }}}}\"}}\n    terminal: true\n{level_extra}"
+        ),
+    )
+    .unwrap();
+    let loaded =
+        Registry::load(&[&scenarios]).unwrap_or_else(|e| panic!("{}", e.diagnostics.render()));
+    Arc::clone(loaded.registry.scenarios().next().unwrap())
+}
+
+async fn run(dir: &Path, scenario: &Arc<Scenario>, script: &str) -> (Engine, String, Outcome) {
+    let engine = Engine::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(Runtime {
+            model: Arc::new(ScriptedModel::parse(script, "script.yaml").unwrap()),
+            verifiers: Verifiers::builtin(),
+            workspace: dir.to_path_buf(),
+            workspaces: Some(WorkspaceSetup {
+                opener: Arc::new(LocalWorkspaces::new(dir.join("workspaces"))),
+                dir: None,
+                branch: None,
+            }),
+            catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+        }),
+        Arc::new(SystemClock),
+    );
+    let run_id = Engine::new_run_id();
+    let outcome =
+        engine.run(&run_id, scenario, "task", serde_json::Map::new(), None).await.unwrap();
+    (engine, run_id, outcome)
+}
+
+async fn kinds(engine: &Engine, run_id: &str) -> Vec<EventData> {
+    engine.store.load(run_id, 0).await.unwrap().into_iter().map(|e| e.data).collect()
+}
+
+#[tokio::test]
+async fn a_loop_that_never_finishes_stops_at_max_iterations() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "    max_iterations: 3", "");
+    let script = "levels:\n  work:\n    - tool_calls: [{name: list_dir}]\n";
+    let (engine, run_id, outcome) = run(dir.path(), &s, script).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let events = kinds(&engine, &run_id).await;
+    let calls = events.iter().filter(|e| matches!(e, EventData::ModelResponse(_))).count();
+    assert_eq!(calls, 3);
+    assert!(
+        events.iter().any(
+            |e| matches!(e, EventData::Warning(w) if w.message.contains("max_iterations (3)"))
+        )
+    );
+    let state = engine.state(&run_id).await.unwrap();
+    assert!(state.final_output.unwrap().starts_with("stopped after 3 turns"));
+}
+
+#[tokio::test]
+async fn a_turn_without_tool_calls_ends_the_loop_with_its_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let (engine, run_id, outcome) =
+        run(dir.path(), &s, "levels:\n  work:\n    - text: All done.\n").await;
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    assert_eq!(engine.state(&run_id).await.unwrap().final_output.as_deref(), Some("All done."));
+}
+
+#[tokio::test]
+async fn the_budget_stops_a_loop_between_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "budget: {max_tokens: 100}");
+    let script = "levels:\n  work:\n    - tool_calls: [{name: list_dir}]\n      usage: {input_tokens: 50, output_tokens: 10}\n";
+    let (engine, run_id, outcome) = run(dir.path(), &s, script).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Aborted));
+    let events = kinds(&engine, &run_id).await;
+    let calls = events.iter().filter(|e| matches!(e, EventData::ModelResponse(_))).count();
+    assert_eq!(calls, 2, "the second turn crossed the cap; no third call");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, EventData::BudgetExceeded(b) if b.limit_kind == "tokens"))
+    );
+}
+
+#[tokio::test]
+async fn tool_errors_go_back_to_the_model_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let script = r#"levels:
+  work:
+    - tool_calls:
+        - {name: format_disk, arguments: {}}
+        - {name: read_file, arguments: {path: 7}}
+        - {name: edit_file, arguments: {path: missing.txt, old_string: a, new_string: b}}
+        - {name: finish, arguments: {}}
+    - tool_calls:
+        - {name: write_file, arguments: {path: notes/a.txt, content: "one\n"}}
+        - {name: finish, arguments: {summary: wrote notes/a.txt}}
+"#;
+    let (engine, run_id, outcome) = run(dir.path(), &s, script).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let events = kinds(&engine, &run_id).await;
+    let results: Vec<(String, bool)> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventData::ToolResult(r) => Some((r.content.clone(), r.is_error)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 6, "{results:?}");
+    assert!(results[..4].iter().all(|(_, error)| *error), "{results:?}");
+    assert!(results[0].0.contains("there is no tool `format_disk`"), "{results:?}");
+    assert!(results[3].0.contains("finish needs a string argument `summary`"), "{results:?}");
+    assert!(!results[4].1 && !results[5].1, "{results:?}");
+    let state = engine.state(&run_id).await.unwrap();
+    assert_eq!(state.final_output.as_deref(), Some("wrote notes/a.txt"));
+    assert_eq!(state.levels["work"].touched_paths, ["notes/a.txt"]);
+    let workspace = dir.path().join("workspaces").join(&run_id);
+    assert_eq!(std::fs::read_to_string(workspace.join("notes/a.txt")).unwrap(), "one\n");
+}
