@@ -585,3 +585,50 @@ rules:
         }
     }
 }
+
+#[tokio::test]
+async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
+    use baton_engine::event::EventData;
+    use baton_engine::store::MemoryStore;
+    let server = aimock(AIMOCK_FIXTURES, &["-c", "2", "-l", "150"]);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let providers = Providers::with_env(config(&format!("{base}/v1"), &base), |_| None).unwrap();
+    let scenarios = temp_file(
+        "hb.yaml",
+        "id: hb\nversion: 1\nlevels:\n  - id: answer\n    kind: prompt\n    prompt: {inline: \"hello {{ input }}\"}\n    model: {allow: [\"free:local/*\"]}\n    terminal: true\n",
+    );
+    let loaded = baton_scenario::Registry::load(&[scenarios.parent().unwrap()]).unwrap();
+    let scenario = Arc::clone(loaded.registry.scenarios().next().unwrap());
+    let engine = baton_engine::Engine::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(baton_engine::runner::Runtime {
+            model: Arc::new(providers),
+            verifiers: baton_engine::verifier::Verifiers::builtin(),
+            workspace: PathBuf::from("."),
+            workspaces: None,
+            catalog: Arc::new(json!([])),
+        }),
+        Arc::new(baton_engine::clock::SystemClock),
+    );
+    let run_id = baton_engine::Engine::new_run_id();
+    engine.run(&run_id, &scenario, "there", serde_json::Map::new(), None).await.unwrap();
+    let state = engine.state(&run_id).await.unwrap();
+    assert_eq!(
+        state.final_output.as_deref(),
+        Some("Hello! A reply streamed in many small pieces.")
+    );
+    let streamed: Vec<u64> = engine
+        .store
+        .load(&run_id, 0)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.data {
+            EventData::Heartbeat(h) => Some(h.streamed_bytes),
+            _ => None,
+        })
+        .collect();
+    assert!(!streamed.is_empty(), "a stream of over 3 s writes a heartbeat");
+    assert!(streamed.iter().all(|b| *b > 0), "{streamed:?}");
+    assert!(streamed.windows(2).all(|w| w[0] <= w[1]), "{streamed:?}");
+}
