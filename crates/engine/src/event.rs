@@ -241,6 +241,9 @@ pub struct LevelStarted {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PromptSent {
     pub template: String,
+    /// The system prompt sent before it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
     pub prompt: String,
     /// 0 for the first call of the attempt, then one more per model call (repairs, answers).
     pub call: u32,

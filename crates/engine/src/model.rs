@@ -32,6 +32,9 @@ pub struct ModelRequest {
     pub level_id: String,
     /// How many calls this level made before this one, in the whole run.
     pub call_index: u32,
+    /// Standing instructions sent before the prompt (a system prompt), when the level has
+    /// them.
+    pub system: Option<String>,
     pub prompt: String,
     /// `json` when the level expects a JSON answer.
     pub json: bool,
@@ -86,6 +89,11 @@ pub struct ToolSpec {
 }
 
 impl ModelRequest {
+    /// The sampling temperature the level's constraint sets.
+    pub fn temperature(&self) -> Option<f64> {
+        self.constraint.as_ref().and_then(|c| c.temperature)
+    }
+
     /// Characters of everything the model reads, for token estimates.
     pub fn input_chars(&self) -> usize {
         let turns: usize = self
@@ -100,18 +108,26 @@ impl ModelRequest {
                 Turn::User { text } => text.len(),
             })
             .sum();
-        self.prompt.len() + turns
+        self.system.as_ref().map_or(0, String::len) + self.prompt.len() + turns
     }
 
     /// The sha256 of the request's content (not its position in the run).
     pub fn hash(&self) -> String {
         let mut h = Sha256::new();
+        if let Some(system) = &self.system {
+            h.update(b"system\0");
+            h.update(system.as_bytes());
+            h.update(b"\0");
+        }
         h.update(self.prompt.as_bytes());
         h.update([u8::from(self.json)]);
         if let Some(schema) = &self.schema {
             h.update(schema.to_string().as_bytes());
         }
         h.update(self.max_tokens.to_le_bytes());
+        if let Some(t) = self.temperature() {
+            h.update(t.to_le_bytes());
+        }
         if !self.turns.is_empty() || !self.tools.is_empty() {
             // Serialising these types cannot fail: no maps with non-string keys.
             h.update(serde_json::to_string(&self.turns).unwrap_or_default().as_bytes());

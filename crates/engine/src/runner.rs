@@ -550,6 +550,7 @@ impl Calls<'_> {
         let request = ModelRequest {
             level_id: level.id.clone(),
             call_index: self.call_index,
+            system: None,
             prompt: prompt.to_owned(),
             json,
             schema,
@@ -595,6 +596,7 @@ impl Calls<'_> {
         if record_prompt {
             events.push(self.run.event(EventData::PromptSent(PromptSent {
                 template: template.to_owned(),
+                system: request.system.clone(),
                 prompt: request.prompt.clone(),
                 call: self.call,
             })));

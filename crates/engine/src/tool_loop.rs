@@ -30,6 +30,9 @@ use crate::render;
 use crate::runner::{LevelRun, Stop, error_finish};
 use crate::workspace::{FILE_TOOLS, ToolOutcome, off_thread};
 
+/// The standing rules of a tool-loop level, sent as its system prompt.
+pub const SYSTEM: &str = "You work inside a project workspace through file tools. Paths are relative to the workspace root; you cannot leave it, and `.git` and `.baton` are off limits. A tool that fails returns an error message: read it and adjust. Edits are kept only when the level ends, so work until the task is done, then call `finish` with a summary of what you changed.";
+
 /// The file tools, as models see them.
 pub fn tool_specs() -> Vec<ToolSpec> {
     let path = json!({"type": "string", "description": "path relative to the workspace root"});
@@ -209,6 +212,7 @@ impl LevelRun {
             let request = ModelRequest {
                 level_id: level.id.clone(),
                 call_index: 0,
+                system: Some(SYSTEM.to_owned()),
                 prompt: if textual {
                     format!("{text}{}", textual_protocol(&specs))
                 } else {

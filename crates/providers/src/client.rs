@@ -154,6 +154,9 @@ impl Client {
                     "max_tokens": max_tokens,
                     "stream": provider.stream,
                 });
+                if let Some(t) = request.temperature() {
+                    body["temperature"] = json!(t);
+                }
                 if !request.tools.is_empty() {
                     body["tools"] = request
                         .tools
@@ -185,6 +188,12 @@ impl Client {
                     "messages": anthropic_messages(request),
                     "stream": provider.stream,
                 });
+                if let Some(system) = &request.system {
+                    body["system"] = json!(system);
+                }
+                if let Some(t) = request.temperature() {
+                    body["temperature"] = json!(t);
+                }
                 if !request.tools.is_empty() {
                     body["tools"] = request
                         .tools
@@ -302,7 +311,11 @@ impl Client {
 /// A request's conversation as Chat Completions messages: tool calls on the assistant
 /// message, each result as a `tool` message naming its call.
 fn openai_messages(request: &ModelRequest) -> Vec<Value> {
-    let mut messages = vec![json!({"role": "user", "content": request.prompt})];
+    let mut messages = Vec::with_capacity(request.turns.len() + 2);
+    if let Some(system) = &request.system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.push(json!({"role": "user", "content": request.prompt}));
     for turn in &request.turns {
         match turn {
             Turn::Assistant { text, tool_calls } => {

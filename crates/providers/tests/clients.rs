@@ -125,6 +125,7 @@ fn request(prompt: &str, allow: &str, json_mode: bool) -> ModelRequest {
     ModelRequest {
         level_id: "l1".to_owned(),
         call_index: 0,
+        system: None,
         prompt: prompt.to_owned(),
         json: json_mode,
         schema: None,
@@ -134,6 +135,7 @@ fn request(prompt: &str, allow: &str, json_mode: bool) -> ModelRequest {
             allow: vec![allow.to_owned()],
             fallback_outside_allow: false,
             fallback: Vec::new(),
+            temperature: None,
             source: "level",
         }),
         turns: Vec::new(),
@@ -473,9 +475,8 @@ async fn non_streamed_replies_from_both_peers_over_both_apis() {
     }
 }
 
-#[tokio::test]
-async fn a_declared_schema_is_sent_as_the_response_format() {
-    // A one-shot server that keeps the request it receives and answers with an empty object.
+/// A one-shot server that keeps the body of the request it receives and answers `answer`.
+async fn capture_server(answer: String) -> (u16, tokio::sync::oneshot::Receiver<String>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (tx, rx) = tokio::sync::oneshot::channel::<String>();
@@ -505,8 +506,14 @@ async fn a_declared_schema_is_sent_as_the_response_format() {
             }
         };
         let _ = tx.send(body);
-        let _ = socket.write_all(ok_stream("{}").as_bytes()).await;
+        let _ = socket.write_all(answer.as_bytes()).await;
     });
+    (port, rx)
+}
+
+#[tokio::test]
+async fn a_declared_schema_is_sent_as_the_response_format() {
+    let (port, rx) = capture_server(ok_stream("{}")).await;
     let providers = Providers::with_env(local(port), |_| None).unwrap();
     let mut req = request("x", "free:local/*", true);
     req.schema = Some(json!({"type": "object", "required": ["answer"]}));
@@ -514,6 +521,31 @@ async fn a_declared_schema_is_sent_as_the_response_format() {
     let body: serde_json::Value = serde_json::from_str(&rx.await.unwrap()).unwrap();
     assert_eq!(body["response_format"]["type"], "json_schema");
     assert_eq!(body["response_format"]["json_schema"]["schema"]["required"], json!(["answer"]));
+}
+
+#[tokio::test]
+async fn the_system_prompt_and_temperature_go_out_in_each_apis_shape() {
+    for allow in ["free:local/*", "paid:claude/*"] {
+        let (port, rx) = capture_server(ok_stream("ok")).await;
+        let base = format!("http://127.0.0.1:{port}");
+        let providers =
+            Providers::with_env(config(&format!("{base}/v1"), &base), |_| Some("k".to_owned()))
+                .unwrap();
+        let mut req = request("hello", allow, false);
+        req.system = Some("You are terse.".to_owned());
+        req.constraint.as_mut().unwrap().temperature = Some(0.25);
+        // The Anthropic client cannot read the OpenAI-shaped answer; only the request matters.
+        let _ = providers.call(&req, &CancelToken::new()).await;
+        let body: serde_json::Value = serde_json::from_str(&rx.await.unwrap()).unwrap();
+        assert_eq!(body["temperature"], 0.25, "{allow}");
+        if allow.starts_with("free") {
+            assert_eq!(body["messages"][0], json!({"role": "system", "content": "You are terse."}));
+            assert_eq!(body["messages"][1]["role"], "user");
+        } else {
+            assert_eq!(body["system"], "You are terse.");
+            assert_eq!(body["messages"][0]["role"], "user");
+        }
+    }
 }
 
 /// A tool loop's second turn: the tool definitions, the model's call and its result, in

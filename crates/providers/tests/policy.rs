@@ -44,6 +44,7 @@ fn constraint(allow: &[&str], fallback: &[&str], outside: bool) -> ModelConstrai
         allow: allow.iter().map(|s| (*s).to_owned()).collect(),
         fallback_outside_allow: outside,
         fallback: fallback.iter().map(|s| (*s).to_owned()).collect(),
+        temperature: None,
         source: "level",
     }
 }

@@ -668,9 +668,24 @@ impl Checker<'_> {
             }
             fallback.push(entry.value.clone());
         }
+        let temperature = m.value.temperature.as_ref().map(|t| t.value);
+        if let Some(t) = &m.value.temperature
+            && !(0.0..=2.0).contains(&t.value)
+        {
+            self.error(
+                "out-of-range",
+                t.pos,
+                format!("temperature {} is outside 0..=2", t.value),
+            )
+            .help = Some("use 0 for the most deterministic answers, up to 2".to_owned());
+            ok = false;
+        }
+        let names_models = !m.value.allow.is_empty() || !m.value.fallback.is_empty();
+        // A constraint that only sets the temperature leaves the choice to the default.
         let fallback_outside_allow =
-            m.value.fallback_outside_allow.as_ref().is_some_and(|f| f.value);
-        if m.value.allow.is_empty() && m.value.fallback.is_empty() && !fallback_outside_allow {
+            m.value.fallback_outside_allow.as_ref().is_some_and(|f| f.value)
+                || (!names_models && temperature.is_some());
+        if !names_models && !fallback_outside_allow {
             self.error("empty-model", m.pos, "the model constraint allows nothing").help = Some(
                 "add `allow:` patterns, or leave `model:` out to use the routing default"
                     .to_owned(),
@@ -682,6 +697,7 @@ impl Checker<'_> {
             allow,
             fallback_outside_allow,
             fallback,
+            temperature,
             source,
         })
     }

@@ -195,6 +195,8 @@ pub struct ModelConstraint {
     pub allow: Vec<String>,
     pub fallback_outside_allow: bool,
     pub fallback: Vec<String>,
+    /// Sampling temperature, when the constraint sets one.
+    pub temperature: Option<f64>,
     /// `level` or `defaults`: where the constraint was declared.
     pub source: &'static str,
 }

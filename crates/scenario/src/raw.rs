@@ -332,6 +332,10 @@ pub struct RawModel {
     /// Ordered list of `tier:provider/model` to try when the chosen one fails.
     #[serde(default)]
     pub fallback: Vec<Located<String>>,
+    /// Sampling temperature sent with every call (0 to 2); the provider's default when
+    /// absent. With neither `allow` nor `fallback`, the routing default serves the level.
+    #[serde(default)]
+    pub temperature: Option<Located<f64>>,
 }
 
 /// How verifiers run.
