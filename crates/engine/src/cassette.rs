@@ -27,6 +27,9 @@ pub struct Entry {
     /// How many calls the level made before this one in its run.
     pub call_index: u32,
     pub prompt: String,
+    /// The conversation after the prompt (a tool loop's earlier turns), when there was one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<crate::model::Turn>,
     pub provider: String,
     pub model: String,
     pub text: String,
@@ -90,6 +93,7 @@ pub fn from_events(events: &[Event]) -> Cassette {
                 },
                 request_hash: r.request_hash.clone(),
                 prompt: prompts.remove(&(level.clone(), attempt, r.call)).unwrap_or_default(),
+                turns: Vec::new(),
                 level_id: level,
                 provider: r.provider.clone(),
                 model: r.model.clone(),
@@ -141,6 +145,7 @@ impl ModelProvider for Recorder {
                     level_id: request.level_id.clone(),
                     call_index: request.call_index,
                     prompt: request.prompt.clone(),
+                    turns: request.turns.clone(),
                     provider: reply.provider.clone(),
                     model: reply.model.clone(),
                     text: reply.text.clone(),
@@ -187,7 +192,7 @@ impl Replayer {
         match slot {
             Some(e) if e.request_hash == hash => Ok(e),
             Some(e) => {
-                let (_, at, recorded, asked) = difference(&e.prompt, &request.prompt);
+                let (_, at, recorded, asked) = difference(&e.transcript(), &transcript(request));
                 Err(fail(format!(
                     "no recording for level `{}`, request {}: call {} was recorded for another request ({}), whose prompt differs at character {at}: recorded {recorded:?}, asked {asked:?}",
                     request.level_id,
@@ -201,10 +206,11 @@ impl Replayer {
                     .entries
                     .iter()
                     .filter(|e| e.level_id == request.level_id)
-                    .min_by_key(|e| difference(&e.prompt, &request.prompt).0);
+                    .min_by_key(|e| difference(&e.transcript(), &transcript(request)).0);
                 let hint = match nearest {
                     Some(e) => {
-                        let (_, at, recorded, asked) = difference(&e.prompt, &request.prompt);
+                        let (_, at, recorded, asked) =
+                            difference(&e.transcript(), &transcript(request));
                         format!(
                             "the nearest recording ({}) differs at character {at}: recorded {recorded:?}, asked {asked:?}",
                             short(&e.request_hash)
@@ -227,6 +233,25 @@ impl Replayer {
 
 fn short(hash: &str) -> &str {
     &hash[..hash.len().min(12)]
+}
+
+impl Entry {
+    /// The prompt and the turns after it, as one text to compare.
+    fn transcript(&self) -> String {
+        joined(&self.prompt, &self.turns)
+    }
+}
+
+fn transcript(request: &ModelRequest) -> String {
+    joined(&request.prompt, &request.turns)
+}
+
+fn joined(prompt: &str, turns: &[crate::model::Turn]) -> String {
+    if turns.is_empty() {
+        return prompt.to_owned();
+    }
+    // Serialising turns cannot fail: no maps with non-string keys.
+    format!("{prompt}\n{}", serde_json::to_string(turns).unwrap_or_default())
 }
 
 /// How far apart two prompts are, and where they first differ (with a short excerpt of each).
