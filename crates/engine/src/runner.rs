@@ -643,7 +643,7 @@ fn failures<'a>(
     specs
         .iter()
         .zip(outcomes)
-        .filter(|(spec, o)| !o.passed && spec.on_fail != OnFail::Ignore)
+        .filter(|(spec, o)| !o.passed && spec.on_fail != OnFail::Ignore && !lost_race(o))
         .collect()
 }
 
@@ -717,15 +717,18 @@ async fn run_verifiers(
                 outcomes.push(outcome);
             }
         }
-        // `race` runs like `parallel` until the verifiers issue gives it early cancellation.
         Mode::Parallel | Mode::Race => {
             // Judges are model calls recorded in this step's events: they run one after
             // another, in declared order; the other verifiers run all at once.
             let others: Vec<&VerifierSpec> =
                 specs.iter().filter(|s| s.uses != Uses::LlmJudge).collect();
-            let futures: Vec<_> =
-                others.iter().map(|spec| verify_one(run, spec, ctx, &run.cancel)).collect();
-            let mut done = join_limited(futures, others.len()).await.into_iter();
+            let mut done = if mode == Mode::Race {
+                race(run, &others, ctx).await.into_iter()
+            } else {
+                let futures: Vec<_> =
+                    others.iter().map(|spec| verify_one(run, spec, ctx, &run.cancel)).collect();
+                join_limited(futures, others.len()).await.into_iter()
+            };
             let mut slots = Vec::with_capacity(specs.len());
             for spec in specs {
                 if spec.uses == Uses::LlmJudge {
@@ -743,6 +746,70 @@ async fn run_verifiers(
         events.push(run.event(EventData::VerifierFinished(outcome.clone())));
     }
     outcomes
+}
+
+/// Runs verifiers at once until the first conclusive outcome (a check that ran, passed or
+/// not); the others are cancelled then (their processes killed) and reported as not
+/// needed. A cancel of the step cancels them all.
+async fn race(
+    run: &LevelRun,
+    specs: &[&VerifierSpec],
+    ctx: &VerifyContext,
+) -> Vec<VerifierFinished> {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
+    let race = CancelToken::new();
+    let mut pending: Vec<Option<Pin<Box<dyn Future<Output = VerifierFinished> + Send + '_>>>> =
+        specs.iter().map(|spec| Some(Box::pin(verify_one(run, spec, ctx, &race)) as _)).collect();
+    let mut results: Vec<Option<VerifierFinished>> = vec![None; specs.len()];
+    let mut winner: Option<usize> = None;
+    let outer = run.cancel.cancelled();
+    tokio::pin!(outer);
+    let mut outer_done = false;
+    std::future::poll_fn(|cx| {
+        if !outer_done && outer.as_mut().poll(cx).is_ready() {
+            outer_done = true;
+            race.cancel();
+        }
+        for (i, slot) in pending.iter_mut().enumerate() {
+            let Some(future) = slot else { continue };
+            if let Poll::Ready(outcome) = future.as_mut().poll(cx) {
+                *slot = None;
+                if winner.is_none() && !race.is_cancelled() && outcome.score.is_some() {
+                    winner = Some(i);
+                    race.cancel();
+                }
+                results[i] = Some(outcome);
+            }
+        }
+        if pending.iter().all(Option::is_none) { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    let cut_short = winner.is_some() || run.cancel.is_cancelled();
+    specs
+        .iter()
+        .zip(results)
+        .enumerate()
+        .map(|(i, (spec, outcome))| match (outcome, winner) {
+            (Some(o), Some(w)) if i != w && o.score.is_none() && cut_short => {
+                let by = &specs[w].name;
+                let mut lost = verifier::unavailable(
+                    spec,
+                    &format!("not needed: `{by}` settled the race first"),
+                );
+                lost.details = json!({"race_lost_to": by});
+                lost
+            }
+            (Some(o), _) => o,
+            (None, _) => verifier::unavailable(spec, "the verifier did not run"),
+        })
+        .collect()
+}
+
+/// Whether an outcome is a race's loser, cancelled once another verifier settled it.
+fn lost_race(outcome: &VerifierFinished) -> bool {
+    outcome.details.get("race_lost_to").is_some()
 }
 
 /// An `llm_judge`: one model call, recorded in the step's events, that scores the level's

@@ -272,6 +272,94 @@ pub fn tail(text: &str, max: usize) -> &str {
     &text[start..]
 }
 
+/// A program to run for a verifier.
+#[derive(Clone, Debug)]
+pub struct Program {
+    pub argv: Vec<String>,
+    pub cwd: PathBuf,
+    /// Variables set on top of the scrubbed environment.
+    pub env: Vec<(String, String)>,
+    pub timeout: Duration,
+}
+
+/// What a program did: its exit code (`None` when a signal stopped it) and the tails of
+/// its output, with how many bytes it wrote in all.
+#[derive(Clone, Debug)]
+pub struct Ran {
+    pub code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stderr_bytes: u64,
+}
+
+/// Runs a program the way every verifier does: no shell, a scrubbed environment (no API
+/// keys), its own process group — killed whole at the timeout, on cancel, and when the
+/// program exits, so nothing it started lingers — and its output read with byte caps.
+/// An error says why it did not run to an exit.
+pub async fn run_program(program: &Program, cancel: &CancelToken) -> Result<Ran, String> {
+    let Some((name, args)) = program.argv.split_first() else {
+        return Err("no program to run".to_owned());
+    };
+    let mut command = tokio::process::Command::new(name);
+    command
+        .args(args)
+        .current_dir(&program.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // A scrubbed environment: a verifier never sees API keys.
+    command.env_clear();
+    for key in ["PATH", "HOME", "LANG", "TMPDIR", "CARGO_HOME", "RUSTUP_HOME"] {
+        if let Ok(value) = std::env::var(key) {
+            command.env(key, value);
+        }
+    }
+    command.envs(program.env.iter().map(|(k, v)| (k, v)));
+    // Its own process group, so everything it starts can be stopped with it.
+    command.kill_on_drop(true).process_group(0);
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start `{name}` in {}: {e}", program.cwd.display()))?;
+    let group = child.id();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let out_task = tokio::spawn(async move {
+        match stdout {
+            Some(s) => read_capped(s).await,
+            None => (Vec::new(), 0),
+        }
+    });
+    let err_task = tokio::spawn(async move {
+        match stderr {
+            Some(s) => read_capped(s).await,
+            None => (Vec::new(), 0),
+        }
+    });
+    let stopped = {
+        let wait = child.wait();
+        tokio::select! {
+            s = wait => Ok(s.ok()),
+            () = tokio::time::sleep(program.timeout) => {
+                Err(format!("`{name}` timed out after {:.0} s and was killed", program.timeout.as_secs_f64()))
+            }
+            () = cancel.cancelled() => Err("cancelled".to_owned()),
+        }
+    };
+    // Whatever the program left running in its group (a hung child, a daemon) goes with it;
+    // that also closes the pipes the readers wait on.
+    kill_group(group).await;
+    let status = match stopped {
+        Ok(status) => status,
+        Err(reason) => {
+            let _ = child.kill().await;
+            return Err(reason);
+        }
+    };
+    let (stdout, _) = out_task.await.unwrap_or_default();
+    let (stderr, stderr_bytes) = err_task.await.unwrap_or_default();
+    Ok(Ran { code: status.and_then(|s| s.code()), stdout, stderr, stderr_bytes })
+}
+
 async fn run_command(
     spec: &VerifierSpec,
     ctx: &VerifyContext,
@@ -289,86 +377,38 @@ async fn run_command(
     if spec.params.get("shell").and_then(Value::as_bool) == Some(true) && !argv.is_empty() {
         argv = vec!["sh".to_owned(), "-c".to_owned(), argv.join(" ")];
     }
-    let Some((program, args)) = argv.split_first() else {
+    if argv.is_empty() {
         return fail("no `argv` to run".to_owned());
-    };
+    }
     let cwd = match spec.params.get("cwd").and_then(Value::as_str) {
         Some(dir) => ctx.workspace.join(dir),
         None => ctx.workspace.clone(),
     };
-    let mut command = tokio::process::Command::new(program);
-    command
-        .args(args)
-        .current_dir(&cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // A scrubbed environment: a verifier never sees API keys.
-    command.env_clear();
-    for key in ["PATH", "HOME", "LANG", "TMPDIR", "CARGO_HOME", "RUSTUP_HOME"] {
-        if let Ok(value) = std::env::var(key) {
-            command.env(key, value);
-        }
-    }
-    if let Some(env) = spec.params.get("env").and_then(Value::as_object) {
-        for (k, v) in env {
-            if let Some(v) = v.as_str() {
-                command.env(k, v);
-            }
-        }
-    }
-    // Its own process group, so everything it starts can be stopped with it.
-    command.kill_on_drop(true).process_group(0);
-    let mut child = match command.spawn() {
-        Ok(c) => c,
-        Err(e) => return fail(format!("cannot start `{program}` in {}: {e}", cwd.display())),
-    };
-    let group = child.id();
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    let out_task = tokio::spawn(async move {
-        match stdout {
-            Some(s) => read_capped(s).await,
-            None => (Vec::new(), 0),
-        }
-    });
-    let err_task = tokio::spawn(async move {
-        match stderr {
-            Some(s) => read_capped(s).await,
-            None => (Vec::new(), 0),
-        }
-    });
+    let env = spec
+        .params
+        .get("env")
+        .and_then(Value::as_object)
+        .map(|env| {
+            env.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect()
+        })
+        .unwrap_or_default();
     let timeout =
         Duration::from_secs_f64(spec.timeout_s.unwrap_or(limits::VERIFIER_TIMEOUT_S_DEFAULT));
-    let stopped = {
-        let wait = child.wait();
-        tokio::select! {
-            s = wait => Ok(s.ok()),
-            () = tokio::time::sleep(timeout) => {
-                Err(format!("`{program}` timed out after {:.0} s and was killed", timeout.as_secs_f64()))
-            }
-            () = cancel.cancelled() => Err("cancelled".to_owned()),
-        }
-    };
-    // Whatever the program left running in its group (a hung child, a daemon) goes with it;
-    // that also closes the pipes the readers wait on.
-    kill_group(group).await;
-    let status = match stopped {
-        Ok(status) => status,
+    let program = Program { argv, cwd, env, timeout };
+    let ran = match run_program(&program, cancel).await {
+        Ok(ran) => ran,
         Err(reason) => {
-            let _ = child.kill().await;
             let mut f = fail(reason);
             f.duration_ms = crate::clock::elapsed_ms(started);
             return f;
         }
     };
-    let (out, _) = out_task.await.unwrap_or_default();
-    let (err, err_total) = err_task.await.unwrap_or_default();
-    let code = status.and_then(|s| s.code());
+    let argv = &program.argv;
+    let (code, err_total) = (ran.code, ran.stderr_bytes);
     let expected = spec.params.get("expect_exit").and_then(Value::as_i64).unwrap_or(0);
     let passed = code.is_some_and(|c| i64::from(c) == expected);
-    let stderr_text = String::from_utf8_lossy(&err).into_owned();
-    let stdout_text = String::from_utf8_lossy(&out).into_owned();
+    let stderr_text = String::from_utf8_lossy(&ran.stderr).into_owned();
+    let stdout_text = String::from_utf8_lossy(&ran.stdout).into_owned();
     let mut reasons = Vec::new();
     if !passed {
         reasons.push(match code {

@@ -845,6 +845,7 @@ impl Checker<'_> {
         }
         let mut rubric = None;
         let mut schema = None;
+        let mut config_text = None;
         match uses {
             Uses::LlmJudge => {
                 let name = params.get("rubric").and_then(|r| r.as_str()).unwrap_or_default();
@@ -879,7 +880,7 @@ impl Checker<'_> {
                         Some("registry configs need the network and hang offline; point `rules` at a local YAML rules file under the scenarios directory".to_owned());
                     return None;
                 }
-                self.files.plain(rules, at("rules"), self.sources, self.diags)?;
+                config_text = Some(self.files.plain(rules, at("rules"), self.sources, self.diags)?);
                 if let Some(s) = params.get("severity").and_then(|s| s.as_str())
                     && !["INFO", "WARNING", "ERROR"].contains(&s)
                 {
@@ -889,6 +890,12 @@ impl Checker<'_> {
                         format!("semgrep severity `{s}` is not INFO, WARNING or ERROR"),
                     );
                     return None;
+                }
+            }
+            Uses::Gitleaks => {
+                if let Some(config) = params.get("config").and_then(|c| c.as_str()) {
+                    config_text =
+                        Some(self.files.plain(config, at("config"), self.sources, self.diags)?);
                 }
             }
             Uses::Mcp => {
@@ -923,6 +930,7 @@ impl Checker<'_> {
             timeout_s,
             rubric,
             schema,
+            config_text,
         })
     }
 

@@ -215,6 +215,9 @@ pub struct VerifierSpec {
     pub rubric: Option<Arc<Rubric>>,
     /// The schema of a `schema` verifier, read from its file when it named one.
     pub schema: Option<JsonSchema>,
+    /// The text of a scanner's configuration file (`rules` of `semgrep`, `config` of
+    /// `gitleaks`), read at load so that it counts in the checksum.
+    pub config_text: Option<Arc<str>>,
 }
 
 /// How a fan-out merges its children.

@@ -18,6 +18,7 @@ fn spec(argv: &[&str], timeout_s: f64) -> VerifierSpec {
         timeout_s: Some(timeout_s),
         rubric: None,
         schema: None,
+        config_text: None,
     }
 }
 
@@ -191,4 +192,42 @@ async fn shell_true_runs_one_command_line() {
     let out = CommandVerifier.verify(&s, &ctx(), &CancelToken::new()).await;
     assert!(out.passed, "{:?}", out.reasons);
     assert_eq!(out.details["stdout_tail"], "ok\n");
+}
+
+#[tokio::test]
+async fn race_mode_takes_the_first_conclusive_result_and_kills_the_rest() {
+    let marker = format!("sleep 4{}.5", std::process::id() % 1000);
+    let yaml = format!(
+        r#"id: racing
+version: 1
+levels:
+  - id: checks
+    kind: verifier
+    mode: race
+    terminal: true
+    verifiers:
+      - name: slow
+        uses: command
+        params: {{argv: ["sh", "-c", "({marker} &); {marker}"]}}
+      - name: fast
+        uses: command
+        params: {{argv: ["true"]}}
+"#
+    );
+    let scenario = crate::scenario(&yaml);
+    let engine = crate::engine(baton_engine::model::ScriptedModel::default());
+    let run_id = baton_engine::Engine::new_run_id();
+    let t = Instant::now();
+    let outcome =
+        engine.run(&run_id, &scenario, "x", serde_json::Map::new(), None).await.unwrap();
+    assert_eq!(outcome, baton_engine::Outcome::Finished(baton_engine::Status::Completed));
+    assert!(t.elapsed() < Duration::from_secs(10), "the race waited for the slow one");
+    let state = engine.state(&run_id).await.unwrap();
+    let checks = &state.levels["checks"];
+    assert_eq!(checks.verdict.as_deref(), Some("PASS"));
+    assert!(checks.verifiers["fast"].passed);
+    let slow = &checks.verifiers["slow"];
+    assert_eq!(slow.details["race_lost_to"], "fast", "{slow:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!running(&marker), "the losing verifier's processes were killed");
 }
