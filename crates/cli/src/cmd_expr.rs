@@ -43,6 +43,7 @@ pub(crate) fn run(
                 levels: Some(s.levels.iter().map(|l| l.id.as_str()).collect()),
                 verifiers: Some(level.verifiers.iter().map(|v| v.name.as_str()).collect()),
                 source_level: Some(level.id.as_str()),
+                result: false,
             }
         }
         _ => Scope::open(),

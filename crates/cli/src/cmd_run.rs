@@ -152,11 +152,13 @@ fn engine(
         .filter(|s| s.classifier_eligible())
         .map(|s| json!({"id": s.id, "display_name": s.display_name, "description": s.description, "examples": s.examples}))
         .collect();
+    let mut verifiers = Verifiers::builtin();
+    baton_verifiers::register(&mut verifiers);
     Engine::new(
         store,
         Arc::new(Runtime {
             model,
-            verifiers: Verifiers::builtin(),
+            verifiers,
             workspace: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
             workspaces: Some(workspaces),
             catalog: Arc::new(Value::Array(catalog)),

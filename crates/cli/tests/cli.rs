@@ -892,3 +892,103 @@ levels:
     assert!(prompt.contains("```tool") && prompt.starts_with("Greet Baton"), "{prompt}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn code_build_strict_passes_the_real_type_checker_linter_and_the_architecture_judge() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-cb-strict-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let db = dir.join("runs.db");
+    // The typecheck and lint presets run `python3 -m mypy` and `python3 -m pyflakes`:
+    // the venv scripts/test installs them in comes first on PATH.
+    let venv = repo().join(".peers/venv/bin");
+    assert!(venv.join("mypy").exists(), "run scripts/test, which installs mypy and pyflakes");
+    let path = format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["--db", db.to_str().unwrap(), "run", "code_build_strict", "--json"])
+        .args(["--script", "scenarios/scripts/code_build_strict.yaml", "--input", "a greet CLI"])
+        .env("PATH", path)
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let events = events_of(&db, result["run_id"].as_str().unwrap());
+    let verifiers: Vec<(String, bool)> = events
+        .iter()
+        .filter(|e| e["kind"] == "verifier_finished")
+        .map(|e| (e["data"]["name"].as_str().unwrap().to_owned(), e["data"]["passed"] == true))
+        .collect();
+    let expected = [("build", true), ("typecheck", true), ("lint", true), ("architecture", true)];
+    assert_eq!(verifiers, expected.map(|(n, p)| (n.to_owned(), p)));
+    let judge = events
+        .iter()
+        .find(|e| e["kind"] == "verifier_finished" && e["data"]["name"] == "architecture")
+        .unwrap();
+    assert!(judge["data"]["score"].as_f64().unwrap() >= 0.7, "{judge}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn security_review_scans_a_project_with_the_real_scanners_and_never_repeats_a_secret() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-secrev-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let project = dir.join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(
+        project.join("app.py"),
+        "import sys\n\nuser_input = sys.argv[1]\nprint(eval(user_input))\n",
+    )
+    .unwrap();
+    // Built at run time, so that no file of this repository holds a key-shaped string.
+    let key = format!("AKIA{}", "Q3EGRTZB7XKPW4NM");
+    std::fs::write(project.join("config.py"), format!("AWS_ACCESS_KEY_ID = \"{key}\"\n")).unwrap();
+    let (semgrep, gitleaks) = (
+        repo().join(".peers/semgrep/bin/semgrep"),
+        repo().join(".peers/gitleaks/usr/bin/gitleaks"),
+    );
+    assert!(semgrep.exists() && gitleaks.exists(), "run scripts/install-scanners");
+    let db = dir.join("runs.db");
+    let scenarios = repo().join("scenarios");
+    let baton_in_project = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["--db", db.to_str().unwrap(), "--scenarios", scenarios.to_str().unwrap()])
+            .args(args)
+            .env("BATON_SEMGREP", &semgrep)
+            .env("BATON_GITLEAKS", &gitleaks)
+            .current_dir(&project)
+            .output()
+            .unwrap()
+    };
+    let script = scenarios.join("scripts/security_review.yaml");
+    let out = baton_in_project(&[
+        "run",
+        "security_review",
+        "--input",
+        "review this service",
+        "--script",
+        script.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = only_run(&db).unwrap();
+    let out = baton_in_project(&["approve", &run, "--by", "lead"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let events = events_of(&db, &run);
+    let reasons = |name: &str| -> String {
+        events
+            .iter()
+            .find(|e| e["kind"] == "verifier_finished" && e["data"]["name"] == name)
+            .map(|e| e["data"]["reasons"].to_string())
+            .unwrap()
+    };
+    let semgrep_reasons = reasons("semgrep");
+    assert!(semgrep_reasons.contains("app.py:4: [ERROR] python-eval-exec"), "{semgrep_reasons}");
+    let gitleaks_reasons = reasons("gitleaks");
+    assert!(gitleaks_reasons.contains("config.py:1"), "{gitleaks_reasons}");
+    // The report's author reads the findings.
+    let report =
+        events.iter().find(|e| e["kind"] == "prompt_sent" && e["level_id"] == "report").unwrap();
+    assert!(report["data"]["prompt"].as_str().unwrap().contains("python-eval-exec"));
+    let whole_log = text(&baton_db(&db, &["events", &run, "--json"]).stdout);
+    assert!(!whole_log.contains(&key) && !whole_log.contains("Q3EGRTZB7XKPW4NM"));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -85,6 +85,8 @@ impl Context for GateContext<'_> {
                 .get(&seg[1])
                 .and_then(|v| walk(v, &seg[2..]))
                 .map_or(Val::Undefined, json_val),
+            // Only an MCP verifier's condition reads `result`.
+            Root::Result => Val::Undefined,
             Root::Input => {
                 if seg.len() == 1 {
                     return Val::Str(&s.input);

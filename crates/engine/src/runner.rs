@@ -309,18 +309,23 @@ impl LevelRun {
         };
         let mut scratchpad = Map::new();
         scratchpad.insert("build_result_summary".to_owned(), Value::String(summary.clone()));
+        // The level's output is what later levels read of the check: the summary, and on
+        // failure every failed verifier's reasons.
+        let mut output = summary;
         let verdict = if failed.is_empty() {
             scratchpad.insert("build_feedback".to_owned(), Value::Null);
             "PASS"
         } else {
-            scratchpad.insert("build_feedback".to_owned(), Value::String(feedback_text(&failed)));
+            let feedback = feedback_text(&failed);
+            output = format!("{output}\n{feedback}");
+            scratchpad.insert("build_feedback".to_owned(), Value::String(feedback));
             "FAIL"
         };
         events.push(self.event(EventData::LevelFinished(LevelFinished {
             ok: true,
             skipped: false,
             verdict: Some(verdict.to_owned()),
-            output: summary,
+            output,
             parsed: None,
             confidence: None,
             scratchpad,

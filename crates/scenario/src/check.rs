@@ -880,7 +880,8 @@ impl Checker<'_> {
                         Some("registry configs need the network and hang offline; point `rules` at a local YAML rules file under the scenarios directory".to_owned());
                     return None;
                 }
-                config_text = Some(self.files.plain(rules, at("rules"), self.sources, self.diags)?);
+                config_text =
+                    Some(self.files.plain(rules, at("rules"), self.sources, self.diags)?);
                 if let Some(s) = params.get("severity").and_then(|s| s.as_str())
                     && !["INFO", "WARNING", "ERROR"].contains(&s)
                 {
@@ -908,6 +909,23 @@ impl Checker<'_> {
                         "`server` must name the command that starts the MCP server",
                     );
                     return None;
+                }
+                if let Some(condition) = params.get("condition").and_then(|c| c.as_str()) {
+                    let scope = Scope { result: true, ..Scope::default() };
+                    let checked = expr::parse(condition)
+                        .map_err(|e| (e.message, e.help))
+                        .and_then(|e| expr::resolve(&e, &scope).map_err(|e| (e.message, e.help)));
+                    if let Err((message, help)) = checked {
+                        self.error(
+                            "invalid-value",
+                            at("condition"),
+                            format!("invalid condition `{condition}`: {message}"),
+                        )
+                        .help = help.or_else(|| {
+                            Some("a condition reads the tool's structured result, e.g. `result.count >= 1`".to_owned())
+                        });
+                        return None;
+                    }
                 }
             }
             Uses::Command => {
@@ -1055,6 +1073,7 @@ impl Checker<'_> {
                         levels: Some(level_ids.clone()),
                         verifiers: Some(verifiers),
                         source_level: Some(&source.id.value),
+                        result: false,
                     };
                     match self.gate(w, &scope) {
                         Some(g) => Some(g),

@@ -29,6 +29,8 @@ node_modules/
 __pycache__/
 *.pyc
 .venv/
+.mypy_cache/
+.pytest_cache/
 ";
 
 /// The most bytes of git's stderr an error keeps.

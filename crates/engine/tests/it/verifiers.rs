@@ -218,8 +218,7 @@ levels:
     let engine = crate::engine(baton_engine::model::ScriptedModel::default());
     let run_id = baton_engine::Engine::new_run_id();
     let t = Instant::now();
-    let outcome =
-        engine.run(&run_id, &scenario, "x", serde_json::Map::new(), None).await.unwrap();
+    let outcome = engine.run(&run_id, &scenario, "x", serde_json::Map::new(), None).await.unwrap();
     assert_eq!(outcome, baton_engine::Outcome::Finished(baton_engine::Status::Completed));
     assert!(t.elapsed() < Duration::from_secs(10), "the race waited for the slow one");
     let state = engine.state(&run_id).await.unwrap();

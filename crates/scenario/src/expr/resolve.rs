@@ -54,6 +54,9 @@ pub enum Root {
     Scratchpad,
     Input,
     Metadata,
+    /// `result.<…>`: the structured result of an MCP tool call, in an `mcp` verifier's
+    /// `condition` only.
+    Result,
 }
 
 const ROOTS: &[&str] = &[
@@ -104,6 +107,9 @@ pub struct Scope<'a> {
     pub verifiers: Option<Vec<&'a str>>,
     /// The level the edge leaves from, for messages.
     pub source_level: Option<&'a str>,
+    /// Whether `result.<…>` may be read: an `mcp` verifier's condition on the tool's
+    /// structured result.
+    pub result: bool,
 }
 
 impl Scope<'_> {
@@ -384,10 +390,17 @@ fn resolve_path(
         "input" => {
             Ok(PathRef { root: Root::Input, segments: segments.to_vec(), ty: Type::Dynamic })
         }
+        "result" if scope.result => {
+            Ok(PathRef { root: Root::Result, segments: segments.to_vec(), ty: Type::Dynamic })
+        }
         _ => {
-            let help = match suggest::closest(first, ROOTS.iter().copied()) {
+            let mut roots = ROOTS.to_vec();
+            if scope.result {
+                roots.push("result");
+            }
+            let help = match suggest::closest(first, roots.iter().copied()) {
                 Some(near) => format!("did you mean `{near}`?"),
-                None => format!("a path starts with one of: {}", ROOTS.join(", ")),
+                None => format!("a path starts with one of: {}", roots.join(", ")),
             };
             Err(err(format!("unknown name `{first}`"), Some(help)))
         }

@@ -27,6 +27,7 @@ fn scope() -> Scope<'static> {
         levels: Some(vec!["l1_brief", "l3_accept", "l4_execute", "classify"]),
         verifiers: Some(vec!["build", "lint", "judge"]),
         source_level: Some("l3_accept"),
+        result: false,
     }
 }
 

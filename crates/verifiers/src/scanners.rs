@@ -1,0 +1,863 @@
+//! The `semgrep` and `gitleaks` scanners: each runs its tool over the workspace (or the
+//! verifier's `paths` in it) and passes when the tool finds nothing.
+//!
+//! **Finding the tool.** `BATON_SEMGREP` / `BATON_GITLEAKS` name the program; without the
+//! variable it is looked up on `PATH` as `semgrep` / `gitleaks`. A tool that cannot be
+//! found gives an `unavailable` outcome that says how to install it.
+//!
+//! **Configuration.** The scenario loader reads the semgrep `rules` file and the gitleaks
+//! `config` file into `VerifierSpec::config_text`; the verifier writes that text into a
+//! private temporary directory (outside the workspace, removed afterwards) and passes it
+//! to the tool. No path from the parameters is read at run time, and the workspace's own
+//! `.gitleaks.toml` is never used: gitleaks always gets an explicit `--config`.
+//!
+//! **Running.** Through [`run_program`]: no shell, a scrubbed environment, the process
+//! group killed at the timeout (`timeout_s`, default 600 s) or on cancel. Reports are
+//! written to files and read back with a size cap. `.baton/` (Baton's own repository
+//! inside a workspace) is never scanned: semgrep gets `--exclude .baton`, the default
+//! gitleaks configuration allowlists it, and findings under it are dropped in any case.
+//!
+//! **Secrets.** A gitleaks outcome names the file, line and rule of a leak and nothing of
+//! the leak itself: the report's `Secret`, `Match` and `Line` fields are never read, and
+//! gitleaks runs with `--redact` so that its own logs hide them too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use baton_engine::cancel::CancelToken;
+use baton_engine::clock::elapsed_ms;
+use baton_engine::event::VerifierFinished;
+use baton_engine::limits;
+use baton_engine::model::BoxFuture;
+use baton_engine::verifier::{
+    Program, Ran, Verifier, VerifyContext, run_program, tail, unavailable,
+};
+use baton_scenario::limits as scenario_limits;
+use baton_scenario::model::VerifierSpec;
+use serde_json::{Map, Value, json};
+
+/// Largest report read back from a scanner, in bytes.
+const REPORT_BYTES_MAX: u64 = 16 * 1024 * 1024;
+/// Findings listed in an outcome (as reasons and in details); the rest are counted.
+const FINDINGS_SHOWN_MAX: usize = 50;
+/// Scanner errors listed in details.
+const ERRORS_SHOWN_MAX: usize = 20;
+/// Characters kept of a finding's message or an error's message.
+const MESSAGE_CHARS_MAX: usize = 200;
+/// Baton's own directory inside a workspace, never scanned.
+const BATON_DIR: &str = ".baton";
+/// The exit code gitleaks is told to use when it finds leaks, so that a leak can be told
+/// apart from a fatal error (gitleaks 8.16 exits 1 on both by default).
+const GITLEAKS_LEAKS_EXIT: i32 = 10;
+
+/// The hint an `unavailable` semgrep outcome ends with.
+const SEMGREP_INSTALL: &str = "install semgrep (`pip install semgrep`, ideally in its own \
+    venv; in a Baton checkout `scripts/install-scanners` puts a pinned one in \
+    .peers/semgrep/bin/semgrep) and put it on PATH or set BATON_SEMGREP to its path";
+/// The hint an `unavailable` gitleaks outcome ends with.
+const GITLEAKS_INSTALL: &str = "install gitleaks 8.16 or later (Debian 13: `apt-get install \
+    gitleaks`; in a Baton checkout `scripts/install-scanners` puts a pinned one in \
+    .peers/gitleaks/usr/bin/gitleaks) and put it on PATH or set BATON_GITLEAKS to its path";
+
+/// Runs semgrep with the scenario's local rules.
+///
+/// Parameters: `severity` (`INFO`, `WARNING` or `ERROR`; findings below it are counted in
+/// details but do not fail the check; default `INFO`, every finding counts) and `paths`
+/// (workspace-relative files or directories to scan; default the whole workspace).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Semgrep;
+
+/// Runs gitleaks over the workspace.
+///
+/// Parameters: `paths` (workspace-relative files or directories to scan; default the whole
+/// workspace). The scenario's `config`, when it has one, replaces gitleaks' default rules.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Gitleaks;
+
+impl Verifier for Semgrep {
+    fn verify<'a>(
+        &'a self,
+        spec: &'a VerifierSpec,
+        ctx: &'a VerifyContext,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, VerifierFinished> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let outcome = semgrep(spec, ctx, cancel, started).await;
+            settle(spec, outcome, started)
+        })
+    }
+}
+
+impl Verifier for Gitleaks {
+    fn verify<'a>(
+        &'a self,
+        spec: &'a VerifierSpec,
+        ctx: &'a VerifyContext,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, VerifierFinished> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let outcome = gitleaks(spec, ctx, cancel, started).await;
+            settle(spec, outcome, started)
+        })
+    }
+}
+
+/// Why a scanner could not give a verdict, with what is known about the attempt.
+#[derive(Debug)]
+struct Unavailable {
+    why: String,
+    details: Value,
+}
+
+impl From<String> for Unavailable {
+    fn from(why: String) -> Self {
+        Unavailable { why, details: Value::Null }
+    }
+}
+
+/// The outcome of a scan, or an `unavailable` one that took as long as the attempt did.
+fn settle(
+    spec: &VerifierSpec,
+    outcome: Result<VerifierFinished, Unavailable>,
+    started: Instant,
+) -> VerifierFinished {
+    match outcome {
+        Ok(finished) => finished,
+        Err(Unavailable { why, details }) => {
+            let mut finished = unavailable(spec, &why);
+            finished.details = details;
+            finished.duration_ms = elapsed_ms(started);
+            finished
+        }
+    }
+}
+
+/// A verdict: passed when nothing counted was found.
+fn verdict(
+    spec: &VerifierSpec,
+    passed: bool,
+    reasons: Vec<String>,
+    details: Value,
+    started: Instant,
+) -> VerifierFinished {
+    VerifierFinished {
+        name: spec.name.clone(),
+        passed,
+        score: Some(if passed { 1.0 } else { 0.0 }),
+        reasons,
+        cost_usd: 0.0,
+        duration_ms: elapsed_ms(started),
+        details,
+    }
+}
+
+// ---- semgrep ---------------------------------------------------------------------------
+
+/// A semgrep severity threshold, lowest first.
+fn threshold_rank(name: &str) -> Option<u8> {
+    match name.to_ascii_uppercase().as_str() {
+        "INFO" => Some(0),
+        "WARNING" => Some(1),
+        "ERROR" => Some(2),
+        _ => None,
+    }
+}
+
+/// The rank of a finding's severity. Semgrep also knows LOW…CRITICAL and, for rules that
+/// are not about bugs, INVENTORY and EXPERIMENT; a severity it may add later ranks
+/// highest, so that a new name never hides a finding.
+fn severity_rank(severity: &str) -> u8 {
+    match severity {
+        "INFO" | "LOW" | "INVENTORY" | "EXPERIMENT" => 0,
+        "WARNING" | "MEDIUM" => 1,
+        _ => 2,
+    }
+}
+
+/// One semgrep result, as an outcome shows it.
+#[derive(Debug)]
+struct SemgrepFinding {
+    path: String,
+    line: u64,
+    rule: String,
+    severity: String,
+    message: String,
+}
+
+async fn semgrep(
+    spec: &VerifierSpec,
+    ctx: &VerifyContext,
+    cancel: &CancelToken,
+    started: Instant,
+) -> Result<VerifierFinished, Unavailable> {
+    let program = locate("semgrep", "BATON_SEMGREP", SEMGREP_INSTALL)?;
+    let threshold_name = match spec.params.get("severity") {
+        None | Some(Value::Null) => "INFO".to_owned(),
+        Some(Value::String(s)) => s.to_ascii_uppercase(),
+        Some(other) => {
+            return Err(format!(
+                "semgrep: `severity` of verifier `{}` is {other}, not a string; use INFO, WARNING or ERROR",
+                spec.name
+            )
+            .into());
+        }
+    };
+    let Some(threshold) = threshold_rank(&threshold_name) else {
+        return Err(format!(
+            "semgrep: `severity` of verifier `{}` is `{threshold_name}`; use INFO, WARNING or ERROR",
+            spec.name
+        )
+        .into());
+    };
+    let Some(rules) = spec.config_text.as_deref() else {
+        return Err(format!(
+            "semgrep: verifier `{}` has no rules text; its `rules` must name a local rules file, which is read when the scenario loads",
+            spec.name
+        )
+        .into());
+    };
+    let workspace = workspace_root(&ctx.workspace, "semgrep")?;
+    let targets = target_paths(spec, &workspace, "semgrep")?;
+    let scratch = Scratch::new("semgrep")?;
+    let rules_file = scratch.write("rules.yaml", rules)?;
+    let report = scratch.path().join("report.json");
+
+    let mut argv = vec![
+        program.display().to_string(),
+        "scan".to_owned(),
+        "--config".to_owned(),
+        rules_file.display().to_string(),
+        "--metrics=off".to_owned(),
+        "--disable-version-check".to_owned(),
+        // Rule ids as the rules file spells them, not prefixed with its dotted directory.
+        "--no-rewrite-rule-ids".to_owned(),
+        "--json".to_owned(),
+        "--output".to_owned(),
+        report.display().to_string(),
+        "--quiet".to_owned(),
+        "--exclude".to_owned(),
+        BATON_DIR.to_owned(),
+    ];
+    argv.extend(targets.iter().cloned());
+    let env = vec![
+        ("SEMGREP_SEND_METRICS".to_owned(), "off".to_owned()),
+        ("SEMGREP_ENABLE_VERSION_CHECK".to_owned(), "0".to_owned()),
+    ];
+    let program = Program { argv, cwd: workspace, env, timeout: timeout(spec) };
+    let ran = run_program(&program, cancel).await.map_err(|e| not_run("semgrep", &e))?;
+    let stderr = clean_tail(&ran.stderr);
+    let parsed = read_report(&report);
+
+    let Some(code) = ran.code else {
+        return Err(Unavailable {
+            why: format!("semgrep was killed by a signal; its stderr ends: {stderr}"),
+            details: json!({"stderr_tail": stderr}),
+        });
+    };
+    let report = match parsed {
+        Ok(report) => report,
+        Err(why) => {
+            return Err(Unavailable {
+                why: format!("semgrep exited with {code} and {why}; its stderr ends: {stderr}"),
+                details: json!({"exit_code": code, "stderr_tail": stderr}),
+            });
+        }
+    };
+
+    let mut findings = semgrep_findings(&report);
+    let total = findings.len();
+    let mut by_severity: BTreeMap<String, u64> = BTreeMap::new();
+    for f in &findings {
+        *by_severity.entry(f.severity.clone()).or_default() += 1;
+    }
+    findings.retain(|f| severity_rank(&f.severity) >= threshold);
+    let errors = semgrep_errors(&report);
+    let scanned_files =
+        report.pointer("/paths/scanned").and_then(Value::as_array).map_or(0, Vec::len);
+    let mut details = json!({
+        "exit_code": code,
+        "threshold": threshold_name,
+        "paths": targets,
+        "scanned_files": scanned_files,
+        "findings_total": total,
+        "findings_counted": findings.len(),
+        "by_severity": by_severity,
+        "findings": findings.iter().take(FINDINGS_SHOWN_MAX).map(|f| json!({
+            "path": f.path,
+            "line": f.line,
+            "rule": f.rule,
+            "severity": f.severity,
+        })).collect::<Vec<_>>(),
+        "findings_truncated": findings.len() > FINDINGS_SHOWN_MAX,
+        "errors": errors,
+    });
+
+    // 0: ran (findings or not); 1: findings with `--error`. Anything else is a fatal error
+    // (bad rules, a missing target…): without findings that is no verdict at all.
+    let clean_exit = matches!(code, 0 | 1);
+    if !clean_exit && findings.is_empty() {
+        let first = first_error_message(&report).unwrap_or_else(|| stderr.clone());
+        if let Some(map) = details.as_object_mut() {
+            map.insert("stderr_tail".to_owned(), Value::from(stderr));
+        }
+        return Err(Unavailable {
+            why: format!("semgrep exited with {code}: {first}; check the verifier's rules"),
+            details,
+        });
+    }
+    let mut reasons: Vec<String> = findings
+        .iter()
+        .take(FINDINGS_SHOWN_MAX)
+        .map(|f| format!("{}:{}: [{}] {}: {}", f.path, f.line, f.severity, f.rule, f.message))
+        .collect();
+    if findings.len() > FINDINGS_SHOWN_MAX {
+        reasons.push(format!(
+            "… and {} more findings at or above {threshold_name}",
+            findings.len() - FINDINGS_SHOWN_MAX
+        ));
+    }
+    if !clean_exit {
+        let first = first_error_message(&report).unwrap_or_else(|| stderr.clone());
+        reasons.push(format!("semgrep exited with {code}: {first}"));
+    }
+    let passed = clean_exit && findings.is_empty();
+    Ok(verdict(spec, passed, reasons, details, started))
+}
+
+/// The results of a semgrep report, outside `.baton/`, in report order.
+fn semgrep_findings(report: &Value) -> Vec<SemgrepFinding> {
+    let Some(results) = report.get("results").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    results
+        .iter()
+        .filter_map(|r| {
+            let path = relative_report_path(r.get("path").and_then(Value::as_str)?, None);
+            if under_baton(&path) {
+                return None;
+            }
+            let line = r.pointer("/start/line").and_then(Value::as_u64).unwrap_or(0);
+            let check_id = r.get("check_id").and_then(Value::as_str).unwrap_or("?");
+            let severity = r
+                .pointer("/extra/severity")
+                .and_then(Value::as_str)
+                .unwrap_or("UNKNOWN")
+                .to_ascii_uppercase();
+            let message = r.pointer("/extra/message").and_then(Value::as_str).unwrap_or("");
+            Some(SemgrepFinding {
+                path,
+                line,
+                rule: check_id.to_owned(),
+                severity,
+                message: first_line(message),
+            })
+        })
+        .collect()
+}
+
+/// The errors of a semgrep report, shortened, for details.
+fn semgrep_errors(report: &Value) -> Vec<Value> {
+    let Some(errors) = report.get("errors").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    errors
+        .iter()
+        .take(ERRORS_SHOWN_MAX)
+        .map(|e| {
+            // `type` is a name, or a list whose first item is the name.
+            let kind = match e.get("type") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    parts.first().and_then(Value::as_str).unwrap_or("").to_owned()
+                }
+                _ => String::new(),
+            };
+            let mut error = Map::new();
+            error.insert("level".to_owned(), e.get("level").cloned().unwrap_or(Value::Null));
+            error.insert("type".to_owned(), Value::from(kind));
+            let message = e.get("message").and_then(Value::as_str).unwrap_or("");
+            error.insert("message".to_owned(), Value::from(one_line(message)));
+            if let Some(path) = e.get("path").and_then(Value::as_str) {
+                error.insert("path".to_owned(), Value::from(relative_report_path(path, None)));
+            }
+            Value::Object(error)
+        })
+        .collect()
+}
+
+/// The first error message of a semgrep report, on one line.
+fn first_error_message(report: &Value) -> Option<String> {
+    let message = report.pointer("/errors/0/message").and_then(Value::as_str)?;
+    let line = one_line(message);
+    (!line.is_empty()).then_some(line)
+}
+
+// ---- gitleaks --------------------------------------------------------------------------
+
+/// The configuration used when the scenario gives none: gitleaks' own rules, with Baton's
+/// directory allowlisted.
+const GITLEAKS_DEFAULT_CONFIG: &str = r#"# Written by Baton's gitleaks verifier.
+title = "baton default"
+
+[extend]
+useDefault = true
+
+[allowlist]
+description = "Baton's own files inside the workspace"
+paths = ['''(^|/)\.baton(/|$)''']
+"#;
+
+/// One leak, without the leak.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Leak {
+    path: String,
+    line: u64,
+    rule: String,
+    description: String,
+}
+
+async fn gitleaks(
+    spec: &VerifierSpec,
+    ctx: &VerifyContext,
+    cancel: &CancelToken,
+    started: Instant,
+) -> Result<VerifierFinished, Unavailable> {
+    let program = locate("gitleaks", "BATON_GITLEAKS", GITLEAKS_INSTALL)?;
+    let workspace = workspace_root(&ctx.workspace, "gitleaks")?;
+    let targets = target_paths(spec, &workspace, "gitleaks")?;
+    let scratch = Scratch::new("gitleaks")?;
+    let (config_text, config_kind) = match spec.config_text.as_deref() {
+        Some(text) => (text, "scenario"),
+        None => (GITLEAKS_DEFAULT_CONFIG, "default"),
+    };
+    let config = scratch.write("gitleaks.toml", config_text)?;
+    let deadline = Instant::now() + timeout(spec);
+
+    // gitleaks 8.16 scans one source per run: one run for each target, all within the
+    // verifier's timeout.
+    let mut leaks: BTreeSet<Leak> = BTreeSet::new();
+    for (i, target) in targets.iter().enumerate() {
+        let report = scratch.path().join(format!("report-{i}.json"));
+        let argv = vec![
+            program.display().to_string(),
+            "detect".to_owned(),
+            "--source".to_owned(),
+            target.clone(),
+            "--no-git".to_owned(),
+            "--no-banner".to_owned(),
+            "--redact".to_owned(),
+            "--report-format".to_owned(),
+            "json".to_owned(),
+            "--report-path".to_owned(),
+            report.display().to_string(),
+            "--config".to_owned(),
+            config.display().to_string(),
+            "--exit-code".to_owned(),
+            GITLEAKS_LEAKS_EXIT.to_string(),
+            "--log-level".to_owned(),
+            "error".to_owned(),
+        ];
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "gitleaks: timed out after {:.0} s before scanning `{target}`; raise the verifier's `timeout_s` or narrow `paths`",
+                timeout(spec).as_secs_f64()
+            )
+            .into());
+        }
+        let program = Program { argv, cwd: workspace.clone(), env: Vec::new(), timeout: left };
+        let ran: Ran = run_program(&program, cancel).await.map_err(|e| not_run("gitleaks", &e))?;
+        let stderr = clean_tail(&ran.stderr);
+        match ran.code {
+            Some(0 | GITLEAKS_LEAKS_EXIT) => {}
+            Some(code) => {
+                return Err(Unavailable {
+                    why: format!(
+                        "gitleaks exited with {code} scanning `{target}`; its stderr ends: {stderr}"
+                    ),
+                    details: json!({"exit_code": code, "stderr_tail": stderr}),
+                });
+            }
+            None => {
+                return Err(Unavailable {
+                    why: format!(
+                        "gitleaks was killed by a signal scanning `{target}`; its stderr ends: {stderr}"
+                    ),
+                    details: json!({"stderr_tail": stderr}),
+                });
+            }
+        }
+        let parsed = read_report(&report).map_err(|why| {
+            format!("gitleaks scanned `{target}` but {why}; its stderr ends: {stderr}")
+        })?;
+        let Some(entries) = parsed.as_array() else {
+            return Err(format!(
+                "gitleaks scanned `{target}` but its report is not a JSON list; is this gitleaks 8.x?"
+            )
+            .into());
+        };
+        leaks.extend(entries.iter().filter_map(|e| leak(e, &workspace)));
+    }
+
+    let mut by_rule: BTreeMap<&str, u64> = BTreeMap::new();
+    for l in &leaks {
+        *by_rule.entry(l.rule.as_str()).or_default() += 1;
+    }
+    let mut reasons: Vec<String> = leaks
+        .iter()
+        .take(FINDINGS_SHOWN_MAX)
+        .map(|l| {
+            if l.description.is_empty() {
+                format!("{}:{}: {}", l.path, l.line, l.rule)
+            } else {
+                format!("{}:{}: {} ({})", l.path, l.line, l.rule, l.description)
+            }
+        })
+        .collect();
+    if leaks.len() > FINDINGS_SHOWN_MAX {
+        reasons.push(format!("… and {} more leaks", leaks.len() - FINDINGS_SHOWN_MAX));
+    }
+    let details = json!({
+        "config": config_kind,
+        "paths": targets,
+        "findings_total": leaks.len(),
+        "by_rule": by_rule,
+        "findings": leaks.iter().take(FINDINGS_SHOWN_MAX).map(|l| json!({
+            "path": l.path,
+            "line": l.line,
+            "rule": l.rule,
+            "description": l.description,
+        })).collect::<Vec<_>>(),
+        "findings_truncated": leaks.len() > FINDINGS_SHOWN_MAX,
+    });
+    Ok(verdict(spec, leaks.is_empty(), reasons, details, started))
+}
+
+/// A leak of a gitleaks report, outside `.baton/`. Reads only where it is and which rule
+/// found it: never `Secret`, `Match` or `Line`.
+fn leak(entry: &Value, workspace: &Path) -> Option<Leak> {
+    let path = relative_report_path(entry.get("File").and_then(Value::as_str)?, Some(workspace));
+    if under_baton(&path) {
+        return None;
+    }
+    let rule = entry.get("RuleID").and_then(Value::as_str).unwrap_or("?").to_owned();
+    let description = entry.get("Description").and_then(Value::as_str).unwrap_or("");
+    Some(Leak {
+        path,
+        line: entry.get("StartLine").and_then(Value::as_u64).unwrap_or(0),
+        rule,
+        description: first_line(description),
+    })
+}
+
+// ---- shared ----------------------------------------------------------------------------
+
+/// The program to run: `$VAR` when set, else `name` on PATH.
+fn locate(name: &str, var: &str, install: &str) -> Result<PathBuf, Unavailable> {
+    if let Some(value) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+        let given = PathBuf::from(&value);
+        // Relative to Baton's directory, not to the workspace the tool runs in.
+        let absolute = std::path::absolute(&given).unwrap_or(given);
+        if is_executable(&absolute) {
+            return Ok(absolute);
+        }
+        return Err(format!(
+            "{name} not found: {var} is set to `{}`, which is not an executable file; {install}",
+            absolute.display()
+        )
+        .into());
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).map(|dir| dir.join(name)).find(|p| is_executable(p))
+    });
+    found.ok_or_else(|| {
+        format!("{name} is not installed: no `{name}` on PATH and {var} is not set; {install}")
+            .into()
+    })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Why a tool did not run to an exit, with what to do about a timeout.
+fn not_run(tool: &str, why: &str) -> Unavailable {
+    if why.contains("timed out") {
+        format!("{tool}: {why}; raise the verifier's `timeout_s` or narrow its `paths`").into()
+    } else {
+        format!("{tool}: {why}").into()
+    }
+}
+
+/// The verifier's timeout, or the default when it has none (or a nonsensical one); never
+/// more than the longest timeout a scenario may give.
+fn timeout(spec: &VerifierSpec) -> Duration {
+    let default = Duration::from_secs_f64(limits::VERIFIER_TIMEOUT_S_DEFAULT);
+    match spec.timeout_s {
+        Some(s) if s > 0.0 => {
+            Duration::try_from_secs_f64(s.min(scenario_limits::TIMEOUT_S_MAX)).unwrap_or(default)
+        }
+        _ => default,
+    }
+}
+
+/// The workspace as an absolute, resolved directory.
+fn workspace_root(workspace: &Path, tool: &str) -> Result<PathBuf, Unavailable> {
+    let root = workspace
+        .canonicalize()
+        .map_err(|e| format!("{tool}: cannot open the workspace {}: {e}", workspace.display()))?;
+    if !root.is_dir() {
+        return Err(format!("{tool}: the workspace {} is not a directory", root.display()).into());
+    }
+    Ok(root)
+}
+
+/// What to scan, relative to the workspace: the verifier's `paths`, each checked to stay
+/// inside the workspace (symbolic links included) and out of `.baton/`, or `.`.
+fn target_paths(
+    spec: &VerifierSpec,
+    workspace: &Path,
+    tool: &str,
+) -> Result<Vec<String>, Unavailable> {
+    let name = &spec.name;
+    let list = match spec.params.get("paths") {
+        None | Some(Value::Null) => return Ok(vec![".".to_owned()]),
+        Some(Value::Array(list)) => list,
+        Some(other) => {
+            return Err(format!(
+                "{tool}: `paths` of verifier `{name}` is {other}, not a list of workspace-relative paths"
+            )
+            .into());
+        }
+    };
+    if list.is_empty() {
+        return Err(format!(
+            "{tool}: `paths` of verifier `{name}` is empty; leave it out to scan the whole workspace"
+        )
+        .into());
+    }
+    let mut targets = Vec::with_capacity(list.len());
+    for item in list {
+        let Some(raw) = item.as_str() else {
+            return Err(format!(
+                "{tool}: `paths` of verifier `{name}` holds {item}, not a path string"
+            )
+            .into());
+        };
+        let path = Path::new(raw);
+        let bad = |what: &str| -> Unavailable {
+            format!("{tool}: path `{raw}` in `paths` of verifier `{name}` {what}").into()
+        };
+        if raw.is_empty() {
+            return Err(bad("is empty; use `.` for the whole workspace"));
+        }
+        if path.is_absolute() || path.components().any(|c| c == Component::ParentDir) {
+            return Err(bad(
+                "is not inside the workspace; give a path relative to it, without `..`",
+            ));
+        }
+        let first = path.components().find(|c| *c != Component::CurDir);
+        if first == Some(Component::Normal(BATON_DIR.as_ref())) {
+            return Err(bad("is Baton's own directory, which is never scanned"));
+        }
+        let resolved = workspace.join(path).canonicalize().map_err(|e| {
+            bad(&format!("cannot be opened in the workspace {}: {e}", workspace.display()))
+        })?;
+        if !resolved.starts_with(workspace) {
+            return Err(bad("leads outside the workspace through a symbolic link"));
+        }
+        // A path that looks like an option is still a path.
+        targets.push(if raw.starts_with('-') { format!("./{raw}") } else { raw.to_owned() });
+    }
+    Ok(targets)
+}
+
+/// A path from a report, relative to the workspace and without a leading `./`.
+fn relative_report_path(path: &str, workspace: Option<&Path>) -> String {
+    let mut p = Path::new(path);
+    if let Some(root) = workspace
+        && let Ok(inside) = p.strip_prefix(root)
+    {
+        p = inside;
+    }
+    let rest: PathBuf = p.components().filter(|c| *c != Component::CurDir).collect();
+    rest.to_string_lossy().into_owned()
+}
+
+/// Whether a workspace-relative path is in Baton's own directory.
+fn under_baton(path: &str) -> bool {
+    Path::new(path).components().next() == Some(Component::Normal(BATON_DIR.as_ref()))
+}
+
+/// The first non-empty line of a message, at most [`MESSAGE_CHARS_MAX`] characters.
+fn first_line(text: &str) -> String {
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+    if line.chars().count() <= MESSAGE_CHARS_MAX {
+        return line.to_owned();
+    }
+    let mut short: String = line.chars().take(MESSAGE_CHARS_MAX).collect();
+    short.push('…');
+    short
+}
+
+/// A whole message on one line (an error's first line often says little), at most
+/// [`MESSAGE_CHARS_MAX`] characters.
+fn one_line(text: &str) -> String {
+    first_line(&text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// The end of a tool's stderr as text, without terminal colour codes.
+fn clean_tail(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // An escape sequence: ESC '[' parameters, ended by a letter.
+            if chars.next() == Some('[') {
+                for end in chars.by_ref() {
+                    if end.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        plain.push(c);
+    }
+    let trimmed = plain.trim();
+    if trimmed.is_empty() {
+        return "(nothing)".to_owned();
+    }
+    tail(trimmed, limits::FEEDBACK_TAIL_BYTES).to_owned()
+}
+
+/// A tool's JSON report, read with a size cap. The error completes "the tool … and …".
+fn read_report(path: &Path) -> Result<Value, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("wrote no report ({e})"))?;
+    let mut bytes = Vec::new();
+    file.take(REPORT_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("its report could not be read ({e})"))?;
+    if bytes.len() as u64 > REPORT_BYTES_MAX {
+        return Err(format!(
+            "its report is larger than {} MiB; narrow the verifier's `paths` or rules",
+            REPORT_BYTES_MAX / (1024 * 1024)
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("its report is not JSON ({e})"))
+}
+
+/// A private temporary directory for one scan (configuration and report), outside the
+/// workspace; removed when dropped.
+#[derive(Debug)]
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(tool: &str) -> Result<Self, Unavailable> {
+        use std::os::unix::fs::DirBuilderExt;
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir();
+        let mut last_error = None;
+        for _ in 0..8 {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let name = format!("baton-{tool}-{}-{n}-{nanos}", std::process::id());
+            let dir = base.join(name);
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Ok(Scratch { dir }),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        let why = last_error.map(|e| e.to_string()).unwrap_or_default();
+        Err(format!(
+            "{tool}: cannot create a temporary directory in {}: {why}; check TMPDIR",
+            base.display()
+        )
+        .into())
+    }
+
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes `text` into the file `name` of the directory.
+    fn write(&self, name: &str, text: &str) -> Result<PathBuf, Unavailable> {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text)
+            .map_err(|e| format!("cannot write {}: {e}; check TMPDIR", path.display()))?;
+        Ok(path)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_paths_are_workspace_relative() {
+        let root = Path::new("/w/ws");
+        assert_eq!(relative_report_path("/w/ws/src/a.py", Some(root)), "src/a.py");
+        assert_eq!(relative_report_path("./src/a.py", None), "src/a.py");
+        assert!(under_baton(".baton/git/config"));
+        assert!(!under_baton("src/.baton"));
+    }
+
+    #[test]
+    fn timeouts_are_bounded_and_never_panic() {
+        let mut spec = VerifierSpec {
+            name: "scan".to_owned(),
+            uses: baton_scenario::model::Uses::Gitleaks,
+            params: Map::new(),
+            weight: 1.0,
+            on_fail: baton_scenario::model::OnFail::Fail,
+            max_retries: 0,
+            timeout_s: None,
+            rubric: None,
+            schema: None,
+            config_text: None,
+        };
+        assert_eq!(timeout(&spec), Duration::from_secs(600));
+        for bad in [-1.0, 0.0, f64::NAN] {
+            spec.timeout_s = Some(bad);
+            assert_eq!(timeout(&spec), Duration::from_secs(600), "{bad}");
+        }
+        spec.timeout_s = Some(f64::INFINITY);
+        assert_eq!(timeout(&spec), Duration::from_secs(7 * 24 * 3600));
+        spec.timeout_s = Some(2.5);
+        assert_eq!(timeout(&spec), Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn colour_codes_are_dropped_from_stderr() {
+        assert_eq!(clean_tail(b"\x1b[90m11:35PM\x1b[0m \x1b[31mWRN\x1b[0m x"), "11:35PM WRN x");
+        assert_eq!(clean_tail(b"  \n"), "(nothing)");
+    }
+
+    #[test]
+    fn messages_are_one_short_line() {
+        assert_eq!(first_line("\n  first \nsecond"), "first");
+        let long = "x".repeat(500);
+        assert_eq!(first_line(&long).chars().count(), MESSAGE_CHARS_MAX + 1);
+        assert_eq!(
+            one_line("Rule parse error:\n Invalid pattern\n"),
+            "Rule parse error: Invalid pattern"
+        );
+    }
+}
