@@ -73,7 +73,7 @@ impl Verifiers {
 }
 
 /// The outcome of a check that ran for free: passed or not, with its reasons and details.
-fn checked(
+pub fn checked(
     spec: &VerifierSpec,
     passed: bool,
     reasons: Vec<String>,
@@ -272,6 +272,27 @@ pub fn tail(text: &str, max: usize) -> &str {
     &text[start..]
 }
 
+/// A command for a verifier's program: in `cwd`, with a scrubbed environment (only
+/// `PATH`, `HOME`, `LANG`, `TMPDIR` and the Rust toolchain's homes, then `env`: a
+/// verifier never sees API keys), in its own process group so that everything it starts
+/// can be stopped with it, and killed if dropped.
+pub fn scrubbed_command(
+    program: &str,
+    cwd: &std::path::Path,
+    env: &[(String, String)],
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(program);
+    command.current_dir(cwd).env_clear();
+    for key in ["PATH", "HOME", "LANG", "TMPDIR", "CARGO_HOME", "RUSTUP_HOME"] {
+        if let Ok(value) = std::env::var(key) {
+            command.env(key, value);
+        }
+    }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
+    command.kill_on_drop(true).process_group(0);
+    command
+}
+
 /// A program to run for a verifier.
 #[derive(Clone, Debug)]
 pub struct Program {
@@ -300,23 +321,8 @@ pub async fn run_program(program: &Program, cancel: &CancelToken) -> Result<Ran,
     let Some((name, args)) = program.argv.split_first() else {
         return Err("no program to run".to_owned());
     };
-    let mut command = tokio::process::Command::new(name);
-    command
-        .args(args)
-        .current_dir(&program.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // A scrubbed environment: a verifier never sees API keys.
-    command.env_clear();
-    for key in ["PATH", "HOME", "LANG", "TMPDIR", "CARGO_HOME", "RUSTUP_HOME"] {
-        if let Ok(value) = std::env::var(key) {
-            command.env(key, value);
-        }
-    }
-    command.envs(program.env.iter().map(|(k, v)| (k, v)));
-    // Its own process group, so everything it starts can be stopped with it.
-    command.kill_on_drop(true).process_group(0);
+    let mut command = scrubbed_command(name, &program.cwd, &program.env);
+    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command
         .spawn()
         .map_err(|e| format!("cannot start `{name}` in {}: {e}", program.cwd.display()))?;

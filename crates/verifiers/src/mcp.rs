@@ -22,7 +22,9 @@ use baton_engine::cancel::CancelToken;
 use baton_engine::clock::elapsed_ms;
 use baton_engine::event::VerifierFinished;
 use baton_engine::model::BoxFuture;
-use baton_engine::verifier::{Verifier, VerifyContext, tail, unavailable};
+use baton_engine::verifier::{
+    Verifier, VerifyContext, checked, scrubbed_command, tail, unavailable,
+};
 use baton_scenario::expr::{self, JsonContext, Scope};
 use baton_scenario::model::VerifierSpec;
 use serde_json::{Map, Value, json};
@@ -90,26 +92,10 @@ impl Server {
         let Some((program, args)) = argv.split_first() else {
             return Err("`server` names no command".to_owned());
         };
-        let mut command = tokio::process::Command::new(program);
-        command
-            .args(args)
-            .current_dir(&ctx.workspace)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env_clear()
-            .kill_on_drop(true)
-            .process_group(0);
-        for key in ["PATH", "HOME", "LANG", "TMPDIR"] {
-            if let Ok(value) = std::env::var(key) {
-                command.env(key, value);
-            }
-        }
-        for (k, v) in env {
-            if let Some(v) = v.as_str() {
-                command.env(k, v);
-            }
-        }
+        let env: Vec<(String, String)> =
+            env.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect();
+        let mut command = scrubbed_command(program, &ctx.workspace, &env);
+        command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child =
             command.spawn().map_err(|e| format!("cannot start MCP server `{program}`: {e}"))?;
         let (Some(stdin), Some(stdout), Some(mut stderr)) =
@@ -439,15 +425,7 @@ impl McpVerifier {
                 }
             }
         };
-        VerifierFinished {
-            name: spec.name.clone(),
-            passed,
-            score: Some(if passed { 1.0 } else { 0.0 }),
-            reasons,
-            cost_usd: 0.0,
-            duration_ms: elapsed_ms(started),
-            details,
-        }
+        checked(spec, passed, reasons, started, details)
     }
 }
 

@@ -33,7 +33,7 @@ use baton_engine::event::VerifierFinished;
 use baton_engine::limits;
 use baton_engine::model::BoxFuture;
 use baton_engine::verifier::{
-    Program, Ran, Verifier, VerifyContext, run_program, tail, unavailable,
+    Program, Ran, Verifier, VerifyContext, checked, run_program, tail, unavailable,
 };
 use baton_scenario::limits as scenario_limits;
 use baton_scenario::model::VerifierSpec;
@@ -134,25 +134,6 @@ fn settle(
             finished.duration_ms = elapsed_ms(started);
             finished
         }
-    }
-}
-
-/// A verdict: passed when nothing counted was found.
-fn verdict(
-    spec: &VerifierSpec,
-    passed: bool,
-    reasons: Vec<String>,
-    details: Value,
-    started: Instant,
-) -> VerifierFinished {
-    VerifierFinished {
-        name: spec.name.clone(),
-        passed,
-        score: Some(if passed { 1.0 } else { 0.0 }),
-        reasons,
-        cost_usd: 0.0,
-        duration_ms: elapsed_ms(started),
-        details,
     }
 }
 
@@ -326,7 +307,7 @@ async fn semgrep(
         reasons.push(format!("semgrep exited with {code}: {first}"));
     }
     let passed = clean_exit && findings.is_empty();
-    Ok(verdict(spec, passed, reasons, details, started))
+    Ok(checked(spec, passed, reasons, started, details))
 }
 
 /// The results of a semgrep report, outside `.baton/`, in report order.
@@ -535,7 +516,7 @@ async fn gitleaks(
         })).collect::<Vec<_>>(),
         "findings_truncated": leaks.len() > FINDINGS_SHOWN_MAX,
     });
-    Ok(verdict(spec, leaks.is_empty(), reasons, details, started))
+    Ok(checked(spec, leaks.is_empty(), reasons, started, details))
 }
 
 /// A leak of a gitleaks report, outside `.baton/`. Reads only where it is and which rule
