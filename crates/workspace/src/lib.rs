@@ -97,6 +97,8 @@ pub struct LocalWorkspace {
     /// The directory's absolute path, for verifiers and git.
     root: PathBuf,
     repo: Repo,
+    /// Held while the workspace is open (`.baton/lock`, locked exclusively).
+    _lock: std::fs::File,
 }
 
 impl LocalWorkspace {
@@ -112,8 +114,30 @@ impl LocalWorkspace {
         let root = std::fs::canonicalize(dir).map_err(|e| failed("cannot resolve the path", e))?;
         let handle = Dir::open_ambient_dir(&root, ambient_authority())
             .map_err(|e| failed("cannot open the directory", e))?;
+        // One process at a time drives a workspace: the lock is the operating system's, so
+        // a process that dies leaves it free for the run's next driver.
+        std::fs::create_dir_all(root.join(".baton"))
+            .map_err(|e| failed("cannot create .baton", e))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(root.join(".baton").join("lock"))
+            .map_err(|e| failed("cannot open .baton/lock", e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(WorkspaceError {
+                    path: dir.display().to_string(),
+                    message: "another process is driving a run in this workspace; wait for it to finish or cancel that run (`baton cancel RUN`)".to_owned(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(failed("cannot lock .baton/lock", e));
+            }
+        }
         let repo = Repo::new(&root);
-        let workspace = LocalWorkspace { dir: handle, root, repo };
+        let workspace = LocalWorkspace { dir: handle, root, repo, _lock: lock };
         if !workspace.repo.exists() {
             if let Some(seed) = seed
                 && workspace.is_empty()?

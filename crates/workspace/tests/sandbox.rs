@@ -792,18 +792,28 @@ fn opening_again_neither_reseeds_nor_reinits() {
     ok(&f.run("delete_file", json!({"path": "run.sh"})));
     ok(&f.run("delete_file", json!({"path": "src/nested/deep.txt"})));
     let snapshot = f.ws.snapshot("emptied").expect("snapshot");
+    let head = f.git(&["rev-parse", "HEAD"]);
+    assert_eq!(head, snapshot);
+    let root = f.root().to_path_buf();
 
-    let again = open(&f.top.join("runs"), "run-1", Some(seed_dir.path().to_path_buf()));
-    assert_eq!(again.root(), f.root());
-    assert!(!f.root().join("README.md").exists(), "reseeded");
-    assert_eq!(f.git(&["rev-parse", "HEAD"]), snapshot, "reinitialised");
-    again.restore(&snapshot).expect("same repository");
+    // While it is open, no one else may open it: one process drives a workspace.
+    let busy = LocalWorkspaces::new(f.top.join("runs"))
+        .open(&WorkspaceRequest { run_id: "run-1".to_owned(), dir: None, seed: None })
+        .expect_err("the workspace is in use");
+    assert!(busy.message.contains("another process is driving a run"), "{busy}");
+    let Fixture { _tmp, top, ws } = f;
+    drop(ws);
+
+    let again = open(&top.join("runs"), "run-1", Some(seed_dir.path().to_path_buf()));
+    assert_eq!(again.root(), root);
+    assert!(!root.join("README.md").exists(), "reseeded");
+    again.restore(&snapshot).expect("same repository, same snapshots");
 
     // A directory the user named, already holding files, is not seeded either.
-    let named = f.top.join("named");
+    let named = top.join("named");
     std::fs::create_dir_all(&named).expect("mkdir");
     std::fs::write(named.join("mine.txt"), "mine").expect("write");
-    let ws = LocalWorkspaces::new(f.top.join("runs"))
+    let ws = LocalWorkspaces::new(top.join("runs"))
         .open(&WorkspaceRequest {
             run_id: "run-2".to_owned(),
             dir: Some(named.clone()),
