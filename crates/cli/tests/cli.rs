@@ -780,11 +780,11 @@ fn a_cancelled_run_discards_its_work_back_to_the_workspace_before_the_run() {
     let dir = std::env::temp_dir().join(format!("baton-cli-cb-cancel-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (mut child, run, workspace) = code_build_mid_level(&dir);
-    // A second driver is refused while the first one works in the workspace.
+    // A second driver is refused while the first one drives the run.
     let out = baton_db(&dir.join("runs.db"), &["resume", &run]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("another process is driving a run"),
+        text(&out.stderr).contains("is being driven by another process"),
         "{}",
         text(&out.stderr)
     );

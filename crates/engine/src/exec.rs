@@ -140,6 +140,7 @@ impl Engine {
         metadata: Map<String, Value>,
         model_source: Option<String>,
     ) -> Result<Outcome, Error> {
+        let _driving = self.store.hold(run_id).await?;
         let (workspace, info) = self.new_workspace(scenario, run_id).await?.unzip();
         let (record, started) = self.new_run(scenario, run_id, input, metadata, model_source, info);
         let mut state = RunState::default();
@@ -266,7 +267,10 @@ impl Engine {
     /// transaction before the next level runs: a quick level costs one transaction. A
     /// step that runs longer than [`FLUSH_AFTER`] commits what is staged first, so
     /// watchers see it start. Either way the log is the same.
+    ///
+    /// One process drives a run at a time: another driver gets [`store::Error::Busy`].
     pub async fn drive(&self, run_id: &str, scenario: &Arc<Scenario>) -> Result<Outcome, Error> {
+        let _driving = self.store.hold(run_id).await?;
         let state = self.state(run_id).await?;
         if state.scenario_id != scenario.id {
             return Err(Error::WrongScenario {

@@ -39,6 +39,29 @@ pub enum Error {
     Exists(String),
     #[error("store: {0}")]
     Backend(String),
+    #[error(
+        "run {0} is being driven by another process; wait for it to pause or end, or stop it with `baton cancel {0}`"
+    )]
+    Busy(String),
+}
+
+/// Proof that this process drives a run: while it lives, no other process (or task) may
+/// drive the same run; dropping it — or the process dying — lets the next driver in.
+pub struct RunGuard {
+    _holding: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl RunGuard {
+    /// A guard that releases by dropping `holding`.
+    pub fn new(holding: impl std::any::Any + Send + Sync) -> Self {
+        RunGuard { _holding: Box::new(holding) }
+    }
+}
+
+impl std::fmt::Debug for RunGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RunGuard")
+    }
 }
 
 /// Checks that `events` are numbered in a row from `first`, as every store requires before
@@ -103,6 +126,11 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Gives up `worker`'s lease on a run (nothing happens when it does not hold it).
     fn release<'a>(&'a self, run_id: &'a str, worker: &'a str) -> BoxFuture<'a, Result<(), Error>>;
 
+    /// Marks a run as driven by this process until the guard is dropped; [`Error::Busy`]
+    /// while another holds it. A holder that dies lets go (the store's lock must be one
+    /// the operating system or the database releases with its holder).
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>>;
+
     /// Resolves once the run has an event numbered above `after`, or after `timeout`;
     /// true when there is one. The default polls; stores that can notify do better.
     fn wait_for_events<'a>(
@@ -148,6 +176,7 @@ type Runs = BTreeMap<String, (RunRecord, Vec<Event>)>;
 pub struct MemoryStore {
     inner: Arc<Mutex<Runs>>,
     leases: Arc<Mutex<BTreeMap<String, Lease>>>,
+    held: Arc<Mutex<std::collections::BTreeSet<String>>>,
     appended: Arc<tokio::sync::Notify>,
 }
 
@@ -284,6 +313,22 @@ impl EventStore for MemoryStore {
         })
     }
 
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
+        /// Lets go of the run when dropped.
+        struct Held(Arc<Mutex<std::collections::BTreeSet<String>>>, String);
+        impl Drop for Held {
+            fn drop(&mut self) {
+                lock(&self.0).remove(&self.1);
+            }
+        }
+        Box::pin(async move {
+            if !lock(&self.held).insert(run_id.to_owned()) {
+                return Err(Error::Busy(run_id.to_owned()));
+            }
+            Ok(RunGuard::new(Held(Arc::clone(&self.held), run_id.to_owned())))
+        })
+    }
+
     fn wait_for_events<'a>(
         &'a self,
         run_id: &'a str,
@@ -364,7 +409,20 @@ pub mod conformance {
         unknown_runs_are_reported(store, &format!("{prefix}-missing")).await;
         runs_are_listed_by_status(store, prefix).await;
         leases_share_runs_between_workers(store, prefix).await;
+        one_driver_at_a_time(store, &format!("{prefix}-h")).await;
         waiting_for_events(store, &format!("{prefix}-w")).await;
+    }
+
+    async fn one_driver_at_a_time(store: &dyn EventStore, run_id: &str) {
+        let first = store.hold(run_id).await.expect("a free run can be held");
+        match store.hold(run_id).await {
+            Err(Error::Busy(id)) => assert_eq!(id, run_id),
+            other => panic!("a held run is busy, got {other:?}"),
+        }
+        let other = store.hold(&format!("{run_id}-other")).await.expect("other runs are free");
+        drop(first);
+        let again = store.hold(run_id).await.expect("a run is free once its guard is dropped");
+        drop((again, other));
     }
 
     async fn leases_share_runs_between_workers(store: &dyn EventStore, prefix: &str) {

@@ -9,13 +9,14 @@
 //! Test failpoint: with `BATON_FAILPOINT_ABORT_AFTER_EVENT=N` in the environment, the
 //! process aborts right after the commit that makes any event numbered N or more durable.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
-use baton_engine::store::{Error, EventStore, RunRecord, check_numbering};
+use baton_engine::store::{Error, EventStore, RunGuard, RunRecord, check_numbering};
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
@@ -54,6 +55,19 @@ enum LeaseAnswer {
     Claimed(Option<RunRecord>),
     Renewed(bool),
     Released,
+}
+
+/// A run's lock file, held locked; removed when given up.
+struct RunLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        // Removed while still locked, then closed (which unlocks).
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Runs and events in one SQLite file.
@@ -548,5 +562,50 @@ impl EventStore for SqliteStore {
 
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
         Box::pin(self.ask(move |reply| Request::Runs { status: status.map(str::to_owned), reply }))
+    }
+
+    /// An exclusive lock on `<database>.locks/<run id>`: the operating system releases it
+    /// when the holder closes it or dies, so a crashed driver never blocks the next one.
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
+        Box::pin(async move {
+            if run_id.is_empty()
+                || !run_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(Error::Backend(format!(
+                    "run id {run_id:?} cannot name a lock file (letters, digits, '-' and '_' only)"
+                )));
+            }
+            let mut dir = self.path.clone().into_os_string();
+            dir.push(".locks");
+            let dir = PathBuf::from(dir);
+            let failed = |e: std::io::Error| {
+                Error::Backend(format!("cannot lock run {run_id} in {}: {e}", dir.display()))
+            };
+            std::fs::create_dir_all(&dir).map_err(failed)?;
+            let path = dir.join(run_id);
+            // The file is removed when the lock is given up, so a lock may be taken on a
+            // file that has just been unlinked: take it again on the file the path names.
+            for _ in 0..8 {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+                    .map_err(failed)?;
+                match file.try_lock() {
+                    Ok(()) => {}
+                    Err(std::fs::TryLockError::WouldBlock) => {
+                        return Err(Error::Busy(run_id.to_owned()));
+                    }
+                    Err(std::fs::TryLockError::Error(e)) => return Err(failed(e)),
+                }
+                let locked = file.metadata().map_err(failed)?;
+                let named = std::fs::metadata(&path).ok();
+                if named.is_some_and(|n| n.ino() == locked.ino() && n.dev() == locked.dev()) {
+                    return Ok(RunGuard::new(RunLock { path, _file: file }));
+                }
+            }
+            Err(Error::Busy(run_id.to_owned()))
+        })
     }
 }

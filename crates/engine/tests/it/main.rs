@@ -182,4 +182,7 @@ impl EventStore for Observed {
     ) -> BoxFuture<'a, Result<(), store::Error>> {
         self.inner.release(run_id, worker)
     }
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<store::RunGuard, store::Error>> {
+        self.inner.hold(run_id)
+    }
 }
