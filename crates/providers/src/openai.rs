@@ -5,6 +5,9 @@
 //! first piece carries the id and name, later ones append to `function.arguments`; usage
 //! comes in a final chunk whose `choices` is empty (with `stream_options.include_usage`).
 
+use std::borrow::Cow;
+
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::sse::Event;
@@ -15,6 +18,75 @@ struct PartialCall {
     id: String,
     name: String,
     arguments: String,
+}
+
+/// One `chat.completion.chunk` (or a whole non-streamed `chat.completion`, whose
+/// `message` reads as a `delta`), with only the fields the assembly reads. Strings borrow
+/// from the event's text where they can: the parse allocates little.
+#[derive(Debug, Deserialize)]
+struct Chunk<'a> {
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    error: Option<Value>,
+    #[serde(default)]
+    usage: Option<ChunkUsage>,
+    #[serde(default, borrow)]
+    choices: Option<Vec<Choice<'a>>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChunkUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<UsageDetails>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UsageDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Choice<'a> {
+    #[serde(default, borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+    #[serde(default, borrow, alias = "message")]
+    delta: Option<Delta<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Delta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<Piece<'a>>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Piece<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    function: Option<Function<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Function<'a> {
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
 }
 
 /// Assembles one streamed response.
@@ -50,47 +122,43 @@ impl Assembler {
         if data.is_empty() {
             return Ok(());
         }
-        let chunk: Value = serde_json::from_str(data)
+        let chunk: Chunk<'_> = serde_json::from_str(data)
             .map_err(|e| StreamError::Malformed(format!("{e}: {}", preview(data))))?;
-        self.push_chunk(&chunk)
+        self.push_chunk(chunk)
     }
 
     /// Takes one chunk, already parsed.
-    fn push_chunk(&mut self, chunk: &Value) -> Result<(), StreamError> {
-        if let Some(error) = chunk.get("error") {
+    fn push_chunk(&mut self, chunk: Chunk<'_>) -> Result<(), StreamError> {
+        if let Some(error) = &chunk.error {
             return Err(StreamError::Provider(provider_message(error)));
         }
         if self.id.is_none() {
-            self.id = chunk.get("id").and_then(Value::as_str).map(str::to_owned);
-            self.model = chunk.get("model").and_then(Value::as_str).map(str::to_owned);
+            self.id = chunk.id.map(Cow::into_owned);
+            self.model = chunk.model.map(Cow::into_owned);
         }
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            let n = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
-            self.usage.input_tokens = n("prompt_tokens");
-            self.usage.output_tokens = n("completion_tokens");
-            self.usage.cached_input_tokens = usage
-                .get("prompt_tokens_details")
-                .and_then(|d| d.get("cached_tokens"))
-                .and_then(Value::as_u64)
-                .unwrap_or(0);
+        if let Some(usage) = chunk.usage {
+            self.usage.input_tokens = usage.prompt_tokens.unwrap_or(0);
+            self.usage.output_tokens = usage.completion_tokens.unwrap_or(0);
+            self.usage.cached_input_tokens =
+                usage.prompt_tokens_details.and_then(|d| d.cached_tokens).unwrap_or(0);
         }
-        let Some(choice) = chunk.get("choices").and_then(Value::as_array).and_then(|c| c.first())
-        else {
+        let Some(choice) = chunk.choices.and_then(|c| c.into_iter().next()) else {
             return Ok(());
         };
-        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish = Some(reason.to_owned());
+        if let Some(reason) = choice.finish_reason {
+            self.finish = Some(reason.into_owned());
         }
-        let Some(delta) = choice.get("delta") else { return Ok(()) };
-        if let Some(text) = delta.get("content").and_then(Value::as_str) {
-            self.text.push_str(text);
+        let Some(delta) = choice.delta else { return Ok(()) };
+        if let Some(text) = delta.content {
+            self.text.push_str(&text);
         }
-        if let Some(refusal) = delta.get("refusal").and_then(Value::as_str) {
+        if let Some(refusal) = delta.refusal {
             self.finish.get_or_insert_with(|| "refusal".to_owned());
-            self.text.push_str(refusal);
+            self.text.push_str(&refusal);
         }
-        for piece in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-            let index = piece.get("index").and_then(Value::as_u64).unwrap_or(0);
+        for (position, piece) in delta.tool_calls.into_iter().flatten().enumerate() {
+            // A non-streamed message lists its calls without an index: their order is it.
+            let index = piece.index.unwrap_or(position as u64);
             let slot = match self.calls.iter().position(|(i, _)| *i == index) {
                 Some(p) => &mut self.calls[p].1,
                 None => {
@@ -98,15 +166,15 @@ impl Assembler {
                     &mut self.calls.last_mut().expect("a call was just pushed").1
                 }
             };
-            if let Some(id) = piece.get("id").and_then(Value::as_str) {
-                slot.id = id.to_owned();
+            if let Some(id) = piece.id {
+                slot.id = id.into_owned();
             }
-            if let Some(function) = piece.get("function") {
-                if let Some(name) = function.get("name").and_then(Value::as_str) {
-                    slot.name.push_str(name);
+            if let Some(function) = piece.function {
+                if let Some(name) = function.name {
+                    slot.name.push_str(&name);
                 }
-                if let Some(args) = function.get("arguments").and_then(Value::as_str) {
-                    slot.arguments.push_str(args);
+                if let Some(args) = function.arguments {
+                    slot.arguments.push_str(&args);
                 }
             }
         }
@@ -139,24 +207,13 @@ impl Assembler {
     }
 }
 
-/// Reads a non-streamed response (`stream: false`): its message is taken as one chunk
-/// holding everything, so both paths share the assembly.
+/// Reads a non-streamed response (`stream: false`): its message reads as one chunk's
+/// delta holding everything, so both paths share the assembly.
 pub fn from_response(body: &Value) -> Result<Reply, StreamError> {
+    let chunk = Chunk::deserialize(body)
+        .map_err(|e| StreamError::Malformed(format!("{e}: {}", preview(&body.to_string()))))?;
     let mut a = Assembler::new();
-    let mut chunk = body.clone();
-    if let Some(choices) = chunk.get_mut("choices").and_then(Value::as_array_mut) {
-        for choice in choices {
-            let Some(message) = choice.get_mut("message").map(Value::take) else { continue };
-            let mut delta = message;
-            if let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) {
-                for (i, call) in calls.iter_mut().enumerate() {
-                    call["index"] = Value::from(i);
-                }
-            }
-            choice["delta"] = delta;
-        }
-    }
-    a.push_chunk(&chunk)?;
+    a.push_chunk(chunk)?;
     a.finish()
 }
 
