@@ -7,6 +7,9 @@
 //! tool call cut off by `max_tokens` is an error, never invented arguments; a `refusal` is
 //! surfaced as one.
 
+use std::borrow::Cow;
+
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::openai::preview;
@@ -18,6 +21,78 @@ enum Block {
     Text,
     Tool { id: String, name: String, json: String },
     Other,
+}
+
+/// One event's data, with only the fields the assembly reads; strings borrow from the
+/// event's text where they can.
+#[derive(Debug, Deserialize)]
+struct Data<'a> {
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default)]
+    error: Option<Value>,
+    #[serde(default, borrow)]
+    message: Option<Message<'a>>,
+    #[serde(default, borrow)]
+    content_block: Option<ContentBlock<'a>>,
+    #[serde(default, borrow)]
+    delta: Option<Delta<'a>>,
+    #[serde(default)]
+    usage: Option<UsageData>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message<'a> {
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    usage: Option<UsageData>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ContentBlock<'a> {
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Delta<'a> {
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    partial_json: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    stop_reason: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    stop_details: Option<StopDetails<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StopDetails<'a> {
+    #[serde(default, borrow)]
+    explanation: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UsageData {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
 }
 
 /// Assembles one streamed response.
@@ -49,62 +124,77 @@ impl Assembler {
         if event.event == "ping" {
             return Ok(());
         }
-        let v: Value = serde_json::from_str(&event.data)
+        let data: Data<'_> = serde_json::from_str(&event.data)
             .map_err(|e| StreamError::Malformed(format!("{e}: {}", preview(&event.data))))?;
-        self.push_value(&event.event, &v)
+        self.push_data(&event.event, data)
     }
 
-    /// Takes one event's data, already parsed; its `type`, else `event`, names its kind.
+    /// Takes one event's data given as JSON (a non-streamed response replayed as events).
     fn push_value(&mut self, event: &str, v: &Value) -> Result<(), StreamError> {
-        let kind = v.get("type").and_then(Value::as_str).unwrap_or(event);
+        let data = Data::deserialize(v)
+            .map_err(|e| StreamError::Malformed(format!("{e}: {}", preview(&v.to_string()))))?;
+        self.push_data(event, data)
+    }
+
+    /// Takes one event's data; its `type`, else `event`, names its kind.
+    fn push_data(&mut self, event: &str, d: Data<'_>) -> Result<(), StreamError> {
+        let kind = d.kind.as_deref().unwrap_or(event);
+        let index = || {
+            d.index
+                .ok_or_else(|| StreamError::Malformed(format!("a `{kind}` event without an index")))
+        };
         match kind {
             "error" => {
-                return Err(StreamError::Provider(provider_message(v.get("error").unwrap_or(v))));
+                let message =
+                    d.error.as_ref().map_or_else(|| "no details".to_owned(), provider_message);
+                return Err(StreamError::Provider(message));
             }
             "message_start" => {
-                let m = v.get("message").unwrap_or(&Value::Null);
-                self.id = m.get("id").and_then(Value::as_str).map(str::to_owned);
-                self.model = m.get("model").and_then(Value::as_str).map(str::to_owned);
-                if let Some(u) = m.get("usage") {
-                    self.take_usage(u);
+                if let Some(m) = d.message {
+                    self.id = m.id.map(Cow::into_owned);
+                    self.model = m.model.map(Cow::into_owned);
+                    if let Some(u) = m.usage {
+                        self.take_usage(&u);
+                    }
                 }
             }
             "content_block_start" => {
-                let index = index(v)?;
-                let block = v.get("content_block").unwrap_or(&Value::Null);
-                let b = match block.get("type").and_then(Value::as_str) {
+                let index = index()?;
+                let block = d.content_block;
+                let b = match block.as_ref().and_then(|b| b.kind.as_deref()) {
                     Some("text") => {
-                        if let Some(t) = block.get("text").and_then(Value::as_str) {
+                        if let Some(t) = block.as_ref().and_then(|b| b.text.as_deref()) {
                             self.text.push_str(t);
                         }
                         Block::Text
                     }
-                    Some("tool_use") => Block::Tool {
-                        id: block.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
-                        name: block
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_owned(),
-                        json: String::new(),
-                    },
+                    Some("tool_use") => {
+                        let block = block.as_ref();
+                        let owned = |f: Option<&Cow<'_, str>>| {
+                            f.map(ToString::to_string).unwrap_or_default()
+                        };
+                        Block::Tool {
+                            id: owned(block.and_then(|b| b.id.as_ref())),
+                            name: owned(block.and_then(|b| b.name.as_ref())),
+                            json: String::new(),
+                        }
+                    }
                     _ => Block::Other,
                 };
                 self.blocks.push((index, b));
             }
             "content_block_delta" => {
-                let index = index(v)?;
-                let delta = v.get("delta").unwrap_or(&Value::Null);
+                let index = index()?;
                 let block = self.blocks.iter_mut().find(|(i, _)| *i == index).map(|(_, b)| b);
-                match (delta.get("type").and_then(Value::as_str), block) {
+                let delta = d.delta.as_ref();
+                match (delta.and_then(|x| x.kind.as_deref()), block) {
                     (Some("text_delta"), Some(Block::Text)) => {
-                        self.text.push_str(
-                            delta.get("text").and_then(Value::as_str).unwrap_or_default(),
-                        );
+                        self.text
+                            .push_str(delta.and_then(|x| x.text.as_deref()).unwrap_or_default());
                     }
                     (Some("input_json_delta"), Some(Block::Tool { json, .. })) => {
                         json.push_str(
-                            delta.get("partial_json").and_then(Value::as_str).unwrap_or_default(),
+                            delta.and_then(|x| x.partial_json.as_deref()).unwrap_or_default(),
                         );
                     }
                     (_, None) => {
@@ -116,20 +206,17 @@ impl Assembler {
                 }
             }
             "message_delta" => {
-                if let Some(reason) =
-                    v.get("delta").and_then(|d| d.get("stop_reason")).and_then(Value::as_str)
-                {
-                    self.stop = Some(reason.to_owned());
+                if let Some(delta) = &d.delta {
+                    if let Some(reason) = &delta.stop_reason {
+                        self.stop = Some(reason.to_string());
+                    }
+                    if let Some(explanation) =
+                        delta.stop_details.as_ref().and_then(|s| s.explanation.as_ref())
+                    {
+                        self.refusal = Some(explanation.to_string());
+                    }
                 }
-                if let Some(explanation) = v
-                    .get("delta")
-                    .and_then(|d| d.get("stop_details"))
-                    .and_then(|d| d.get("explanation"))
-                    .and_then(Value::as_str)
-                {
-                    self.refusal = Some(explanation.to_owned());
-                }
-                if let Some(u) = v.get("usage") {
+                if let Some(u) = &d.usage {
                     self.take_usage(u);
                 }
             }
@@ -139,14 +226,14 @@ impl Assembler {
         Ok(())
     }
 
-    fn take_usage(&mut self, u: &Value) {
-        if let Some(n) = u.get("input_tokens").and_then(Value::as_u64) {
+    fn take_usage(&mut self, u: &UsageData) {
+        if let Some(n) = u.input_tokens {
             self.usage.input_tokens = n;
         }
-        if let Some(n) = u.get("output_tokens").and_then(Value::as_u64) {
+        if let Some(n) = u.output_tokens {
             self.usage.output_tokens = n;
         }
-        if let Some(n) = u.get("cache_read_input_tokens").and_then(Value::as_u64) {
+        if let Some(n) = u.cache_read_input_tokens {
             self.usage.cached_input_tokens = n;
         }
     }
@@ -224,10 +311,4 @@ pub fn from_response(body: &Value) -> Result<Reply, StreamError> {
         serde_json::json!({"type": "message_delta", "delta": {"stop_reason": body.get("stop_reason"), "stop_details": body.get("stop_details")}, "usage": body.get("usage")}),
     )?;
     a.finish()
-}
-
-fn index(v: &Value) -> Result<u64, StreamError> {
-    v.get("index").and_then(Value::as_u64).ok_or_else(|| {
-        StreamError::Malformed(format!("an event without an index: {}", preview(&v.to_string())))
-    })
 }
