@@ -23,3 +23,6 @@ pub const FILES_TOUCHED_PER_LEVEL_MAX: usize = 200;
 pub const TOOL_RESULT_EVENT_BYTES_MAX: usize = 16 * 1024;
 /// Most tool calls executed from one model turn.
 pub const TOOL_CALLS_PER_TURN_MAX: usize = 32;
+/// Bytes of a tool loop's conversation sent with each call; the oldest tool results give
+/// way first.
+pub const CONVERSATION_BYTES_MAX: usize = 1024 * 1024;

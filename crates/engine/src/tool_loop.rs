@@ -138,6 +138,48 @@ fn textual_results(results: &[ToolReply]) -> String {
     out
 }
 
+/// The conversation as the model gets it: when it holds more than `max` bytes, the oldest
+/// tool results give way to a note saying what was there, so a long loop that reads many
+/// files stays within bounds. The newest turn is always kept whole.
+pub fn bounded(turns: &[Turn], max: usize) -> Vec<Turn> {
+    let size = |t: &Turn| match t {
+        Turn::Assistant { text, tool_calls } => {
+            text.len() + tool_calls.iter().map(|c| c.arguments.to_string().len()).sum::<usize>()
+        }
+        Turn::Tools { results } => results.iter().map(|r| r.content.len()).sum(),
+        Turn::User { text } => text.len(),
+    };
+    let mut total: usize = turns.iter().map(size).sum();
+    let mut out = turns.to_vec();
+    let last = out.len().saturating_sub(1);
+    for turn in &mut out[..last] {
+        if total <= max {
+            break;
+        }
+        let before = size(turn);
+        match turn {
+            Turn::Tools { results } => {
+                for r in results.iter_mut().filter(|r| r.content.len() > 200) {
+                    r.content = format!(
+                        "[{} bytes of this `{}` result were dropped to keep the conversation short; call the tool again if you need them]",
+                        r.content.len(),
+                        r.name
+                    );
+                }
+            }
+            Turn::User { text } if text.len() > 200 => {
+                *text = format!(
+                    "[{} bytes of tool results were dropped to keep the conversation short; call the tools again if you need them]",
+                    text.len()
+                );
+            }
+            _ => {}
+        }
+        total = total - before + size(turn);
+    }
+    out
+}
+
 /// How the tools reach the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Transport {
@@ -222,7 +264,7 @@ impl LevelRun {
                 schema: None,
                 max_tokens: limits::MAX_TOKENS_DEFAULT,
                 constraint: level.model.clone(),
-                turns: turns.clone(),
+                turns: bounded(&turns, limits::CONVERSATION_BYTES_MAX),
                 tools: if textual { Vec::new() } else { specs.clone() },
             };
             let first = calls.call == 0;

@@ -6,6 +6,7 @@
 mod crash;
 mod planner;
 mod runs;
+mod tool_loop;
 mod verifiers;
 
 use std::path::PathBuf;
