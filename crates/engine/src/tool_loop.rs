@@ -246,8 +246,13 @@ impl LevelRun {
                         level.id
                     ),
                 })));
+                let mut cut = last_text.len().min(2048);
+                while !last_text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
                 break format!(
-                    "stopped after {max_iterations} turns without calling finish; last message: {last_text}"
+                    "stopped after {max_iterations} turns without calling finish; last message: {}",
+                    &last_text[..cut]
                 );
             }
             let textual = transport == Transport::Textual;
@@ -283,7 +288,11 @@ impl LevelRun {
                     transport = Transport::Textual;
                     continue;
                 }
-                Err(stop) => return stop.finish(self, &mut events, started),
+                Err(stop) => {
+                    // The attempt ends without a result: none of its edits stay.
+                    self.discard(&workspace).await;
+                    return stop.finish(self, &mut events, started);
+                }
             };
             turn += 1;
             let requested: Vec<Result<ToolCall, String>> = match transport {
@@ -323,6 +332,7 @@ impl LevelRun {
             totals.duration_ms += elapsed_ms(started);
             if let Some(exceeded) = over_caps(self.state.budget, totals) {
                 events.push(self.event(EventData::BudgetExceeded(exceeded)));
+                self.discard(&workspace).await;
                 return Stop::Halted.finish(self, &mut events, started);
             }
         };
@@ -350,6 +360,15 @@ impl LevelRun {
             snapshot: Some(snapshot),
         })));
         events
+    }
+
+    /// Puts the workspace back to the last snapshot (best effort: a failure here leaves
+    /// the next attempt's restore to do it).
+    async fn discard(&self, workspace: &Arc<dyn crate::workspace::Workspace>) {
+        if let Some(head) = self.state.workspace_head.clone() {
+            let ws = Arc::clone(workspace);
+            let _ = off_thread(move || ws.restore(&head)).await;
+        }
     }
 
     /// Runs one turn's tool calls in order, recording each; stops at `finish`.

@@ -92,9 +92,17 @@ async fn a_turn_without_tool_calls_ends_the_loop_with_its_text() {
 async fn the_budget_stops_a_loop_between_turns() {
     let dir = tempfile::tempdir().unwrap();
     let s = scenario(dir.path(), "", "budget: {max_tokens: 100}");
-    let script = "levels:\n  work:\n    - tool_calls: [{name: list_dir}]\n      usage: {input_tokens: 50, output_tokens: 10}\n";
+    let script = r#"levels:
+  work:
+    - tool_calls: [{name: write_file, arguments: {path: half.txt, content: "x"}}]
+      usage: {input_tokens: 50, output_tokens: 10}
+    - tool_calls: [{name: list_dir}]
+      usage: {input_tokens: 50, output_tokens: 10}
+"#;
     let (engine, run_id, outcome) = run(dir.path(), &s, script).await;
     assert_eq!(outcome, Outcome::Finished(Status::Aborted));
+    let workspace = dir.path().join("workspaces").join(&run_id);
+    assert!(!workspace.join("half.txt").exists(), "an attempt cut short keeps none of its edits");
     let events = kinds(&engine, &run_id).await;
     let calls = events.iter().filter(|e| matches!(e, EventData::ModelResponse(_))).count();
     assert_eq!(calls, 2, "the second turn crossed the cap; no third call");
@@ -140,4 +148,21 @@ async fn tool_errors_go_back_to_the_model_and_the_run_goes_on() {
     assert_eq!(state.levels["work"].touched_paths, ["notes/a.txt"]);
     let workspace = dir.path().join("workspaces").join(&run_id);
     assert_eq!(std::fs::read_to_string(workspace.join("notes/a.txt")).unwrap(), "one\n");
+}
+
+#[tokio::test]
+async fn a_model_failure_mid_loop_leaves_no_half_applied_edits() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let script = r#"levels:
+  work:
+    - tool_calls: [{name: write_file, arguments: {path: half.txt, content: "x"}}]
+    - error: the provider went away
+"#;
+    let (engine, run_id, outcome) = run(dir.path(), &s, script).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Failed));
+    let state = engine.state(&run_id).await.unwrap();
+    assert!(state.levels["work"].error.as_deref().unwrap().contains("the provider went away"));
+    let workspace = dir.path().join("workspaces").join(&run_id);
+    assert!(!workspace.join("half.txt").exists());
 }
