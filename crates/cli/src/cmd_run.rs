@@ -141,6 +141,17 @@ fn workspace_setup(place: &Place, dir: Option<PathBuf>, branch: Option<String>) 
     WorkspaceSetup { opener: Arc::new(LocalWorkspaces::new(root)), dir, branch }
 }
 
+/// An engine for reading, deciding and finishing runs: its model answers nothing (a run
+/// resumes with the model it recorded), its workspaces are the run's own.
+fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Registry) -> Engine {
+    engine(
+        Arc::clone(store),
+        Arc::new(ScriptedModel::default()),
+        registry,
+        workspace_setup(place, None, None),
+    )
+}
+
 fn engine(
     store: Arc<dyn EventStore>,
     model: Arc<dyn ModelProvider>,
@@ -235,12 +246,7 @@ pub(crate) async fn resume(
 ) -> anyhow::Result<ExitCode> {
     let registry = registry(place)?;
     let store = open_store(place)?;
-    let probe = engine(
-        Arc::clone(&store),
-        Arc::new(ScriptedModel::default()),
-        &registry,
-        workspace_setup(place, None, None),
-    );
+    let probe = probe_engine(place, &store, &registry);
     let state = probe.state(run_id).await.with_context(|| format!("cannot read run {run_id}"))?;
     let scenario = find_scenario(&registry, &state.scenario_id, place)?;
     let model = recorded_model(state.model_source.as_deref(), script, place.config.as_deref())?;
@@ -369,12 +375,7 @@ pub(crate) struct Decision {
 pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow::Result<ExitCode> {
     let registry = registry(place)?;
     let store = open_store(place)?;
-    let probe = engine(
-        Arc::clone(&store),
-        Arc::new(ScriptedModel::default()),
-        &registry,
-        workspace_setup(place, None, None),
-    );
+    let probe = probe_engine(place, &store, &registry);
     probe.approve(run_id, !d.reject, d.comment, d.by).await?;
     println!("{} run {run_id}", if d.reject { "rejected" } else { "approved" });
     if d.no_resume {
@@ -395,12 +396,7 @@ pub(crate) async fn answer(
     })?;
     let registry = registry(place)?;
     let store = open_store(place)?;
-    let probe = engine(
-        Arc::clone(&store),
-        Arc::new(ScriptedModel::default()),
-        &registry,
-        workspace_setup(place, None, None),
-    );
+    let probe = probe_engine(place, &store, &registry);
     probe.answer(run_id, value).await?;
     println!("answered run {run_id}");
     if no_resume {
@@ -416,12 +412,7 @@ pub(crate) async fn cancel(
 ) -> anyhow::Result<ExitCode> {
     let registry = registry(place)?;
     let store = open_store(place)?;
-    let probe = engine(
-        Arc::clone(&store),
-        Arc::new(ScriptedModel::default()),
-        &registry,
-        workspace_setup(place, None, None),
-    );
+    let probe = probe_engine(place, &store, &registry);
     probe.cancel(run_id, by, None).await?;
     let state = probe.state(run_id).await?;
     if state.status == Status::Paused {
