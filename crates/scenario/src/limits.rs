@@ -22,6 +22,12 @@ pub const EXPR_BYTES_MAX: usize = 1_024;
 pub const EXPR_DEPTH_MAX: usize = 32;
 /// Most segments in one dotted path of a gate expression.
 pub const PATH_SEGMENTS_MAX: usize = 16;
+/// Largest magnitude of a number in a gate expression: 2^53, above which f64 no longer
+/// holds every integer, so a comparison would not mean what it says.
+pub const NUMBER_MAGNITUDE_MAX: f64 = 9_007_199_254_740_992.0;
+/// Most significant digits of a number in a gate expression; f64's shortest round-trip
+/// form never needs more.
+pub const NUMBER_DIGITS_MAX: usize = 17;
 /// Upper bound of `max_parallel` on a fan-out or wave level.
 pub const PARALLEL_MAX: u32 = 64;
 /// Upper bound of `max_iterations` on a tool-loop level.

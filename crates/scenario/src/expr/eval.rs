@@ -1,13 +1,55 @@
 //! Evaluating a [`Gate`] against run state.
 //!
 //! Evaluation is total: it never fails and never panics. A path the [`Context`] cannot
-//! find — or that holds null, a list or a mapping — is UNDEFINED. Any comparison
-//! involving UNDEFINED, or between values of different types, is false; `!UNDEFINED` is
-//! UNDEFINED; `&&` and `||` treat anything but `true` as not true. The gate fires only
-//! when the whole expression is `true`.
+//! find — or that holds null, a list or a mapping — is UNDEFINED.
+//!
+//! Two rules exist, chosen by [`Semantics`]:
+//! - [`Semantics::ThreeValued`], the rule of every new run, is Kleene's strong logic with
+//!   UNDEFINED as the third value. A comparison with UNDEFINED is UNDEFINED; so is a
+//!   comparison between values of different types (a number with a string, say) or an
+//!   ordering of booleans, since nothing can be concluded from them; `!UNDEFINED` is
+//!   UNDEFINED; `&&` is false as soon as one side is false and true only when both are;
+//!   `||` is true as soon as one side is true and false only when both are; anything else
+//!   is UNDEFINED. A value that is not a boolean (a string or number read from a dynamic
+//!   path) is UNDEFINED as an operand of `!`, `&&` and `||`. `defined(path)` is true when
+//!   the path holds a boolean, number or string and false otherwise, never UNDEFINED.
+//!   Missing data therefore never makes an expression true unless it is true whatever
+//!   the data would have been (a property test holds this).
+//! - [`Semantics::TwoValued`], the rule runs were started under before, is kept so that
+//!   those runs finish as they began: any comparison involving UNDEFINED, or between
+//!   values of different types, is false, `&&` and `||` treat anything but `true` as
+//!   false, and `!UNDEFINED` is UNDEFINED — so `!(confidence >= 0.7)` is true when
+//!   `confidence` is missing.
+//!
+//! Under both, the gate fires only when the whole expression is `true`.
+
+use serde::{Deserialize, Serialize};
 
 use super::resolve::{Gate, Node, PathRef};
 use super::{CmpOp, Literal};
+
+/// Which logic a gate is evaluated under; a run records the one it started with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Semantics {
+    /// The rule before three-valued gates: a comparison with UNDEFINED is false.
+    TwoValued,
+    /// Kleene's three-valued logic: a comparison with UNDEFINED is UNDEFINED.
+    ThreeValued,
+}
+
+impl Semantics {
+    /// The rule new runs start under.
+    pub const CURRENT: Semantics = Semantics::ThreeValued;
+
+    /// The rule's name as written in events and printed by the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Semantics::TwoValued => "two_valued",
+            Semantics::ThreeValued => "three_valued",
+        }
+    }
+}
 
 /// A value during evaluation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,6 +71,14 @@ impl Val<'_> {
             Val::Str(s) => serde_json::Value::String(s.to_owned()),
         }
     }
+
+    /// The value as a condition: a boolean, or `None` (UNDEFINED) for anything else.
+    pub fn truth(self) -> Option<bool> {
+        match self {
+            Val::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 /// Where a gate reads its paths from: the run state, or a JSON document.
@@ -45,74 +95,157 @@ pub struct Reading {
 }
 
 impl Gate {
-    /// Whether the gate fires (the whole expression is `true`).
+    /// Whether the gate fires under the current rule (the whole expression is `true`).
     pub fn fires(&self, ctx: &dyn Context) -> bool {
-        matches!(eval(&self.expr, &self.paths, ctx), Val::Bool(true))
+        self.fires_under(Semantics::CURRENT, ctx)
     }
 
-    /// The expression's value.
+    /// Whether the gate fires under `semantics`.
+    pub fn fires_under(&self, semantics: Semantics, ctx: &dyn Context) -> bool {
+        matches!(self.value_under(semantics, ctx), Val::Bool(true))
+    }
+
+    /// The expression's value under the current rule.
     pub fn value<'c>(&'c self, ctx: &'c dyn Context) -> Val<'c> {
-        eval(&self.expr, &self.paths, ctx)
+        self.value_under(Semantics::CURRENT, ctx)
     }
 
-    /// Whether the gate fires, with the value of every path it names (for the
-    /// `gate_decision` event).
+    /// The expression's value under `semantics`.
+    pub fn value_under<'c>(&'c self, semantics: Semantics, ctx: &'c dyn Context) -> Val<'c> {
+        match semantics {
+            Semantics::TwoValued => two_valued::eval(&self.expr, &self.paths, ctx),
+            Semantics::ThreeValued => eval(&self.expr, &self.paths, ctx),
+        }
+    }
+
+    /// Whether the gate fires under the current rule, with the value of every path it
+    /// names (for the `gate_decision` event).
     pub fn fires_traced(&self, ctx: &dyn Context) -> (bool, Vec<Reading>) {
-        let fired = self.fires(ctx);
-        let readings = self
-            .paths
+        self.fires_traced_under(Semantics::CURRENT, ctx)
+    }
+
+    /// Whether the gate fires under `semantics`, with the value of every path it names.
+    pub fn fires_traced_under(
+        &self,
+        semantics: Semantics,
+        ctx: &dyn Context,
+    ) -> (bool, Vec<Reading>) {
+        let fired = self.fires_under(semantics, ctx);
+        (fired, self.readings(ctx))
+    }
+
+    /// The value of every path the gate names, in order of first appearance.
+    pub fn readings(&self, ctx: &dyn Context) -> Vec<Reading> {
+        self.paths
             .iter()
             .map(|p| Reading { path: p.text(), value: ctx.lookup(p).to_json() })
-            .collect();
-        (fired, readings)
+            .collect()
     }
 }
 
+/// Three-valued evaluation: Kleene's strong logic over UNDEFINED.
 fn eval<'c>(node: &'c Node, paths: &'c [PathRef], ctx: &'c dyn Context) -> Val<'c> {
     match node {
-        Node::Or(l, r) => Val::Bool(is_true(eval(l, paths, ctx)) || is_true(eval(r, paths, ctx))),
-        Node::And(l, r) => Val::Bool(is_true(eval(l, paths, ctx)) && is_true(eval(r, paths, ctx))),
-        Node::Not(inner) => match eval(inner, paths, ctx) {
-            Val::Bool(b) => Val::Bool(!b),
-            _ => Val::Undefined,
-        },
-        Node::Compare(op, l, r) => {
-            Val::Bool(compare(*op, eval(l, paths, ctx), eval(r, paths, ctx)))
+        Node::Or(l, r) => {
+            let left = eval(l, paths, ctx).truth();
+            if left == Some(true) {
+                return Val::Bool(true);
+            }
+            match (left, eval(r, paths, ctx).truth()) {
+                (_, Some(true)) => Val::Bool(true),
+                (Some(false), Some(false)) => Val::Bool(false),
+                _ => Val::Undefined,
+            }
         }
+        Node::And(l, r) => {
+            let left = eval(l, paths, ctx).truth();
+            if left == Some(false) {
+                return Val::Bool(false);
+            }
+            match (left, eval(r, paths, ctx).truth()) {
+                (_, Some(false)) => Val::Bool(false),
+                (Some(true), Some(true)) => Val::Bool(true),
+                _ => Val::Undefined,
+            }
+        }
+        Node::Not(inner) => {
+            eval(inner, paths, ctx).truth().map_or(Val::Undefined, |b| Val::Bool(!b))
+        }
+        Node::Compare(op, l, r) => {
+            compare(*op, eval(l, paths, ctx), eval(r, paths, ctx)).map_or(Val::Undefined, Val::Bool)
+        }
+        Node::Defined(i) => Val::Bool(defined(paths, *i, ctx)),
         Node::Path(i) => paths.get(*i).map_or(Val::Undefined, |p| ctx.lookup(p)),
-        Node::Literal(Literal::Bool(b)) => Val::Bool(*b),
-        Node::Literal(Literal::Num(n)) => Val::Num(*n),
-        Node::Literal(Literal::Str(s)) => Val::Str(s),
+        Node::Literal(literal) => literal_val(literal),
     }
 }
 
-fn is_true(v: Val<'_>) -> bool {
-    matches!(v, Val::Bool(true))
+fn literal_val(literal: &Literal) -> Val<'_> {
+    match literal {
+        Literal::Bool(b) => Val::Bool(*b),
+        Literal::Num(n) => Val::Num(*n),
+        Literal::Str(s) => Val::Str(s),
+    }
 }
 
-fn compare(op: CmpOp, l: Val<'_>, r: Val<'_>) -> bool {
+/// Whether the path holds a defined value: a boolean, a number or a string.
+fn defined(paths: &[PathRef], index: usize, ctx: &dyn Context) -> bool {
+    paths.get(index).is_some_and(|p| !matches!(ctx.lookup(p), Val::Undefined))
+}
+
+/// A comparison's outcome, or `None` (UNDEFINED) when either side is UNDEFINED, the sides
+/// have different types, or the type has no order (booleans under `<`, `<=`, `>`, `>=`).
+fn compare(op: CmpOp, l: Val<'_>, r: Val<'_>) -> Option<bool> {
     let ordering = match (l, r) {
-        (Val::Num(a), Val::Num(b)) => a.partial_cmp(&b),
-        (Val::Str(a), Val::Str(b)) => Some(a.cmp(b)),
+        (Val::Num(a), Val::Num(b)) => a.partial_cmp(&b)?,
+        (Val::Str(a), Val::Str(b)) => a.cmp(b),
         (Val::Bool(a), Val::Bool(b)) => {
             return match op {
-                CmpOp::Eq => a == b,
-                CmpOp::Ne => a != b,
-                _ => false,
+                CmpOp::Eq => Some(a == b),
+                CmpOp::Ne => Some(a != b),
+                _ => None,
             };
         }
-        _ => None,
+        _ => return None,
     };
-    let Some(ordering) = ordering else {
-        return false;
-    };
-    match op {
+    Some(match op {
         CmpOp::Eq => ordering.is_eq(),
         CmpOp::Ne => ordering.is_ne(),
         CmpOp::Lt => ordering.is_lt(),
         CmpOp::Le => ordering.is_le(),
         CmpOp::Gt => ordering.is_gt(),
         CmpOp::Ge => ordering.is_ge(),
+    })
+}
+
+/// The two-valued rule, unchanged, for runs that started under it.
+mod two_valued {
+    use super::{Context, Node, PathRef, Val, compare, defined, literal_val};
+
+    pub(super) fn eval<'c>(node: &'c Node, paths: &'c [PathRef], ctx: &'c dyn Context) -> Val<'c> {
+        match node {
+            Node::Or(l, r) => {
+                Val::Bool(is_true(eval(l, paths, ctx)) || is_true(eval(r, paths, ctx)))
+            }
+            Node::And(l, r) => {
+                Val::Bool(is_true(eval(l, paths, ctx)) && is_true(eval(r, paths, ctx)))
+            }
+            Node::Not(inner) => match eval(inner, paths, ctx) {
+                Val::Bool(b) => Val::Bool(!b),
+                _ => Val::Undefined,
+            },
+            // Where the three-valued rule cannot conclude, this one says false.
+            Node::Compare(op, l, r) => {
+                Val::Bool(compare(*op, eval(l, paths, ctx), eval(r, paths, ctx)).unwrap_or(false))
+            }
+            Node::Defined(i) => Val::Bool(defined(paths, *i, ctx)),
+            Node::Path(i) => paths.get(*i).map_or(Val::Undefined, |p| ctx.lookup(p)),
+            Node::Literal(literal) => literal_val(literal),
+        }
+    }
+
+    fn is_true(v: Val<'_>) -> bool {
+        matches!(v, Val::Bool(true))
     }
 }
 

@@ -6,16 +6,19 @@
 //! - [`resolve`] checks every path against a [`Scope`] (the scenario and the edge's
 //!   source level), gives each path a [`Type`], rejects comparisons between incompatible
 //!   types, and yields a [`Gate`];
-//! - [`Gate::fires`] evaluates against any [`Context`]. A missing path is UNDEFINED;
-//!   any comparison involving UNDEFINED is false; the gate fires only when the whole
-//!   expression is `true`, so missing data never fires an edge.
+//! - [`Gate::fires`] evaluates against any [`Context`] in three-valued (Kleene) logic: a
+//!   missing path is UNDEFINED, a comparison involving UNDEFINED is UNDEFINED, `&&` and
+//!   `||` conclude only when the known sides decide, and `defined(path)` asks whether a
+//!   path holds a value. The gate fires only when the whole expression is `true`, so
+//!   missing data never fires an edge unless the expression is true whatever it would be.
+//!   Runs started under the older two-valued rule keep it ([`Semantics`]).
 
 mod eval;
 mod parse;
 mod print;
 mod resolve;
 
-pub use eval::{Context, JsonContext, Reading, Val, json_val, walk};
+pub use eval::{Context, JsonContext, Reading, Semantics, Val, json_val, walk};
 pub use parse::{ParseError, parse};
 pub use resolve::{Gate, PathRef, ResolveError, Root, Scope, Type, resolve};
 
@@ -59,6 +62,9 @@ pub enum ExprKind {
     And(Box<Expr>, Box<Expr>),
     Not(Box<Expr>),
     Compare(CmpOp, Box<Expr>, Box<Expr>),
+    /// `defined(path)`: whether the path holds a value; the operand is always a
+    /// [`ExprKind::Path`].
+    Defined(Box<Expr>),
     /// A dotted path; every segment is an identifier or a list index.
     Path(Vec<String>),
     Literal(Literal),

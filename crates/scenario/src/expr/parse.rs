@@ -6,11 +6,17 @@
 //! and     := compare ("&&" compare)*
 //! compare := unary (("==" | "!=" | "<" | "<=" | ">" | ">=") unary)?
 //! unary   := "!" unary | primary
-//! primary := path | string | number | "-" number | "true" | "false" | "(" or ")"
+//! primary := "defined" "(" path ")" | path | string | number | "-" number
+//!          | "true" | "false" | "(" or ")"
 //! path    := ident ("." (ident | digits))*
 //! ```
-//! Comparisons do not chain (`a == b == c` is an error). Length, nesting depth and path
-//! length are bounded by [`crate::limits`]; the parser never panics.
+//! Comparisons do not chain (`a == b == c` is an error). `defined` alone is not a path.
+//! A number must survive a round trip through f64: at most
+//! [`limits::NUMBER_DIGITS_MAX`] significant digits, a magnitude of at most
+//! [`limits::NUMBER_MAGNITUDE_MAX`] (2^53), and a decimal value that f64 holds as written
+//! once its shortest form is read back (`0.7` does; `9007199254740993` does not). Length,
+//! nesting depth and path length are bounded by [`crate::limits`]; the parser never
+//! panics.
 
 use std::fmt;
 
@@ -134,13 +140,7 @@ fn lex(text: &str) -> Result<Vec<(Tok, Span)>, ParseError> {
             }
             b'0'..=b'9' => {
                 let end = scan_number(bytes, i);
-                let literal = &text[i..end];
-                let value: f64 = literal.parse().map_err(|_| {
-                    error(format!("`{literal}` is not a number"), Span::new(i, end))
-                })?;
-                if !value.is_finite() {
-                    return Err(error(format!("`{literal}` is too large"), Span::new(i, end)));
-                }
+                let value = number(&text[i..end], Span::new(i, end))?;
                 tokens.push((Tok::Num(value), Span::new(i, end)));
                 i = end;
                 continue;
@@ -163,6 +163,76 @@ fn lex(text: &str) -> Result<Vec<(Tok, Span)>, ParseError> {
     }
     tokens.push((Tok::End, Span::new(text.len(), text.len())));
     Ok(tokens)
+}
+
+/// The value of the number literal `literal`, refused unless f64 holds it as written.
+fn number(literal: &str, span: Span) -> Result<f64, ParseError> {
+    let value: f64 =
+        literal.parse().map_err(|_| error(format!("`{literal}` is not a number"), span))?;
+    if !value.is_finite() || value.abs() > limits::NUMBER_MAGNITUDE_MAX {
+        return Err(ParseError {
+            message: format!(
+                "`{literal}` is too large: a gate number may be at most 2^53 \
+                 ({}) in magnitude, where f64 still holds every integer",
+                limits::NUMBER_MAGNITUDE_MAX
+            ),
+            span,
+            help: Some("compare a smaller unit (seconds rather than nanoseconds)".to_owned()),
+        });
+    }
+    let (digits, exponent) = decimal(literal);
+    if digits.len() > limits::NUMBER_DIGITS_MAX {
+        return Err(ParseError {
+            message: format!(
+                "`{literal}` has {} significant digits; a gate number keeps at most {}",
+                digits.len(),
+                limits::NUMBER_DIGITS_MAX
+            ),
+            span,
+            help: Some(format!("it would be read as {value}; write that, or fewer digits")),
+        });
+    }
+    if (digits, exponent) != decimal(&format!("{value:e}")) {
+        return Err(ParseError {
+            message: format!(
+                "`{literal}` does not survive a round trip through f64: it would be read as \
+                 {value}"
+            ),
+            span,
+            help: Some(format!("write {value}, or fewer significant digits")),
+        });
+    }
+    Ok(value)
+}
+
+/// A decimal number's significant digits and the power of ten of the last one:
+/// `0.70` and `7e-1` are both `("7", -1)`; zero is `("", 0)`. `text` is a literal as
+/// [`scan_number`] delimits it, or an f64 printed with `{:e}`.
+fn decimal(text: &str) -> (String, i64) {
+    let (mantissa, exponent) = match text.find(['e', 'E']) {
+        Some(at) => {
+            let written = &text[at + 1..];
+            // An exponent too long for i64 is far beyond f64 either way; any huge value
+            // with its sign keeps the comparison honest.
+            let exponent = written.parse::<i64>().unwrap_or(if written.starts_with('-') {
+                i64::MIN / 2
+            } else {
+                i64::MAX / 2
+            });
+            (&text[..at], exponent)
+        }
+        None => (text, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all = format!("{whole}{fraction}");
+    let significant = all.trim_start_matches('0');
+    let trimmed = significant.trim_end_matches('0');
+    if trimmed.is_empty() {
+        return (String::new(), 0);
+    }
+    let shift = i64::try_from(significant.len() - trimmed.len()).unwrap_or(i64::MAX);
+    let fraction_len = i64::try_from(fraction.len()).unwrap_or(i64::MAX);
+    (trimmed.to_owned(), exponent.saturating_sub(fraction_len).saturating_add(shift))
 }
 
 fn scan_number(bytes: &[u8], mut i: usize) -> usize {
@@ -263,6 +333,9 @@ fn lex_path(text: &str, start: usize) -> Result<(Tok, usize), ParseError> {
     };
     Ok((tok, i))
 }
+
+/// The one function of the language: `defined(path)`.
+const DEFINED: &str = "defined";
 
 struct Parser {
     tokens: Vec<(Tok, Span)>,
@@ -396,6 +469,9 @@ impl Parser {
     fn primary(&mut self) -> Result<Expr, ParseError> {
         let (tok, span) = self.bump();
         let kind = match tok {
+            Tok::Path(segments) if segments.len() == 1 && segments[0] == DEFINED => {
+                return self.defined(span);
+            }
             Tok::Path(segments) => {
                 if matches!(segments[0].as_str(), "and" | "or" | "not") && segments.len() == 1 {
                     let symbol = match segments[0].as_str() {
@@ -445,5 +521,39 @@ impl Parser {
             }
         };
         Ok(Expr { kind, span })
+    }
+
+    /// The rest of `defined(path)`, after the word at `start`.
+    fn defined(&mut self, start: Span) -> Result<Expr, ParseError> {
+        let usage = || Some("write `defined(path)`, for example `defined(confidence)`".to_owned());
+        let (open, open_span) = self.bump();
+        if open != Tok::LParen {
+            return Err(ParseError {
+                message: format!(
+                    "`defined` needs a path in parentheses, found {}",
+                    open.describe()
+                ),
+                span: start.to(open_span),
+                help: usage(),
+            });
+        }
+        let (operand, operand_span) = self.bump();
+        let Tok::Path(segments) = operand else {
+            return Err(ParseError {
+                message: format!("`defined` takes a path, found {}", operand.describe()),
+                span: operand_span,
+                help: usage(),
+            });
+        };
+        let (close, close_span) = self.bump();
+        if close != Tok::RParen {
+            return Err(ParseError {
+                message: format!("expected `)` after the path, found {}", close.describe()),
+                span: close_span,
+                help: Some("`defined` takes exactly one path".to_owned()),
+            });
+        }
+        let path = Expr { kind: ExprKind::Path(segments), span: operand_span };
+        Ok(Expr { kind: ExprKind::Defined(Box::new(path)), span: start.to(close_span) })
     }
 }

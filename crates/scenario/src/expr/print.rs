@@ -18,7 +18,7 @@ fn precedence(kind: &ExprKind) -> u8 {
         ExprKind::And(..) => AND,
         ExprKind::Compare(..) => COMPARE,
         ExprKind::Not(_) => NOT,
-        ExprKind::Path(_) | ExprKind::Literal(_) => ATOM,
+        ExprKind::Defined(_) | ExprKind::Path(_) | ExprKind::Literal(_) => ATOM,
     }
 }
 
@@ -49,6 +49,11 @@ fn write(expr: &Expr, min: u8, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         ExprKind::Not(inner) => {
             f.write_char('!')?;
             write(inner, NOT, f)
+        }
+        ExprKind::Defined(path) => {
+            f.write_str("defined(")?;
+            write(path, 0, f)?;
+            f.write_char(')')
         }
         ExprKind::Path(segments) => f.write_str(&segments.join(".")),
         ExprKind::Literal(literal) => fmt::Display::fmt(literal, f),

@@ -4,7 +4,8 @@
 //! `verifier.<name>.<field>` (a verifier declared on the edge's source level),
 //! `level.<id>.<field>` (a level of the scenario), `scratchpad.<key…>`, `input[.<…>]`,
 //! `metadata.<…>`. Known fields have a [`Type`]; scratchpad, input, metadata, `parsed.…`
-//! and `details.…` are dynamic. Comparing incompatible types, ordering booleans, testing a
+//! and `details.…` are dynamic. `defined(path)` is a boolean over any path but a list
+//! (a list is never a defined value). Comparing incompatible types, ordering booleans, testing a
 //! verdict against anything but 'PASS' or 'FAIL', or using a number or string as a
 //! condition is an error here, at load time, with the span to underline.
 
@@ -165,6 +166,8 @@ pub(super) enum Node {
     And(Box<Node>, Box<Node>),
     Not(Box<Node>),
     Compare(CmpOp, Box<Node>, Box<Node>),
+    /// `defined(path)`, by the path's index.
+    Defined(usize),
     Path(usize),
     Literal(Literal),
 }
@@ -232,19 +235,46 @@ fn compile(
             };
             (Node::Literal(literal.clone()), ty)
         }
+        ExprKind::Defined(operand) => {
+            let ExprKind::Path(segments) = &operand.kind else {
+                return Err(ResolveError {
+                    message: format!("`defined` takes a path, not `{operand}`"),
+                    span: operand.span,
+                    help: Some("for example `defined(confidence)`".to_owned()),
+                });
+            };
+            let path = resolve_path(segments, operand.span, scope)?;
+            if path.ty == Type::List {
+                return Err(ResolveError {
+                    message: format!(
+                        "`{}` is a list, and a list is never a defined value in a gate",
+                        path.text()
+                    ),
+                    span: operand.span,
+                    help: Some(
+                        "`defined` asks whether a boolean, number or string is there".to_owned(),
+                    ),
+                });
+            }
+            (Node::Defined(intern(paths, path)), Type::Bool)
+        }
         ExprKind::Path(segments) => {
             let path = resolve_path(segments, expr.span, scope)?;
             let ty = path.ty;
-            let index = match paths.iter().position(|p| p.segments == path.segments) {
-                Some(i) => i,
-                None => {
-                    paths.push(path);
-                    paths.len() - 1
-                }
-            };
-            (Node::Path(index), ty)
+            (Node::Path(intern(paths, path)), ty)
         }
     })
+}
+
+/// The index of `path` among the gate's paths, added when it is new.
+fn intern(paths: &mut Vec<PathRef>, path: PathRef) -> usize {
+    match paths.iter().position(|p| p.segments == path.segments) {
+        Some(i) => i,
+        None => {
+            paths.push(path);
+            paths.len() - 1
+        }
+    }
 }
 
 fn expect_condition(expr: &Expr, ty: Type) -> Result<(), ResolveError> {

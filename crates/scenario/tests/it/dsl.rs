@@ -1,7 +1,7 @@
 //! The gate DSL, driven by `tests/dsl_cases.yaml`.
 
 use baton_scenario::de::from_node;
-use baton_scenario::expr::{self, JsonContext, Scope, Val};
+use baton_scenario::expr::{self, JsonContext, Scope, Semantics, Val};
 use baton_scenario::node::Node;
 use baton_scenario::source::SourceId;
 use serde::Deserialize;
@@ -16,6 +16,10 @@ struct Case {
     value: Option<serde_json::Value>,
     #[serde(default)]
     fires: Option<bool>,
+    #[serde(default)]
+    two_valued: Option<serde_json::Value>,
+    #[serde(default)]
+    fires_two_valued: Option<bool>,
     #[serde(default)]
     error: Option<String>,
     #[serde(default)]
@@ -40,13 +44,20 @@ fn val_json(v: Val<'_>) -> serde_json::Value {
     }
 }
 
+fn same(value: &serde_json::Value, expected: &serde_json::Value) -> bool {
+    match (value, expected) {
+        (serde_json::Value::Number(a), serde_json::Value::Number(b)) => a.as_f64() == b.as_f64(),
+        _ => value == expected,
+    }
+}
+
 #[test]
 fn dsl_cases() {
     let text = std::fs::read_to_string(crate::crate_dir().join("tests/dsl_cases.yaml"))
         .expect("read cases");
     let node = Node::parse(&text, SourceId(0)).expect("cases parse");
     let cases: Vec<Case> = from_node(&node).expect("cases deserialize");
-    assert!(cases.len() >= 60, "at least 60 DSL cases, found {}", cases.len());
+    assert!(cases.len() >= 180, "at least 180 DSL cases, found {}", cases.len());
     let mut failures = Vec::new();
     for case in &cases {
         let outcome = expr::parse(&case.expr)
@@ -74,21 +85,32 @@ fn dsl_cases() {
             (None, Ok(gate)) => {
                 let state = case.state.clone().unwrap_or_else(|| serde_json::json!({}));
                 let ctx = JsonContext(&state);
-                let value = val_json(gate.value(&ctx));
                 let expected = case.value.clone().unwrap_or(serde_json::Value::Null);
-                let same = match (&value, &expected) {
-                    (serde_json::Value::Number(a), serde_json::Value::Number(b)) => {
-                        a.as_f64() == b.as_f64()
+                let expected_two = case.two_valued.clone().unwrap_or_else(|| expected.clone());
+                let truly = serde_json::Value::Bool(true);
+                let fires = case.fires.unwrap_or(expected == truly);
+                let fires_two = case.fires_two_valued.unwrap_or(expected_two == truly);
+                for (semantics, expected, fires) in [
+                    (Semantics::ThreeValued, &expected, fires),
+                    (Semantics::TwoValued, &expected_two, fires_two),
+                ] {
+                    let value = val_json(gate.value_under(semantics, &ctx));
+                    if !same(&value, expected) {
+                        failures.push(format!(
+                            "{:?} with {state} ({}): expected value {expected}, got {value}",
+                            case.expr,
+                            semantics.as_str()
+                        ));
                     }
-                    _ => value == expected,
-                };
-                if !same {
-                    failures.push(format!(
-                        "{:?} with {state}: expected value {expected}, got {value}",
-                        case.expr
-                    ));
+                    if gate.fires_under(semantics, &ctx) != fires {
+                        failures.push(format!(
+                            "{:?} with {state} ({}): expected fires={fires}",
+                            case.expr,
+                            semantics.as_str()
+                        ));
+                    }
                 }
-                let fires = case.fires.unwrap_or(expected == serde_json::Value::Bool(true));
+                // The default rule is the three-valued one.
                 if gate.fires(&ctx) != fires {
                     failures.push(format!("{:?} with {state}: expected fires={fires}", case.expr));
                 }
@@ -143,4 +165,43 @@ fn open_scope_checks_roots_but_not_names() {
     assert!(expr::resolve(&parsed, &Scope::open()).is_ok());
     let parsed = expr::parse("verifer.anything.passed").unwrap();
     assert!(expr::resolve(&parsed, &Scope::open()).is_err());
+}
+
+#[test]
+fn a_number_f64_cannot_hold_is_refused_where_it_is_written() {
+    for (text, literal) in [
+        ("attempt < 3 && confidence >= 0.12345678901234567", "0.12345678901234567"),
+        ("attempt < 9007199254740993 || escalate_now", "9007199254740993"),
+        ("confidence >= 0.123456789012345678", "0.123456789012345678"),
+        ("attempt > -1e400", "1e400"),
+    ] {
+        let err = expr::parse(text).unwrap_err();
+        assert_eq!(&text[err.span.start as usize..err.span.end as usize], literal, "{text}");
+        assert!(err.message.starts_with(&format!("`{literal}`")), "{}", err.message);
+        assert!(err.help.is_some(), "{text}: the error says what to write instead");
+    }
+    assert!(expr::parse("confidence >= 0.7").is_ok());
+}
+
+#[test]
+fn defined_errors_point_at_the_operand() {
+    let text = "escalate_now || defined(3)";
+    let err = expr::parse(text).unwrap_err();
+    assert_eq!(&text[err.span.start as usize..err.span.end as usize], "3");
+    let text = "defined(verifier.biuld.passed)";
+    let err = expr::resolve(&expr::parse(text).unwrap(), &scope()).unwrap_err();
+    assert_eq!(&text[err.span.start as usize..err.span.end as usize], "verifier.biuld.passed");
+}
+
+#[test]
+fn traced_evaluation_reads_the_path_defined_asks_about() {
+    let gate = expr::resolve(&expr::parse("!defined(confidence)").unwrap(), &scope()).unwrap();
+    let state = serde_json::json!({});
+    let (fired, readings) = gate.fires_traced(&JsonContext(&state));
+    assert!(fired);
+    assert_eq!(readings.len(), 1);
+    assert_eq!(
+        (readings[0].path.as_str(), &readings[0].value),
+        ("confidence", &"UNDEFINED".into())
+    );
 }
