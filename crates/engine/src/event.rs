@@ -4,13 +4,21 @@
 //! are explicit structs, one per kind, with schema version [`VERSION`]; a stored event is
 //! decoded by `(kind, version)` so that an old log is upgraded by code, never by a silent
 //! serde default. The same stream feeds the CLI, the planner and replay.
+//!
+//! Versions:
+//! - 1: the first schema.
+//! - 2: `scenario_started` records `gate_semantics`, the rule the run's gates are
+//!   evaluated under. A version-1 `scenario_started` is upgraded to the two-valued rule,
+//!   the only one that existed when it was written ([`v1::ScenarioStarted`]); every
+//!   other kind is the same in both versions.
 
+use baton_scenario::expr::Semantics;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Schema version of every payload written today.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 
 /// A stored event.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -119,16 +127,26 @@ impl EventData {
 
     /// Decodes a stored payload, given as JSON text, of `kind` written with schema `version`.
     pub fn decode_str(kind: &str, version: u16, payload: &str) -> Result<EventData, DecodeError> {
-        if version != VERSION {
-            return Err(DecodeError {
-                kind: kind.to_owned(),
-                message: format!(
-                    "schema version {version} is not known (this build reads {VERSION})"
-                ),
-            });
-        }
         let fail =
             |e: serde_json::Error| DecodeError { kind: kind.to_owned(), message: e.to_string() };
+        match (version, kind) {
+            (VERSION, _) => {}
+            (1, "scenario_started") => {
+                return serde_json::from_str::<v1::ScenarioStarted>(payload)
+                    .map(|old| EventData::ScenarioStarted(old.into()))
+                    .map_err(fail);
+            }
+            // Every other kind reads the same in version 1.
+            (1, _) => {}
+            _ => {
+                return Err(DecodeError {
+                    kind: kind.to_owned(),
+                    message: format!(
+                        "schema version {version} is not known (this build reads 1 to {VERSION})"
+                    ),
+                });
+            }
+        }
         macro_rules! decode {
             ($($name:literal => $variant:ident),* $(,)?) => {
                 match kind {
@@ -218,6 +236,51 @@ pub struct ScenarioStarted {
     /// The run's workspace, when the scenario edits one (it has a `tool_loop` level).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceInfo>,
+    /// The rule the run's gates are evaluated under, for its whole life: a run resumed
+    /// by a later build keeps the rule it started with.
+    pub gate_semantics: Semantics,
+}
+
+/// Payloads as schema version 1 wrote them, and their upgrades.
+pub mod v1 {
+    use baton_scenario::expr::Semantics;
+    use serde::Deserialize;
+    use serde_json::Value;
+
+    use super::{BudgetCaps, WorkspaceInfo};
+
+    /// `scenario_started` before it recorded the gate semantics.
+    #[derive(Clone, Debug, PartialEq, Deserialize)]
+    pub struct ScenarioStarted {
+        pub scenario_id: String,
+        pub scenario_version: u32,
+        pub checksum: String,
+        pub input: String,
+        pub metadata: serde_json::Map<String, Value>,
+        pub budget: BudgetCaps,
+        pub max_attempts_per_conflict: u32,
+        pub model_source: Option<String>,
+        #[serde(default)]
+        pub workspace: Option<WorkspaceInfo>,
+    }
+
+    /// A version-1 run started when gates were two-valued, and finishes under that rule.
+    impl From<ScenarioStarted> for super::ScenarioStarted {
+        fn from(old: ScenarioStarted) -> Self {
+            super::ScenarioStarted {
+                scenario_id: old.scenario_id,
+                scenario_version: old.scenario_version,
+                checksum: old.checksum,
+                input: old.input,
+                metadata: old.metadata,
+                budget: old.budget,
+                max_attempts_per_conflict: old.max_attempts_per_conflict,
+                model_source: old.model_source,
+                workspace: old.workspace,
+                gate_semantics: Semantics::TwoValued,
+            }
+        }
+    }
 }
 
 /// Where a run's workspace is and how it was before the run.

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_scenario::Scenario;
+use baton_scenario::expr::Semantics;
 use baton_scenario::model::LevelKind;
 use serde_json::{Map, Value};
 
@@ -248,6 +249,7 @@ impl Engine {
             max_attempts_per_conflict: scenario.max_attempts_per_conflict,
             model_source,
             workspace,
+            gate_semantics: Semantics::CURRENT,
         }));
         (record, started.at(1, now))
     }

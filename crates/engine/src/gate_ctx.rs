@@ -2,9 +2,11 @@
 //!
 //! `verifier.<name>` reads the verifiers of the edge's source level; `attempt` is the
 //! source level's attempt count; everything else reads the state as the gate DSL
-//! describes. Lists, mappings and null are UNDEFINED (the DSL's rule).
+//! describes. Lists, mappings and null are UNDEFINED (the DSL's rule). Gates are
+//! evaluated under the [`Semantics`] the run started with (`scenario_started` records
+//! it): three-valued for new runs, two-valued for runs begun before that rule existed.
 
-use baton_scenario::expr::{Context, PathRef, Root, Val, json_val, walk};
+use baton_scenario::expr::{Context, Gate, PathRef, Reading, Root, Semantics, Val, json_val, walk};
 
 use crate::state::RunState;
 
@@ -13,6 +15,20 @@ use crate::state::RunState;
 pub struct GateContext<'a> {
     pub state: &'a RunState,
     pub source: &'a str,
+    /// The rule gates are evaluated under.
+    pub semantics: Semantics,
+}
+
+impl<'a> GateContext<'a> {
+    /// The edges leaving `source`, under the rule the run started with.
+    pub fn new(state: &'a RunState, source: &'a str) -> Self {
+        GateContext { state, source, semantics: state.gate_semantics }
+    }
+
+    /// Whether `gate` fires, with the value of every path it read.
+    pub fn decide(&self, gate: &Gate) -> (bool, Vec<Reading>) {
+        gate.fires_traced_under(self.semantics, self)
+    }
 }
 
 fn num(n: impl Into<f64>) -> Val<'static> {

@@ -134,7 +134,7 @@ fn route(scenario: &Scenario, state: &RunState, source: &str) -> Step {
     if let Some(error) = state.level(source).and_then(|l| l.error.clone()) {
         return finish(state, FinalStatus::Failed, Some(error));
     }
-    let ctx = GateContext { state, source };
+    let ctx = GateContext::new(state, source);
     let mut edges = scenario.edges_from(index).peekable();
     if edges.peek().is_none() {
         // A level without outgoing edges leads to the end.
@@ -144,7 +144,7 @@ fn route(scenario: &Scenario, state: &RunState, source: &str) -> Step {
         let (fires, readings, expression) = match &edge.when {
             None => (true, Vec::new(), None),
             Some(gate) => {
-                let (fires, readings) = gate.fires_traced(&ctx);
+                let (fires, readings) = ctx.decide(gate);
                 let readings = readings
                     .into_iter()
                     .map(|r| Reading { path: r.path, value: r.value })

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use baton_scenario::expr::Semantics;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -105,6 +106,8 @@ pub struct RunState {
     pub model_source: Option<String>,
     /// The run's workspace, when its scenario edits one.
     pub workspace: Option<WorkspaceInfo>,
+    /// The rule the run's gates are evaluated under, as `scenario_started` recorded it.
+    pub gate_semantics: Semantics,
     /// The workspace snapshot of the last finished tool-loop level (the base before any).
     pub workspace_head: Option<String>,
     pub levels: BTreeMap<String, LevelState>,
@@ -152,6 +155,7 @@ impl Default for RunState {
             max_attempts_per_conflict: 3,
             model_source: None,
             workspace: None,
+            gate_semantics: Semantics::CURRENT,
             workspace_head: None,
             levels: BTreeMap::new(),
             in_flight: None,
@@ -224,6 +228,7 @@ impl RunState {
                 self.max_attempts_per_conflict = s.max_attempts_per_conflict;
                 self.model_source.clone_from(&s.model_source);
                 self.workspace.clone_from(&s.workspace);
+                self.gate_semantics = s.gate_semantics;
                 self.workspace_head = s.workspace.as_ref().map(|w| w.base.clone());
             }
             EventData::LevelStarted(s) => {

@@ -34,6 +34,7 @@ fn started() -> NewEvent {
         max_attempts_per_conflict: 3,
         model_source: None,
         workspace: None,
+        gate_semantics: baton_scenario::expr::Semantics::CURRENT,
     }))
 }
 
