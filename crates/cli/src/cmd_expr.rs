@@ -1,4 +1,9 @@
 //! `baton expr`: parse, check and evaluate one gate expression — an author's debugger.
+//!
+//! Prints the value of every path the expression reads, then the expression's value in
+//! three-valued logic (true, false or UNDEFINED) and whether an edge with this gate fires;
+//! where runs started under the older two-valued rule would decide differently, it says
+//! so too.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -6,7 +11,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use baton_scenario::expr::{self, JsonContext, Scope, Span, Val};
+use baton_scenario::expr::{self, Context, Gate, JsonContext, Scope, Semantics, Span, Val};
 
 pub(crate) fn run(
     scenarios: &Path,
@@ -64,22 +69,41 @@ pub(crate) fn run(
         }
         None => serde_json::json!({}),
     };
-    let ctx = JsonContext(&state);
-    let value = gate.value(&ctx);
-    let (fires, readings) = gate.fires_traced(&ctx);
-    println!("expression: {gate}");
-    for r in &readings {
-        println!("  {} = {}", r.path, r.value);
-    }
-    let shown = match value {
-        Val::Undefined => "UNDEFINED".to_owned(),
-        Val::Bool(b) => b.to_string(),
-        Val::Num(n) => n.to_string(),
-        Val::Str(s) => format!("{s:?}"),
-    };
-    println!("value: {shown}");
-    println!("fires: {}", if fires { "yes" } else { "no" });
+    print!("{}", report(&gate, &JsonContext(&state)));
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `baton expr` prints for `gate` evaluated against `ctx`.
+fn report(gate: &Gate, ctx: &dyn Context) -> String {
+    let mut out = format!("expression: {gate}\n");
+    for r in gate.readings(ctx) {
+        out.push_str(&format!("  {} = {}\n", r.path, r.value));
+    }
+    let value = gate.value_under(Semantics::ThreeValued, ctx);
+    out.push_str(&format!("value: {}\n", truth(value)));
+    let fires = gate.fires_under(Semantics::ThreeValued, ctx);
+    out.push_str(&format!("fires: {}\n", if fires { "yes" } else { "no" }));
+    let old = gate.value_under(Semantics::TwoValued, ctx);
+    let old_fires = gate.fires_under(Semantics::TwoValued, ctx);
+    if old_fires != fires {
+        out.push_str(&format!(
+            "note: runs started under the older two-valued rule read this as {} and {}\n",
+            truth(old),
+            if old_fires { "fire" } else { "do not fire" }
+        ));
+    }
+    out
+}
+
+/// A gate's value as a condition: true, false or UNDEFINED (with what it was, when a
+/// dynamic path held something other than a boolean).
+fn truth(value: Val<'_>) -> String {
+    match value {
+        Val::Bool(b) => b.to_string(),
+        Val::Undefined => "UNDEFINED".to_owned(),
+        Val::Num(n) => format!("UNDEFINED ({n} is a number, not true or false)"),
+        Val::Str(s) => format!("UNDEFINED ({s:?} is a string, not true or false)"),
+    }
 }
 
 /// The expression with the span underlined.
@@ -96,4 +120,40 @@ fn render(text: &str, what: &str, message: &str, span: Span, help: Option<&str>)
         out.push_str(&format!("  = help: {help}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shown(text: &str, state: &serde_json::Value) -> String {
+        let gate = expr::resolve(&expr::parse(text).unwrap(), &Scope::open()).unwrap();
+        report(&gate, &JsonContext(state))
+    }
+
+    #[test]
+    fn prints_undefined_and_every_path_read() {
+        let out = shown("!(confidence >= 0.7) && attempt < 3", &serde_json::json!({"attempt": 1}));
+        assert_eq!(
+            out,
+            "expression: !(confidence >= 0.7) && attempt < 3\n  confidence = \"UNDEFINED\"\n  \
+             attempt = 1.0\nvalue: UNDEFINED\nfires: no\nnote: runs started under the older \
+             two-valued rule read this as true and fire\n"
+        );
+    }
+
+    #[test]
+    fn prints_true_and_false() {
+        let state = serde_json::json!({"confidence": 0.5});
+        let out = shown("!(confidence >= 0.7)", &state);
+        assert!(out.ends_with("  confidence = 0.5\nvalue: true\nfires: yes\n"), "{out}");
+        let out = shown("confidence >= 0.7 && !defined(confidence)", &state);
+        assert!(out.ends_with("value: false\nfires: no\n"), "{out}");
+    }
+
+    #[test]
+    fn a_value_that_is_not_a_boolean_is_undefined() {
+        let out = shown("scratchpad.flag", &serde_json::json!({"scratchpad": {"flag": "yes"}}));
+        assert!(out.contains("value: UNDEFINED (\"yes\" is a string, not true or false)"), "{out}");
+    }
 }
