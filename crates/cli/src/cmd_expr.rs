@@ -127,7 +127,8 @@ mod tests {
     use super::*;
 
     fn shown(text: &str, state: &serde_json::Value) -> String {
-        let gate = expr::resolve(&expr::parse(text).unwrap(), &Scope::open()).unwrap();
+        let parsed = expr::parse(text).expect("the test expression parses");
+        let gate = expr::resolve(&parsed, &Scope::open()).expect("the test expression checks");
         report(&gate, &JsonContext(state))
     }
 
