@@ -1162,6 +1162,7 @@ fn baton_read_only(dir: &std::path::Path, args: &[&str]) -> Option<(Output, &'st
 }
 
 #[test]
+#[allow(clippy::print_stderr)]
 fn read_only_commands_never_create_a_database_and_open_errors_say_why() {
     let dir = scratch("db-open");
     let typo = dir.join("typo/t.db");
@@ -1550,5 +1551,30 @@ fn a_script_with_a_negative_or_non_finite_cost_or_negative_tokens_is_refused() {
         assert!(err.contains(&format!("{}{expected}", file.display())), "{script}\n{err}");
         assert!(!db.exists(), "no run was created");
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cancelling_a_run_whose_driver_died_ends_it_and_restores_its_workspace() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-cb-orphan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut child, run, workspace) = code_build_mid_level(&dir);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let db = dir.join("runs.db");
+    let missing = dir.join("no-scenarios");
+    let out = baton_db(
+        &db,
+        &["--scenarios", missing.to_str().unwrap(), "cancel", &run, "--reason", "driver died"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!("cancelled run {run}")), "{}", text(&out.stdout));
+    let left: Vec<String> = std::fs::read_dir(&workspace)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, [".baton"], "the run's files are gone");
+    let events = events_of(&db, &run);
+    assert_eq!(events.last().unwrap()["data"]["status"], "cancelled");
     let _ = std::fs::remove_dir_all(dir);
 }
