@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use baton_engine::cassette;
 use baton_engine::clock::SystemClock;
+use baton_engine::event::{Event, EventData};
 use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::runner::Runtime;
 use baton_engine::store::EventStore;
@@ -22,6 +23,7 @@ use baton_scenario::{Registry, Scenario};
 use baton_store::SqliteStore;
 use baton_workspace::LocalWorkspaces;
 use serde_json::{Map, Value, json};
+use tokio::sync::oneshot;
 
 use crate::timeline;
 
@@ -34,18 +36,40 @@ pub(crate) struct Place {
     pub config: Option<PathBuf>,
 }
 
+/// The run database, created when absent: for commands that start runs.
 fn open_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
-    let store = SqliteStore::open(&place.db)
-        .with_context(|| format!("cannot open the run database {}", place.db.display()))?;
+    let store = SqliteStore::open(&place.db).map_err(store_error)?;
     Ok(Arc::new(store))
+}
+
+/// The run database, which must exist: for commands that read runs or change existing
+/// ones. Nothing is created, so a mistyped `--db` leaves no directories or empty database.
+fn open_existing_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
+    if !place.db.exists() {
+        bail!("no database at {}; start a run first or pass --db", place.db.display());
+    }
+    let store = SqliteStore::open_existing(&place.db).map_err(store_error)?;
+    Ok(Arc::new(store))
+}
+
+/// A store's error as the user reads it: the store names the path and the reason.
+fn store_error(e: baton_engine::store::Error) -> anyhow::Error {
+    match e {
+        baton_engine::store::Error::Backend(message) => anyhow::Error::msg(message),
+        other => other.into(),
+    }
 }
 
 /// The model answering a run: the scripted model with `--script`, else the providers of the
 /// configuration (`--config`, ./baton.toml, or the environment). The second value says where
 /// it came from, recorded on the run so that a later process resumes with the same.
+///
+/// With `check`, every level of that scenario that calls a model must be satisfiable by the
+/// configured providers before anything runs (a script answers every level).
 fn load_model(
     script: Option<&Path>,
     config: Option<&Path>,
+    check: Option<&Scenario>,
 ) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
     if let Some(path) = script
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
@@ -78,6 +102,26 @@ fn load_model(
             "no model to call: pass --script FILE for the scripted model, or configure providers in baton.toml (--config) or with ANTHROPIC_API_KEY, OPENAI_API_KEY or OPENAI_BASE_URL"
         );
     }
+    if let Some(scenario) = check {
+        let blocked = crate::cmd_validate::unsatisfiable_levels(scenario, &config);
+        if !blocked.is_empty() {
+            let configured = match &file {
+                Some(path) => path.display().to_string(),
+                None => "the environment (ANTHROPIC_API_KEY, OPENAI_API_KEY, OPENAI_BASE_URL)"
+                    .to_owned(),
+            };
+            let levels: Vec<String> = blocked
+                .iter()
+                .map(|(level, wanted)| format!("level `{level}` wants {wanted}"))
+                .collect();
+            bail!(
+                "scenario `{}` cannot run with the models configured in {configured}: {}; no configured model satisfies {}. Configure a provider and model that match (see the README's `baton.toml` section), or run with --script FILE",
+                scenario.id,
+                levels.join("; "),
+                if blocked.len() == 1 { "it" } else { "them" }
+            );
+        }
+    }
     let providers = Providers::new(config).map_err(anyhow::Error::msg)?;
     Ok((Arc::new(providers), Some(source)))
 }
@@ -99,11 +143,12 @@ fn choose_model(
     config: Option<&Path>,
     replay_from: Option<&Path>,
     record_to: Option<&Path>,
+    scenario: &Scenario,
 ) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
     if let Some(path) = replay_from {
         return replay(path);
     }
-    let (model, source) = load_model(script, config)?;
+    let (model, source) = load_model(script, config, Some(scenario))?;
     match record_to {
         Some(path) => Ok((Arc::new(cassette::Recorder::new(model, path.to_path_buf())), source)),
         None => Ok((model, source)),
@@ -117,17 +162,17 @@ fn recorded_model(
     config: Option<&Path>,
 ) -> anyhow::Result<Arc<dyn ModelProvider>> {
     if script.is_some() || config.is_some() {
-        return Ok(load_model(script, config)?.0);
+        return Ok(load_model(script, config, None)?.0);
     }
     match source {
         Some(s) if s.starts_with("cassette:") => Ok(replay(Path::new(&s["cassette:".len()..]))?.0),
         Some(s) if s.starts_with("script:") => {
-            Ok(load_model(Some(Path::new(&s["script:".len()..])), None)?.0)
+            Ok(load_model(Some(Path::new(&s["script:".len()..])), None, None)?.0)
         }
         Some(s) if s.starts_with("config:") => {
-            Ok(load_model(None, Some(Path::new(&s["config:".len()..])))?.0)
+            Ok(load_model(None, Some(Path::new(&s["config:".len()..])), None)?.0)
         }
-        _ => Ok(load_model(None, None)?.0),
+        _ => Ok(load_model(None, None, None)?.0),
     }
 }
 
@@ -196,6 +241,75 @@ fn find_scenario(registry: &Registry, which: &str, place: &Place) -> anyhow::Res
     bail!("no scenario `{which}` in {} (known: {})", place.scenarios.display(), known.join(", "))
 }
 
+/// Why `name` cannot be a branch (`refs/heads/NAME`), by the rules of `git
+/// check-ref-format --branch`; the workspace checks again with git when it names the
+/// result, this check only makes a bad name fail before the run instead of after it.
+fn check_branch_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("it is empty".to_owned());
+    }
+    if name.starts_with('-') {
+        return Err("it starts with '-'".to_owned());
+    }
+    if name == "@" {
+        return Err("it is '@'".to_owned());
+    }
+    for bad in ["..", "@{", "//"] {
+        if name.contains(bad) {
+            return Err(format!("it contains {bad:?}"));
+        }
+    }
+    if let Some(c) = name.chars().find(|c| {
+        c.is_ascii_control() || matches!(c, ' ' | '~' | '^' | ':' | '?' | '*' | '[' | '\\')
+    }) {
+        return Err(format!("it contains {c:?}"));
+    }
+    if name.starts_with('/') || name.ends_with('/') {
+        return Err("it starts or ends with '/'".to_owned());
+    }
+    if name.ends_with('.') {
+        return Err("it ends with '.'".to_owned());
+    }
+    for part in name.split('/') {
+        if part.starts_with('.') {
+            return Err(format!("its part {part:?} starts with '.'"));
+        }
+        if part.ends_with(".lock") {
+            return Err(format!("its part {part:?} ends with \".lock\""));
+        }
+    }
+    Ok(())
+}
+
+/// Why a file cannot be written at `path` (its directory is missing, or takes no new
+/// files), found before a run starts rather than at its first model call.
+fn check_writable_file(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("it is a directory; name a file".to_owned());
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    match std::fs::metadata(dir) {
+        Err(e) => {
+            return Err(format!(
+                "its directory {} cannot be used ({e}); create it or choose another path",
+                dir.display()
+            ));
+        }
+        Ok(m) if !m.is_dir() => return Err(format!("{} is not a directory", dir.display())),
+        Ok(_) => {}
+    }
+    // The file is written beside itself and renamed: the directory must take new files.
+    let probe = dir.join(format!(".baton-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(format!("cannot create files in {}: {e}", dir.display())),
+    }
+}
+
 /// Options of `baton run`.
 #[derive(Debug)]
 pub(crate) struct RunArgs {
@@ -215,13 +329,33 @@ pub(crate) struct RunArgs {
 }
 
 pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode> {
+    // Arguments are checked before anything is created: a bad one never leaves a run.
+    if let Some(branch) = &args.branch {
+        check_branch_name(branch).map_err(|why| {
+            anyhow::anyhow!(
+                "--branch {branch:?} is not a valid branch name: {why}; use letters, digits, '-', '_' and '/' (see git check-ref-format)"
+            )
+        })?;
+    }
+    if let Some(path) = &args.record {
+        check_writable_file(path).map_err(|why| {
+            anyhow::anyhow!("cannot record the cassette to {}: {why}", path.display())
+        })?;
+    }
     let registry = registry(place)?;
     let scenario = find_scenario(&registry, &args.scenario, place)?;
+    if args.branch.is_some() && !baton_engine::exec::owns_workspace(&scenario) {
+        bail!(
+            "--branch names the result in the run's workspace, and scenario `{}` has no tool_loop level (no workspace); leave --branch out",
+            scenario.id
+        );
+    }
     let (model, source) = choose_model(
         args.script.as_deref(),
         place.config.as_deref(),
         args.cassette.as_deref(),
         args.record.as_deref(),
+        &scenario,
     )?;
     let store = open_store(place)?;
     let engine =
@@ -245,7 +379,7 @@ pub(crate) async fn resume(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let registry = registry(place)?;
-    let store = open_store(place)?;
+    let store = open_existing_store(place)?;
     let probe = probe_engine(place, &store, &registry);
     let state = probe.state(run_id).await.with_context(|| format!("cannot read run {run_id}"))?;
     let scenario = find_scenario(&registry, &state.scenario_id, place)?;
@@ -266,27 +400,20 @@ async fn drive(
 ) -> anyhow::Result<ExitCode> {
     // Print events as they land, from another task reading the store.
     let printer = (!json).then(|| {
-        let (store, run_id) = (Arc::clone(&engine.store), run_id.to_owned());
-        tokio::spawn(async move { follow(store.as_ref(), &run_id, from, false).await })
+        Printer::spawn(Arc::clone(&engine.store), run_id, from, |e| print_event(e, false))
     });
     let outcome = match start {
         Some(s) => engine.run(run_id, scenario, &s.input, s.metadata, s.source).await,
         None => engine.drive(run_id, scenario).await,
     };
-    if let Some(printer) = printer {
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        printer.abort();
-        let _ = printer.await;
-        // Print whatever the follower had not reached yet.
-        let seen = LAST_PRINTED.load(std::sync::atomic::Ordering::SeqCst).max(from);
-        // A run that failed before it was written has nothing to print.
-        for e in engine.store.load(run_id, seen).await.unwrap_or_default() {
-            if let Some(line) = timeline::line(&e) {
-                println!("{}", timeline::styled(&line));
-            }
-        }
-    }
+    // The engine has returned: everything it wrote is in the store, and the printer reads
+    // it to the end before it stops.
+    let printed = match printer {
+        Some(printer) => printer.finish().await,
+        None => Ok(()),
+    };
     let outcome = outcome?;
+    printed?;
     let state = engine.state(run_id).await?;
     if json {
         println!(
@@ -320,35 +447,83 @@ struct Start {
     source: Option<String>,
 }
 
-static LAST_PRINTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// How often a follower looks for new events.
+const FOLLOW_POLL: Duration = Duration::from_millis(50);
 
-/// Prints events after `after` as they arrive; with `until_end`, stops at the end of the run.
+fn print_event(e: &Event, as_json: bool) {
+    if as_json {
+        println!("{}", timeline::json_line(e));
+    } else if let Some(line) = timeline::line(e) {
+        println!("{}", timeline::styled(&line));
+    }
+}
+
+/// Emits a run's events after `after` as they arrive, until the run ends or — with `stop`
+/// — until told to stop; then it reads the log once more, so every event written before
+/// the stop is emitted, once and in order.
 async fn follow(
     store: &dyn EventStore,
     run_id: &str,
     mut after: u64,
-    as_json: bool,
+    mut stop: Option<oneshot::Receiver<()>>,
+    mut emit: impl FnMut(&Event),
 ) -> anyhow::Result<()> {
+    let mut stopping = false;
     loop {
         let events = match store.load(run_id, after).await {
             Ok(events) => events,
-            // A new run is written with its first level's results: wait for it.
+            // A new run is written with its first level's results: wait for it (and a run
+            // that failed before it was written has nothing to show).
             Err(baton_engine::store::Error::NotFound(_)) => Vec::new(),
             Err(e) => return Err(e.into()),
         };
         for e in &events {
-            if as_json {
-                println!("{}", timeline::json_line(e));
-            } else if let Some(line) = timeline::line(e) {
-                println!("{}", timeline::styled(&line));
-            }
+            emit(e);
             after = e.seq;
-            LAST_PRINTED.store(after, std::sync::atomic::Ordering::SeqCst);
-            if matches!(e.data, baton_engine::event::EventData::ScenarioFinished(_)) {
+            if matches!(e.data, EventData::ScenarioFinished(_)) {
                 return Ok(());
             }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        if stopping {
+            return Ok(());
+        }
+        match stop.as_mut() {
+            // A sent stop and a dropped sender both mean: read to the end, then stop.
+            Some(rx) => tokio::select! {
+                _ = rx => stopping = true,
+                () = tokio::time::sleep(FOLLOW_POLL) => {}
+            },
+            None => tokio::time::sleep(FOLLOW_POLL).await,
+        }
+    }
+}
+
+/// A task printing a run's events while another drives it.
+struct Printer {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Printer {
+    fn spawn(
+        store: Arc<dyn EventStore>,
+        run_id: &str,
+        after: u64,
+        emit: impl FnMut(&Event) + Send + 'static,
+    ) -> Printer {
+        let (stop, stopped) = oneshot::channel();
+        let run_id = run_id.to_owned();
+        let task = tokio::spawn(async move {
+            follow(store.as_ref(), &run_id, after, Some(stopped), emit).await
+        });
+        Printer { stop, task }
+    }
+
+    /// Stops the printer once it has emitted every event in the store, and waits for it.
+    async fn finish(self) -> anyhow::Result<()> {
+        // The task may have ended already (at the end of the run): nobody to tell then.
+        let _ = self.stop.send(());
+        self.task.await.map_err(|e| anyhow::anyhow!("the event printer stopped: {e}"))?
     }
 }
 
@@ -405,27 +580,88 @@ pub(crate) async fn answer(
     resume(place, run_id, script, false).await
 }
 
+/// Records a cancel and ends the run here when nobody drives it. Needs no scenario: the
+/// end of a cancelled run reads nothing from it, so a broken or changed scenarios
+/// directory never keeps a run from being stopped.
 pub(crate) async fn cancel(
     place: &Place,
     run_id: &str,
     by: Option<String>,
+    reason: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    let registry = registry(place)?;
-    let store = open_store(place)?;
-    let probe = probe_engine(place, &store, &registry);
-    probe.cancel(run_id, by, None).await?;
-    let state = probe.state(run_id).await?;
-    if state.status == Status::Paused {
-        // Nobody is driving a paused run: finish it here.
-        let scenario = find_scenario(&registry, &state.scenario_id, place)?;
-        probe.drive(run_id, &scenario).await?;
-        println!("cancelled run {run_id}");
-    } else {
-        println!(
-            "cancel requested for run {run_id}: the process driving it stops at its next check (a run nobody drives stops when resumed)"
-        );
+    for (flag, value) in [("--by", &by), ("--reason", &reason)] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            bail!("{flag} is empty; give a value or leave the flag out");
+        }
+    }
+    let store = open_existing_store(place)?;
+    let probe = probe_engine(place, &store, &Registry::default());
+    probe.cancel(run_id, by, reason).await?;
+    match probe.end_cancelled(run_id).await {
+        Ok(_) => println!("cancelled run {run_id}"),
+        Err(baton_engine::exec::Error::Store(baton_engine::store::Error::Busy(_))) => println!(
+            "cancel requested for run {run_id}: the process driving it stops at its next check"
+        ),
+        Err(e) => return Err(e.into()),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every status a run can have in the run list (`runs --status`).
+pub(crate) fn run_statuses() -> [&'static str; 6] {
+    [
+        Status::Running.as_str(),
+        Status::Paused.as_str(),
+        Status::Completed.as_str(),
+        Status::Aborted.as_str(),
+        Status::Cancelled.as_str(),
+        Status::Failed.as_str(),
+    ]
+}
+
+/// A level a paused run waits on, and for what.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+struct Waiting {
+    level_id: String,
+    /// `approval` or `answer`.
+    #[serde(rename = "for")]
+    wants: &'static str,
+}
+
+/// The approvals and questions of a log that nobody has decided or answered yet, in the
+/// order they were asked.
+fn waiting_on(events: &[Event]) -> Vec<Waiting> {
+    let mut open: Vec<(&str, Waiting)> = Vec::new();
+    for e in events {
+        let level_id = e.level_id.clone().unwrap_or_default();
+        match &e.data {
+            EventData::ApprovalRequested(a) => {
+                open.push((&a.request_id, Waiting { level_id, wants: "approval" }));
+            }
+            EventData::AskUser(a) => open.push((&a.call_id, Waiting { level_id, wants: "answer" })),
+            EventData::ApprovalDecided(d) => {
+                open.retain(|(id, w)| !(w.wants == "approval" && *id == d.request_id));
+            }
+            EventData::UserAnswered(a) => {
+                open.retain(|(id, w)| !(w.wants == "answer" && *id == a.call_id));
+            }
+            // A level that ended no longer waits (a cancel closes it as skipped).
+            EventData::LevelFinished(_) => open.retain(|(_, w)| w.level_id != level_id),
+            EventData::ScenarioFinished(_) => open.clear(),
+            _ => {}
+        }
+    }
+    open.into_iter().map(|(_, w)| w).collect()
+}
+
+/// A duration as people read it: `850 ms`, `12.4 s`, `3 min 05 s`, `2 h 10 min`.
+fn human_duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{} min {:02} s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{} h {:02} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
 }
 
 pub(crate) async fn runs(
@@ -433,23 +669,52 @@ pub(crate) async fn runs(
     status: Option<&str>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let store = open_store(place)?;
+    let store = open_existing_store(place)?;
     let list = store.runs(status).await?;
+    let mut rows = Vec::with_capacity(list.len());
+    for record in list {
+        let events = store.load(&record.run_id, 0).await?;
+        let totals = baton_engine::state::fold(&events).totals;
+        let waiting =
+            if record.status == Status::Paused.as_str() { waiting_on(&events) } else { Vec::new() };
+        rows.push((record, totals, waiting));
+    }
     if json {
+        let mut list = Vec::with_capacity(rows.len());
+        for (record, totals, waiting) in &rows {
+            let mut row = serde_json::to_value(record)?;
+            if let Value::Object(map) = &mut row {
+                map.insert("cost_usd".to_owned(), json!(totals.cost_usd));
+                map.insert("tokens".to_owned(), json!(totals.tokens));
+                map.insert("duration_ms".to_owned(), json!(totals.duration_ms));
+                map.insert("waiting_on".to_owned(), serde_json::to_value(waiting)?);
+            }
+            list.push(row);
+        }
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(ExitCode::SUCCESS);
     }
-    if list.is_empty() {
-        println!("no runs");
+    if rows.is_empty() {
+        println!("no runs{}", status.map_or(String::new(), |s| format!(" with status {s}")));
+        return Ok(ExitCode::SUCCESS);
     }
-    for r in list {
+    println!(
+        "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  waits on",
+        "run", "status", "scenario", "cost", "tokens", "duration", "updated"
+    );
+    for (r, totals, waiting) in rows {
+        let waits: Vec<String> =
+            waiting.iter().map(|w| format!("{} ({})", w.level_id, w.wants)).collect();
         println!(
-            "{}  {:<10} {:<22} {:>5} events  {}",
+            "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  {}",
             r.run_id,
             r.status,
             r.scenario_id,
-            r.last_seq,
-            r.updated_at.format("%Y-%m-%d %H:%M:%S")
+            format!("${:.4}", totals.cost_usd),
+            totals.tokens,
+            human_duration(totals.duration_ms),
+            r.updated_at.format("%Y-%m-%d %H:%M:%S"),
+            waits.join(", ")
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -460,7 +725,7 @@ pub(crate) async fn export_cassette(
     run_id: &str,
     out: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
-    let store = open_store(place)?;
+    let store = open_existing_store(place)?;
     if store.run(run_id).await?.is_none() {
         bail!("no run {run_id} in {}", place.db.display());
     }
@@ -481,20 +746,185 @@ pub(crate) async fn events(
     follow_on: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let store = open_store(place)?;
+    let store = open_existing_store(place)?;
     if store.run(run_id).await?.is_none() {
         bail!("no run {run_id} in {}", place.db.display());
     }
     if follow_on {
-        follow(store.as_ref(), run_id, 0, json).await?;
+        follow(store.as_ref(), run_id, 0, None, |e| print_event(e, json)).await?;
         return Ok(ExitCode::SUCCESS);
     }
     for e in store.load(run_id, 0).await? {
-        if json {
-            println!("{}", timeline::json_line(&e));
-        } else if let Some(line) = timeline::line(&e) {
-            println!("{}", timeline::styled(&line));
-        }
+        print_event(&e, json);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Mutex;
+
+    use baton_engine::event::{
+        ApprovalDecided, ApprovalRequested, AskUser, LevelStarted, NewEvent, UserAnswered, Warning,
+    };
+    use baton_engine::store::{MemoryStore, RunRecord};
+    use chrono::Utc;
+
+    use super::*;
+
+    fn warning(seq: u64) -> Event {
+        NewEvent::run(EventData::Warning(Warning { message: format!("w{seq}") }))
+            .at(seq, Utc::now())
+    }
+
+    #[tokio::test]
+    async fn the_printer_emits_every_event_written_before_it_is_stopped_once_and_in_order() {
+        let store: Arc<dyn EventStore> = Arc::new(MemoryStore::default());
+        let now = Utc::now();
+        let record = RunRecord {
+            run_id: "r".to_owned(),
+            scenario_id: "s".to_owned(),
+            status: "running".to_owned(),
+            created_at: now,
+            updated_at: now,
+            last_seq: 0,
+        };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        // Started before the run exists, as `baton run` does.
+        let printer =
+            Printer::spawn(Arc::clone(&store), "r", 0, move |e| sink.lock().unwrap().push(e.seq));
+        store.create_run(&record, vec![warning(1)]).await.unwrap();
+        while seen.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // Written while the printer sleeps between polls, then stopped at once.
+        store.append("r", 2, vec![warning(2), warning(3)], "running").await.unwrap();
+        store.append("r", 4, vec![warning(4)], "paused").await.unwrap();
+        printer.finish().await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), [1, 2, 3, 4]);
+    }
+
+    #[tokio::test]
+    async fn a_printer_stopped_before_its_run_was_written_emits_nothing() {
+        let store: Arc<dyn EventStore> = Arc::new(MemoryStore::default());
+        let printer = Printer::spawn(store, "never", 0, |_| panic!("nothing to print"));
+        printer.finish().await.unwrap();
+    }
+
+    fn at(seq: u64, level: &str, data: EventData) -> Event {
+        NewEvent::level(level, 1, data).at(seq, Utc::now())
+    }
+
+    #[test]
+    fn a_run_waits_on_the_approvals_and_questions_nobody_has_answered() {
+        let started = |seq, level: &str| {
+            at(
+                seq,
+                level,
+                EventData::LevelStarted(LevelStarted {
+                    role: "r".to_owned(),
+                    kind: "k".to_owned(),
+                    parent: None,
+                }),
+            )
+        };
+        let approval = |seq, level: &str, id: &str| {
+            at(
+                seq,
+                level,
+                EventData::ApprovalRequested(ApprovalRequested {
+                    request_id: id.to_owned(),
+                    approver_role: "lead".to_owned(),
+                    question: "ok?".to_owned(),
+                    schema: Value::Null,
+                }),
+            )
+        };
+        let decided = |seq, id: &str| {
+            NewEvent::run(EventData::ApprovalDecided(ApprovalDecided {
+                request_id: id.to_owned(),
+                approved: false,
+                comment: None,
+                by: None,
+            }))
+            .at(seq, Utc::now())
+        };
+        let ask = at(
+            5,
+            "ask",
+            EventData::AskUser(AskUser { call_id: "c1".to_owned(), question: json!("which?") }),
+        );
+        let mut log = vec![started(1, "gate"), approval(2, "gate", "a1")];
+        let waits = |log: &[Event]| -> Vec<(String, &'static str)> {
+            waiting_on(log).into_iter().map(|w| (w.level_id, w.wants)).collect()
+        };
+        assert_eq!(waits(&log), [("gate".to_owned(), "approval")]);
+        log.push(decided(3, "a1"));
+        assert!(waits(&log).is_empty());
+        // A request decided under another id does not answer this one.
+        log.push(approval(4, "gate", "a2"));
+        log.push(ask);
+        assert_eq!(waits(&log), [("gate".to_owned(), "approval"), ("ask".to_owned(), "answer")]);
+        log.push(
+            NewEvent::run(EventData::UserAnswered(UserAnswered {
+                call_id: "c1".to_owned(),
+                answer: json!("b"),
+            }))
+            .at(6, Utc::now()),
+        );
+        assert_eq!(waits(&log), [("gate".to_owned(), "approval")]);
+        log.push(decided(7, "other"));
+        assert_eq!(waits(&log), [("gate".to_owned(), "approval")]);
+    }
+
+    #[test]
+    fn branch_names_follow_git_check_ref_format() {
+        for ok in ["main", "feature/x", "v1.2", "a-b_c", "result@home", "ü"] {
+            assert_eq!(check_branch_name(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("", "it is empty"),
+            ("bad..name", "it contains \"..\""),
+            ("-x", "it starts with '-'"),
+            ("@", "it is '@'"),
+            ("a@{1}", "it contains \"@{\""),
+            ("a//b", "it contains \"//\""),
+            ("a b", "it contains ' '"),
+            ("a~1", "it contains '~'"),
+            ("a^", "it contains '^'"),
+            ("a:b", "it contains ':'"),
+            ("a?", "it contains '?'"),
+            ("a*", "it contains '*'"),
+            ("a[b", "it contains '['"),
+            ("a\\b", "it contains '\\\\'"),
+            ("a\tb", "it contains '\\t'"),
+            ("/a", "it starts or ends with '/'"),
+            ("a/", "it starts or ends with '/'"),
+            ("a.", "it ends with '.'"),
+            ("x/.hidden", "its part \".hidden\" starts with '.'"),
+            ("a.lock/b", "its part \"a.lock\" ends with \".lock\""),
+        ] {
+            assert_eq!(check_branch_name(bad), Err(why.to_owned()), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn durations_read_as_people_say_them() {
+        assert_eq!(human_duration(850), "850 ms");
+        assert_eq!(human_duration(12_400), "12.4 s");
+        assert_eq!(human_duration(185_000), "3 min 05 s");
+        assert_eq!(human_duration(7_800_000), "2 h 10 min");
+    }
+
+    #[test]
+    fn the_statuses_runs_accepts_are_the_ones_runs_have() {
+        let statuses = run_statuses();
+        for s in [Status::Running, Status::Paused, Status::Completed, Status::Cancelled] {
+            assert!(statuses.contains(&s.as_str()));
+        }
+        assert!(!statuses.contains(&Status::New.as_str()), "a run is listed once it started");
+    }
 }

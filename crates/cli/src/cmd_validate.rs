@@ -108,28 +108,29 @@ fn check_models(
     config: &baton_providers::config::Config,
     config_path: &Path,
 ) -> Vec<Diagnostic> {
-    use baton_scenario::{LevelKind, Pos};
+    use baton_scenario::Pos;
     let mut out = Vec::new();
     for s in registry.scenarios() {
+        for (level, wanted) in unsatisfiable_levels(s, config) {
+            out.push(
+                Diagnostic::error(
+                    "unsatisfiable-model",
+                    Pos::UNKNOWN,
+                    format!(
+                        "level `{level}` of `{}` wants {wanted}, which no model in {} satisfies",
+                        s.id,
+                        config_path.display()
+                    ),
+                )
+                .in_file(s.file.clone())
+                .with_help(
+                    "configure a matching provider and model, or widen the level's `model.allow`",
+                ),
+            );
+        }
         for level in &s.levels {
-            if !matches!(level.kind, LevelKind::Prompt { .. } | LevelKind::ToolLoop { .. }) {
+            if !calls_a_model(&level.kind) {
                 continue;
-            }
-            let chain = baton_providers::resolve::chain(config, level.model.as_ref());
-            if chain.is_empty() {
-                let wanted = level.model.as_ref().map_or_else(
-                    || "the routing default (none configured)".to_owned(),
-                    |m| format!("allow [{}]", m.allow.join(", ")),
-                );
-                out.push(
-                    Diagnostic::error(
-                        "unsatisfiable-model",
-                        Pos::UNKNOWN,
-                        format!("level `{}` of `{}` wants {wanted}, which no model in {} satisfies", level.id, s.id, config_path.display()),
-                    )
-                    .in_file(s.file.clone())
-                    .with_help("configure a matching provider and model, or widen the level's `model.allow`"),
-                );
             }
             for entry in level.model.iter().flat_map(|m| m.fallback.iter()) {
                 if baton_providers::resolve::find(config, entry).is_none() {
@@ -146,6 +147,35 @@ fn check_models(
         }
     }
     out
+}
+
+/// Whether a level of this kind calls a model itself.
+fn calls_a_model(kind: &baton_scenario::LevelKind) -> bool {
+    matches!(
+        kind,
+        baton_scenario::LevelKind::Prompt { .. } | baton_scenario::LevelKind::ToolLoop { .. }
+    )
+}
+
+/// The levels of a scenario that call a model which nothing in `config` satisfies, each
+/// with what it wants (`allow [...]`, or the routing default).
+pub(crate) fn unsatisfiable_levels(
+    scenario: &baton_scenario::Scenario,
+    config: &baton_providers::config::Config,
+) -> Vec<(String, String)> {
+    scenario
+        .levels
+        .iter()
+        .filter(|level| calls_a_model(&level.kind))
+        .filter(|level| baton_providers::resolve::chain(config, level.model.as_ref()).is_empty())
+        .map(|level| {
+            let wanted = level.model.as_ref().map_or_else(
+                || "the routing default (none configured)".to_owned(),
+                |m| format!("allow [{}]", m.allow.join(", ")),
+            );
+            (level.id.clone(), wanted)
+        })
+        .collect()
 }
 
 fn plural(n: usize) -> &'static str {

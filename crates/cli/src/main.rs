@@ -130,15 +130,22 @@ enum Command {
         #[arg(long)]
         no_resume: bool,
     },
-    /// Ask a run to stop; a running executor stops at its next check.
+    /// Stop a run: a paused run (or one whose process died) ends here; a running one stops
+    /// at its driver's next check. Exit 0 once the cancel is recorded.
     Cancel {
         run: String,
+        /// Who cancels (recorded in the log).
         #[arg(long)]
         by: Option<String>,
-    },
-    /// List runs.
-    Runs {
+        /// Why (recorded on the cancel event; `baton events` shows it).
         #[arg(long)]
+        reason: Option<String>,
+    },
+    /// List runs, newest first: status, scenario, cost, tokens, duration, and what a paused
+    /// run waits for.
+    Runs {
+        /// Only runs with this status.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(cmd_run::run_statuses()))]
         status: Option<String>,
         #[arg(long)]
         json: bool,
@@ -304,7 +311,9 @@ fn main() -> ExitCode {
         Command::Answer { run, answer, script, no_resume } => {
             runtime.block_on(cmd_run::answer(&place, &run, &answer, script.as_deref(), no_resume))
         }
-        Command::Cancel { run, by } => runtime.block_on(cmd_run::cancel(&place, &run, by)),
+        Command::Cancel { run, by, reason } => {
+            runtime.block_on(cmd_run::cancel(&place, &run, by, reason))
+        }
         Command::Runs { status, json } => {
             runtime.block_on(cmd_run::runs(&place, status.as_deref(), json))
         }

@@ -93,8 +93,9 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             format!("retry     {level} ({}/{}): {}", r.retry, r.retries_max, preview(&r.reason, 80))
         }
         EventData::CancelRequested(c) => format!(
-            "cancel    requested{}",
-            c.by.as_ref().map_or(String::new(), |b| format!(" by {b}"))
+            "cancel    requested{}{}",
+            c.by.as_ref().map_or(String::new(), |b| format!(" by {b}")),
+            c.reason.as_ref().map_or(String::new(), |r| format!(": {}", preview(r, 80)))
         ),
         EventData::Warning(w) => format!("warning   {}", w.message),
         EventData::ScenarioFinished(f) => format!(

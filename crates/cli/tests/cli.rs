@@ -1000,3 +1000,581 @@ fn security_review_scans_a_project_with_the_real_scanners_and_never_repeats_a_se
     assert!(!whole_log.contains(&key) && !whole_log.contains("Q3EGRTZB7XKPW4NM"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A fresh directory for one test, empty.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("baton-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Starts release_notes on its script; it pauses for the sign-off. Returns the run id.
+fn paused_release_notes(db: &std::path::Path) -> String {
+    let out = baton_db(
+        db,
+        &[
+            "run",
+            "release_notes",
+            "--script",
+            "scenarios/scripts/release_notes.yaml",
+            "--input",
+            "PR 1: CSV export",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned()
+}
+
+#[test]
+fn runs_shows_cost_tokens_duration_and_the_level_a_paused_run_waits_on() {
+    let dir = scratch("runs-list");
+    let db = dir.join("runs.db");
+    let run = paused_release_notes(&db);
+    let out = baton_db(&db, &["runs"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let o = text(&out.stdout);
+    let header = o.lines().next().unwrap();
+    for column in ["run", "status", "scenario", "cost", "tokens", "duration", "waits on"] {
+        assert!(header.contains(column), "{o}");
+    }
+    let line = o.lines().find(|l| l.starts_with(&run)).unwrap();
+    // Two drafts and two reviews: $0.0017 and 850 tokens, from the script.
+    assert!(line.contains("paused") && line.contains("$0.0017") && line.contains(" 850 "), "{o}");
+    assert!(line.trim_end().ends_with("sign_off (approval)"), "{o}");
+    assert!(line.contains(" ms ") || line.contains(" s "), "a duration: {o}");
+
+    let out = baton_db(&db, &["runs", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = &list[0];
+    assert_eq!(row["run_id"], run.as_str());
+    assert!((row["cost_usd"].as_f64().unwrap() - 0.0017).abs() < 1e-9, "{row}");
+    assert_eq!(row["tokens"], 850);
+    assert!(row["duration_ms"].is_u64(), "{row}");
+    assert_eq!(row["waiting_on"], serde_json::json!([{"level_id": "sign_off", "for": "approval"}]));
+
+    // Once decided, the run waits on nothing.
+    let out = baton_db(&db, &["approve", &run, "--by", "ann"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = baton_db(&db, &["runs", "--json", "--status", "completed"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list[0]["waiting_on"], serde_json::json!([]));
+    assert!(list[0]["tokens"].as_u64().unwrap() > 850);
+
+    // A status that does not exist is an error naming the ones that do, not "no runs".
+    let out = baton_db(&db, &["runs", "--status", "bogus"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("invalid value 'bogus'"), "{err}");
+    assert!(err.contains("running, paused, completed, aborted, cancelled, failed"), "{err}");
+    assert!(!text(&out.stdout).contains("no runs"));
+    let out = baton_db(&db, &["runs", "--status", "failed"]);
+    assert_eq!(text(&out.stdout).trim(), "no runs with status failed");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cancel_records_its_reason_and_events_show_it() {
+    let dir = scratch("cancel-reason");
+    let db = dir.join("runs.db");
+    let run = paused_release_notes(&db);
+    let out = baton_db(&db, &["cancel", &run, "--reason", ""]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--reason is empty"), "{}", text(&out.stderr));
+    let out = baton_db(&db, &["cancel", &run, "--by", "ann", "--reason", "wrong PR list"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!("cancelled run {run}")), "{}", text(&out.stdout));
+    let events = events_of(&db, &run);
+    let cancel = events.iter().find(|e| e["kind"] == "cancel_requested").unwrap();
+    assert_eq!(cancel["data"], serde_json::json!({"by": "ann", "reason": "wrong PR list"}));
+    assert_eq!(events.last().unwrap()["data"]["status"], "cancelled");
+    let timeline = text(&baton_db(&db, &["events", &run]).stdout);
+    assert!(timeline.contains("cancel    requested by ann: wrong PR list"), "{timeline}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cancel_runs_and_events_work_without_the_scenarios_directory() {
+    let dir = scratch("no-scenarios");
+    let db = dir.join("runs.db");
+    let run = paused_release_notes(&db);
+    // A scenarios directory that does not load, and one that does not exist.
+    let broken = dir.join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("bad.yaml"), "id: [unclosed\n").unwrap();
+    for scenarios in [broken.clone(), dir.join("missing")] {
+        let s = scenarios.to_str().unwrap();
+        let out = baton_db(&db, &["--scenarios", s, "runs"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let out = baton_db(&db, &["--scenarios", s, "events", &run]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let out = baton_db(&db, &["--scenarios", broken.to_str().unwrap(), "cancel", &run]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!("cancelled run {run}")));
+    let out =
+        baton_db(&db, &["--scenarios", dir.join("missing").to_str().unwrap(), "runs", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list[0]["status"], "cancelled");
+    let events = events_of(&db, &run);
+    let ends: Vec<&str> =
+        events.iter().rev().take(2).map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(ends, ["scenario_finished", "level_finished"], "the sign-off is closed as skipped");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Runs baton with `--db DB` inside a mount namespace where DIR is a read-only bind mount,
+/// or, where that is not possible, as an unprivileged user; `None` when neither can be
+/// done on this machine. The tests run as root, which file modes do not stop.
+fn baton_read_only(dir: &std::path::Path, args: &[&str]) -> Option<(Output, &'static str)> {
+    let bin = env!("CARGO_BIN_EXE_baton");
+    let mounted = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind -o ro \"$1\" \"$1\" && shift && exec \"$@\"")
+        .arg("sh")
+        .arg(dir)
+        .arg(bin)
+        .args(args)
+        .current_dir(repo())
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .output();
+    if let Ok(out) = mounted
+        && !text(&out.stderr).contains("mount:")
+        && !text(&out.stderr).contains("unshare:")
+    {
+        return Some((out, "Read-only file system"));
+    }
+    // A directory root owns and nobody else may write to, entered as `nobody`.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).ok()?;
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", bin])
+        .args(args)
+        .current_dir(repo())
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .ok()?;
+    (!text(&out.stderr).contains("setpriv:")).then_some((out, "Permission denied"))
+}
+
+#[test]
+#[allow(clippy::print_stderr)]
+fn read_only_commands_never_create_a_database_and_open_errors_say_why() {
+    let dir = scratch("db-open");
+    let typo = dir.join("typo/t.db");
+    let t = typo.to_str().unwrap();
+    for args in [
+        vec!["runs"],
+        vec!["events", "0190"],
+        vec!["cassette", "export", "0190"],
+        vec!["cancel", "0190"],
+        vec!["resume", "0190"],
+    ] {
+        let out = baton_db(&typo, &args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("no database at {t}; start a run first or pass --db")),
+            "{args:?}: {err}"
+        );
+        assert!(!dir.join("typo").exists(), "{args:?} created {}", dir.join("typo").display());
+    }
+    let script = ["--script", "scenarios/scripts/quick_qa.yaml", "--input", "q"];
+    // The database is a directory.
+    let out = baton_db(&dir, &[&["run", "quick_qa"][..], &script].concat());
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot open the database {}: it is a directory", dir.display())),
+        "{err}"
+    );
+    // A parent that cannot be created: a file stands where a directory should be.
+    std::fs::write(dir.join("file"), "").unwrap();
+    let out = baton_db(&dir.join("file/sub/t.db"), &[&["run", "quick_qa"][..], &script].concat());
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains(&dir.join("file/sub").display().to_string()), "{err}");
+    assert!(err.contains("Not a directory"), "{err}");
+    // A read-only directory: for a new database, and for one that exists.
+    let ro = dir.join("ro");
+    std::fs::create_dir_all(&ro).unwrap();
+    let existing = ro.join("existing.db");
+    let out = baton_db(&existing, &[&["run", "quick_qa"][..], &script].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for name in ["existing.db-wal", "existing.db-shm"] {
+        let _ = std::fs::remove_file(ro.join(name));
+    }
+    let fresh = ro.join("new.db");
+    let fresh_args = [&["--db", fresh.to_str().unwrap(), "run", "quick_qa"][..], &script].concat();
+    let existing_args = ["--db", existing.to_str().unwrap(), "runs"];
+    match baton_read_only(&ro, &fresh_args) {
+        Some((out, reason)) => {
+            assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+            let err = text(&out.stderr);
+            assert!(
+                err.contains(&format!("cannot open the database {}", fresh.display())),
+                "{err}"
+            );
+            assert!(err.contains(&format!("cannot create files in {}", ro.display())), "{err}");
+            assert!(err.contains(reason), "{err}");
+            assert!(!err.contains("unable to open database file"), "{err}");
+            let (out, reason) = baton_read_only(&ro, &existing_args).unwrap();
+            assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+            let err = text(&out.stderr);
+            assert!(
+                err.contains(&format!("cannot open the database {}", existing.display()))
+                    && err.contains(reason),
+                "{err}"
+            );
+        }
+        None => eprintln!("skipped: neither a read-only mount nor an unprivileged user here"),
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The lines of a timeline (`#SEQ …`) in some output.
+fn timeline_lines(out: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| {
+            l.strip_prefix('#').is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn run_and_approve_print_every_event_once_without_waiting_for_the_printer() {
+    let dir = scratch("printer");
+    let db = dir.join("runs.db");
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "release_notes",
+            "--script",
+            "scenarios/scripts/release_notes.yaml",
+            "--input",
+            "x",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3));
+    let run = text(&out.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned();
+    let printed = timeline_lines(&text(&out.stdout));
+    let logged = timeline_lines(&text(&baton_db(&db, &["events", &run]).stdout));
+    assert_eq!(printed, logged, "the run printed its whole log, once and in order");
+    let out = baton_db(&db, &["approve", &run, "--by", "ann"]);
+    assert_eq!(out.status.code(), Some(0));
+    let printed = timeline_lines(&text(&out.stdout));
+    let logged = timeline_lines(&text(&baton_db(&db, &["events", &run]).stdout));
+    let tail = &logged[logged.len() - printed.len()..];
+    assert_eq!(printed, tail, "approve printed the decision and everything after it");
+    assert!(printed[0].contains("decided   approved by ann"), "{printed:?}");
+    assert!(printed.last().unwrap().contains("finished  completed"), "{printed:?}");
+
+    // Printing costs no fixed wait: the fastest of a few runs with the timeline is about as
+    // fast as the fastest without (a 60 ms sleep used to follow every run).
+    let fastest = |json: bool| {
+        (0..7)
+            .map(|_| {
+                let mut args =
+                    vec!["run", "quick_qa", "--script", "scenarios/scripts/quick_qa.yaml"];
+                args.extend(["--input", "q"]);
+                if json {
+                    args.push("--json");
+                }
+                let started = std::time::Instant::now();
+                let out = baton_db(&db, &args);
+                assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+                started.elapsed()
+            })
+            .min()
+            .unwrap()
+    };
+    let (with, without) = (fastest(false), fastest(true));
+    assert!(
+        with < without + std::time::Duration::from_millis(40),
+        "with the timeline {with:?}, without {without:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The fenced ```toml blocks of a Markdown text.
+fn toml_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match (&mut current, line.trim_start()) {
+            (None, l) if l.starts_with("```toml") => current = Some(String::new()),
+            (Some(_), l) if l.starts_with("```") => blocks.extend(current.take()),
+            (Some(block), _) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+#[test]
+fn the_readme_documents_every_key_of_baton_toml_and_its_examples_parse() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let blocks = toml_blocks(&readme);
+    assert!(blocks.len() >= 2, "a full example and a local server's: {blocks:?}");
+    let mut local = false;
+    for block in &blocks {
+        let config = baton_providers::config::Config::parse(block, "README.md")
+            .unwrap_or_else(|e| panic!("{e}\n{block}"));
+        for p in &config.providers {
+            if p.kind == baton_providers::config::Kind::Openai {
+                assert!(p.base_url.trim_end_matches('/').ends_with("/v1"), "{}", p.base_url);
+                local |= p.base_url.starts_with("http://127.0.0.1")
+                    || p.base_url.starts_with("http://localhost");
+            }
+        }
+    }
+    assert!(local, "a worked example for a local server");
+    let start = readme.find("## Configuring models").expect("a section on baton.toml");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |n| n + 3)];
+    for key in [
+        "[routing]",
+        "default",
+        "[[providers]]",
+        "name",
+        "kind",
+        "base_url",
+        "api_key_env",
+        "tier",
+        "stream",
+        "[[providers.models]]",
+        "input_usd_per_mtok",
+        "output_usd_per_mtok",
+        "cached_input_usd_per_mtok",
+        "max_tokens",
+        "ANTHROPIC_API_KEY",
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        "BATON_MODELS",
+        "/v1",
+        "Ollama",
+        "llama.cpp",
+        "vLLM",
+    ] {
+        assert!(section.contains(&format!("`{key}")) || section.contains(key), "{key}");
+    }
+    // What the README says the environment gives, the code gives.
+    let env = baton_providers::config::Config::from_env(|k| match k {
+        "OPENAI_BASE_URL" => Some("http://127.0.0.1:11434/v1".to_owned()),
+        "BATON_MODELS" => Some("llama3.1, qwen2.5-coder".to_owned()),
+        _ => None,
+    });
+    assert_eq!(env.routing.default.as_deref(), Some("free:local/llama3.1"));
+    assert!(section.contains("free:local/llama3.1"), "the README names the default it gives");
+}
+
+#[test]
+fn run_checks_every_levels_model_against_the_configuration_before_the_first_call() {
+    let dir = scratch("run-models");
+    let config = dir.join("local.toml");
+    // Only a local OpenAI-compatible server (nothing listens there: no call may be made).
+    std::fs::write(
+        &config,
+        "[routing]\ndefault = \"free:local/llama3.1\"\n\n[[providers]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\ntier = \"free\"\n[[providers.models]]\nname = \"llama3.1\"\n",
+    )
+    .unwrap();
+    let db = dir.join("runs.db");
+    let c = config.to_str().unwrap();
+    let out = baton_db(&db, &["--config", c, "run", "code_build", "--input", "a greet CLI"]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", text(&out.stdout), text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "scenario `code_build` cannot run with the models configured in {c}"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("level `l4_execute` wants allow [paid:anthropic/*]"), "{err}");
+    assert!(err.contains("level `l2_escalate` wants allow [paid:anthropic/*]"), "{err}");
+    assert!(!err.contains("l1_brief") && !err.contains("l2_plan"), "{err}");
+    assert!(!db.exists(), "no run was created");
+    // The same from the environment alone.
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["--db", db.to_str().unwrap(), "run", "code_build", "--input", "a greet CLI"])
+        .current_dir(repo())
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("BATON_CONFIG")
+        .env("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("configured in the environment") && err.contains("l4_execute"), "{err}");
+    assert!(!db.exists(), "no run was created");
+    // A script or a cassette answers every level: no provider is needed or checked.
+    let out = baton_db(
+        &db,
+        &[
+            "--config",
+            c,
+            "run",
+            "release_notes",
+            "--input",
+            "x",
+            "--script",
+            "scenarios/scripts/release_notes.yaml",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_branch_and_record_arguments_are_refused_before_a_run_starts() {
+    let dir = scratch("run-args");
+    let db = dir.join("runs.db");
+    let script = ["--script", "scenarios/scripts/code_build.yaml", "--input", "a greet CLI"];
+    let out =
+        baton_db(&db, &[&["run", "code_build", "--branch", "bad..name"][..], &script].concat());
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--branch \"bad..name\" is not a valid branch name: it contains \"..\""),
+        "{err}"
+    );
+    assert!(!db.exists() && !dir.join("workspaces").exists(), "no run was created");
+    for bad in ["-x", "a b", "a.lock", "x/.hidden", "end.", "a@{1}", "@", "a//b", "/a"] {
+        let flag = format!("--branch={bad}");
+        let out = baton_db(&db, &[&["run", "code_build", flag.as_str()][..], &script].concat());
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        assert!(text(&out.stderr).contains("is not a valid branch name"), "{bad}");
+    }
+    // A scenario without a workspace has no result to name.
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "quick_qa",
+            "--branch",
+            "ok",
+            "--script",
+            "scenarios/scripts/quick_qa.yaml",
+            "--input",
+            "q",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("scenario `quick_qa` has no tool_loop level"));
+    let missing = dir.join("missing/dir/c.json");
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "quick_qa",
+            "--record",
+            missing.to_str().unwrap(),
+            "--script",
+            "scenarios/scripts/quick_qa.yaml",
+            "--input",
+            "q",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "cannot record the cassette to {}: its directory {} cannot be used",
+            missing.display(),
+            dir.join("missing/dir").display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("No such file or directory") && !err.contains("c.tmp"), "{err}");
+    assert!(!db.exists(), "no run was created");
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "quick_qa",
+            "--record",
+            dir.to_str().unwrap(),
+            "--script",
+            "scenarios/scripts/quick_qa.yaml",
+            "--input",
+            "q",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("it is a directory"), "{}", text(&out.stderr));
+    assert!(!db.exists(), "no run was created");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_script_with_a_negative_or_non_finite_cost_or_negative_tokens_is_refused() {
+    let dir = scratch("bad-script");
+    let db = dir.join("runs.db");
+    let cases = [
+        (
+            "levels:\n  answer:\n    - text: ok\n    - text: '{}'\n      cost_usd: -100\n",
+            ":4:7: level `answer`, response 2: cost_usd must be a finite number of zero or more, not -100",
+        ),
+        (
+            "default:\n  cost_usd: -0.5\n",
+            ":2:3: the default response: cost_usd must be a finite number of zero or more, not -0.5",
+        ),
+        (
+            "levels:\n  answer:\n    - text: ok\n      cost_usd: .inf\n",
+            ":4:17: invalid YAML: non-finite float `.inf`",
+        ),
+        (
+            "levels:\n  answer:\n    - text: ok\n      cost_usd: 1e999\n",
+            ":4:17: invalid YAML: non-finite float `1e999`",
+        ),
+        (
+            "levels:\n  answer:\n    - text: ok\n      usage: {input_tokens: -5, output_tokens: 1}\n",
+            ":4:29: expected a whole number of zero or more, found the number -5",
+        ),
+    ];
+    for (n, (script, expected)) in cases.iter().enumerate() {
+        let file = dir.join(format!("script{n}.yaml"));
+        std::fs::write(&file, script).unwrap();
+        let out =
+            baton_db(&db, &["run", "quick_qa", "--input", "q", "--script", file.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{script}");
+        let err = text(&out.stderr);
+        assert!(err.contains(&format!("{}{expected}", file.display())), "{script}\n{err}");
+        assert!(!db.exists(), "no run was created");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cancelling_a_run_whose_driver_died_ends_it_and_restores_its_workspace() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-cb-orphan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut child, run, workspace) = code_build_mid_level(&dir);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let db = dir.join("runs.db");
+    let missing = dir.join("no-scenarios");
+    let out = baton_db(
+        &db,
+        &["--scenarios", missing.to_str().unwrap(), "cancel", &run, "--reason", "driver died"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!("cancelled run {run}")), "{}", text(&out.stdout));
+    let left: Vec<String> = std::fs::read_dir(&workspace)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, [".baton"], "the run's files are gone");
+    let events = events_of(&db, &run);
+    assert_eq!(events.last().unwrap()["data"]["status"], "cancelled");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -30,6 +30,9 @@ use crate::workspace::{Workspace, WorkspaceError, WorkspaceRequest, off_thread};
 /// How often a running step checks the store for a cancel request.
 const CANCEL_POLL: Duration = Duration::from_millis(100);
 
+/// How many times an append from outside the executor is tried when the log moves.
+const EXTERNAL_APPEND_TRIES: usize = 50;
+
 /// How often a long step writes a heartbeat.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
 
@@ -450,6 +453,62 @@ impl Engine {
         }
         let event = NewEvent::run(EventData::CancelRequested(CancelRequested { by, reason }));
         self.append_external(run_id, &state, event).await
+    }
+
+    /// Ends a run whose cancel was requested and that no process drives (a paused run, or
+    /// one whose driver died), without its scenario: the end of a cancelled run reads
+    /// nothing from it (the log holds the totals and the workspace's base), so a run can be
+    /// stopped after its scenario files changed or went away. The workspace goes back to
+    /// its base, as when [`Engine::drive`] ends a cancelled run. A run being driven is
+    /// [`store::Error::Busy`]: its driver stops at its next check.
+    pub async fn end_cancelled(&self, run_id: &str) -> Result<Outcome, Error> {
+        let _driving = self.store.hold(run_id).await?;
+        for _ in 0..EXTERNAL_APPEND_TRIES {
+            let state = self.state(run_id).await?;
+            if state.cancel_requested.is_none() && !state.status.is_final() {
+                return Err(Error::Refused {
+                    run_id: run_id.to_owned(),
+                    message: "no cancel was requested; request one with `baton cancel`".to_owned(),
+                });
+            }
+            let mut w = Writer {
+                engine: self,
+                run_id,
+                stored_seq: state.last_seq,
+                state: Arc::new(state),
+                pending: Vec::new(),
+                create: None,
+                has_results: false,
+            };
+            if !w.state.status.is_final() {
+                let events = crate::plan::cancelled(&w.state);
+                w.stage(events);
+                w.flush().await?;
+            }
+            // A conflicting writer (an approval recorded meanwhile) makes the flush re-read
+            // the log: try again on it.
+            if !w.state.status.is_final() {
+                continue;
+            }
+            if let Some(info) = &w.state.workspace {
+                let Some(setup) = &self.runtime.workspaces else {
+                    return Err(Error::NoWorkspaces { scenario: w.state.scenario_id.clone() });
+                };
+                let request = WorkspaceRequest {
+                    run_id: run_id.to_owned(),
+                    dir: Some(std::path::PathBuf::from(&info.dir)),
+                    seed: None,
+                };
+                let opener = Arc::clone(&setup.opener);
+                let workspace = off_thread(move || opener.open(&request)).await?;
+                settle_workspace(workspace, &w.state).await?;
+            }
+            return Ok(Outcome::Finished(w.state.status));
+        }
+        Err(Error::Refused {
+            run_id: run_id.to_owned(),
+            message: "the log kept moving; try again".to_owned(),
+        })
     }
 
     /// Appends one event from outside the executor, retrying when the log moved.

@@ -227,9 +227,21 @@ pub struct ScriptedUsage {
 #[serde(deny_unknown_fields)]
 struct RawScript {
     #[serde(default)]
-    levels: BTreeMap<String, Located<Vec<ScriptedResponse>>>,
+    levels: BTreeMap<String, Located<Vec<Located<ScriptedResponse>>>>,
     #[serde(default)]
-    default: Option<ScriptedResponse>,
+    default: Option<Located<ScriptedResponse>>,
+}
+
+/// Why a scripted response cannot be an answer: a cost must be a finite amount of zero or
+/// more (a negative one would make a run report money it earned). Token counts are whole
+/// numbers of zero or more by their type.
+fn check_response(response: &ScriptedResponse) -> Result<(), String> {
+    match response.cost_usd {
+        Some(cost) if !cost.is_finite() || cost < 0.0 => {
+            Err(format!("cost_usd must be a finite number of zero or more, not {cost}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 impl ScriptedModel {
@@ -266,10 +278,32 @@ impl ScriptedModel {
                     list.pos.line, list.pos.col
                 ));
             }
+            for (n, response) in list.value.iter().enumerate() {
+                check_response(response).map_err(|message| {
+                    format!(
+                        "{file}:{}:{}: level `{level}`, response {}: {message}",
+                        response.pos.line,
+                        response.pos.col,
+                        n + 1
+                    )
+                })?;
+            }
+        }
+        if let Some(response) = &raw.default {
+            check_response(response).map_err(|message| {
+                format!(
+                    "{file}:{}:{}: the default response: {message}",
+                    response.pos.line, response.pos.col
+                )
+            })?;
         }
         Ok(ScriptedModel {
-            levels: raw.levels.into_iter().map(|(k, v)| (k, v.value)).collect(),
-            default: raw.default,
+            levels: raw
+                .levels
+                .into_iter()
+                .map(|(k, v)| (k, v.value.into_iter().map(|r| r.value).collect()))
+                .collect(),
+            default: raw.default.map(|r| r.value),
         })
     }
 

@@ -37,7 +37,7 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
         return Step::Done;
     }
     if state.cancel_requested.is_some() {
-        return finish(state, FinalStatus::Cancelled, Some("cancelled_by_user".to_owned()));
+        return Step::Append(cancelled(state));
     }
     if state.aborted_reason.is_some() {
         return finish(state, FinalStatus::Aborted, state.aborted_reason.clone());
@@ -220,7 +220,18 @@ pub fn over_caps(b: BudgetCaps, t: Totals) -> Option<BudgetExceeded> {
     None
 }
 
+/// The end of a run whose cancel was requested. It reads nothing from the scenario, so a
+/// run can be ended after its scenario files changed or went away.
+pub fn cancelled(state: &RunState) -> Vec<NewEvent> {
+    end(state, FinalStatus::Cancelled, Some("cancelled_by_user".to_owned()))
+}
+
 fn finish(state: &RunState, status: FinalStatus, reason: Option<String>) -> Step {
+    Step::Append(end(state, status, reason))
+}
+
+/// The events that end a run: its in-flight level closed as skipped, then the end.
+fn end(state: &RunState, status: FinalStatus, reason: Option<String>) -> Vec<NewEvent> {
     let mut events = Vec::new();
     // A level cut short by a cancel or an abort is closed as skipped, so the log says so.
     if let Some(id) = &state.in_flight {
@@ -238,7 +249,7 @@ fn finish(state: &RunState, status: FinalStatus, reason: Option<String>) -> Step
         checksum: state.checksum.clone(),
         final_output,
     })));
-    Step::Append(events)
+    events
 }
 
 /// Without a terminal level, the run's output is that of the last level that produced one.

@@ -18,7 +18,7 @@ use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{Error, EventStore, RunGuard, RunRecord, check_numbering};
 use chrono::{DateTime, SecondsFormat, Utc};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 /// The schema, one file per version, applied in order.
@@ -103,9 +103,23 @@ impl SqliteStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| Error::Backend(format!("cannot create {}: {e}", dir.display())))?;
         }
-        let conn = Connection::open(&path)
-            .map_err(|e| Error::Backend(format!("cannot open {}: {e}", path.display())))?;
-        prepare(&conn).map_err(|e| Error::Backend(format!("{}: {e}", path.display())))?;
+        Self::start(path, OpenFlags::default())
+    }
+
+    /// Opens the database at `path` only if it exists: neither the file nor its directories
+    /// are created, for commands that read runs or change existing ones.
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let path = path.as_ref().to_path_buf();
+        if !path.exists() {
+            return Err(Error::Backend(format!("no database at {}", path.display())));
+        }
+        Self::start(path, OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE)
+    }
+
+    fn start(path: PathBuf, flags: OpenFlags) -> Result<Self, Error> {
+        let conn = Connection::open_with_flags(&path, flags)
+            .map_err(|e| Error::Backend(open_failure(&path, &e)))?;
+        prepare(&conn).map_err(|e| Error::Backend(open_failure(&path, &e)))?;
         let failpoint = std::env::var("BATON_FAILPOINT_ABORT_AFTER_EVENT")
             .ok()
             .and_then(|v| v.parse::<u64>().ok());
@@ -150,6 +164,65 @@ impl SqliteStore {
             .await
             .map_err(|_| Error::Backend("the SQLite thread dropped a request".to_owned()))?
     }
+}
+
+/// Why the database at `path` could not be opened, in words a user can act on. SQLite
+/// says only "unable to open database file"; the operating system's reason is found by
+/// looking at the path and trying what SQLite needed (create a file beside it).
+fn open_failure(path: &Path, e: &rusqlite::Error) -> String {
+    let cannot_open = matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly)
+    );
+    if !cannot_open {
+        return format!("{}: {e}", path.display());
+    }
+    let shown = path.display();
+    if path.is_dir() {
+        return format!(
+            "cannot open the database {shown}: it is a directory; pass the path of a database file"
+        );
+    }
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => dir.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    match std::fs::metadata(&dir) {
+        Err(io) => {
+            return format!(
+                "cannot open the database {shown}: its directory {} cannot be used: {io}",
+                dir.display()
+            );
+        }
+        Ok(m) if !m.is_dir() => {
+            return format!(
+                "cannot open the database {shown}: {} is not a directory",
+                dir.display()
+            );
+        }
+        Ok(_) => {}
+    }
+    // SQLite writes its journal (`-wal`, `-shm`) beside the database: the directory must
+    // take new files.
+    let probe = dir.join(format!(".baton-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+        }
+        Err(io) if io.kind() != std::io::ErrorKind::AlreadyExists => {
+            return format!(
+                "cannot open the database {shown}: cannot create files in {}: {io}",
+                dir.display()
+            );
+        }
+        Err(_) => {}
+    }
+    if path.exists()
+        && let Err(io) = std::fs::OpenOptions::new().read(true).write(true).open(path)
+    {
+        return format!("cannot open the database {shown}: {io}");
+    }
+    format!("cannot open the database {shown}: {e}")
 }
 
 fn prepare(conn: &Connection) -> rusqlite::Result<()> {
