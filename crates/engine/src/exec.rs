@@ -35,6 +35,15 @@ pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
 /// How long a step may run before the events staged ahead of it are committed.
 pub const FLUSH_AFTER: Duration = Duration::from_millis(50);
 
+/// Most appends in a row a driver may lose to another writer (re-reading the log after
+/// each) before it gives up: a log that moves every time cannot be driven, and one whose
+/// record disagrees with its events would otherwise be re-read forever.
+pub const CONFLICTS_IN_A_ROW_MAX: u32 = 32;
+
+/// Most tries to record an outside decision (approve, answer, cancel) while the log keeps
+/// moving under it.
+pub const EXTERNAL_APPEND_TRIES_MAX: u32 = 50;
+
 /// Why the engine could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -153,6 +162,7 @@ impl Engine {
             pending: vec![started],
             create: Some(record),
             has_results: false,
+            conflicts: 0,
         };
         self.drive_writer(&mut w, scenario, workspace).await
     }
@@ -296,6 +306,7 @@ impl Engine {
             pending: Vec::new(),
             create: None,
             has_results: false,
+            conflicts: 0,
         };
         self.drive_writer(&mut w, scenario, workspace).await
     }
@@ -458,7 +469,7 @@ impl Engine {
         event: NewEvent,
     ) -> Result<(), Error> {
         let mut state = state.clone();
-        for _ in 0..50 {
+        for _ in 0..EXTERNAL_APPEND_TRIES_MAX {
             let seq = state.last_seq + 1;
             let stamped = event.clone().at(seq, self.clock.now());
             let mut next = state.clone();
@@ -472,7 +483,10 @@ impl Engine {
         }
         Err(Error::Refused {
             run_id: run_id.to_owned(),
-            message: "the log kept moving; try again".to_owned(),
+            message: format!(
+                "gave up recording {} after {EXTERNAL_APPEND_TRIES_MAX} tries: another writer advanced the log before each; nothing was recorded, try again",
+                event.data.kind()
+            ),
         })
     }
 }
@@ -518,6 +532,8 @@ struct Writer<'a> {
     create: Option<RunRecord>,
     /// Whether `pending` holds a runner's results.
     has_results: bool,
+    /// Appends lost to another writer since the last one that went in.
+    conflicts: u32,
 }
 
 impl Writer<'_> {
@@ -564,11 +580,24 @@ impl Writer<'_> {
         match self.engine.store.append(self.run_id, first, events, status.as_str()).await {
             Ok(()) => {
                 self.stored_seq += count;
+                self.conflicts = 0;
                 Ok(())
             }
             // Another writer (a cancel, an approval) got in first: drop what was staged,
-            // re-read and re-plan.
-            Err(store::Error::Conflict { .. }) => self.reload().await,
+            // re-read and re-plan — a bounded number of times in a row.
+            Err(store::Error::Conflict { expected, actual, .. }) => {
+                self.conflicts += 1;
+                if self.conflicts >= CONFLICTS_IN_A_ROW_MAX {
+                    return Err(Error::Refused {
+                        run_id: self.run_id.to_owned(),
+                        message: format!(
+                            "gave up driving after {CONFLICTS_IN_A_ROW_MAX} appends in a row were refused (the last wrote event {expected}, the store expected {actual}): another writer keeps advancing the log, or the run's record disagrees with its events; check it with `baton verify {}`",
+                            self.run_id
+                        ),
+                    });
+                }
+                self.reload().await
+            }
             Err(e) => Err(e.into()),
         }
     }

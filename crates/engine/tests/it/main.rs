@@ -147,6 +147,12 @@ impl EventStore for Observed {
     ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
         self.inner.load(run_id, after)
     }
+    fn verify<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<store::Verified, store::Error>> {
+        self.inner.verify(run_id)
+    }
     fn run<'a>(
         &'a self,
         run_id: &'a str,
