@@ -322,20 +322,26 @@ impl Engine {
         let run_id_arc: Arc<str> = Arc::from(run_id);
         loop {
             match plan(scenario, &w.state) {
+                // A flush that lost to another writer re-read the state: plan again from it.
                 Step::Done => {
-                    w.flush().await?;
+                    if !w.flush().await? {
+                        continue;
+                    }
                     if let Some(workspace) = &workspace {
                         settle_workspace(Arc::clone(workspace), &w.state).await?;
                     }
                     return Ok(Outcome::Finished(w.state.status));
                 }
                 Step::Pause => {
-                    w.flush().await?;
+                    if !w.flush().await? {
+                        continue;
+                    }
                     if let Some(record) = self.store.run(run_id).await?
                         && record.status != Status::Paused.as_str()
-                    {
                         // Record the pause in the run list; nothing changes in the log.
-                        w.write(Vec::new()).await?;
+                        && !w.write(Vec::new()).await?
+                    {
+                        continue;
                     }
                     return Ok(Outcome::Paused);
                 }
@@ -343,8 +349,8 @@ impl Engine {
                 Step::Run { level, attempt } => {
                     // The previous level's results, and the start of this one, become
                     // durable before this level does anything.
-                    if w.has_results {
-                        w.flush().await?;
+                    if w.has_results && !w.flush().await? {
+                        continue;
                     }
                     let cancel = CancelToken::new();
                     let run = LevelRun {
@@ -548,11 +554,12 @@ impl Writer<'_> {
         }
     }
 
-    /// Commits the staged events in one transaction.
-    async fn flush(&mut self) -> Result<(), Error> {
+    /// Commits the staged events in one transaction; false when another writer got in
+    /// first and the state was re-read instead (what was staged is dropped: plan again).
+    async fn flush(&mut self) -> Result<bool, Error> {
         self.has_results = false;
         if self.pending.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let events = std::mem::take(&mut self.pending);
         if let Some(mut record) = self.create.take() {
@@ -560,7 +567,7 @@ impl Writer<'_> {
             let count = events.len() as u64;
             self.engine.store.create_run(&record, events).await?;
             self.stored_seq = count;
-            return Ok(());
+            return Ok(true);
         }
         self.write(events).await
     }
@@ -573,7 +580,9 @@ impl Writer<'_> {
         }
     }
 
-    async fn write(&mut self, events: Vec<Event>) -> Result<(), Error> {
+    /// Appends `events` after the stored ones; false when another writer got in first and
+    /// the state was re-read instead.
+    async fn write(&mut self, events: Vec<Event>) -> Result<bool, Error> {
         let status = self.status();
         let first = self.stored_seq + 1;
         let count = events.len() as u64;
@@ -581,7 +590,7 @@ impl Writer<'_> {
             Ok(()) => {
                 self.stored_seq += count;
                 self.conflicts = 0;
-                Ok(())
+                Ok(true)
             }
             // Another writer (a cancel, an approval) got in first: drop what was staged,
             // re-read and re-plan — a bounded number of times in a row.
@@ -596,7 +605,8 @@ impl Writer<'_> {
                         ),
                     });
                 }
-                self.reload().await
+                self.reload().await?;
+                Ok(false)
             }
             Err(e) => Err(e.into()),
         }

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 mod crash;
+mod damage;
 mod planner;
 mod runs;
 mod tool_loop;
