@@ -8,6 +8,7 @@ mod cmd_expr;
 mod cmd_graph;
 mod cmd_run;
 mod cmd_validate;
+mod cmd_verify;
 mod timeline;
 
 use std::path::PathBuf;
@@ -182,6 +183,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check the logs of every run in the database (or the runs named): each event's
+    /// number and hash in the chain, and the run's last event and head hash. Exit 0 when
+    /// all are intact, 1 with one line per damaged run.
+    Verify {
+        /// Run ids (default: every run).
+        runs: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy the database, live, into a new file DEST in one consistent step.
+    Backup {
+        /// The file to create (never overwritten); check it with `baton verify --db DEST`.
+        dest: PathBuf,
+    },
     /// Draw a scenario's graph.
     Graph {
         /// A scenario id (looked up in the scenarios directory) or a scenario file.
@@ -339,6 +354,10 @@ fn main() -> ExitCode {
                 db: bench_db,
                 repeat,
             })),
+        Command::Verify { runs, json } => {
+            runtime.block_on(cmd_verify::verify(&cli.db, &runs, json))
+        }
+        Command::Backup { dest } => cmd_verify::backup(&cli.db, &dest),
         Command::Graph { scenario, format } => {
             cmd_graph::run(&cli.scenarios, &scenario, format == GraphFormat::Dot)
         }

@@ -2,6 +2,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod chain;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 

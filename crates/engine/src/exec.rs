@@ -39,6 +39,15 @@ pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
 /// How long a step may run before the events staged ahead of it are committed.
 pub const FLUSH_AFTER: Duration = Duration::from_millis(50);
 
+/// Most appends in a row a driver may lose to another writer (re-reading the log after
+/// each) before it gives up: a log that moves every time cannot be driven, and one whose
+/// record disagrees with its events would otherwise be re-read forever.
+pub const CONFLICTS_IN_A_ROW_MAX: u32 = 32;
+
+/// Most tries to record an outside decision (approve, answer, cancel) while the log keeps
+/// moving under it.
+pub const EXTERNAL_APPEND_TRIES_MAX: u32 = 50;
+
 /// Why the engine could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -157,6 +166,7 @@ impl Engine {
             pending: vec![started],
             create: Some(record),
             has_results: false,
+            conflicts: 0,
         };
         self.drive_writer(&mut w, scenario, workspace).await
     }
@@ -301,6 +311,7 @@ impl Engine {
             pending: Vec::new(),
             create: None,
             has_results: false,
+            conflicts: 0,
         };
         self.drive_writer(&mut w, scenario, workspace).await
     }
@@ -316,20 +327,26 @@ impl Engine {
         let run_id_arc: Arc<str> = Arc::from(run_id);
         loop {
             match plan(scenario, &w.state) {
+                // A flush that lost to another writer re-read the state: plan again from it.
                 Step::Done => {
-                    w.flush().await?;
+                    if !w.flush().await? {
+                        continue;
+                    }
                     if let Some(workspace) = &workspace {
                         settle_workspace(Arc::clone(workspace), &w.state).await?;
                     }
                     return Ok(Outcome::Finished(w.state.status));
                 }
                 Step::Pause => {
-                    w.flush().await?;
+                    if !w.flush().await? {
+                        continue;
+                    }
                     if let Some(record) = self.store.run(run_id).await?
                         && record.status != Status::Paused.as_str()
-                    {
                         // Record the pause in the run list; nothing changes in the log.
-                        w.write(Vec::new()).await?;
+                        && !w.write(Vec::new()).await?
+                    {
+                        continue;
                     }
                     return Ok(Outcome::Paused);
                 }
@@ -337,8 +354,8 @@ impl Engine {
                 Step::Run { level, attempt } => {
                     // The previous level's results, and the start of this one, become
                     // durable before this level does anything.
-                    if w.has_results {
-                        w.flush().await?;
+                    if w.has_results && !w.flush().await? {
+                        continue;
                     }
                     let cancel = CancelToken::new();
                     let run = LevelRun {
@@ -519,7 +536,7 @@ impl Engine {
         event: NewEvent,
     ) -> Result<(), Error> {
         let mut state = state.clone();
-        for _ in 0..50 {
+        for _ in 0..EXTERNAL_APPEND_TRIES_MAX {
             let seq = state.last_seq + 1;
             let stamped = event.clone().at(seq, self.clock.now());
             let mut next = state.clone();
@@ -533,7 +550,10 @@ impl Engine {
         }
         Err(Error::Refused {
             run_id: run_id.to_owned(),
-            message: "the log kept moving; try again".to_owned(),
+            message: format!(
+                "gave up recording {} after {EXTERNAL_APPEND_TRIES_MAX} tries: another writer advanced the log before each; nothing was recorded, try again",
+                event.data.kind()
+            ),
         })
     }
 }
@@ -579,6 +599,8 @@ struct Writer<'a> {
     create: Option<RunRecord>,
     /// Whether `pending` holds a runner's results.
     has_results: bool,
+    /// Appends lost to another writer since the last one that went in.
+    conflicts: u32,
 }
 
 impl Writer<'_> {
@@ -593,11 +615,12 @@ impl Writer<'_> {
         }
     }
 
-    /// Commits the staged events in one transaction.
-    async fn flush(&mut self) -> Result<(), Error> {
+    /// Commits the staged events in one transaction; false when another writer got in
+    /// first and the state was re-read instead (what was staged is dropped: plan again).
+    async fn flush(&mut self) -> Result<bool, Error> {
         self.has_results = false;
         if self.pending.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let events = std::mem::take(&mut self.pending);
         if let Some(mut record) = self.create.take() {
@@ -605,7 +628,7 @@ impl Writer<'_> {
             let count = events.len() as u64;
             self.engine.store.create_run(&record, events).await?;
             self.stored_seq = count;
-            return Ok(());
+            return Ok(true);
         }
         self.write(events).await
     }
@@ -618,18 +641,34 @@ impl Writer<'_> {
         }
     }
 
-    async fn write(&mut self, events: Vec<Event>) -> Result<(), Error> {
+    /// Appends `events` after the stored ones; false when another writer got in first and
+    /// the state was re-read instead.
+    async fn write(&mut self, events: Vec<Event>) -> Result<bool, Error> {
         let status = self.status();
         let first = self.stored_seq + 1;
         let count = events.len() as u64;
         match self.engine.store.append(self.run_id, first, events, status.as_str()).await {
             Ok(()) => {
                 self.stored_seq += count;
-                Ok(())
+                self.conflicts = 0;
+                Ok(true)
             }
             // Another writer (a cancel, an approval) got in first: drop what was staged,
-            // re-read and re-plan.
-            Err(store::Error::Conflict { .. }) => self.reload().await,
+            // re-read and re-plan — a bounded number of times in a row.
+            Err(store::Error::Conflict { expected, actual, .. }) => {
+                self.conflicts += 1;
+                if self.conflicts >= CONFLICTS_IN_A_ROW_MAX {
+                    return Err(Error::Refused {
+                        run_id: self.run_id.to_owned(),
+                        message: format!(
+                            "gave up driving after {CONFLICTS_IN_A_ROW_MAX} appends in a row were refused (the last wrote event {expected}, the store expected {actual}): another writer keeps advancing the log, or the run's record disagrees with its events; check it with `baton verify {}`",
+                            self.run_id
+                        ),
+                    });
+                }
+                self.reload().await?;
+                Ok(false)
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -8,6 +8,7 @@
 
 pub mod cancel;
 pub mod cassette;
+pub mod chain;
 pub mod clock;
 pub mod event;
 pub mod exec;

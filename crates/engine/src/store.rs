@@ -4,6 +4,11 @@
 //! An append names the `seq` it expects to write first; a store refuses an append whose
 //! expected `seq` is not the run's next one ([`Error::Conflict`]), so two writers can never
 //! both advance a run. All events of one append are written together or not at all.
+//!
+//! Every store keeps each event's hash and the run's head hash ([`crate::chain`]) and
+//! checks them when it loads a run: a log that was damaged is refused with
+//! [`Error::Damaged`], naming the run and the first bad event, so nothing is folded,
+//! driven or appended on top of it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::chain::{self, Check, Fields, GENESIS, Hash};
 use crate::event::Event;
 use crate::model::BoxFuture;
 
@@ -43,6 +49,21 @@ pub enum Error {
         "run {0} is being driven by another process; wait for it to pause or end, or stop it with `baton cancel {0}`"
     )]
     Busy(String),
+    /// The stored log breaks its sequence or its hash chain: it was changed after it was
+    /// written. Nothing may be appended to it or driven from it.
+    #[error(
+        "run {run_id} is damaged at event {seq}: {problem}; nothing was appended or driven — restore the database from a backup (`baton verify` lists every damaged run)"
+    )]
+    Damaged { run_id: String, seq: u64, problem: String },
+}
+
+/// What a whole-log check found in an intact run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verified {
+    /// The number of the run's last event (0 for a run without events).
+    pub last_seq: u64,
+    /// The hash of the run's last event ([`chain::GENESIS`] for a run without events).
+    pub head: Hash,
 }
 
 /// Proof that this process drives a run: while it lives, no other process (or task) may
@@ -94,8 +115,20 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
-    /// The run's events with `seq > after`, in order.
+    /// The run's events with `seq > after`, in order, checked: numbered in a row, each
+    /// matching its hash and chained to the one before, the last one matching the run's
+    /// `last_seq` and head hash; [`Error::Damaged`] otherwise.
+    ///
+    /// `load(run, 0)` checks the whole log: it is what a driver folds. `load(run, after)`
+    /// checks only the events it returns, chained from the stored hash of event `after`,
+    /// and the end of the log: it is for followers, and for watching a run that was loaded
+    /// whole before; nothing may be driven from a partial load alone. A follower asking past
+    /// the end (`after >= last_seq`) gets nothing.
     fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>>;
+
+    /// Checks a run's whole log as `load(run, 0)` does (decoding included) and returns where
+    /// its chain ends.
+    fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>>;
 
     /// The run's record.
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
@@ -168,8 +201,61 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
+/// One run in memory: its record, its events with their hashes, and its head hash.
+#[derive(Clone, Debug)]
+struct Log {
+    record: RunRecord,
+    events: Vec<(Event, Hash)>,
+    head: Hash,
+}
+
+impl Log {
+    /// Refuses to append to a log whose end does not match its record (the only part an
+    /// append relies on; `load` checks the rest).
+    fn check_end(&self) -> Result<(), Error> {
+        let (seq, hash) = self.events.last().map_or((0, GENESIS), |(e, h)| (e.seq, *h));
+        let check = Check::new(&self.record.run_id, seq, hash);
+        if self.events.len() as u64 != seq {
+            return Err(check.damaged(
+                seq,
+                format!(
+                    "the log holds {} events but its last is numbered {seq}",
+                    self.events.len()
+                ),
+            ));
+        }
+        check.finish(self.record.last_seq, Some(&self.head)).map(|_| ())
+    }
+
+    /// The checked events after `after`.
+    fn load(&self, after: u64) -> Result<Vec<Event>, Error> {
+        let run_id = &self.record.run_id;
+        let (mut check, start) = if after == 0 {
+            (Check::new(run_id, 0, GENESIS), 0)
+        } else {
+            match self.events.iter().position(|(e, _)| e.seq == after) {
+                Some(i) => (Check::new(run_id, after, self.events[i].1), i + 1),
+                None if after >= self.record.last_seq => return Ok(Vec::new()),
+                None => {
+                    return Err(
+                        Check::new(run_id, after, GENESIS).damaged(after, "the event is missing")
+                    );
+                }
+            }
+        };
+        let mut out = Vec::with_capacity(self.events.len().saturating_sub(start));
+        for (event, hash) in &self.events[start.min(self.events.len())..] {
+            let payload = event.data.payload();
+            check.event(&Fields::of(event, &payload), Some(hash))?;
+            out.push(event.clone());
+        }
+        check.finish(self.record.last_seq, Some(&self.head))?;
+        Ok(out)
+    }
+}
+
 /// Each run's record and log, by run id.
-type Runs = BTreeMap<String, (RunRecord, Vec<Event>)>;
+type Runs = BTreeMap<String, Log>;
 
 /// Runs and events in memory: for tests, benchmarks and one-shot runs.
 #[derive(Clone, Debug, Default)]
@@ -188,6 +274,18 @@ impl MemoryStore {
 
     fn with<T>(&self, f: impl FnOnce(&mut Runs) -> T) -> T {
         f(&mut lock(&self.inner))
+    }
+
+    /// Edits a run's stored events (each with its hash) and record in place, past every
+    /// check: for tests that damage a log on purpose. False when there is no such run.
+    pub fn damage(
+        &self,
+        run_id: &str,
+        edit: impl FnOnce(&mut Vec<(Event, Hash)>, &mut RunRecord),
+    ) -> bool {
+        self.with(|runs| {
+            runs.get_mut(run_id).map(|log| edit(&mut log.events, &mut log.record)).is_some()
+        })
     }
 }
 
@@ -208,7 +306,10 @@ impl EventStore for MemoryStore {
                 if let Some(last) = events.last() {
                     record.updated_at = last.at;
                 }
-                runs.insert(run.run_id.clone(), (record, events));
+                let hashes = chain::hashes(GENESIS, &events);
+                let head = hashes.last().copied().unwrap_or(GENESIS);
+                let events = events.into_iter().zip(hashes).collect();
+                runs.insert(run.run_id.clone(), Log { record, events, head });
                 Ok(())
             })
         })
@@ -223,9 +324,9 @@ impl EventStore for MemoryStore {
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             self.with(|runs| {
-                let (record, log) =
-                    runs.get_mut(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
-                let actual = log.len() as u64 + 1;
+                let log = runs.get_mut(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
+                log.check_end()?;
+                let actual = log.record.last_seq + 1;
                 if actual != expected_seq {
                     return Err(Error::Conflict {
                         run_id: run_id.to_owned(),
@@ -235,11 +336,13 @@ impl EventStore for MemoryStore {
                 }
                 check_numbering(&events, expected_seq)?;
                 if let Some(last) = events.last() {
-                    record.updated_at = last.at;
+                    log.record.updated_at = last.at;
                 }
-                log.extend(events);
-                record.last_seq = log.len() as u64;
-                record.status = status.to_owned();
+                let hashes = chain::hashes(log.head, &events);
+                log.head = hashes.last().copied().unwrap_or(log.head);
+                log.events.extend(events.into_iter().zip(hashes));
+                log.record.last_seq = log.events.len() as u64;
+                log.record.status = status.to_owned();
                 Ok(())
             })?;
             self.appended.notify_waiters();
@@ -250,15 +353,23 @@ impl EventStore for MemoryStore {
     fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
         Box::pin(async move {
             self.with(|runs| {
-                let (_, log) =
-                    runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
-                Ok(log.iter().skip(usize::try_from(after).unwrap_or(usize::MAX)).cloned().collect())
+                runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?.load(after)
+            })
+        })
+    }
+
+    fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>> {
+        Box::pin(async move {
+            self.with(|runs| {
+                let log = runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
+                let events = log.load(0)?;
+                Ok(Verified { last_seq: events.last().map_or(0, |e| e.seq), head: log.head })
             })
         })
     }
 
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
-        Box::pin(async move { Ok(self.with(|runs| runs.get(run_id).map(|(r, _)| r.clone()))) })
+        Box::pin(async move { Ok(self.with(|runs| runs.get(run_id).map(|l| l.record.clone()))) })
     }
 
     fn claim<'a>(
@@ -270,7 +381,7 @@ impl EventStore for MemoryStore {
         Box::pin(async move {
             let mut leases = lock(&self.leases);
             let mut candidates: Vec<RunRecord> = self.with(|runs| {
-                runs.values().map(|(r, _)| r.clone()).filter(|r| r.status == "running").collect()
+                runs.values().map(|l| l.record.clone()).filter(|r| r.status == "running").collect()
             });
             candidates
                 .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.run_id.cmp(&b.run_id)));
@@ -339,7 +450,7 @@ impl EventStore for MemoryStore {
             let deadline = tokio::time::Instant::now() + timeout;
             loop {
                 let notified = self.appended.notified();
-                let last = self.with(|runs| runs.get(run_id).map(|(r, _)| r.last_seq));
+                let last = self.with(|runs| runs.get(run_id).map(|l| l.record.last_seq));
                 match last {
                     None => return Err(Error::NotFound(run_id.to_owned())),
                     Some(last) if last > after => return Ok(true),
@@ -356,7 +467,7 @@ impl EventStore for MemoryStore {
         Box::pin(async move {
             let mut list: Vec<RunRecord> = self.with(|runs| {
                 runs.values()
-                    .map(|(r, _)| r.clone())
+                    .map(|l| l.record.clone())
                     .filter(|r| status.is_none_or(|s| r.status == s))
                     .collect()
             });
@@ -372,6 +483,7 @@ pub mod conformance {
     use chrono::{TimeZone, Utc};
 
     use super::{Error, EventStore, RunRecord};
+    use crate::chain::{self, GENESIS};
     use crate::event::{Event, EventData, NewEvent, Warning};
 
     fn record(id: &str) -> RunRecord {
@@ -411,6 +523,127 @@ pub mod conformance {
         leases_share_runs_between_workers(store, prefix).await;
         one_driver_at_a_time(store, &format!("{prefix}-h")).await;
         waiting_for_events(store, &format!("{prefix}-w")).await;
+        the_chain_is_the_engines(store, &format!("{prefix}-chain")).await;
+    }
+
+    /// One edit of a stored log, as a bad disk, a careless hand or a bug in a store makes
+    /// it. Each store's tests apply it to their own storage, past the store's checks.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Damage {
+        /// Event `n` is deleted.
+        Delete(u64),
+        /// Events `a` and `b` trade places (each takes the other's number).
+        Swap(u64, u64),
+        /// Event `n`'s payload is changed (its content, not only its layout).
+        Payload(u64),
+        /// Event `n` is renumbered to `m` (past the end of the log).
+        Renumber(u64, u64),
+        /// Event `n`'s time moves by a second.
+        Time(u64),
+        /// Event `n`'s kind is changed to `heartbeat`.
+        Kind(u64),
+        /// Event `n`'s level id is changed.
+        Level(u64),
+        /// Event `n`'s attempt is changed.
+        Attempt(u64),
+        /// Event `n`'s stored hash is changed.
+        Hash(u64),
+        /// The run's `last_seq` is set to `n`, events untouched.
+        LastSeq(u64),
+        /// Every event after `n` is deleted and `last_seq` set to `n`: only the head hash
+        /// tells.
+        Truncate(u64),
+    }
+
+    impl Damage {
+        /// Every kind of damage to a log of [`DAMAGED_LOG_LEN`] events, with the first bad
+        /// event each must be reported at.
+        pub fn all() -> Vec<(Damage, u64)> {
+            vec![
+                (Damage::Delete(3), 3),
+                (Damage::Delete(DAMAGED_LOG_LEN), DAMAGED_LOG_LEN),
+                (Damage::Swap(2, 4), 2),
+                (Damage::Payload(3), 3),
+                (Damage::Renumber(3, 9), 3),
+                (Damage::Time(3), 3),
+                (Damage::Kind(3), 3),
+                (Damage::Level(3), 3),
+                (Damage::Attempt(3), 3),
+                (Damage::Hash(3), 3),
+                (Damage::LastSeq(DAMAGED_LOG_LEN + 2), DAMAGED_LOG_LEN + 1),
+                (Damage::LastSeq(DAMAGED_LOG_LEN - 1), DAMAGED_LOG_LEN),
+                (Damage::Truncate(3), 4),
+            ]
+        }
+    }
+
+    /// Events in each run [`damage_is_detected`] damages.
+    pub const DAMAGED_LOG_LEN: u64 = 5;
+
+    /// Damages one fresh run per kind of [`Damage`] with `edit` (which changes the store's
+    /// storage directly, given the run id) and checks that loading, verifying and appending
+    /// all refuse, naming the run and the first bad event.
+    pub async fn damage_is_detected(
+        store: &dyn EventStore,
+        prefix: &str,
+        edit: &(dyn Fn(&str, Damage) + Sync),
+    ) {
+        for (i, (damage, first_bad)) in Damage::all().into_iter().enumerate() {
+            let id = format!("{prefix}-damage-{i}");
+            store.create_run(&record(&id), events(1, 2)).await.expect("create");
+            store.append(&id, 3, events(3, DAMAGED_LOG_LEN - 2), "paused").await.expect("append");
+            store.load(&id, 0).await.expect("an intact log loads");
+            edit(&id, damage);
+            let refused = |what: &str, got: Result<(), Error>| match got {
+                Err(Error::Damaged { run_id, seq, problem }) => {
+                    assert_eq!(run_id, id, "{damage:?}: {what} names the run");
+                    assert_eq!(
+                        seq, first_bad,
+                        "{damage:?}: {what} names the first bad event ({problem})"
+                    );
+                }
+                other => panic!("{damage:?}: {what} must refuse a damaged log, got {other:?}"),
+            };
+            refused("a whole load", store.load(&id, 0).await.map(|_| ()));
+            refused("verify", store.verify(&id).await.map(|_| ()));
+            refused("a load after event 1", store.load(&id, 1).await.map(|_| ()));
+            let before = store.run(&id).await.expect("run").expect("exists");
+            if matches!(
+                damage,
+                Damage::LastSeq(_) | Damage::Truncate(_) | Damage::Delete(DAMAGED_LOG_LEN)
+            ) {
+                // The end of the log is what an append builds on: it refuses there too.
+                let next = before.last_seq + 1;
+                let got = store.append(&id, next, events(next, 1), "running").await;
+                assert!(
+                    matches!(&got, Err(Error::Damaged { run_id, .. }) if *run_id == id),
+                    "{damage:?}: an append on a damaged end must refuse, got {got:?}"
+                );
+                let after = store.run(&id).await.expect("run").expect("exists");
+                assert_eq!(after.last_seq, before.last_seq, "{damage:?}: nothing was appended");
+            }
+        }
+    }
+
+    /// The chain a store keeps is the engine's, over the logical form of the events: two
+    /// stores holding the same events hold the same hashes.
+    async fn the_chain_is_the_engines(store: &dyn EventStore, id: &str) {
+        store.create_run(&record(id), Vec::new()).await.expect("create");
+        let empty = store.verify(id).await.expect("an empty run is intact");
+        assert_eq!((empty.last_seq, empty.head), (0, GENESIS));
+        store.append(id, 1, events(1, 2), "running").await.expect("append");
+        store.append(id, 3, events(3, 3), "running").await.expect("append");
+        let verified = store.verify(id).await.expect("an intact run verifies");
+        let expected = chain::hashes(GENESIS, &events(1, 5));
+        assert_eq!(verified.last_seq, 5);
+        assert_eq!(
+            chain::hex(&verified.head),
+            chain::hex(&expected[4]),
+            "the head is the engine's hash of the last event"
+        );
+        assert_eq!(store.load(id, 2).await.expect("partial load"), events(3, 3));
+        assert_eq!(store.load(id, 5).await.expect("load at the end"), Vec::new());
+        assert_eq!(store.load(id, 9).await.expect("load past the end"), Vec::new());
     }
 
     async fn one_driver_at_a_time(store: &dyn EventStore, run_id: &str) {
@@ -505,6 +738,9 @@ pub mod conformance {
             "a reopened store keeps every event"
         );
         assert_eq!(store.run(&id).await.expect("run").expect("run exists").status, "paused");
+        let chained = store.verify(&format!("{prefix}-chain")).await.expect("verify");
+        let expected = chain::hashes(GENESIS, &events(1, 5));
+        assert_eq!(chained.head, expected[4], "a reopened store keeps the head hash");
     }
 
     async fn append_and_load(store: &dyn EventStore, id: &str) {
@@ -588,5 +824,49 @@ mod tests {
     #[tokio::test]
     async fn memory_store_conforms() {
         conformance::run_all(&MemoryStore::new(), "mem").await;
+    }
+
+    #[tokio::test]
+    async fn memory_store_detects_damage() {
+        use crate::event::{EventData, Warning};
+        use conformance::Damage;
+        let store = MemoryStore::new();
+        let edit = |id: &str, damage: Damage| {
+            let index = |n: u64| usize::try_from(n - 1).expect("small");
+            let found = store.damage(id, |events, record| match damage {
+                Damage::Delete(n) => {
+                    events.remove(index(n));
+                }
+                Damage::Swap(a, b) => {
+                    events.swap(index(a), index(b));
+                    events[index(a)].0.seq = a;
+                    events[index(b)].0.seq = b;
+                }
+                Damage::Payload(n) => {
+                    events[index(n)].0.data =
+                        EventData::Warning(Warning { message: "edited".to_owned() });
+                }
+                Damage::Renumber(n, m) => events[index(n)].0.seq = m,
+                Damage::Time(n) => events[index(n)].0.at += chrono::Duration::seconds(1),
+                Damage::Kind(n) => {
+                    events[index(n)].0.data = EventData::decode_str(
+                        "heartbeat",
+                        crate::event::VERSION,
+                        r#"{"elapsed_ms": 0}"#,
+                    )
+                    .expect("a heartbeat");
+                }
+                Damage::Level(n) => events[index(n)].0.level_id = Some("other".to_owned()),
+                Damage::Attempt(n) => events[index(n)].0.attempt = Some(9),
+                Damage::Hash(n) => events[index(n)].1[0] ^= 1,
+                Damage::LastSeq(n) => record.last_seq = n,
+                Damage::Truncate(n) => {
+                    events.truncate(index(n + 1));
+                    record.last_seq = n;
+                }
+            });
+            assert!(found, "run {id} exists");
+        };
+        conformance::damage_is_detected(&store, "mem", &edit).await;
     }
 }

@@ -5,4 +5,4 @@
 
 pub mod sqlite;
 
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, backup};

@@ -6,6 +6,11 @@
 //! so concurrent runs share a commit — and its fsync. `synchronous = FULL`: a committed
 //! event survives a power loss, not only a crash of the process.
 //!
+//! Every event is stored with its hash in the engine's chain ([`baton_engine::chain`]) and
+//! every run with its head hash; loading a run checks both, and every column it reads, and
+//! refuses a damaged log naming the run and the first bad event. [`backup`] copies a live
+//! database in one step.
+//!
 //! Test failpoint: with `BATON_FAILPOINT_ABORT_AFTER_EVENT=N` in the environment, the
 //! process aborts right after the commit that makes any event numbered N or more durable.
 
@@ -14,16 +19,31 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 
+use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
-use baton_engine::store::{Error, EventStore, RunGuard, RunRecord, check_numbering};
+use baton_engine::store::{Error, EventStore, RunGuard, RunRecord, Verified, check_numbering};
 use chrono::{DateTime, SecondsFormat, Utc};
-use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use rusqlite::types::{FromSql, Type};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use tokio::sync::oneshot;
 
-/// The schema, one file per version, applied in order.
-const MIGRATIONS: &[&str] =
-    &[include_str!("../migrations/0001_init.sql"), include_str!("../migrations/0002_leases.sql")];
+/// One version of the schema: SQL, then (optionally) code that fills what SQL cannot.
+struct Migration {
+    sql: &'static str,
+    then: Option<fn(&Connection) -> rusqlite::Result<()>>,
+}
+
+/// The schema, one file per version, applied in order, each in its own transaction.
+const MIGRATIONS: &[Migration] = &[
+    Migration { sql: include_str!("../migrations/0001_init.sql"), then: None },
+    Migration { sql: include_str!("../migrations/0002_leases.sql"), then: None },
+    Migration { sql: include_str!("../migrations/0003_chain.sql"), then: Some(hash_existing_runs) },
+];
+
+/// Tries to take a run's lock file when the file keeps being replaced under us (each
+/// holder removes it when it lets go).
+const LOCK_TRIES_MAX: usize = 8;
 
 /// Most requests taken into one group commit.
 const GROUP_MAX: usize = 256;
@@ -38,6 +58,7 @@ enum Request {
     Create(RunRecord, Vec<Event>, Reply<()>),
     Append { run_id: String, expected: u64, events: Vec<Event>, status: String, reply: Reply<()> },
     Load { run_id: String, after: u64, reply: Reply<Vec<Event>> },
+    Verify { run_id: String, reply: Reply<Verified> },
     Run { run_id: String, reply: Reply<Option<RunRecord>> },
     Runs { status: Option<String>, reply: Reply<Vec<RunRecord>> },
     Lease(LeaseOp, Reply<LeaseAnswer>),
@@ -225,6 +246,51 @@ fn open_failure(path: &Path, e: &rusqlite::Error) -> String {
     format!("cannot open the database {shown}: {e}")
 }
 
+/// Copies the live database at `src` into a new file `dest` in one step (`VACUUM INTO`):
+/// the copy is the database as of one instant, taken through a read transaction of its own,
+/// so runs being appended by other connections or processes go on meanwhile (their later
+/// commits are not in the copy). SQLite's incremental backup API is not used: it starts
+/// over whenever another connection writes, and under steady load may never finish.
+///
+/// Refuses to overwrite anything at `dest`; a copy that fails half-way is removed.
+pub fn backup(src: &Path, dest: &Path) -> Result<(), Error> {
+    if !src.is_file() {
+        return Err(Error::Backend(format!(
+            "no database at {}: give the one to copy with --db",
+            src.display()
+        )));
+    }
+    if std::fs::symlink_metadata(dest).is_ok() {
+        return Err(Error::Backend(format!(
+            "{} already exists; a backup never overwrites a file: name a new one",
+            dest.display()
+        )));
+    }
+    let Some(into) = dest.to_str() else {
+        return Err(Error::Backend(format!(
+            "{} is not a UTF-8 path; name the backup file in UTF-8",
+            dest.display()
+        )));
+    };
+    let flags =
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(src, flags)
+        .map_err(|e| Error::Backend(format!("cannot open {}: {e}", src.display())))?;
+    conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(backend)?;
+    match conn.execute("VACUUM INTO ?1", [into]) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            // Only a file this call created can be here (anything before was refused).
+            let _ = std::fs::remove_file(dest);
+            Err(Error::Backend(format!(
+                "cannot copy {} into {}: {e}",
+                src.display(),
+                dest.display()
+            )))
+        }
+    }
+}
+
 fn prepare(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
@@ -234,11 +300,76 @@ fn prepare(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
     let current: i64 =
         conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| r.get(0))?;
-    for (i, sql) in MIGRATIONS.iter().enumerate() {
+    for (i, migration) in MIGRATIONS.iter().enumerate() {
         let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
         if version > current {
-            conn.execute_batch(&format!("BEGIN IMMEDIATE; {sql}; INSERT INTO schema_version (version) VALUES ({version}); COMMIT;"))?;
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let applied = (|| {
+                conn.execute_batch(migration.sql)?;
+                if let Some(then) = migration.then {
+                    then(conn)?;
+                }
+                conn.execute("INSERT INTO schema_version (version) VALUES (?1)", [version])?;
+                conn.execute_batch("COMMIT")
+            })();
+            if applied.is_err() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            applied?;
         }
+    }
+    Ok(())
+}
+
+/// Migration 0003: chains the events of every run already in the database, as they are
+/// stored. A run whose chain cannot be computed (a payload that is not JSON) keeps no hash
+/// from that event on, so loading it reports the damage.
+fn hash_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
+    let run_ids: Vec<String> = conn
+        .prepare("SELECT run_id FROM runs")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut events = conn.prepare(
+        "SELECT seq, at_us, kind, version, level_id, attempt, data FROM events WHERE run_id = ?1 ORDER BY seq",
+    )?;
+    let mut set_hash =
+        conn.prepare("UPDATE events SET hash = ?3 WHERE run_id = ?1 AND seq = ?2")?;
+    for run_id in run_ids {
+        let mut head = Some(GENESIS);
+        let mut rows = events.query([&run_id])?;
+        while let Some(r) = rows.next()? {
+            let Some(prev) = head else { break };
+            let seq: i64 = r.get(0)?;
+            let payload: Option<serde_json::Value> =
+                r.get::<_, String>(6).ok().and_then(|d| serde_json::from_str(&d).ok());
+            let (Some(payload), Ok(seq_u), Ok(version)) =
+                (payload, u64::try_from(seq), u16::try_from(r.get::<_, i64>(3)?))
+            else {
+                head = None;
+                break;
+            };
+            let level_id: Option<String> = r.get(4)?;
+            let kind: String = r.get(2)?;
+            let hash = chain::link(
+                &prev,
+                &Fields {
+                    seq: seq_u,
+                    at_us: r.get(1)?,
+                    kind: &kind,
+                    version,
+                    level_id: level_id.as_deref(),
+                    attempt: r.get(5)?,
+                    payload: &payload,
+                },
+            );
+            set_hash.execute(params![run_id, seq, hash.as_slice()])?;
+            head = Some(hash);
+        }
+        drop(rows);
+        conn.execute(
+            "UPDATE runs SET head_hash = ?2 WHERE run_id = ?1",
+            params![run_id, head.as_ref().map(<[u8; 32]>::as_slice)],
+        )?;
     }
     Ok(())
 }
@@ -376,8 +507,8 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Error> {
         return Err(Error::Exists(run.run_id.clone()));
     }
     conn.execute(
-        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![run.run_id, run.scenario_id, run.status, time(run.created_at), time(run.updated_at), i64::try_from(run.last_seq).unwrap_or(0)],
+        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6)",
+        params![run.run_id, run.scenario_id, run.status, time(run.created_at), time(run.updated_at), GENESIS.as_slice()],
     )
     .map_err(backend)?;
     Ok(())
@@ -390,22 +521,21 @@ fn append(
     events: &[Event],
     status: &str,
 ) -> Result<(), Error> {
-    let last: Option<i64> = conn
-        .query_row("SELECT last_seq FROM runs WHERE run_id = ?1", [run_id], |r| r.get(0))
-        .optional()
-        .map_err(backend)?;
-    let Some(last) = last else { return Err(Error::NotFound(run_id.to_owned())) };
-    let actual = u64::try_from(last).unwrap_or(0) + 1;
+    let head = end_of_log(conn, run_id)?;
+    let actual = head.last_seq + 1;
     if actual != expected {
         return Err(Error::Conflict { run_id: run_id.to_owned(), expected, actual });
     }
     check_numbering(events, expected)?;
     let mut insert = conn
         .prepare_cached(
-            "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )
         .map_err(backend)?;
+    let mut prev = head.head;
     for e in events {
+        let payload = e.data.payload();
+        prev = chain::link(&prev, &Fields::of(e, &payload));
         insert
             .execute(params![
                 run_id,
@@ -415,18 +545,93 @@ fn append(
                 baton_engine::event::VERSION,
                 e.level_id,
                 e.attempt,
-                e.data.payload().to_string(),
+                payload.to_string(),
+                prev.as_slice(),
             ])
             .map_err(backend)?;
     }
     let new_last = i64::try_from(expected - 1 + events.len() as u64).unwrap_or(i64::MAX);
     let updated = events.last().map_or_else(Utc::now, |e| e.at);
     conn.execute(
-        "UPDATE runs SET last_seq = ?2, status = ?3, updated_at = ?4 WHERE run_id = ?1",
-        params![run_id, new_last, status, time(updated)],
+        "UPDATE runs SET last_seq = ?2, status = ?3, updated_at = ?4, head_hash = ?5 WHERE run_id = ?1",
+        params![run_id, new_last, status, time(updated), prev.as_slice()],
     )
     .map_err(backend)?;
     Ok(())
+}
+
+/// The end of a run's log as an append builds on it: the run's `last_seq` and head hash,
+/// checked against the stored hash of that last event (a whole-log check is `load`'s job;
+/// this one costs one row).
+fn end_of_log(conn: &Connection, run_id: &str) -> Result<Verified, Error> {
+    let row = conn
+        .query_row("SELECT last_seq, head_hash FROM runs WHERE run_id = ?1", [run_id], |r| {
+            Ok((
+                named::<i64>(r, 0, "last_seq", "an integer"),
+                named::<Option<Vec<u8>>>(r, 1, "head_hash", "a blob"),
+            ))
+        })
+        .optional()
+        .map_err(backend)?;
+    let Some((last, head)) = row else { return Err(Error::NotFound(run_id.to_owned())) };
+    let damaged =
+        |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
+    let last = last.map_err(|p| damaged(1, format!("the run's record: {p}")))?;
+    let last = u64::try_from(last)
+        .map_err(|_| damaged(1, format!("the run's record says it has {last} events")))?;
+    let head = head.map_err(|p| damaged(last + 1, format!("the run's record: {p}")))?;
+    let head = head.as_deref().and_then(chain::from_bytes).ok_or_else(|| {
+        damaged(last + 1, "the run's record has no head hash (or not a 32-byte one)".to_owned())
+    })?;
+    let stored: Option<Hash> = if last == 0 {
+        Some(GENESIS)
+    } else {
+        conn.query_row(
+            "SELECT hash FROM events WHERE run_id = ?1 AND seq = ?2",
+            params![run_id, i64::try_from(last).unwrap_or(i64::MAX)],
+            |r| r.get::<_, Option<Vec<u8>>>(0),
+        )
+        .optional()
+        .map_err(backend)?
+        .map(|h| h.as_deref().and_then(chain::from_bytes).unwrap_or([0xff; 32]))
+    };
+    match stored {
+        None => Err(damaged(last, format!("the event is missing: the run records {last} events"))),
+        Some(h) if h != head => Err(damaged(
+            last + 1,
+            format!(
+                "the run's head hash does not match event {last}: events after it were lost or the run's record was changed"
+            ),
+        )),
+        Some(_) => Ok(Verified { last_seq: last, head }),
+    }
+}
+
+/// Reads column `i` (called `name`, meant to hold `expected`), saying what it holds instead
+/// when it cannot be read: "column `attempt` holds text, where an integer belongs", never
+/// "Invalid column type Text at index: 5".
+fn named<T: FromSql>(r: &Row<'_>, i: usize, name: &str, expected: &str) -> Result<T, String> {
+    fn what(t: Type) -> &'static str {
+        match t {
+            Type::Null => "null",
+            Type::Integer => "an integer",
+            Type::Real => "a real number",
+            Type::Text => "text",
+            Type::Blob => "a blob",
+        }
+    }
+    r.get::<_, T>(i).map_err(|e| match e {
+        rusqlite::Error::InvalidColumnType(_, _, t) => {
+            format!("column `{name}` holds {}, where {expected} belongs", what(t))
+        }
+        rusqlite::Error::IntegralValueOutOfRange(_, v) => {
+            format!("column `{name}` holds {v}, out of range for {expected}")
+        }
+        rusqlite::Error::FromSqlConversionFailure(_, t, e) => {
+            format!("column `{name}` holds {} that is not {expected}: {e}", what(t))
+        }
+        other => format!("column `{name}` cannot be read: {other}"),
+    })
 }
 
 fn lease(conn: &Connection, op: LeaseOp) -> Result<LeaseAnswer, Error> {
@@ -442,11 +647,11 @@ fn lease(conn: &Connection, op: LeaseOp) -> Result<LeaseAnswer, Error> {
                          RETURNING {RUN_COLUMNS}"
                     ),
                     params![worker, until, now],
-                    record,
+                    to_record,
                 )
                 .optional()
                 .map_err(backend)?;
-            Ok(LeaseAnswer::Claimed(row.map(to_record).transpose()?))
+            Ok(LeaseAnswer::Claimed(row.transpose()?.map(|(r, _)| r)))
         }
         LeaseOp::Renew { run_id, worker, now, until } => {
             let n = conn
@@ -473,6 +678,9 @@ fn read(conn: &Connection, r: Request) {
         Request::Load { run_id, after, reply } => {
             let _ = reply.send(load(conn, &run_id, after));
         }
+        Request::Verify { run_id, reply } => {
+            let _ = reply.send(verify(conn, &run_id));
+        }
         Request::Run { run_id, reply } => {
             let _ = reply.send(run(conn, &run_id));
         }
@@ -484,63 +692,150 @@ fn read(conn: &Connection, r: Request) {
 }
 
 fn load(conn: &Connection, run_id: &str, after: u64) -> Result<Vec<Event>, Error> {
-    if run(conn, run_id)?.is_none() {
+    load_checked(conn, run_id, after).map(|(events, _)| events)
+}
+
+fn verify(conn: &Connection, run_id: &str) -> Result<Verified, Error> {
+    load_checked(conn, run_id, 0).map(|(_, verified)| verified)
+}
+
+/// The run's events after `after`, checked against the chain and the run's record.
+fn load_checked(
+    conn: &Connection,
+    run_id: &str,
+    after: u64,
+) -> Result<(Vec<Event>, Verified), Error> {
+    let Some((record, head)) = run_with_head(conn, run_id)? else {
         return Err(Error::NotFound(run_id.to_owned()));
-    }
+    };
+    let damaged =
+        |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
+    let mut check = if after == 0 {
+        Check::new(run_id, 0, GENESIS)
+    } else {
+        let prev = conn
+            .query_row(
+                "SELECT hash FROM events WHERE run_id = ?1 AND seq = ?2",
+                params![run_id, i64::try_from(after).unwrap_or(i64::MAX)],
+                |r| Ok(named::<Option<Vec<u8>>>(r, 0, "hash", "a blob")),
+            )
+            .optional()
+            .map_err(backend)?;
+        match prev {
+            None if after >= record.last_seq => {
+                return Ok((Vec::new(), Verified { last_seq: record.last_seq, head: GENESIS }));
+            }
+            None => return Err(damaged(after, "the event is missing".to_owned())),
+            Some(hash) => {
+                let hash = hash.map_err(|p| damaged(after, p))?;
+                let hash = hash.as_deref().and_then(chain::from_bytes).ok_or_else(|| {
+                    damaged(after, "the event has no hash (or not a 32-byte one)".to_owned())
+                })?;
+                Check::new(run_id, after, hash)
+            }
+        }
+    };
     let mut stmt = conn
-        .prepare_cached("SELECT seq, at_us, kind, version, level_id, attempt, data FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
+        .prepare_cached("SELECT seq, at_us, kind, version, level_id, attempt, data, hash FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
         .map_err(backend)?;
-    let rows = stmt
-        .query_map(params![run_id, i64::try_from(after).unwrap_or(i64::MAX)], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, Option<String>>(4)?,
-                r.get::<_, Option<u32>>(5)?,
-                r.get::<_, String>(6)?,
-            ))
-        })
-        .map_err(backend)?;
+    let mut rows =
+        stmt.query(params![run_id, i64::try_from(after).unwrap_or(i64::MAX)]).map_err(backend)?;
     let mut events = Vec::new();
-    for row in rows {
-        let (seq, at_us, kind, version, level_id, attempt, data) = row.map_err(backend)?;
-        let data = EventData::decode_str(&kind, u16::try_from(version).unwrap_or(u16::MAX), &data)
+    while let Some(r) = rows.next().map_err(backend)? {
+        let next = check.next_seq();
+        let seq = named::<i64>(r, 0, "seq", "an integer")
+            .map_err(|p| damaged(next, format!("the event after {}: {p}", next - 1)))?;
+        let seq = u64::try_from(seq).map_err(|_| {
+            damaged(next, format!("the event after {} is numbered {seq}", next - 1))
+        })?;
+        check.seq(seq)?;
+        let column = |p: String| damaged(seq, p);
+        let at_us = named::<i64>(r, 1, "at_us", "an integer").map_err(column)?;
+        let kind = named::<String>(r, 2, "kind", "text").map_err(column)?;
+        let version = named::<i64>(r, 3, "version", "an integer").map_err(column)?;
+        let version = u16::try_from(version).map_err(|_| {
+            damaged(seq, format!("column `version` holds {version}, not a schema version"))
+        })?;
+        let level_id = named::<Option<String>>(r, 4, "level_id", "text or null").map_err(column)?;
+        let attempt =
+            named::<Option<u32>>(r, 5, "attempt", "an integer or null").map_err(column)?;
+        let data = named::<String>(r, 6, "data", "JSON text").map_err(column)?;
+        let hash = named::<Option<Vec<u8>>>(r, 7, "hash", "a blob").map_err(column)?;
+        let payload: serde_json::Value = serde_json::from_str(&data)
+            .map_err(|e| damaged(seq, format!("its payload is not JSON ({e})")))?;
+        let hash = hash.as_deref().map(|h| chain::from_bytes(h).unwrap_or([0xff; 32]));
+        let fields = Fields {
+            seq,
+            at_us,
+            kind: &kind,
+            version,
+            level_id: level_id.as_deref(),
+            attempt,
+            payload: &payload,
+        };
+        check.event(&fields, hash.as_ref())?;
+        let data = EventData::decode_str(&kind, version, &data)
             .map_err(|e| Error::Backend(format!("run {run_id} event {seq}: {e}")))?;
         let at = DateTime::from_timestamp_micros(at_us)
-            .ok_or_else(|| Error::Backend(format!("run {run_id} event {seq}: bad time {at_us}")))?;
-        events.push(Event { seq: u64::try_from(seq).unwrap_or(0), at, level_id, attempt, data });
+            .ok_or_else(|| damaged(seq, format!("column `at_us` holds {at_us}, not a time")))?;
+        events.push(Event { seq, at, level_id, attempt, data });
     }
-    Ok(events)
+    let last_seq = check.finish(record.last_seq, head.as_ref())?;
+    Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS) }))
 }
 
-fn record(
-    r: &rusqlite::Row<'_>,
-) -> rusqlite::Result<(String, String, String, String, String, i64)> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+/// A run's record read from a row of [`RUN_COLUMNS`], with its head hash (`None` when it
+/// has none); a column that cannot be read is reported with the run's id and its name.
+fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Option<Hash>), Error>> {
+    let run_id = match named::<String>(r, 0, "run_id", "text") {
+        Ok(id) => id,
+        Err(p) => return Ok(Err(Error::Backend(format!("a run in the database: {p}")))),
+    };
+    let fail = |p: String| Error::Damaged {
+        run_id: run_id.clone(),
+        seq: 1,
+        problem: format!("the run's record: {p}"),
+    };
+    let read = || -> Result<(RunRecord, Option<Hash>), String> {
+        let last_seq = named::<i64>(r, 5, "last_seq", "an integer")?;
+        let head = named::<Option<Vec<u8>>>(r, 6, "head_hash", "a blob")?;
+        Ok((
+            RunRecord {
+                run_id: run_id.clone(),
+                scenario_id: named(r, 1, "scenario_id", "text")?,
+                status: named(r, 2, "status", "text")?,
+                created_at: parse_time(&named::<String>(r, 3, "created_at", "text")?)
+                    .map_err(|e| format!("column `created_at`: {e}"))?,
+                updated_at: parse_time(&named::<String>(r, 4, "updated_at", "text")?)
+                    .map_err(|e| format!("column `updated_at`: {e}"))?,
+                last_seq: u64::try_from(last_seq)
+                    .map_err(|_| format!("column `last_seq` holds {last_seq}, not a count"))?,
+            },
+            head.as_deref().and_then(chain::from_bytes),
+        ))
+    };
+    Ok(read().map_err(fail))
 }
 
-fn to_record(row: (String, String, String, String, String, i64)) -> Result<RunRecord, Error> {
-    let (run_id, scenario_id, status, created_at, updated_at, last_seq) = row;
-    Ok(RunRecord {
-        run_id,
-        scenario_id,
-        status,
-        created_at: parse_time(&created_at)?,
-        updated_at: parse_time(&updated_at)?,
-        last_seq: u64::try_from(last_seq).unwrap_or(0),
-    })
-}
+const RUN_COLUMNS: &str =
+    "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash";
 
-const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq";
+fn run_with_head(
+    conn: &Connection,
+    run_id: &str,
+) -> Result<Option<(RunRecord, Option<Hash>)>, Error> {
+    conn.query_row(
+        &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
+        [run_id],
+        to_record,
+    )
+    .optional()
+    .map_err(backend)?
+    .transpose()
+}
 
 fn run(conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, Error> {
-    let row = conn
-        .query_row(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"), [run_id], record)
-        .optional()
-        .map_err(backend)?;
-    row.map(to_record).transpose()
+    Ok(run_with_head(conn, run_id)?.map(|(r, _)| r))
 }
 
 fn runs(conn: &Connection, status: Option<&str>) -> Result<Vec<RunRecord>, Error> {
@@ -549,8 +844,8 @@ fn runs(conn: &Connection, status: Option<&str>) -> Result<Vec<RunRecord>, Error
             "SELECT {RUN_COLUMNS} FROM runs WHERE (?1 IS NULL OR status = ?1) ORDER BY created_at DESC, run_id DESC"
         ))
         .map_err(backend)?;
-    let rows = stmt.query_map(params![status], record).map_err(backend)?;
-    rows.map(|r| r.map_err(backend).and_then(to_record)).collect()
+    let rows = stmt.query_map(params![status], to_record).map_err(backend)?;
+    rows.map(|r| r.map_err(backend).and_then(|r| r.map(|(r, _)| r))).collect()
 }
 
 impl EventStore for SqliteStore {
@@ -580,6 +875,10 @@ impl EventStore for SqliteStore {
 
     fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
         Box::pin(self.ask(move |reply| Request::Load { run_id: run_id.to_owned(), after, reply }))
+    }
+
+    fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>> {
+        Box::pin(self.ask(move |reply| Request::Verify { run_id: run_id.to_owned(), reply }))
     }
 
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
@@ -658,7 +957,7 @@ impl EventStore for SqliteStore {
             let path = dir.join(run_id);
             // The file is removed when the lock is given up, so a lock may be taken on a
             // file that has just been unlinked: take it again on the file the path names.
-            for _ in 0..8 {
+            for _ in 0..LOCK_TRIES_MAX {
                 let file = std::fs::OpenOptions::new()
                     .create(true)
                     .truncate(false)
@@ -678,7 +977,10 @@ impl EventStore for SqliteStore {
                     return Ok(RunGuard::new(RunLock { path, _file: file }));
                 }
             }
-            Err(Error::Busy(run_id.to_owned()))
+            Err(Error::Backend(format!(
+                "gave up locking run {run_id} after {LOCK_TRIES_MAX} tries: its lock file {} was replaced every time (other drivers keep taking and releasing it); try again",
+                path.display()
+            )))
         })
     }
 }

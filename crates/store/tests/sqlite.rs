@@ -1,8 +1,12 @@
-//! The SQLite store passes the kernel's conformance suite, on a real file.
+//! The SQLite store passes the kernel's conformance suite, on a real file; its chain
+//! detects damage made by hand, its migration chains old runs, and its backup is
+//! consistent under load.
 
 #![allow(clippy::unwrap_used)]
 
-use baton_engine::store::conformance;
+use baton_engine::chain;
+use baton_engine::event::{Event, EventData, NewEvent, Warning};
+use baton_engine::store::{EventStore, RunRecord, conformance};
 use baton_store::SqliteStore;
 
 #[tokio::test]
@@ -14,5 +18,224 @@ async fn sqlite_store_conforms() {
     drop(store);
     let again = SqliteStore::open(dir.join("nested/baton.db")).unwrap();
     conformance::reopened(&again, "sql").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A second connection to the store's file, editing it the way a person or a bad disk
+/// would: past every check of the store.
+fn damage(db: &std::path::Path, run_id: &str, damage: conformance::Damage) {
+    use conformance::Damage;
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    let seq = |n: u64| i64::try_from(n).unwrap();
+    let on = |sql: &str, n: u64| {
+        let changed = conn.execute(sql, rusqlite::params![run_id, seq(n)]).unwrap();
+        assert!(changed >= 1, "{damage:?}: `{sql}` changed nothing");
+    };
+    match damage {
+        Damage::Delete(n) => on("DELETE FROM events WHERE run_id = ?1 AND seq = ?2", n),
+        Damage::Swap(a, b) => {
+            on("UPDATE events SET seq = -1 WHERE run_id = ?1 AND seq = ?2", a);
+            conn.execute(
+                "UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = ?3",
+                rusqlite::params![run_id, seq(a), seq(b)],
+            )
+            .unwrap();
+            on("UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = -1", b);
+        }
+        Damage::Payload(n) => on(
+            "UPDATE events SET data = json_set(data, '$.message', 'edited') WHERE run_id = ?1 AND seq = ?2",
+            n,
+        ),
+        Damage::Renumber(n, m) => {
+            conn.execute(
+                "UPDATE events SET seq = ?3 WHERE run_id = ?1 AND seq = ?2",
+                rusqlite::params![run_id, seq(n), seq(m)],
+            )
+            .unwrap();
+        }
+        Damage::Time(n) => {
+            on("UPDATE events SET at_us = at_us + 1000000 WHERE run_id = ?1 AND seq = ?2", n);
+        }
+        Damage::Kind(n) => {
+            on("UPDATE events SET kind = 'heartbeat' WHERE run_id = ?1 AND seq = ?2", n);
+        }
+        Damage::Level(n) => {
+            on("UPDATE events SET level_id = 'other' WHERE run_id = ?1 AND seq = ?2", n);
+        }
+        Damage::Attempt(n) => on("UPDATE events SET attempt = 9 WHERE run_id = ?1 AND seq = ?2", n),
+        Damage::Hash(n) => {
+            on("UPDATE events SET hash = zeroblob(32) WHERE run_id = ?1 AND seq = ?2", n);
+        }
+        Damage::LastSeq(n) => on("UPDATE runs SET last_seq = ?2 WHERE run_id = ?1", n),
+        Damage::Truncate(n) => {
+            on("DELETE FROM events WHERE run_id = ?1 AND seq > ?2", n);
+            on("UPDATE runs SET last_seq = ?2 WHERE run_id = ?1", n);
+        }
+    }
+}
+
+fn fresh_db(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("baton-sqlite-{name}-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("baton.db");
+    (dir, db)
+}
+
+#[tokio::test]
+async fn sqlite_store_detects_damage() {
+    let (dir, db) = fresh_db("damage");
+    let store = SqliteStore::open(&db).unwrap();
+    conformance::damage_is_detected(&store, "sql", &|id, d| damage(&db, id, d)).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn warnings(from: u64, n: u64) -> Vec<Event> {
+    let at = chrono::DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+    (from..from + n)
+        .map(|seq| {
+            NewEvent::level(
+                "l1",
+                1,
+                EventData::Warning(Warning {
+                    message: format!("event {seq}: {}", "x".repeat(200)),
+                }),
+            )
+            .at(seq, at)
+        })
+        .collect()
+}
+
+fn record(id: &str) -> RunRecord {
+    let at = chrono::DateTime::from_timestamp_micros(1_700_000_000_000_000).unwrap();
+    RunRecord {
+        run_id: id.to_owned(),
+        scenario_id: "demo".to_owned(),
+        status: "running".to_owned(),
+        created_at: at,
+        updated_at: at,
+        last_seq: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_column_that_cannot_be_read_is_named_with_its_run_and_event() {
+    let (dir, db) = fresh_db("columns");
+    let store = SqliteStore::open(&db).unwrap();
+    store.create_run(&record("r1"), warnings(1, 3)).await.unwrap();
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute("UPDATE events SET attempt = 'two' WHERE run_id = 'r1' AND seq = 2", []).unwrap();
+    let err = store.load("r1", 0).await.unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "run r1 is damaged at event 2: column `attempt` holds text, where an integer or null belongs"
+        ),
+        "{err}"
+    );
+    conn.execute("UPDATE runs SET last_seq = 'three' WHERE run_id = 'r1'", []).unwrap();
+    let err = store.run("r1").await.unwrap_err().to_string();
+    assert!(
+        err.contains("run r1 is damaged") && err.contains("column `last_seq` holds text"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn migration_0003_chains_the_runs_already_stored() {
+    let (dir, db) = fresh_db("migrate");
+    let store = SqliteStore::open(&db).unwrap();
+    store.create_run(&record("old"), warnings(1, 4)).await.unwrap();
+    store.create_run(&record("empty"), Vec::new()).await.unwrap();
+    let before = store.verify("old").await.unwrap();
+    drop(store);
+    // Back to schema 2: no hashes.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(
+        "ALTER TABLE events DROP COLUMN hash; ALTER TABLE runs DROP COLUMN head_hash;
+         DELETE FROM schema_version WHERE version = 3;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&db).unwrap();
+    let after = store.verify("old").await.unwrap();
+    assert_eq!(after, before, "the back-filled chain is the one the store writes");
+    assert_eq!(after.head, chain::hashes(chain::GENESIS, &warnings(1, 4))[3]);
+    assert_eq!(store.verify("empty").await.unwrap().last_seq, 0);
+    store.append("old", 5, warnings(5, 1), "running").await.unwrap();
+    assert_eq!(store.load("old", 0).await.unwrap().len(), 5);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_backup_taken_while_runs_are_appended_verifies() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let (dir, db) = fresh_db("backup");
+    let store = SqliteStore::open(&db).unwrap();
+    // Enough data that copying it takes a while.
+    rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..1500 {
+            let store = store.clone();
+            tasks.spawn(async move {
+                store.create_run(&record(&format!("base-{i}")), warnings(1, 10)).await.unwrap();
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    });
+    // The writer: new runs, appended to event by event, until told to stop.
+    let stop = Arc::new(AtomicBool::new(false));
+    let appended = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (store, stop, appended) = (store.clone(), Arc::clone(&stop), Arc::clone(&appended));
+        rt.spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let id = format!("live-{n}");
+                store.create_run(&record(&id), warnings(1, 1)).await.unwrap();
+                for seq in 2..=4 {
+                    store.append(&id, seq, warnings(seq, 1), "running").await.unwrap();
+                    appended.fetch_add(1, Ordering::SeqCst);
+                }
+                n += 1;
+            }
+        })
+    };
+    while appended.load(Ordering::SeqCst) < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mut overlapped = 0;
+    let mut copies = Vec::new();
+    for i in 0..5 {
+        let dest = dir.join(format!("copy-{i}.db"));
+        let before = appended.load(Ordering::SeqCst);
+        baton_store::backup(&db, &dest).unwrap();
+        if appended.load(Ordering::SeqCst) > before {
+            overlapped += 1;
+        }
+        copies.push(dest);
+    }
+    stop.store(true, Ordering::SeqCst);
+    rt.block_on(writer).unwrap();
+    assert!(overlapped > 0, "the writer committed while a copy was being made");
+
+    // A backup never overwrites.
+    let err = baton_store::backup(&db, &copies[0]).unwrap_err().to_string();
+    assert!(err.contains("already exists"), "{err}");
+
+    rt.block_on(async {
+        for dest in &copies {
+            let copy = SqliteStore::open(dest).unwrap();
+            let runs = copy.runs(None).await.unwrap();
+            assert!(runs.len() > 1500, "{} has every run committed before it", dest.display());
+            for run in &runs {
+                let verified = copy.verify(&run.run_id).await.unwrap();
+                assert_eq!(verified.last_seq, run.last_seq);
+            }
+        }
+    });
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -5,6 +5,7 @@
 
 mod crash;
 mod gates;
+mod damage;
 mod planner;
 mod runs;
 mod tool_loop;
@@ -147,6 +148,12 @@ impl EventStore for Observed {
         after: u64,
     ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
         self.inner.load(run_id, after)
+    }
+    fn verify<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<store::Verified, store::Error>> {
+        self.inner.verify(run_id)
     }
     fn run<'a>(
         &'a self,

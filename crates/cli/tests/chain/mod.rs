@@ -1,0 +1,381 @@
+//! Damage detection and backups through the `baton` binary on real SQLite files: every
+//! single-event edit of a bundled scenario's log is found by `verify` (property test),
+//! a damaged run is neither decided on nor driven, a hand-edited `last_seq` is refused
+//! instead of spun on, and a backup taken while runs go on verifies.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use rusqlite::{Connection, params};
+
+use super::{baton_db, repo, text};
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "baton-chain-{name}-{}-{}",
+        std::process::id(),
+        uuid_like()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn uuid_like() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// Runs a bundled scenario with its script into `db`; returns the run id.
+fn run_bundled(db: &Path, scenario: &str, input: &str) -> String {
+    let script = format!("scenarios/scripts/{scenario}.yaml");
+    let out = baton_db(db, &["run", scenario, "--input", input, "--script", &script, "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", text(&out.stdout), text(&out.stderr)));
+    report["run_id"].as_str().unwrap().to_owned()
+}
+
+/// One database holding a paused `release_notes` run (an approval, a review loop) and a
+/// completed `quick_qa` run, copied into one file by `baton backup`; with the run ids.
+fn template() -> &'static (PathBuf, Vec<String>) {
+    static TEMPLATE: OnceLock<(PathBuf, Vec<String>)> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let dir = temp("template");
+        let db = dir.join("live.db");
+        let runs = vec![
+            run_bundled(&db, "release_notes", "v1.2: export to CSV, faster search"),
+            run_bundled(&db, "quick_qa", "What is the capital of France?"),
+        ];
+        let copy = dir.join("template.db");
+        let out = baton_db(&db, &["backup", copy.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        (copy, runs)
+    })
+}
+
+fn events_in(conn: &Connection, run: &str) -> i64 {
+    conn.query_row("SELECT COUNT(*) FROM events WHERE run_id = ?1", [run], |r| r.get(0)).unwrap()
+}
+
+/// One edit of one event (or the tail) of a stored log. Positions are fractions of the
+/// log, so that every case lands on a real event.
+#[derive(Clone, Debug)]
+enum Edit {
+    Delete(f64),
+    Swap(f64, f64),
+    /// Event `a` moves to after event `b` (a < b); the ones between move up.
+    Reorder(f64, f64),
+    /// One byte of the payload is XORed with a non-zero mask.
+    FlipPayload(f64, f64, u8),
+    /// The event takes a number past the end of the log.
+    Seq(f64, u8),
+    Time(f64, i64),
+    Kind(f64),
+    Level(f64),
+    Attempt(f64),
+    /// Every event after this one is deleted; `last_seq` too when the flag is set.
+    Truncate(f64, bool),
+}
+
+fn edit_strategy() -> impl Strategy<Value = Edit> {
+    let at = 0.0..1.0f64;
+    prop_oneof![
+        at.clone().prop_map(Edit::Delete),
+        (at.clone(), at.clone()).prop_map(|(a, b)| Edit::Swap(a, b)),
+        (at.clone(), at.clone()).prop_map(|(a, b)| Edit::Reorder(a, b)),
+        (at.clone(), at.clone(), 1u8..=255).prop_map(|(a, p, m)| Edit::FlipPayload(a, p, m)),
+        (at.clone(), 1u8..10).prop_map(|(a, k)| Edit::Seq(a, k)),
+        (at.clone(), prop_oneof![-5_000_000i64..-1, 1i64..5_000_000])
+            .prop_map(|(a, d)| Edit::Time(a, d)),
+        at.clone().prop_map(Edit::Kind),
+        at.clone().prop_map(Edit::Level),
+        at.clone().prop_map(Edit::Attempt),
+        (at, any::<bool>()).prop_map(|(a, b)| Edit::Truncate(a, b)),
+    ]
+}
+
+/// Applies `edit` to run `run` (of `n` events) through SQL; returns the first event a
+/// check must report, or `None` when the edit left the log's meaning unchanged (a payload
+/// byte flipped into the same JSON value, such as `e` into `E` in an exponent).
+fn apply(conn: &Connection, run: &str, n: i64, edit: &Edit) -> Option<i64> {
+    let pick = |f: f64| 1 + ((f * n as f64) as i64).min(n - 1);
+    let exec = |sql: &str, p: &[&dyn rusqlite::ToSql]| conn.execute(sql, p).unwrap();
+    match *edit {
+        Edit::Delete(a) => {
+            let s = pick(a);
+            exec("DELETE FROM events WHERE run_id = ?1 AND seq = ?2", params![run, s]);
+            Some(s)
+        }
+        Edit::Swap(a, b) | Edit::Reorder(a, b) => {
+            let (mut x, mut y) = (pick(a), pick(b));
+            if x == y {
+                if y < n { y += 1 } else { x -= 1 }
+            }
+            let (x, y) = (x.min(y), x.max(y));
+            exec("UPDATE events SET seq = -1 WHERE run_id = ?1 AND seq = ?2", params![run, x]);
+            if matches!(edit, Edit::Swap(..)) {
+                exec(
+                    "UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = ?3",
+                    params![run, x, y],
+                );
+            } else {
+                // Shift x+1..=y down by one, one row at a time (the key is unique).
+                for s in x + 1..=y {
+                    exec(
+                        "UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = ?3",
+                        params![run, s - 1, s],
+                    );
+                }
+            }
+            exec("UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = -1", params![run, y]);
+            Some(x)
+        }
+        Edit::FlipPayload(a, p, mask) => {
+            let s = pick(a);
+            let data: Vec<u8> = conn
+                .query_row(
+                    "SELECT CAST(data AS BLOB) FROM events WHERE run_id = ?1 AND seq = ?2",
+                    params![run, s],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            let mut flipped = data.clone();
+            let i = ((p * data.len() as f64) as usize).min(data.len() - 1);
+            flipped[i] ^= mask;
+            exec(
+                "UPDATE events SET data = CAST(?3 AS TEXT) WHERE run_id = ?1 AND seq = ?2",
+                params![run, s, flipped],
+            );
+            let before: serde_json::Value = serde_json::from_slice(&data).unwrap();
+            let same =
+                serde_json::from_slice::<serde_json::Value>(&flipped).is_ok_and(|v| v == before);
+            (!same).then_some(s)
+        }
+        Edit::Seq(a, k) => {
+            let s = pick(a);
+            exec(
+                "UPDATE events SET seq = ?3 WHERE run_id = ?1 AND seq = ?2",
+                params![run, s, n + i64::from(k)],
+            );
+            Some(s)
+        }
+        Edit::Time(a, d) => {
+            let s = pick(a);
+            exec(
+                "UPDATE events SET at_us = at_us + ?3 WHERE run_id = ?1 AND seq = ?2",
+                params![run, s, d],
+            );
+            Some(s)
+        }
+        Edit::Kind(a) => {
+            let s = pick(a);
+            exec(
+                "UPDATE events SET kind = CASE kind WHEN 'warning' THEN 'heartbeat' ELSE 'warning' END WHERE run_id = ?1 AND seq = ?2",
+                params![run, s],
+            );
+            Some(s)
+        }
+        Edit::Level(a) => {
+            let s = pick(a);
+            exec(
+                "UPDATE events SET level_id = CASE WHEN level_id IS NULL THEN 'draft' ELSE NULL END WHERE run_id = ?1 AND seq = ?2",
+                params![run, s],
+            );
+            Some(s)
+        }
+        Edit::Attempt(a) => {
+            let s = pick(a);
+            exec(
+                "UPDATE events SET attempt = CASE WHEN attempt IS NULL THEN 1 ELSE attempt + 1 END WHERE run_id = ?1 AND seq = ?2",
+                params![run, s],
+            );
+            Some(s)
+        }
+        Edit::Truncate(a, fix_last_seq) => {
+            let keep = pick(a).min(n - 1);
+            exec("DELETE FROM events WHERE run_id = ?1 AND seq > ?2", params![run, keep]);
+            if fix_last_seq {
+                exec("UPDATE runs SET last_seq = ?2 WHERE run_id = ?1", params![run, keep]);
+            }
+            Some(keep + 1)
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn verify_finds_every_single_event_edit_of_a_bundled_scenarios_log(
+        which in 0usize..2,
+        edit in edit_strategy(),
+    ) {
+        let (template, runs) = template();
+        let dir = temp("edit");
+        let db = dir.join("edited.db");
+        std::fs::copy(template, &db).unwrap();
+        let run = &runs[which];
+        let expected = {
+            let conn = Connection::open(&db).unwrap();
+            let n = events_in(&conn, run);
+            apply(&conn, run, n, &edit)
+        };
+        let out = baton_db(&db, &["verify"]);
+        let stdout = text(&out.stdout);
+        match expected {
+            Some(seq) => {
+                prop_assert_eq!(out.status.code(), Some(1), "{:?}: {}{}", edit, stdout, text(&out.stderr));
+                let line = format!("damaged: run {run} at event {seq}: ");
+                prop_assert!(stdout.contains(&line), "{:?}: expected `{}` in\n{}", edit, line, stdout);
+                prop_assert_eq!(stdout.matches("damaged: run").count(), 1, "only the edited run: {}", stdout);
+            }
+            None => prop_assert_eq!(out.status.code(), Some(0), "{:?}: {}", edit, stdout),
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn a_damaged_run_is_neither_decided_on_nor_driven() {
+    let dir = temp("refuse");
+    let db = dir.join("baton.db");
+    let run = run_bundled(&db, "release_notes", "v1.2");
+    let conn = Connection::open(&db).unwrap();
+    let bad: i64 = conn
+        .query_row(
+            "SELECT MIN(seq) FROM events WHERE run_id = ?1 AND kind = 'model_response'",
+            [&run],
+            |r| r.get(0),
+        )
+        .unwrap();
+    conn.execute(
+        "UPDATE events SET data = replace(data, 'CSV', 'TSV') WHERE run_id = ?1 AND seq = ?2",
+        params![run, bad],
+    )
+    .unwrap();
+    let before = events_in(&conn, &run);
+    let script = "scenarios/scripts/release_notes.yaml";
+    for args in [
+        vec!["approve", run.as_str(), "--by", "ann", "--script", script],
+        vec!["approve", run.as_str(), "--reject", "--no-resume"],
+        vec!["resume", run.as_str(), "--script", script],
+        vec!["answer", run.as_str(), "--answer", "\"yes\""],
+        vec!["cancel", run.as_str()],
+    ] {
+        let out = baton_db(&db, &args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}{err}", text(&out.stdout));
+        assert!(
+            err.contains(&format!("run {run} is damaged at event {bad}: its model_response event does not match its hash")),
+            "{args:?}: {err}"
+        );
+        assert_eq!(events_in(&conn, &run), before, "{args:?} appended nothing");
+    }
+}
+
+/// Runs `baton` and kills it if it has not ended within `limit`.
+fn baton_within(db: &Path, args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(args)
+        .arg("--db")
+        .arg(db)
+        .current_dir(repo())
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("BATON_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("baton {args:?} still ran after {limit:?} (spinning?)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_hand_edited_last_seq_is_refused_not_spun_on() {
+    let dir = temp("last-seq");
+    let db = dir.join("baton.db");
+    let run = run_bundled(&db, "release_notes", "v1.2");
+    let out = baton_db(&db, &["approve", &run, "--no-resume"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let conn = Connection::open(&db).unwrap();
+    let last = events_in(&conn, &run);
+    conn.execute("UPDATE runs SET last_seq = last_seq + 2 WHERE run_id = ?1", [&run]).unwrap();
+    let script = "scenarios/scripts/release_notes.yaml";
+    let out = baton_within(&db, &["resume", &run, "--script", script], Duration::from_secs(30));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "run {run} is damaged at event {}: the event is missing: the run records {} events, its log ends at {last}",
+            last + 1,
+            last + 2
+        )),
+        "{err}"
+    );
+    assert_eq!(events_in(&conn, &run), last, "nothing was appended");
+}
+
+#[test]
+fn a_backup_taken_while_runs_go_on_verifies_and_is_never_overwritten() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let dir = temp("backup");
+    let db = dir.join("baton.db");
+    run_bundled(&db, "quick_qa", "first");
+    // Writers: other processes starting and finishing runs for as long as the backups go on.
+    let stop = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let (db, stop, finished) = (db.clone(), Arc::clone(&stop), Arc::clone(&finished));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    run_bundled(&db, "quick_qa", &format!("writer {w}"));
+                    finished.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    while finished.load(Ordering::SeqCst) < 2 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let copies: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            let dest = dir.join(format!("copy-{i}.db"));
+            let out = baton_db(&db, &["backup", dest.to_str().unwrap()]);
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            assert!(text(&out.stdout).contains("check the copy with `baton verify --db"));
+            dest
+        })
+        .collect();
+    stop.store(true, Ordering::SeqCst);
+    for w in writers {
+        w.join().unwrap();
+    }
+    for dest in &copies {
+        let out = baton_db(dest, &["verify", "--json"]);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{report}");
+        assert_eq!(report["ok"], true);
+        assert!(report["runs"].as_array().unwrap().len() >= 3, "{report}");
+    }
+    let again = baton_db(&db, &["backup", copies[0].to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(text(&again.stderr).contains("already exists; a backup never overwrites"));
+    let missing = baton_db(&dir.join("nothing.db"), &["verify"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains("no database at"), "{}", text(&missing.stderr));
+    assert!(!dir.join("nothing.db").exists(), "verify creates no database");
+}
