@@ -30,9 +30,6 @@ use crate::workspace::{Workspace, WorkspaceError, WorkspaceRequest, off_thread};
 /// How often a running step checks the store for a cancel request.
 const CANCEL_POLL: Duration = Duration::from_millis(100);
 
-/// How many times an append from outside the executor is tried when the log moves.
-const EXTERNAL_APPEND_TRIES: usize = 50;
-
 /// How often a long step writes a heartbeat.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
 
@@ -480,7 +477,7 @@ impl Engine {
     /// [`store::Error::Busy`]: its driver stops at its next check.
     pub async fn end_cancelled(&self, run_id: &str) -> Result<Outcome, Error> {
         let _driving = self.store.hold(run_id).await?;
-        for _ in 0..EXTERNAL_APPEND_TRIES {
+        for _ in 0..EXTERNAL_APPEND_TRIES_MAX {
             let state = self.state(run_id).await?;
             if state.cancel_requested.is_none() && !state.status.is_final() {
                 return Err(Error::Refused {
@@ -496,6 +493,7 @@ impl Engine {
                 pending: Vec::new(),
                 create: None,
                 has_results: false,
+                conflicts: 0,
             };
             if !w.state.status.is_final() {
                 let events = crate::plan::cancelled(&w.state);
@@ -524,7 +522,9 @@ impl Engine {
         }
         Err(Error::Refused {
             run_id: run_id.to_owned(),
-            message: "the log kept moving; try again".to_owned(),
+            message: format!(
+                "gave up ending the cancelled run after {EXTERNAL_APPEND_TRIES_MAX} tries: another writer advanced the log before each; try again"
+            ),
         })
     }
 
