@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Schema version of every payload written today.
-pub const VERSION: u16 = 1;
+///
+/// Version 2 added `data` to `approval_decided` (the approver's data for the level's
+/// `output_schema`); a version 1 log is upgraded by [`ApprovalDecidedV1`].
+pub const VERSION: u16 = 2;
 
 /// A stored event.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -119,7 +122,15 @@ impl EventData {
 
     /// Decodes a stored payload, given as JSON text, of `kind` written with schema `version`.
     pub fn decode_str(kind: &str, version: u16, payload: &str) -> Result<EventData, DecodeError> {
-        if version != VERSION {
+        let fail =
+            |e: serde_json::Error| DecodeError { kind: kind.to_owned(), message: e.to_string() };
+        if version == 1 && kind == "approval_decided" {
+            return serde_json::from_str::<ApprovalDecidedV1>(payload)
+                .map(|v1| EventData::ApprovalDecided(v1.into()))
+                .map_err(fail);
+        }
+        // Version 2 changed only `approval_decided`: every other kind reads as in version 1.
+        if version != VERSION && version != 1 {
             return Err(DecodeError {
                 kind: kind.to_owned(),
                 message: format!(
@@ -127,8 +138,6 @@ impl EventData {
                 ),
             });
         }
-        let fail =
-            |e: serde_json::Error| DecodeError { kind: kind.to_owned(), message: e.to_string() };
         macro_rules! decode {
             ($($name:literal => $variant:ident),* $(,)?) => {
                 match kind {
@@ -355,6 +364,33 @@ pub struct ApprovalDecided {
     pub approved: bool,
     pub comment: Option<String>,
     pub by: Option<String>,
+    /// The approver's data for the level's `output_schema`, validated before it was
+    /// recorded. Required in the payload (null when none was given): a version 1 payload,
+    /// which has no such field, is read through [`ApprovalDecidedV1`].
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub data: Option<Value>,
+}
+
+/// `approval_decided` as schema version 1 wrote it: no approver's data.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalDecidedV1 {
+    pub request_id: String,
+    pub approved: bool,
+    pub comment: Option<String>,
+    pub by: Option<String>,
+}
+
+impl From<ApprovalDecidedV1> for ApprovalDecided {
+    fn from(v1: ApprovalDecidedV1) -> Self {
+        ApprovalDecided {
+            request_id: v1.request_id,
+            approved: v1.approved,
+            comment: v1.comment,
+            by: v1.by,
+            data: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

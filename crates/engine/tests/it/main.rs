@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+mod approvals;
 mod crash;
 mod planner;
 mod runs;

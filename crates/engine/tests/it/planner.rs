@@ -274,6 +274,7 @@ levels:
         approved: false,
         comment: Some("no".into()),
         by: Some("ann".into()),
+        data: None,
     })));
     let decided = appended(plan(&s, &fold(&log(events))));
     let [EventData::LevelFinished(f)] = &decided[..] else { panic!("{decided:?}") };
