@@ -1175,3 +1175,38 @@ fn a_decision_is_recorded_where_the_scenarios_do_not_load() {
     assert_eq!(result["final_output"], "stopped", "high risk takes the other edge");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_answer_is_recorded_where_the_scenarios_do_not_load() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-answer-{}", std::process::id()));
+    let db = dir.join("runs.db");
+    let out = baton_db(
+        &db,
+        &[
+            "--scenarios",
+            TEST_SCENARIOS,
+            "run",
+            "ask_once",
+            "--script",
+            "crates/cli/tests/scenarios/scripts/ask_once.yaml",
+            "--input",
+            "x",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = text(&out.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned();
+    let missing = dir.join("no-scenarios");
+    let out = baton_db(
+        &db,
+        &["--scenarios", missing.to_str().unwrap(), "answer", &run, "--answer", "\"b\""],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!("answered run {run}")));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("continue it with `baton resume {run}`")), "{err}");
+    let out = baton_db(&db, &["--scenarios", TEST_SCENARIOS, "resume", &run, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["final_output"], "{\"choice\": \"b\"}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
