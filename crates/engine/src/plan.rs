@@ -87,12 +87,11 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
     let attempt = state.level(id).map_or(1, |l| l.attempts);
     // A decision in the log finishes its approval level without any effect; a fan-out's
     // approval children finish one by one, in the order they asked.
-    if let Some(pending) =
-        state.pending_approvals.iter().find(|p| state.decisions.contains_key(&p.request.request_id))
+    if let Some((pending, decision)) = state
+        .pending_approvals
+        .iter()
+        .find_map(|p| state.decisions.get(&p.request.request_id).map(|d| (p, d)))
     {
-        let Some(decision) = state.decisions.get(&pending.request.request_id) else {
-            return Step::Pause;
-        };
         let terminal = scenario.level(&pending.level_id).is_some_and(|l| l.terminal);
         return Step::Append(vec![NewEvent::level(
             &pending.level_id,
