@@ -426,7 +426,7 @@ async fn drive(
                 "aborted_reason": state.finished.as_ref().and_then(|f| f.aborted_reason.clone()),
                 "totals": state.totals,
                 "checksum": state.checksum,
-                "pending_approval": state.pending_approval,
+                "pending_approvals": open_approvals(&state),
                 "pending_question": state.pending_ask,
             }))?
         );
@@ -434,10 +434,46 @@ async fn drive(
         println!(
             "paused: run {run_id} waits for a person; continue with `baton approve {run_id}` or `baton answer {run_id} --answer JSON`"
         );
+        for line in waiting_lines(&state, run_id) {
+            println!("  {line}");
+        }
     } else if let Some(output) = &state.final_output {
         println!("output:\n{output}");
     }
     Ok(exit_code(&outcome))
+}
+
+/// The approval requests a run waits for, as JSON.
+fn open_approvals(state: &baton_engine::RunState) -> Value {
+    state
+        .open_approvals()
+        .map(|p| {
+            json!({
+                "request_id": p.request.request_id,
+                "level_id": p.level_id,
+                "approver_role": p.request.approver_role,
+                "question": p.request.question,
+                "schema": p.request.schema,
+            })
+        })
+        .collect()
+}
+
+/// One line per approval request a run waits for: id, level, prompt summary, command.
+fn waiting_lines(state: &baton_engine::RunState, run_id: &str) -> Vec<String> {
+    state
+        .open_approvals()
+        .map(|p| {
+            format!(
+                "approval {} (level `{}`, role {}): {} — `baton approve {run_id} --request {}`",
+                p.request.request_id,
+                p.level_id,
+                p.request.approver_role,
+                baton_engine::exec::summary(&p.request.question),
+                p.request.request_id
+            )
+        })
+        .collect()
 }
 
 /// What a new run starts with.
@@ -540,23 +576,98 @@ fn exit_code(outcome: &Outcome) -> ExitCode {
 /// Options of `baton approve`.
 #[derive(Debug)]
 pub(crate) struct Decision {
+    pub request: Option<String>,
     pub reject: bool,
     pub comment: Option<String>,
     pub by: Option<String>,
+    /// A file with the approver's data for the level's `output_schema`.
+    pub data: Option<PathBuf>,
     pub script: Option<PathBuf>,
     pub no_resume: bool,
 }
 
-pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow::Result<ExitCode> {
-    let registry = registry(place)?;
+/// Most bytes read from an approver's data file.
+const DATA_BYTES_MAX: u64 = 1024 * 1024;
+
+/// Reads the approver's data: a regular file of at most [`DATA_BYTES_MAX`] bytes holding JSON.
+fn read_data(path: &Path) -> anyhow::Result<Value> {
+    use std::io::Read as _;
+    let shown = path.display();
+    let not_regular = || {
+        anyhow::anyhow!(
+            "--data {shown} is not a regular file (a directory, device or pipe); give a JSON file"
+        )
+    };
+    // Checked before opening: opening a pipe would wait for a writer.
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot read --data {shown}"))?;
+    if !meta.is_file() {
+        return Err(not_regular());
+    }
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read --data {shown}"))?;
+    if !file.metadata().with_context(|| format!("cannot read --data {shown}"))?.is_file() {
+        return Err(not_regular());
+    }
+    let mut bytes = Vec::new();
+    file.take(DATA_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read --data {shown}"))?;
+    if bytes.len() as u64 > DATA_BYTES_MAX {
+        bail!(
+            "--data {shown} is larger than {DATA_BYTES_MAX} bytes; the approver's data must be smaller"
+        );
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| anyhow::anyhow!("--data {shown}:{}:{}: not JSON: {e}", e.line(), e.column()))
+}
+
+/// An engine that records decisions and answers: it needs no scenario, so it works from a
+/// directory where the scenarios do not load.
+fn decision_engine(place: &Place) -> anyhow::Result<Engine> {
     let store = open_store(place)?;
-    let probe = probe_engine(place, &store, &registry);
-    probe.approve(run_id, !d.reject, d.comment, d.by).await?;
-    println!("{} run {run_id}", if d.reject { "rejected" } else { "approved" });
+    Ok(probe_engine(place, &store, &Registry::default()))
+}
+
+/// Continues a run after a decision or an answer was recorded, when its scenario loads
+/// here; else says where to continue it (exit 0: what was asked is recorded).
+async fn continue_run(
+    place: &Place,
+    run_id: &str,
+    script: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let state = decision_engine(place)?.state(run_id).await?;
+    let loads = Registry::load(&[&place.scenarios])
+        .is_ok_and(|loaded| loaded.registry.get(&state.scenario_id).is_some());
+    if !loads {
+        eprintln!(
+            "the run is not continued here: scenario `{}` does not load from {}; continue it with `baton resume {run_id}` from where the scenarios load (or with --scenarios DIR)",
+            state.scenario_id,
+            place.scenarios.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    resume(place, run_id, script, false).await
+}
+
+pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow::Result<ExitCode> {
+    let data = d.data.as_deref().map(read_data).transpose()?;
+    let engine = decision_engine(place)?;
+    let decision = baton_engine::Decision {
+        request_id: d.request,
+        approved: !d.reject,
+        comment: d.comment,
+        by: d.by,
+        data,
+    };
+    let decided = engine.decide(run_id, decision).await?;
+    println!(
+        "{} request {} of run {run_id}",
+        if decided.approved { "approved" } else { "rejected" },
+        decided.request_id
+    );
     if d.no_resume {
         return Ok(ExitCode::SUCCESS);
     }
-    resume(place, run_id, d.script.as_deref(), false).await
+    continue_run(place, run_id, d.script.as_deref()).await
 }
 
 pub(crate) async fn answer(
@@ -569,15 +680,13 @@ pub(crate) async fn answer(
     let value: Value = serde_json::from_str(answer).with_context(|| {
         format!("--answer must be JSON (a string needs quotes: '\"yes\"'), got {answer}")
     })?;
-    let registry = registry(place)?;
-    let store = open_store(place)?;
-    let probe = probe_engine(place, &store, &registry);
-    probe.answer(run_id, value).await?;
+    let engine = decision_engine(place)?;
+    engine.answer(run_id, value).await?;
     println!("answered run {run_id}");
     if no_resume {
         return Ok(ExitCode::SUCCESS);
     }
-    resume(place, run_id, script, false).await
+    continue_run(place, run_id, script).await
 }
 
 /// Records a cancel and ends the run here when nobody drives it. Needs no scenario: the
@@ -674,20 +783,27 @@ pub(crate) async fn runs(
     let mut rows = Vec::with_capacity(list.len());
     for record in list {
         let events = store.load(&record.run_id, 0).await?;
-        let totals = baton_engine::state::fold(&events).totals;
-        let waiting =
-            if record.status == Status::Paused.as_str() { waiting_on(&events) } else { Vec::new() };
-        rows.push((record, totals, waiting));
+        let state = baton_engine::state::fold(&events);
+        let paused = record.status == Status::Paused.as_str();
+        let waiting = if paused { waiting_on(&events) } else { Vec::new() };
+        // The approval requests a paused run waits for, by id (for `approve --request`).
+        let requests: Vec<String> = if paused {
+            state.open_approvals().map(|p| p.request.request_id.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        rows.push((record, state.totals, waiting, requests));
     }
     if json {
         let mut list = Vec::with_capacity(rows.len());
-        for (record, totals, waiting) in &rows {
+        for (record, totals, waiting, requests) in &rows {
             let mut row = serde_json::to_value(record)?;
             if let Value::Object(map) = &mut row {
                 map.insert("cost_usd".to_owned(), json!(totals.cost_usd));
                 map.insert("tokens".to_owned(), json!(totals.tokens));
                 map.insert("duration_ms".to_owned(), json!(totals.duration_ms));
                 map.insert("waiting_on".to_owned(), serde_json::to_value(waiting)?);
+                map.insert("pending_requests".to_owned(), json!(requests));
             }
             list.push(row);
         }
@@ -702,7 +818,7 @@ pub(crate) async fn runs(
         "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  waits on",
         "run", "status", "scenario", "cost", "tokens", "duration", "updated"
     );
-    for (r, totals, waiting) in rows {
+    for (r, totals, waiting, requests) in rows {
         let waits: Vec<String> =
             waiting.iter().map(|w| format!("{} ({})", w.level_id, w.wants)).collect();
         println!(
@@ -716,6 +832,9 @@ pub(crate) async fn runs(
             r.updated_at.format("%Y-%m-%d %H:%M:%S"),
             waits.join(", ")
         );
+        if !requests.is_empty() {
+            println!("    waits for approval: {}", requests.join(", "));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -754,8 +873,14 @@ pub(crate) async fn events(
         follow(store.as_ref(), run_id, 0, None, |e| print_event(e, json)).await?;
         return Ok(ExitCode::SUCCESS);
     }
-    for e in store.load(run_id, 0).await? {
-        print_event(&e, json);
+    let log = store.load(run_id, 0).await?;
+    for e in &log {
+        print_event(e, json);
+    }
+    if !json {
+        for line in waiting_lines(&baton_engine::fold(&log), run_id) {
+            println!("waiting   {line}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -849,6 +974,7 @@ mod tests {
                 approved: false,
                 comment: None,
                 by: None,
+                data: None,
             }))
             .at(seq, Utc::now())
         };

@@ -104,16 +104,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve (or reject) the approval a paused run waits for, then continue it.
+    /// Approve (or reject) an approval request of a paused run, then continue it.
+    ///
+    /// The decision is recorded without loading the scenarios; the run is continued only
+    /// where they load (else the command says to run `baton resume RUN` there).
     Approve {
         run: String,
+        /// The request to decide (listed by `baton runs`, `baton events` and a paused run);
+        /// may be left out when the run waits for exactly one.
+        #[arg(long, value_name = "ID")]
+        request: Option<String>,
         #[arg(long)]
         reject: bool,
         #[arg(long)]
         comment: Option<String>,
-        /// Who decides (recorded in the log).
-        #[arg(long)]
+        /// Who decides (recorded in the log); must not be empty.
+        #[arg(long, value_parser = parse_by)]
         by: Option<String>,
+        /// The approver's data for the level's `output_schema`: a file holding a JSON
+        /// object, checked against the schema before anything is recorded (an approval
+        /// needs it when the schema requires more than `approved`).
+        #[arg(long, value_name = "FILE.json")]
+        data: Option<PathBuf>,
         #[arg(long)]
         script: Option<PathBuf>,
         /// Record the decision without continuing the run here.
@@ -136,7 +148,7 @@ enum Command {
     Cancel {
         run: String,
         /// Who cancels (recorded in the log).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_by)]
         by: Option<String>,
         /// Why (recorded on the cancel event; `baton events` shows it).
         #[arg(long)]
@@ -257,6 +269,14 @@ fn parse_meta(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `--by`: who decides, never empty or blank.
+fn parse_by(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("--by names who decides and must not be empty".to_owned());
+    }
+    Ok(s.to_owned())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let place = cmd_run::Place {
@@ -316,13 +336,12 @@ fn main() -> ExitCode {
         Command::Resume { run, script, json } => {
             runtime.block_on(cmd_run::resume(&place, &run, script.as_deref(), json))
         }
-        Command::Approve { run, reject, comment, by, script, no_resume } => {
-            runtime.block_on(cmd_run::approve(
+        Command::Approve { run, request, reject, comment, by, data, script, no_resume } => runtime
+            .block_on(cmd_run::approve(
                 &place,
                 &run,
-                cmd_run::Decision { reject, comment, by, script, no_resume },
-            ))
-        }
+                cmd_run::Decision { request, reject, comment, by, data, script, no_resume },
+            )),
         Command::Answer { run, answer, script, no_resume } => {
             runtime.block_on(cmd_run::answer(&place, &run, &answer, script.as_deref(), no_resume))
         }

@@ -51,12 +51,15 @@ pub(crate) fn line(e: &Event) -> Option<String> {
         ),
         EventData::UserAnswered(a) => format!("answered  {}", preview(&a.answer.to_string(), 80)),
         EventData::ApprovalRequested(a) => format!(
-            "approval  {level}: {} (role {}) — decide with `baton approve RUN [--reject]`",
+            "approval  {level}: {} (role {}, request {}) — decide with `baton approve RUN --request {} [--reject]`",
             preview(&a.question, 80),
-            a.approver_role
+            a.approver_role,
+            a.request_id,
+            a.request_id
         ),
         EventData::ApprovalDecided(d) => format!(
-            "decided   {} by {}{}",
+            "decided   {} {} by {}{}",
+            d.request_id,
             if d.approved { "approved" } else { "rejected" },
             d.by.as_deref().unwrap_or("someone"),
             d.comment.as_ref().map_or(String::new(), |c| format!(": {c}"))

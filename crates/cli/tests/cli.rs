@@ -1580,3 +1580,213 @@ fn cancelling_a_run_whose_driver_died_ends_it_and_restores_its_workspace() {
     assert_eq!(events.last().unwrap()["data"]["status"], "cancelled");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The test scenarios beside this file (not the bundled ones).
+const TEST_SCENARIOS: &str = "crates/cli/tests/scenarios";
+
+/// Starts a run of the fan-out with two approval branches; it pauses for both.
+fn paused_fan_approvals(db: &std::path::Path) -> String {
+    let out = baton_db(
+        db,
+        &[
+            "--scenarios",
+            TEST_SCENARIOS,
+            "run",
+            "fan_approvals",
+            "--script",
+            "crates/cli/tests/scenarios/scripts/fan_approvals.yaml",
+            "--input",
+            "v2",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let o = text(&out.stdout);
+    assert!(
+        o.contains("approval legal#1 (level `legal`, role counsel): Legal review of v2"),
+        "{o}"
+    );
+    assert!(o.contains("--request security#1`"), "{o}");
+    assert!(o.contains("done      lint PASS"), "the prompt branch ran: {o}");
+    o.lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned()
+}
+
+#[test]
+fn approvals_per_branch_are_decided_by_request() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-branches-{}", std::process::id()));
+    let db = dir.join("runs.db");
+    let run = paused_fan_approvals(&db);
+    let with = |args: &[&str]| {
+        let mut all = vec!["--scenarios", TEST_SCENARIOS];
+        all.extend_from_slice(args);
+        baton_db(&db, &all)
+    };
+
+    let runs = text(&with(&["runs"]).stdout);
+    assert!(runs.contains("waits for approval: legal#1, security#1"), "{runs}");
+    let list: serde_json::Value =
+        serde_json::from_slice(&with(&["runs", "--json"]).stdout).unwrap();
+    assert_eq!(list[0]["pending_requests"], serde_json::json!(["legal#1", "security#1"]));
+
+    // Two open requests and no --request: an error listing both; nothing is recorded.
+    let out = with(&["approve", &run, "--by", "ann"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("2 approval requests are open; name one with --request ID"), "{err}");
+    assert!(err.contains("legal#1 (level `legal`: Legal review of v2)"), "{err}");
+    assert!(err.contains("security#1 (level `security`: Security review of v2: rate"), "{err}");
+    let out = with(&["approve", &run, "--request", "nosuch#1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no approval request nosuch#1; open requests: legal#1"));
+
+    let out = with(&["approve", &run, "--request", "legal#1", "--by", "ann"]);
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("approved request legal#1 of run"));
+    let out = with(&["approve", &run, "--request", "legal#1", "--reject"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("approval request legal#1 was already decided"));
+    let events = text(&with(&["events", &run]).stdout);
+    assert!(events.contains("decided   legal#1 approved by ann"), "{events}");
+    assert!(events.contains("waiting   approval security#1 (level `security`"), "{events}");
+    assert!(!events.contains("waiting   approval legal#1"), "{events}");
+
+    // One request left: the flag may be omitted, but its schema needs the approver's data.
+    let out = with(&["approve", &run, "--by", "bob"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("\"risk\" is a required property"), "{err}");
+    assert!(err.contains("give the approver's data with --data FILE.json"), "{err}");
+    assert!(err.contains("nothing was recorded"), "{err}");
+
+    // The data file: a directory, a device and a pipe are refused; so is data the schema
+    // refuses, by JSON pointer; nothing is recorded for any of them.
+    let fifo = dir.join("fifo.json");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    for bad in [dir.to_str().unwrap(), "/dev/null", fifo.to_str().unwrap()] {
+        let out = with(&["approve", &run, "--data", bad]);
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        assert!(text(&out.stderr).contains("is not a regular file"), "{}", text(&out.stderr));
+    }
+    let invalid = dir.join("invalid.json");
+    std::fs::write(&invalid, r#"{"risk": "huge"}"#).unwrap();
+    let out = with(&["approve", &run, "--data", invalid.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("/risk: \"huge\" is not one of"), "{err}");
+    std::fs::write(&invalid, "{\"risk\": ").unwrap();
+    let out = with(&["approve", &run, "--data", invalid.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("invalid.json:1:9: not JSON"), "{}", text(&out.stderr));
+    let before = text(&with(&["events", &run, "--json"]).stdout).lines().count();
+
+    let valid = dir.join("valid.json");
+    std::fs::write(&valid, r#"{"risk": "low"}"#).unwrap();
+    let out = with(&["approve", &run, "--data", valid.to_str().unwrap(), "--by", "bob"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let o = text(&out.stdout);
+    assert!(o.contains("approved request security#1 of run"), "{o}");
+    assert!(o.contains("gate      checks → ship"), "the gate read the data: {o}");
+    assert!(o.contains("finished  completed"), "{o}");
+    let log: Vec<serde_json::Value> = text(&with(&["events", &run, "--json"]).stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let decided = &log[before];
+    assert_eq!(decided["kind"], "approval_decided", "the refusals recorded nothing");
+    assert_eq!(decided["data"]["data"], serde_json::json!({"risk": "low"}));
+    let ship = log.iter().find(|e| e["kind"] == "prompt_sent" && e["level_id"] == "ship").unwrap();
+    assert_eq!(ship["data"]["prompt"], "Ship v2 at low risk");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_empty_approver_is_refused() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-emptyby-{}", std::process::id()));
+    let db = dir.join("runs.db");
+    let run = paused_fan_approvals(&db);
+    for by in ["", "  \t"] {
+        for command in ["approve", "cancel"] {
+            let out = baton_db(&db, &[command, &run, "--by", by]);
+            assert_eq!(out.status.code(), Some(2), "{command} --by {by:?}");
+            let err = text(&out.stderr);
+            assert!(err.contains("--by names who decides and must not be empty"), "{err}");
+        }
+    }
+    let events = text(&baton_db(&db, &["events", &run, "--json"]).stdout);
+    assert!(!events.contains("approval_decided") && !events.contains("cancel_requested"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_decision_is_recorded_where_the_scenarios_do_not_load() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-elsewhere-{}", std::process::id()));
+    let db = dir.join("runs.db");
+    let run = paused_fan_approvals(&db);
+    // The default scenarios directory (the bundled one) has no `fan_approvals`; a missing
+    // one does not load at all. Either way the decision is recorded.
+    let missing = dir.join("no-scenarios");
+    for (scenarios, request) in
+        [(missing.to_str().unwrap(), "legal#1"), ("scenarios", "security#1")]
+    {
+        let data = dir.join("data.json");
+        std::fs::write(&data, r#"{"risk": "high"}"#).unwrap();
+        let out = baton_db(
+            &db,
+            &[
+                "--scenarios",
+                scenarios,
+                "approve",
+                &run,
+                "--request",
+                request,
+                "--data",
+                data.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(text(&out.stdout).contains(&format!("approved request {request} of run")));
+        let err = text(&out.stderr);
+        assert!(err.contains("the run is not continued here"), "{err}");
+        assert!(err.contains(&format!("continue it with `baton resume {run}`")), "{err}");
+    }
+    let out = baton_db(&db, &["--scenarios", TEST_SCENARIOS, "resume", &run, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["final_output"], "stopped", "high risk takes the other edge");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_answer_is_recorded_where_the_scenarios_do_not_load() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-answer-{}", std::process::id()));
+    let db = dir.join("runs.db");
+    let out = baton_db(
+        &db,
+        &[
+            "--scenarios",
+            TEST_SCENARIOS,
+            "run",
+            "ask_once",
+            "--script",
+            "crates/cli/tests/scenarios/scripts/ask_once.yaml",
+            "--input",
+            "x",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = text(&out.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned();
+    let missing = dir.join("no-scenarios");
+    let out = baton_db(
+        &db,
+        &["--scenarios", missing.to_str().unwrap(), "answer", &run, "--answer", "\"b\""],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!("answered run {run}")));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("continue it with `baton resume {run}`")), "{err}");
+    let out = baton_db(&db, &["--scenarios", TEST_SCENARIOS, "resume", &run, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["final_output"], "{\"choice\": \"b\"}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

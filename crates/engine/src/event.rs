@@ -18,6 +18,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Schema version of every payload written today.
+///
+/// Version 2 added `gate_semantics` to `scenario_started` (a version 1 run keeps the
+/// two-valued gates it started under) and `data` to `approval_decided` (the approver's
+/// data for the level's `output_schema`; a version 1 decision is upgraded by
+/// [`ApprovalDecidedV1`]).
 pub const VERSION: u16 = 2;
 
 /// A stored event.
@@ -134,6 +139,11 @@ impl EventData {
             (1, "scenario_started") => {
                 return serde_json::from_str::<v1::ScenarioStarted>(payload)
                     .map(|old| EventData::ScenarioStarted(old.into()))
+                    .map_err(fail);
+            }
+            (1, "approval_decided") => {
+                return serde_json::from_str::<ApprovalDecidedV1>(payload)
+                    .map(|old| EventData::ApprovalDecided(old.into()))
                     .map_err(fail);
             }
             // Every other kind reads the same in version 1.
@@ -418,6 +428,33 @@ pub struct ApprovalDecided {
     pub approved: bool,
     pub comment: Option<String>,
     pub by: Option<String>,
+    /// The approver's data for the level's `output_schema`, validated before it was
+    /// recorded. Required in the payload (null when none was given): a version 1 payload,
+    /// which has no such field, is read through [`ApprovalDecidedV1`].
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub data: Option<Value>,
+}
+
+/// `approval_decided` as schema version 1 wrote it: no approver's data.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalDecidedV1 {
+    pub request_id: String,
+    pub approved: bool,
+    pub comment: Option<String>,
+    pub by: Option<String>,
+}
+
+impl From<ApprovalDecidedV1> for ApprovalDecided {
+    fn from(v1: ApprovalDecidedV1) -> Self {
+        ApprovalDecided {
+            request_id: v1.request_id,
+            approved: v1.approved,
+            comment: v1.comment,
+            by: v1.by,
+            data: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

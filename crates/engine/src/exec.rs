@@ -12,6 +12,7 @@ use std::time::Duration;
 use baton_scenario::Scenario;
 use baton_scenario::expr::Semantics;
 use baton_scenario::model::LevelKind;
+use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value};
 
 use crate::cancel::CancelToken;
@@ -23,7 +24,7 @@ use crate::event::{
 use crate::plan::{Step, plan};
 use crate::render::Renderer;
 use crate::runner::{LevelRun, Runtime};
-use crate::state::{RunState, Status, fold};
+use crate::state::{PendingApproval, RunState, Status, fold};
 use crate::store::{self, EventStore, RunRecord};
 use crate::workspace::{Workspace, WorkspaceError, WorkspaceRequest, off_thread};
 
@@ -58,6 +59,9 @@ pub enum Error {
     ChecksumChanged { run_id: String, scenario: String, recorded: String, loaded: String },
     #[error("run {run_id}: {message}")]
     Refused { run_id: String, message: String },
+    /// The approver's data was refused; nothing was recorded.
+    #[error("run {run_id}, approval request {request_id}: {message}; nothing was recorded")]
+    Data { run_id: String, request_id: String, message: String },
     #[error("template: {0}")]
     Template(String),
     #[error(transparent)]
@@ -388,41 +392,127 @@ impl Engine {
         }
     }
 
-    /// Records an approval decision, exactly once per request.
+    /// Records an approval decision for the only open request, exactly once.
     pub async fn approve(
         &self,
         run_id: &str,
         approved: bool,
         comment: Option<String>,
         by: Option<String>,
-    ) -> Result<(), Error> {
+    ) -> Result<ApprovalDecided, Error> {
+        self.decide(run_id, Decision { request_id: None, approved, comment, by, data: None }).await
+    }
+
+    /// Records a decision on one approval request, exactly once per request.
+    ///
+    /// `request_id` may be left out when exactly one request is open. The approver's data is
+    /// validated against the schema recorded on the request before anything is written; an
+    /// approval whose decision does not satisfy the schema without data is refused, so that
+    /// the level's output always matches its `output_schema` (a rejection needs no data).
+    pub async fn decide(&self, run_id: &str, d: Decision) -> Result<ApprovalDecided, Error> {
         let state = self.state(run_id).await?;
-        let refuse = |message: &str| Error::Refused {
-            run_id: run_id.to_owned(),
-            message: message.to_owned(),
-        };
+        let refuse = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
         if state.status.is_final() {
-            return Err(refuse(&format!(
+            return Err(refuse(format!(
                 "the run has ended ({}); there is nothing to approve",
                 state.status.as_str()
             )));
         }
-        let Some(request) = &state.pending_approval else {
-            return Err(refuse("the run is not waiting for an approval"));
-        };
-        if state.decisions.contains_key(&request.request_id) {
-            return Err(refuse(&format!(
-                "approval request {} was already decided",
-                request.request_id
-            )));
+        if d.by.as_deref().is_some_and(|b| b.trim().is_empty()) {
+            return Err(refuse("the approver (`by`) must not be empty".to_owned()));
         }
-        let event = NewEvent::run(EventData::ApprovalDecided(ApprovalDecided {
-            request_id: request.request_id.clone(),
-            approved,
-            comment,
-            by,
-        }));
-        self.append_external(run_id, &state, event).await
+        let open: Vec<&PendingApproval> = state.open_approvals().collect();
+        let pending = match &d.request_id {
+            Some(id) => {
+                match state.pending_approvals.iter().find(|p| &p.request.request_id == id) {
+                    Some(p) if state.decisions.contains_key(id) => {
+                        return Err(refuse(format!(
+                            "approval request {} was already decided{}",
+                            p.request.request_id,
+                            open_list(&open)
+                        )));
+                    }
+                    Some(p) => p,
+                    None if state.decisions.contains_key(id) => {
+                        return Err(refuse(format!(
+                            "approval request {id} was already decided{}",
+                            open_list(&open)
+                        )));
+                    }
+                    None => {
+                        return Err(refuse(format!(
+                            "no approval request {id}{}",
+                            if open.is_empty() {
+                                "; the run is not waiting for an approval".to_owned()
+                            } else {
+                                open_list(&open)
+                            }
+                        )));
+                    }
+                }
+            }
+            None => match open.as_slice() {
+                [] => return Err(refuse("the run is not waiting for an approval".to_owned())),
+                [one] => *one,
+                several => {
+                    return Err(refuse(format!(
+                        "{} approval requests are open; name one with --request ID{}",
+                        several.len(),
+                        open_list(several)
+                    )));
+                }
+            },
+        };
+        let request_id = pending.request.request_id.clone();
+        if let Some(data) = &d.data
+            && !data.is_object()
+        {
+            return Err(Error::Data {
+                run_id: run_id.to_owned(),
+                request_id,
+                message: "the approver's data must be a JSON object".to_owned(),
+            });
+        }
+        if let Some(key) = d.data.as_ref().and_then(|v| {
+            v.as_object().and_then(|m| DECISION_KEYS.iter().find(|k| m.contains_key(**k)))
+        }) {
+            return Err(Error::Data {
+                run_id: run_id.to_owned(),
+                request_id,
+                message: format!(
+                    "the approver's data must not set `{key}`: the decision itself sets it (--reject, --comment, --by)"
+                ),
+            });
+        }
+        if d.approved || d.data.is_some() {
+            let violations = decision_violations(&pending.request.schema, &d);
+            if !violations.is_empty() {
+                let hint = if d.data.is_none() {
+                    "; level `{level}` declares an output_schema: give the approver's data with --data FILE.json".replace("{level}", &pending.level_id)
+                } else {
+                    String::new()
+                };
+                return Err(Error::Data {
+                    run_id: run_id.to_owned(),
+                    request_id,
+                    message: format!(
+                        "the decision does not match the output_schema of level `{}`: {}{hint}",
+                        pending.level_id,
+                        violations.join("; ")
+                    ),
+                });
+            }
+        }
+        let decided = ApprovalDecided {
+            request_id,
+            approved: d.approved,
+            comment: d.comment,
+            by: d.by,
+            data: d.data,
+        };
+        let event = NewEvent::run(EventData::ApprovalDecided(decided.clone()));
+        self.append_external(run_id, &state, event).await?;
+        Ok(decided)
     }
 
     /// Records the answer to the pending `ask_user` request.
@@ -555,6 +645,73 @@ impl Engine {
                 event.data.kind()
             ),
         })
+    }
+}
+
+/// A decision on an approval request, as a person gives it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decision {
+    /// The request decided; may be left out when exactly one is open.
+    pub request_id: Option<String>,
+    pub approved: bool,
+    pub comment: Option<String>,
+    pub by: Option<String>,
+    /// The approver's data for the level's `output_schema` (a JSON object).
+    pub data: Option<Value>,
+}
+
+/// The keys of an approval level's output that the decision sets, not the approver's data.
+const DECISION_KEYS: &[&str] = &["approved", "comment", "by"];
+
+/// The level's output a decision gives (the approver's data with the decision's fields),
+/// checked against the schema recorded on the request: violations by JSON pointer.
+fn decision_violations(schema: &Value, d: &Decision) -> Vec<String> {
+    let compiled = match JsonSchema::compile(schema.clone()) {
+        Ok(c) => c,
+        Err(e) => return vec![format!("the recorded schema does not compile: {e}")],
+    };
+    let mut output = match &d.data {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    output.insert("approved".to_owned(), Value::Bool(d.approved));
+    // Absent fields are left out rather than null, as a schema's optional fields expect.
+    if let Some(comment) = &d.comment {
+        output.insert("comment".to_owned(), Value::String(comment.clone()));
+    }
+    if let Some(by) = &d.by {
+        output.insert("by".to_owned(), Value::String(by.clone()));
+    }
+    compiled.violations(&Value::Object(output))
+}
+
+/// `; open: ID (level `L`: prompt…), …`, or nothing when no request is open.
+fn open_list(open: &[&PendingApproval]) -> String {
+    if open.is_empty() {
+        return String::new();
+    }
+    let items: Vec<String> = open
+        .iter()
+        .map(|p| {
+            format!(
+                "{} (level `{}`: {})",
+                p.request.request_id,
+                p.level_id,
+                summary(&p.request.question)
+            )
+        })
+        .collect();
+    format!("; open requests: {}", items.join(", "))
+}
+
+/// The first line of a question, cut at [`crate::limits::PROMPT_SUMMARY_CHARS`] characters.
+pub fn summary(question: &str) -> String {
+    let line = question.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let max = crate::limits::PROMPT_SUMMARY_CHARS;
+    if line.chars().count() > max {
+        format!("{}…", line.chars().take(max).collect::<String>())
+    } else {
+        line.to_owned()
     }
 }
 

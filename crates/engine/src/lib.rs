@@ -12,6 +12,7 @@ pub mod chain;
 pub mod clock;
 pub mod event;
 pub mod exec;
+pub mod fan_in;
 pub mod gate_ctx;
 pub mod join;
 pub mod limits;
@@ -26,5 +27,5 @@ pub mod verdict;
 pub mod verifier;
 pub mod workspace;
 
-pub use exec::{Engine, Outcome};
+pub use exec::{Decision, Engine, Outcome};
 pub use state::{RunState, Status, fold};

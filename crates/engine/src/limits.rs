@@ -26,3 +26,5 @@ pub const TOOL_CALLS_PER_TURN_MAX: usize = 32;
 /// Bytes of a tool loop's conversation sent with each call; the oldest tool results give
 /// way first.
 pub const CONVERSATION_BYTES_MAX: usize = 1024 * 1024;
+/// Characters of an approval request's question shown where requests are listed.
+pub const PROMPT_SUMMARY_CHARS: usize = 60;

@@ -7,13 +7,14 @@
 //! [`Step::Run`], for a runner to perform.
 
 use baton_scenario::Scenario;
-use baton_scenario::model::{END, LevelIdx, Target};
-use serde_json::json;
+use baton_scenario::model::{END, LevelIdx, LevelKind, Target};
+use serde_json::{Map, Value, json};
 
 use crate::event::{
-    BudgetCaps, BudgetExceeded, EventData, FinalStatus, GateDecision, LevelFinished, LevelStarted,
-    NewEvent, Reading, ScenarioFinished, Totals, Warning,
+    ApprovalDecided, BudgetCaps, BudgetExceeded, EventData, FinalStatus, GateDecision,
+    LevelFinished, LevelStarted, NewEvent, Reading, ScenarioFinished, Totals, Warning,
 };
+use crate::fan_in::{self, ChildResult};
 use crate::gate_ctx::GateContext;
 use crate::limits;
 use crate::state::{Next, RunState, Status};
@@ -83,48 +84,99 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
     let Some(index) = scenario.level_index(id) else {
         return finish(state, FinalStatus::Failed, Some(format!("unknown_level:{id}")));
     };
-    let level = &scenario.levels[index];
     let attempt = state.level(id).map_or(1, |l| l.attempts);
-    if let Some(request) = &state.pending_approval {
-        let Some(decision) = state.decisions.get(&request.request_id) else {
-            return Step::Pause;
-        };
-        // The decision is in the log: the approval level finishes without any effect.
-        let verdict = if decision.approved { "PASS" } else { "FAIL" };
-        let output = decision.comment.clone().unwrap_or_else(|| {
-            if decision.approved { "approved".to_owned() } else { "rejected".to_owned() }
-        });
-        let finished = LevelFinished {
-            ok: true,
-            skipped: false,
-            verdict: Some(verdict.to_owned()),
-            output,
-            parsed: Some(json!({
-                "approved": decision.approved,
-                "comment": decision.comment,
-                "by": decision.by,
-            })),
-            confidence: None,
-            scratchpad: serde_json::Map::new(),
-            conflict: (!decision.approved).then(|| format!("human_approval:{id}")),
-            error: None,
-            cost_usd: 0.0,
-            tokens: 0,
-            duration_ms: 0,
-            terminal: level.terminal,
-            touched_paths: Vec::new(),
-            snapshot: None,
-        };
+    // A decision in the log finishes its approval level without any effect; a fan-out's
+    // approval children finish one by one, in the order they asked.
+    if let Some((pending, decision)) = state
+        .pending_approvals
+        .iter()
+        .find_map(|p| state.decisions.get(&p.request.request_id).map(|d| (p, d)))
+    {
+        let terminal = scenario.level(&pending.level_id).is_some_and(|l| l.terminal);
+        return Step::Append(vec![NewEvent::level(
+            &pending.level_id,
+            pending.attempt,
+            EventData::LevelFinished(decided(&pending.level_id, decision, terminal)),
+        )]);
+    }
+    if state.awaiting_person() {
+        return Step::Pause;
+    }
+    if let Some(finished) = fan_in_after_decisions(scenario, state, index) {
         return Step::Append(vec![NewEvent::level(
             id,
             attempt,
             EventData::LevelFinished(finished),
         )]);
     }
-    if state.awaiting_person() {
-        return Step::Pause;
-    }
     Step::Run { level: index, attempt }
+}
+
+/// The result of an approval level, from its decision: the decision's fields and the
+/// approver's data make the level's parsed output.
+fn decided(level_id: &str, decision: &ApprovalDecided, terminal: bool) -> LevelFinished {
+    let verdict = if decision.approved { "PASS" } else { "FAIL" };
+    let output = decision.comment.clone().unwrap_or_else(|| {
+        if decision.approved { "approved".to_owned() } else { "rejected".to_owned() }
+    });
+    let mut parsed = match &decision.data {
+        Some(Value::Object(data)) => data.clone(),
+        _ => Map::new(),
+    };
+    parsed.insert("approved".to_owned(), Value::Bool(decision.approved));
+    parsed.insert("comment".to_owned(), json!(decision.comment));
+    parsed.insert("by".to_owned(), json!(decision.by));
+    LevelFinished {
+        ok: true,
+        skipped: false,
+        verdict: Some(verdict.to_owned()),
+        output,
+        parsed: Some(Value::Object(parsed)),
+        confidence: None,
+        scratchpad: Map::new(),
+        conflict: (!decision.approved).then(|| format!("human_approval:{level_id}")),
+        error: None,
+        cost_usd: 0.0,
+        tokens: 0,
+        duration_ms: 0,
+        terminal,
+        touched_paths: Vec::new(),
+        snapshot: None,
+    }
+}
+
+/// A fan-out whose step ended with children waiting for decisions is finished here, once
+/// every child that started in its current attempt has finished.
+fn fan_in_after_decisions(
+    scenario: &Scenario,
+    state: &RunState,
+    index: LevelIdx,
+) -> Option<LevelFinished> {
+    let level = &scenario.levels[index];
+    let LevelKind::FanOut { children, .. } = &level.kind else { return None };
+    let since = state.level(&level.id)?.started_seq;
+    let mut results = Vec::with_capacity(children.len());
+    for &child in children {
+        let id = scenario.levels[child].id.as_str();
+        let Some(l) = state.level(id).filter(|l| l.started_seq > since) else { continue };
+        if l.running {
+            return None;
+        }
+        results.push(ChildResult {
+            id,
+            ok: l.ok.unwrap_or(false),
+            verdict: l.verdict.as_deref(),
+            error: l.error.as_deref(),
+            cost_usd: l.attempt_cost_usd,
+            tokens: l.attempt_tokens,
+        });
+    }
+    // No child started yet: the fan-out's step has not run.
+    if results.is_empty() {
+        return None;
+    }
+    // The planner reads no clock: the children's own results carry their durations.
+    Some(fan_in::aggregate(level, &results, children.len(), 0))
 }
 
 fn route(scenario: &Scenario, state: &RunState, source: &str) -> Step {

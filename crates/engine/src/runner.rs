@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use baton_scenario::Scenario;
-use baton_scenario::model::{
-    Aggregator, LevelIdx, LevelKind, Mode, OnFail, Response, Uses, VerifierSpec,
-};
+use baton_scenario::model::{LevelIdx, LevelKind, Mode, OnFail, Response, Uses, VerifierSpec};
 use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value, json};
 
@@ -23,6 +21,7 @@ use crate::event::{
     ApprovalRequested, AskUser, BudgetExceeded, EventData, LevelFinished, LevelStarted,
     ModelResponse, NewEvent, PromptSent, VerifierFinished, VerifierStarted,
 };
+use crate::fan_in::{self, ChildResult};
 use crate::join::join_limited;
 use crate::limits;
 use crate::model::{ModelError, ModelProvider, ModelReply, ModelRequest};
@@ -344,7 +343,7 @@ impl LevelRun {
     async fn fan_out(&self) -> Vec<NewEvent> {
         let started = Instant::now();
         let level = &self.scenario.levels[self.level];
-        let LevelKind::FanOut { children, fan_in, max_parallel } = &level.kind else {
+        let LevelKind::FanOut { children, max_parallel, .. } = &level.kind else {
             return Vec::new();
         };
         let runs: Vec<LevelRun> = children
@@ -369,6 +368,8 @@ impl LevelRun {
                 let body = match child.kind {
                     LevelKind::Prompt { .. } => run.prompt().await,
                     LevelKind::Verifier => run.verifier_level().await,
+                    // Each approval child asks for its own decision and waits for it.
+                    LevelKind::HumanApproval { .. } => run.approval(),
                     _ => vec![run.event(EventData::LevelFinished(error_finish(
                         format!(
                             "fan-out child `{}` is a {}, which cannot run inside a fan-out",
@@ -391,80 +392,39 @@ impl LevelRun {
         // Children commit in declared order whatever order they finished in, so the log is
         // the same on every run.
         let mut events = Vec::new();
-        let mut verdicts = Map::new();
-        let (mut cost, mut tokens, mut weight_all, mut weight_pass, mut passed) =
-            (0.0, 0u64, 0.0, 0.0, 0usize);
-        let mut error = None;
-        let mut budget_stop = false;
-        for (order, child_events) in results {
-            let child_id = self.scenario.levels[children[order]].id.clone();
-            for e in &child_events {
+        let mut finished = Vec::with_capacity(children.len());
+        let (mut budget_stop, mut waiting) = (false, false);
+        for (order, child_events) in &results {
+            let child_id = self.scenario.levels[children[*order]].id.as_str();
+            for e in child_events {
                 match &e.data {
-                    EventData::LevelFinished(f)
-                        if e.level_id.as_deref() == Some(child_id.as_str()) =>
-                    {
-                        cost += f.cost_usd;
-                        tokens += f.tokens;
-                        let pass = f.ok && f.verdict.as_deref().is_none_or(|v| v == "PASS");
-                        let w = fan_in.weights.get(&child_id).copied().unwrap_or(1.0);
-                        weight_all += w;
-                        if pass {
-                            passed += 1;
-                            weight_pass += w;
-                        }
-                        if let Some(err) = &f.error {
-                            error = Some(format!("fan-out child `{child_id}` failed: {err}"));
-                        }
-                        verdicts.insert(
-                            child_id.clone(),
-                            Value::String(if pass { "PASS" } else { "FAIL" }.to_owned()),
-                        );
+                    EventData::LevelFinished(f) if e.level_id.as_deref() == Some(child_id) => {
+                        finished.push(ChildResult {
+                            id: child_id,
+                            ok: f.ok,
+                            verdict: f.verdict.as_deref(),
+                            error: f.error.as_deref(),
+                            cost_usd: f.cost_usd,
+                            tokens: f.tokens,
+                        });
                     }
                     EventData::BudgetExceeded(_) => budget_stop = true,
+                    EventData::ApprovalRequested(_) => waiting = true,
                     _ => {}
                 }
             }
+        }
+        // A child that waits for a decision leaves the fan-out in flight (unless another
+        // child failed): the planner finishes it once the last decision is in.
+        let waiting = waiting && finished.iter().all(|c| c.error.is_none());
+        let result = (!budget_stop && !waiting)
+            .then(|| fan_in::aggregate(level, &finished, children.len(), elapsed_ms(started)));
+        for (_, child_events) in results {
             events.extend(child_events);
         }
-        if budget_stop {
-            return events;
+        if let Some(result) = result {
+            events.push(self.event(EventData::LevelFinished(result)));
         }
-        if let Some(error) = error {
-            events.push(
-                self.event(EventData::LevelFinished(error_finish(error, elapsed_ms(started)))),
-            );
-            return events;
-        }
-        let n = children.len();
-        let score = if weight_all > 0.0 { weight_pass / weight_all } else { 0.0 };
-        let pass = match fan_in.aggregator {
-            Aggregator::MajorityPass => passed * 2 > n,
-            Aggregator::AllPass => passed == n,
-            Aggregator::WeightedScore => score >= fan_in.threshold,
-        };
-        let verdict = if pass { "PASS" } else { "FAIL" };
-        let aggregator = match fan_in.aggregator {
-            Aggregator::MajorityPass => "majority_pass",
-            Aggregator::AllPass => "all_pass",
-            Aggregator::WeightedScore => "weighted_score",
-        };
-        events.push(self.event(EventData::LevelFinished(LevelFinished {
-            ok: true,
-            skipped: false,
-            verdict: Some(verdict.to_owned()),
-            output: format!("{passed} of {n} children passed ({aggregator}): {verdict}"),
-            parsed: Some(json!({"children": verdicts, "score": score, "aggregator": aggregator})),
-            confidence: None,
-            scratchpad: Map::new(),
-            conflict: (!pass).then(|| level.id.clone()),
-            error: None,
-            cost_usd: cost,
-            tokens,
-            duration_ms: elapsed_ms(started),
-            terminal: level.terminal,
-            touched_paths: Vec::new(),
-            snapshot: None,
-        })));
         events
     }
 

@@ -86,6 +86,22 @@ pub struct LevelState {
     pub parent: Option<String>,
     /// Workspace paths the last attempt's write tools changed (tool-loop levels).
     pub touched_paths: Vec<String>,
+    /// The `seq` of this level's last `level_started`: a fan-out's children started during
+    /// its current attempt are those started after it.
+    pub started_seq: u64,
+    /// Cost and tokens of the last finished attempt (`cost_usd` and `tokens` count every
+    /// attempt).
+    pub attempt_cost_usd: f64,
+    pub attempt_tokens: u64,
+}
+
+/// An approval request whose level has not finished yet.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PendingApproval {
+    /// The `human_approval` level that asked (a top-level level or a fan-out's child).
+    pub level_id: String,
+    pub attempt: u32,
+    pub request: ApprovalRequested,
 }
 
 /// The state of a run, as of its last event.
@@ -126,7 +142,10 @@ pub struct RunState {
     pub budget_exceeded: Option<BudgetExceeded>,
     pub aborted_reason: Option<String>,
     pub cancel_requested: Option<CancelRequested>,
-    pub pending_approval: Option<ApprovalRequested>,
+    /// Every approval request whose level has not finished, in the order they were made
+    /// (a fan-out's approval children each ask their own). Decided ones stay here until the
+    /// planner closes their level.
+    pub pending_approvals: Vec<PendingApproval>,
     pub decisions: BTreeMap<String, ApprovalDecided>,
     pub pending_ask: Option<AskUser>,
     /// Answers to `ask_user` requests, by call id, in order.
@@ -170,7 +189,7 @@ impl Default for RunState {
             budget_exceeded: None,
             aborted_reason: None,
             cancel_requested: None,
-            pending_approval: None,
+            pending_approvals: Vec::new(),
             decisions: BTreeMap::new(),
             pending_ask: None,
             answers: Vec::new(),
@@ -197,12 +216,16 @@ impl RunState {
         self.levels.get(id)
     }
 
+    /// The approval requests that wait for a decision, in the order they were made.
+    pub fn open_approvals(&self) -> impl Iterator<Item = &PendingApproval> {
+        self.pending_approvals
+            .iter()
+            .filter(|p| !self.decisions.contains_key(&p.request.request_id))
+    }
+
     /// Whether the run waits for an approval decision or an answer that has not arrived.
     pub fn awaiting_person(&self) -> bool {
-        let approval = self
-            .pending_approval
-            .as_ref()
-            .is_some_and(|a| !self.decisions.contains_key(&a.request_id));
+        let approval = self.open_approvals().next().is_some();
         let ask = self
             .pending_ask
             .as_ref()
@@ -241,6 +264,7 @@ impl RunState {
                 level.verifiers.clear();
                 level.calls = 0;
                 level.parent.clone_from(&s.parent);
+                level.started_seq = event.seq;
                 if s.parent.is_none() {
                     self.in_flight = Some(level_id.to_owned());
                     self.next = None;
@@ -273,12 +297,19 @@ impl RunState {
                 }
             }
             EventData::ApprovalRequested(a) => {
-                self.pending_approval = Some(a.clone());
+                self.pending_approvals.push(PendingApproval {
+                    level_id: level_id.to_owned(),
+                    attempt: event.attempt.unwrap_or(0),
+                    request: a.clone(),
+                });
                 self.status = Status::Paused;
             }
             EventData::ApprovalDecided(d) => {
+                let was_pending =
+                    self.pending_approvals.iter().any(|p| p.request.request_id == d.request_id);
                 self.decisions.insert(d.request_id.clone(), d.clone());
-                if self.pending_approval.as_ref().is_some_and(|p| p.request_id == d.request_id) {
+                // The run goes on once nobody is waited for any more.
+                if was_pending && self.status == Status::Paused && !self.awaiting_person() {
                     self.status = Status::Running;
                 }
             }
@@ -296,6 +327,8 @@ impl RunState {
                     level.error.clone_from(&f.error);
                     level.duration_ms += f.duration_ms;
                     level.touched_paths.clone_from(&f.touched_paths);
+                    level.attempt_cost_usd = f.cost_usd;
+                    level.attempt_tokens = f.tokens;
                     is_top = level.parent.is_none();
                     if let Some(parsed) = &f.parsed {
                         if let Some(approved) = parsed.get("approved").and_then(Value::as_bool) {
@@ -321,9 +354,11 @@ impl RunState {
                     if f.ok && !f.skipped && !f.output.is_empty() {
                         self.last_output = Some(f.output.clone());
                     }
-                    self.pending_approval = None;
+                    self.pending_approvals.clear();
                     self.pending_ask = None;
                 }
+                // A level that finished asks nothing any more.
+                self.pending_approvals.retain(|p| p.level_id != level_id);
                 for (key, value) in &f.scratchpad {
                     if value.is_null() {
                         self.scratchpad.remove(key);

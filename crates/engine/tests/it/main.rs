@@ -3,9 +3,10 @@
 
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+mod approvals;
 mod crash;
-mod gates;
 mod damage;
+mod gates;
 mod planner;
 mod runs;
 mod tool_loop;

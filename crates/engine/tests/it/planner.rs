@@ -275,9 +275,93 @@ levels:
         approved: false,
         comment: Some("no".into()),
         by: Some("ann".into()),
+        data: None,
     })));
     let decided = appended(plan(&s, &fold(&log(events))));
     let [EventData::LevelFinished(f)] = &decided[..] else { panic!("{decided:?}") };
     assert_eq!(f.verdict.as_deref(), Some("FAIL"));
     assert_eq!(f.conflict.as_deref(), Some("human_approval:ok"));
+}
+
+#[test]
+fn a_fan_out_with_approval_children_finishes_once_every_branch_is_decided() {
+    let s = scenario(
+        "
+id: fan
+version: 1
+levels:
+  - {id: fan, kind: fan_out, fan_out: [a1, a2, p], fan_in: {aggregator: majority_pass}}
+  - {id: a1, kind: human_approval}
+  - {id: a2, kind: human_approval}
+  - {id: p, kind: prompt, prompt: {inline: P}, response: verdict}
+",
+    );
+    let child = |id: &str, kind: &str| {
+        NewEvent::level(
+            id,
+            1,
+            EventData::LevelStarted(LevelStarted {
+                role: id.into(),
+                kind: kind.into(),
+                parent: Some("fan".into()),
+            }),
+        )
+    };
+    let request = |id: &str| {
+        NewEvent::level(
+            id,
+            1,
+            EventData::ApprovalRequested(ApprovalRequested {
+                request_id: format!("{id}#1"),
+                approver_role: "approver".into(),
+                question: "?".into(),
+                schema: serde_json::Value::Null,
+            }),
+        )
+    };
+    let decision = |id: &str, approved: bool| {
+        NewEvent::run(EventData::ApprovalDecided(ApprovalDecided {
+            request_id: format!("{id}#1"),
+            approved,
+            comment: None,
+            by: None,
+            data: Some(serde_json::json!({"note": id})),
+        }))
+    };
+    let mut events = vec![
+        started(),
+        level_started("fan", 1),
+        child("a1", "human_approval"),
+        request("a1"),
+        child("a2", "human_approval"),
+        request("a2"),
+        child("p", "prompt"),
+        finished("p", 1, Some("FAIL"), 0.0),
+    ];
+    let st = fold(&log(events.clone()));
+    assert_eq!(st.status, Status::Paused);
+    assert_eq!(st.open_approvals().count(), 2);
+    assert_eq!(plan(&s, &st), Step::Pause);
+
+    // The second branch is decided first: it finishes, the first still waits.
+    events.push(decision("a2", true));
+    let closed = appended(plan(&s, &fold(&log(events.clone()))));
+    let [EventData::LevelFinished(f)] = &closed[..] else { panic!("{closed:?}") };
+    assert_eq!(f.verdict.as_deref(), Some("PASS"));
+    assert_eq!(f.parsed.as_ref().unwrap()["note"], "a2");
+    events.push(NewEvent::level("a2", 1, closed[0].clone()));
+    let st = fold(&log(events.clone()));
+    assert_eq!(st.status, Status::Paused);
+    assert_eq!(plan(&s, &st), Step::Pause);
+
+    events.push(decision("a1", false));
+    let closed = appended(plan(&s, &fold(&log(events.clone()))));
+    events.push(NewEvent::level("a1", 1, closed[0].clone()));
+    let st = fold(&log(events.clone()));
+    assert_eq!(st.status, Status::Running);
+    assert!(st.pending_approvals.is_empty());
+    let aggregated = appended(plan(&s, &st));
+    let [EventData::LevelFinished(f)] = &aggregated[..] else { panic!("{aggregated:?}") };
+    assert_eq!(f.output, "1 of 3 children passed (majority_pass): FAIL");
+    assert_eq!(f.parsed.as_ref().unwrap()["children"]["a1"], "FAIL");
 }

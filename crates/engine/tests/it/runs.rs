@@ -219,7 +219,7 @@ async fn approval_pauses_resumes_and_is_decided_once() {
     assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Paused);
     assert_eq!(e.store.run(&run).await.unwrap().unwrap().status, "paused");
     let st = e.state(&run).await.unwrap();
-    assert_eq!(st.pending_approval.as_ref().unwrap().question, "Ship text?");
+    assert_eq!(st.pending_approvals[0].request.question, "Ship text?");
 
     // Rejected once: back to the draft, and a new request.
     e.approve(&run, false, Some("redo".into()), Some("ann".into())).await.unwrap();
