@@ -55,6 +55,8 @@ impl Status {
 pub enum Next {
     Level(String),
     End,
+    /// `__fail__`, reached from this level: the run ends failed.
+    Fail(String),
 }
 
 /// The state of one level in a run.
@@ -85,6 +87,9 @@ pub struct LevelState {
     pub parent: Option<String>,
     /// Workspace paths the last attempt's write tools changed (tool-loop levels).
     pub touched_paths: Vec<String>,
+    /// What the last finished attempt was told to fix: the failures of its own checks (the
+    /// `feedback` or `build_feedback` it wrote), else its error; none when it passed.
+    pub feedback: Option<String>,
 }
 
 /// The state of a run, as of its last event.
@@ -291,6 +296,11 @@ impl RunState {
                     level.error.clone_from(&f.error);
                     level.duration_ms += f.duration_ms;
                     level.touched_paths.clone_from(&f.touched_paths);
+                    level.feedback = ["feedback", "build_feedback"]
+                        .iter()
+                        .find_map(|k| f.scratchpad.get(*k).and_then(Value::as_str))
+                        .map(str::to_owned)
+                        .or_else(|| f.error.clone());
                     is_top = level.parent.is_none();
                     if let Some(parsed) = &f.parsed {
                         if let Some(approved) = parsed.get("approved").and_then(Value::as_bool) {
@@ -342,10 +352,10 @@ impl RunState {
             }
             EventData::GateDecision(g) => {
                 self.route_pending = None;
-                self.next = Some(if g.target == baton_scenario::model::END {
-                    Next::End
-                } else {
-                    Next::Level(g.target.clone())
+                self.next = Some(match g.target.as_str() {
+                    baton_scenario::model::END => Next::End,
+                    baton_scenario::model::FAIL => Next::Fail(g.source.clone()),
+                    _ => Next::Level(g.target.clone()),
                 });
             }
             EventData::BudgetConsumed(b) => {
