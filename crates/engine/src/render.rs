@@ -116,8 +116,9 @@ impl Object for Ctx {
             // Undefined on a level's first attempt, so `previous is defined` tells a retry.
             "previous" => {
                 let level = s.levels.get(&self.level_id)?;
-                let earlier = if level.running { level.attempts - 1 } else { level.attempts };
-                if level.attempts == 0 || earlier == 0 {
+                let earlier =
+                    if level.running { level.attempts.saturating_sub(1) } else { level.attempts };
+                if earlier == 0 {
                     return None;
                 }
                 minijinja::Value::from_object(Previous {

@@ -265,7 +265,11 @@ impl Checker<'_> {
                 self.error(
                     "reserved-id",
                     level.id.pos,
-                    format!("`{}` is reserved for the end of the run", level.id.value),
+                    if level.id.value == END {
+                        format!("`{END}` is reserved for the end of the run")
+                    } else {
+                        format!("`{FAIL}` is reserved for the end of a failed run")
+                    },
                 );
                 continue;
             }
