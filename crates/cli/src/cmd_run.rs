@@ -350,6 +350,15 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
             scenario.id
         );
     }
+    if let Some(dir) = &args.workspace
+        && !baton_engine::exec::needs_workspace(&scenario)
+    {
+        bail!(
+            "--workspace {}: scenario `{}` reads no files (no tool_loop level, no verifier that runs in a workspace), so the directory would not be used; drop --workspace",
+            dir.display(),
+            scenario.id
+        );
+    }
     let (model, source) = choose_model(
         args.script.as_deref(),
         place.config.as_deref(),

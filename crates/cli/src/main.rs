@@ -83,8 +83,9 @@ enum Command {
         /// Record every model answer into this cassette file.
         #[arg(long)]
         record: Option<PathBuf>,
-        /// The directory tool-loop levels edit (default: a new one per run under
-        /// `workspaces/` beside the database). Baton keeps its snapshots in `DIR/.baton/`.
+        /// The directory the run's tool-loop levels edit and its verifiers check (default: a
+        /// new one per run under `workspaces/` beside the database, never the current
+        /// directory). Baton keeps its snapshots in `DIR/.baton/`.
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
         /// When the run completes, name its result with this branch of the workspace's

@@ -970,6 +970,7 @@ fn security_review_scans_a_project_with_the_real_scanners_and_never_repeats_a_se
             .unwrap()
     };
     let script = scenarios.join("scripts/security_review.yaml");
+    // The scanners check the workspace the run names, not the directory baton runs in.
     let out = baton_in_project(&[
         "run",
         "security_review",
@@ -977,6 +978,8 @@ fn security_review_scans_a_project_with_the_real_scanners_and_never_repeats_a_se
         "review this service",
         "--script",
         script.to_str().unwrap(),
+        "--workspace",
+        project.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
     let run = only_run(&db).unwrap();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use baton_scenario::Scenario;
 use baton_scenario::expr::Semantics;
-use baton_scenario::model::LevelKind;
+use baton_scenario::model::{LevelKind, Uses};
 use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value};
 
@@ -67,7 +67,7 @@ pub enum Error {
     #[error(transparent)]
     Workspace(#[from] WorkspaceError),
     #[error(
-        "scenario `{scenario}` has tool_loop levels, which need a workspace, and this engine was set up without one"
+        "scenario `{scenario}` has tool_loop levels, which need a workspace, and this engine was set up without one; give the engine a `WorkspaceSetup`"
     )]
     NoWorkspaces { scenario: String },
 }
@@ -177,18 +177,22 @@ impl Engine {
         uuid::Uuid::now_v7().to_string()
     }
 
-    /// Opens a new run's workspace when its scenario edits one, and snapshots it as the
-    /// run's base.
+    /// Opens a new run's workspace when its scenario edits or reads one, and snapshots it
+    /// as the run's base. An engine set up without workspaces runs a scenario that only
+    /// reads files (its verifiers) in the runtime's directory, which its embedder chose.
     async fn new_workspace(
         &self,
         scenario: &Scenario,
         run_id: &str,
     ) -> Result<Option<(Arc<dyn Workspace>, WorkspaceInfo)>, Error> {
-        if !owns_workspace(scenario) {
+        if !needs_workspace(scenario) {
             return Ok(None);
         }
         let Some(setup) = &self.runtime.workspaces else {
-            return Err(no_workspaces(scenario));
+            if owns_workspace(scenario) {
+                return Err(no_workspaces(scenario));
+            }
+            return Ok(None);
         };
         let request = WorkspaceRequest {
             run_id: run_id.to_owned(),
@@ -334,7 +338,8 @@ impl Engine {
                         continue;
                     }
                     if let Some(workspace) = &workspace {
-                        settle_workspace(Arc::clone(workspace), &w.state).await?;
+                        settle_workspace(Arc::clone(workspace), owns_workspace(scenario), &w.state)
+                            .await?;
                     }
                     return Ok(Outcome::Finished(w.state.status));
                 }
@@ -606,7 +611,10 @@ impl Engine {
                 };
                 let opener = Arc::clone(&setup.opener);
                 let workspace = off_thread(move || opener.open(&request)).await?;
-                settle_workspace(workspace, &w.state).await?;
+                // Without the scenario, the log says whether the run edited its workspace:
+                // only a tool loop does.
+                let edits = w.state.levels.values().any(|l| l.kind == "tool_loop");
+                settle_workspace(workspace, edits, &w.state).await?;
             }
             return Ok(Outcome::Finished(w.state.status));
         }
@@ -720,18 +728,41 @@ pub fn owns_workspace(scenario: &Scenario) -> bool {
     scenario.levels.iter().any(|l| matches!(l.kind, LevelKind::ToolLoop { .. }))
 }
 
+/// Whether runs of the scenario need a workspace: they edit one (a tool loop), or a
+/// verifier runs a program or a scanner on the run's files. Such a run gets the directory
+/// the user named or one of its own, recorded in `scenario_started` — never whatever
+/// directory the process happens to run in.
+pub fn needs_workspace(scenario: &Scenario) -> bool {
+    owns_workspace(scenario)
+        || scenario.levels.iter().flat_map(|l| &l.verifiers).any(|v| reads_files(v.uses))
+}
+
+/// Whether a verifier reads the workspace: every kind but the schema check and the judge,
+/// which read the level's answer only.
+fn reads_files(uses: Uses) -> bool {
+    !matches!(uses, Uses::Schema | Uses::LlmJudge)
+}
+
 fn no_workspaces(scenario: &Scenario) -> Error {
     Error::NoWorkspaces { scenario: scenario.id.clone() }
 }
 
 /// What an ended run leaves in its workspace: a cancelled run's work is discarded back to
-/// the base; a completed run's result is named by its branch, when it asked for one. Both
-/// are idempotent, so a run that ends again after a crash settles the same way.
-async fn settle_workspace(workspace: Arc<dyn Workspace>, state: &RunState) -> Result<(), Error> {
+/// the base (only a run that edits its workspace: a run that only read it leaves the
+/// files as they are, whoever changed them meanwhile); a completed run's result is named
+/// by its branch, when it asked for one. Both are idempotent, so a run that ends again
+/// after a crash settles the same way.
+async fn settle_workspace(
+    workspace: Arc<dyn Workspace>,
+    edits: bool,
+    state: &RunState,
+) -> Result<(), Error> {
     let Some(info) = state.workspace.clone() else { return Ok(()) };
     let head = state.workspace_head.clone().unwrap_or_else(|| info.base.clone());
     match state.status {
-        Status::Cancelled => off_thread(move || workspace.restore(&info.base)).await?,
+        Status::Cancelled if edits => {
+            off_thread(move || workspace.restore(&info.base)).await?;
+        }
         Status::Completed => {
             if let Some(branch) = info.branch {
                 off_thread(move || workspace.branch(&branch, &head)).await?;

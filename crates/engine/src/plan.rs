@@ -7,7 +7,7 @@
 //! [`Step::Run`], for a runner to perform.
 
 use baton_scenario::Scenario;
-use baton_scenario::model::{END, LevelIdx, LevelKind, Target};
+use baton_scenario::model::{END, FAIL, LevelIdx, LevelKind, Target};
 use serde_json::{Map, Value, json};
 
 use crate::event::{
@@ -59,6 +59,9 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
         None if state.level_runs == 0 => start(scenario, state, scenario.entry),
         None => finish(state, FinalStatus::Failed, Some("no_route".to_owned())),
         Some(Next::End) => finish(state, FinalStatus::Completed, None),
+        Some(Next::Fail(from)) => {
+            finish(state, FinalStatus::Failed, Some(format!("routed_to_fail:{from}")))
+        }
         Some(Next::Level(id)) => match scenario.level_index(id) {
             Some(i) => start(scenario, state, i),
             None => finish(state, FinalStatus::Failed, Some(format!("unknown_level:{id}"))),
@@ -208,6 +211,7 @@ fn route(scenario: &Scenario, state: &RunState, source: &str) -> Step {
             let target = match edge.to {
                 Target::Level(t) => scenario.levels[t].id.as_str(),
                 Target::End => END,
+                Target::Fail => FAIL,
             };
             return decision(source, target, expression, readings, false, None);
         }

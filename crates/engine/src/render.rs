@@ -2,7 +2,8 @@
 //!
 //! Templates are compiled once per scenario. They read exactly the names
 //! `baton_scenario::files::TEMPLATE_VARIABLES` lists — the loader refuses any other —
-//! and undefined values are errors, never empty strings.
+//! and undefined values are errors, never empty strings. `level.<id>` is a finished
+//! level; a level's own earlier attempt, while it runs again, is `previous`.
 
 use std::sync::Arc;
 
@@ -112,6 +113,20 @@ impl Object for Ctx {
                 serde(&answers)
             }
             "run" => serde(&json!({"id": self.run_id})),
+            // Undefined on a level's first attempt, so `previous is defined` tells a retry.
+            "previous" => {
+                let level = s.levels.get(&self.level_id)?;
+                let earlier =
+                    if level.running { level.attempts.saturating_sub(1) } else { level.attempts };
+                if earlier == 0 {
+                    return None;
+                }
+                minijinja::Value::from_object(Previous {
+                    state: Arc::clone(s),
+                    id: self.level_id.clone(),
+                    attempt: earlier,
+                })
+            }
             _ => return None,
         })
     }
@@ -190,5 +205,39 @@ impl Object for LevelView {
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
         Enumerator::Str(LEVEL_KEYS)
+    }
+}
+
+const PREVIOUS_KEYS: &[&str] =
+    &["output", "parsed", "verdict", "confidence", "approved", "comment", "feedback", "attempt"];
+
+/// `previous`: the last finished attempt of the level being rendered.
+#[derive(Debug)]
+struct Previous {
+    state: Arc<RunState>,
+    id: String,
+    /// The attempt's number.
+    attempt: u32,
+}
+
+impl Object for Previous {
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        let l = self.state.levels.get(&self.id)?;
+        let none = || minijinja::Value::from(());
+        Some(match key.as_str()? {
+            "output" => minijinja::Value::from(l.output.as_str()),
+            "parsed" => l.parsed.as_ref().map_or_else(none, serde),
+            "verdict" => l.verdict.as_deref().map_or_else(none, minijinja::Value::from),
+            "confidence" => l.confidence.map_or_else(none, minijinja::Value::from),
+            "approved" => l.approved.map_or_else(none, minijinja::Value::from),
+            "comment" => l.comment.as_deref().map_or_else(none, minijinja::Value::from),
+            "feedback" => l.feedback.as_deref().map_or_else(none, minijinja::Value::from),
+            "attempt" => minijinja::Value::from(self.attempt),
+            _ => return None,
+        })
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(PREVIOUS_KEYS)
     }
 }

@@ -35,7 +35,9 @@ use crate::verifier::{self, Verifiers, VerifyContext};
 pub struct Runtime {
     pub model: Arc<dyn ModelProvider>,
     pub verifiers: Verifiers,
-    /// The directory verifiers run in, for scenarios without a workspace of their own.
+    /// The directory verifiers run in when the engine has no `workspaces` (an embedder's
+    /// choice), and for runs recorded without a workspace. With `workspaces`, every run
+    /// whose verifiers read files has a workspace of its own (`exec::needs_workspace`).
     pub workspace: PathBuf,
     /// Opens workspaces for scenarios with tool-loop levels; without it, such scenarios
     /// cannot run.

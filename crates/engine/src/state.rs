@@ -56,11 +56,15 @@ impl Status {
 pub enum Next {
     Level(String),
     End,
+    /// `__fail__`, reached from this level: the run ends failed.
+    Fail(String),
 }
 
 /// The state of one level in a run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct LevelState {
+    /// The level's kind, as its `level_started` said (`prompt`, `tool_loop`, …).
+    pub kind: String,
     /// Attempts started so far.
     pub attempts: u32,
     /// Started and not yet finished.
@@ -93,6 +97,9 @@ pub struct LevelState {
     /// attempt).
     pub attempt_cost_usd: f64,
     pub attempt_tokens: u64,
+    /// What the last finished attempt was told to fix: the failures of its own checks (the
+    /// `feedback` or `build_feedback` it wrote), else its error; none when it passed.
+    pub feedback: Option<String>,
 }
 
 /// An approval request whose level has not finished yet.
@@ -264,6 +271,7 @@ impl RunState {
                 level.verifiers.clear();
                 level.calls = 0;
                 level.parent.clone_from(&s.parent);
+                level.kind.clone_from(&s.kind);
                 level.started_seq = event.seq;
                 if s.parent.is_none() {
                     self.in_flight = Some(level_id.to_owned());
@@ -329,6 +337,11 @@ impl RunState {
                     level.touched_paths.clone_from(&f.touched_paths);
                     level.attempt_cost_usd = f.cost_usd;
                     level.attempt_tokens = f.tokens;
+                    level.feedback = ["feedback", "build_feedback"]
+                        .iter()
+                        .find_map(|k| f.scratchpad.get(*k).and_then(Value::as_str))
+                        .map(str::to_owned)
+                        .or_else(|| f.error.clone());
                     is_top = level.parent.is_none();
                     if let Some(parsed) = &f.parsed {
                         if let Some(approved) = parsed.get("approved").and_then(Value::as_bool) {
@@ -382,10 +395,10 @@ impl RunState {
             }
             EventData::GateDecision(g) => {
                 self.route_pending = None;
-                self.next = Some(if g.target == baton_scenario::model::END {
-                    Next::End
-                } else {
-                    Next::Level(g.target.clone())
+                self.next = Some(match g.target.as_str() {
+                    baton_scenario::model::END => Next::End,
+                    baton_scenario::model::FAIL => Next::Fail(g.source.clone()),
+                    _ => Next::Level(g.target.clone()),
                 });
             }
             EventData::BudgetConsumed(b) => {

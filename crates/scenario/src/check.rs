@@ -16,7 +16,7 @@ use crate::files::{Files, check_template};
 use crate::graph;
 use crate::limits;
 use crate::model::{
-    Aggregator, Budget, END, Edge, FanIn, Level, LevelIdx, LevelKind, Mode, ModelConstraint,
+    Aggregator, Budget, END, Edge, FAIL, FanIn, Level, LevelIdx, LevelKind, Mode, ModelConstraint,
     OnFail, RegressionThresholds, Response, Scenario, Target, Template, Tier, Uses, VerifierSpec,
 };
 use crate::node::Node;
@@ -261,11 +261,15 @@ impl Checker<'_> {
         }
         let mut index: HashMap<String, LevelIdx> = HashMap::new();
         for (i, level) in raw_levels.iter().enumerate() {
-            if level.id.value == END {
+            if level.id.value == END || level.id.value == FAIL {
                 self.error(
                     "reserved-id",
                     level.id.pos,
-                    format!("`{END}` is reserved for the end of the run"),
+                    if level.id.value == END {
+                        format!("`{END}` is reserved for the end of the run")
+                    } else {
+                        format!("`{FAIL}` is reserved for the end of a failed run")
+                    },
                 );
                 continue;
             }
@@ -1133,11 +1137,11 @@ impl Checker<'_> {
         index: &HashMap<String, LevelIdx>,
         may_end: bool,
     ) -> Option<Target> {
-        if end.value == END {
+        if end.value == END || end.value == FAIL {
             if may_end {
-                return Some(Target::End);
+                return Some(if end.value == END { Target::End } else { Target::Fail });
             }
-            self.error("dangling-edge", end.pos, format!("an edge cannot leave `{END}`"));
+            self.error("dangling-edge", end.pos, format!("an edge cannot leave `{}`", end.value));
             return None;
         }
         if let Some(&i) = index.get(&end.value) {
@@ -1146,7 +1150,9 @@ impl Checker<'_> {
         let near = suggest::closest(&end.value, index.keys().map(String::as_str));
         let help = match near {
             Some(n) => format!("did you mean `{n}`?"),
-            None if may_end => format!("name a level of this scenario, or `{END}`"),
+            None if may_end => {
+                format!("name a level of this scenario, `{END}` or `{FAIL}`")
+            }
             None => "name a level of this scenario".to_owned(),
         };
         self.error(

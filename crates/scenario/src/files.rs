@@ -26,6 +26,7 @@ pub const TEMPLATE_VARIABLES: &[&str] = &[
     "catalog",
     "answers",
     "run",
+    "previous",
 ];
 
 /// Functions minijinja provides to every template.

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use crate::diag::Diagnostic;
-use crate::model::{END, LevelKind, Scenario, Target};
+use crate::model::{END, FAIL, LevelKind, Scenario, Target};
 use crate::source::Pos;
 
 /// Warnings about the graph's shape: unreachable levels, and levels whose outgoing edges
@@ -83,6 +83,7 @@ pub fn mermaid(scenario: &Scenario) -> String {
         let _ = writeln!(out, "  {}{open}\"{}\"{close}", level.id, mermaid_escape(&label));
     }
     let mut ends = false;
+    let mut fails = false;
     for edge in &scenario.edges {
         let from = &scenario.levels[edge.from].id;
         let to = match edge.to {
@@ -90,6 +91,10 @@ pub fn mermaid(scenario: &Scenario) -> String {
             Target::End => {
                 ends = true;
                 END
+            }
+            Target::Fail => {
+                fails = true;
+                FAIL
             }
         };
         match &edge.when {
@@ -115,6 +120,9 @@ pub fn mermaid(scenario: &Scenario) -> String {
     }
     if ends {
         let _ = writeln!(out, "  {END}([end])");
+    }
+    if fails {
+        let _ = writeln!(out, "  {FAIL}([fail])");
     }
     out
 }
@@ -148,6 +156,7 @@ pub fn dot(scenario: &Scenario) -> String {
         );
     }
     let mut ends = false;
+    let mut fails = false;
     let edge_line = |out: &mut String, from: &str, to: &str, label: Option<String>, style: &str| {
         let label = label.map_or(String::new(), |l| format!("label=\"{}\", ", dot_escape(&l)));
         let _ = writeln!(out, "  {} -> {} [{label}style={style}];", dot_id(from), dot_id(to));
@@ -159,6 +168,10 @@ pub fn dot(scenario: &Scenario) -> String {
             Target::End => {
                 ends = true;
                 END
+            }
+            Target::Fail => {
+                fails = true;
+                FAIL
             }
         };
         edge_line(&mut out, from, to, edge.when.as_ref().map(ToString::to_string), "solid");
@@ -176,6 +189,9 @@ pub fn dot(scenario: &Scenario) -> String {
     }
     if ends {
         let _ = writeln!(out, "  {} [shape=doublecircle, label=\"end\"];", dot_id(END));
+    }
+    if fails {
+        let _ = writeln!(out, "  {} [shape=doubleoctagon, label=\"fail\"];", dot_id(FAIL));
     }
     out.push_str("}\n");
     out

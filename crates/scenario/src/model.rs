@@ -23,6 +23,9 @@ pub type LevelIdx = usize;
 /// The target of edges that end the run.
 pub const END: &str = "__end__";
 
+/// The target of edges that end the run as failed (the path that must not report success).
+pub const FAIL: &str = "__fail__";
+
 /// A checked scenario.
 #[derive(Debug)]
 pub struct Scenario {
@@ -243,4 +246,6 @@ pub struct Edge {
 pub enum Target {
     Level(LevelIdx),
     End,
+    /// `__fail__`: the run ends `failed`.
+    Fail,
 }

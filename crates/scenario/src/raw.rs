@@ -463,7 +463,8 @@ pub enum RawAggregator {
 pub struct RawEdge {
     /// The level the edge leaves.
     pub from: Located<String>,
-    /// The level it enters, or `__end__`.
+    /// The level it enters, `__end__` (the run completes) or `__fail__` (the run ends
+    /// failed).
     pub to: Located<String>,
     /// A gate expression; the edge is taken only when it is true. Absent: always taken.
     #[serde(default)]

@@ -181,6 +181,36 @@ fn the_end_finishes_the_run_with_the_terminal_output() {
 }
 
 #[test]
+fn an_edge_to_fail_ends_the_run_failed_naming_the_level() {
+    let s = scenario(
+        "
+id: two
+version: 1
+levels:
+  - {id: a, kind: prompt, prompt: {inline: 'A'}, response: verdict, terminal: true}
+edges:
+  - {from: a, to: __end__, when: \"verdict == 'PASS'\"}
+  - {from: a, to: __fail__}
+",
+    );
+    let st =
+        fold(&log(vec![started(), level_started("a", 1), finished("a", 1, Some("FAIL"), 0.0)]));
+    let events = appended(plan(&s, &st));
+    let [EventData::GateDecision(g)] = &events[..] else { panic!("{events:?}") };
+    assert_eq!((g.target.as_str(), g.fallthrough), ("__fail__", false));
+    let st = fold(&log(vec![
+        started(),
+        level_started("a", 1),
+        finished("a", 1, Some("FAIL"), 0.0),
+        gate("a", "__fail__"),
+    ]));
+    let events = appended(plan(&s, &st));
+    let [EventData::ScenarioFinished(f)] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(f.status, FinalStatus::Failed);
+    assert_eq!(f.aborted_reason.as_deref(), Some("routed_to_fail:a"));
+}
+
+#[test]
 fn crossing_the_cost_cap_aborts() {
     let s = scenario(TWO);
     let st = fold(&log(vec![
@@ -364,4 +394,43 @@ levels:
     let [EventData::LevelFinished(f)] = &aggregated[..] else { panic!("{aggregated:?}") };
     assert_eq!(f.output, "1 of 3 children passed (majority_pass): FAIL");
     assert_eq!(f.parsed.as_ref().unwrap()["children"]["a1"], "FAIL");
+}
+
+#[test]
+fn a_template_reads_its_own_levels_previous_attempt_only_on_a_retry() {
+    use baton_engine::render::{Renderer, context};
+    use baton_scenario::model::LevelKind;
+    let s = scenario(
+        "
+id: two
+version: 1
+levels:
+  - id: a
+    kind: prompt
+    prompt: {inline: \"{% if previous is defined %}retry of {{ previous.attempt }}: {{ previous.output }} / {{ previous.verdict }} / {{ previous.feedback }}{% else %}first{% endif %}\"}
+    response: verdict
+edges:
+  - {from: a, to: a}
+",
+    );
+    let LevelKind::Prompt { prompt, .. } = &s.levels[0].kind else { panic!() };
+    let renderer = Renderer::new(&s).unwrap();
+    let catalog = std::sync::Arc::new(serde_json::json!([]));
+    let render = |events: Vec<NewEvent>| {
+        let state = std::sync::Arc::new(fold(&log(events)));
+        renderer.render(prompt, &context(&state, "r", "a", &catalog)).unwrap()
+    };
+    assert_eq!(render(vec![started(), level_started("a", 1)]), "first");
+    let mut failed = finished("a", 1, Some("FAIL"), 0.0);
+    if let EventData::LevelFinished(f) = &mut failed.data {
+        f.scratchpad.insert("feedback".into(), "- judge: too vague".into());
+    }
+    let retry = render(vec![
+        started(),
+        level_started("a", 1),
+        failed,
+        gate("a", "a"),
+        level_started("a", 2),
+    ]);
+    assert_eq!(retry, "retry of 1: a out / FAIL / - judge: too vague");
 }
