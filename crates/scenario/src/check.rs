@@ -341,7 +341,20 @@ impl Checker<'_> {
             return None;
         }
         let level_pos: Vec<Pos> = raw_levels.iter().map(|l| l.id.pos).collect();
+        let closed = graph::closed_loops(&scenario, &level_pos);
+        if !closed.is_empty() {
+            for e in closed {
+                self.diags.push(e);
+            }
+            return None;
+        }
+        // Every edge was checked without error, so the raw edges match the checked ones.
+        let edge_pos: Vec<Pos> =
+            raw.edges.iter().map(|e| e.when.as_ref().map_or(e.pos, |w| w.pos)).collect();
         for w in graph::warnings(&scenario, &level_pos) {
+            self.diags.push(w);
+        }
+        for w in graph::constant_exit_warnings(&scenario, &edge_pos) {
             self.diags.push(w);
         }
         scenario.checksum = checksum(node, self.files);
@@ -381,6 +394,21 @@ impl Checker<'_> {
                 if levels[c].kind.value == RawKind::FanOut {
                     self.error("nested-fan-out", child.pos, format!("fan-out child `{}` is itself a fan_out", child.value)).help =
                         Some("a child runs one level; list the inner children on the outer fan-out instead".to_owned());
+                    continue;
+                }
+                if levels[c].kind.value == RawKind::ToolLoop {
+                    self.error(
+                        "fan-out-tool-loop",
+                        child.pos,
+                        format!(
+                            "fan-out child `{}` is a tool_loop; tool loops cannot run inside a fan-out yet",
+                            child.value
+                        ),
+                    )
+                    .help = Some(format!(
+                        "branches would share one workspace; run `{}` as a level of its own, before or after fan-out `{}`",
+                        child.value, level.id.value
+                    ));
                     continue;
                 }
                 if let Some(&other) = parents.get(&c) {

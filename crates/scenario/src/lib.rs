@@ -22,6 +22,7 @@ pub mod rubric;
 pub mod schema;
 pub mod source;
 mod suggest;
+pub mod template;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use model::{Level, LevelKind, Scenario};

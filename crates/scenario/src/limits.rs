@@ -4,6 +4,8 @@
 pub const SOURCE_BYTES_MAX: usize = 1024 * 1024;
 /// Largest prompt template, in bytes.
 pub const TEMPLATE_BYTES_MAX: usize = 256 * 1024;
+/// Fuel of one template render (minijinja instructions), so a runaway loop stops.
+pub const TEMPLATE_FUEL_MAX: u64 = 1_000_000;
 /// Deepest nesting of YAML collections.
 pub const YAML_DEPTH_MAX: usize = 48;
 /// Most YAML nodes in one file (aliases count every time they are expanded).
