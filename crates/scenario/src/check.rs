@@ -613,14 +613,20 @@ impl Checker<'_> {
             }
             RawPrompt::Inline { inline } => {
                 let name = format!("inline:{level}");
-                let errors = check_template(&name, inline, p.pos.source, self.sources, Some(p.pos));
+                let errors = check_template(
+                    &name,
+                    inline,
+                    inline.pos.source,
+                    self.sources,
+                    Some(inline.pos),
+                );
                 if !errors.is_empty() {
                     for e in errors {
                         self.diags.push(e);
                     }
                     return None;
                 }
-                Some(Template { name, text: Arc::from(inline.as_str()) })
+                Some(Template { name, text: Arc::from(inline.value.as_str()) })
             }
         }
     }
@@ -1206,19 +1212,21 @@ impl Checker<'_> {
         }
     }
 
-    /// The file position of a span inside a `when:` string. Plain and simply quoted
-    /// scalars map exactly; otherwise the whole value is pointed at.
+    /// The file position of a span inside a `when:` string, exact in every YAML scalar
+    /// style (see [`crate::scalar`]); the whole value when the value cannot be traced.
     fn span_pos(&self, when: &Located<String>, span: expr::Span) -> Pos {
         let Some(source) = self.sources.get(when.pos.source) else { return when.pos };
         let start = when.pos.byte as usize;
-        let Some(slice) = source.text.get(start..start + when.pos.len as usize) else {
+        let end = start + when.pos.len as usize;
+        let Some(map) = crate::scalar::offsets(&source.text, start, end, &when.value) else {
             return when.pos;
         };
-        match slice.find(when.value.as_str()) {
-            Some(at) if !when.value.is_empty() => {
-                let from = start + at + span.start as usize;
-                let len = (span.end - span.start).max(1) as usize;
-                pos_in_text(&source.text, from, len, when.pos.source)
+        let (from, to) = (span.start as usize, span.end as usize);
+        match (map.get(from), map.get(to.max(from))) {
+            (Some(&a), Some(&b)) => {
+                // A token is on one line; its width in the file is the source it spans.
+                let len = if to > from { b.saturating_sub(a).max(1) } else { 1 };
+                pos_in_text(&source.text, a, len, when.pos.source)
             }
             _ => when.pos,
         }

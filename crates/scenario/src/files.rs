@@ -405,17 +405,19 @@ pub fn check_template(
     sources: &Sources,
     inline: Option<Pos>,
 ) -> Vec<Diagnostic> {
-    // An inline template written verbatim in its YAML (single line, no escapes) maps
-    // byte for byte, so its errors can point inside it.
-    let verbatim = inline.and_then(|pos| {
+    // An inline template's characters are traced back to the file through its YAML
+    // scalar (quotes, escapes, indentation, folding; see `crate::scalar`), so its errors
+    // point inside it.
+    let traced = inline.and_then(|pos| {
         let source_text = &sources.get(pos.source)?.text;
-        let from = pos.byte as usize;
-        let window = source_text.get(from..(from + 64 * 1024).min(source_text.len()))?;
-        window.find(text).map(|i| from + i)
+        let start = pos.byte as usize;
+        crate::scalar::offsets(source_text, start, start + pos.len as usize, text)
     });
     let exact = |offset: usize, len: usize| -> Option<Pos> {
-        let base = verbatim?;
-        Some(sources.pos_at_byte(inline?.source, base + offset, len))
+        let map = traced.as_ref()?;
+        let from = *map.get(offset)?;
+        let to = *map.get(offset + len)?;
+        Some(sources.pos_at_byte(inline?.source, from, to.saturating_sub(from).max(1)))
     };
     let env = crate::template::environment();
     let place = |line: Option<usize>, range: Option<std::ops::Range<usize>>| -> Pos {

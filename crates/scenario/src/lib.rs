@@ -19,6 +19,7 @@ pub mod node;
 pub mod raw;
 pub mod registry;
 pub mod rubric;
+pub mod scalar;
 pub mod schema;
 pub mod source;
 mod suggest;

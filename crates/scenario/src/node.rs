@@ -238,8 +238,31 @@ fn yaml_error(e: &serde_saphyr::Error, text: &str, source: SourceId) -> Diagnost
         },
         _ => Pos { source, ..Pos::UNKNOWN },
     };
+    let pos = if message.contains("tab") { tab_pos(text, pos) } else { pos };
     let (code, message, help) = describe_yaml_error(&message);
     Diagnostic::error(code, pos, message).with_help(help)
+}
+
+/// Where the tab a parser complains about really is. The parser reports a tab that starts
+/// a continuation line at the scalar it was reading, a line or more above; the offending
+/// tab is the first one, from that position on, that starts a line (before any other
+/// character of it). Without such a tab the parser's position stands.
+fn tab_pos(text: &str, reported: Pos) -> Pos {
+    if !reported.is_known() {
+        return reported;
+    }
+    let from = text.get(..reported.byte as usize).and_then(|t| t.rfind('\n')).map_or(0, |i| i + 1);
+    let mut at = from;
+    for line in text.get(from..).unwrap_or("").split_inclusive('\n') {
+        let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
+        if let Some(tab) = line[..indent].find('\t') {
+            if at + tab >= reported.byte as usize || at > from {
+                return pos_in_text(text, at + tab, 1, reported.source);
+            }
+        }
+        at += line.len();
+    }
+    reported
 }
 
 /// Turns a parser message into an author's: a stable code, a sentence, and what to do.

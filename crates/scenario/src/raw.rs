@@ -201,8 +201,8 @@ pub enum RawPrompt {
     Template(String),
     /// The template text itself.
     Inline {
-        /// The template text (minijinja).
-        inline: String,
+        /// The template text (minijinja), with the position of its YAML string.
+        inline: Located<String>,
     },
 }
 
@@ -224,7 +224,7 @@ impl<'de> Deserialize<'de> for RawPrompt {
                         PromptKey::Inline if inline.is_some() => {
                             return Err(de::Error::duplicate_field("inline"));
                         }
-                        PromptKey::Inline => inline = Some(map.next_value::<String>()?),
+                        PromptKey::Inline => inline = Some(map.next_value::<Located<String>>()?),
                     }
                 }
                 inline
