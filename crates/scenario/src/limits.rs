@@ -38,6 +38,8 @@ pub const TIMEOUT_S_MAX: f64 = 7.0 * 24.0 * 3600.0;
 pub const ID_CHARS_MAX: usize = 64;
 /// Most scenario files in one directory.
 pub const SCENARIOS_MAX: usize = 1_000;
+/// Most symlinks followed from one entry of a scenarios directory before it counts as a loop.
+pub const SYMLINK_HOPS_MAX: usize = 40;
 /// Most files in a workspace seed directory.
 pub const SEED_FILES_MAX: usize = 10_000;
 /// Most bytes in a workspace seed directory.

@@ -4,6 +4,7 @@
 
 mod bundled;
 mod dsl;
+mod load_errors;
 mod malformed;
 mod props;
 mod registry;
