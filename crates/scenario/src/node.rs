@@ -215,7 +215,6 @@ fn close_flow(text: &str) -> String {
                 chars.next();
             }
             (Some(q), _) if c == q => quote = None,
-            (Some(_), _) => {}
             (None, '"' | '\'') => quote = Some(c),
             (None, '#') if previous.is_whitespace() => comment = true,
             (None, '[') => open.push(']'),
@@ -223,6 +222,7 @@ fn close_flow(text: &str) -> String {
             (None, ']' | '}') => {
                 open.pop();
             }
+            // Inside quotes, and any other character outside them.
             _ => {}
         }
         previous = c;

@@ -201,7 +201,8 @@ pub enum RawPrompt {
     Template(String),
     /// The template text itself.
     Inline {
-        /// The template text (minijinja), with the position of its YAML string.
+        /// The template text (minijinja).
+        // Located: errors inside it are traced back through its YAML string.
         inline: Located<String>,
     },
 }
