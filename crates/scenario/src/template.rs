@@ -62,6 +62,7 @@ pub fn uses(text: &str) -> Vec<Use> {
         Some((Token::Ident(name), start, end)) => Some((*name, *start, *end)),
         _ => None,
     };
+    // Macros and other names the template binds (see below).
     let mut macros: Vec<&str> = Vec::new();
     let mut out = Vec::new();
     for i in 0..tokens.len() {
@@ -82,9 +83,19 @@ pub fn uses(text: &str) -> Vec<Use> {
                     out.push(Use { kind: UseKind::Filter, name: name.to_owned(), start, end });
                 }
             }
-            Token::Ident("macro") if after_block_start => {
+            // Names the template binds itself may hold a macro: `{% set f = m %}`, loop
+            // targets, `{% with f = … %}`; calling them is not calling an unknown function.
+            Token::Ident("macro" | "set" | "with") if after_block_start => {
                 if let Some((name, _, _)) = ident(i + 1) {
                     macros.push(name);
+                }
+            }
+            Token::Ident("for") if after_block_start => {
+                let mut k = i + 1;
+                while let Some((name, _, _)) = ident(k).filter(|(n, _, _)| *n != "in") {
+                    macros.push(name);
+                    k +=
+                        if matches!(tokens.get(k + 1), Some((Token::Comma, _, _))) { 2 } else { 1 };
                 }
             }
             Token::Ident("is") if !after_dot => {
@@ -96,7 +107,7 @@ pub fn uses(text: &str) -> Vec<Use> {
             Token::Ident(name)
                 if !after_dot
                     && matches!(tokens.get(i + 1), Some((Token::ParenOpen, _, _)))
-                    && !(i > 0 && matches!(tokens[i - 1].0, Token::Ident("macro"))) =>
+                    && !names_filter_test_or_macro(&tokens, i) =>
             {
                 let (_, start, end) = tokens[i];
                 out.push(Use { kind: UseKind::Function, name: (*name).to_owned(), start, end });
@@ -111,6 +122,17 @@ pub fn uses(text: &str) -> Vec<Use> {
             || !(macros.contains(&u.name.as_str()) || LOCAL_CALLABLES.contains(&u.name.as_str()))
     });
     out
+}
+
+/// Whether the name at `tokens[i]` is a filter (`| name(…)`, `{% filter name(…) %}`), a
+/// test (`is name(…)`, `is not name(…)`) or a macro being defined, rather than a call.
+fn names_filter_test_or_macro(tokens: &[(Token<'_>, usize, usize)], i: usize) -> bool {
+    let before = |k: usize| i.checked_sub(k).and_then(|j| tokens.get(j)).map(|t| &t.0);
+    match before(1) {
+        Some(Token::Pipe | Token::Ident("is" | "macro" | "filter")) => true,
+        Some(Token::Ident("not")) => matches!(before(2), Some(Token::Ident("is"))),
+        _ => false,
+    }
 }
 
 /// Whether the renderer's environment provides this filter.
@@ -145,6 +167,27 @@ mod tests {
         let globals = globals(&env);
         assert!(globals.iter().any(|g| g == "range"), "{globals:?}");
         assert!(!globals.iter().any(|g| g == "nosuch"));
+    }
+
+    #[test]
+    fn templates_that_render_are_accepted() {
+        let ok = [
+            "{{ input | default('none') | upper }}",
+            "{% if input is defined and input is not none %}{{ input | trim }}{% endif %}",
+            "{% macro item(x) %}- {{ x }}{% endmacro %}{% for l in range(3) %}{{ item(l) }}{% endfor %}",
+            "{% set ns = namespace(n=0) %}{% for k, v in dict(a=1) | items %}{{ loop.cycle('a', 'b') }}{% endfor %}",
+            "{% filter upper %}{{ input }}{% endfilter %}{{ 'a|b is c' }}",
+            "{% macro wrap() %}[{{ caller() }}]{% endmacro %}{% call wrap() %}{{ input }}{% endcall %}",
+            "{% macro wrap(x) %}{{ x }}{% endmacro %}{% set shout = wrap %}{{ shout(input) }}",
+            "{% for row in level | list %}{{ row }}{% endfor %}{{ input | tojson }}",
+            "{% raw %}{{ input | nosuchfilter }}{% include 'x' %}{% endraw %}",
+        ];
+        let mut sources = crate::Sources::new();
+        for text in ok {
+            let source = sources.add("t.j2", text);
+            let errors = crate::files::check_template("t.j2", text, source, &sources, None);
+            assert!(errors.is_empty(), "{text}: {errors:?}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 mod bundled;
 mod dsl;
+mod graph_checks;
 mod load_errors;
 mod malformed;
 mod props;
