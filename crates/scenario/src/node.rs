@@ -300,7 +300,9 @@ fn yaml_error(e: &serde_saphyr::Error, text: &str, source: SourceId) -> Diagnost
         },
         _ => Pos { source, ..Pos::UNKNOWN },
     };
-    let pos = if message.contains("tab") { tab_pos(text, pos) } else { pos };
+    let about_a_tab =
+        message.split(|c: char| !c.is_alphanumeric()).any(|w| w == "tab" || w == "tabs");
+    let pos = if about_a_tab { tab_pos(text, pos) } else { pos };
     let (code, message, help) = describe_yaml_error(&message);
     Diagnostic::error(code, pos, message).with_help(help)
 }
