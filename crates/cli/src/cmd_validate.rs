@@ -5,8 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context as _;
-use baton_scenario::registry::Override;
 use baton_scenario::{Diagnostic, Diagnostics, Registry};
 
 pub(crate) fn run(
@@ -29,11 +27,17 @@ pub(crate) fn run(
     // Each tenant's overrides are merged over the base and checked; the base registry is
     // the one summarised.
     if let (Some(dir), Some(base)) = (overrides, registry.as_ref()) {
-        for (tenant, list) in read_overrides(dir)? {
-            match base.with_overrides(&tenant, &list) {
-                Ok(loaded) => all.extend(loaded.warnings),
-                Err(e) => all.extend(e.diagnostics),
+        // A file where a tenant directory belongs is an error the loader reports.
+        match baton_scenario::registry::read_overrides(dir) {
+            Ok(tenants) => {
+                for (tenant, list) in tenants {
+                    match base.with_overrides(&tenant, &list) {
+                        Ok(loaded) => all.extend(loaded.warnings),
+                        Err(e) => all.extend(e.diagnostics),
+                    }
+                }
             }
+            Err(e) => all.extend(e.diagnostics),
         }
         if all.has_errors() {
             registry = None;
@@ -180,35 +184,4 @@ pub(crate) fn unsatisfiable_levels(
 
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
-}
-
-/// Reads DIR/TENANT/SCENARIO_ID.yaml into overrides grouped by tenant.
-fn read_overrides(dir: &Path) -> anyhow::Result<Vec<(String, Vec<Override>)>> {
-    let mut tenants = Vec::new();
-    let entries = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot list overrides directory {}", dir.display()))?;
-    let mut dirs: Vec<PathBuf> =
-        entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_dir()).collect();
-    dirs.sort();
-    for tenant_dir in dirs {
-        let tenant =
-            tenant_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&tenant_dir)
-            .with_context(|| format!("cannot list {}", tenant_dir.display()))?
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
-            .collect();
-        files.sort();
-        let mut list = Vec::new();
-        for file in files {
-            let scenario_id =
-                file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-            let yaml = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read override {}", file.display()))?;
-            list.push(Override { scenario_id, name: file.display().to_string(), yaml });
-        }
-        tenants.push((tenant, list));
-    }
-    Ok(tenants)
 }

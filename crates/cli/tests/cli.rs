@@ -86,6 +86,16 @@ fn validate_checks_tenant_overrides() {
     let err = text(&bad.stderr);
     assert!(err.contains("tenant `acme`") && err.contains("unknown field `max_cost`"), "{err}");
     assert!(err.contains("acme/quick_qa.yaml:2:3"), "{err}");
+    // An override directly in DIR has no tenant: an error, not silence.
+    std::fs::write(dir.join("acme/quick_qa.yaml"), "budget:\n  max_cost_usd: 0.01\n").unwrap();
+    std::fs::write(dir.join("quick_qa.yaml"), "budget:\n  max_cost_usd: 0.01\n").unwrap();
+    let stray = baton(&["validate", "--overrides", dir.to_str().unwrap()]);
+    assert_eq!(stray.status.code(), Some(1), "{}", text(&stray.stderr));
+    let err = text(&stray.stderr);
+    assert!(
+        err.contains("error[override-not-in-tenant]") && err.contains("quick_qa.yaml"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -1,9 +1,10 @@
 //! Prompt templates rendered against a run's state.
 //!
-//! Templates are compiled once per scenario. They read exactly the names
-//! `baton_scenario::files::TEMPLATE_VARIABLES` lists — the loader refuses any other —
-//! and undefined values are errors, never empty strings. `level.<id>` is a finished
-//! level; a level's own earlier attempt, while it runs again, is `previous`.
+//! Templates are compiled once per scenario, in `baton_scenario::template::environment`
+//! (the environment the loader checks filters, tests and functions against). They read
+//! exactly the names `baton_scenario::files::TEMPLATE_VARIABLES` lists — the loader
+//! refuses any other — and undefined values are errors, never empty strings. `level.<id>`
+//! is a finished level; a level's own earlier attempt, while it runs again, is `previous`.
 
 use std::sync::Arc;
 
@@ -24,9 +25,8 @@ pub struct Renderer {
 impl Renderer {
     /// Compiles every template the scenario uses.
     pub fn new(scenario: &Scenario) -> Result<Self, String> {
-        let mut env = minijinja::Environment::new();
-        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-        env.set_fuel(Some(1_000_000));
+        // The loader checked every filter, test and function against this same environment.
+        let mut env = baton_scenario::template::environment();
         for level in &scenario.levels {
             let template = match &level.kind {
                 LevelKind::Prompt { prompt, .. } | LevelKind::ToolLoop { prompt, .. } => {

@@ -345,7 +345,20 @@ impl Checker<'_> {
             return None;
         }
         let level_pos: Vec<Pos> = raw_levels.iter().map(|l| l.id.pos).collect();
+        let closed = graph::closed_loops(&scenario, &level_pos);
+        if !closed.is_empty() {
+            for e in closed {
+                self.diags.push(e);
+            }
+            return None;
+        }
+        // Every edge was checked without error, so the raw edges match the checked ones.
+        let edge_pos: Vec<Pos> =
+            raw.edges.iter().map(|e| e.when.as_ref().map_or(e.pos, |w| w.pos)).collect();
         for w in graph::warnings(&scenario, &level_pos) {
+            self.diags.push(w);
+        }
+        for w in graph::constant_exit_warnings(&scenario, &edge_pos) {
             self.diags.push(w);
         }
         scenario.checksum = checksum(node, self.files);
@@ -385,6 +398,21 @@ impl Checker<'_> {
                 if levels[c].kind.value == RawKind::FanOut {
                     self.error("nested-fan-out", child.pos, format!("fan-out child `{}` is itself a fan_out", child.value)).help =
                         Some("a child runs one level; list the inner children on the outer fan-out instead".to_owned());
+                    continue;
+                }
+                if levels[c].kind.value == RawKind::ToolLoop {
+                    self.error(
+                        "fan-out-tool-loop",
+                        child.pos,
+                        format!(
+                            "fan-out child `{}` is a tool_loop; tool loops cannot run inside a fan-out yet",
+                            child.value
+                        ),
+                    )
+                    .help = Some(format!(
+                        "branches would share one workspace; run `{}` as a level of its own, before or after fan-out `{}`",
+                        child.value, level.id.value
+                    ));
                     continue;
                 }
                 if let Some(&other) = parents.get(&c) {
@@ -589,14 +617,20 @@ impl Checker<'_> {
             }
             RawPrompt::Inline { inline } => {
                 let name = format!("inline:{level}");
-                let errors = check_template(&name, inline, p.pos.source, self.sources, Some(p.pos));
+                let errors = check_template(
+                    &name,
+                    inline,
+                    inline.pos.source,
+                    self.sources,
+                    Some(inline.pos),
+                );
                 if !errors.is_empty() {
                     for e in errors {
                         self.diags.push(e);
                     }
                     return None;
                 }
-                Some(Template { name, text: Arc::from(inline.as_str()) })
+                Some(Template { name, text: Arc::from(inline.value.as_str()) })
             }
         }
     }
@@ -1184,19 +1218,21 @@ impl Checker<'_> {
         }
     }
 
-    /// The file position of a span inside a `when:` string. Plain and simply quoted
-    /// scalars map exactly; otherwise the whole value is pointed at.
+    /// The file position of a span inside a `when:` string, exact in every YAML scalar
+    /// style (see [`crate::scalar`]); the whole value when the value cannot be traced.
     fn span_pos(&self, when: &Located<String>, span: expr::Span) -> Pos {
         let Some(source) = self.sources.get(when.pos.source) else { return when.pos };
         let start = when.pos.byte as usize;
-        let Some(slice) = source.text.get(start..start + when.pos.len as usize) else {
+        let end = start + when.pos.len as usize;
+        let Some(map) = crate::scalar::offsets(&source.text, start, end, &when.value) else {
             return when.pos;
         };
-        match slice.find(when.value.as_str()) {
-            Some(at) if !when.value.is_empty() => {
-                let from = start + at + span.start as usize;
-                let len = (span.end - span.start).max(1) as usize;
-                pos_in_text(&source.text, from, len, when.pos.source)
+        let (from, to) = (span.start as usize, span.end as usize);
+        match (map.get(from), map.get(to.max(from))) {
+            (Some(&a), Some(&b)) => {
+                // A token is on one line; its width in the file is the source it spans.
+                let len = if to > from { b.saturating_sub(a).max(1) } else { 1 };
+                pos_in_text(&source.text, a, len, when.pos.source)
             }
             _ => when.pos,
         }

@@ -13,6 +13,7 @@ use crate::diag::{Diagnostic, Diagnostics};
 use crate::limits;
 use crate::rubric::{self, Rubric};
 use crate::source::{Pos, SourceId, Sources, pos_in_text};
+use crate::template::UseKind;
 
 /// Names a template may read; the engine provides exactly these when it renders.
 pub const TEMPLATE_VARIABLES: &[&str] = &[
@@ -29,8 +30,8 @@ pub const TEMPLATE_VARIABLES: &[&str] = &[
     "previous",
 ];
 
-/// Functions minijinja provides to every template.
-const TEMPLATE_GLOBALS: &[&str] = &["range", "dict", "namespace", "debug", "loop", "self"];
+/// Names a template binds for itself wherever it may read them (inside a loop, a block).
+const TEMPLATE_LOCALS: &[&str] = &["loop", "self"];
 
 /// What reading a referenced file can go wrong with, besides its contents.
 #[derive(Clone, Debug)]
@@ -405,20 +406,21 @@ pub fn check_template(
     sources: &Sources,
     inline: Option<Pos>,
 ) -> Vec<Diagnostic> {
-    // An inline template written verbatim in its YAML (single line, no escapes) maps
-    // byte for byte, so its errors can point inside it.
-    let verbatim = inline.and_then(|pos| {
+    // An inline template's characters are traced back to the file through its YAML
+    // scalar (quotes, escapes, indentation, folding; see `crate::scalar`), so its errors
+    // point inside it.
+    let traced = inline.and_then(|pos| {
         let source_text = &sources.get(pos.source)?.text;
-        let from = pos.byte as usize;
-        let window = source_text.get(from..(from + 64 * 1024).min(source_text.len()))?;
-        window.find(text).map(|i| from + i)
+        let start = pos.byte as usize;
+        crate::scalar::offsets(source_text, start, start + pos.len as usize, text)
     });
     let exact = |offset: usize, len: usize| -> Option<Pos> {
-        let base = verbatim?;
-        Some(sources.pos_at_byte(inline?.source, base + offset, len))
+        let map = traced.as_ref()?;
+        let from = *map.get(offset)?;
+        let to = *map.get(offset + len)?;
+        Some(sources.pos_at_byte(inline?.source, from, to.saturating_sub(from).max(1)))
     };
-    let mut env = minijinja::Environment::new();
-    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    let env = crate::template::environment();
     let place = |line: Option<usize>, range: Option<std::ops::Range<usize>>| -> Pos {
         if let Some(pos) = inline {
             let mapped = range.as_ref().and_then(|r| exact(r.start, r.end.saturating_sub(r.start)));
@@ -453,37 +455,108 @@ pub fn check_template(
             ];
         }
     };
+    let at = |start: usize, len: usize| -> Pos {
+        match inline {
+            Some(pos) => exact(start, len).unwrap_or(pos),
+            None => sources.pos_at_byte(source, start, len),
+        }
+    };
+    let mut globals = crate::template::globals(&env);
+    globals.sort();
+    let mut out = Vec::new();
+    let mut unknown_calls: Vec<String> = Vec::new();
+    for u in crate::template::uses(text) {
+        let len = u.end.saturating_sub(u.start);
+        let problem = match u.kind {
+            UseKind::Load => Some(
+                Diagnostic::error(
+                    "template-load",
+                    at(u.start, len),
+                    format!(
+                        "`{{% {} %}}` loads another template, which prompts cannot do",
+                        u.name
+                    ),
+                )
+                .with_help(
+                    "a prompt is one file: copy the shared text into it, or define a `{% macro %}` in it",
+                ),
+            ),
+            UseKind::Filter if !crate::template::has_filter(&env, &u.name) => Some(
+                Diagnostic::error(
+                    "template-filter",
+                    at(u.start, len),
+                    format!("the template uses the filter `{}`, which the renderer does not provide", u.name),
+                )
+                .with_help("use one of minijinja's built-in filters (`upper`, `trim`, `default`, `join`, `tojson` …)"),
+            ),
+            UseKind::Test if !crate::template::has_test(&env, &u.name) => Some(
+                Diagnostic::error(
+                    "template-test",
+                    at(u.start, len),
+                    format!("the template uses the test `{}`, which the renderer does not provide", u.name),
+                )
+                .with_help("use one of minijinja's built-in tests (`defined`, `none`, `string`, `number`, `odd` …)"),
+            ),
+            UseKind::Function
+                if !globals.contains(&u.name) && !TEMPLATE_VARIABLES.contains(&u.name.as_str()) =>
+            {
+                if unknown_calls.contains(&u.name) {
+                    None
+                } else {
+                    unknown_calls.push(u.name.clone());
+                    Some(
+                        Diagnostic::error(
+                            "template-function",
+                            at(u.start, len),
+                            format!(
+                                "the template calls `{}()`, which is not a function the renderer provides",
+                                u.name
+                            ),
+                        )
+                        .with_help(format!(
+                            "functions every template can call: {}; or define a `{{% macro {}() %}}` in the template",
+                            globals.join(", "),
+                            u.name
+                        )),
+                    )
+                }
+            }
+            _ => None,
+        };
+        out.extend(problem);
+    }
     let mut unknown: Vec<String> = template
         .undeclared_variables(false)
         .into_iter()
         .filter(|v| {
-            !TEMPLATE_VARIABLES.contains(&v.as_str()) && !TEMPLATE_GLOBALS.contains(&v.as_str())
+            !TEMPLATE_VARIABLES.contains(&v.as_str())
+                && !TEMPLATE_LOCALS.contains(&v.as_str())
+                && !globals.contains(v)
+                && !unknown_calls.contains(v)
         })
         .collect();
     unknown.sort();
-    unknown
-        .into_iter()
-        .map(|var| {
-            let offset = text.find(&var);
-            let at = match inline {
-                Some(pos) => offset.and_then(|i| exact(i, var.len())).unwrap_or(pos),
-                None => offset.map_or(Pos { source, ..Pos::UNKNOWN }, |i| {
-                    sources.pos_at_byte(source, i, var.len())
-                }),
-            };
-            let help = match crate::suggest::closest(&var, TEMPLATE_VARIABLES.iter().copied()) {
-                Some(near) => format!(
-                    "did you mean `{near}`? templates can read: {}",
-                    TEMPLATE_VARIABLES.join(", ")
-                ),
-                None => format!("templates can read: {}", TEMPLATE_VARIABLES.join(", ")),
-            };
-            Diagnostic::error(
-                "template-variable",
-                at,
-                format!("the template reads `{var}`, which no run provides"),
-            )
-            .with_help(help)
-        })
-        .collect()
+    out.extend(unknown.into_iter().map(|var| {
+        let offset = text.find(&var);
+        let at = match inline {
+            Some(pos) => offset.and_then(|i| exact(i, var.len())).unwrap_or(pos),
+            None => offset.map_or(Pos { source, ..Pos::UNKNOWN }, |i| {
+                sources.pos_at_byte(source, i, var.len())
+            }),
+        };
+        let help = match crate::suggest::closest(&var, TEMPLATE_VARIABLES.iter().copied()) {
+            Some(near) => format!(
+                "did you mean `{near}`? templates can read: {}",
+                TEMPLATE_VARIABLES.join(", ")
+            ),
+            None => format!("templates can read: {}", TEMPLATE_VARIABLES.join(", ")),
+        };
+        Diagnostic::error(
+            "template-variable",
+            at,
+            format!("the template reads `{var}`, which no run provides"),
+        )
+        .with_help(help)
+    }));
+    out
 }

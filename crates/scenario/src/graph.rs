@@ -2,11 +2,18 @@
 //!
 //! A level without outgoing edges leads to the end. A fan-out's children run inside it,
 //! so they are reachable exactly when their parent is.
+//!
+//! [`closed_loops`] finds loops a run can never leave: a strongly connected set of levels
+//! from which no level that can end the run is reachable. A level can end the run when it
+//! has an edge to `__end__`, no edge at all, or no unconditional edge (when no gate
+//! holds, the run falls through to the end). [`constant_exit_warnings`] flags loops whose
+//! every exit is a gate over values the loop cannot change.
 
 use std::fmt::Write as _;
 
 use crate::diag::Diagnostic;
-use crate::model::{END, FAIL, LevelKind, Scenario, Target};
+use crate::expr::Root;
+use crate::model::{END, FAIL, LevelIdx, LevelKind, Scenario, Target};
 use crate::source::Pos;
 
 /// Warnings about the graph's shape: unreachable levels, and levels whose outgoing edges
@@ -43,6 +50,195 @@ pub fn warnings(scenario: &Scenario, level_pos: &[Pos]) -> Vec<Diagnostic> {
                 )),
             );
         }
+    }
+    out
+}
+
+/// The levels whose runs can lead the run to its end: those that can end it themselves
+/// (an edge to `__end__` or `__fail__`, no edge, or no unconditional edge) and those with an edge to one.
+fn can_end(scenario: &Scenario) -> Vec<bool> {
+    let n = scenario.levels.len();
+    let mut ends: Vec<bool> = (0..n)
+        .map(|i| {
+            let mut edges = taken(scenario, i).peekable();
+            edges.peek().is_none()
+                || taken(scenario, i).any(|e| matches!(e.to, Target::End | Target::Fail))
+                || taken(scenario, i).all(|e| e.when.is_some())
+        })
+        .collect();
+    // Backwards to a fixpoint: a level that has an edge to a level that can end can end.
+    loop {
+        let mut changed = false;
+        for from in 0..n {
+            if !ends[from]
+                && taken(scenario, from).any(|e| matches!(e.to, Target::Level(t) if ends[t]))
+            {
+                ends[from] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return ends;
+        }
+    }
+}
+
+/// The edges of a level a run can take: in declared order, up to the first unconditional
+/// one (the edges after it never fire).
+fn taken(scenario: &Scenario, level: LevelIdx) -> impl Iterator<Item = &crate::model::Edge> {
+    let mut open = true;
+    scenario.edges_from(level).take_while(move |e| {
+        let keep = open;
+        open = open && e.when.is_some();
+        keep
+    })
+}
+
+/// Which top-level levels each level can reach through edges (itself only through a cycle).
+fn reach(scenario: &Scenario) -> Vec<Vec<bool>> {
+    let n = scenario.levels.len();
+    (0..n)
+        .map(|start| {
+            let mut seen = vec![false; n];
+            let mut stack: Vec<LevelIdx> = taken(scenario, start)
+                .filter_map(|e| match e.to {
+                    Target::Level(t) => Some(t),
+                    Target::End | Target::Fail => None,
+                })
+                .collect();
+            while let Some(i) = stack.pop() {
+                if std::mem::replace(&mut seen[i], true) {
+                    continue;
+                }
+                for edge in taken(scenario, i) {
+                    if let Target::Level(t) = edge.to {
+                        stack.push(t);
+                    }
+                }
+            }
+            seen
+        })
+        .collect()
+}
+
+/// The loops of the graph: strongly connected sets of top-level levels that hold a cycle
+/// (two levels or more, or one with an edge to itself), each in file order.
+fn loops(scenario: &Scenario) -> Vec<Vec<LevelIdx>> {
+    let n = scenario.levels.len();
+    let reach = reach(scenario);
+    let mut placed = vec![false; n];
+    let mut out = Vec::new();
+    for i in 0..n {
+        if placed[i] || scenario.levels[i].parent.is_some() || !reach[i][i] {
+            continue;
+        }
+        let members: Vec<LevelIdx> =
+            (0..n).filter(|&j| j == i || reach[i][j] && reach[j][i]).collect();
+        for &j in &members {
+            placed[j] = true;
+        }
+        out.push(members);
+    }
+    out
+}
+
+fn id_list(scenario: &Scenario, members: &[LevelIdx]) -> String {
+    let ids: Vec<String> =
+        members.iter().map(|&i| format!("`{}`", scenario.levels[i].id)).collect();
+    ids.join(", ")
+}
+
+/// Errors for loops a run can enter and never leave: no level of the loop can reach a
+/// level that ends the run, so the run would only stop at its step limit.
+pub fn closed_loops(scenario: &Scenario, level_pos: &[Pos]) -> Vec<Diagnostic> {
+    let ends = can_end(scenario);
+    loops(scenario)
+        .into_iter()
+        .filter(|members| members.iter().all(|&i| !ends[i]))
+        .map(|members| {
+            let first = members[0];
+            let pos = level_pos.get(first).copied().unwrap_or(Pos::UNKNOWN);
+            let message = if members.len() == 1 {
+                format!(
+                    "level `{}` loops to itself and the run can never leave it: no path leads to `{END}`",
+                    scenario.levels[first].id
+                )
+            } else {
+                format!(
+                    "levels {} form a loop the run can never leave: no path leads to `{END}`",
+                    id_list(scenario, &members)
+                )
+            };
+            Diagnostic::error("closed-loop", pos, message).with_help(format!(
+                "add an edge from one of them to `{END}` (or to a level that reaches it), or give the looping edge a `when`"
+            ))
+        })
+        .collect()
+}
+
+/// Warnings for loops whose only exits are gates that read nothing the loop changes: such
+/// a gate is as true or false on the tenth pass as on the first, so the loop either never
+/// repeats or never ends.
+///
+/// A value counts as unchanged only when it certainly is: `input` and `metadata` (fixed
+/// for the run) and `level.<id>` of a level outside the loop (and not a fan-out child of
+/// one inside it). `verdict`, `confidence`, `attempt`, `escalate_now`, `verifier.*` and
+/// `scratchpad` may change on every pass, so a gate reading any of them is never flagged.
+pub fn constant_exit_warnings(scenario: &Scenario, edge_pos: &[Pos]) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for members in loops(scenario) {
+        let inside = |i: LevelIdx| {
+            members.contains(&i) || scenario.levels[i].parent.is_some_and(|p| members.contains(&p))
+        };
+        let exits: Vec<usize> = scenario
+            .edges
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| members.contains(&e.from))
+            .filter(|(_, e)| match e.to {
+                Target::End | Target::Fail => true,
+                Target::Level(t) => !members.contains(&t),
+            })
+            .map(|(k, _)| k)
+            .collect();
+        // A level of the loop without an unconditional edge falls through to the end:
+        // that exit needs no gate, so the loop is not stuck on one.
+        let falls_through =
+            members.iter().any(|&i| scenario.edges_from(i).all(|e| e.when.is_some()));
+        if exits.is_empty() || falls_through {
+            continue;
+        }
+        let constant = exits.iter().all(|&k| {
+            scenario.edges[k].when.as_ref().is_some_and(|gate| {
+                gate.paths().iter().all(|p| match p.root {
+                    Root::Input | Root::Metadata => true,
+                    Root::Level => p
+                        .segments
+                        .get(1)
+                        .and_then(|id| scenario.level_index(id))
+                        .is_some_and(|i| !inside(i)),
+                    _ => false,
+                })
+            })
+        });
+        if !constant {
+            continue;
+        }
+        let k = exits[0];
+        let pos = edge_pos.get(k).copied().unwrap_or(Pos::UNKNOWN);
+        out.push(
+            Diagnostic::warning(
+                "constant-exit",
+                pos,
+                format!(
+                    "the loop through {} leaves only through gates that read nothing the loop changes; if they are false on the first pass they stay false",
+                    id_list(scenario, &members)
+                ),
+            )
+            .with_help(
+                "make the exit read what the loop produces (`verdict`, `attempt`, `level.<id>` of a level in the loop), or add an unconditional exit",
+            ),
+        );
     }
     out
 }

@@ -19,9 +19,11 @@ pub mod node;
 pub mod raw;
 pub mod registry;
 pub mod rubric;
+pub mod scalar;
 pub mod schema;
 pub mod source;
 mod suggest;
+pub mod template;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use model::{Level, LevelKind, Scenario};

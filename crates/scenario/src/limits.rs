@@ -4,6 +4,8 @@
 pub const SOURCE_BYTES_MAX: usize = 1024 * 1024;
 /// Largest prompt template, in bytes.
 pub const TEMPLATE_BYTES_MAX: usize = 256 * 1024;
+/// Fuel of one template render (minijinja instructions), so a runaway loop stops.
+pub const TEMPLATE_FUEL_MAX: u64 = 1_000_000;
 /// Deepest nesting of YAML collections.
 pub const YAML_DEPTH_MAX: usize = 48;
 /// Most YAML nodes in one file (aliases count every time they are expanded).
@@ -42,6 +44,8 @@ pub const TIMEOUT_S_MAX: f64 = 7.0 * 24.0 * 3600.0;
 pub const ID_CHARS_MAX: usize = 64;
 /// Most scenario files in one directory.
 pub const SCENARIOS_MAX: usize = 1_000;
+/// Most symlinks followed from one entry of a scenarios directory before it counts as a loop.
+pub const SYMLINK_HOPS_MAX: usize = 40;
 /// Most files in a workspace seed directory.
 pub const SEED_FILES_MAX: usize = 10_000;
 /// Most bytes in a workspace seed directory.

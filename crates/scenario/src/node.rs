@@ -82,20 +82,26 @@ impl Node {
             )
             .with_help("a scenario file starts with `id:`, `version:` and `levels:`"));
         }
-        let mut budget = serde_saphyr::Budget::default();
-        budget.max_depth = limits::YAML_DEPTH_MAX;
-        budget.max_nodes = limits::YAML_NODES_MAX;
-        budget.max_aliases = limits::YAML_ALIASES_MAX;
-        budget.max_total_scalar_bytes = limits::SOURCE_BYTES_MAX;
-        budget.max_documents = 1;
-        // YAML 1.2 booleans only: `y`, `yes`, `on` and `no` stay strings (the "Norway problem").
-        let options = serde_saphyr::options! {
-            budget: Some(budget),
-            with_snippet: false,
-            strict_booleans: true,
-        };
-        let spanned: Spanned<RawNode> = serde_saphyr::from_str_with_options(text, options)
-            .map_err(|e| yaml_error(&e, text, source))?;
+        let spanned: Spanned<RawNode> = serde_saphyr::from_str_with_options(text, yaml_options())
+            .map_err(|e| {
+            let d = yaml_error(&e, text, source);
+            if d.code == DEPTH_CODE && d.pos().is_known() {
+                // The parser's own recursion guard fired before the depth budget (flow
+                // brackets are matched before any value is built). The text up to that
+                // point, its open brackets closed, trips the budget at the bracket that
+                // went too deep, as a shallower file would.
+                let prefix = close_flow(text.get(..d.pos().byte as usize).unwrap_or(""));
+                if let Err(e) =
+                    serde_saphyr::from_str_with_options::<Spanned<RawNode>>(&prefix, yaml_options())
+                {
+                    let earlier = yaml_error(&e, &prefix, source);
+                    if earlier.code == DEPTH_CODE && earlier.message == d.message {
+                        return earlier;
+                    }
+                }
+            }
+            d
+        })?;
         Ok(spanned_into_node(spanned, source))
     }
 
@@ -194,6 +200,57 @@ impl Node {
     }
 }
 
+/// `text` with every flow collection it leaves open (`[`, `{`) closed at its end. Brackets
+/// inside quoted scalars and comments do not count.
+fn close_flow(text: &str) -> String {
+    let mut open = Vec::new();
+    let mut quote: Option<char> = None;
+    let mut comment = false;
+    let mut previous = '\n';
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            _ if comment => comment = c != '\n',
+            (Some('"'), '\\') => {
+                chars.next();
+            }
+            (Some(q), _) if c == q => quote = None,
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') if previous.is_whitespace() => comment = true,
+            (None, '[') => open.push(']'),
+            (None, '{') => open.push('}'),
+            (None, ']' | '}') => {
+                open.pop();
+            }
+            // Inside quotes, and any other character outside them.
+            _ => {}
+        }
+        previous = c;
+    }
+    let mut out = text.to_owned();
+    out.extend(open.iter().rev());
+    out
+}
+
+/// The code of the diagnostic for YAML nested too deeply, whichever guard caught it.
+const DEPTH_CODE: &str = "yaml-too-deep";
+
+/// The parser's options: bounded size, depth, nodes and aliases, one document, YAML 1.2
+/// booleans only (`y`, `yes`, `on` and `no` stay strings: the "Norway problem").
+fn yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = limits::YAML_DEPTH_MAX;
+    budget.max_nodes = limits::YAML_NODES_MAX;
+    budget.max_aliases = limits::YAML_ALIASES_MAX;
+    budget.max_total_scalar_bytes = limits::SOURCE_BYTES_MAX;
+    budget.max_documents = 1;
+    serde_saphyr::options! {
+        budget: Some(budget),
+        with_snippet: false,
+        strict_booleans: true,
+    }
+}
+
 fn is_blank(text: &str) -> bool {
     text.trim_start_matches('\u{feff}').lines().all(|line| {
         let line = line.trim();
@@ -228,18 +285,47 @@ fn yaml_error(e: &serde_saphyr::Error, text: &str, source: SourceId) -> Diagnost
                 usize::try_from(loc.span().byte_len().unwrap_or(1)).unwrap_or(1),
                 source,
             ),
-            None => Pos {
-                source,
-                line: saturate(usize::try_from(loc.line()).unwrap_or(0)),
-                col: saturate(usize::try_from(loc.column()).unwrap_or(0)),
-                byte: 0,
-                len: 0,
-            },
+            // Without a byte offset, the line and column (in characters) give it.
+            None => {
+                let line = usize::try_from(loc.line()).unwrap_or(0);
+                let col = usize::try_from(loc.column()).unwrap_or(0);
+                let line_start: usize =
+                    text.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum();
+                let within = text
+                    .get(line_start..)
+                    .and_then(|rest| rest.char_indices().nth(col.saturating_sub(1)))
+                    .map_or(0, |(i, _)| i);
+                pos_in_text(text, line_start + within, 1, source)
+            }
         },
         _ => Pos { source, ..Pos::UNKNOWN },
     };
+    let about_a_tab =
+        message.split(|c: char| !c.is_alphanumeric()).any(|w| w == "tab" || w == "tabs");
+    let pos = if about_a_tab { tab_pos(text, pos) } else { pos };
     let (code, message, help) = describe_yaml_error(&message);
     Diagnostic::error(code, pos, message).with_help(help)
+}
+
+/// Where the tab a parser complains about really is. The parser reports a tab that starts
+/// a continuation line at the scalar it was reading, a line or more above, and a tab
+/// that indents a line one column after it; the offending tab is the first one in the
+/// indentation of the reported line or a later one. Without such a tab the parser's
+/// position stands.
+fn tab_pos(text: &str, reported: Pos) -> Pos {
+    if !reported.is_known() {
+        return reported;
+    }
+    let from = text.get(..reported.byte as usize).and_then(|t| t.rfind('\n')).map_or(0, |i| i + 1);
+    let mut at = from;
+    for line in text.get(from..).unwrap_or("").split_inclusive('\n') {
+        let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
+        if let Some(tab) = line[..indent].find('\t') {
+            return pos_in_text(text, at + tab, 1, reported.source);
+        }
+        at += line.len();
+    }
+    reported
 }
 
 /// Turns a parser message into an author's: a stable code, a sentence, and what to do.
@@ -252,10 +338,15 @@ fn describe_yaml_error(message: &str) -> (&'static str, String, &'static str) {
             "a scenario file holds exactly one document; remove the extra `---`",
         );
     }
+    if lower.contains("recursion limit") || lower.contains("budget") && lower.contains("depth") {
+        return (
+            DEPTH_CODE,
+            format!("the YAML nests deeper than {} levels", limits::YAML_DEPTH_MAX),
+            "flatten the structure: a scenario never needs lists or mappings nested this deep",
+        );
+    }
     if lower.contains("budget") {
-        let what = if lower.contains("depth") {
-            format!("the YAML nests deeper than {} levels", limits::YAML_DEPTH_MAX)
-        } else if lower.contains("alias") {
+        let what = if lower.contains("alias") {
             format!("the YAML uses more than {} aliases", limits::YAML_ALIASES_MAX)
         } else if lower.contains("scalar") {
             "the YAML holds too much text".to_owned()

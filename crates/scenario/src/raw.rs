@@ -202,7 +202,8 @@ pub enum RawPrompt {
     /// The template text itself.
     Inline {
         /// The template text (minijinja).
-        inline: String,
+        // Located: errors inside it are traced back through its YAML string.
+        inline: Located<String>,
     },
 }
 
@@ -224,7 +225,7 @@ impl<'de> Deserialize<'de> for RawPrompt {
                         PromptKey::Inline if inline.is_some() => {
                             return Err(de::Error::duplicate_field("inline"));
                         }
-                        PromptKey::Inline => inline = Some(map.next_value::<String>()?),
+                        PromptKey::Inline => inline = Some(map.next_value::<Located<String>>()?),
                     }
                 }
                 inline

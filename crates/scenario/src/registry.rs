@@ -316,6 +316,103 @@ impl Registry {
     }
 }
 
+/// Reads a tenant overrides directory, laid out as `DIR/TENANT/SCENARIO_ID.yaml`, into
+/// overrides grouped by tenant (tenants and files in name order).
+///
+/// A scenario file directly in `DIR` has no tenant: it is an error, not something to skip
+/// in silence, as is a tenant directory or override that cannot be read.
+pub fn read_overrides(dir: &Path) -> Result<Vec<(String, Vec<Override>)>, LoadError> {
+    let shown = dir.display().to_string();
+    let fail = |code: &'static str, message: String, file: String, help: &str| LoadError {
+        diagnostics: {
+            let mut d = Diagnostics::new();
+            d.push(Diagnostic::error(code, Pos::UNKNOWN, message).in_file(file).with_help(help));
+            d
+        },
+    };
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        fail(
+            "missing-file",
+            format!("cannot list the overrides directory `{shown}`: {e}"),
+            shown.clone(),
+            "give a directory laid out as TENANT/SCENARIO_ID.yaml",
+        )
+    })?;
+    let mut diags = Diagnostics::new();
+    let mut paths: Vec<PathBuf> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
+    paths.sort();
+    let mut tenants = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            if is_yaml(&path) {
+                let file =
+                    path.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+                diags.push(
+                    Diagnostic::error(
+                        "override-not-in-tenant",
+                        Pos::UNKNOWN,
+                        format!("`{file}` is directly in the overrides directory, so it belongs to no tenant"),
+                    )
+                    .in_file(path.display().to_string())
+                    .with_help(format!(
+                        "overrides are laid out as TENANT/SCENARIO_ID.yaml: move it to {}",
+                        dir.join("TENANT").join(&file).display()
+                    )),
+                );
+            }
+            continue;
+        }
+        let tenant = path.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        let listing = match std::fs::read_dir(&path) {
+            Ok(listing) => listing,
+            Err(e) => {
+                diags.push(
+                    Diagnostic::error(
+                        "unreadable-file",
+                        Pos::UNKNOWN,
+                        format!("cannot list tenant directory `{tenant}`: {e}"),
+                    )
+                    .in_file(path.display().to_string()),
+                );
+                continue;
+            }
+        };
+        let mut files: Vec<PathBuf> =
+            listing.filter_map(Result::ok).map(|e| e.path()).filter(|p| is_yaml(p)).collect();
+        files.sort();
+        let mut list = Vec::new();
+        for file in files {
+            let name = file.display().to_string();
+            match std::fs::read_to_string(&file) {
+                Ok(yaml) => {
+                    let scenario_id = file
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    list.push(Override { scenario_id, name, yaml });
+                }
+                Err(e) => diags.push(
+                    Diagnostic::error(
+                        "unreadable-file",
+                        Pos::UNKNOWN,
+                        format!("cannot read the override: {e}"),
+                    )
+                    .in_file(name),
+                ),
+            }
+        }
+        tenants.push((tenant, list));
+    }
+    if diags.has_errors() {
+        return Err(LoadError { diagnostics: diags });
+    }
+    Ok(tenants)
+}
+
+fn is_yaml(path: &Path) -> bool {
+    matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+}
+
 fn prefix(diags: &mut Diagnostics, context: &str) {
     diags.map_messages(|m| format!("{context}: {m}"));
 }
@@ -353,15 +450,25 @@ fn collect(path: &Path, found: &mut Vec<(PathBuf, PathBuf)>, diags: &mut Diagnos
                 return;
             }
         };
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| {
-                p.is_file()
-                    && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
-            })
-            .collect();
-        files.sort();
+        let mut files: Vec<PathBuf> = Vec::new();
+        let mut paths: Vec<PathBuf> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths {
+            if !is_yaml(&p) {
+                continue;
+            }
+            if p.is_file() {
+                files.push(p);
+            } else if let Some(why) = broken_symlink(&p) {
+                let name =
+                    p.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+                diags.push(
+                    Diagnostic::error("broken-symlink", Pos::UNKNOWN, format!("`{name}` {why}"))
+                        .in_file(p.display().to_string())
+                        .with_help("point the link at a scenario file, or remove it"),
+                );
+            }
+        }
         if files.is_empty() {
             diags.push(
                 Diagnostic::warning(
@@ -380,6 +487,36 @@ fn collect(path: &Path, found: &mut Vec<(PathBuf, PathBuf)>, diags: &mut Diagnos
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
         found.push((path.to_path_buf(), root));
     }
+}
+
+/// Why `path` is a symlink that leads to no file: it dangles, or its chain of links loops
+/// (or is longer than [`limits::SYMLINK_HOPS_MAX`]). `None` when it is no symlink or leads
+/// somewhere (a directory, say, which is not a scenario file and is left alone).
+fn broken_symlink(path: &Path) -> Option<String> {
+    let mut current = path.to_path_buf();
+    let mut seen = vec![current.clone()];
+    for _ in 0..limits::SYMLINK_HOPS_MAX {
+        if !std::fs::symlink_metadata(&current).ok()?.file_type().is_symlink() {
+            return None;
+        }
+        let target = std::fs::read_link(&current).ok()?;
+        let next = match current.parent() {
+            Some(dir) if target.is_relative() => dir.join(&target),
+            _ => target.clone(),
+        };
+        if seen.contains(&next) {
+            return Some("is a symlink loop: following it leads back to itself".to_owned());
+        }
+        if std::fs::symlink_metadata(&next).is_err() {
+            return Some(format!("is a symlink to `{}`, which does not exist", next.display()));
+        }
+        seen.push(next.clone());
+        current = next;
+    }
+    Some(format!(
+        "is a chain of more than {} symlinks (a loop, most likely)",
+        limits::SYMLINK_HOPS_MAX
+    ))
 }
 
 /// Reads and parses one scenario file, reporting size, encoding and YAML problems.

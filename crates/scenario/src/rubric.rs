@@ -81,7 +81,15 @@ pub fn parse(text: &str, source: SourceId, expected_id: &str) -> Result<Rubric, 
         after.is_empty() || after.starts_with('\n') || after.starts_with("\r\n")
     });
     let Some(close) = close else {
-        return Err(missing());
+        let opening = crate::source::pos_in_text(text, 0, 3, source);
+        return Err(vec![
+            Diagnostic::error(
+                "rubric-front-matter",
+                opening,
+                "the rubric's front matter opens here but never closes",
+            )
+            .with_help("end the front matter with a line holding only `---`, then write the judge's instructions below it"),
+        ]);
     };
     // Parsing the file's own prefix keeps every line and byte position true to the file.
     let front = &text[..offset + close + 1];

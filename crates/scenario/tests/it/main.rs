@@ -4,6 +4,8 @@
 
 mod bundled;
 mod dsl;
+mod graph_checks;
+mod load_errors;
 mod malformed;
 mod props;
 mod registry;
