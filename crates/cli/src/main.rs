@@ -37,6 +37,11 @@ struct Cli {
     #[arg(long, global = true, env = "BATON_DB", default_value = ".baton/baton.db")]
     db: PathBuf,
 
+    /// Where Baton keeps workspaces' snapshot repositories (default: `snapshots/` beside
+    /// the database); never inside a workspace a model edits.
+    #[arg(long, global = true, env = "BATON_SNAPSHOTS", value_name = "DIR")]
+    snapshots: Option<PathBuf>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -83,11 +88,12 @@ enum Command {
         #[arg(long)]
         record: Option<PathBuf>,
         /// The directory tool-loop levels edit (default: a new one per run under
-        /// `workspaces/` beside the database). Baton keeps its snapshots in `DIR/.baton/`.
+        /// `workspaces/` beside the database). Baton keeps its snapshots outside it, in
+        /// `--snapshots`.
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
         /// When the run completes, name its result with this branch of the workspace's
-        /// repository (`git --git-dir DIR/.baton/git log NAME`).
+        /// snapshot repository (`git --git-dir SNAPSHOTS/KEY/git log NAME`).
         #[arg(long, value_name = "NAME")]
         branch: Option<String>,
     },
@@ -241,6 +247,7 @@ fn main() -> ExitCode {
         db: cli.db.clone(),
         scenarios: cli.scenarios.clone(),
         config: cli.config.clone(),
+        snapshots: cli.snapshots.clone(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,

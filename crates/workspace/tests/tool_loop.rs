@@ -41,7 +41,10 @@ async fn run(dir: &Path, scenario: &Arc<Scenario>, script: &str) -> (Engine, Str
             verifiers: Verifiers::builtin(),
             workspace: dir.to_path_buf(),
             workspaces: Some(WorkspaceSetup {
-                opener: Arc::new(LocalWorkspaces::new(dir.join("workspaces"))),
+                opener: Arc::new(LocalWorkspaces::new(
+                    dir.join("workspaces"),
+                    dir.join("snapshots"),
+                )),
                 dir: None,
                 branch: None,
             }),
