@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use baton_engine::clock::SystemClock;
 use baton_engine::event::EventData;
-use baton_engine::model::ScriptedModel;
+use baton_engine::model::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use baton_engine::runner::Runtime;
 use baton_engine::state::Status;
 use baton_engine::store::MemoryStore;
@@ -34,10 +34,18 @@ fn scenario(dir: &Path, level_extra: &str, budget: &str) -> Arc<Scenario> {
 }
 
 async fn run(dir: &Path, scenario: &Arc<Scenario>, script: &str) -> (Engine, String, Outcome) {
+    run_model(dir, scenario, ScriptedModel::parse(script, "script.yaml").unwrap()).await
+}
+
+async fn run_model(
+    dir: &Path,
+    scenario: &Arc<Scenario>,
+    model: ScriptedModel,
+) -> (Engine, String, Outcome) {
     let engine = Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(Runtime {
-            model: Arc::new(ScriptedModel::parse(script, "script.yaml").unwrap()),
+            model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: dir.to_path_buf(),
             workspaces: Some(WorkspaceSetup {
@@ -168,4 +176,120 @@ async fn a_model_failure_mid_loop_leaves_no_half_applied_edits() {
     assert!(state.levels["work"].error.as_deref().unwrap().contains("the provider went away"));
     let workspace = dir.path().join("workspaces").join(&run_id);
     assert!(!workspace.join("half.txt").exists());
+}
+
+fn turn(calls: Vec<(&str, serde_json::Value)>) -> ScriptedResponse {
+    ScriptedResponse {
+        tool_calls: calls
+            .into_iter()
+            .map(|(name, arguments)| ScriptedToolCall {
+                id: None,
+                name: name.to_owned(),
+                arguments: Some(arguments),
+            })
+            .collect(),
+        ..ScriptedResponse::default()
+    }
+}
+
+fn logged_bytes(events: &[EventData]) -> usize {
+    events.iter().map(|e| serde_json::to_string(e).unwrap().len()).sum()
+}
+
+#[tokio::test]
+async fn an_oversized_argument_is_refused_and_not_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let huge = "x".repeat(15 * 1024 * 1024);
+    let fine = "y".repeat(100 * 1024);
+    let model = ScriptedModel::default().with_level(
+        "work",
+        vec![
+            turn(vec![
+                ("write_file", serde_json::json!({"path": "huge.txt", "content": huge})),
+                ("write_file", serde_json::json!({"path": "fine.txt", "content": fine})),
+            ]),
+            turn(vec![("finish", serde_json::json!({"summary": "done"}))]),
+        ],
+    );
+    let (engine, run_id, outcome) = run_model(dir.path(), &s, model).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let events = kinds(&engine, &run_id).await;
+    let refusal = events
+        .iter()
+        .find_map(|e| match e {
+            EventData::ToolResult(r) if r.is_error => Some(r.content.clone()),
+            _ => None,
+        })
+        .expect("the oversized call is refused");
+    assert!(refusal.contains("15728672 bytes") && refusal.contains("at most"), "{refusal}");
+    // Canary: the huge file was not written; control: the ordinary one was.
+    let root = dir.path().join("workspaces").join(&run_id);
+    assert!(!root.join("huge.txt").exists());
+    assert_eq!(std::fs::read(root.join("fine.txt")).unwrap().len(), 100 * 1024);
+    // The whole run's log holds the ordinary call (twice: response and call), not 31 MB.
+    let bytes = logged_bytes(&events);
+    assert!(bytes < 400 * 1024, "the run logged {bytes} bytes");
+}
+
+#[tokio::test]
+async fn many_calls_in_one_turn_are_capped_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let part = "z".repeat(900 * 1024);
+    let calls = (0..8)
+        .map(|n| ("write_file", serde_json::json!({"path": format!("p{n}.txt"), "content": part})))
+        .collect();
+    let model = ScriptedModel::default().with_level(
+        "work",
+        vec![turn(calls), turn(vec![("finish", serde_json::json!({"summary": "done"}))])],
+    );
+    let (engine, run_id, outcome) = run_model(dir.path(), &s, model).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let events = kinds(&engine, &run_id).await;
+    let root = dir.path().join("workspaces").join(&run_id);
+    let written = (0..8).filter(|n| root.join(format!("p{n}.txt")).exists()).count();
+    assert_eq!(written, 4, "the turn's first 4 MiB of arguments run, the rest is refused");
+    let bytes = logged_bytes(&events);
+    assert!(bytes < 2 * 4 * 1024 * 1024 + 512 * 1024, "the turn logged {bytes} bytes");
+}
+
+#[tokio::test]
+async fn edit_file_with_a_long_repetitive_needle_is_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let content = "a".repeat(1_048_000);
+    let needle = "a".repeat(1_000_000);
+    let model = ScriptedModel::default().with_level(
+        "work",
+        vec![
+            turn(vec![("write_file", serde_json::json!({"path": "big.txt", "content": content}))]),
+            turn(vec![
+                (
+                    "edit_file",
+                    serde_json::json!({"path": "big.txt", "old_string": needle, "new_string": "b"}),
+                ),
+                ("write_file", serde_json::json!({"path": "small.txt", "content": "one two\n"})),
+                (
+                    "edit_file",
+                    serde_json::json!({"path": "small.txt", "old_string": "two", "new_string": "2"}),
+                ),
+            ]),
+            turn(vec![("finish", serde_json::json!({"summary": "done"}))]),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let (engine, run_id, outcome) = run_model(dir.path(), &s, model).await;
+    let took = started.elapsed();
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    assert!(took < std::time::Duration::from_secs(20), "the run took {took:?}");
+    let events = kinds(&engine, &run_id).await;
+    assert!(
+        events.iter().any(|e| matches!(e, EventData::ToolResult(r)
+            if r.is_error && r.content.contains("occurs 48001 times"))),
+        "the repetitive needle is counted, not applied"
+    );
+    // Control: an ordinary edit in the same turn works.
+    let root = dir.path().join("workspaces").join(&run_id);
+    assert_eq!(std::fs::read_to_string(root.join("small.txt")).unwrap(), "one 2\n");
 }
