@@ -3,8 +3,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 use baton_engine::clock::SystemClock;
 use baton_engine::event::EventData;
@@ -13,7 +15,9 @@ use baton_engine::runner::Runtime;
 use baton_engine::state::Status;
 use baton_engine::store::MemoryStore;
 use baton_engine::verifier::Verifiers;
-use baton_engine::workspace::WorkspaceSetup;
+use baton_engine::workspace::{
+    ToolOutcome, Workspace, WorkspaceError, WorkspaceRequest, WorkspaceSetup, Workspaces,
+};
 use baton_engine::{Engine, Outcome};
 use baton_scenario::{Registry, Scenario};
 use baton_workspace::LocalWorkspaces;
@@ -42,20 +46,23 @@ async fn run_model(
     scenario: &Arc<Scenario>,
     model: ScriptedModel,
 ) -> (Engine, String, Outcome) {
+    let opener = Arc::new(LocalWorkspaces::new(dir.join("workspaces"), dir.join("snapshots")));
+    run_opened(dir, scenario, model, opener).await
+}
+
+async fn run_opened(
+    dir: &Path,
+    scenario: &Arc<Scenario>,
+    model: ScriptedModel,
+    opener: Arc<dyn Workspaces>,
+) -> (Engine, String, Outcome) {
     let engine = Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(Runtime {
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: dir.to_path_buf(),
-            workspaces: Some(WorkspaceSetup {
-                opener: Arc::new(LocalWorkspaces::new(
-                    dir.join("workspaces"),
-                    dir.join("snapshots"),
-                )),
-                dir: None,
-                branch: None,
-            }),
+            workspaces: Some(WorkspaceSetup { opener, dir: None, branch: None }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
         }),
         Arc::new(SystemClock),
@@ -292,4 +299,89 @@ async fn edit_file_with_a_long_repetitive_needle_is_fast() {
     // Control: an ordinary edit in the same turn works.
     let root = dir.path().join("workspaces").join(&run_id);
     assert_eq!(std::fs::read_to_string(root.join("small.txt")).unwrap(), "one 2\n");
+}
+
+/// Workspaces whose `list_dir` takes three seconds and notes the thread it ran on.
+#[derive(Debug)]
+struct SlowWorkspaces {
+    inner: LocalWorkspaces,
+    threads: Arc<Mutex<Vec<ThreadId>>>,
+}
+
+#[derive(Debug)]
+struct SlowWorkspace {
+    inner: Arc<dyn Workspace>,
+    threads: Arc<Mutex<Vec<ThreadId>>>,
+}
+
+impl Workspaces for SlowWorkspaces {
+    fn open(&self, request: &WorkspaceRequest) -> Result<Arc<dyn Workspace>, WorkspaceError> {
+        let inner = self.inner.open(request)?;
+        Ok(Arc::new(SlowWorkspace { inner, threads: Arc::clone(&self.threads) }))
+    }
+}
+
+impl Workspace for SlowWorkspace {
+    fn root(&self) -> &Path {
+        self.inner.root()
+    }
+
+    fn execute(
+        &self,
+        tool: &str,
+        arguments: &serde_json::Value,
+        touched: &mut BTreeSet<String>,
+        max_touched: usize,
+    ) -> ToolOutcome {
+        if tool == "list_dir" {
+            self.threads.lock().unwrap().push(std::thread::current().id());
+            std::thread::sleep(std::time::Duration::from_secs(3));
+        }
+        self.inner.execute(tool, arguments, touched, max_touched)
+    }
+
+    fn snapshot(&self, message: &str) -> Result<String, WorkspaceError> {
+        self.inner.snapshot(message)
+    }
+
+    fn restore(&self, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.inner.restore(snapshot)
+    }
+
+    fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.inner.branch(name, snapshot)
+    }
+}
+
+// One runtime thread: a tool run on it would stop the heartbeats until it returned.
+#[tokio::test(flavor = "current_thread")]
+async fn a_long_tool_call_runs_off_the_async_thread_and_heartbeats_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let opener = Arc::new(SlowWorkspaces {
+        inner: LocalWorkspaces::new(dir.path().join("workspaces"), dir.path().join("snapshots")),
+        threads: Arc::clone(&threads),
+    });
+    let model = ScriptedModel::default().with_level(
+        "work",
+        vec![
+            turn(vec![("list_dir", serde_json::json!({}))]),
+            turn(vec![("finish", serde_json::json!({"summary": "done"}))]),
+        ],
+    );
+    let (engine, run_id, outcome) = run_opened(dir.path(), &s, model, opener).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let ran_on = threads.lock().unwrap().clone();
+    assert_eq!(ran_on.len(), 1);
+    assert_ne!(ran_on[0], std::thread::current().id(), "the tool ran on the async thread");
+    let events = kinds(&engine, &run_id).await;
+    let beats: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventData::Heartbeat(h) => Some(h.tool_calls),
+            _ => None,
+        })
+        .collect();
+    assert!(!beats.is_empty() && beats.iter().all(|&calls| calls == 1), "{beats:?}");
 }
