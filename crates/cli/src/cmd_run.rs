@@ -34,6 +34,9 @@ pub(crate) struct Place {
     pub scenarios: PathBuf,
     /// The provider configuration given with `--config`.
     pub config: Option<PathBuf>,
+    /// Where snapshot repositories live (`--snapshots`; default `snapshots/` beside the
+    /// database).
+    pub snapshots: Option<PathBuf>,
 }
 
 /// The run database, created when absent: for commands that start runs.
@@ -177,13 +180,15 @@ fn recorded_model(
 }
 
 /// Where runs get their workspaces: `DIR` from `--workspace`, else one directory per run
-/// under `workspaces/` beside the database.
+/// under `workspaces/` beside the database; their snapshots under `--snapshots`, else
+/// `snapshots/` beside the database.
 fn workspace_setup(place: &Place, dir: Option<PathBuf>, branch: Option<String>) -> WorkspaceSetup {
     let data = place.db.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let root =
-        std::path::absolute(data.join("workspaces")).unwrap_or_else(|_| data.join("workspaces"));
-    let dir = dir.map(|d| std::path::absolute(&d).unwrap_or(d));
-    WorkspaceSetup { opener: Arc::new(LocalWorkspaces::new(root)), dir, branch }
+    let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+    let root = absolute(data.join("workspaces"));
+    let snapshots = absolute(place.snapshots.clone().unwrap_or_else(|| data.join("snapshots")));
+    let dir = dir.map(absolute);
+    WorkspaceSetup { opener: Arc::new(LocalWorkspaces::new(root, snapshots)), dir, branch }
 }
 
 /// An engine for reading, deciding and finishing runs: its model answers nothing (a run

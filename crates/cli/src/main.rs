@@ -38,6 +38,11 @@ struct Cli {
     #[arg(long, global = true, env = "BATON_DB", default_value = ".baton/baton.db")]
     db: PathBuf,
 
+    /// Where Baton keeps workspaces' snapshot repositories (default: `snapshots/` beside
+    /// the database); never inside a workspace a model edits.
+    #[arg(long, global = true, env = "BATON_SNAPSHOTS", value_name = "DIR")]
+    snapshots: Option<PathBuf>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -85,11 +90,11 @@ enum Command {
         record: Option<PathBuf>,
         /// The directory the run's tool-loop levels edit and its verifiers check (default: a
         /// new one per run under `workspaces/` beside the database, never the current
-        /// directory). Baton keeps its snapshots in `DIR/.baton/`.
+        /// directory). Baton keeps its snapshots outside it, in `--snapshots`.
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
         /// When the run completes, name its result with this branch of the workspace's
-        /// repository (`git --git-dir DIR/.baton/git log NAME`).
+        /// snapshot repository (`git --git-dir SNAPSHOTS/KEY/git log NAME`).
         #[arg(long, value_name = "NAME")]
         branch: Option<String>,
     },
@@ -284,6 +289,7 @@ fn main() -> ExitCode {
         db: cli.db.clone(),
         scenarios: cli.scenarios.clone(),
         config: cli.config.clone(),
+        snapshots: cli.snapshots.clone(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,

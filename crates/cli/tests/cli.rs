@@ -603,6 +603,12 @@ fn json_routing() -> serde_json::Value {
     serde_json::json!({"tier": "free", "provider": "local", "model": "fake-model", "source": "allow", "failovers": []})
 }
 
+/// The snapshot repository of `workspace`, under `snapshots/` beside the database in `dir`.
+fn snapshot_repo(dir: &std::path::Path, workspace: &std::path::Path) -> PathBuf {
+    let canonical = std::fs::canonicalize(workspace).unwrap();
+    dir.join("snapshots").join(baton_workspace::snapshot_key(&canonical)).join("git")
+}
+
 /// Runs code_build on a script; returns the run's JSON result and its workspace.
 fn code_build(dir: &std::path::Path, script: &str, extra: &[&str]) -> (serde_json::Value, PathBuf) {
     let db = dir.join("runs.db");
@@ -662,7 +668,9 @@ fn code_build_writes_a_real_program_that_the_real_toolchain_builds() {
     assert!(prompt.contains("- greet/__main__.py") && !prompt.contains("sys.argv"), "{prompt}");
     // The completed run's result is on the branch it asked for.
     let log = Command::new("git")
-        .args(["--git-dir", ".baton/git", "log", "--format=%s", "greet-cli"])
+        .arg("--git-dir")
+        .arg(snapshot_repo(&dir, &workspace))
+        .args(["log", "--format=%s", "greet-cli"])
         .current_dir(&workspace)
         .output()
         .unwrap();
@@ -751,14 +759,26 @@ fn a_recorded_code_build_replays_from_its_cassette_into_a_new_workspace() {
 /// Starts code_build in the background on a script whose executor waits 20 s before it
 /// calls `finish`, and returns once its files are in the workspace. The caller waits for
 /// the child (after cancelling or killing it).
-#[allow(clippy::zombie_processes)]
 fn code_build_mid_level(dir: &std::path::Path) -> (std::process::Child, String, PathBuf) {
+    code_build_mid_level_writing(dir, "")
+}
+
+/// [`code_build_mid_level`], the executor writing `extra` (tool calls, YAML) first.
+#[allow(clippy::zombie_processes)]
+fn code_build_mid_level_writing(
+    dir: &std::path::Path,
+    extra: &str,
+) -> (std::process::Child, String, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
-    let script =
-        std::fs::read_to_string(repo().join("scenarios/scripts/code_build.yaml")).unwrap().replace(
-            "    - tool_calls:\n        - name: finish",
-            "    - delay_ms: 20000\n      tool_calls:\n        - name: finish",
-        );
+    let script = with_first_writes(
+        &std::fs::read_to_string(repo().join("scenarios/scripts/code_build.yaml"))
+            .unwrap()
+            .replace(
+                "    - tool_calls:\n        - name: finish",
+                "    - delay_ms: 20000\n      tool_calls:\n        - name: finish",
+            ),
+        extra,
+    );
     assert!(script.contains("delay_ms: 20000"));
     let script_path = dir.join("slow.yaml");
     std::fs::write(&script_path, script).unwrap();
@@ -808,7 +828,7 @@ fn a_cancelled_run_discards_its_work_back_to_the_workspace_before_the_run() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(left, [".baton"], "the run's files are gone");
+    assert!(left.is_empty(), "the run's files are gone, and Baton left nothing: {left:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -1802,4 +1822,110 @@ fn an_answer_is_recorded_where_the_scenarios_do_not_load() {
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["final_output"], "{\"choice\": \"b\"}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The code_build script with `extra` (tool calls, YAML list items) run before the
+/// executor's writes.
+fn with_first_writes(script: &str, extra: &str) -> String {
+    let first =
+        "        - name: write_file\n          arguments:\n            path: pyproject.toml";
+    assert!(script.contains(first));
+    script.replacen(first, &format!("{extra}{first}"), 1)
+}
+
+/// A tool call writing `content` to `path`, as a script's list item.
+fn write_call(path: &str, content: &str) -> String {
+    format!(
+        "        - name: write_file\n          arguments:\n            path: {path:?}\n            content: {content:?}\n"
+    )
+}
+
+#[test]
+fn attack_a_hostile_git_config_through_a_link_into_baton_is_refused() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-attack-git-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let workspace = dir.join("ws");
+    // A user-supplied workspace already holding what an older Baton left and a link to it.
+    std::fs::create_dir_all(workspace.join(".baton/git")).unwrap();
+    std::fs::write(workspace.join(".baton/git/config"), "[core]\n").unwrap();
+    std::os::unix::fs::symlink(".baton", workspace.join("b")).unwrap();
+    let canary = dir.join("canary");
+    let hostile = format!("[core]\n\tfsmonitor = touch {} #\n", canary.display());
+    let extra = [
+        write_call(".baton/git/config", &hostile),
+        write_call("b/git/config", &hostile),
+        write_call("b/git/hooks/post-checkout", "#!/bin/sh\ntouch /tmp/x\n"),
+        // Control: the same content at an ordinary path is written.
+        write_call("notes/config", &hostile),
+    ]
+    .concat();
+    let script = with_first_writes(
+        &std::fs::read_to_string(repo().join("scenarios/scripts/code_build.yaml")).unwrap(),
+        &extra,
+    );
+    let script_path = dir.join("hostile.yaml");
+    std::fs::write(&script_path, script).unwrap();
+    let db = dir.join("runs.db");
+    let out = baton_db(
+        &db,
+        &["run", "code_build", "--input", "x", "--json", "--branch", "result"]
+            .into_iter()
+            .chain(["--script", script_path.to_str().unwrap()])
+            .chain(["--workspace", workspace.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "completed");
+    let events = events_of(&db, result["run_id"].as_str().unwrap());
+    let refused: Vec<&str> = events
+        .iter()
+        .filter(|e| e["kind"] == "tool_result" && e["data"]["is_error"] == true)
+        .map(|e| e["data"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    assert!(refused.iter().all(|r| r.contains(".baton")), "{refused:?}");
+    // Canaries: the old repository is untouched, no hook exists, nothing ran.
+    assert_eq!(std::fs::read_to_string(workspace.join(".baton/git/config")).unwrap(), "[core]\n");
+    assert!(!workspace.join(".baton/git/hooks").exists());
+    assert!(!canary.exists(), "the hostile config ran");
+    // Control: the run's own work is done and the ordinary write happened.
+    assert_eq!(std::fs::read_to_string(workspace.join("notes/config")).unwrap(), hostile);
+    assert_eq!(python_greet(&workspace, "Ada"), "Hello, Ada!\n");
+    // The snapshots are outside the workspace, in Baton's data directory.
+    let log = Command::new("git")
+        .arg("--git-dir")
+        .arg(snapshot_repo(&dir, &workspace))
+        .args(["log", "--format=%s", "result"])
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(text(&log.stdout).starts_with("baton: l4_execute"), "{}", text(&log.stderr));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn attack_a_gitignore_of_everything_does_not_survive_a_cancel() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-attack-ignore-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let extra = [
+        write_call(".gitignore", "*\n"),
+        write_call("planted/.gitignore", "*\n!.gitignore\n"),
+        write_call("planted/payload.py", "print('still here')\n"),
+    ]
+    .concat();
+    let (mut child, run, workspace) = code_build_mid_level_writing(&dir, &extra);
+    assert!(workspace.join("planted/payload.py").is_file());
+    let out = baton_db(&dir.join("runs.db"), &["cancel", &run]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(child.wait().unwrap().code(), Some(5), "a cancelled run exits 5");
+    // Canary: nothing the model wrote is left, its ignore files included. The control is
+    // a_cancelled_run_discards_its_work_back_to_the_workspace_before_the_run (same run
+    // without the ignore files).
+    let left: Vec<String> = std::fs::read_dir(&workspace)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.is_empty(), "left after the cancel: {left:?}");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -21,6 +21,14 @@ pub const CHARS_PER_TOKEN: usize = 4;
 pub const FILES_TOUCHED_PER_LEVEL_MAX: usize = 200;
 /// Bytes of a tool result copied into its `tool_result` event (the model gets all of it).
 pub const TOOL_RESULT_EVENT_BYTES_MAX: usize = 16 * 1024;
+/// Most bytes of one tool call's arguments (as JSON); a larger call is refused and its
+/// arguments are recorded as their size only (room for a whole `write_file` of
+/// `WRITE_BYTES_MAX`, escaped).
+pub const TOOL_ARGUMENTS_BYTES_MAX: usize = 3 * 1024 * 1024;
+/// Most bytes of tool call arguments one model turn may send in all; calls past it are
+/// refused like oversized ones, so a turn adds at most about `MODEL_TEXT_BYTES_MAX` +
+/// 2 × this + `TOOL_CALLS_PER_TURN_MAX` × `TOOL_RESULT_EVENT_BYTES_MAX` to the log.
+pub const TURN_ARGUMENTS_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Most tool calls executed from one model turn.
 pub const TOOL_CALLS_PER_TURN_MAX: usize = 32;
 /// Bytes of a tool loop's conversation sent with each call; the oldest tool results give

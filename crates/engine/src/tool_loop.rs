@@ -191,6 +191,46 @@ enum Transport {
 enum Next {
     Continue,
     Finished(String),
+    /// The run was cancelled between two calls; the rest of the turn's calls did not run.
+    Cancelled,
+    /// A call could not be run at all (its task died); the attempt ends without a result.
+    Failed(String),
+}
+
+/// The key of the arguments that stand in for a call's arguments over the size limits:
+/// the call is refused, and neither the log nor the conversation holds them.
+const OMITTED_KEY: &str = "baton_omitted_argument_bytes";
+
+/// Caps a model turn's tool calls before anything records them: a call whose arguments
+/// are over [`limits::TOOL_ARGUMENTS_BYTES_MAX`], or that would take the turn's arguments
+/// over [`limits::TURN_ARGUMENTS_BYTES_MAX`], keeps only a note of its size (and is
+/// refused when it would run). So one turn adds a bounded number of bytes to the log
+/// (the model's text, at most twice the turn's arguments — the `model_response` and the
+/// `tool_call` events — and the bounded results) however much a model sends.
+pub fn cap_tool_calls<'a>(calls: impl IntoIterator<Item = &'a mut ToolCall>) {
+    let mut turn_bytes = 0usize;
+    for call in calls {
+        let bytes = call.arguments.to_string().len();
+        if bytes > limits::TOOL_ARGUMENTS_BYTES_MAX
+            || turn_bytes + bytes > limits::TURN_ARGUMENTS_BYTES_MAX
+        {
+            call.arguments = json!({ OMITTED_KEY: bytes });
+        } else {
+            turn_bytes += bytes;
+        }
+    }
+}
+
+/// The refusal of a call whose arguments [`cap_tool_calls`] left out.
+fn oversized(arguments: &Value) -> Option<ToolOutcome> {
+    let bytes = arguments.get(OMITTED_KEY)?.as_u64()?;
+    Some(ToolOutcome::error(format!(
+        "not run: this call's arguments are {bytes} bytes; a call may send at most {} bytes \
+         of arguments and one turn at most {} bytes in all; write large files in several \
+         smaller calls (edit_file, or write_file for parts of the project)",
+        limits::TOOL_ARGUMENTS_BYTES_MAX,
+        limits::TURN_ARGUMENTS_BYTES_MAX
+    )))
 }
 
 impl LevelRun {
@@ -295,10 +335,12 @@ impl LevelRun {
                 }
             };
             turn += 1;
-            let requested: Vec<Result<ToolCall, String>> = match transport {
+            let mut requested: Vec<Result<ToolCall, String>> = match transport {
                 Transport::Native => reply.tool_calls.iter().cloned().map(Ok).collect(),
                 Transport::Textual => parse_tool_blocks(&reply.text, turn),
             };
+            // Native calls were capped before their `model_response`; textual ones here.
+            cap_tool_calls(requested.iter_mut().filter_map(|r| r.as_mut().ok()));
             last_text.clone_from(&reply.text);
             turns.push(Turn::Assistant {
                 text: reply.text.clone(),
@@ -316,8 +358,17 @@ impl LevelRun {
                 };
             }
             let mut results = Vec::new();
-            let next =
-                self.run_tools(&workspace, requested, &mut touched, &mut results, &mut events);
+            let next = self
+                .run_tools(&workspace, requested, &mut touched, &mut results, &mut events)
+                .await;
+            match next {
+                Next::Cancelled => return Stop::Halted.finish(self, &mut events, started),
+                Next::Failed(message) => {
+                    self.discard(&workspace).await;
+                    return Stop::Failed(message).finish(self, &mut events, started);
+                }
+                Next::Continue | Next::Finished(_) => {}
+            }
             turns.push(match transport {
                 Transport::Native => Turn::Tools { results },
                 Transport::Textual => Turn::User { text: textual_results(&results) },
@@ -371,8 +422,10 @@ impl LevelRun {
         }
     }
 
-    /// Runs one turn's tool calls in order, recording each; stops at `finish`.
-    fn run_tools(
+    /// Runs one turn's tool calls in order, recording each; stops at `finish` or a
+    /// cancel (checked before each call). File tools run on the blocking pool, so the
+    /// async workers stay free (heartbeats and the cancel poll go on during a long call).
+    async fn run_tools(
         &self,
         workspace: &Arc<dyn crate::workspace::Workspace>,
         requested: Vec<Result<ToolCall, String>>,
@@ -391,13 +444,18 @@ impl LevelRun {
                     (call, ToolOutcome::error(why))
                 }
                 Ok(call) => {
+                    if self.cancel.is_cancelled() {
+                        return Next::Cancelled;
+                    }
                     self.cancel.progress().tool_call();
                     events.push(self.event(EventData::ToolCall(ToolCalled {
                         call_id: call.id.clone(),
                         tool: call.name.clone(),
                         arguments: call.arguments.clone(),
                     })));
-                    let outcome = if n >= limits::TOOL_CALLS_PER_TURN_MAX {
+                    let outcome = if let Some(refusal) = oversized(&call.arguments) {
+                        refusal
+                    } else if n >= limits::TOOL_CALLS_PER_TURN_MAX {
                         ToolOutcome::error(format!(
                             "not run: at most {} tool calls are run per turn; call it again in the next turn",
                             limits::TOOL_CALLS_PER_TURN_MAX
@@ -414,12 +472,33 @@ impl LevelRun {
                             ),
                         }
                     } else if FILE_TOOLS.contains(&call.name.as_str()) {
-                        workspace.execute(
-                            &call.name,
-                            &call.arguments,
-                            touched,
-                            limits::FILES_TOUCHED_PER_LEVEL_MAX,
-                        )
+                        let ws = Arc::clone(workspace);
+                        let (name, arguments) = (call.name.clone(), call.arguments.clone());
+                        let mut set = std::mem::take(touched);
+                        let ran = tokio::task::spawn_blocking(move || {
+                            let outcome = ws.execute(
+                                &name,
+                                &arguments,
+                                &mut set,
+                                limits::FILES_TOUCHED_PER_LEVEL_MAX,
+                            );
+                            (outcome, set)
+                        })
+                        .await;
+                        match ran {
+                            Ok((outcome, set)) => {
+                                *touched = set;
+                                outcome
+                            }
+                            Err(e) => {
+                                // The set went with the task; the touched paths are
+                                // unknown, so the attempt must not keep its edits.
+                                return Next::Failed(format!(
+                                    "file tool `{}` failed: {e}",
+                                    call.name
+                                ));
+                            }
+                        }
                     } else {
                         ToolOutcome::error(format!(
                             "there is no tool `{}`; the tools are {}",

@@ -71,7 +71,8 @@ pub trait Workspace: Send + Sync + std::fmt::Debug {
     fn snapshot(&self, message: &str) -> Result<String, WorkspaceError>;
 
     /// Puts the workspace back to a snapshot: changed files restored, files created since
-    /// removed (ignored build output such as `target/` is kept).
+    /// removed whatever ignore files the workspace holds (only the build output and caches
+    /// the implementation leaves out of snapshots, such as `target/`, are kept).
     fn restore(&self, snapshot: &str) -> Result<(), WorkspaceError>;
 
     /// Names a snapshot with a branch of the managed repository.

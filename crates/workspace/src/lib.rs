@@ -5,7 +5,8 @@
 //!
 //! - [`LocalWorkspaces`] opens `<root>/<run_id>` (or the directory the request names),
 //!   creating it, copying the scenario's seed into it the first time, and creating the
-//!   Baton-managed git repository in `.baton/git`.
+//!   Baton-managed git repository in `<snapshots>/<key>/git`, outside the workspace
+//!   (`<key>` names the workspace's canonical path: [`snapshot_key`]).
 //! - [`LocalWorkspace`] runs the file tools ([`sandbox`]) through a cap-std directory
 //!   handle, so no path a model gives can reach outside the workspace, and snapshots,
 //!   restores and branches through the managed repository (driven by the `git` command
@@ -20,6 +21,7 @@ mod repo;
 pub mod sandbox;
 
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,6 +32,7 @@ use baton_engine::workspace::{
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, OpenOptions, Permissions};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::repo::Repo;
 
@@ -45,17 +48,28 @@ const RUN_ID_BYTES_MAX: usize = 128;
 /// Names never copied from a seed: a project's own repository and Baton's directory.
 const SEED_SKIPPED: [&str; 2] = [".git", ".baton"];
 
+/// The most bytes of a workspace directory's name kept in its snapshot key.
+const KEY_NAME_BYTES_MAX: usize = 40;
+
 /// Opens run workspaces on the local filesystem, each in `<root>/<run_id>` unless the
-/// request names a directory.
+/// request names a directory, with their snapshots under `snapshots`.
 #[derive(Clone, Debug)]
 pub struct LocalWorkspaces {
     root: PathBuf,
+    snapshots: PathBuf,
 }
 
 impl LocalWorkspaces {
-    /// Workspaces created under `root` (created when the first workspace is opened).
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        LocalWorkspaces { root: root.into() }
+    /// Workspaces created under `root`, their snapshot repositories kept under
+    /// `snapshots` (both created when the first workspace is opened). `snapshots` must not
+    /// be inside a workspace a model edits: Baton's data directory, beside its database.
+    pub fn new(root: impl Into<PathBuf>, snapshots: impl Into<PathBuf>) -> Self {
+        LocalWorkspaces { root: root.into(), snapshots: snapshots.into() }
+    }
+
+    /// The directory that holds every workspace's snapshot repository.
+    pub fn snapshots(&self) -> &Path {
+        &self.snapshots
     }
 
     /// The directory new workspaces are created in.
@@ -72,7 +86,7 @@ impl Workspaces for LocalWorkspaces {
             Some(dir) => dir.clone(),
             None => self.root.join(&request.run_id),
         };
-        let workspace = LocalWorkspace::open(&dir, request.seed.as_deref())?;
+        let workspace = LocalWorkspace::open(&dir, request.seed.as_deref(), &self.snapshots)?;
         Ok(Arc::new(workspace))
     }
 }
@@ -89,6 +103,30 @@ fn check_run_id(run_id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The name of a workspace's snapshot directory: the directory's own name (letters,
+/// digits, `-`, `_`; for people who look) and 16 hex digits of the sha256 of its
+/// canonical path, so the same directory, however it is spelled, always finds its
+/// snapshots and two directories never share them.
+pub fn snapshot_key(canonical: &Path) -> String {
+    let digest = Sha256::digest(canonical.as_os_str().as_encoded_bytes());
+    let mut key: String = canonical
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(KEY_NAME_BYTES_MAX)
+        .collect();
+    if key.is_empty() {
+        key.push_str("workspace");
+    }
+    key.push('-');
+    for byte in &digest[..8] {
+        let _ = write!(key, "{byte:02x}");
+    }
+    key
+}
+
 /// One run's workspace on the local filesystem.
 #[derive(Debug)]
 pub struct LocalWorkspace {
@@ -97,15 +135,17 @@ pub struct LocalWorkspace {
     /// The directory's absolute path, for verifiers and git.
     root: PathBuf,
     repo: Repo,
-    /// Held while the workspace is open (`.baton/lock`, locked exclusively).
+    /// Held while the workspace is open (`<snapshots>/<key>/lock`, locked exclusively).
     _lock: std::fs::File,
 }
 
 impl LocalWorkspace {
-    /// Opens the workspace in `dir`, creating the directory if it is missing. The first
-    /// time (no managed repository yet), `seed` is copied in if the directory is empty
-    /// (`.baton` aside) and the repository is created; later opens change nothing.
-    pub fn open(dir: &Path, seed: Option<&Path>) -> Result<Self, WorkspaceError> {
+    /// Opens the workspace in `dir`, creating the directory if it is missing, with its
+    /// snapshot repository in `snapshots/<key>` ([`snapshot_key`]). The first time (no
+    /// repository yet), `seed` is copied in if the directory is empty (`.baton` aside)
+    /// and the repository is created; later opens change nothing. A `.baton/git` left in
+    /// the workspace by an older Baton is neither read nor changed.
+    pub fn open(dir: &Path, seed: Option<&Path>, snapshots: &Path) -> Result<Self, WorkspaceError> {
         let failed = |what: &str, e: io::Error| WorkspaceError {
             path: dir.display().to_string(),
             message: format!("{what}: {e}; check that the path is a directory Baton may write"),
@@ -114,16 +154,35 @@ impl LocalWorkspace {
         let root = std::fs::canonicalize(dir).map_err(|e| failed("cannot resolve the path", e))?;
         let handle = Dir::open_ambient_dir(&root, ambient_authority())
             .map_err(|e| failed("cannot open the directory", e))?;
+        let home = snapshots.join(snapshot_key(&root));
+        let data_failed = |what: &str, e: io::Error| WorkspaceError {
+            path: dir.display().to_string(),
+            message: format!(
+                "{what} {}: {e}; check that Baton's data directory is writable",
+                home.display()
+            ),
+        };
+        std::fs::create_dir_all(&home).map_err(|e| data_failed("cannot create", e))?;
+        let home = std::fs::canonicalize(&home).map_err(|e| data_failed("cannot resolve", e))?;
+        if home.starts_with(&root) && !home.starts_with(root.join(".baton")) {
+            return Err(WorkspaceError {
+                path: dir.display().to_string(),
+                message: format!(
+                    "the snapshot directory {} is inside the workspace, where a model could \
+                     change it; keep Baton's data directory (--db, --snapshots) outside the \
+                     workspace or in its .baton directory",
+                    home.display()
+                ),
+            });
+        }
         // One process at a time drives a workspace: the lock is the operating system's, so
         // a process that dies leaves it free for the run's next driver.
-        std::fs::create_dir_all(root.join(".baton"))
-            .map_err(|e| failed("cannot create .baton", e))?;
         let lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(root.join(".baton").join("lock"))
-            .map_err(|e| failed("cannot open .baton/lock", e))?;
+            .open(home.join("lock"))
+            .map_err(|e| data_failed("cannot open the lock in", e))?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -133,10 +192,10 @@ impl LocalWorkspace {
                 });
             }
             Err(std::fs::TryLockError::Error(e)) => {
-                return Err(failed("cannot lock .baton/lock", e));
+                return Err(data_failed("cannot lock the lock in", e));
             }
         }
-        let repo = Repo::new(&root);
+        let repo = Repo::new(&root, &home);
         let workspace = LocalWorkspace { dir: handle, root, repo, _lock: lock };
         if !workspace.repo.exists() {
             if let Some(seed) = seed
@@ -144,10 +203,6 @@ impl LocalWorkspace {
             {
                 workspace.copy_seed(seed)?;
             }
-            workspace
-                .dir
-                .create_dir_all(".baton")
-                .map_err(|e| failed("cannot create .baton", e))?;
             workspace.repo.init()?;
         }
         Ok(workspace)

@@ -1,12 +1,21 @@
 //! The Baton-managed git repository that snapshots a workspace: git dir
-//! `<root>/.baton/git`, work tree `<root>`.
+//! `<snapshots>/<key>/git`, outside the workspace, work tree the workspace.
 //!
-//! Driven through the `git` command line with a scrubbed environment and fixed settings
-//! (no system or global config, no hooks, no signing, no prompts, no automatic gc), so a
-//! user's git setup cannot change what a snapshot records or run code. A snapshot is a
-//! commit (on a detached `HEAD`) of every file not ignored; restoring one resets to it and
-//! removes untracked files, keeping ignored build output such as `target/`. Branches name
-//! snapshots; none is ever checked out.
+//! The repository lives in Baton's data directory, never in the workspace, so nothing a
+//! model writes (through the file tools or through code a verifier runs) can change its
+//! config, hooks or objects. It is driven through the `git` command line with a scrubbed
+//! environment: system and global config are ignored, `HOME` is the repository's own
+//! directory (so no `~/.config/git/*` applies), attributes are read from the empty tree
+//! (so a workspace's `.gitattributes` cannot convert line ends or name filters), and every
+//! setting that could start a program is forced off on the command line
+//! ([`FORCED_SETTINGS`]).
+//!
+//! A snapshot is a commit (on a detached `HEAD`) of every file of the workspace except
+//! Baton's own excludes ([`EXCLUDED_DIRS`], [`EXCLUDED_FILES`]): the workspace's
+//! `.gitignore`, `.git/info/exclude` and `core.excludesFile` are not read (`git add
+//! --force` with exclude pathspecs, `git clean -x` with Baton's patterns), so a restore
+//! puts back every file and removes every new one, whatever ignore files a model wrote.
+//! Branches name snapshots; none is ever checked out.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -15,45 +24,77 @@ use std::sync::{Mutex, PoisonError};
 
 use baton_engine::workspace::WorkspaceError;
 
-/// Where the managed repository lives, relative to the workspace root.
-pub(crate) const GIT_DIR: &str = ".baton/git";
+/// The managed repository's directory, inside the workspace's snapshot directory.
+pub(crate) const GIT_DIR: &str = "git";
 
-/// What the repository ignores: Baton's own directory, a project's own repository, and
-/// common build output and caches (kept across restores).
-const EXCLUDE: &str = "\
-# Written by Baton: files its snapshots ignore (restoring a snapshot keeps them).
-.baton/
-.git/
-target/
-node_modules/
-__pycache__/
-*.pyc
-.venv/
-.mypy_cache/
-.pytest_cache/
-";
+/// Directories (at any depth) that snapshots leave out and restores keep: Baton's own
+/// directory, and build output and caches — regenerated, often large, and not the code a
+/// level writes. The file tools cannot write into them, so everything a model writes
+/// through them is snapshotted and restored. `.git` is never recorded either (git itself
+/// skips it).
+pub(crate) const EXCLUDED_DIRS: [&str; 7] =
+    [".baton", "target", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"];
+
+/// File name patterns (at any depth) that snapshots leave out and restores keep: compiled
+/// Python.
+pub(crate) const EXCLUDED_FILES: [&str; 1] = ["*.pyc"];
+
+/// Settings passed to every git command with `-c`, overriding any config file: each one
+/// could otherwise start a program or change what a snapshot records. System and global
+/// config are not read at all; these guard against the repository's own config too.
+const FORCED_SETTINGS: [(&str, &str, &str); 20] = [
+    ("core.fsmonitor", "false", "an fsmonitor hook runs on every add, status and reset"),
+    ("core.hooksPath", "/dev/null", "hooks run on commits, checkouts and gc"),
+    ("core.pager", "cat", "a pager is a program"),
+    ("core.editor", "false", "an editor is a program (nothing here should open one)"),
+    ("core.askPass", "", "an askpass helper is a program"),
+    ("core.sshCommand", "false", "ssh transports start a program"),
+    ("credential.helper", "", "credential helpers are programs"),
+    ("diff.external", "", "an external diff driver is a program"),
+    ("protocol.allow", "never", "no transport (fetch, push, ext::) is ever used"),
+    ("core.untrackedCache", "false", "a cache written by someone else could hide new files"),
+    ("core.autocrlf", "false", "a snapshot restores the bytes it recorded"),
+    ("core.sparseCheckout", "false", "a restore writes every file"),
+    ("submodule.recurse", "false", "no nested repository is entered"),
+    ("commit.gpgSign", "false", "signing runs gpg"),
+    ("gc.auto", "0", "automatic gc runs in the background, outside any timeout"),
+    ("maintenance.auto", "false", "automatic maintenance likewise"),
+    ("core.logAllRefUpdates", "true", "reflogs keep snapshots a restore left behind"),
+    ("user.name", "baton", "snapshot commits need an author"),
+    ("user.email", "baton@localhost", "and an author's address"),
+    ("init.defaultBranch", "baton-unborn", "no branch name a user might mean"),
+];
+
+/// The empty tree's id: attributes are read from it (`GIT_ATTR_SOURCE`, git 2.40 and
+/// later), so a workspace's `.gitattributes` cannot name filters or convert line ends.
+const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 
 /// The most bytes of git's stderr an error keeps.
 const STDERR_BYTES_MAX: usize = 2048;
 
-/// The environment variables a git process keeps from Baton's.
-const KEPT_ENV: [&str; 4] = ["PATH", "HOME", "LANG", "TMPDIR"];
+/// The environment variables a git process keeps from Baton's (`HOME` is set to the
+/// repository's own directory instead).
+const KEPT_ENV: [&str; 3] = ["PATH", "LANG", "TMPDIR"];
 
 /// A workspace's managed repository.
 #[derive(Debug)]
 pub(crate) struct Repo {
     work_tree: PathBuf,
+    /// The workspace's snapshot directory (the repository's `HOME`).
+    home: PathBuf,
     git_dir: PathBuf,
     /// Git commands on one repository run one at a time (they share the index lock).
     lock: Mutex<()>,
 }
 
 impl Repo {
-    /// The repository of the workspace at `work_tree` (which need not exist yet).
-    pub(crate) fn new(work_tree: &Path) -> Self {
+    /// The repository of the workspace at `work_tree`, kept in `home` (neither need exist
+    /// yet).
+    pub(crate) fn new(work_tree: &Path, home: &Path) -> Self {
         Repo {
             work_tree: work_tree.to_path_buf(),
-            git_dir: work_tree.join(GIT_DIR),
+            home: home.to_path_buf(),
+            git_dir: home.join(GIT_DIR),
             lock: Mutex::new(()),
         }
     }
@@ -64,42 +105,43 @@ impl Repo {
         self.git_dir.join("HEAD").is_file() && self.git_dir.join("info/exclude").is_file()
     }
 
-    /// Creates the repository and writes its ignore list.
+    /// Creates the repository and writes its ignore list (for people who inspect it with
+    /// `git status`; snapshots pass Baton's excludes on the command line).
     pub(crate) fn init(&self) -> Result<(), WorkspaceError> {
         let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let mut command = self.base_command();
-        command.args([
-            "-c",
-            "init.defaultBranch=baton-unborn",
-            "init",
-            "-q",
-            "--bare",
-            "--template=",
-        ]);
+        command.args(["init", "-q", "--bare", "--template="]);
         command.arg(&self.git_dir);
         self.run(command, "git init")?;
         let info = self.git_dir.join("info");
-        std::fs::create_dir_all(&info).map_err(|e| {
-            self.error(format!(
-                "cannot create {GIT_DIR}/info: {e}; check that the workspace is writable"
-            ))
-        })?;
-        std::fs::write(info.join("exclude"), EXCLUDE).map_err(|e| {
-            self.error(format!(
-                "cannot write {GIT_DIR}/info/exclude: {e}; check that the workspace is writable"
-            ))
-        })?;
+        let mut exclude = String::from("# Written by Baton: what its snapshots leave out.\n");
+        for pattern in ignore_patterns() {
+            exclude.push_str(&pattern);
+            exclude.push('\n');
+        }
+        std::fs::create_dir_all(&info)
+            .and_then(|()| std::fs::write(info.join("exclude"), exclude))
+            .map_err(|e| {
+                self.error(format!(
+                    "cannot write {}: {e}; check that Baton's data directory is writable",
+                    info.display()
+                ))
+            })?;
         Ok(())
     }
 
-    /// Commits every file that is not ignored; returns the commit's id.
+    /// Commits every file but Baton's excludes; returns the commit's id.
     ///
     /// Snapshots are commits on a detached `HEAD` (made with `write-tree`, `commit-tree`
     /// and `update-ref` rather than `commit`), so no branch is checked out and every name
-    /// is free for [`Repo::branch`]. Reflogs keep snapshots a restore left behind.
+    /// is free for [`Repo::branch`]. `--force` makes git read no ignore file at all; Baton's
+    /// excludes are pathspecs.
     pub(crate) fn snapshot(&self, message: &str) -> Result<String, WorkspaceError> {
         let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        self.git(&["add", "-A"], "git add")?;
+        let mut add = self.repo_command();
+        add.args(["add", "--all", "--force", "--", "."]);
+        add.args(exclude_pathspecs());
+        self.run(add, "git add")?;
         let tree = stdout_line(&self.git(&["write-tree"], "git write-tree")?);
         let mut parent_check = self.repo_command();
         parent_check.args(["rev-parse", "-q", "--verify", "HEAD^{commit}"]);
@@ -118,13 +160,19 @@ impl Repo {
         Ok(id)
     }
 
-    /// Resets the work tree to a snapshot and removes untracked files that are not
-    /// ignored.
+    /// Resets the work tree to a snapshot and removes every other file but Baton's
+    /// excludes (`-x`: the workspace's ignore files do not protect anything; `-ff`: nested
+    /// repositories go too).
     pub(crate) fn restore(&self, snapshot: &str) -> Result<(), WorkspaceError> {
         let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let commit = self.require_commit(snapshot)?;
         self.git(&["reset", "-q", "--hard", &commit], "git reset")?;
-        self.git(&["clean", "-q", "-f", "-d"], "git clean")?;
+        let mut clean = self.repo_command();
+        clean.args(["clean", "-q", "-f", "-f", "-d", "-x"]);
+        for pattern in ignore_patterns() {
+            clean.arg("-e").arg(pattern);
+        }
+        self.run(clean, "git clean")?;
         Ok(())
     }
 
@@ -164,14 +212,15 @@ impl Repo {
         let output = self.spawn(command, "git rev-parse")?;
         if !output.status.success() {
             return Err(self.error(format!(
-                "snapshot {snapshot} is not in the workspace's repository ({GIT_DIR}); use an \
-                 id that snapshot returned for this workspace"
+                "snapshot {snapshot} is not in the workspace's repository ({}); use an id \
+                 that snapshot returned for this workspace",
+                self.git_dir.display()
             )));
         }
         Ok(stdout_line(&output))
     }
 
-    /// A git command with the scrubbed environment and fixed settings, not yet bound to
+    /// A git command with the scrubbed environment and forced settings, not yet bound to
     /// the repository.
     fn base_command(&self) -> Command {
         let mut command = Command::new("git");
@@ -183,23 +232,14 @@ impl Repo {
             }
         }
         command
+            .env("HOME", &self.home)
             .env("GIT_CONFIG_NOSYSTEM", "1")
             .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_TERMINAL_PROMPT", "0");
-        command.args([
-            "-c",
-            "user.name=baton",
-            "-c",
-            "user.email=baton@localhost",
-            "-c",
-            "commit.gpgsign=false",
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "gc.auto=0",
-            "-c",
-            "core.logAllRefUpdates=true",
-        ]);
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_ATTR_SOURCE", EMPTY_TREE);
+        for (key, value, _why) in FORCED_SETTINGS {
+            command.arg("-c").arg(format!("{key}={value}"));
+        }
         command.stdin(Stdio::null());
         command
     }
@@ -254,6 +294,22 @@ impl Repo {
     fn error(&self, message: String) -> WorkspaceError {
         WorkspaceError { path: self.work_tree.display().to_string(), message }
     }
+}
+
+/// Baton's excludes as ignore patterns (for `git clean -e` and `info/exclude`).
+fn ignore_patterns() -> impl Iterator<Item = String> {
+    EXCLUDED_DIRS
+        .iter()
+        .map(|dir| format!("{dir}/"))
+        .chain(EXCLUDED_FILES.iter().map(|&file| file.to_owned()))
+}
+
+/// Baton's excludes as exclude pathspecs (for `git add`), matching at any depth.
+fn exclude_pathspecs() -> impl Iterator<Item = String> {
+    EXCLUDED_DIRS
+        .iter()
+        .map(|dir| format!(":(exclude,glob)**/{dir}/**"))
+        .chain(EXCLUDED_FILES.iter().map(|file| format!(":(exclude,glob)**/{file}")))
 }
 
 /// A command's output as one trimmed line (an id).

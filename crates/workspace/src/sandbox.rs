@@ -19,6 +19,8 @@ use baton_engine::workspace::ToolOutcome;
 use cap_std::fs::{Dir, File, FileType, Metadata, OpenOptions, Permissions};
 use serde_json::{Map, Value};
 
+use crate::repo::{EXCLUDED_DIRS, EXCLUDED_FILES};
+
 /// The most bytes `read_file` returns, and the largest file it reads without a line
 /// range.
 pub const READ_BYTES_MAX: usize = 256 * 1024;
@@ -41,6 +43,9 @@ pub const TOOLS: [&str; 5] = ["read_file", "write_file", "edit_file", "list_dir"
 /// Directory names the file tools never enter: the workspace's own git repository and
 /// Baton's managed one.
 const HIDDEN: [&str; 2] = [".git", ".baton"];
+
+/// The most symbolic links followed when checking where a path leads.
+const SYMLINK_HOPS_MAX: usize = 40;
 
 /// The longest quotation of a path in an outcome, in characters.
 const SHOWN_CHARS_MAX: usize = 120;
@@ -144,6 +149,94 @@ pub(crate) fn check_path(given: &str) -> Result<RelPath, String> {
         ));
     }
     Ok(RelPath { normalized: components.join("/") })
+}
+
+/// Checks where a path leads once the symbolic links inside the workspace are followed:
+/// a path that resolves into `.git` or `.baton` is refused however it is spelled (a link
+/// `b -> .baton` makes `b/git/config` such a path), and so is a write (`writes`) into
+/// what snapshots leave out (build output and caches such as `target/`; see
+/// [`crate::repo::EXCLUDED_DIRS`]), so that everything the file tools write is snapshotted
+/// and restored. Links that leave the workspace are left to the cap-std handle, which
+/// refuses them.
+pub(crate) fn check_resolved(
+    root: &Dir,
+    path: &RelPath,
+    quoted: &str,
+    writes: bool,
+) -> Result<(), String> {
+    let mut pending: Vec<String> =
+        path.as_str().split('/').filter(|c| !c.is_empty()).rev().map(str::to_owned).collect();
+    let mut resolved: Vec<String> = Vec::new();
+    let mut hops = 0;
+    while let Some(component) = pending.pop() {
+        match component.as_str() {
+            "" | "." => continue,
+            ".." => {
+                if resolved.pop().is_none() {
+                    // It leaves the workspace: the handle refuses it when it is used.
+                    return Ok(());
+                }
+                continue;
+            }
+            _ => {}
+        }
+        if is_hidden(&component) {
+            return Err(format!(
+                "path {quoted} leads into {component} through a symbolic link; the file tools \
+                 may not read or change .git (a repository's internals) or .baton (Baton's \
+                 own files)"
+            ));
+        }
+        resolved.push(component);
+        let joined = resolved.join("/");
+        let Ok(metadata) = root.symlink_metadata(&joined) else {
+            // Nothing there yet: what follows cannot be a link, so its names are final.
+            resolved.extend(pending.drain(..).rev());
+            break;
+        };
+        if !metadata.file_type().is_symlink() {
+            continue;
+        }
+        hops += 1;
+        if hops > SYMLINK_HOPS_MAX {
+            return Err(format!(
+                "path {quoted} goes through more than {SYMLINK_HOPS_MAX} symbolic links; give \
+                 the path without them"
+            ));
+        }
+        // The handle refuses to read a link that leads outside, and refuses it again when
+        // the tool uses the path: nothing inside the workspace is reached through it.
+        let Ok(target) = root.read_link(&joined) else {
+            return Ok(());
+        };
+        if target.is_absolute() {
+            return Ok(());
+        }
+        resolved.pop();
+        let target = target.to_string_lossy().into_owned();
+        pending.extend(target.split('/').rev().map(str::to_owned));
+    }
+    if let Some(hidden) = resolved.iter().find(|c| is_hidden(c)) {
+        return Err(format!(
+            "path {quoted} leads into {hidden}; the file tools may not read or change .git (a \
+             repository's internals) or .baton (Baton's own files)"
+        ));
+    }
+    if writes {
+        let excluded_dir = resolved.iter().find(|c| EXCLUDED_DIRS.contains(&c.as_str()));
+        let excluded_file = resolved.last().filter(|name| {
+            EXCLUDED_FILES.iter().any(|pattern| {
+                pattern.strip_prefix('*').is_some_and(|suffix| name.ends_with(suffix))
+            })
+        });
+        if let Some(name) = excluded_dir.or(excluded_file) {
+            return Err(format!(
+                "path {quoted} is in {name}, build output or a cache that snapshots leave out; \
+                 the file tools write source files only (let the build create {name})"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `C:`-style paths: absolute (or drive-relative) on Windows, never meant on Unix.
@@ -491,6 +584,7 @@ fn read_file(root: &Dir, arguments: &Value) -> Result<ToolOutcome, String> {
     let end = args.optional_line("end_line")?;
     let path = check_path(given)?;
     let quoted = shown(given);
+    check_resolved(root, &path, &quoted, false)?;
     require_not_root(&path, &quoted, "read_file")?;
     if let (Some(start), Some(end)) = (start, end)
         && end < start
@@ -621,6 +715,7 @@ fn write_file(
     let content = args.string("content")?;
     let path = check_path(given)?;
     let quoted = shown(given);
+    check_resolved(root, &path, &quoted, true)?;
     require_not_root(&path, &quoted, "write_file")?;
     if content.len() > WRITE_BYTES_MAX {
         return Err(format!(
@@ -664,6 +759,7 @@ fn edit_file(
     let new = args.string("new_string")?;
     let path = check_path(given)?;
     let quoted = shown(given);
+    check_resolved(root, &path, &quoted, true)?;
     require_not_root(&path, &quoted, "edit_file")?;
     if old.is_empty() {
         return Err("old_string is empty; copy the exact text to replace from the file (to \
@@ -704,17 +800,16 @@ fn edit_file(
             "{quoted} is not UTF-8 text (it looks binary); edit_file edits text files only"
         ));
     };
-    let found = occurrences(&text, old);
-    let Some(&at) = found.first() else {
+    let (first, count) = occurrences(&text, old);
+    let Some(at) = first else {
         return Err(format!(
             "old_string was not found in {quoted}; read the file and copy the exact text"
         ));
     };
-    if found.len() > 1 {
+    if count > 1 {
         return Err(format!(
-            "old_string occurs {} times in {quoted}; include more surrounding context in \
-             old_string so that it occurs exactly once",
-            found.len()
+            "old_string occurs {count} times in {quoted}; include more surrounding context in \
+             old_string so that it occurs exactly once"
         ));
     }
     let mut edited = String::with_capacity(text.len() - old.len() + new.len());
@@ -734,19 +829,44 @@ fn edit_file(
     Ok(ToolOutcome::ok(format!("edited {normalized} at line {line}")))
 }
 
-/// Where `needle` starts in `haystack`, overlapping matches included (so "aa" occurs
-/// twice in "aaa": either could be meant).
-fn occurrences(haystack: &str, needle: &str) -> Vec<usize> {
-    let mut found = Vec::new();
-    let mut from = 0;
-    while let Some(i) = haystack[from..].find(needle) {
-        let at = from + i;
-        found.push(at);
-        // Step one character past the match's start.
-        let step = haystack[at..].chars().next().map_or(1, char::len_utf8);
-        from = at + step;
+/// Where `needle` first starts in `haystack`, and how often it occurs, overlapping matches
+/// included (so "aa" occurs twice in "aaa": either could be meant).
+///
+/// Knuth–Morris–Pratt over bytes: linear in both lengths whatever their shape (restarting
+/// a substring search after each overlapping match is quadratic for a long repetitive
+/// needle). A match of valid UTF-8 in valid UTF-8 always starts at a character boundary.
+fn occurrences(haystack: &str, needle: &str) -> (Option<usize>, usize) {
+    let (text, pattern) = (haystack.as_bytes(), needle.as_bytes());
+    if pattern.is_empty() || pattern.len() > text.len() {
+        return (None, 0);
     }
-    found
+    // failure[i]: the length of the longest proper border of pattern[..=i].
+    let mut failure = vec![0usize; pattern.len()];
+    let mut k = 0;
+    for i in 1..pattern.len() {
+        while k > 0 && pattern[i] != pattern[k] {
+            k = failure[k - 1];
+        }
+        if pattern[i] == pattern[k] {
+            k += 1;
+        }
+        failure[i] = k;
+    }
+    let (mut first, mut count, mut matched) = (None, 0, 0);
+    for (i, &byte) in text.iter().enumerate() {
+        while matched > 0 && byte != pattern[matched] {
+            matched = failure[matched - 1];
+        }
+        if byte == pattern[matched] {
+            matched += 1;
+        }
+        if matched == pattern.len() {
+            count += 1;
+            first.get_or_insert(i + 1 - pattern.len());
+            matched = failure[matched - 1];
+        }
+    }
+    (first, count)
 }
 
 /// `list_dir {path?}`.
@@ -755,6 +875,7 @@ fn list_dir(root: &Dir, arguments: &Value) -> Result<ToolOutcome, String> {
     let given = args.optional_string("path")?.unwrap_or(".");
     let path = check_path(given)?;
     let quoted = shown(given);
+    check_resolved(root, &path, &quoted, false)?;
     let metadata = root.metadata(path.as_str()).map_err(|e| io_failure("list", &quoted, &e))?;
     if !metadata.is_dir() {
         return Err(format!("{quoted} is not a directory; use read_file to read a file"));
@@ -794,6 +915,7 @@ fn delete_file(
     let given = args.string("path")?;
     let path = check_path(given)?;
     let quoted = shown(given);
+    check_resolved(root, &path, &quoted, true)?;
     require_not_root(&path, &quoted, "delete_file")?;
     check_touch(&path, touched, max_touched, &quoted)?;
     let (parent_path, name) = path.split();
@@ -872,9 +994,22 @@ mod tests {
 
     #[test]
     fn overlapping_occurrences_count() {
-        assert_eq!(occurrences("aaa", "aa"), vec![0, 1]);
-        assert_eq!(occurrences("héllo héllo", "é"), vec![1, 8]);
-        assert!(occurrences("abc", "d").is_empty());
+        assert_eq!(occurrences("aaa", "aa"), (Some(0), 2));
+        assert_eq!(occurrences("héllo héllo", "é"), (Some(1), 2));
+        assert_eq!(occurrences("abc", "d"), (None, 0));
+        assert_eq!(occurrences("abababa", "aba"), (Some(0), 3));
+        assert_eq!(occurrences("xxabcabcab", "abcab"), (Some(2), 2));
+        assert_eq!(occurrences("ab", "abc"), (None, 0));
+    }
+
+    #[test]
+    fn occurrences_are_linear_for_a_repetitive_needle() {
+        // Restarting a search after each overlapping match took minutes here.
+        let haystack = "a".repeat(1024 * 1024);
+        let needle = "a".repeat(512 * 1024);
+        let started = std::time::Instant::now();
+        assert_eq!(occurrences(&haystack, &needle), (Some(0), 512 * 1024 + 1));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use baton_engine::workspace::{FILE_TOOLS, ToolOutcome, Workspace, WorkspaceRequest, Workspaces};
 use baton_workspace::sandbox::{LIST_ENTRIES_MAX, READ_BYTES_MAX, TOOLS, WRITE_BYTES_MAX};
-use baton_workspace::{LocalWorkspaces, SEED_BYTES_MAX};
+use baton_workspace::{LocalWorkspaces, SEED_BYTES_MAX, snapshot_key};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -72,7 +72,7 @@ impl Fixture {
     fn git(&self, args: &[&str]) -> String {
         let output = Command::new("git")
             .arg("--git-dir")
-            .arg(self.root().join(".baton/git"))
+            .arg(git_dir(&self.top.join("runs"), self.root()))
             .arg("--work-tree")
             .arg(self.root())
             .args(args)
@@ -89,8 +89,19 @@ impl Fixture {
     }
 }
 
+/// Workspaces under `root`, their snapshots in `root/.snapshots` (beside the workspaces,
+/// never inside one: run ids cannot start with a dot).
+fn workspaces(root: &Path) -> LocalWorkspaces {
+    LocalWorkspaces::new(root, root.join(".snapshots"))
+}
+
+/// The snapshot repository of the workspace `root` opened under `runs`.
+fn git_dir(runs: &Path, root: &Path) -> PathBuf {
+    runs.join(".snapshots").join(snapshot_key(root)).join("git")
+}
+
 fn open(root: &Path, run_id: &str, seed: Option<PathBuf>) -> Arc<dyn Workspace> {
-    LocalWorkspaces::new(root)
+    workspaces(root)
         .open(&WorkspaceRequest { run_id: run_id.to_owned(), dir: None, seed })
         .expect("workspace opens")
 }
@@ -716,7 +727,8 @@ fn restore_brings_back_files_and_keeps_ignored_output() {
     assert!(!root.join("newdir").exists());
     assert_eq!(std::fs::read_to_string(root.join("target/debug/app")).expect("read"), "binary");
     assert!(root.join("pkg/__pycache__/m.pyc").exists());
-    assert!(root.join(".baton/git/HEAD").exists());
+    assert!(git_dir(&f.top.join("runs"), root).join("HEAD").exists());
+    assert!(!root.join(".baton").exists(), "nothing of Baton's is in the workspace");
 
     // A later snapshot of an unchanged tree still gets its own id.
     let again = f.ws.snapshot("").expect("empty message");
@@ -752,6 +764,171 @@ fn branches_name_snapshots() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Snapshots the model cannot reach
+
+/// A git config that runs `touch CANARY` whenever git refreshes an index with it.
+fn hostile_config(canary: &Path) -> String {
+    format!("[core]\n\tfsmonitor = touch {} #\n", canary.display())
+}
+
+#[test]
+fn git_config_in_the_workspace_runs_nothing() {
+    let f = Fixture::new();
+    let root = f.root().to_path_buf();
+    // What an older Baton left (`.baton/git`) and the project's own repository, both
+    // with a config that runs a program: neither is the snapshot repository any more.
+    let old = root.join(".baton/git");
+    let status = Command::new("git")
+        .args(["init", "-q", "--bare"])
+        .arg(&old)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .status()
+        .expect("git init");
+    assert!(status.success());
+    std::fs::write(old.join("config"), hostile_config(&f.top.join("canary-old"))).expect("write");
+    let status = Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&root)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .status()
+        .expect("git init");
+    assert!(status.success());
+    std::fs::write(root.join(".git/config"), hostile_config(&f.top.join("canary-project")))
+        .expect("write");
+    std::fs::write(root.join("a.txt"), "a").expect("write");
+
+    let snapshot = f.ws.snapshot("one").expect("snapshot");
+    std::fs::write(root.join("a.txt"), "changed").expect("write");
+    f.ws.restore(&snapshot).expect("restore");
+    f.ws.snapshot("two").expect("snapshot");
+    assert_eq!(std::fs::read_to_string(root.join("a.txt")).expect("read"), "a");
+    assert!(!f.top.join("canary-old").exists(), "the old .baton/git config ran");
+    assert!(!f.top.join("canary-project").exists(), "the project's .git config ran");
+
+    // Positive control: the same config does run a program for git that reads it.
+    let status = Command::new("git")
+        .args(["add", "-A"])
+        .current_dir(&root)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .status()
+        .expect("git add");
+    assert!(status.success());
+    assert!(f.top.join("canary-project").exists(), "the hostile config is inert: no control");
+}
+
+#[test]
+fn a_link_into_baton_internals_is_refused_however_spelled() {
+    let f = Fixture::new();
+    let root = f.root();
+    std::fs::create_dir_all(root.join(".baton/git")).expect("mkdir");
+    std::fs::write(root.join(".baton/git/config"), "[core]\n").expect("write");
+    std::fs::create_dir_all(root.join(".git")).expect("mkdir");
+    std::fs::write(root.join(".git/config"), "[core]\n").expect("write");
+    // Links a user's workspace may already hold.
+    symlink(".baton", root.join("b")).expect("symlink");
+    symlink("b/git", root.join("c")).expect("symlink");
+    std::fs::create_dir(root.join("d")).expect("mkdir");
+    symlink("../.git", root.join("d/up")).expect("symlink");
+    symlink(".baton/git/config", root.join("direct")).expect("symlink");
+    for (tool, args) in [
+        ("write_file", json!({"path": "b/git/config", "content": "[core]\n\tfsmonitor = x\n"})),
+        ("write_file", json!({"path": "c/config", "content": "x"})),
+        ("write_file", json!({"path": "./b//git/hooks/post-commit", "content": "x"})),
+        ("edit_file", json!({"path": "b/git/config", "old_string": "[core]", "new_string": "x"})),
+        ("write_file", json!({"path": "d/up/config", "content": "x"})),
+        ("read_file", json!({"path": "b/git/config"})),
+        ("read_file", json!({"path": "direct"})),
+        ("list_dir", json!({"path": "c"})),
+        ("delete_file", json!({"path": "c/config"})),
+    ] {
+        let outcome = f.run(tool, args.clone());
+        let message = err(&outcome);
+        assert!(message.contains(".baton") || message.contains(".git"), "{tool} {args}: {message}");
+    }
+    assert_eq!(std::fs::read_to_string(root.join(".baton/git/config")).expect("read"), "[core]\n");
+    assert_eq!(std::fs::read_to_string(root.join(".git/config")).expect("read"), "[core]\n");
+    assert!(!root.join(".baton/git/hooks").exists());
+    // Positive control: a link to an ordinary directory still works.
+    std::fs::create_dir(root.join("src")).expect("mkdir");
+    symlink("src", root.join("s")).expect("symlink");
+    ok(&f.run("write_file", json!({"path": "s/lib.rs", "content": "x"})));
+    assert_eq!(std::fs::read_to_string(root.join("src/lib.rs")).expect("read"), "x");
+}
+
+#[test]
+fn a_restore_ignores_the_workspaces_ignore_files() {
+    let f = Fixture::new();
+    let root = f.root();
+    std::fs::write(root.join("kept.txt"), "original\n").expect("write");
+    std::fs::write(root.join("crlf.txt"), "one\ntwo\n").expect("write");
+    let snapshot = f.ws.snapshot("base").expect("snapshot");
+    // What a model writes to keep its files through a cancel, or to change what a
+    // restore writes back.
+    ok(&f.run("write_file", json!({"path": ".gitignore", "content": "*\n"})));
+    ok(&f.run("write_file", json!({"path": "sub/.gitignore", "content": "*\n!.gitignore\n"})));
+    ok(&f.run("write_file", json!({"path": "sub/planted.py", "content": "evil\n"})));
+    ok(&f.run("write_file", json!({"path": "planted.txt", "content": "evil\n"})));
+    ok(&f.run("write_file", json!({"path": ".gitattributes", "content": "* text eol=crlf\n"})));
+    ok(&f.run("write_file", json!({"path": "kept.txt", "content": "changed\n"})));
+    std::fs::create_dir_all(root.join("nested/.git")).expect("mkdir");
+    std::fs::write(root.join("nested/.git/HEAD"), "ref: refs/heads/main\n").expect("write");
+    std::fs::write(root.join("nested/file"), "evil\n").expect("write");
+    let middle = f.ws.snapshot("with ignore files").expect("snapshot");
+    f.ws.restore(&snapshot).expect("restore");
+    for planted in [".gitignore", "sub", "planted.txt", ".gitattributes", "nested"] {
+        assert!(!root.join(planted).exists(), "{planted} survived the restore");
+    }
+    assert_eq!(std::fs::read_to_string(root.join("kept.txt")).expect("read"), "original\n");
+    assert_eq!(std::fs::read(root.join("crlf.txt")).expect("read"), b"one\ntwo\n");
+    // And the snapshot taken with the ignore files recorded every file, itself included.
+    f.ws.restore(&middle).expect("restore");
+    assert_eq!(std::fs::read_to_string(root.join("sub/planted.py")).expect("read"), "evil\n");
+    assert_eq!(std::fs::read_to_string(root.join("planted.txt")).expect("read"), "evil\n");
+    assert_eq!(std::fs::read(root.join("crlf.txt")).expect("read"), b"one\ntwo\n");
+}
+
+#[test]
+fn the_tools_do_not_write_where_snapshots_do_not_look() {
+    let f = Fixture::new();
+    for path in ["target/x.rs", "a/node_modules/m.js", "p/__pycache__/m.py", "m.pyc"] {
+        let outcome = f.run("write_file", json!({"path": path, "content": "x"}));
+        let message = err(&outcome);
+        assert!(message.contains("snapshots leave out"), "{path}: {message}");
+        assert!(!f.root().join(path).exists(), "{path}");
+    }
+    std::fs::create_dir(f.root().join("target")).expect("mkdir");
+    symlink("target", f.root().join("t")).expect("symlink");
+    err(&f.run("write_file", json!({"path": "t/x.rs", "content": "x"})));
+    // Reading build output is fine.
+    std::fs::write(f.root().join("target/log"), "built\n").expect("write");
+    assert!(ok(&f.run("read_file", json!({"path": "target/log"}))).contains("built"));
+    ok(&f.run("write_file", json!({"path": "targets/x.rs", "content": "x"})));
+}
+
+#[test]
+fn restoring_a_large_workspace_is_fast() {
+    let f = Fixture::new();
+    let root = f.root();
+    for dir in 0..100 {
+        let path = root.join(format!("d{dir}"));
+        std::fs::create_dir(&path).expect("mkdir");
+        for file in 0..200 {
+            std::fs::write(path.join(format!("f{file}.txt")), format!("{dir} {file}\n"))
+                .expect("write");
+        }
+    }
+    let snapshot = f.ws.snapshot("20 000 files").expect("snapshot");
+    std::fs::write(root.join("d3/f3.txt"), "changed").expect("write");
+    std::fs::write(root.join("new.txt"), "new").expect("write");
+    let started = std::time::Instant::now();
+    f.ws.restore(&snapshot).expect("restore");
+    let took = started.elapsed();
+    assert_eq!(std::fs::read_to_string(root.join("d3/f3.txt")).expect("read"), "3 3\n");
+    assert!(!root.join("new.txt").exists());
+    assert!(took < Duration::from_secs(10), "restoring 20 000 files took {took:?}");
+}
+
+// ---------------------------------------------------------------------------------------
 // Opening and seeding
 
 fn make_seed(dir: &Path) {
@@ -778,7 +955,7 @@ fn a_seed_is_copied_into_a_new_workspace() {
     assert_eq!(mode & 0o777, 0o755);
     assert!(std::fs::symlink_metadata(root.join("passwd_link")).is_err(), "symlink copied");
     assert!(!root.join(".git").exists(), ".git copied");
-    assert!(root.join(".baton/git/HEAD").exists());
+    assert!(git_dir(&f.top.join("runs"), root).join("HEAD").exists());
     assert_eq!(f.git(&["check-ignore", "-q", "target/x"]), "");
     assert!(ok(&f.run("list_dir", json!({}))).starts_with("README.md\nrun.sh\nsrc/"));
 }
@@ -797,7 +974,7 @@ fn opening_again_neither_reseeds_nor_reinits() {
     let root = f.root().to_path_buf();
 
     // While it is open, no one else may open it: one process drives a workspace.
-    let busy = LocalWorkspaces::new(f.top.join("runs"))
+    let busy = workspaces(&f.top.join("runs"))
         .open(&WorkspaceRequest { run_id: "run-1".to_owned(), dir: None, seed: None })
         .expect_err("the workspace is in use");
     assert!(busy.message.contains("another process is driving a run"), "{busy}");
@@ -813,7 +990,7 @@ fn opening_again_neither_reseeds_nor_reinits() {
     let named = top.join("named");
     std::fs::create_dir_all(&named).expect("mkdir");
     std::fs::write(named.join("mine.txt"), "mine").expect("write");
-    let ws = LocalWorkspaces::new(top.join("runs"))
+    let ws = workspaces(&top.join("runs"))
         .open(&WorkspaceRequest {
             run_id: "run-2".to_owned(),
             dir: Some(named.clone()),
@@ -822,7 +999,8 @@ fn opening_again_neither_reseeds_nor_reinits() {
         .expect("opens");
     assert_eq!(ws.root(), named);
     assert!(!named.join("README.md").exists());
-    assert!(named.join(".baton/git/HEAD").exists());
+    assert!(git_dir(&top.join("runs"), &named).join("HEAD").exists());
+    assert!(!named.join(".baton").exists());
 }
 
 #[test]
@@ -831,7 +1009,7 @@ fn seeds_over_the_limits_are_refused() {
     let big = std::fs::File::create(seed_dir.path().join("big.bin")).expect("create");
     big.set_len(SEED_BYTES_MAX + 1).expect("sparse file");
     let runs = tempfile::tempdir().expect("temp dir");
-    let error = LocalWorkspaces::new(runs.path())
+    let error = workspaces(runs.path())
         .open(&WorkspaceRequest {
             run_id: "run-1".to_owned(),
             dir: None,
@@ -847,7 +1025,7 @@ fn run_ids_must_be_plain_names() {
     let runs = tempfile::tempdir().expect("temp dir");
     for run_id in ["../escape", "a/b", ""] {
         let request = WorkspaceRequest { run_id: run_id.to_owned(), dir: None, seed: None };
-        assert!(LocalWorkspaces::new(runs.path()).open(&request).is_err(), "{run_id:?}");
+        assert!(workspaces(runs.path()).open(&request).is_err(), "{run_id:?}");
     }
     assert!(!runs.path().join("../escape").exists());
 }

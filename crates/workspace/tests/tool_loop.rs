@@ -3,17 +3,21 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 use baton_engine::clock::SystemClock;
 use baton_engine::event::EventData;
-use baton_engine::model::ScriptedModel;
+use baton_engine::model::{ScriptedModel, ScriptedResponse, ScriptedToolCall};
 use baton_engine::runner::Runtime;
 use baton_engine::state::Status;
 use baton_engine::store::MemoryStore;
 use baton_engine::verifier::Verifiers;
-use baton_engine::workspace::WorkspaceSetup;
+use baton_engine::workspace::{
+    ToolOutcome, Workspace, WorkspaceError, WorkspaceRequest, WorkspaceSetup, Workspaces,
+};
 use baton_engine::{Engine, Outcome};
 use baton_scenario::{Registry, Scenario};
 use baton_workspace::LocalWorkspaces;
@@ -34,17 +38,31 @@ fn scenario(dir: &Path, level_extra: &str, budget: &str) -> Arc<Scenario> {
 }
 
 async fn run(dir: &Path, scenario: &Arc<Scenario>, script: &str) -> (Engine, String, Outcome) {
+    run_model(dir, scenario, ScriptedModel::parse(script, "script.yaml").unwrap()).await
+}
+
+async fn run_model(
+    dir: &Path,
+    scenario: &Arc<Scenario>,
+    model: ScriptedModel,
+) -> (Engine, String, Outcome) {
+    let opener = Arc::new(LocalWorkspaces::new(dir.join("workspaces"), dir.join("snapshots")));
+    run_opened(dir, scenario, model, opener).await
+}
+
+async fn run_opened(
+    dir: &Path,
+    scenario: &Arc<Scenario>,
+    model: ScriptedModel,
+    opener: Arc<dyn Workspaces>,
+) -> (Engine, String, Outcome) {
     let engine = Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(Runtime {
-            model: Arc::new(ScriptedModel::parse(script, "script.yaml").unwrap()),
+            model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: dir.to_path_buf(),
-            workspaces: Some(WorkspaceSetup {
-                opener: Arc::new(LocalWorkspaces::new(dir.join("workspaces"))),
-                dir: None,
-                branch: None,
-            }),
+            workspaces: Some(WorkspaceSetup { opener, dir: None, branch: None }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
         }),
         Arc::new(SystemClock),
@@ -165,4 +183,205 @@ async fn a_model_failure_mid_loop_leaves_no_half_applied_edits() {
     assert!(state.levels["work"].error.as_deref().unwrap().contains("the provider went away"));
     let workspace = dir.path().join("workspaces").join(&run_id);
     assert!(!workspace.join("half.txt").exists());
+}
+
+fn turn(calls: Vec<(&str, serde_json::Value)>) -> ScriptedResponse {
+    ScriptedResponse {
+        tool_calls: calls
+            .into_iter()
+            .map(|(name, arguments)| ScriptedToolCall {
+                id: None,
+                name: name.to_owned(),
+                arguments: Some(arguments),
+            })
+            .collect(),
+        ..ScriptedResponse::default()
+    }
+}
+
+fn logged_bytes(events: &[EventData]) -> usize {
+    events.iter().map(|e| serde_json::to_string(e).unwrap().len()).sum()
+}
+
+#[tokio::test]
+async fn an_oversized_argument_is_refused_and_not_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let huge = "x".repeat(15 * 1024 * 1024);
+    let fine = "y".repeat(100 * 1024);
+    let model = ScriptedModel::default().with_level(
+        "work",
+        vec![
+            turn(vec![
+                ("write_file", serde_json::json!({"path": "huge.txt", "content": huge})),
+                ("write_file", serde_json::json!({"path": "fine.txt", "content": fine})),
+            ]),
+            turn(vec![("finish", serde_json::json!({"summary": "done"}))]),
+        ],
+    );
+    let (engine, run_id, outcome) = run_model(dir.path(), &s, model).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let events = kinds(&engine, &run_id).await;
+    let refusal = events
+        .iter()
+        .find_map(|e| match e {
+            EventData::ToolResult(r) if r.is_error => Some(r.content.clone()),
+            _ => None,
+        })
+        .expect("the oversized call is refused");
+    assert!(refusal.contains("15728672 bytes") && refusal.contains("at most"), "{refusal}");
+    // Canary: the huge file was not written; control: the ordinary one was.
+    let root = dir.path().join("workspaces").join(&run_id);
+    assert!(!root.join("huge.txt").exists());
+    assert_eq!(std::fs::read(root.join("fine.txt")).unwrap().len(), 100 * 1024);
+    // The whole run's log holds the ordinary call (twice: response and call), not 31 MB.
+    let bytes = logged_bytes(&events);
+    assert!(bytes < 400 * 1024, "the run logged {bytes} bytes");
+}
+
+#[tokio::test]
+async fn many_calls_in_one_turn_are_capped_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let part = "z".repeat(900 * 1024);
+    let calls = (0..8)
+        .map(|n| ("write_file", serde_json::json!({"path": format!("p{n}.txt"), "content": part})))
+        .collect();
+    let model = ScriptedModel::default().with_level(
+        "work",
+        vec![turn(calls), turn(vec![("finish", serde_json::json!({"summary": "done"}))])],
+    );
+    let (engine, run_id, outcome) = run_model(dir.path(), &s, model).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let events = kinds(&engine, &run_id).await;
+    let root = dir.path().join("workspaces").join(&run_id);
+    let written = (0..8).filter(|n| root.join(format!("p{n}.txt")).exists()).count();
+    assert_eq!(written, 4, "the turn's first 4 MiB of arguments run, the rest is refused");
+    let bytes = logged_bytes(&events);
+    assert!(bytes < 2 * 4 * 1024 * 1024 + 512 * 1024, "the turn logged {bytes} bytes");
+}
+
+#[tokio::test]
+async fn edit_file_with_a_long_repetitive_needle_is_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let content = "a".repeat(1_048_000);
+    let needle = "a".repeat(1_000_000);
+    let model = ScriptedModel::default().with_level(
+        "work",
+        vec![
+            turn(vec![("write_file", serde_json::json!({"path": "big.txt", "content": content}))]),
+            turn(vec![
+                (
+                    "edit_file",
+                    serde_json::json!({"path": "big.txt", "old_string": needle, "new_string": "b"}),
+                ),
+                ("write_file", serde_json::json!({"path": "small.txt", "content": "one two\n"})),
+                (
+                    "edit_file",
+                    serde_json::json!({"path": "small.txt", "old_string": "two", "new_string": "2"}),
+                ),
+            ]),
+            turn(vec![("finish", serde_json::json!({"summary": "done"}))]),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let (engine, run_id, outcome) = run_model(dir.path(), &s, model).await;
+    let took = started.elapsed();
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    assert!(took < std::time::Duration::from_secs(20), "the run took {took:?}");
+    let events = kinds(&engine, &run_id).await;
+    assert!(
+        events.iter().any(|e| matches!(e, EventData::ToolResult(r)
+            if r.is_error && r.content.contains("occurs 48001 times"))),
+        "the repetitive needle is counted, not applied"
+    );
+    // Control: an ordinary edit in the same turn works.
+    let root = dir.path().join("workspaces").join(&run_id);
+    assert_eq!(std::fs::read_to_string(root.join("small.txt")).unwrap(), "one 2\n");
+}
+
+/// Workspaces whose `list_dir` takes three seconds and notes the thread it ran on.
+#[derive(Debug)]
+struct SlowWorkspaces {
+    inner: LocalWorkspaces,
+    threads: Arc<Mutex<Vec<ThreadId>>>,
+}
+
+#[derive(Debug)]
+struct SlowWorkspace {
+    inner: Arc<dyn Workspace>,
+    threads: Arc<Mutex<Vec<ThreadId>>>,
+}
+
+impl Workspaces for SlowWorkspaces {
+    fn open(&self, request: &WorkspaceRequest) -> Result<Arc<dyn Workspace>, WorkspaceError> {
+        let inner = self.inner.open(request)?;
+        Ok(Arc::new(SlowWorkspace { inner, threads: Arc::clone(&self.threads) }))
+    }
+}
+
+impl Workspace for SlowWorkspace {
+    fn root(&self) -> &Path {
+        self.inner.root()
+    }
+
+    fn execute(
+        &self,
+        tool: &str,
+        arguments: &serde_json::Value,
+        touched: &mut BTreeSet<String>,
+        max_touched: usize,
+    ) -> ToolOutcome {
+        if tool == "list_dir" {
+            self.threads.lock().unwrap().push(std::thread::current().id());
+            std::thread::sleep(std::time::Duration::from_secs(3));
+        }
+        self.inner.execute(tool, arguments, touched, max_touched)
+    }
+
+    fn snapshot(&self, message: &str) -> Result<String, WorkspaceError> {
+        self.inner.snapshot(message)
+    }
+
+    fn restore(&self, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.inner.restore(snapshot)
+    }
+
+    fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.inner.branch(name, snapshot)
+    }
+}
+
+// One runtime thread: a tool run on it would stop the heartbeats until it returned.
+#[tokio::test(flavor = "current_thread")]
+async fn a_long_tool_call_runs_off_the_async_thread_and_heartbeats_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let opener = Arc::new(SlowWorkspaces {
+        inner: LocalWorkspaces::new(dir.path().join("workspaces"), dir.path().join("snapshots")),
+        threads: Arc::clone(&threads),
+    });
+    let model = ScriptedModel::default().with_level(
+        "work",
+        vec![
+            turn(vec![("list_dir", serde_json::json!({}))]),
+            turn(vec![("finish", serde_json::json!({"summary": "done"}))]),
+        ],
+    );
+    let (engine, run_id, outcome) = run_opened(dir.path(), &s, model, opener).await;
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let ran_on = threads.lock().unwrap().clone();
+    assert_eq!(ran_on.len(), 1);
+    assert_ne!(ran_on[0], std::thread::current().id(), "the tool ran on the async thread");
+    let events = kinds(&engine, &run_id).await;
+    let beats: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventData::Heartbeat(h) => Some(h.tool_calls),
+            _ => None,
+        })
+        .collect();
+    assert!(!beats.is_empty() && beats.iter().all(|&calls| calls == 1), "{beats:?}");
 }
