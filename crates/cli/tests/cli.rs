@@ -1608,7 +1608,7 @@ fn cancelling_a_run_whose_driver_died_ends_it_and_restores_its_workspace() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(left, [".baton"], "the run's files are gone");
+    assert!(left.is_empty(), "the run's files are gone: {left:?}");
     let events = events_of(&db, &run);
     assert_eq!(events.last().unwrap()["data"]["status"], "cancelled");
     let _ = std::fs::remove_dir_all(dir);

@@ -410,6 +410,7 @@ levels:
     prompt: {inline: \"{% if previous is defined %}retry of {{ previous.attempt }}: {{ previous.output }} / {{ previous.verdict }} / {{ previous.feedback }}{% else %}first{% endif %}\"}
     response: verdict
 edges:
+  - {from: a, to: __end__, when: \"verdict == 'PASS'\"}
   - {from: a, to: a}
 ",
     );
