@@ -637,7 +637,7 @@ fn read_data(path: &Path) -> anyhow::Result<Value> {
 /// An engine that records decisions and answers: it needs no scenario, so it works from a
 /// directory where the scenarios do not load.
 fn decision_engine(place: &Place) -> anyhow::Result<Engine> {
-    let store = open_store(place)?;
+    let store = open_existing_store(place)?;
     Ok(probe_engine(place, &store, &Registry::default()))
 }
 

@@ -1208,6 +1208,8 @@ fn read_only_commands_never_create_a_database_and_open_errors_say_why() {
         vec!["cassette", "export", "0190"],
         vec!["cancel", "0190"],
         vec!["resume", "0190"],
+        vec!["approve", "0190"],
+        vec!["answer", "0190", "--answer", "1"],
     ] {
         let out = baton_db(&typo, &args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
