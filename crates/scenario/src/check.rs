@@ -337,6 +337,7 @@ impl Checker<'_> {
             metadata: raw.metadata.as_ref().map(|m| m.value.clone()).unwrap_or_default(),
             workspace_seed,
             checksum: String::new(),
+            texts: Default::default(),
             file: file.to_owned(),
             outgoing,
             index,
@@ -361,7 +362,9 @@ impl Checker<'_> {
         for w in graph::constant_exit_warnings(&scenario, &edge_pos) {
             self.diags.push(w);
         }
-        scenario.checksum = checksum(node, self.files);
+        let (sum, texts) = checksum(node, self.files);
+        scenario.checksum = sum;
+        scenario.texts = std::sync::Arc::new(texts);
         Some(scenario)
     }
 
@@ -1294,10 +1297,11 @@ fn is_registry_config(rules: &str) -> bool {
         || rules.starts_with("https://")
 }
 
-/// The sha256 of the canonical scenario and of every file it read.
-fn checksum(node: &Node, files: &mut Files) -> String {
+/// The sha256 of the canonical scenario and of every file it read, and those texts.
+fn checksum(node: &Node, files: &mut Files) -> (String, crate::model::Texts) {
     let mut canonical = String::new();
     node.write_canonical(&mut canonical);
+    let read = files.touched_texts();
     let mut hasher = Sha256::new();
     hasher.update(canonical.as_bytes());
     for (name, text) in files.take_touched() {
@@ -1306,7 +1310,8 @@ fn checksum(node: &Node, files: &mut Files) -> String {
         hasher.update(b"\0");
         hasher.update(text.as_bytes());
     }
-    hex(&hasher.finalize())
+    let sum = hex(&hasher.finalize());
+    (sum, crate::model::Texts { canonical, files: read })
 }
 
 /// Lower-case hex of bytes.

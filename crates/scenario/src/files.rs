@@ -5,7 +5,7 @@
 //! per load, however many levels refer to it; its problems are reported once, in the file
 //! itself, while a missing file is reported at every reference.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -54,6 +54,11 @@ pub struct Files {
     seeds: HashMap<String, Result<(PathBuf, Arc<str>), Problem>>,
     /// Files referenced since the last [`Files::take_touched`], for one scenario's checksum.
     touched: Vec<(&'static str, String)>,
+    /// The texts to read instead of the directory (a run's stored version), by relative
+    /// path; seed manifests under `seed:PATH`. `None` reads the directory.
+    memory: Option<BTreeMap<String, String>>,
+    /// Every text read, as read, by relative path: what a run needs to load it again.
+    raw: HashMap<String, Arc<str>>,
 }
 
 impl Files {
@@ -67,7 +72,16 @@ impl Files {
             plain: HashMap::new(),
             seeds: HashMap::new(),
             touched: Vec::new(),
+            memory: None,
+            raw: HashMap::new(),
         }
+    }
+
+    /// Files read from `texts` (relative path → contents, seed manifests under
+    /// `seed:PATH`) instead of the directory, checked exactly as files on disk are; `root`
+    /// is where seed directories are found when a workspace is made.
+    pub fn in_memory(root: impl Into<PathBuf>, texts: BTreeMap<String, String>) -> Self {
+        Files { memory: Some(texts), ..Files::new(root) }
     }
 
     /// The scenarios directory.
@@ -200,7 +214,12 @@ impl Files {
     pub fn seed(&mut self, rel: &str, at: Pos, diags: &mut Diagnostics) -> Option<PathBuf> {
         self.touched.push(("seed", rel.to_owned()));
         if !self.seeds.contains_key(rel) {
+            let stored = self.memory.as_ref().map(|m| m.get(&format!("{SEED_PREFIX}{rel}")));
             let result = self.resolve(rel).and_then(|dir| {
+                if let Some(stored) = stored {
+                    let manifest = stored.ok_or_else(|| not_stored(rel))?;
+                    return Ok((dir, Arc::from(manifest.as_str())));
+                }
                 let manifest = seed_manifest(&dir).map_err(|why| {
                     Problem::AtReference(
                         format!("seed directory `{rel}` {why}"),
@@ -238,13 +257,53 @@ impl Files {
         out
     }
 
+    /// The texts the files referenced since the last [`Files::take_touched`] were read
+    /// from, by relative path (seed manifests under `seed:PATH`): with the canonical
+    /// scenario, all [`Files::in_memory`] needs to load the same scenario again.
+    pub fn touched_texts(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for (kind, key) in &self.touched {
+            let (rel, text) = match *kind {
+                "rubric" => {
+                    let rel = format!("rubrics/{key}.md");
+                    let text = self.raw.get(&rel).map(|t| t.to_string());
+                    (rel, text)
+                }
+                "seed" => (
+                    format!("{SEED_PREFIX}{key}"),
+                    self.seeds.get(key).and_then(|r| r.as_ref().ok()).map(|(_, m)| m.to_string()),
+                ),
+                _ => (key.clone(), self.raw.get(key).map(|t| t.to_string())),
+            };
+            if let Some(text) = text {
+                out.insert(rel, text);
+            }
+        }
+        out
+    }
+
     fn read(
-        &self,
+        &mut self,
         rel: &str,
         bytes_max: usize,
         sources: &mut Sources,
     ) -> Result<(String, SourceId), Problem> {
         let path = self.resolve(rel)?;
+        if let Some(memory) = &self.memory {
+            let text = memory.get(rel).ok_or_else(|| not_stored(rel))?;
+            if text.len() > bytes_max {
+                return Err(Problem::AtReference(
+                    format!("`{rel}` is {} bytes; the limit is {bytes_max}", text.len()),
+                    "file-too-large",
+                    "shorten the file".to_owned(),
+                ));
+            }
+            let text = text.clone();
+            self.raw.insert(rel.to_owned(), Arc::from(text.as_str()));
+            let name = format!("{} (stored)", self.root.join(rel).display());
+            let source = sources.add(name, text.clone());
+            return Ok((text, source));
+        }
         let metadata = std::fs::metadata(&path).map_err(|_| {
             Problem::AtReference(
                 format!("`{rel}` does not exist"),
@@ -283,6 +342,7 @@ impl Files {
                 "save the file as UTF-8".to_owned(),
             )
         })?;
+        self.raw.insert(rel.to_owned(), Arc::from(text.as_str()));
         let name = self.root.join(rel).display().to_string();
         let source = sources.add(name, text.clone());
         Ok((text, source))
@@ -309,6 +369,9 @@ impl Files {
             }
         }
         let full = self.root.join(path);
+        if self.memory.is_some() {
+            return Ok(full);
+        }
         if let (Ok(real), Ok(root)) = (full.canonicalize(), self.root.canonicalize())
             && !real.starts_with(&root)
         {
@@ -316,6 +379,18 @@ impl Files {
         }
         Ok(full)
     }
+}
+
+/// The key under which a seed directory's manifest is kept among a scenario's texts.
+pub const SEED_PREFIX: &str = "seed:";
+
+/// A file a stored scenario version does not hold.
+fn not_stored(rel: &str) -> Problem {
+    Problem::AtReference(
+        format!("`{rel}` is not among the scenario's stored texts"),
+        "missing-file",
+        "the stored version is incomplete; resume with `--upgrade` to move the run to the scenario files as they are now".to_owned(),
+    )
 }
 
 /// One line per file of a seed directory, sorted: its relative path and sha256. Symlinks

@@ -26,6 +26,6 @@ mod suggest;
 pub mod template;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
-pub use model::{Level, LevelKind, Scenario};
+pub use model::{Level, LevelKind, Scenario, Texts};
 pub use registry::{LoadError, Loaded, Registry, RegistryHandle};
 pub use source::{Pos, SourceId, Sources};

@@ -26,6 +26,16 @@ pub const END: &str = "__end__";
 /// The target of edges that end the run as failed (the path that must not report success).
 pub const FAIL: &str = "__fail__";
 
+/// The texts of one scenario version: its canonical form and every template, rubric,
+/// schema and rules file it read (by path relative to the scenarios directory; a seed
+/// directory's manifest under [`crate::files::SEED_PREFIX`]). Their checksum is the
+/// scenario's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Texts {
+    pub canonical: String,
+    pub files: std::collections::BTreeMap<String, String>,
+}
+
 /// A checked scenario.
 #[derive(Debug)]
 pub struct Scenario {
@@ -48,6 +58,9 @@ pub struct Scenario {
     pub workspace_seed: Option<std::path::PathBuf>,
     /// sha256 (hex) of the canonical scenario plus every template, rubric and schema it reads.
     pub checksum: String,
+    /// The canonical scenario and every file it read, as read: what loads this exact
+    /// version again without its directory ([`crate::Registry::load_texts`]).
+    pub texts: std::sync::Arc<Texts>,
     /// The file it was loaded from.
     pub file: String,
     /// Outgoing edge indexes of each level, in declared order.

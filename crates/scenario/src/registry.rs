@@ -148,6 +148,36 @@ impl Registry {
         Ok(Loaded { registry, warnings: diags })
     }
 
+    /// Loads one scenario version from its stored texts instead of its directory: the
+    /// canonical scenario is parsed and checked exactly like a file, and every template,
+    /// rubric, schema and rules file is read from `texts` (see [`Files::in_memory`]).
+    /// `root` is the scenarios directory (where a seed directory is found); `name` names the
+    /// version in messages. The caller compares the loaded checksum with the one it expects.
+    pub fn load_texts(
+        name: &str,
+        root: &Path,
+        texts: &crate::model::Texts,
+    ) -> Result<Arc<Scenario>, LoadError> {
+        let mut sources = Sources::new();
+        let mut diags = Diagnostics::new();
+        let source = sources.add(name, texts.canonical.clone());
+        let node = match Node::parse(&texts.canonical, source) {
+            Ok(node) => Some(node),
+            Err(d) => {
+                diags.push(d);
+                None
+            }
+        };
+        let mut files = Files::in_memory(root, texts.files.clone());
+        let scenario =
+            node.and_then(|node| check::check(&node, name, &mut files, &mut sources, &mut diags));
+        diags.locate(&sources);
+        match scenario {
+            Some(scenario) if !diags.has_errors() => Ok(Arc::new(scenario)),
+            _ => Err(LoadError { diagnostics: diags }),
+        }
+    }
+
     /// Builds the route index; two scenarios claiming one route is an error.
     fn index_routes(&mut self, sources: &Sources, diags: &mut Diagnostics) {
         self.routes.clear();

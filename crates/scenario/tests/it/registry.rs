@@ -182,3 +182,42 @@ fn an_oversized_file_is_refused_before_parsing() {
     let err = Registry::load(&[dir.path()]).unwrap_err();
     assert!(err.diagnostics.render().contains("file-too-large"));
 }
+
+#[test]
+fn every_bundled_scenario_loads_again_from_its_stored_texts_with_the_same_checksum() {
+    let loaded = Registry::load(&[crate::bundled_dir()]).unwrap();
+    assert!(!loaded.registry.is_empty());
+    // Nothing on disk is read: the stored texts are loaded over a directory that is empty.
+    let empty = TempDir::new("texts-empty");
+    for scenario in loaded.registry.scenarios() {
+        let again = Registry::load_texts(&scenario.file, empty.path(), &scenario.texts)
+            .unwrap_or_else(|e| panic!("{}: {e}", scenario.id));
+        assert_eq!(again.checksum, scenario.checksum, "{}", scenario.id);
+        assert_eq!(again.texts, scenario.texts, "{}", scenario.id);
+    }
+}
+
+#[test]
+fn stored_texts_are_checked_like_files_and_name_what_is_missing() {
+    let dir = dir_with_base("texts-checked");
+    let loaded = Registry::load(&[dir.path()]).unwrap();
+    let qa = loaded.registry.get("qa").unwrap();
+    assert_eq!(qa.texts.files.keys().collect::<Vec<_>>(), ["prompts/answer.j2"]);
+    // The directory changes; the stored texts do not.
+    dir.write("prompts/answer.j2", "Changed: {{ input }}");
+    let again = Registry::load_texts("qa (stored)", dir.path(), &qa.texts).unwrap();
+    assert_eq!(again.checksum, qa.checksum);
+
+    let mut missing = (*qa.texts).clone();
+    missing.files.clear();
+    let err = Registry::load_texts("qa (stored)", dir.path(), &missing).unwrap_err();
+    assert!(
+        err.to_string().contains("`prompts/answer.j2` is not among the scenario's stored texts"),
+        "{err}"
+    );
+
+    let mut broken = (*qa.texts).clone();
+    broken.files.insert("prompts/answer.j2".to_owned(), "{{ nope }}".to_owned());
+    let err = Registry::load_texts("qa (stored)", dir.path(), &broken).unwrap_err();
+    assert!(err.to_string().contains("`nope`"), "{err}");
+}
