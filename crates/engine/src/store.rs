@@ -164,6 +164,22 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// the operating system or the database releases with its holder).
     fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>>;
 
+    /// Keeps a scenario version's texts (the JSON of `baton_scenario::Texts`: the canonical
+    /// scenario and every file it read) under its checksum, once: true when this call wrote
+    /// them; false when that checksum was kept already, whose first copy stays untouched.
+    fn put_scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+        scenario_id: &'a str,
+        texts: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The texts kept under a scenario version's checksum, if any.
+    fn scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, Error>>;
+
     /// Resolves once the run has an event numbered above `after`, or after `timeout`;
     /// true when there is one. The default polls; stores that can notify do better.
     fn wait_for_events<'a>(
@@ -264,6 +280,8 @@ pub struct MemoryStore {
     leases: Arc<Mutex<BTreeMap<String, Lease>>>,
     held: Arc<Mutex<std::collections::BTreeSet<String>>>,
     appended: Arc<tokio::sync::Notify>,
+    /// Scenario texts by checksum: (scenario id, texts).
+    texts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
 }
 
 impl MemoryStore {
@@ -290,6 +308,29 @@ impl MemoryStore {
 }
 
 impl EventStore for MemoryStore {
+    fn put_scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+        scenario_id: &'a str,
+        texts: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut kept = lock(&self.texts);
+            if kept.contains_key(checksum) {
+                return Ok(false);
+            }
+            kept.insert(checksum.to_owned(), (scenario_id.to_owned(), texts.to_owned()));
+            Ok(true)
+        })
+    }
+
+    fn scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        Box::pin(async move { Ok(lock(&self.texts).get(checksum).map(|(_, t)| t.clone())) })
+    }
+
     fn create_run<'a>(
         &'a self,
         run: &'a RunRecord,
@@ -524,6 +565,21 @@ pub mod conformance {
         one_driver_at_a_time(store, &format!("{prefix}-h")).await;
         waiting_for_events(store, &format!("{prefix}-w")).await;
         the_chain_is_the_engines(store, &format!("{prefix}-chain")).await;
+        scenario_texts_are_kept_once(store, prefix).await;
+    }
+
+    /// A scenario version's texts are kept under its checksum by the first writer; a
+    /// second write of the same checksum changes nothing and says so.
+    async fn scenario_texts_are_kept_once(store: &dyn EventStore, prefix: &str) {
+        let sum = format!("{prefix}-sum");
+        assert_eq!(store.scenario_texts(&sum).await.unwrap(), None);
+        assert!(store.put_scenario_texts(&sum, "qa", "{\"first\":1}").await.unwrap());
+        assert!(!store.put_scenario_texts(&sum, "qa", "{\"second\":2}").await.unwrap());
+        assert_eq!(store.scenario_texts(&sum).await.unwrap().as_deref(), Some("{\"first\":1}"));
+        let other = format!("{prefix}-other");
+        assert!(store.put_scenario_texts(&other, "qa", "{}").await.unwrap());
+        assert_eq!(store.scenario_texts(&other).await.unwrap().as_deref(), Some("{}"));
+        assert_eq!(store.scenario_texts(&sum).await.unwrap().as_deref(), Some("{\"first\":1}"));
     }
 
     /// One edit of a stored log, as a bad disk, a careless hand or a bug in a store makes

@@ -39,6 +39,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration { sql: include_str!("../migrations/0001_init.sql"), then: None },
     Migration { sql: include_str!("../migrations/0002_leases.sql"), then: None },
     Migration { sql: include_str!("../migrations/0003_chain.sql"), then: Some(hash_existing_runs) },
+    Migration { sql: include_str!("../migrations/0004_scenario_texts.sql"), then: None },
 ];
 
 /// Tries to take a run's lock file when the file keeps being replaced under us (each
@@ -63,6 +64,8 @@ enum Request {
     Runs { status: Option<String>, reply: Reply<Vec<RunRecord>> },
     Lease(LeaseOp, Reply<LeaseAnswer>),
     Checkpoint(Reply<()>),
+    PutTexts { checksum: String, scenario_id: String, texts: String, reply: Reply<bool> },
+    Texts { checksum: String, reply: Reply<Option<String>> },
 }
 
 /// A change to a lease, done by the writer thread.
@@ -687,6 +690,37 @@ fn read(conn: &Connection, r: Request) {
         Request::Runs { status, reply } => {
             let _ = reply.send(runs(conn, status.as_deref()));
         }
+        Request::PutTexts { checksum, scenario_id, texts, reply } => {
+            // One statement, committed on its own; the first copy of a checksum stays.
+            let written = conn
+                .execute(
+                    "INSERT INTO scenario_texts (checksum, scenario_id, texts) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (checksum) DO NOTHING",
+                    params![checksum, scenario_id, texts],
+                )
+                .map(|n| n == 1)
+                .map_err(|e| {
+                    Error::Backend(format!(
+                        "cannot keep the texts of scenario `{scenario_id}` version {checksum}: {e}"
+                    ))
+                });
+            let _ = reply.send(written);
+        }
+        Request::Texts { checksum, reply } => {
+            let texts = conn
+                .query_row(
+                    "SELECT texts FROM scenario_texts WHERE checksum = ?1",
+                    [&checksum],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .map_err(|e| {
+                    Error::Backend(format!(
+                        "cannot read the texts of scenario version {checksum}: {e}"
+                    ))
+                });
+            let _ = reply.send(texts);
+        }
         _ => {}
     }
 }
@@ -883,6 +917,27 @@ impl EventStore for SqliteStore {
 
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(self.ask(|reply| Request::Run { run_id: run_id.to_owned(), reply }))
+    }
+
+    fn put_scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+        scenario_id: &'a str,
+        texts: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.ask(|reply| Request::PutTexts {
+            checksum: checksum.to_owned(),
+            scenario_id: scenario_id.to_owned(),
+            texts: texts.to_owned(),
+            reply,
+        }))
+    }
+
+    fn scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        Box::pin(self.ask(|reply| Request::Texts { checksum: checksum.to_owned(), reply }))
     }
 
     fn claim<'a>(

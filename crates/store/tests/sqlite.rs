@@ -149,11 +149,11 @@ async fn migration_0003_chains_the_runs_already_stored() {
     store.create_run(&record("empty"), Vec::new()).await.unwrap();
     let before = store.verify("old").await.unwrap();
     drop(store);
-    // Back to schema 2: no hashes.
+    // Back to schema 2: no hashes (and none of the later tables).
     let conn = rusqlite::Connection::open(&db).unwrap();
     conn.execute_batch(
         "ALTER TABLE events DROP COLUMN hash; ALTER TABLE runs DROP COLUMN head_hash;
-         DELETE FROM schema_version WHERE version = 3;",
+         DROP TABLE scenario_texts; DELETE FROM schema_version WHERE version >= 3;",
     )
     .unwrap();
     drop(conn);
@@ -164,6 +164,28 @@ async fn migration_0003_chains_the_runs_already_stored() {
     assert_eq!(store.verify("empty").await.unwrap().last_seq, 0);
     store.append("old", 5, warnings(5, 1), "running").await.unwrap();
     assert_eq!(store.load("old", 0).await.unwrap().len(), 5);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn migration_0004_keeps_scenario_texts_in_a_database_from_before() {
+    let (dir, db) = fresh_db("migrate-texts");
+    let store = SqliteStore::open(&db).unwrap();
+    store.create_run(&record("old"), warnings(1, 2)).await.unwrap();
+    drop(store);
+    // Back to schema 3: no scenario texts.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("DROP TABLE scenario_texts; DELETE FROM schema_version WHERE version = 4;")
+        .unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&db).unwrap();
+    assert_eq!(store.load("old", 0).await.unwrap().len(), 2);
+    assert_eq!(store.scenario_texts("abc").await.unwrap(), None);
+    assert!(store.put_scenario_texts("abc", "qa", "{}").await.unwrap());
+    assert!(!store.put_scenario_texts("abc", "qa", "{\"x\":1}").await.unwrap());
+    drop(store);
+    let store = SqliteStore::open(&db).unwrap();
+    assert_eq!(store.scenario_texts("abc").await.unwrap().as_deref(), Some("{}"));
     let _ = std::fs::remove_dir_all(dir);
 }
 

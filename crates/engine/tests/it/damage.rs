@@ -157,6 +157,20 @@ impl EventStore for Conflicting {
     ) -> BoxFuture<'a, Result<Vec<RunRecord>, store::Error>> {
         self.inner.runs(status)
     }
+    fn put_scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+        scenario_id: &'a str,
+        texts: &'a str,
+    ) -> BoxFuture<'a, Result<bool, store::Error>> {
+        self.inner.put_scenario_texts(checksum, scenario_id, texts)
+    }
+    fn scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, store::Error>> {
+        self.inner.scenario_texts(checksum)
+    }
     fn claim<'a>(
         &'a self,
         worker: &'a str,
