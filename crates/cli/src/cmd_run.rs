@@ -12,6 +12,7 @@ use baton_engine::cassette;
 use baton_engine::clock::SystemClock;
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::{ModelProvider, ScriptedModel};
+use baton_engine::pinning::Upgrade;
 use baton_engine::runner::Runtime;
 use baton_engine::store::EventStore;
 use baton_engine::verifier::Verifiers;
@@ -386,22 +387,96 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     drive(&engine, &run_id, &scenario, args.json, 0, Some(first)).await
 }
 
+/// Continues a run on the scenario version it started with (or was last moved to), which
+/// the store keeps; with `upgrade`, moves it to the scenario's current version first.
 pub(crate) async fn resume(
     place: &Place,
     run_id: &str,
     script: Option<&Path>,
     json: bool,
+    upgrade: bool,
 ) -> anyhow::Result<ExitCode> {
-    let registry = registry(place)?;
     let store = open_existing_store(place)?;
-    let probe = probe_engine(place, &store, &registry);
+    let probe = probe_engine(place, &store, &Registry::default());
     let state = probe.state(run_id).await.with_context(|| format!("cannot read run {run_id}"))?;
-    let scenario = find_scenario(&registry, &state.scenario_id, place)?;
+    let (scenario, registry) = if upgrade {
+        let registry = registry(place)?;
+        let current = find_scenario(&registry, &state.scenario_id, place)?;
+        match probe.upgrade(run_id, &current).await? {
+            Upgrade::Moved(u) if json => {
+                eprintln!("run {run_id} moved from version {} to {}", u.from_version, u.version);
+            }
+            Upgrade::Moved(_) => {}
+            Upgrade::Current => eprintln!(
+                "run {run_id} already is on the current version of scenario `{}`; nothing to upgrade",
+                current.id
+            ),
+        }
+        (current, registry)
+    } else {
+        let scenario = run_scenario(place, &probe, &state, run_id).await?;
+        // The catalog (what a classifier level may route to) is the directory's when it
+        // loads; the run's own scenario never depends on it.
+        let registry = Registry::load(&[&place.scenarios]).map(|l| l.registry).unwrap_or_default();
+        (scenario, registry)
+    };
     let model = recorded_model(state.model_source.as_deref(), script, place.config.as_deref())?;
     let engine = engine(store, model, &registry, workspace_setup(place, None, None));
     // Show the decision or answer that led here, then what follows.
     let from = state.last_seq.saturating_sub(1);
     drive(&engine, run_id, &scenario, json, from, None).await
+}
+
+/// The scenario version a run continues on: loaded from the texts the store keeps under
+/// the run's checksum, checked like files and required to hash to that checksum. A run
+/// from before versions were kept continues from the scenarios directory when its files
+/// still hash to the run's checksum (and its texts are kept from then on); else the error
+/// says how to go on.
+async fn run_scenario(
+    place: &Place,
+    probe: &Engine,
+    state: &baton_engine::RunState,
+    run_id: &str,
+) -> anyhow::Result<Arc<Scenario>> {
+    let short: String = state.checksum.chars().take(12).collect();
+    if let Some(texts) = probe.kept_texts(&state.checksum).await? {
+        let name = format!(
+            "{} (version {} of run {run_id}, {short}…, as stored)",
+            state.scenario_id, state.scenario_version
+        );
+        let scenario = Registry::load_texts(&name, &place.scenarios, &texts).map_err(|e| {
+            eprint!("{}", e.diagnostics.render());
+            anyhow::anyhow!(
+                "run {run_id}: the stored version of scenario `{}` ({short}…) does not load ({e}); move the run to the current files with `baton resume {run_id} --upgrade`",
+                state.scenario_id
+            )
+        })?;
+        if scenario.checksum != state.checksum {
+            bail!(
+                "run {run_id}: the stored texts of scenario `{}` hash to {}, not to the run's checksum {}; the database was changed — restore it from a backup, or move the run to the current files with `baton resume {run_id} --upgrade`",
+                state.scenario_id,
+                scenario.checksum,
+                state.checksum
+            );
+        }
+        return Ok(scenario);
+    }
+    let registry = registry(place).with_context(|| {
+        format!("run {run_id} started before Baton kept scenario versions, so it resumes only from the files it started with")
+    })?;
+    let scenario = find_scenario(&registry, &state.scenario_id, place)?;
+    if scenario.checksum != state.checksum {
+        bail!(
+            "run {run_id} started before Baton kept scenario versions, and scenario `{}` in {} has changed since (checksum {} then, {} now); restore the files it started with to resume it there, or move it to the current files with `baton resume {run_id} --upgrade`",
+            state.scenario_id,
+            place.scenarios.display(),
+            state.checksum,
+            scenario.checksum
+        );
+    }
+    // From here on the run keeps its version whatever happens to the files.
+    probe.keep_texts(&scenario).await?;
+    Ok(scenario)
 }
 
 async fn drive(
@@ -641,25 +716,23 @@ fn decision_engine(place: &Place) -> anyhow::Result<Engine> {
     Ok(probe_engine(place, &store, &Registry::default()))
 }
 
-/// Continues a run after a decision or an answer was recorded, when its scenario loads
-/// here; else says where to continue it (exit 0: what was asked is recorded).
+/// Continues a run after a decision or an answer was recorded, on the scenario version it
+/// started with; when that cannot be loaded here, says why and how to continue it (exit 0:
+/// what was asked is recorded).
 async fn continue_run(
     place: &Place,
     run_id: &str,
     script: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
-    let state = decision_engine(place)?.state(run_id).await?;
-    let loads = Registry::load(&[&place.scenarios])
-        .is_ok_and(|loaded| loaded.registry.get(&state.scenario_id).is_some());
-    if !loads {
+    let probe = decision_engine(place)?;
+    let state = probe.state(run_id).await?;
+    if let Err(e) = run_scenario(place, &probe, &state, run_id).await {
         eprintln!(
-            "the run is not continued here: scenario `{}` does not load from {}; continue it with `baton resume {run_id}` from where the scenarios load (or with --scenarios DIR)",
-            state.scenario_id,
-            place.scenarios.display()
+            "the run is not continued here: {e:#}; continue it with `baton resume {run_id}` once that is fixed"
         );
         return Ok(ExitCode::SUCCESS);
     }
-    resume(place, run_id, script, false).await
+    resume(place, run_id, script, false, false).await
 }
 
 pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow::Result<ExitCode> {

@@ -109,11 +109,16 @@ enum Command {
         script: Option<PathBuf>,
         #[arg(long)]
         json: bool,
+        /// Move the run to the scenario's current version (its files as they are now)
+        /// before continuing it, instead of the version it started with; recorded as a
+        /// `scenario_upgraded` event, refused when a level it already ran is gone.
+        #[arg(long)]
+        upgrade: bool,
     },
     /// Approve (or reject) an approval request of a paused run, then continue it.
     ///
-    /// The decision is recorded without loading the scenarios; the run is continued only
-    /// where they load (else the command says to run `baton resume RUN` there).
+    /// The decision is recorded without loading the scenarios; the run then continues on
+    /// the scenario version it started with, which the store keeps.
     Approve {
         run: String,
         /// The request to decide (listed by `baton runs`, `baton events` and a paused run);
@@ -340,8 +345,8 @@ fn main() -> ExitCode {
         Command::Cassette(CassetteCommand::Export { run, out }) => {
             runtime.block_on(cmd_run::export_cassette(&place, &run, out.as_deref()))
         }
-        Command::Resume { run, script, json } => {
-            runtime.block_on(cmd_run::resume(&place, &run, script.as_deref(), json))
+        Command::Resume { run, script, json, upgrade } => {
+            runtime.block_on(cmd_run::resume(&place, &run, script.as_deref(), json, upgrade))
         }
         Command::Approve { run, request, reject, comment, by, data, script, no_resume } => runtime
             .block_on(cmd_run::approve(

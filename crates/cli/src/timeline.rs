@@ -101,6 +101,13 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             c.reason.as_ref().map_or(String::new(), |r| format!(": {}", preview(r, 80)))
         ),
         EventData::Warning(w) => format!("warning   {}", w.message),
+        EventData::ScenarioUpgraded(u) => format!(
+            "upgraded  v{} ({}…) → v{} ({}…)",
+            u.from_version,
+            u.from_checksum.chars().take(12).collect::<String>(),
+            u.version,
+            u.checksum.chars().take(12).collect::<String>()
+        ),
         EventData::ScenarioFinished(f) => format!(
             "finished  {} — ${:.4}, {} tokens, {} levels{}",
             f.status.as_str(),

@@ -90,6 +90,7 @@ pub enum EventData {
     CancelRequested(CancelRequested),
     Warning(Warning),
     ScenarioFinished(ScenarioFinished),
+    ScenarioUpgraded(ScenarioUpgraded),
 }
 
 impl EventData {
@@ -119,6 +120,7 @@ impl EventData {
             EventData::CancelRequested(_) => "cancel_requested",
             EventData::Warning(_) => "warning",
             EventData::ScenarioFinished(_) => "scenario_finished",
+            EventData::ScenarioUpgraded(_) => "scenario_upgraded",
         }
     }
 
@@ -189,6 +191,7 @@ impl EventData {
             "cancel_requested" => CancelRequested,
             "warning" => Warning,
             "scenario_finished" => ScenarioFinished,
+            "scenario_upgraded" => ScenarioUpgraded,
         }
     }
 }
@@ -552,6 +555,16 @@ pub struct CancelRequested {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Warning {
     pub message: String,
+}
+
+/// A paused run was moved to the scenario's current version (`baton resume RUN
+/// --upgrade`): from here on it continues on `checksum`, whose texts the store keeps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioUpgraded {
+    pub from_version: u32,
+    pub from_checksum: String,
+    pub version: u32,
+    pub checksum: String,
 }
 
 /// Totals of a run.

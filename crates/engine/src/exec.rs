@@ -133,6 +133,7 @@ impl Engine {
         model_source: Option<String>,
     ) -> Result<String, Error> {
         let run_id = Self::new_run_id();
+        self.keep_texts(scenario).await?;
         let (_, info) = self.new_workspace(scenario, &run_id).await?.unzip();
         let (record, started) =
             self.new_run(scenario, &run_id, input, metadata, model_source, info);
@@ -155,6 +156,7 @@ impl Engine {
         model_source: Option<String>,
     ) -> Result<Outcome, Error> {
         let _driving = self.store.hold(run_id).await?;
+        self.keep_texts(scenario).await?;
         let (workspace, info) = self.new_workspace(scenario, run_id).await?.unzip();
         let (record, started) = self.new_run(scenario, run_id, input, metadata, model_source, info);
         let mut state = RunState::default();

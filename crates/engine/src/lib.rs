@@ -17,6 +17,7 @@ pub mod gate_ctx;
 pub mod join;
 pub mod limits;
 pub mod model;
+pub mod pinning;
 pub mod plan;
 pub mod render;
 pub mod runner;

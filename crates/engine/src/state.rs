@@ -420,6 +420,10 @@ impl RunState {
             | EventData::ToolResult(_)
             | EventData::FileCreated(_)
             | EventData::Warning(_) => {}
+            EventData::ScenarioUpgraded(u) => {
+                self.scenario_version = u.version;
+                self.checksum.clone_from(&u.checksum);
+            }
             EventData::ScenarioFinished(f) => {
                 self.status = match f.status {
                     crate::event::FinalStatus::Completed => Status::Completed,
