@@ -572,14 +572,27 @@ pub mod conformance {
     /// second write of the same checksum changes nothing and says so.
     async fn scenario_texts_are_kept_once(store: &dyn EventStore, prefix: &str) {
         let sum = format!("{prefix}-sum");
-        assert_eq!(store.scenario_texts(&sum).await.unwrap(), None);
-        assert!(store.put_scenario_texts(&sum, "qa", "{\"first\":1}").await.unwrap());
-        assert!(!store.put_scenario_texts(&sum, "qa", "{\"second\":2}").await.unwrap());
-        assert_eq!(store.scenario_texts(&sum).await.unwrap().as_deref(), Some("{\"first\":1}"));
+        assert_eq!(store.scenario_texts(&sum).await.expect("scenario texts"), None);
+        assert!(
+            store.put_scenario_texts(&sum, "qa", "{\"first\":1}").await.expect("scenario texts")
+        );
+        assert!(
+            !store.put_scenario_texts(&sum, "qa", "{\"second\":2}").await.expect("scenario texts")
+        );
+        assert_eq!(
+            store.scenario_texts(&sum).await.expect("scenario texts").as_deref(),
+            Some("{\"first\":1}")
+        );
         let other = format!("{prefix}-other");
-        assert!(store.put_scenario_texts(&other, "qa", "{}").await.unwrap());
-        assert_eq!(store.scenario_texts(&other).await.unwrap().as_deref(), Some("{}"));
-        assert_eq!(store.scenario_texts(&sum).await.unwrap().as_deref(), Some("{\"first\":1}"));
+        assert!(store.put_scenario_texts(&other, "qa", "{}").await.expect("scenario texts"));
+        assert_eq!(
+            store.scenario_texts(&other).await.expect("scenario texts").as_deref(),
+            Some("{}")
+        );
+        assert_eq!(
+            store.scenario_texts(&sum).await.expect("scenario texts").as_deref(),
+            Some("{\"first\":1}")
+        );
     }
 
     /// One edit of a stored log, as a bad disk, a careless hand or a bug in a store makes

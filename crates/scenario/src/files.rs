@@ -266,14 +266,14 @@ impl Files {
             let (rel, text) = match *kind {
                 "rubric" => {
                     let rel = format!("rubrics/{key}.md");
-                    let text = self.raw.get(&rel).map(|t| t.to_string());
+                    let text = self.raw.get(&rel).map(ToString::to_string);
                     (rel, text)
                 }
                 "seed" => (
                     format!("{SEED_PREFIX}{key}"),
                     self.seeds.get(key).and_then(|r| r.as_ref().ok()).map(|(_, m)| m.to_string()),
                 ),
-                _ => (key.clone(), self.raw.get(key).map(|t| t.to_string())),
+                _ => (key.clone(), self.raw.get(key).map(ToString::to_string)),
             };
             if let Some(text) = text {
                 out.insert(rel, text);
