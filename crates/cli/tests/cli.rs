@@ -1934,3 +1934,110 @@ fn attack_a_gitignore_of_everything_does_not_survive_a_cancel() {
     assert!(left.is_empty(), "left after the cancel: {left:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Pairs of deciders raced on one request each in [`racing_deciders_decide_once`].
+const RACING_PAIRS: usize = 20;
+
+/// Starts a `baton` process that waits at the decision barrier in `barrier` once it has
+/// read the run and found the request open.
+fn racing_decider(
+    db: &std::path::Path,
+    barrier: &std::path::Path,
+    args: &[&str],
+) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .current_dir(repo())
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("BATON_CONFIG")
+        .env("BATON_TEST_DECISION_BARRIER", barrier)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn racing_deciders_decide_once() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-race-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let db = dir.join("runs.db");
+    for pair in 0..RACING_PAIRS {
+        let out = baton_db(
+            &db,
+            &[
+                "run",
+                "release_notes",
+                "--script",
+                "scenarios/scripts/release_notes.yaml",
+                "--input",
+                "PR 1: CSV export",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+        let run =
+            text(&out.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned();
+        let barrier = dir.join(format!("barrier-{pair}"));
+        std::fs::create_dir_all(&barrier).unwrap();
+        let (first, second) = if pair % 2 == 0 { ("ann", "bob") } else { ("bob", "ann") };
+        let approve = ["approve", &run, "--by", first, "--no-resume"];
+        let reject = ["approve", &run, "--reject", "--by", second, "--no-resume"];
+        let deciders =
+            [racing_decider(&db, &barrier, &approve), racing_decider(&db, &barrier, &reject)];
+        // Both read the log and found the request open before either may write.
+        let started = std::time::Instant::now();
+        loop {
+            let loaded = std::fs::read_dir(&barrier)
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref().unwrap().file_name().to_string_lossy().starts_with("loaded.")
+                })
+                .count();
+            if loaded == 2 {
+                break;
+            }
+            assert!(
+                started.elapsed().as_secs() < 60,
+                "pair {pair}: {loaded} of 2 deciders loaded the run"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::fs::write(barrier.join("go"), b"").unwrap();
+        let outs: Vec<Output> =
+            deciders.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+        let codes: Vec<Option<i32>> = outs.iter().map(|o| o.status.code()).collect();
+        let winner = match codes.as_slice() {
+            [Some(0), Some(1)] => 0,
+            [Some(1), Some(0)] => 1,
+            _ => panic!(
+                "pair {pair}: exactly one decider must win, exits {codes:?}: {}{}",
+                text(&outs[0].stderr),
+                text(&outs[1].stderr)
+            ),
+        };
+        let name = if winner == 0 { first } else { second };
+        let loser = text(&outs[1 - winner].stderr);
+        assert!(
+            loser.contains(&format!(
+                "approval request sign_off#1 was already decided by {name} at "
+            )),
+            "pair {pair}: {loser}"
+        );
+        let events = text(&baton_db(&db, &["events", &run, "--json"]).stdout);
+        let decided: Vec<serde_json::Value> = events
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|e| e["kind"] == "approval_decided")
+            .collect();
+        assert_eq!(decided.len(), 1, "pair {pair}: {events}");
+        assert_eq!(
+            decided[0]["data"]["by"], name,
+            "pair {pair}: the winner's decision is the one recorded"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

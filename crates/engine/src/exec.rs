@@ -417,153 +417,84 @@ impl Engine {
     /// approval whose decision does not satisfy the schema without data is refused, so that
     /// the level's output always matches its `output_schema` (a rejection needs no data).
     pub async fn decide(&self, run_id: &str, d: Decision) -> Result<ApprovalDecided, Error> {
-        let state = self.state(run_id).await?;
-        let refuse = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
-        if state.status.is_final() {
-            return Err(refuse(format!(
-                "the run has ended ({}); there is nothing to approve",
-                state.status.as_str()
-            )));
-        }
-        if d.by.as_deref().is_some_and(|b| b.trim().is_empty()) {
-            return Err(refuse("the approver (`by`) must not be empty".to_owned()));
-        }
-        let open: Vec<&PendingApproval> = state.open_approvals().collect();
-        let pending = match &d.request_id {
-            Some(id) => {
-                match state.pending_approvals.iter().find(|p| &p.request.request_id == id) {
-                    Some(p) if state.decisions.contains_key(id) => {
-                        return Err(refuse(format!(
-                            "approval request {} was already decided{}",
-                            p.request.request_id,
-                            open_list(&open)
-                        )));
-                    }
-                    Some(p) => p,
-                    None if state.decisions.contains_key(id) => {
-                        return Err(refuse(format!(
-                            "approval request {id} was already decided{}",
-                            open_list(&open)
-                        )));
-                    }
-                    None => {
-                        return Err(refuse(format!(
-                            "no approval request {id}{}",
-                            if open.is_empty() {
-                                "; the run is not waiting for an approval".to_owned()
-                            } else {
-                                open_list(&open)
-                            }
-                        )));
-                    }
-                }
-            }
-            None => match open.as_slice() {
-                [] => return Err(refuse("the run is not waiting for an approval".to_owned())),
-                [one] => *one,
-                several => {
-                    return Err(refuse(format!(
-                        "{} approval requests are open; name one with --request ID{}",
-                        several.len(),
-                        open_list(several)
-                    )));
-                }
-            },
-        };
-        let request_id = pending.request.request_id.clone();
-        if let Some(data) = &d.data
-            && !data.is_object()
-        {
-            return Err(Error::Data {
-                run_id: run_id.to_owned(),
-                request_id,
-                message: "the approver's data must be a JSON object".to_owned(),
-            });
-        }
-        if let Some(key) = d.data.as_ref().and_then(|v| {
-            v.as_object().and_then(|m| DECISION_KEYS.iter().find(|k| m.contains_key(**k)))
-        }) {
-            return Err(Error::Data {
-                run_id: run_id.to_owned(),
-                request_id,
-                message: format!(
-                    "the approver's data must not set `{key}`: the decision itself sets it (--reject, --comment, --by)"
-                ),
-            });
-        }
-        if d.approved || d.data.is_some() {
-            let violations = decision_violations(&pending.request.schema, &d);
-            if !violations.is_empty() {
-                let hint = if d.data.is_none() {
-                    "; level `{level}` declares an output_schema: give the approver's data with --data FILE.json".replace("{level}", &pending.level_id)
-                } else {
-                    String::new()
-                };
-                return Err(Error::Data {
-                    run_id: run_id.to_owned(),
-                    request_id,
-                    message: format!(
-                        "the decision does not match the output_schema of level `{}`: {}{hint}",
-                        pending.level_id,
-                        violations.join("; ")
-                    ),
-                });
-            }
-        }
-        let decided = ApprovalDecided {
-            request_id,
-            approved: d.approved,
-            comment: d.comment,
-            by: d.by,
-            data: d.data,
-        };
-        let event = NewEvent::run(EventData::ApprovalDecided(decided.clone()));
-        self.append_external(run_id, &state, event).await?;
-        Ok(decided)
-    }
-
-    /// Records the answer to the pending `ask_user` request.
-    pub async fn answer(&self, run_id: &str, answer: Value) -> Result<(), Error> {
-        let state = self.state(run_id).await?;
-        let refuse = |message: &str| Error::Refused {
+        // Checked again on the log as it is before each try: of two deciders racing for one
+        // request, the store takes one append per sequence number, and the loser re-reads
+        // the log, finds the request decided and writes nothing.
+        // The request a person decided is the one open when they decided: a retry decides
+        // that request, not whichever is open by then.
+        let mut chosen = d.request_id.clone();
+        let decided = self
+            .append_external(run_id, |state, log| {
+                let on = Decision { request_id: chosen.clone(), ..d.clone() };
+                let decided = decision(run_id, state, log, &on)?;
+                chosen = Some(decided.request_id.clone());
+                let event = NewEvent::run(EventData::ApprovalDecided(decided.clone()));
+                Ok(Some((event, decided)))
+            })
+            .await?;
+        decided.ok_or_else(|| Error::Refused {
             run_id: run_id.to_owned(),
-            message: message.to_owned(),
-        };
-        if state.status.is_final() {
-            return Err(refuse(&format!("the run has ended ({})", state.status.as_str())));
-        }
-        let Some(ask) = &state.pending_ask else {
-            return Err(refuse("the run is not waiting for an answer"));
-        };
-        if state.answers.iter().any(|(id, _)| id == &ask.call_id) {
-            return Err(refuse(&format!("question {} was already answered", ask.call_id)));
-        }
-        let event = NewEvent::run(EventData::UserAnswered(UserAnswered {
-            call_id: ask.call_id.clone(),
-            answer,
-        }));
-        self.append_external(run_id, &state, event).await
+            message: "the decision was not recorded".to_owned(),
+        })
     }
 
-    /// Records a cancel request; a running executor stops at its next check.
+    /// Records the answer to the pending `ask_user` request, exactly once.
+    pub async fn answer(&self, run_id: &str, answer: Value) -> Result<(), Error> {
+        self.append_external(run_id, |state, log| {
+            let refuse = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
+            if state.status.is_final() {
+                return Err(refuse(format!("the run has ended ({})", state.status.as_str())));
+            }
+            let Some(ask) = &state.pending_ask else {
+                return Err(refuse("the run is not waiting for an answer".to_owned()));
+            };
+            if state.answers.iter().any(|(id, _)| id == &ask.call_id) {
+                let at = log.iter().rev().find_map(|e| match &e.data {
+                    EventData::UserAnswered(a) if a.call_id == ask.call_id => Some(e.at),
+                    _ => None,
+                });
+                return Err(refuse(format!(
+                    "question {} was already answered{}",
+                    ask.call_id,
+                    at.map(|t| format!(" at {}", t.to_rfc3339())).unwrap_or_default()
+                )));
+            }
+            let event = NewEvent::run(EventData::UserAnswered(UserAnswered {
+                call_id: ask.call_id.clone(),
+                answer: answer.clone(),
+            }));
+            Ok(Some((event, ())))
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Records a cancel request; a running executor stops at its next check. A cancel
+    /// already requested is left as it is (nothing is written).
     pub async fn cancel(
         &self,
         run_id: &str,
         by: Option<String>,
         reason: Option<String>,
     ) -> Result<(), Error> {
-        let state = self.state(run_id).await?;
-        if state.status.is_final() {
-            return Err(Error::Refused {
-                run_id: run_id.to_owned(),
-                message: format!("the run has already ended ({})", state.status.as_str()),
-            });
-        }
-        if state.cancel_requested.is_some() {
-            return Ok(());
-        }
-        let event = NewEvent::run(EventData::CancelRequested(CancelRequested { by, reason }));
-        self.append_external(run_id, &state, event).await
+        self.append_external(run_id, |state, _| {
+            if state.status.is_final() {
+                return Err(Error::Refused {
+                    run_id: run_id.to_owned(),
+                    message: format!("the run has already ended ({})", state.status.as_str()),
+                });
+            }
+            if state.cancel_requested.is_some() {
+                return Ok(None);
+            }
+            let event = NewEvent::run(EventData::CancelRequested(CancelRequested {
+                by: by.clone(),
+                reason: reason.clone(),
+            }));
+            Ok(Some((event, ())))
+        })
+        .await?;
+        Ok(())
     }
 
     /// Ends a run whose cancel was requested and that no process drives (a paused run, or
@@ -628,34 +559,184 @@ impl Engine {
         })
     }
 
-    /// Appends one event from outside the executor, retrying when the log moved.
-    async fn append_external(
+    /// Appends one event from outside the executor, conditional on the log it was decided
+    /// on: `check` looks at the run as it is (its state and its log) and gives the event to
+    /// append with what to return, nothing when there is nothing to write, or a refusal.
+    /// The store appends only at the next sequence number, inside its transaction; when
+    /// another writer got there first, the log is read again and `check` runs again on it,
+    /// so a request decided meanwhile is refused and nothing is written.
+    async fn append_external<T>(
         &self,
         run_id: &str,
-        state: &RunState,
-        event: NewEvent,
-    ) -> Result<(), Error> {
-        let mut state = state.clone();
-        for _ in 0..EXTERNAL_APPEND_TRIES_MAX {
+        mut check: impl FnMut(&RunState, &[Event]) -> Result<Option<(NewEvent, T)>, Error>,
+    ) -> Result<Option<T>, Error> {
+        let mut kind = "the decision";
+        for tries in 0..EXTERNAL_APPEND_TRIES_MAX {
+            if self.store.run(run_id).await?.is_none() {
+                return Err(store::Error::NotFound(run_id.to_owned()).into());
+            }
+            let log = self.store.load(run_id, 0).await?;
+            let state = fold(&log);
+            let Some((event, out)) = check(&state, &log)? else {
+                return Ok(None);
+            };
+            kind = event.data.kind();
+            if tries == 0 {
+                decision_barrier().await;
+            }
             let seq = state.last_seq + 1;
-            let stamped = event.clone().at(seq, self.clock.now());
-            let mut next = state.clone();
+            let stamped = event.at(seq, self.clock.now());
+            let mut next = state;
             next.apply(&stamped);
             let status = if next.awaiting_person() { Status::Paused } else { next.status };
             match self.store.append(run_id, seq, vec![stamped], status.as_str()).await {
-                Ok(()) => return Ok(()),
-                Err(store::Error::Conflict { .. }) => state = self.state(run_id).await?,
+                Ok(()) => return Ok(Some(out)),
+                Err(store::Error::Conflict { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
         Err(Error::Refused {
             run_id: run_id.to_owned(),
             message: format!(
-                "gave up recording {} after {EXTERNAL_APPEND_TRIES_MAX} tries: another writer advanced the log before each; nothing was recorded, try again",
-                event.data.kind()
+                "gave up recording {kind} after {EXTERNAL_APPEND_TRIES_MAX} tries: another writer advanced the log before each; nothing was recorded, try again"
             ),
         })
     }
+}
+
+/// Test hook: with `BATON_TEST_DECISION_BARRIER=DIR` in the environment, an outside
+/// decision that found its request open creates `DIR/loaded.PID` and waits (at most
+/// [`DECISION_BARRIER_WAIT`]) until `DIR/go` exists before it appends, so a test can show
+/// that racing deciders all read the log before any of them wrote.
+async fn decision_barrier() {
+    let Some(dir) = std::env::var_os("BATON_TEST_DECISION_BARRIER") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let _ = std::fs::write(dir.join(format!("loaded.{}", std::process::id())), b"");
+    let go = dir.join("go");
+    let started = std::time::Instant::now();
+    while !go.exists() && started.elapsed() < DECISION_BARRIER_WAIT {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Longest a decision waits at the test barrier of [`decision_barrier`].
+const DECISION_BARRIER_WAIT: Duration = Duration::from_secs(60);
+
+/// ` by NAME at TIME` for a decided request, from the log.
+fn decided_by(log: &[Event], request_id: &str) -> String {
+    log.iter()
+        .rev()
+        .find_map(|e| match &e.data {
+            EventData::ApprovalDecided(d) if d.request_id == request_id => Some(format!(
+                " by {} at {}",
+                d.by.as_deref().unwrap_or("an unnamed approver"),
+                e.at.to_rfc3339()
+            )),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// The decision `d` on the run as `state` and `log` have it, or why it is refused.
+fn decision(
+    run_id: &str,
+    state: &RunState,
+    log: &[Event],
+    d: &Decision,
+) -> Result<ApprovalDecided, Error> {
+    let refuse = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
+    if state.status.is_final() {
+        return Err(refuse(format!(
+            "the run has ended ({}); there is nothing to approve",
+            state.status.as_str()
+        )));
+    }
+    if d.by.as_deref().is_some_and(|b| b.trim().is_empty()) {
+        return Err(refuse("the approver (`by`) must not be empty".to_owned()));
+    }
+    let open: Vec<&PendingApproval> = state.open_approvals().collect();
+    let pending = match &d.request_id {
+        Some(id) => match state.pending_approvals.iter().find(|p| &p.request.request_id == id) {
+            _ if state.decisions.contains_key(id) => {
+                return Err(refuse(format!(
+                    "approval request {id} was already decided{}{}",
+                    decided_by(log, id),
+                    open_list(&open)
+                )));
+            }
+            Some(p) => p,
+            None => {
+                return Err(refuse(format!(
+                    "no approval request {id}{}",
+                    if open.is_empty() {
+                        "; the run is not waiting for an approval".to_owned()
+                    } else {
+                        open_list(&open)
+                    }
+                )));
+            }
+        },
+        None => match open.as_slice() {
+            [] => return Err(refuse("the run is not waiting for an approval".to_owned())),
+            [one] => *one,
+            several => {
+                return Err(refuse(format!(
+                    "{} approval requests are open; name one with --request ID{}",
+                    several.len(),
+                    open_list(several)
+                )));
+            }
+        },
+    };
+    let request_id = pending.request.request_id.clone();
+    if let Some(data) = &d.data
+        && !data.is_object()
+    {
+        return Err(Error::Data {
+            run_id: run_id.to_owned(),
+            request_id,
+            message: "the approver's data must be a JSON object".to_owned(),
+        });
+    }
+    if let Some(key) = d.data.as_ref().and_then(|v| {
+        v.as_object().and_then(|m| DECISION_KEYS.iter().find(|k| m.contains_key(**k)))
+    }) {
+        return Err(Error::Data {
+            run_id: run_id.to_owned(),
+            request_id,
+            message: format!(
+                "the approver's data must not set `{key}`: the decision itself sets it (--reject, --comment, --by)"
+            ),
+        });
+    }
+    if d.approved || d.data.is_some() {
+        let violations = decision_violations(&pending.request.schema, d);
+        if !violations.is_empty() {
+            let hint = if d.data.is_none() {
+                "; level `{level}` declares an output_schema: give the approver's data with --data FILE.json".replace("{level}", &pending.level_id)
+            } else {
+                String::new()
+            };
+            return Err(Error::Data {
+                run_id: run_id.to_owned(),
+                request_id,
+                message: format!(
+                    "the decision does not match the output_schema of level `{}`: {}{hint}",
+                    pending.level_id,
+                    violations.join("; ")
+                ),
+            });
+        }
+    }
+    Ok(ApprovalDecided {
+        request_id,
+        approved: d.approved,
+        comment: d.comment.clone(),
+        by: d.by.clone(),
+        data: d.data.clone(),
+    })
 }
 
 /// A decision on an approval request, as a person gives it.

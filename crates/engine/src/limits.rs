@@ -1,7 +1,8 @@
 //! Every bound the kernel enforces, in one place.
 
-/// Most level executions in one run (all levels, all attempts); a run looping past it is
-/// aborted with `level_run_limit`.
+/// Most level executions in one run (all levels, all attempts); a run that would start one
+/// more is aborted with `level_run_limit` (one whose last allowed level routes to
+/// `__end__` completes).
 pub const LEVEL_RUNS_MAX: u32 = 1_000;
 /// Repair retries when a verdict cannot be read from a model's answer.
 pub const VERDICT_REPAIRS_MAX: u32 = 1;

@@ -52,10 +52,13 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
     if let Some(source) = &state.route_pending {
         return route(scenario, state, source);
     }
-    if state.level_runs >= limits::LEVEL_RUNS_MAX {
-        return finish(state, FinalStatus::Aborted, Some("level_run_limit".to_owned()));
-    }
+    // The limit bounds the levels started: a run whose last allowed level routes to the
+    // end completes.
+    let over_limit = state.level_runs >= limits::LEVEL_RUNS_MAX;
     match &state.next {
+        Some(Next::Level(_)) if over_limit => {
+            finish(state, FinalStatus::Aborted, Some("level_run_limit".to_owned()))
+        }
         None if state.level_runs == 0 => start(scenario, state, scenario.entry),
         None => finish(state, FinalStatus::Failed, Some("no_route".to_owned())),
         Some(Next::End) => finish(state, FinalStatus::Completed, None),

@@ -181,6 +181,37 @@ fn the_end_finishes_the_run_with_the_terminal_output() {
 }
 
 #[test]
+fn a_run_whose_last_allowed_level_routes_to_the_end_completes() {
+    let s = scenario(TWO);
+    let mut st = fold(&log(vec![
+        started(),
+        level_started("a", 1),
+        finished("a", 1, Some("PASS"), 0.0),
+        gate("a", "b"),
+        level_started("b", 1),
+        finished("b", 1, None, 0.0),
+        gate("b", "__end__"),
+    ]));
+    st.level_runs = baton_engine::limits::LEVEL_RUNS_MAX;
+    let events = appended(plan(&s, &st));
+    let [EventData::ScenarioFinished(f)] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(f.status, FinalStatus::Completed);
+
+    // One more level to start is over the limit.
+    let mut st = fold(&log(vec![
+        started(),
+        level_started("a", 1),
+        finished("a", 1, Some("FAIL"), 0.0),
+        gate("a", "a"),
+    ]));
+    st.level_runs = baton_engine::limits::LEVEL_RUNS_MAX;
+    let events = appended(plan(&s, &st));
+    let [EventData::ScenarioFinished(f)] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(f.status, FinalStatus::Aborted);
+    assert_eq!(f.aborted_reason.as_deref(), Some("level_run_limit"));
+}
+
+#[test]
 fn an_edge_to_fail_ends_the_run_failed_naming_the_level() {
     let s = scenario(
         "
