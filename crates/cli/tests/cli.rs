@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod chain;
+mod timeouts;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
