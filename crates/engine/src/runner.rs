@@ -162,17 +162,7 @@ impl LevelRun {
             // The run was cancelled meanwhile: the executor keeps none of the step.
             return cut;
         }
-        let mut events: Vec<NewEvent> = cut
-            .into_iter()
-            .filter(|e| {
-                matches!(
-                    e.data,
-                    EventData::PromptSent(_)
-                        | EventData::RoutingDecision(_)
-                        | EventData::ModelResponse(_)
-                )
-            })
-            .collect();
+        let mut events = kept_when_cut(cut);
         let elapsed = elapsed_ms(started);
         let timeout_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
         events.push(
@@ -526,6 +516,22 @@ impl LevelRun {
             schema: output_schema.value().clone(),
         }))]
     }
+}
+
+/// What an attempt cut at a deadline keeps of its events: the model calls it made, whose
+/// spend counts; nothing that would end, route or pause its level.
+pub(crate) fn kept_when_cut(events: Vec<NewEvent>) -> Vec<NewEvent> {
+    events
+        .into_iter()
+        .filter(|e| {
+            matches!(
+                e.data,
+                EventData::PromptSent(_)
+                    | EventData::RoutingDecision(_)
+                    | EventData::ModelResponse(_)
+            )
+        })
+        .collect()
 }
 
 /// A duration as people read it: `1.5 s`.

@@ -222,3 +222,52 @@ fn a_tool_loop_attempt_is_cut_at_its_timeout() {
     assert!(slow.contains(&"level_timed_out".to_owned()), "{slow:?}");
     assert!(kinds_of(&log, "handled").contains(&"level_finished".to_owned()), "not routed");
 }
+
+#[test]
+fn max_duration_s_stops_a_run_during_a_step() {
+    let scenario = "
+id: t
+version: 1
+budget: {max_duration_s: 1}
+levels:
+  - {id: slow, kind: prompt, prompt: {inline: S}, terminal: true}
+";
+    let case = Case::new("duration", scenario, "levels:\n  slow: [{text: late, delay_ms: 3000}]\n");
+    let (out, run, took) = case.run();
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(took < Duration::from_millis(2800), "the step ran past the budget: {took:?}");
+    let log = settled_log(&case, &run, Duration::from_millis(2500));
+    let exceeded = log.iter().find(|e| e["kind"] == "budget_exceeded").expect("no budget_exceeded");
+    assert_eq!(exceeded["data"]["limit_kind"], "duration", "{exceeded}");
+    let end = &log.last().unwrap()["data"];
+    assert_eq!(end["status"], "aborted", "{end}");
+    assert!(
+        !kinds_of(&log, "slow").contains(&"model_response".to_owned()),
+        "the cut call answered"
+    );
+}
+
+#[test]
+fn the_wait_for_an_approval_does_not_count_against_max_duration_s() {
+    let scenario = "
+id: t
+version: 1
+budget: {max_duration_s: 1}
+levels:
+  - {id: ask, kind: human_approval}
+  - {id: work, kind: prompt, prompt: {inline: W}, terminal: true}
+edges:
+  - {from: ask, to: work}
+";
+    let case = Case::new("idle", scenario, "levels:\n  work: [{text: done, delay_ms: 400}]\n");
+    let (out, run, _) = case.run();
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = case.baton(&["approve", &run, "--by", "ann"]);
+    assert_completed(&out);
+    let log = case.events(&run);
+    let end = &log.last().unwrap()["data"];
+    assert_eq!(end["status"], "completed", "{end}");
+    let worked = end["totals"]["duration_ms"].as_u64().unwrap();
+    assert!(worked < 1000, "the wait for a person was counted: {worked} ms");
+}
