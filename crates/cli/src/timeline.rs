@@ -128,6 +128,11 @@ pub(crate) fn line(e: &Event) -> Option<String> {
                 format!(" after failing over: {}", preview(&r.failovers.join("; "), 80))
             }
         ),
+        EventData::LevelTimedOut(t) => format!(
+            "timed out {level}: cut after {:.1} s (timeout_s {:.1} s)",
+            t.elapsed_ms as f64 / 1000.0,
+            t.timeout_ms as f64 / 1000.0
+        ),
         EventData::Heartbeat(h) => {
             let mut line = format!("working   {level}: {:.0} s", h.elapsed_ms as f64 / 1000.0);
             if h.streamed_bytes > 0 {

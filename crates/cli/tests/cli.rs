@@ -4,6 +4,7 @@
 
 mod chain;
 mod pinning;
+mod timeouts;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -14,6 +14,8 @@ pub struct CancelToken {
     flag: Arc<AtomicBool>,
     notify: Arc<Notify>,
     progress: Arc<Progress>,
+    /// The token this one was made from: its cancel cancels this one too.
+    parent: Option<Box<CancelToken>>,
 }
 
 /// How far a step has come.
@@ -57,9 +59,20 @@ impl CancelToken {
         self.notify.notify_waiters();
     }
 
-    /// Whether it was cancelled.
+    /// A token cancelled with this one or on its own (a level's timeout cuts its attempt
+    /// without cancelling the run), sharing this one's progress counters.
+    pub fn child(&self) -> Self {
+        CancelToken {
+            flag: Arc::default(),
+            notify: Arc::default(),
+            progress: Arc::clone(&self.progress),
+            parent: Some(Box::new(self.clone())),
+        }
+    }
+
+    /// Whether it, or the token it was made from, was cancelled.
     pub fn is_cancelled(&self) -> bool {
-        self.flag.load(Ordering::SeqCst)
+        self.flag.load(Ordering::SeqCst) || self.parent.as_ref().is_some_and(|p| p.is_cancelled())
     }
 
     /// The step's progress counters.
@@ -69,9 +82,22 @@ impl CancelToken {
 
     /// Resolves once cancelled.
     pub async fn cancelled(&self) {
+        match &self.parent {
+            Some(parent) => {
+                tokio::select! {
+                    () = self.own_cancel() => {}
+                    () = Box::pin(parent.cancelled()) => {}
+                }
+            }
+            None => self.own_cancel().await,
+        }
+    }
+
+    /// Resolves once this token itself is cancelled.
+    async fn own_cancel(&self) {
         loop {
             let notified = self.notify.notified();
-            if self.is_cancelled() {
+            if self.flag.load(Ordering::SeqCst) {
                 return;
             }
             notified.await;

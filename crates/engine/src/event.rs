@@ -82,6 +82,7 @@ pub enum EventData {
     ApprovalRequested(ApprovalRequested),
     ApprovalDecided(ApprovalDecided),
     LevelFinished(LevelFinished),
+    LevelTimedOut(LevelTimedOut),
     GateDecision(GateDecision),
     BudgetConsumed(BudgetConsumed),
     BudgetExceeded(BudgetExceeded),
@@ -112,6 +113,7 @@ impl EventData {
             EventData::ApprovalRequested(_) => "approval_requested",
             EventData::ApprovalDecided(_) => "approval_decided",
             EventData::LevelFinished(_) => "level_finished",
+            EventData::LevelTimedOut(_) => "level_timed_out",
             EventData::GateDecision(_) => "gate_decision",
             EventData::BudgetConsumed(_) => "budget_consumed",
             EventData::BudgetExceeded(_) => "budget_exceeded",
@@ -183,6 +185,7 @@ impl EventData {
             "approval_requested" => ApprovalRequested,
             "approval_decided" => ApprovalDecided,
             "level_finished" => LevelFinished,
+            "level_timed_out" => LevelTimedOut,
             "gate_decision" => GateDecision,
             "budget_consumed" => BudgetConsumed,
             "budget_exceeded" => BudgetExceeded,
@@ -520,6 +523,18 @@ pub struct BudgetExceeded {
     /// True when a model call was refused before it was made because its worst case would
     /// cross the cap.
     pub refused_before_call: bool,
+}
+
+/// An attempt of a level ran past its `timeout_s` and was cut: its model stream dropped,
+/// its processes killed. Written just before the attempt's `level_finished` (not ok, its
+/// `conflict` naming the timeout, so the escalation tracker counts it); gates read it as
+/// `level.<id>.timed_out`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LevelTimedOut {
+    /// The level's `timeout_s`, in milliseconds.
+    pub timeout_ms: u64,
+    /// How long the attempt ran, cut included.
+    pub elapsed_ms: u64,
 }
 
 /// A long step is still running (written every few seconds while it does, so that a

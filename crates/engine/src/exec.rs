@@ -366,6 +366,15 @@ impl Engine {
                         continue;
                     }
                     let cancel = CancelToken::new();
+                    // The step stops when the run's working time would cross
+                    // `max_duration_s`; a cancel of the run stops it too.
+                    let over_time = cancel.child();
+                    let worked_ms = w.state.totals.duration_ms;
+                    let time_left = w.state.budget.max_duration_s.map(|max| {
+                        Duration::from_secs_f64(max)
+                            .saturating_sub(Duration::from_millis(worked_ms))
+                    });
+                    let step_started = std::time::Instant::now();
                     let run = LevelRun {
                         scenario: Arc::clone(scenario),
                         renderer: Arc::clone(&renderer),
@@ -374,23 +383,36 @@ impl Engine {
                         run_id: Arc::clone(&run_id_arc),
                         level,
                         attempt,
-                        cancel: cancel.clone(),
+                        cancel: over_time.clone(),
                         workspace: workspace.clone(),
                     };
-                    let events = w.run_watching(run, &cancel).await?;
+                    let events = w.run_watching(run, &cancel, &over_time, time_left).await?;
                     if cancel.is_cancelled() {
                         // The step was cut short: keep none of it; the cancel is in the log.
                         w.reload().await?;
                         continue;
                     }
-                    w.stage(events);
-                    let elapsed = w.state.started_at.map_or(0, |s| {
-                        u64::try_from((self.clock.now() - s).num_milliseconds().max(0)).unwrap_or(0)
-                    });
+                    // Duration counts the time a driver worked on the run: its steps, not
+                    // the waits for a person nor the time no process drove it.
+                    let step_ms = crate::clock::elapsed_ms(step_started);
+                    let worked_ms = worked_ms.saturating_add(step_ms);
+                    if over_time.is_cancelled() {
+                        w.stage(crate::runner::kept_when_cut(events));
+                        #[allow(clippy::cast_precision_loss)]
+                        let exceeded = crate::event::BudgetExceeded {
+                            limit_kind: "duration".to_owned(),
+                            limit_value: w.state.budget.max_duration_s.unwrap_or_default(),
+                            observed_value: worked_ms as f64 / 1000.0,
+                            refused_before_call: false,
+                        };
+                        w.stage(vec![NewEvent::run(EventData::BudgetExceeded(exceeded))]);
+                    } else {
+                        w.stage(events);
+                    }
                     let consumed = BudgetConsumed {
                         total_cost_usd: w.state.totals.cost_usd,
                         total_tokens: w.state.totals.tokens,
-                        total_duration_ms: elapsed,
+                        total_duration_ms: worked_ms,
                     };
                     w.stage(vec![NewEvent::run(EventData::BudgetConsumed(consumed))]);
                     w.has_results = true;
@@ -953,10 +975,15 @@ impl Writer<'_> {
 
     /// Runs a step; commits the staged events if it is slow, and watches the store for a
     /// cancel request while it runs.
+    ///
+    /// When `time_left` runs out, `over_time` is cancelled and the step awaited until it
+    /// has stopped (its processes killed), so nothing it started outlives it.
     async fn run_watching(
         &mut self,
         run: LevelRun,
         cancel: &CancelToken,
+        over_time: &CancelToken,
+        time_left: Option<Duration>,
     ) -> Result<Vec<NewEvent>, Error> {
         let work = run.run();
         tokio::pin!(work);
@@ -976,9 +1003,14 @@ impl Writer<'_> {
         poll.tick().await;
         let started = tokio::time::Instant::now();
         let mut heartbeat = tokio::time::interval_at(started + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
+        let out_of_time = tokio::time::sleep(time_left.unwrap_or(Duration::MAX / 4));
+        tokio::pin!(out_of_time);
         loop {
             tokio::select! {
                 events = &mut work => return Ok(events),
+                () = &mut out_of_time, if time_left.is_some() && !over_time.is_cancelled() => {
+                    over_time.cancel();
+                }
                 () = &mut flush_at, if !flushed => {
                     flushed = true;
                     let staged = self.pending.len() as u64;

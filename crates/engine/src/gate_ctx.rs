@@ -76,6 +76,7 @@ impl Context for GateContext<'_> {
                     "output" => Val::Str(&level.output),
                     "ok" => level.ok.map_or(Val::Undefined, Val::Bool),
                     "skipped" => Val::Bool(level.skipped),
+                    "timed_out" => Val::Bool(level.timed_out),
                     "attempts" => num(level.attempts),
                     "cost_usd" => num(level.cost_usd),
                     "tokens" => count(level.tokens),

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use baton_scenario::Scenario;
 use baton_scenario::model::{LevelIdx, LevelKind, Mode, OnFail, Response, Uses, VerifierSpec};
@@ -19,7 +19,7 @@ use crate::cancel::CancelToken;
 use crate::clock::elapsed_ms;
 use crate::event::{
     ApprovalRequested, AskUser, BudgetExceeded, EventData, LevelFinished, LevelStarted,
-    ModelResponse, NewEvent, PromptSent, VerifierFinished, VerifierStarted,
+    LevelTimedOut, ModelResponse, NewEvent, PromptSent, VerifierFinished, VerifierStarted,
 };
 use crate::fan_in::{self, ChildResult};
 use crate::join::join_limited;
@@ -131,12 +131,84 @@ impl LevelRun {
 
     /// Runs the attempt and returns its events.
     pub async fn run(&self) -> Vec<NewEvent> {
+        self.bounded(false).await
+    }
+
+    /// Runs the attempt within the level's `timeout_s`. At the deadline the attempt's own
+    /// cancel token fires (its model stream is dropped, its processes are killed) and the
+    /// attempt is awaited until it has stopped, so nothing it started runs or writes after
+    /// it; what it did is replaced by `level_timed_out` and a failed `level_finished`. The
+    /// model calls it made are kept: their spend counts.
+    async fn bounded(&self, in_fan_out: bool) -> Vec<NewEvent> {
+        let level = &self.scenario.levels[self.level];
+        // An approval's timeout bounds the wait for a person, not work.
+        let limit = match level.kind {
+            LevelKind::HumanApproval { .. } => None,
+            _ => level.timeout_s.map(Duration::from_secs_f64),
+        };
+        let Some(limit) = limit else { return self.body(in_fan_out).await };
+        let started = Instant::now();
+        let mut attempt = self.clone();
+        attempt.cancel = self.cancel.child();
+        let work = attempt.body(in_fan_out);
+        tokio::pin!(work);
+        tokio::select! {
+            events = &mut work => return events,
+            () = tokio::time::sleep(limit) => {}
+        }
+        attempt.cancel.cancel();
+        let cut = work.await;
+        if self.cancel.is_cancelled() {
+            // The run was cancelled meanwhile: the executor keeps none of the step.
+            return cut;
+        }
+        let mut events = kept_when_cut(cut);
+        let elapsed = elapsed_ms(started);
+        let timeout_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        events.push(
+            self.event(EventData::LevelTimedOut(LevelTimedOut { timeout_ms, elapsed_ms: elapsed })),
+        );
+        let (cost_usd, tokens) = events.iter().fold((0.0, 0), |(c, t), e| match &e.data {
+            EventData::ModelResponse(r) if e.level_id.as_deref() == Some(self.id()) => {
+                (c + r.cost_usd, t + r.usage.total())
+            }
+            _ => (c, t),
+        });
+        let mut finished = error_finish(String::new(), elapsed);
+        finished.error = None;
+        finished.cost_usd = cost_usd;
+        finished.tokens = tokens;
+        finished.conflict = Some(format!("timed_out:{}", level.id));
+        finished.scratchpad.insert(
+            "feedback".to_owned(),
+            Value::String(format!(
+                "level `{}` attempt {} timed out after {} (timeout_s) and was cut",
+                level.id,
+                self.attempt,
+                seconds(limit)
+            )),
+        );
+        events.push(self.event(EventData::LevelFinished(finished)));
+        events
+    }
+
+    /// The attempt's work, by kind; inside a fan-out only the kinds a child may be.
+    async fn body(&self, in_fan_out: bool) -> Vec<NewEvent> {
         let level = &self.scenario.levels[self.level];
         match &level.kind {
             LevelKind::Prompt { .. } => self.prompt().await,
             LevelKind::Verifier => self.verifier_level().await,
-            LevelKind::FanOut { .. } => self.fan_out().await,
+            // Each approval child asks for its own decision and waits for it.
             LevelKind::HumanApproval { .. } => self.approval(),
+            _ if in_fan_out => vec![self.event(EventData::LevelFinished(error_finish(
+                format!(
+                    "fan-out child `{}` is a {}, which cannot run inside a fan-out",
+                    level.id,
+                    level.kind_name()
+                ),
+                0,
+            )))],
+            LevelKind::FanOut { .. } => Box::pin(self.fan_out()).await,
             LevelKind::ToolLoop { .. } => self.tool_loop().await,
         }
     }
@@ -367,21 +439,7 @@ impl LevelRun {
                     kind: child.kind_name().to_owned(),
                     parent: Some(parent),
                 }))];
-                let body = match child.kind {
-                    LevelKind::Prompt { .. } => run.prompt().await,
-                    LevelKind::Verifier => run.verifier_level().await,
-                    // Each approval child asks for its own decision and waits for it.
-                    LevelKind::HumanApproval { .. } => run.approval(),
-                    _ => vec![run.event(EventData::LevelFinished(error_finish(
-                        format!(
-                            "fan-out child `{}` is a {}, which cannot run inside a fan-out",
-                            child.id,
-                            child.kind_name()
-                        ),
-                        0,
-                    )))],
-                };
-                events.extend(body);
+                events.extend(run.bounded(true).await);
                 events
             }
         });
@@ -458,6 +516,27 @@ impl LevelRun {
             schema: output_schema.value().clone(),
         }))]
     }
+}
+
+/// What an attempt cut at a deadline keeps of its events: the model calls it made, whose
+/// spend counts; nothing that would end, route or pause its level.
+pub(crate) fn kept_when_cut(events: Vec<NewEvent>) -> Vec<NewEvent> {
+    events
+        .into_iter()
+        .filter(|e| {
+            matches!(
+                e.data,
+                EventData::PromptSent(_)
+                    | EventData::RoutingDecision(_)
+                    | EventData::ModelResponse(_)
+            )
+        })
+        .collect()
+}
+
+/// A duration as people read it: `1.5 s`.
+fn seconds(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
 }
 
 /// Why a prompt level stopped before its result.

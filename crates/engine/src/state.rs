@@ -100,6 +100,8 @@ pub struct LevelState {
     /// What the last finished attempt was told to fix: the failures of its own checks (the
     /// `feedback` or `build_feedback` it wrote), else its error; none when it passed.
     pub feedback: Option<String>,
+    /// The current attempt was cut at the level's `timeout_s` (`level_timed_out`).
+    pub timed_out: bool,
 }
 
 /// An approval request whose level has not finished yet.
@@ -268,6 +270,7 @@ impl RunState {
                 level.ok = None;
                 level.skipped = false;
                 level.error = None;
+                level.timed_out = false;
                 level.verifiers.clear();
                 level.calls = 0;
                 level.parent.clone_from(&s.parent);
@@ -400,6 +403,9 @@ impl RunState {
                     baton_scenario::model::FAIL => Next::Fail(g.source.clone()),
                     _ => Next::Level(g.target.clone()),
                 });
+            }
+            EventData::LevelTimedOut(_) => {
+                self.levels.entry(level_id.to_owned()).or_default().timed_out = true;
             }
             EventData::BudgetConsumed(b) => {
                 self.totals.duration_ms = b.total_duration_ms;

@@ -87,6 +87,7 @@ const LEVEL_FIELDS: &[(&str, Type)] = &[
     ("output", Type::Str),
     ("ok", Type::Bool),
     ("skipped", Type::Bool),
+    ("timed_out", Type::Bool),
     ("attempts", Type::Num),
     ("cost_usd", Type::Num),
     ("tokens", Type::Num),
