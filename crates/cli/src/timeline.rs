@@ -101,6 +101,15 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             c.reason.as_ref().map_or(String::new(), |r| format!(": {}", preview(r, 80)))
         ),
         EventData::Warning(w) => format!("warning   {}", w.message),
+        EventData::ModelStopped(m) => {
+            format!("stopped   {level}: call {} ended with `{}`", m.call, m.stop_reason)
+        }
+        EventData::ProviderFailover(f) => format!(
+            "failover  {level}: {} ({}) failed: {}",
+            f.provider,
+            f.model,
+            preview(&f.reason, 80)
+        ),
         EventData::ScenarioFinished(f) => format!(
             "finished  {} — ${:.4}, {} tokens, {} levels{}",
             f.status.as_str(),

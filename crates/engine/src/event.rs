@@ -72,6 +72,8 @@ pub enum EventData {
     PromptSent(PromptSent),
     RoutingDecision(RoutingDecision),
     ModelResponse(ModelResponse),
+    ModelStopped(ModelStopped),
+    ProviderFailover(ProviderFailover),
     ToolCall(ToolCalled),
     ToolResult(ToolResult),
     FileCreated(FileCreated),
@@ -101,6 +103,8 @@ impl EventData {
             EventData::PromptSent(_) => "prompt_sent",
             EventData::RoutingDecision(_) => "routing_decision",
             EventData::ModelResponse(_) => "model_response",
+            EventData::ModelStopped(_) => "model_stopped",
+            EventData::ProviderFailover(_) => "provider_failover",
             EventData::ToolCall(_) => "tool_call",
             EventData::ToolResult(_) => "tool_result",
             EventData::FileCreated(_) => "file_created",
@@ -171,6 +175,8 @@ impl EventData {
             "prompt_sent" => PromptSent,
             "routing_decision" => RoutingDecision,
             "model_response" => ModelResponse,
+            "model_stopped" => ModelStopped,
+            "provider_failover" => ProviderFailover,
             "tool_call" => ToolCall,
             "tool_result" => ToolResult,
             "file_created" => FileCreated,
@@ -358,6 +364,27 @@ pub struct ModelResponse {
     pub tool_calls: Vec<crate::model::ToolCall>,
     pub usage: Usage,
     pub cost_usd: f64,
+}
+
+/// Why the model's answer of call `call` ended, when it did not end on its own: recorded
+/// right after its `model_response` (a new kind, so `model_response` keeps its schema).
+/// `max_tokens` means the answer was cut at the output limit; such an answer never counts
+/// as a success.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelStopped {
+    pub call: u32,
+    /// `max_tokens`, `content_filter`, or what else the provider reported.
+    pub stop_reason: String,
+}
+
+/// One provider of a level's chain failed after its retries and the call moved on to the
+/// next: one event per failover, before the `routing_decision` of the model that answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProviderFailover {
+    pub provider: String,
+    pub model: String,
+    /// Why it failed, as the client reported it.
+    pub reason: String,
 }
 
 /// A model asked a tool-loop level to run a tool.

@@ -413,6 +413,8 @@ impl RunState {
             }
             EventData::PromptSent(_)
             | EventData::RoutingDecision(_)
+            | EventData::ModelStopped(_)
+            | EventData::ProviderFailover(_)
             | EventData::VerifierStarted(_)
             | EventData::RetryScheduled(_)
             | EventData::Heartbeat(_)

@@ -11,9 +11,9 @@ use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use baton_engine::cancel::{CancelToken, Progress};
-use baton_engine::event::Usage as EngineUsage;
+use baton_engine::event::{ProviderFailover, Usage as EngineUsage};
 use baton_engine::model::{
-    BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, ToolCall, Turn,
+    BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, STOP_MAX_TOKENS, ToolCall, Turn,
 };
 use serde_json::{Value, json};
 
@@ -494,11 +494,12 @@ impl Providers {
         for choice in choices {
             let key = self.key(choice.provider);
             if choice.provider.api_key_env.is_some() && key.is_none() {
-                failures.push(format!(
+                let reason = format!(
                     "{}: ${} is not set",
                     choice.provider.name,
                     choice.provider.api_key_env.as_deref().unwrap_or_default()
-                ));
+                );
+                failures.push(failover(&choice, reason));
                 continue;
             }
             match self
@@ -537,7 +538,14 @@ impl Providers {
                         provider: choice.provider.name.clone(),
                         model: choice.model.name.clone(),
                         source: choice.source.to_owned(),
-                        failovers: std::mem::take(&mut failures),
+                        // Each failover is its own `provider_failover` event now.
+                        failovers: Vec::new(),
+                    };
+                    let stop_reason = match reply.stop {
+                        Stop::EndTurn | Stop::ToolUse | Stop::StopSequence => None,
+                        Stop::MaxTokens => Some(STOP_MAX_TOKENS.to_owned()),
+                        Stop::Refusal(_) => Some("refusal".to_owned()),
+                        Stop::Other(other) => Some(other),
                     };
                     return Ok(ModelReply {
                         routing: Some(routing),
@@ -547,13 +555,25 @@ impl Providers {
                         tool_calls,
                         usage,
                         cost_usd,
+                        stop_reason,
+                        failovers: std::mem::take(&mut failures),
                     });
                 }
                 Err(CallError::Cancelled) => return Err(ModelError::Cancelled),
-                Err(e) => failures.push(e.to_string()),
+                Err(e) => failures.push(failover(&choice, e.to_string())),
             }
         }
-        Err(ModelError::Failed { provider: "providers".to_owned(), message: failures.join("; ") })
+        let reasons: Vec<&str> = failures.iter().map(|f| f.reason.as_str()).collect();
+        Err(ModelError::Failed { provider: "providers".to_owned(), message: reasons.join("; ") })
+    }
+}
+
+/// A provider of the chain that failed, for its `provider_failover` event.
+fn failover(choice: &Choice<'_>, reason: String) -> ProviderFailover {
+    ProviderFailover {
+        provider: choice.provider.name.clone(),
+        model: choice.model.name.clone(),
+        reason,
     }
 }
 

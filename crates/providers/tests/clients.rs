@@ -329,10 +329,20 @@ async fn a_provider_that_keeps_failing_hands_over_along_the_chain() {
     assert_eq!(reply.provider, "claude");
     let routing = reply.routing.unwrap();
     assert_eq!((routing.source.as_str(), routing.tier.as_str()), ("fallback", "paid"));
+    assert_eq!(
+        reply.failovers.len(),
+        1,
+        "one failover, reported on its own: {:?}",
+        reply.failovers
+    );
+    assert_eq!(
+        (reply.failovers[0].provider.as_str(), reply.failovers[0].model.as_str()),
+        ("local", "fake-model")
+    );
     assert!(
-        routing.failovers[0].starts_with("local (fake-model): HTTP 400"),
+        reply.failovers[0].reason.starts_with("local (fake-model): HTTP 400"),
         "{:?}",
-        routing.failovers
+        reply.failovers
     );
 }
 
@@ -663,4 +673,51 @@ async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
     assert!(!streamed.is_empty(), "a stream of over 3 s writes a heartbeat");
     assert!(streamed.iter().all(|b| *b > 0), "{streamed:?}");
     assert!(streamed.windows(2).all(|w| w[0] <= w[1]), "{streamed:?}");
+}
+
+/// A streamed OpenAI answer that ends with `finish_reason` `reason`.
+fn stream_ending(text: &str, reason: &str) -> String {
+    ok_stream(text)
+        .replace("\"finish_reason\":\"stop\"", &format!("\"finish_reason\":\"{reason}\""))
+}
+
+#[tokio::test]
+async fn an_answer_cut_at_the_output_limit_reports_its_stop_reason() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = scripted_server(
+        vec![Some(stream_ending("{\\\"answer\\\": \\\"Par", "length")), Some(ok_stream("whole"))],
+        Arc::clone(&hits),
+    )
+    .await;
+    let providers = Providers::with_env(local(port), |_| None).unwrap();
+    let cut =
+        providers.call(&request("x", "free:local/*", false), &CancelToken::new()).await.unwrap();
+    assert_eq!(cut.stop_reason.as_deref(), Some("max_tokens"), "OpenAI's `length` is a cut");
+    assert_eq!(cut.text, "{\"answer\": \"Par");
+    let whole =
+        providers.call(&request("x", "free:local/*", false), &CancelToken::new()).await.unwrap();
+    assert_eq!(whole.stop_reason, None, "a normal end reports no stop reason");
+}
+
+#[tokio::test]
+async fn every_provider_an_allow_pattern_matches_is_tried_in_order() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = scripted_server(
+        vec![Some(status(400, "")), Some(ok_stream("from the second free provider"))],
+        Arc::clone(&hits),
+    )
+    .await;
+    let mut config = local(port);
+    // A second free provider, after the first in the configuration.
+    config.providers[1].kind = baton_providers::config::Kind::Openai;
+    config.providers[1].tier = baton_scenario::model::Tier::Free;
+    config.providers[1].base_url = format!("http://127.0.0.1:{port}/v1");
+    let providers = Providers::with_env(config, |_| Some("k".to_owned())).unwrap();
+    let reply = providers.call(&request("x", "free:*", false), &CancelToken::new()).await.unwrap();
+    assert_eq!(reply.text, "from the second free provider");
+    assert_eq!(reply.provider, "claude");
+    assert_eq!(reply.routing.unwrap().source, "allow");
+    assert_eq!(reply.failovers.len(), 1, "{:?}", reply.failovers);
+    assert_eq!(reply.failovers[0].provider, "local");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
 }
