@@ -4,7 +4,9 @@
 //! Faults: 401/403 is an authentication error naming the provider and the key's variable,
 //! never retried; 429, 5xx, connect and read timeouts and dropped streams are retried with
 //! exponential backoff and jitter, honouring `Retry-After`, within bounded attempts and time;
-//! a malformed stream is an error naming the provider, the model and the request id. API keys
+//! a malformed stream is an error naming the provider, the model and the request id, and so
+//! are wrong answers (no choices, a refusal, a body over the cap), which are never retried;
+//! a whole JSON body answering a streaming request is read as the response it is. API keys
 //! go into headers only — never into errors, logs or events. A cancel aborts a stream at once.
 
 use std::sync::{Arc, Once};
@@ -39,8 +41,15 @@ pub const RESPONSE_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Why a call to one provider failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CallError {
-    #[error("{provider}: authentication failed (HTTP {status}); check the key in ${env}")]
-    Auth { provider: String, status: u16, env: String },
+    #[error("{provider}: authentication failed (HTTP {status}); {}", if *sent { format!("check the key in ${env}") } else { format!("no key was sent: set ${env} (or name the key's variable with `api_key_env` in baton.toml)") })]
+    Auth {
+        provider: String,
+        status: u16,
+        /// The variable the key is read from (the kind's usual one when none is configured).
+        env: String,
+        /// Whether a key was sent at all.
+        sent: bool,
+    },
     #[error("{provider} ({model}): HTTP {status}{}: {message}", request_id.as_ref().map(|r| format!(", request {r}")).unwrap_or_default())]
     Http {
         provider: String,
@@ -223,10 +232,14 @@ impl Client {
             return Err(CallError::Auth {
                 provider: provider.name.clone(),
                 status,
-                env: provider
-                    .api_key_env
-                    .clone()
-                    .unwrap_or_else(|| "(no api_key_env configured)".to_owned()),
+                env: provider.api_key_env.clone().unwrap_or_else(|| {
+                    match provider.kind {
+                        Kind::Openai => "OPENAI_API_KEY",
+                        Kind::Anthropic => "ANTHROPIC_API_KEY",
+                    }
+                    .to_owned()
+                }),
+                sent: key.is_some(),
             });
         }
         if status >= 400 {
@@ -257,10 +270,19 @@ impl Client {
             request_id: request_id.clone(),
             source,
         };
-        if !provider.stream {
+        // A server that ignores `stream: true` answers with one JSON body: read it whole,
+        // as the non-streamed response it is, rather than find no events in it.
+        let json_body =
+            response.headers().get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|v| {
+                v.trim_start().to_ascii_lowercase().starts_with("application/json")
+            });
+        if !provider.stream || json_body {
             let body = read_capped(&mut response, RESPONSE_BYTES_MAX)
                 .await
                 .map_err(|_| stream_error(StreamError::Incomplete))?;
+            if body.len() > RESPONSE_BYTES_MAX {
+                return Err(stream_error(StreamError::Malformed(too_big())));
+            }
             let value: Value = serde_json::from_slice(&body).map_err(|e| {
                 stream_error(StreamError::Malformed(format!("the response is not JSON: {e}")))
             })?;
@@ -286,9 +308,7 @@ impl Client {
             read += chunk.len();
             progress.streamed(chunk.len());
             if read > RESPONSE_BYTES_MAX {
-                return Err(stream_error(StreamError::Malformed(format!(
-                    "the response passed {RESPONSE_BYTES_MAX} bytes"
-                ))));
+                return Err(stream_error(StreamError::Malformed(too_big())));
             }
             parser.feed(&chunk, &mut events);
             for e in events.drain(..) {
@@ -394,7 +414,15 @@ impl JsonBody for reqwest::RequestBuilder {
     }
 }
 
-/// A response body, read up to `limit` bytes.
+/// Why a response over [`RESPONSE_BYTES_MAX`] was refused.
+fn too_big() -> String {
+    format!(
+        "the response exceeds {} MiB, the most Baton reads from a provider; ask for a shorter answer",
+        RESPONSE_BYTES_MAX / (1024 * 1024)
+    )
+}
+
+/// A response body, read up to `limit` bytes (one chunk more shows it was over).
 async fn read_capped(
     response: &mut reqwest::Response,
     limit: usize,

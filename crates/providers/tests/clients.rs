@@ -721,3 +721,84 @@ async fn every_provider_an_allow_pattern_matches_is_tried_in_order() {
     assert_eq!(reply.failovers[0].provider, "local");
     assert_eq!(hits.load(Ordering::SeqCst), 2);
 }
+
+/// A whole JSON body with status 200 and `content_type`.
+fn json_answer(body: &str, content_type: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[tokio::test]
+async fn wrong_answers_get_clear_messages_not_retries() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let whole = r#"{"id":"c1","choices":[{"index":0,"message":{"content":"whole"},"finish_reason":"stop"}]}"#;
+    let port = scripted_server(
+        vec![
+            // A whole JSON body answering a streaming request is read as the response it is.
+            Some(json_answer(whole, "application/json; charset=utf-8")),
+            // An empty `choices` array is a wrong answer: said once, never retried.
+            Some(json_answer(r#"{"id":"c2","choices":[]}"#, "application/json")),
+            Some(ok_stream("never")),
+        ],
+        Arc::clone(&hits),
+    )
+    .await;
+    let providers = Providers::with_env(local(port), |_| None).unwrap();
+    let reply =
+        providers.call(&request("x", "free:local/*", false), &CancelToken::new()).await.unwrap();
+    assert_eq!(reply.text, "whole");
+    let err = providers
+        .call(&request("x", "free:local/*", false), &CancelToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no choices"), "{err}");
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "neither was retried");
+}
+
+#[tokio::test]
+async fn an_over_cap_whole_body_says_it_exceeds_the_cap() {
+    let big = format!(
+        r#"{{"choices":[{{"index":0,"message":{{"content":"{}"}},"finish_reason":"stop"}}]}}"#,
+        "x".repeat(baton_providers::client::RESPONSE_BYTES_MAX + 10)
+    );
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port =
+        scripted_server(vec![Some(json_answer(&big, "application/json"))], Arc::clone(&hits)).await;
+    let mut config = local(port);
+    config.providers[0].stream = false;
+    let providers = Providers::with_env(config, |_| None).unwrap();
+    let err = providers
+        .call(&request("x", "free:local/*", false), &CancelToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("exceeds 16 MiB"), "{err}");
+    assert!(!err.contains("not JSON"), "{err}");
+}
+
+#[tokio::test]
+async fn without_a_configured_key_variable_the_auth_error_names_the_one_to_set() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = scripted_server(vec![Some(status(401, ""))], Arc::clone(&hits)).await;
+    // The environment-only setup: OPENAI_BASE_URL without OPENAI_API_KEY.
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let config = Config::from_env(|k| (k == "OPENAI_BASE_URL").then(|| base.clone()));
+    let provider = &config.providers[0];
+    let err = Client::new()
+        .unwrap()
+        .call(
+            provider,
+            &provider.models[0],
+            &request("x", "free:*", false),
+            None,
+            &CancelToken::new(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("$OPENAI_API_KEY"), "{err}");
+    assert!(!err.contains("no api_key_env configured"), "{err}");
+}
