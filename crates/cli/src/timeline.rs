@@ -104,6 +104,14 @@ pub(crate) fn line(e: &Event) -> Option<String> {
         EventData::ModelStopped(m) => {
             format!("stopped   {level}: call {} ended with `{}`", m.call, m.stop_reason)
         }
+        EventData::ProviderRetry(r) => format!(
+            "retry     {level}: {} ({}) attempt {} failed, retrying in {} ms: {}",
+            r.provider,
+            r.model,
+            r.attempt,
+            r.wait_ms,
+            preview(&r.reason, 80)
+        ),
         EventData::ProviderFailover(f) => format!(
             "failover  {level}: {} ({}) failed: {}",
             f.provider,

@@ -74,6 +74,7 @@ pub enum EventData {
     ModelResponse(ModelResponse),
     ModelStopped(ModelStopped),
     ProviderFailover(ProviderFailover),
+    ProviderRetry(ProviderRetry),
     ToolCall(ToolCalled),
     ToolResult(ToolResult),
     FileCreated(FileCreated),
@@ -105,6 +106,7 @@ impl EventData {
             EventData::ModelResponse(_) => "model_response",
             EventData::ModelStopped(_) => "model_stopped",
             EventData::ProviderFailover(_) => "provider_failover",
+            EventData::ProviderRetry(_) => "provider_retry",
             EventData::ToolCall(_) => "tool_call",
             EventData::ToolResult(_) => "tool_result",
             EventData::FileCreated(_) => "file_created",
@@ -177,6 +179,7 @@ impl EventData {
             "model_response" => ModelResponse,
             "model_stopped" => ModelStopped,
             "provider_failover" => ProviderFailover,
+            "provider_retry" => ProviderRetry,
             "tool_call" => ToolCall,
             "tool_result" => ToolResult,
             "file_created" => FileCreated,
@@ -385,6 +388,20 @@ pub struct ProviderFailover {
     pub model: String,
     /// Why it failed, as the client reported it.
     pub reason: String,
+}
+
+/// The model client retried a request to one provider after a transient fault (429, 5xx,
+/// a timeout, a dropped stream): one event per retry, before the call's answer or failure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProviderRetry {
+    pub provider: String,
+    pub model: String,
+    /// The attempt that failed (1 for the first request).
+    pub attempt: u32,
+    /// Why it failed.
+    pub reason: String,
+    /// How long the client waited before the next attempt.
+    pub wait_ms: u64,
 }
 
 /// A model asked a tool-loop level to run a tool.

@@ -568,7 +568,13 @@ impl Calls<'_> {
                 call: self.call,
             })));
         }
-        let mut reply = match self.run.runtime.model.call(&request, &self.run.cancel).await {
+        let result = self.run.runtime.model.call(&request, &self.run.cancel).await;
+        // Every HTTP-level retry the client made is recorded, whatever the call's outcome.
+        for retry in self.run.cancel.progress().take_retries(&request.level_id, request.call_index)
+        {
+            events.push(self.run.event(EventData::ProviderRetry(retry)));
+        }
+        let mut reply = match result {
             Ok(r) => r,
             Err(ModelError::Cancelled) => return Err(Stop::Halted),
             Err(e) => return Err(Stop::Failed(e.to_string())),

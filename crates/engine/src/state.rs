@@ -415,6 +415,7 @@ impl RunState {
             | EventData::RoutingDecision(_)
             | EventData::ModelStopped(_)
             | EventData::ProviderFailover(_)
+            | EventData::ProviderRetry(_)
             | EventData::VerifierStarted(_)
             | EventData::RetryScheduled(_)
             | EventData::Heartbeat(_)

@@ -13,7 +13,7 @@ use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use baton_engine::cancel::{CancelToken, Progress};
-use baton_engine::event::{ProviderFailover, Usage as EngineUsage};
+use baton_engine::event::{ProviderFailover, ProviderRetry, Usage as EngineUsage};
 use baton_engine::model::{
     BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, STOP_MAX_TOKENS, ToolCall, Turn,
 };
@@ -130,6 +130,18 @@ impl Client {
                         CallError::Http { retry_after: Some(after), .. } => *after,
                         _ => backoff(attempt),
                     };
+                    // No hidden retry: the engine records each one as `provider_retry`.
+                    cancel.progress().retried(
+                        &request.level_id,
+                        request.call_index,
+                        ProviderRetry {
+                            provider: provider.name.clone(),
+                            model: model.name.clone(),
+                            attempt,
+                            reason: e.to_string(),
+                            wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                        },
+                    );
                     tokio::select! {
                         () = tokio::time::sleep(wait) => {}
                         () = cancel.cancelled() => return Err(CallError::Cancelled),

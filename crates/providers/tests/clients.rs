@@ -271,9 +271,17 @@ async fn retry_after_is_honoured_and_5xx_and_drops_are_retried() {
     .await;
     let providers = Providers::with_env(local(port), |_| None).unwrap();
     let t = Instant::now();
-    let reply =
-        providers.call(&request("x", "free:local/*", false), &CancelToken::new()).await.unwrap();
+    let cancel = CancelToken::new();
+    let reply = providers.call(&request("x", "free:local/*", false), &cancel).await.unwrap();
     assert_eq!(reply.text, "done");
+    // Each retry is reported for the engine to record: attempt, reason, wait.
+    let retries = cancel.progress().take_retries("l1", 0);
+    assert_eq!(retries.iter().map(|r| r.attempt).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert!(retries[0].reason.contains("HTTP 429"), "{:?}", retries[0]);
+    assert_eq!(retries[0].wait_ms, 1000, "Retry-After: 1");
+    assert!(retries[1].reason.contains("HTTP 503"), "{:?}", retries[1]);
+    assert!(retries[2].reason.contains("ended before"), "{:?}", retries[2]);
+    assert!(cancel.progress().take_retries("l1", 0).is_empty(), "taken once");
     assert_eq!(hits.load(Ordering::SeqCst), 4, "429, 503 and the dropped stream were each retried");
     assert!(
         t.elapsed() >= Duration::from_secs(1),
