@@ -2,8 +2,9 @@
 //! retries, and [`Providers`], the engine's `ModelProvider` over the configured providers.
 //!
 //! Faults: 401/403 is an authentication error naming the provider and the key's variable,
-//! never retried; 429, 5xx, connect and read timeouts and dropped streams are retried with
-//! exponential backoff and jitter, honouring `Retry-After`, within bounded attempts and time;
+//! never retried; 429, 5xx, connect and read timeouts, dropped streams and in-stream `error`
+//! events (`overloaded_error`) are retried with exponential backoff and jitter, honouring
+//! `Retry-After`, within bounded attempts and time, and each retry is reported to the engine;
 //! a malformed stream is an error naming the provider, the model and the request id, and so
 //! are wrong answers (no choices, a refusal, a body over the cap), which are never retried;
 //! a whole JSON body answering a streaming request is read as the response it is. API keys
@@ -74,7 +75,11 @@ impl CallError {
         match self {
             CallError::Http { status, .. } => *status == 429 || (500..600).contains(status),
             CallError::Transport { .. } => true,
-            CallError::Stream { source, .. } => matches!(source, StreamError::Incomplete),
+            // An `error` event in the stream (Anthropic's `overloaded_error`, an OpenAI
+            // chunk's `error`) is the server failing mid-answer: as transient as a 5xx.
+            CallError::Stream { source, .. } => {
+                matches!(source, StreamError::Incomplete | StreamError::Provider(_))
+            }
             _ => false,
         }
     }

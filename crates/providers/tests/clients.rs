@@ -810,3 +810,23 @@ async fn without_a_configured_key_variable_the_auth_error_names_the_one_to_set()
     assert!(err.contains("$OPENAI_API_KEY"), "{err}");
     assert!(!err.contains("no api_key_env configured"), "{err}");
 }
+
+#[tokio::test]
+async fn an_error_event_in_the_stream_is_retried_and_reported() {
+    let body = "data: {\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+    let overloaded = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port =
+        scripted_server(vec![Some(overloaded), Some(ok_stream("after"))], Arc::clone(&hits)).await;
+    let providers = Providers::with_env(local(port), |_| None).unwrap();
+    let cancel = CancelToken::new();
+    let reply = providers.call(&request("x", "free:local/*", false), &cancel).await.unwrap();
+    assert_eq!(reply.text, "after");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    let retries = cancel.progress().take_retries("l1", 0);
+    assert_eq!(retries.len(), 1);
+    assert!(retries[0].reason.contains("Overloaded"), "{:?}", retries[0]);
+}
