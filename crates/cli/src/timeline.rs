@@ -108,6 +108,23 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             u.version,
             u.checksum.chars().take(12).collect::<String>()
         ),
+        EventData::ModelStopped(m) => {
+            format!("stopped   {level}: call {} ended with `{}`", m.call, m.stop_reason)
+        }
+        EventData::ProviderRetry(r) => format!(
+            "retry     {level}: {} ({}) attempt {} failed, retrying in {} ms: {}",
+            r.provider,
+            r.model,
+            r.attempt,
+            r.wait_ms,
+            preview(&r.reason, 80)
+        ),
+        EventData::ProviderFailover(f) => format!(
+            "failover  {level}: {} ({}) failed: {}",
+            f.provider,
+            f.model,
+            preview(&f.reason, 80)
+        ),
         EventData::ScenarioFinished(f) => format!(
             "finished  {} — ${:.4}, {} tokens, {} levels{}",
             f.status.as_str(),

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::Notify;
 
+use crate::event::ProviderRetry;
+
 /// A cancel signal shared by the executor and the runners of one step, with the step's
 /// progress: whatever runs the step (a provider streaming an answer, a tool loop) counts
 /// its progress here, and the executor's heartbeats report it.
@@ -23,6 +25,9 @@ pub struct CancelToken {
 pub struct Progress {
     streamed_bytes: AtomicU64,
     tool_calls: AtomicU64,
+    /// HTTP-level retries the model client made, not yet recorded (bounded by the client's
+    /// attempts; drained after each call).
+    retries: std::sync::Mutex<Vec<(String, u32, ProviderRetry)>>,
 }
 
 impl Progress {
@@ -34,6 +39,24 @@ impl Progress {
     /// Counts a tool call run.
     pub fn tool_call(&self) {
         self.tool_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reports an HTTP-level retry of call `call_index` of level `level_id`, for the engine
+    /// to record as a `provider_retry` event: no retry is hidden.
+    pub fn retried(&self, level_id: &str, call_index: u32, retry: ProviderRetry) {
+        if let Ok(mut retries) = self.retries.lock() {
+            retries.push((level_id.to_owned(), call_index, retry));
+        }
+    }
+
+    /// Takes the retries reported for call `call_index` of level `level_id`, oldest first.
+    pub fn take_retries(&self, level_id: &str, call_index: u32) -> Vec<ProviderRetry> {
+        let Ok(mut retries) = self.retries.lock() else { return Vec::new() };
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut *retries)
+            .into_iter()
+            .partition(|(l, c, _)| l == level_id && *c == call_index);
+        *retries = others;
+        mine.into_iter().map(|(_, _, r)| r).collect()
     }
 
     /// Bytes of model answers received so far.

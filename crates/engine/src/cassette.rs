@@ -278,6 +278,8 @@ impl ModelProvider for Replayer {
                 usage: e.usage,
                 cost_usd: e.cost_usd,
                 routing: None,
+                stop_reason: None,
+                failovers: Vec::new(),
             })
         })
     }

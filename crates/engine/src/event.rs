@@ -72,6 +72,9 @@ pub enum EventData {
     PromptSent(PromptSent),
     RoutingDecision(RoutingDecision),
     ModelResponse(ModelResponse),
+    ModelStopped(ModelStopped),
+    ProviderFailover(ProviderFailover),
+    ProviderRetry(ProviderRetry),
     ToolCall(ToolCalled),
     ToolResult(ToolResult),
     FileCreated(FileCreated),
@@ -103,6 +106,9 @@ impl EventData {
             EventData::PromptSent(_) => "prompt_sent",
             EventData::RoutingDecision(_) => "routing_decision",
             EventData::ModelResponse(_) => "model_response",
+            EventData::ModelStopped(_) => "model_stopped",
+            EventData::ProviderFailover(_) => "provider_failover",
+            EventData::ProviderRetry(_) => "provider_retry",
             EventData::ToolCall(_) => "tool_call",
             EventData::ToolResult(_) => "tool_result",
             EventData::FileCreated(_) => "file_created",
@@ -175,6 +181,9 @@ impl EventData {
             "prompt_sent" => PromptSent,
             "routing_decision" => RoutingDecision,
             "model_response" => ModelResponse,
+            "model_stopped" => ModelStopped,
+            "provider_failover" => ProviderFailover,
+            "provider_retry" => ProviderRetry,
             "tool_call" => ToolCall,
             "tool_result" => ToolResult,
             "file_created" => FileCreated,
@@ -364,6 +373,41 @@ pub struct ModelResponse {
     pub tool_calls: Vec<crate::model::ToolCall>,
     pub usage: Usage,
     pub cost_usd: f64,
+}
+
+/// Why the model's answer of call `call` ended, when it did not end on its own: recorded
+/// right after its `model_response` (a new kind, so `model_response` keeps its schema).
+/// `max_tokens` means the answer was cut at the output limit; such an answer never counts
+/// as a success.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelStopped {
+    pub call: u32,
+    /// `max_tokens`, `content_filter`, or what else the provider reported.
+    pub stop_reason: String,
+}
+
+/// One provider of a level's chain failed after its retries and the call moved on to the
+/// next: one event per failover, before the `routing_decision` of the model that answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProviderFailover {
+    pub provider: String,
+    pub model: String,
+    /// Why it failed, as the client reported it.
+    pub reason: String,
+}
+
+/// The model client retried a request to one provider after a transient fault (429, 5xx,
+/// a timeout, a dropped stream): one event per retry, before the call's answer or failure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProviderRetry {
+    pub provider: String,
+    pub model: String,
+    /// The attempt that failed (1 for the first request).
+    pub attempt: u32,
+    /// Why it failed.
+    pub reason: String,
+    /// How long the client waited before the next attempt.
+    pub wait_ms: u64,
 }
 
 /// A model asked a tool-loop level to run a tool.

@@ -137,6 +137,10 @@ impl ModelRequest {
     }
 }
 
+/// The stop reason of an answer cut at the output limit (OpenAI's `length`, Anthropic's
+/// `max_tokens`), as providers report it to the engine.
+pub const STOP_MAX_TOKENS: &str = "max_tokens";
+
 /// A model's answer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelReply {
@@ -148,6 +152,11 @@ pub struct ModelReply {
     pub cost_usd: f64,
     /// How the model was chosen, when a policy chose it (recorded as `routing_decision`).
     pub routing: Option<crate::event::RoutingDecision>,
+    /// Why the answer ended, when not on its own (`max_tokens`: cut at the output limit);
+    /// `None` for a normal end or when the provider does not say.
+    pub stop_reason: Option<String>,
+    /// The providers of the chain that failed before this one answered, in order.
+    pub failovers: Vec<crate::event::ProviderFailover>,
 }
 
 /// Why a call produced no answer.
@@ -202,6 +211,10 @@ pub struct ScriptedResponse {
     /// Fail the call with this message instead of answering.
     #[serde(default)]
     pub error: Option<String>,
+    /// Why the answer ended, as a provider reports it (`max_tokens`: cut at the output
+    /// limit); a normal end when absent.
+    #[serde(default)]
+    pub stop_reason: Option<String>,
 }
 
 /// A scripted tool call; its id defaults to `call_<call index>_<position>`.
@@ -381,6 +394,8 @@ impl ModelProvider for ScriptedModel {
                 usage,
                 cost_usd: response.cost_usd.unwrap_or(0.0),
                 routing: None,
+                stop_reason: response.stop_reason.clone(),
+                failovers: Vec::new(),
             })
         })
     }

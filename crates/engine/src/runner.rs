@@ -19,12 +19,13 @@ use crate::cancel::CancelToken;
 use crate::clock::elapsed_ms;
 use crate::event::{
     ApprovalRequested, AskUser, BudgetExceeded, EventData, LevelFinished, LevelStarted,
-    LevelTimedOut, ModelResponse, NewEvent, PromptSent, VerifierFinished, VerifierStarted,
+    LevelTimedOut, ModelResponse, ModelStopped, NewEvent, PromptSent, VerifierFinished,
+    VerifierStarted,
 };
 use crate::fan_in::{self, ChildResult};
 use crate::join::join_limited;
 use crate::limits;
-use crate::model::{ModelError, ModelProvider, ModelReply, ModelRequest};
+use crate::model::{ModelError, ModelProvider, ModelReply, ModelRequest, STOP_MAX_TOKENS};
 use crate::render::{self, Renderer};
 use crate::state::RunState;
 use crate::verdict;
@@ -647,11 +648,20 @@ impl Calls<'_> {
                 call: self.call,
             })));
         }
-        let mut reply = match self.run.runtime.model.call(&request, &self.run.cancel).await {
+        let result = self.run.runtime.model.call(&request, &self.run.cancel).await;
+        // Every HTTP-level retry the client made is recorded, whatever the call's outcome.
+        for retry in self.run.cancel.progress().take_retries(&request.level_id, request.call_index)
+        {
+            events.push(self.run.event(EventData::ProviderRetry(retry)));
+        }
+        let mut reply = match result {
             Ok(r) => r,
             Err(ModelError::Cancelled) => return Err(Stop::Halted),
             Err(e) => return Err(Stop::Failed(e.to_string())),
         };
+        for failover in std::mem::take(&mut reply.failovers) {
+            events.push(self.run.event(EventData::ProviderFailover(failover)));
+        }
         if let Some(routing) = reply.routing.take() {
             events.push(self.run.event(EventData::RoutingDecision(routing)));
         }
@@ -674,10 +684,25 @@ impl Calls<'_> {
             usage: reply.usage,
             cost_usd: reply.cost_usd,
         })));
+        let call = self.call;
         self.call += 1;
         self.call_index += 1;
         self.cost_usd += reply.cost_usd;
         self.tokens += reply.usage.total();
+        if let Some(stop_reason) = reply.stop_reason.clone() {
+            events.push(self.run.event(EventData::ModelStopped(ModelStopped {
+                call,
+                stop_reason: stop_reason.clone(),
+            })));
+            // An answer cut at the output limit is never a success, whatever it parses as:
+            // the attempt fails with that reason (and is retried or escalated as any).
+            if stop_reason == STOP_MAX_TOKENS {
+                return Err(Stop::Failed(format!(
+                    "the answer of call {call} was cut at the output limit of {} tokens (stop reason `{STOP_MAX_TOKENS}`); raise the level's `max_tokens` or ask for a shorter answer",
+                    request.max_tokens
+                )));
+            }
+        }
         Ok(reply)
     }
 }

@@ -419,6 +419,9 @@ impl RunState {
             }
             EventData::PromptSent(_)
             | EventData::RoutingDecision(_)
+            | EventData::ModelStopped(_)
+            | EventData::ProviderFailover(_)
+            | EventData::ProviderRetry(_)
             | EventData::VerifierStarted(_)
             | EventData::RetryScheduled(_)
             | EventData::Heartbeat(_)

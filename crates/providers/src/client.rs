@@ -2,18 +2,21 @@
 //! retries, and [`Providers`], the engine's `ModelProvider` over the configured providers.
 //!
 //! Faults: 401/403 is an authentication error naming the provider and the key's variable,
-//! never retried; 429, 5xx, connect and read timeouts and dropped streams are retried with
-//! exponential backoff and jitter, honouring `Retry-After`, within bounded attempts and time;
-//! a malformed stream is an error naming the provider, the model and the request id. API keys
+//! never retried; 429, 5xx, connect and read timeouts, dropped streams and in-stream `error`
+//! events (`overloaded_error`) are retried with exponential backoff and jitter, honouring
+//! `Retry-After`, within bounded attempts and time, and each retry is reported to the engine;
+//! a malformed stream is an error naming the provider, the model and the request id, and so
+//! are wrong answers (no choices, a refusal, a body over the cap), which are never retried;
+//! a whole JSON body answering a streaming request is read as the response it is. API keys
 //! go into headers only — never into errors, logs or events. A cancel aborts a stream at once.
 
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use baton_engine::cancel::{CancelToken, Progress};
-use baton_engine::event::Usage as EngineUsage;
+use baton_engine::event::{ProviderFailover, ProviderRetry, Usage as EngineUsage};
 use baton_engine::model::{
-    BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, ToolCall, Turn,
+    BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, STOP_MAX_TOKENS, ToolCall, Turn,
 };
 use serde_json::{Value, json};
 
@@ -39,8 +42,15 @@ pub const RESPONSE_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Why a call to one provider failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CallError {
-    #[error("{provider}: authentication failed (HTTP {status}); check the key in ${env}")]
-    Auth { provider: String, status: u16, env: String },
+    #[error("{provider}: authentication failed (HTTP {status}); {}", if *sent { format!("check the key in ${env}") } else { format!("no key was sent: set ${env} (or name the key's variable with `api_key_env` in baton.toml)") })]
+    Auth {
+        provider: String,
+        status: u16,
+        /// The variable the key is read from (the kind's usual one when none is configured).
+        env: String,
+        /// Whether a key was sent at all.
+        sent: bool,
+    },
     #[error("{provider} ({model}): HTTP {status}{}: {message}", request_id.as_ref().map(|r| format!(", request {r}")).unwrap_or_default())]
     Http {
         provider: String,
@@ -65,7 +75,11 @@ impl CallError {
         match self {
             CallError::Http { status, .. } => *status == 429 || (500..600).contains(status),
             CallError::Transport { .. } => true,
-            CallError::Stream { source, .. } => matches!(source, StreamError::Incomplete),
+            // An `error` event in the stream (Anthropic's `overloaded_error`, an OpenAI
+            // chunk's `error`) is the server failing mid-answer: as transient as a 5xx.
+            CallError::Stream { source, .. } => {
+                matches!(source, StreamError::Incomplete | StreamError::Provider(_))
+            }
             _ => false,
         }
     }
@@ -121,6 +135,18 @@ impl Client {
                         CallError::Http { retry_after: Some(after), .. } => *after,
                         _ => backoff(attempt),
                     };
+                    // No hidden retry: the engine records each one as `provider_retry`.
+                    cancel.progress().retried(
+                        &request.level_id,
+                        request.call_index,
+                        ProviderRetry {
+                            provider: provider.name.clone(),
+                            model: model.name.clone(),
+                            attempt,
+                            reason: e.to_string(),
+                            wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                        },
+                    );
                     tokio::select! {
                         () = tokio::time::sleep(wait) => {}
                         () = cancel.cancelled() => return Err(CallError::Cancelled),
@@ -223,10 +249,14 @@ impl Client {
             return Err(CallError::Auth {
                 provider: provider.name.clone(),
                 status,
-                env: provider
-                    .api_key_env
-                    .clone()
-                    .unwrap_or_else(|| "(no api_key_env configured)".to_owned()),
+                env: provider.api_key_env.clone().unwrap_or_else(|| {
+                    match provider.kind {
+                        Kind::Openai => "OPENAI_API_KEY",
+                        Kind::Anthropic => "ANTHROPIC_API_KEY",
+                    }
+                    .to_owned()
+                }),
+                sent: key.is_some(),
             });
         }
         if status >= 400 {
@@ -257,10 +287,19 @@ impl Client {
             request_id: request_id.clone(),
             source,
         };
-        if !provider.stream {
+        // A server that ignores `stream: true` answers with one JSON body: read it whole,
+        // as the non-streamed response it is, rather than find no events in it.
+        let json_body =
+            response.headers().get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|v| {
+                v.trim_start().to_ascii_lowercase().starts_with("application/json")
+            });
+        if !provider.stream || json_body {
             let body = read_capped(&mut response, RESPONSE_BYTES_MAX)
                 .await
                 .map_err(|_| stream_error(StreamError::Incomplete))?;
+            if body.len() > RESPONSE_BYTES_MAX {
+                return Err(stream_error(StreamError::Malformed(too_big())));
+            }
             let value: Value = serde_json::from_slice(&body).map_err(|e| {
                 stream_error(StreamError::Malformed(format!("the response is not JSON: {e}")))
             })?;
@@ -286,9 +325,7 @@ impl Client {
             read += chunk.len();
             progress.streamed(chunk.len());
             if read > RESPONSE_BYTES_MAX {
-                return Err(stream_error(StreamError::Malformed(format!(
-                    "the response passed {RESPONSE_BYTES_MAX} bytes"
-                ))));
+                return Err(stream_error(StreamError::Malformed(too_big())));
             }
             parser.feed(&chunk, &mut events);
             for e in events.drain(..) {
@@ -394,7 +431,15 @@ impl JsonBody for reqwest::RequestBuilder {
     }
 }
 
-/// A response body, read up to `limit` bytes.
+/// Why a response over [`RESPONSE_BYTES_MAX`] was refused.
+fn too_big() -> String {
+    format!(
+        "the response exceeds {} MiB, the most Baton reads from a provider; ask for a shorter answer",
+        RESPONSE_BYTES_MAX / (1024 * 1024)
+    )
+}
+
+/// A response body, read up to `limit` bytes (one chunk more shows it was over).
 async fn read_capped(
     response: &mut reqwest::Response,
     limit: usize,
@@ -494,11 +539,12 @@ impl Providers {
         for choice in choices {
             let key = self.key(choice.provider);
             if choice.provider.api_key_env.is_some() && key.is_none() {
-                failures.push(format!(
+                let reason = format!(
                     "{}: ${} is not set",
                     choice.provider.name,
                     choice.provider.api_key_env.as_deref().unwrap_or_default()
-                ));
+                );
+                failures.push(failover(&choice, reason));
                 continue;
             }
             match self
@@ -537,7 +583,14 @@ impl Providers {
                         provider: choice.provider.name.clone(),
                         model: choice.model.name.clone(),
                         source: choice.source.to_owned(),
-                        failovers: std::mem::take(&mut failures),
+                        // Each failover is its own `provider_failover` event now.
+                        failovers: Vec::new(),
+                    };
+                    let stop_reason = match reply.stop {
+                        Stop::EndTurn | Stop::ToolUse | Stop::StopSequence => None,
+                        Stop::MaxTokens => Some(STOP_MAX_TOKENS.to_owned()),
+                        Stop::Refusal(_) => Some("refusal".to_owned()),
+                        Stop::Other(other) => Some(other),
                     };
                     return Ok(ModelReply {
                         routing: Some(routing),
@@ -547,13 +600,25 @@ impl Providers {
                         tool_calls,
                         usage,
                         cost_usd,
+                        stop_reason,
+                        failovers: std::mem::take(&mut failures),
                     });
                 }
                 Err(CallError::Cancelled) => return Err(ModelError::Cancelled),
-                Err(e) => failures.push(e.to_string()),
+                Err(e) => failures.push(failover(&choice, e.to_string())),
             }
         }
-        Err(ModelError::Failed { provider: "providers".to_owned(), message: failures.join("; ") })
+        let reasons: Vec<&str> = failures.iter().map(|f| f.reason.as_str()).collect();
+        Err(ModelError::Failed { provider: "providers".to_owned(), message: reasons.join("; ") })
+    }
+}
+
+/// A provider of the chain that failed, for its `provider_failover` event.
+fn failover(choice: &Choice<'_>, reason: String) -> ProviderFailover {
+    ProviderFailover {
+        provider: choice.provider.name.clone(),
+        model: choice.model.name.clone(),
+        reason,
     }
 }
 

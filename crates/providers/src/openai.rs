@@ -95,10 +95,15 @@ pub struct Assembler {
     text: String,
     calls: Vec<(u64, PartialCall)>,
     finish: Option<String>,
+    /// The model's refusal, kept apart from its text: a later `finish_reason` of `stop`
+    /// does not turn it into an answer.
+    refusal: Option<String>,
     usage: Usage,
     id: Option<String>,
     model: Option<String>,
     done: bool,
+    /// Whether any chunk carried a choice.
+    choices_seen: bool,
 }
 
 impl Assembler {
@@ -145,6 +150,7 @@ impl Assembler {
         let Some(choice) = chunk.choices.and_then(|c| c.into_iter().next()) else {
             return Ok(());
         };
+        self.choices_seen = true;
         if let Some(reason) = choice.finish_reason {
             self.finish = Some(reason.into_owned());
         }
@@ -153,8 +159,7 @@ impl Assembler {
             self.text.push_str(&text);
         }
         if let Some(refusal) = delta.refusal {
-            self.finish.get_or_insert_with(|| "refusal".to_owned());
-            self.text.push_str(&refusal);
+            self.refusal.get_or_insert_with(String::new).push_str(&refusal);
         }
         for (position, piece) in delta.tool_calls.into_iter().flatten().enumerate() {
             // A non-streamed message lists its calls without an index: their order is it.
@@ -184,12 +189,24 @@ impl Assembler {
     /// The assembled reply. Tool call arguments must be complete JSON.
     pub fn finish(mut self) -> Result<Reply, StreamError> {
         let stop = match self.finish.as_deref() {
+            // A complete stream without a single choice is a wrong answer, not a dropped one.
+            None if self.done && !self.choices_seen => {
+                return Err(StreamError::Malformed(
+                    "the stream ended without any choice (every `choices` array was empty)"
+                        .to_owned(),
+                ));
+            }
             None => return Err(StreamError::Incomplete),
             Some("stop") => Stop::EndTurn,
             Some("tool_calls" | "function_call") => Stop::ToolUse,
             Some("length") => Stop::MaxTokens,
             Some("content_filter" | "refusal") => Stop::Refusal(None),
             Some(other) => Stop::Other(other.to_owned()),
+        };
+        // A refusal is kept as one, with its explanation, as Anthropic's are.
+        let stop = match self.refusal.take() {
+            Some(reason) => Stop::Refusal(Some(reason).filter(|r| !r.trim().is_empty())),
+            None => stop,
         };
         self.calls.sort_by_key(|(i, _)| *i);
         let mut tool_calls = Vec::with_capacity(self.calls.len());
@@ -212,6 +229,12 @@ impl Assembler {
 pub fn from_response(body: &Value) -> Result<Reply, StreamError> {
     let chunk = Chunk::deserialize(body)
         .map_err(|e| StreamError::Malformed(format!("{e}: {}", preview(&body.to_string()))))?;
+    if chunk.error.is_none() && chunk.choices.as_ref().is_none_or(Vec::is_empty) {
+        return Err(StreamError::Malformed(format!(
+            "the response has no choices (an empty or missing `choices` array): {}",
+            preview(&body.to_string())
+        )));
+    }
     let mut a = Assembler::new();
     a.push_chunk(chunk)?;
     a.finish()

@@ -2,8 +2,9 @@
 //! provider and model, and the ordered chain to fail over along.
 //!
 //! A constraint's `allow` globs match `tier:provider/model` (`*` matches any run of
-//! characters). The first configured model an allow pattern matches is chosen; then come
-//! the constraint's `fallback` entries in order; then, with `fallback_outside_allow`, the
+//! characters). Every configured model an allow pattern matches comes first, in the
+//! patterns' order and configuration order within each; then come the constraint's
+//! `fallback` entries in order; then, with `fallback_outside_allow`, the
 //! routing default. A level without a constraint uses the routing default.
 
 use baton_scenario::model::{ModelConstraint, Tier};
@@ -91,10 +92,12 @@ pub fn chain<'a>(config: &'a Config, constraint: Option<&'a ModelConstraint>) ->
             }
         }
         Some(c) => {
+            // Every configured model an allow pattern matches is a candidate, pattern by
+            // pattern and in configuration order within one: a second free provider is
+            // a failover target, not ignored.
             for pattern in &c.allow {
-                if let Some((p, m)) = find(config, pattern) {
+                for (p, m) in matching(config, pattern) {
                     push(p, m, "allow", &mut out);
-                    break;
                 }
             }
             for pattern in &c.fallback {

@@ -271,9 +271,17 @@ async fn retry_after_is_honoured_and_5xx_and_drops_are_retried() {
     .await;
     let providers = Providers::with_env(local(port), |_| None).unwrap();
     let t = Instant::now();
-    let reply =
-        providers.call(&request("x", "free:local/*", false), &CancelToken::new()).await.unwrap();
+    let cancel = CancelToken::new();
+    let reply = providers.call(&request("x", "free:local/*", false), &cancel).await.unwrap();
     assert_eq!(reply.text, "done");
+    // Each retry is reported for the engine to record: attempt, reason, wait.
+    let retries = cancel.progress().take_retries("l1", 0);
+    assert_eq!(retries.iter().map(|r| r.attempt).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert!(retries[0].reason.contains("HTTP 429"), "{:?}", retries[0]);
+    assert_eq!(retries[0].wait_ms, 1000, "Retry-After: 1");
+    assert!(retries[1].reason.contains("HTTP 503"), "{:?}", retries[1]);
+    assert!(retries[2].reason.contains("ended before"), "{:?}", retries[2]);
+    assert!(cancel.progress().take_retries("l1", 0).is_empty(), "taken once");
     assert_eq!(hits.load(Ordering::SeqCst), 4, "429, 503 and the dropped stream were each retried");
     assert!(
         t.elapsed() >= Duration::from_secs(1),
@@ -329,10 +337,20 @@ async fn a_provider_that_keeps_failing_hands_over_along_the_chain() {
     assert_eq!(reply.provider, "claude");
     let routing = reply.routing.unwrap();
     assert_eq!((routing.source.as_str(), routing.tier.as_str()), ("fallback", "paid"));
+    assert_eq!(
+        reply.failovers.len(),
+        1,
+        "one failover, reported on its own: {:?}",
+        reply.failovers
+    );
+    assert_eq!(
+        (reply.failovers[0].provider.as_str(), reply.failovers[0].model.as_str()),
+        ("local", "fake-model")
+    );
     assert!(
-        routing.failovers[0].starts_with("local (fake-model): HTTP 400"),
+        reply.failovers[0].reason.starts_with("local (fake-model): HTTP 400"),
         "{:?}",
-        routing.failovers
+        reply.failovers
     );
 }
 
@@ -663,4 +681,152 @@ async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
     assert!(!streamed.is_empty(), "a stream of over 3 s writes a heartbeat");
     assert!(streamed.iter().all(|b| *b > 0), "{streamed:?}");
     assert!(streamed.windows(2).all(|w| w[0] <= w[1]), "{streamed:?}");
+}
+
+/// A streamed OpenAI answer that ends with `finish_reason` `reason`.
+fn stream_ending(text: &str, reason: &str) -> String {
+    ok_stream(text)
+        .replace("\"finish_reason\":\"stop\"", &format!("\"finish_reason\":\"{reason}\""))
+}
+
+#[tokio::test]
+async fn an_answer_cut_at_the_output_limit_reports_its_stop_reason() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = scripted_server(
+        vec![Some(stream_ending("{\\\"answer\\\": \\\"Par", "length")), Some(ok_stream("whole"))],
+        Arc::clone(&hits),
+    )
+    .await;
+    let providers = Providers::with_env(local(port), |_| None).unwrap();
+    let cut =
+        providers.call(&request("x", "free:local/*", false), &CancelToken::new()).await.unwrap();
+    assert_eq!(cut.stop_reason.as_deref(), Some("max_tokens"), "OpenAI's `length` is a cut");
+    assert_eq!(cut.text, "{\"answer\": \"Par");
+    let whole =
+        providers.call(&request("x", "free:local/*", false), &CancelToken::new()).await.unwrap();
+    assert_eq!(whole.stop_reason, None, "a normal end reports no stop reason");
+}
+
+#[tokio::test]
+async fn every_provider_an_allow_pattern_matches_is_tried_in_order() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = scripted_server(
+        vec![Some(status(400, "")), Some(ok_stream("from the second free provider"))],
+        Arc::clone(&hits),
+    )
+    .await;
+    let mut config = local(port);
+    // A second free provider, after the first in the configuration.
+    config.providers[1].kind = baton_providers::config::Kind::Openai;
+    config.providers[1].tier = baton_scenario::model::Tier::Free;
+    config.providers[1].base_url = format!("http://127.0.0.1:{port}/v1");
+    let providers = Providers::with_env(config, |_| Some("k".to_owned())).unwrap();
+    let reply = providers.call(&request("x", "free:*", false), &CancelToken::new()).await.unwrap();
+    assert_eq!(reply.text, "from the second free provider");
+    assert_eq!(reply.provider, "claude");
+    assert_eq!(reply.routing.unwrap().source, "allow");
+    assert_eq!(reply.failovers.len(), 1, "{:?}", reply.failovers);
+    assert_eq!(reply.failovers[0].provider, "local");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+}
+
+/// A whole JSON body with status 200 and `content_type`.
+fn json_answer(body: &str, content_type: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[tokio::test]
+async fn wrong_answers_get_clear_messages_not_retries() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let whole = r#"{"id":"c1","choices":[{"index":0,"message":{"content":"whole"},"finish_reason":"stop"}]}"#;
+    let port = scripted_server(
+        vec![
+            // A whole JSON body answering a streaming request is read as the response it is.
+            Some(json_answer(whole, "application/json; charset=utf-8")),
+            // An empty `choices` array is a wrong answer: said once, never retried.
+            Some(json_answer(r#"{"id":"c2","choices":[]}"#, "application/json")),
+            Some(ok_stream("never")),
+        ],
+        Arc::clone(&hits),
+    )
+    .await;
+    let providers = Providers::with_env(local(port), |_| None).unwrap();
+    let reply =
+        providers.call(&request("x", "free:local/*", false), &CancelToken::new()).await.unwrap();
+    assert_eq!(reply.text, "whole");
+    let err = providers
+        .call(&request("x", "free:local/*", false), &CancelToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no choices"), "{err}");
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "neither was retried");
+}
+
+#[tokio::test]
+async fn an_over_cap_whole_body_says_it_exceeds_the_cap() {
+    let big = format!(
+        r#"{{"choices":[{{"index":0,"message":{{"content":"{}"}},"finish_reason":"stop"}}]}}"#,
+        "x".repeat(baton_providers::client::RESPONSE_BYTES_MAX + 10)
+    );
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port =
+        scripted_server(vec![Some(json_answer(&big, "application/json"))], Arc::clone(&hits)).await;
+    let mut config = local(port);
+    config.providers[0].stream = false;
+    let providers = Providers::with_env(config, |_| None).unwrap();
+    let err = providers
+        .call(&request("x", "free:local/*", false), &CancelToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("exceeds 16 MiB"), "{err}");
+    assert!(!err.contains("not JSON"), "{err}");
+}
+
+#[tokio::test]
+async fn without_a_configured_key_variable_the_auth_error_names_the_one_to_set() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = scripted_server(vec![Some(status(401, ""))], Arc::clone(&hits)).await;
+    // The environment-only setup: OPENAI_BASE_URL without OPENAI_API_KEY.
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let config = Config::from_env(|k| (k == "OPENAI_BASE_URL").then(|| base.clone()));
+    let provider = &config.providers[0];
+    let err = Client::new()
+        .unwrap()
+        .call(
+            provider,
+            &provider.models[0],
+            &request("x", "free:*", false),
+            None,
+            &CancelToken::new(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("$OPENAI_API_KEY"), "{err}");
+    assert!(!err.contains("no api_key_env configured"), "{err}");
+}
+
+#[tokio::test]
+async fn an_error_event_in_the_stream_is_retried_and_reported() {
+    let body = "data: {\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+    let overloaded = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port =
+        scripted_server(vec![Some(overloaded), Some(ok_stream("after"))], Arc::clone(&hits)).await;
+    let providers = Providers::with_env(local(port), |_| None).unwrap();
+    let cancel = CancelToken::new();
+    let reply = providers.call(&request("x", "free:local/*", false), &cancel).await.unwrap();
+    assert_eq!(reply.text, "after");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    let retries = cancel.progress().take_retries("l1", 0);
+    assert_eq!(retries.len(), 1);
+    assert!(retries[0].reason.contains("Overloaded"), "{:?}", retries[0]);
 }

@@ -71,12 +71,14 @@ fn constraints_resolve_in_policy_order() {
     assert_eq!(labels(&c, None), vec!["paid:anthropic/claude-sonnet-4-5 (default)"]);
     assert_eq!(
         labels(&c, Some(&constraint(&["free:*"], &[], false))),
-        vec!["free:ollama/llama3.1:8b (allow)"]
+        vec!["free:ollama/llama3.1:8b (allow)", "free:ollama/qwen2.5 (allow)"],
+        "every model the allow pattern matches is in the chain, in configured order"
     );
     assert_eq!(
         labels(&c, Some(&constraint(&["free:*"], &["paid:anthropic/claude-haiku-4-5"], true))),
         vec![
             "free:ollama/llama3.1:8b (allow)",
+            "free:ollama/qwen2.5 (allow)",
             "paid:anthropic/claude-haiku-4-5 (fallback)",
             "paid:anthropic/claude-sonnet-4-5 (default)"
         ]

@@ -198,3 +198,58 @@ fn an_empty_chunk_keeps_a_pending_cr_from_its_lf() {
     parser.finish();
     assert!(events.is_empty(), "an event without its blank line is not dispatched: {events:?}");
 }
+
+/// An OpenAI stream from its `data:` payloads, assembled.
+fn openai_stream(chunks: &[&str]) -> Result<Reply, StreamError> {
+    let text: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    let mut a = openai::Assembler::new();
+    for e in sse::parse_all(text.as_bytes()) {
+        a.push(&e)?;
+    }
+    a.finish()
+}
+
+#[test]
+fn openai_refusals_are_kept_like_anthropics() {
+    // The refusal arrives in `delta.refusal`, then the stream ends with `stop`.
+    let streamed = openai_stream(&[
+        r#"{"id":"c","choices":[{"index":0,"delta":{"refusal":"I can't help "}}]}"#,
+        r#"{"id":"c","choices":[{"index":0,"delta":{"refusal":"with that."}}]}"#,
+        r#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+        "[DONE]",
+    ])
+    .unwrap();
+    assert_eq!(streamed.stop, Stop::Refusal(Some("I can't help with that.".to_owned())));
+    assert!(streamed.text.is_empty(), "a refusal is not an answer: {:?}", streamed.text);
+    let whole = openai::from_response(&json!({"choices": [{"message": {"content": null, "refusal": "No."}, "finish_reason": "stop"}]})).unwrap();
+    assert_eq!(whole.stop, Stop::Refusal(Some("No.".to_owned())));
+}
+
+#[test]
+fn an_empty_choices_array_is_a_clear_error_not_a_dropped_stream() {
+    let whole = openai::from_response(&json!({"id": "c", "choices": []})).unwrap_err();
+    assert!(matches!(whole, StreamError::Malformed(_)), "{whole:?}");
+    assert!(whole.to_string().contains("no choices"), "{whole}");
+    let streamed = openai_stream(&[
+        r#"{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":0}}"#,
+        "[DONE]",
+    ])
+    .unwrap_err();
+    assert!(streamed.to_string().contains("without any choice"), "{streamed}");
+    // A stream cut before [DONE] is still incomplete (and retried).
+    let cut = openai_stream(&[r#"{"id":"c","choices":[]}"#]).unwrap_err();
+    assert_eq!(cut, StreamError::Incomplete);
+}
+
+#[test]
+fn a_cut_answer_reports_max_tokens_over_both_apis() {
+    let cut = openai_stream(&[
+        r#"{"id":"c","choices":[{"index":0,"delta":{"content":"{\"answer\": \"Par"}}]}"#,
+        r#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#,
+        "[DONE]",
+    ])
+    .unwrap();
+    assert_eq!(cut.stop, Stop::MaxTokens);
+    let anthropic = anthropic::from_response(&json!({"id": "m", "model": "c", "content": [{"type": "text", "text": "{\"answer\": \"Par"}], "stop_reason": "max_tokens", "usage": {"input_tokens": 3, "output_tokens": 5}})).unwrap();
+    assert_eq!(anthropic.stop, Stop::MaxTokens);
+}

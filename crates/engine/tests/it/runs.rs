@@ -414,6 +414,87 @@ async fn a_model_failure_fails_the_run_with_the_reason() {
 }
 
 #[tokio::test]
+async fn an_answer_cut_at_the_output_limit_is_recorded_and_never_a_success() {
+    let s = scenario(LOOP);
+    // Every level answers, but the brief was cut at max_tokens mid-JSON.
+    let model = script(
+        "levels:\n  brief: [{text: '{\"answer\": \"Par', stop_reason: max_tokens}]\n  accept: [{text: PASS}]\ndefault: {text: work}\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Failed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    let stopped: Vec<_> = log
+        .iter()
+        .filter_map(|ev| match &ev.data {
+            EventData::ModelStopped(m) => {
+                Some((ev.level_id.clone(), m.call, m.stop_reason.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stopped, vec![(Some("brief".to_owned()), 0, "max_tokens".to_owned())]);
+    let k = kinds(&log);
+    let at = k.iter().position(|k| k == "model_stopped:brief").unwrap();
+    assert_eq!(k[at - 1], "model_response:brief", "recorded right after the response: {k:?}");
+    let reason = e.state(&run).await.unwrap().finished.unwrap().aborted_reason.unwrap();
+    assert!(reason.contains("cut at the output limit"), "{reason}");
+    assert!(!k.contains(&"level_started:execute".to_owned()), "the cut brief did not pass: {k:?}");
+}
+
+/// A model that reports one HTTP-level retry before each answer, as the real client does.
+#[derive(Debug)]
+struct RetryingModel(ScriptedModel);
+
+impl baton_engine::model::ModelProvider for RetryingModel {
+    fn call<'a>(
+        &'a self,
+        request: &'a baton_engine::model::ModelRequest,
+        cancel: &'a baton_engine::cancel::CancelToken,
+    ) -> baton_engine::model::BoxFuture<
+        'a,
+        Result<baton_engine::model::ModelReply, baton_engine::model::ModelError>,
+    > {
+        cancel.progress().retried(
+            &request.level_id,
+            request.call_index,
+            baton_engine::event::ProviderRetry {
+                provider: "p".to_owned(),
+                model: "m".to_owned(),
+                attempt: 1,
+                reason: "p (m): HTTP 503: busy".to_owned(),
+                wait_ms: 250,
+            },
+        );
+        self.0.call(request, cancel)
+    }
+
+    fn worst_case_cost_usd(&self, request: &baton_engine::model::ModelRequest) -> f64 {
+        self.0.worst_case_cost_usd(request)
+    }
+}
+
+#[tokio::test]
+async fn every_http_level_retry_is_an_event_of_its_level() {
+    let s = scenario(LOOP);
+    let model = script("levels:\n  accept: [{text: PASS}]\ndefault: {text: work}\n");
+    let e = engine(RetryingModel(model));
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    let k = kinds(&log);
+    for level in ["brief", "execute", "accept"] {
+        let retry = k.iter().position(|k| *k == format!("provider_retry:{level}")).unwrap();
+        assert_eq!(k[retry + 1], format!("model_response:{level}"), "{k:?}");
+    }
+    let retry = log.iter().find_map(|ev| match &ev.data {
+        EventData::ProviderRetry(r) => Some(r.clone()),
+        _ => None,
+    });
+    assert_eq!(retry.map(|r| (r.attempt, r.wait_ms)), Some((1, 250)));
+}
+
+#[tokio::test]
 async fn a_run_resumed_with_changed_scenario_files_is_refused() {
     let s = scenario(LOOP);
     let e = engine(ScriptedModel::constant("x"));
