@@ -22,7 +22,7 @@ use serde_json::Value;
 /// Version 2 added `gate_semantics` to `scenario_started` (a version 1 run keeps the
 /// two-valued gates it started under) and `data` to `approval_decided` (the approver's
 /// data for the level's `output_schema`; a version 1 decision is upgraded by
-/// [`ApprovalDecidedV1`]).
+/// [`v1::ApprovalDecided`]).
 pub const VERSION: u16 = 2;
 
 /// A stored event.
@@ -152,7 +152,7 @@ impl EventData {
                     .map_err(fail);
             }
             (1, "approval_decided") => {
-                return serde_json::from_str::<ApprovalDecidedV1>(payload)
+                return serde_json::from_str::<v1::ApprovalDecided>(payload)
                     .map(|old| EventData::ApprovalDecided(old.into()))
                     .map_err(fail);
             }
@@ -303,6 +303,29 @@ pub mod v1 {
                 model_source: old.model_source,
                 workspace: old.workspace,
                 gate_semantics: Semantics::TwoValued,
+            }
+        }
+    }
+
+    /// `approval_decided` before it carried the approver's data.
+    #[derive(Clone, Debug, PartialEq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct ApprovalDecided {
+        pub request_id: String,
+        pub approved: bool,
+        pub comment: Option<String>,
+        pub by: Option<String>,
+    }
+
+    /// A version-1 decision had no data.
+    impl From<ApprovalDecided> for super::ApprovalDecided {
+        fn from(old: ApprovalDecided) -> Self {
+            super::ApprovalDecided {
+                request_id: old.request_id,
+                approved: old.approved,
+                comment: old.comment,
+                by: old.by,
+                data: None,
             }
         }
     }
@@ -480,31 +503,9 @@ pub struct ApprovalDecided {
     pub by: Option<String>,
     /// The approver's data for the level's `output_schema`, validated before it was
     /// recorded. Required in the payload (null when none was given): a version 1 payload,
-    /// which has no such field, is read through [`ApprovalDecidedV1`].
+    /// which has no such field, is read through [`v1::ApprovalDecided`].
     #[serde(deserialize_with = "Option::deserialize")]
     pub data: Option<Value>,
-}
-
-/// `approval_decided` as schema version 1 wrote it: no approver's data.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ApprovalDecidedV1 {
-    pub request_id: String,
-    pub approved: bool,
-    pub comment: Option<String>,
-    pub by: Option<String>,
-}
-
-impl From<ApprovalDecidedV1> for ApprovalDecided {
-    fn from(v1: ApprovalDecidedV1) -> Self {
-        ApprovalDecided {
-            request_id: v1.request_id,
-            approved: v1.approved,
-            comment: v1.comment,
-            by: v1.by,
-            data: None,
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

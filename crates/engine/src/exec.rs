@@ -310,16 +310,7 @@ impl Engine {
             });
         }
         let workspace = self.recorded_workspace(scenario, run_id, &state).await?;
-        let mut w = Writer {
-            engine: self,
-            run_id,
-            stored_seq: state.last_seq,
-            state: Arc::new(state),
-            pending: Vec::new(),
-            create: None,
-            has_results: false,
-            conflicts: 0,
-        };
+        let mut w = Writer::over_stored(self, run_id, state);
         self.drive_writer(&mut w, scenario, workspace).await
     }
 
@@ -535,16 +526,7 @@ impl Engine {
                     message: "no cancel was requested; request one with `baton cancel`".to_owned(),
                 });
             }
-            let mut w = Writer {
-                engine: self,
-                run_id,
-                stored_seq: state.last_seq,
-                state: Arc::new(state),
-                pending: Vec::new(),
-                create: None,
-                has_results: false,
-                conflicts: 0,
-            };
+            let mut w = Writer::over_stored(self, run_id, state);
             if !w.state.status.is_final() {
                 let events = crate::plan::cancelled(&w.state);
                 w.stage(events);
@@ -896,7 +878,21 @@ struct Writer<'a> {
     conflicts: u32,
 }
 
-impl Writer<'_> {
+impl<'a> Writer<'a> {
+    /// A writer over a run already in the store, as of `state`.
+    fn over_stored(engine: &'a Engine, run_id: &'a str, state: RunState) -> Self {
+        Writer {
+            engine,
+            run_id,
+            stored_seq: state.last_seq,
+            state: Arc::new(state),
+            pending: Vec::new(),
+            create: None,
+            has_results: false,
+            conflicts: 0,
+        }
+    }
+
     /// Folds events into the state and stages them for the next commit.
     fn stage(&mut self, events: Vec<NewEvent>) {
         let now = self.engine.clock.now();

@@ -14,7 +14,7 @@ use baton_scenario::model::{LevelKind, Template};
 use minijinja::value::{Enumerator, Object};
 use serde_json::{Value, json};
 
-use crate::state::RunState;
+use crate::state::{LevelState, RunState};
 
 /// The compiled templates of one scenario.
 #[derive(Debug)]
@@ -178,6 +178,23 @@ const LEVEL_KEYS: &[&str] = &[
     "touched_paths",
 ];
 
+fn none() -> minijinja::Value {
+    minijinja::Value::from(())
+}
+
+/// What a level's last finished attempt left that both `level.<id>` and `previous` show.
+fn attempt_field(l: &LevelState, key: &str) -> Option<minijinja::Value> {
+    Some(match key {
+        "output" => minijinja::Value::from(l.output.as_str()),
+        "parsed" => l.parsed.as_ref().map_or_else(none, serde),
+        "verdict" => l.verdict.as_deref().map_or_else(none, minijinja::Value::from),
+        "confidence" => l.confidence.map_or_else(none, minijinja::Value::from),
+        "approved" => l.approved.map_or_else(none, minijinja::Value::from),
+        "comment" => l.comment.as_deref().map_or_else(none, minijinja::Value::from),
+        _ => return None,
+    })
+}
+
 /// `level.<id>`: one finished level.
 #[derive(Debug)]
 struct LevelView {
@@ -188,18 +205,12 @@ struct LevelView {
 impl Object for LevelView {
     fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
         let l = self.state.levels.get(&self.id)?;
-        let none = || minijinja::Value::from(());
-        Some(match key.as_str()? {
-            "output" => minijinja::Value::from(l.output.as_str()),
-            "parsed" => l.parsed.as_ref().map_or_else(none, serde),
-            "verdict" => l.verdict.as_deref().map_or_else(none, minijinja::Value::from),
+        let key = key.as_str()?;
+        Some(match key {
             "ok" => l.ok.map_or_else(none, minijinja::Value::from),
             "attempts" => minijinja::Value::from(l.attempts),
-            "confidence" => l.confidence.map_or_else(none, minijinja::Value::from),
-            "approved" => l.approved.map_or_else(none, minijinja::Value::from),
-            "comment" => l.comment.as_deref().map_or_else(none, minijinja::Value::from),
             "touched_paths" => serde(&l.touched_paths),
-            _ => return None,
+            _ => return attempt_field(l, key),
         })
     }
 
@@ -223,17 +234,11 @@ struct Previous {
 impl Object for Previous {
     fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
         let l = self.state.levels.get(&self.id)?;
-        let none = || minijinja::Value::from(());
-        Some(match key.as_str()? {
-            "output" => minijinja::Value::from(l.output.as_str()),
-            "parsed" => l.parsed.as_ref().map_or_else(none, serde),
-            "verdict" => l.verdict.as_deref().map_or_else(none, minijinja::Value::from),
-            "confidence" => l.confidence.map_or_else(none, minijinja::Value::from),
-            "approved" => l.approved.map_or_else(none, minijinja::Value::from),
-            "comment" => l.comment.as_deref().map_or_else(none, minijinja::Value::from),
+        let key = key.as_str()?;
+        Some(match key {
             "feedback" => l.feedback.as_deref().map_or_else(none, minijinja::Value::from),
             "attempt" => minijinja::Value::from(self.attempt),
-            _ => return None,
+            _ => return attempt_field(l, key),
         })
     }
 

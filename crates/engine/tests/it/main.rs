@@ -3,6 +3,82 @@
 
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+/// The `EventStore` methods a test wrapper passes to its `inner` store unchanged (every
+/// one but `create_run` and `append`, which the wrappers observe or break).
+macro_rules! delegate_to_inner {
+    () => {
+        fn load<'a>(
+            &'a self,
+            run_id: &'a str,
+            after: u64,
+        ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
+            self.inner.load(run_id, after)
+        }
+        fn verify<'a>(
+            &'a self,
+            run_id: &'a str,
+        ) -> BoxFuture<'a, Result<store::Verified, store::Error>> {
+            self.inner.verify(run_id)
+        }
+        fn run<'a>(
+            &'a self,
+            run_id: &'a str,
+        ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
+            self.inner.run(run_id)
+        }
+        fn runs<'a>(
+            &'a self,
+            status: Option<&'a str>,
+        ) -> BoxFuture<'a, Result<Vec<RunRecord>, store::Error>> {
+            self.inner.runs(status)
+        }
+        fn put_scenario_texts<'a>(
+            &'a self,
+            checksum: &'a str,
+            scenario_id: &'a str,
+            texts: &'a str,
+        ) -> BoxFuture<'a, Result<bool, store::Error>> {
+            self.inner.put_scenario_texts(checksum, scenario_id, texts)
+        }
+        fn scenario_texts<'a>(
+            &'a self,
+            checksum: &'a str,
+        ) -> BoxFuture<'a, Result<Option<String>, store::Error>> {
+            self.inner.scenario_texts(checksum)
+        }
+        fn claim<'a>(
+            &'a self,
+            worker: &'a str,
+            now: DateTime<Utc>,
+            until: DateTime<Utc>,
+        ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
+            self.inner.claim(worker, now, until)
+        }
+        fn renew<'a>(
+            &'a self,
+            run_id: &'a str,
+            worker: &'a str,
+            now: DateTime<Utc>,
+            until: DateTime<Utc>,
+        ) -> BoxFuture<'a, Result<bool, store::Error>> {
+            self.inner.renew(run_id, worker, now, until)
+        }
+        fn release<'a>(
+            &'a self,
+            run_id: &'a str,
+            worker: &'a str,
+        ) -> BoxFuture<'a, Result<(), store::Error>> {
+            self.inner.release(run_id, worker)
+        }
+        fn hold<'a>(
+            &'a self,
+            run_id: &'a str,
+        ) -> BoxFuture<'a, Result<store::RunGuard, store::Error>> {
+            self.inner.hold(run_id)
+        }
+    };
+}
+
 mod approvals;
 mod crash;
 mod damage;
@@ -143,70 +219,5 @@ impl EventStore for Observed {
             Ok(())
         })
     }
-    fn load<'a>(
-        &'a self,
-        run_id: &'a str,
-        after: u64,
-    ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
-        self.inner.load(run_id, after)
-    }
-    fn verify<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, Result<store::Verified, store::Error>> {
-        self.inner.verify(run_id)
-    }
-    fn run<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
-        self.inner.run(run_id)
-    }
-    fn runs<'a>(
-        &'a self,
-        status: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Vec<RunRecord>, store::Error>> {
-        self.inner.runs(status)
-    }
-    fn put_scenario_texts<'a>(
-        &'a self,
-        checksum: &'a str,
-        scenario_id: &'a str,
-        texts: &'a str,
-    ) -> BoxFuture<'a, Result<bool, store::Error>> {
-        self.inner.put_scenario_texts(checksum, scenario_id, texts)
-    }
-    fn scenario_texts<'a>(
-        &'a self,
-        checksum: &'a str,
-    ) -> BoxFuture<'a, Result<Option<String>, store::Error>> {
-        self.inner.scenario_texts(checksum)
-    }
-    fn claim<'a>(
-        &'a self,
-        worker: &'a str,
-        now: DateTime<Utc>,
-        until: DateTime<Utc>,
-    ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
-        self.inner.claim(worker, now, until)
-    }
-    fn renew<'a>(
-        &'a self,
-        run_id: &'a str,
-        worker: &'a str,
-        now: DateTime<Utc>,
-        until: DateTime<Utc>,
-    ) -> BoxFuture<'a, Result<bool, store::Error>> {
-        self.inner.renew(run_id, worker, now, until)
-    }
-    fn release<'a>(
-        &'a self,
-        run_id: &'a str,
-        worker: &'a str,
-    ) -> BoxFuture<'a, Result<(), store::Error>> {
-        self.inner.release(run_id, worker)
-    }
-    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<store::RunGuard, store::Error>> {
-        self.inner.hold(run_id)
-    }
+    delegate_to_inner!();
 }
