@@ -491,10 +491,12 @@ async fn drive(
     let printer = (!json).then(|| {
         Printer::spawn(Arc::clone(&engine.store), run_id, from, |e| print_event(e, false))
     });
+    let signals = tokio::spawn(stop_on_signal(engine.stop.clone()));
     let outcome = match start {
         Some(s) => engine.run(run_id, scenario, &s.input, s.metadata, s.source).await,
         None => engine.drive(run_id, scenario).await,
     };
+    signals.abort();
     // The engine has returned: everything it wrote is in the store, and the printer reads
     // it to the end before it stops.
     let printed = match printer {
@@ -526,10 +528,31 @@ async fn drive(
         for line in waiting_lines(&state, run_id) {
             println!("  {line}");
         }
+    } else if let Outcome::Interrupted(reason) = &outcome {
+        println!(
+            "interrupted: run {run_id} stopped without ending ({reason}); nothing is lost — continue it with `baton resume {run_id}`"
+        );
     } else if let Some(output) = &state.final_output {
         println!("output:\n{output}");
     }
     Ok(exit_code(&outcome))
+}
+
+/// Stops the engine's drives at the first SIGINT or SIGTERM: the running step is cut and
+/// awaited (its processes killed), and the run is recorded as interrupted, to be resumed.
+async fn stop_on_signal(stop: baton_engine::cancel::CancelToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) =
+        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        return;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    eprintln!("baton: stopping — the running step is cut and the run recorded as interrupted");
+    stop.cancel();
 }
 
 /// The approval requests a run waits for, as JSON.
@@ -655,6 +678,7 @@ impl Printer {
 fn exit_code(outcome: &Outcome) -> ExitCode {
     match outcome {
         Outcome::Paused => ExitCode::from(3),
+        Outcome::Interrupted(_) => ExitCode::from(6),
         Outcome::Finished(Status::Completed) => ExitCode::SUCCESS,
         Outcome::Finished(Status::Aborted) => ExitCode::from(4),
         Outcome::Finished(Status::Cancelled) => ExitCode::from(5),
@@ -804,10 +828,11 @@ pub(crate) async fn cancel(
 }
 
 /// Every status a run can have in the run list (`runs --status`).
-pub(crate) fn run_statuses() -> [&'static str; 6] {
+pub(crate) fn run_statuses() -> [&'static str; 7] {
     [
         Status::Running.as_str(),
         Status::Paused.as_str(),
+        Status::Interrupted.as_str(),
         Status::Completed.as_str(),
         Status::Aborted.as_str(),
         Status::Cancelled.as_str(),
@@ -1052,6 +1077,7 @@ mod tests {
                     approver_role: "lead".to_owned(),
                     question: "ok?".to_owned(),
                     schema: Value::Null,
+                    deadline: None,
                 }),
             )
         };
@@ -1062,6 +1088,7 @@ mod tests {
                 comment: None,
                 by: None,
                 data: None,
+                timed_out: false,
             }))
             .at(seq, Utc::now())
         };

@@ -63,7 +63,8 @@ enum Command {
     },
     /// Start a run of a scenario and drive it to its end or to a pause.
     ///
-    /// Exit codes: 0 completed, 1 failed, 3 paused, 4 aborted, 5 cancelled.
+    /// Exit codes: 0 completed, 1 failed, 3 paused, 4 aborted, 5 cancelled, 6 interrupted
+    /// (stopped without ending: an outage or a signal; continue with `baton resume`).
     Run {
         /// The scenario id.
         scenario: String,

@@ -57,6 +57,9 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             a.request_id,
             a.request_id
         ),
+        EventData::ApprovalDecided(d) if d.timed_out => {
+            format!("decided   {} timed out: nobody decided before its deadline", d.request_id)
+        }
         EventData::ApprovalDecided(d) => format!(
             "decided   {} {} by {}{}",
             d.request_id,
@@ -150,6 +153,22 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             t.elapsed_ms as f64 / 1000.0,
             t.timeout_ms as f64 / 1000.0
         ),
+        EventData::ModelCallCut(c) => format!(
+            "cut       {level}: {} ({}) cut after {} bytes: ~{} tokens, ${:.4} counted",
+            c.provider,
+            c.model,
+            c.streamed_bytes,
+            c.usage.total(),
+            c.cost_usd
+        ),
+        EventData::RunInterrupted(i) => format!(
+            "interrupted {}: {} — continue with `baton resume RUN`",
+            i.cause,
+            preview(&i.reason, 120)
+        ),
+        EventData::RunResumed(r) => {
+            format!("resumed   (resume {}) after: {}", r.resumes, preview(&r.after, 100))
+        }
         EventData::Heartbeat(h) => {
             let mut line = format!("working   {level}: {:.0} s", h.elapsed_ms as f64 / 1000.0);
             if h.streamed_bytes > 0 {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::Notify;
 
-use crate::event::ProviderRetry;
+use crate::event::{ModelCallCut, ProviderRetry};
 
 /// A cancel signal shared by the executor and the runners of one step, with the step's
 /// progress: whatever runs the step (a provider streaming an answer, a tool loop) counts
@@ -27,7 +27,37 @@ pub struct Progress {
     tool_calls: AtomicU64,
     /// HTTP-level retries the model client made, not yet recorded (bounded by the client's
     /// attempts; drained after each call).
-    retries: std::sync::Mutex<Vec<(String, u32, ProviderRetry)>>,
+    retries: PerCall<ProviderRetry>,
+    /// Model calls cut short and what they spent, not yet recorded (one per call at most).
+    cuts: PerCall<ModelCallCut>,
+}
+
+/// Reports of the model client about one call (of a level, by call index), kept until the
+/// engine takes them after that call.
+#[derive(Debug)]
+struct PerCall<T>(std::sync::Mutex<Vec<(String, u32, T)>>);
+
+impl<T> Default for PerCall<T> {
+    fn default() -> Self {
+        PerCall(std::sync::Mutex::new(Vec::new()))
+    }
+}
+
+impl<T> PerCall<T> {
+    fn push(&self, level_id: &str, call_index: u32, report: T) {
+        if let Ok(mut reports) = self.0.lock() {
+            reports.push((level_id.to_owned(), call_index, report));
+        }
+    }
+
+    fn take(&self, level_id: &str, call_index: u32) -> Vec<T> {
+        let Ok(mut reports) = self.0.lock() else { return Vec::new() };
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut *reports)
+            .into_iter()
+            .partition(|(l, c, _)| l == level_id && *c == call_index);
+        *reports = others;
+        mine.into_iter().map(|(_, _, r)| r).collect()
+    }
 }
 
 impl Progress {
@@ -44,19 +74,24 @@ impl Progress {
     /// Reports an HTTP-level retry of call `call_index` of level `level_id`, for the engine
     /// to record as a `provider_retry` event: no retry is hidden.
     pub fn retried(&self, level_id: &str, call_index: u32, retry: ProviderRetry) {
-        if let Ok(mut retries) = self.retries.lock() {
-            retries.push((level_id.to_owned(), call_index, retry));
-        }
+        self.retries.push(level_id, call_index, retry);
     }
 
     /// Takes the retries reported for call `call_index` of level `level_id`, oldest first.
     pub fn take_retries(&self, level_id: &str, call_index: u32) -> Vec<ProviderRetry> {
-        let Ok(mut retries) = self.retries.lock() else { return Vec::new() };
-        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut *retries)
-            .into_iter()
-            .partition(|(l, c, _)| l == level_id && *c == call_index);
-        *retries = others;
-        mine.into_iter().map(|(_, _, r)| r).collect()
+        self.retries.take(level_id, call_index)
+    }
+
+    /// Reports that call `call_index` of level `level_id` was cut short (a cancel, a
+    /// deadline) and what it spent, for the engine to record as `model_call_cut`: what an
+    /// interrupted call cost counts.
+    pub fn cut(&self, level_id: &str, call_index: u32, cut: ModelCallCut) {
+        self.cuts.push(level_id, call_index, cut);
+    }
+
+    /// Takes the cut reported for call `call_index` of level `level_id`.
+    pub fn take_cuts(&self, level_id: &str, call_index: u32) -> Vec<ModelCallCut> {
+        self.cuts.take(level_id, call_index)
     }
 
     /// Bytes of model answers received so far.

@@ -73,6 +73,7 @@ pub enum EventData {
     RoutingDecision(RoutingDecision),
     ModelResponse(ModelResponse),
     ModelStopped(ModelStopped),
+    ModelCallCut(ModelCallCut),
     ProviderFailover(ProviderFailover),
     ProviderRetry(ProviderRetry),
     ToolCall(ToolCalled),
@@ -95,6 +96,8 @@ pub enum EventData {
     Warning(Warning),
     ScenarioFinished(ScenarioFinished),
     ScenarioUpgraded(ScenarioUpgraded),
+    RunInterrupted(RunInterrupted),
+    RunResumed(RunResumed),
 }
 
 impl EventData {
@@ -107,6 +110,7 @@ impl EventData {
             EventData::RoutingDecision(_) => "routing_decision",
             EventData::ModelResponse(_) => "model_response",
             EventData::ModelStopped(_) => "model_stopped",
+            EventData::ModelCallCut(_) => "model_call_cut",
             EventData::ProviderFailover(_) => "provider_failover",
             EventData::ProviderRetry(_) => "provider_retry",
             EventData::ToolCall(_) => "tool_call",
@@ -129,6 +133,8 @@ impl EventData {
             EventData::Warning(_) => "warning",
             EventData::ScenarioFinished(_) => "scenario_finished",
             EventData::ScenarioUpgraded(_) => "scenario_upgraded",
+            EventData::RunInterrupted(_) => "run_interrupted",
+            EventData::RunResumed(_) => "run_resumed",
         }
     }
 
@@ -182,6 +188,7 @@ impl EventData {
             "routing_decision" => RoutingDecision,
             "model_response" => ModelResponse,
             "model_stopped" => ModelStopped,
+            "model_call_cut" => ModelCallCut,
             "provider_failover" => ProviderFailover,
             "provider_retry" => ProviderRetry,
             "tool_call" => ToolCall,
@@ -204,6 +211,8 @@ impl EventData {
             "warning" => Warning,
             "scenario_finished" => ScenarioFinished,
             "scenario_upgraded" => ScenarioUpgraded,
+            "run_interrupted" => RunInterrupted,
+            "run_resumed" => RunResumed,
         }
     }
 }
@@ -244,6 +253,18 @@ pub struct BudgetCaps {
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<u64>,
     pub max_duration_s: Option<f64>,
+    /// Most level executions the run may start (`budget.max_level_runs`); absent, the
+    /// default [`crate::limits::LEVEL_RUNS_MAX`]. Left out of the payload when absent, so
+    /// logs written before it existed hash as they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_level_runs: Option<u32>,
+}
+
+impl BudgetCaps {
+    /// The most level executions the run may start.
+    pub fn level_runs_max(&self) -> u32 {
+        self.max_level_runs.unwrap_or(crate::limits::LEVEL_RUNS_MAX)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -326,6 +347,7 @@ pub mod v1 {
                 comment: old.comment,
                 by: old.by,
                 data: None,
+                timed_out: false,
             }
         }
     }
@@ -407,6 +429,21 @@ pub struct ModelStopped {
     pub call: u32,
     /// `max_tokens`, `content_filter`, or what else the provider reported.
     pub stop_reason: String,
+}
+
+/// A model call cut short before its answer was whole — by a cancel, the level's
+/// `timeout_s` or `max_duration_s` — and what it spent: the prompt was sent and part of the
+/// answer streamed, so it is paid for. Tokens are estimated from what was sent and received
+/// when the provider reported none. It counts in the totals and budgets like a
+/// `model_response`, but is not an answer (the call is not numbered as one).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCallCut {
+    pub provider: String,
+    pub model: String,
+    /// Bytes of the answer received before the cut.
+    pub streamed_bytes: u64,
+    pub usage: Usage,
+    pub cost_usd: f64,
 }
 
 /// One provider of a level's chain failed after its retries and the call moved on to the
@@ -493,6 +530,11 @@ pub struct ApprovalRequested {
     pub approver_role: String,
     pub question: String,
     pub schema: Value,
+    /// When the request times out (the level's `timeout_s` after it was made): the first
+    /// driver that sees the run after it records the decision as timed out, and a decision
+    /// that arrives later is refused. Left out when the level has no timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -506,6 +548,11 @@ pub struct ApprovalDecided {
     /// which has no such field, is read through [`v1::ApprovalDecided`].
     #[serde(deserialize_with = "Option::deserialize")]
     pub data: Option<Value>,
+    /// Nobody decided before the request's deadline: recorded by the driver that saw it
+    /// past, as a rejection (`approved: false`); its level reads `timed_out`. Left out
+    /// when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -627,13 +674,50 @@ pub struct ScenarioUpgraded {
     pub checksum: String,
 }
 
+/// `run_interrupted.cause` when every model a level may use was unavailable.
+pub const CAUSE_UNAVAILABLE: &str = "provider_unavailable";
+/// `run_interrupted.cause` when the driver was stopped by SIGINT or SIGTERM.
+pub const CAUSE_SIGNAL: &str = "signal";
+
+/// The run stopped without ending: its driver gave up on a transient fault (every model of
+/// a level's chain unavailable after its retries) or was stopped (SIGINT, SIGTERM). The
+/// level in flight keeps its attempt; the log is whole, and `baton resume` continues the
+/// run (recorded as `run_resumed`). A run whose driver died writes nothing: it is seen as
+/// interrupted because nobody holds it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunInterrupted {
+    /// `provider_unavailable` or `signal`.
+    pub cause: String,
+    pub reason: String,
+}
+
+/// A driver continued an interrupted run: the interrupted attempt runs again from its
+/// start (a tool loop from its last snapshot), with the same attempt number — an outage is
+/// not the level's failure, so it counts on no tracker.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunResumed {
+    /// Why the run had stopped, as `run_interrupted` said.
+    pub after: String,
+    /// The how-many-th resume of the run this is (1 for the first).
+    pub resumes: u32,
+}
+
 /// Totals of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Totals {
     pub cost_usd: f64,
     pub tokens: u64,
+    /// Time drivers worked on the run.
     pub duration_ms: u64,
     pub levels_run: u32,
+    /// Time the run waited for a person (approvals, answers), apart from `duration_ms`.
+    /// Left out when zero, so logs from before it hash as they did.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waiting_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

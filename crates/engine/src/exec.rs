@@ -79,6 +79,9 @@ pub enum Outcome {
     Finished(Status),
     /// The run waits for a person.
     Paused,
+    /// The run stopped without ending (`run_interrupted`: every model unavailable, or the
+    /// driver was stopped); `baton resume` continues it.
+    Interrupted(String),
 }
 
 /// The kernel wired to a store, a runtime and a clock.
@@ -87,6 +90,9 @@ pub struct Engine {
     pub store: Arc<dyn EventStore>,
     pub runtime: Arc<Runtime>,
     pub clock: Arc<dyn Clock>,
+    /// Stops every drive of this engine (SIGINT, SIGTERM): the step running is cut and
+    /// awaited, its processes killed, and the run recorded as interrupted, to be resumed.
+    pub stop: CancelToken,
 }
 
 /// Compiled templates by scenario checksum, for the whole process: a checksum covers every
@@ -97,7 +103,7 @@ static RENDERERS: std::sync::OnceLock<Mutex<HashMap<String, Arc<Renderer>>>> =
 impl Engine {
     /// An engine over a store, with a runtime and a clock.
     pub fn new(store: Arc<dyn EventStore>, runtime: Arc<Runtime>, clock: Arc<dyn Clock>) -> Self {
-        Engine { store, runtime, clock }
+        Engine { store, runtime, clock, stop: CancelToken::new() }
     }
 
     /// The scenario's compiled templates, compiled once per process.
@@ -265,6 +271,7 @@ impl Engine {
                 max_cost_usd: scenario.budget.max_cost_usd,
                 max_tokens: scenario.budget.max_tokens,
                 max_duration_s: scenario.budget.max_duration_s,
+                max_level_runs: scenario.budget.max_level_runs,
             },
             max_attempts_per_conflict: scenario.max_attempts_per_conflict,
             model_source,
@@ -324,6 +331,9 @@ impl Engine {
         let run_id = w.run_id;
         let run_id_arc: Arc<str> = Arc::from(run_id);
         loop {
+            if let Some(reason) = stopped(self, &w.state) {
+                return w.interrupt(reason).await;
+            }
             match plan(scenario, &w.state) {
                 // A flush that lost to another writer re-read the state: plan again from it.
                 Step::Done => {
@@ -338,6 +348,21 @@ impl Engine {
                 }
                 Step::Pause => {
                     if !w.flush().await? {
+                        continue;
+                    }
+                    // The first driver that sees a request past its deadline decides it as
+                    // timed out, conditional on the log like any decision: of it and a
+                    // late approver, one is recorded.
+                    let now = self.clock.now();
+                    let expired: Vec<NewEvent> = w
+                        .state
+                        .open_approvals()
+                        .filter(|p| p.request.deadline.is_some_and(|d| d <= now))
+                        .map(|p| NewEvent::run(EventData::ApprovalDecided(timed_out(p))))
+                        .collect();
+                    if !expired.is_empty() {
+                        w.stage(expired);
+                        w.flush().await?;
                         continue;
                     }
                     if let Some(record) = self.store.run(run_id).await?
@@ -376,11 +401,15 @@ impl Engine {
                         attempt,
                         cancel: over_time.clone(),
                         workspace: workspace.clone(),
+                        deadline: time_left.map(|left| step_started + left),
+                        clock: Arc::clone(&self.clock),
                     };
                     let events = w.run_watching(run, &cancel, &over_time, time_left).await?;
                     if cancel.is_cancelled() {
-                        // The step was cut short: keep none of it; the cancel is in the log.
+                        // The step was cut short: keep none of its work, only what its model
+                        // calls spent; the cancel is in the log (or the driver is stopping).
                         w.reload().await?;
+                        w.stage(spend_of(events));
                         continue;
                     }
                     // Duration counts the time a driver worked on the run: its steps, not
@@ -407,6 +436,13 @@ impl Engine {
                     };
                     w.stage(vec![NewEvent::run(EventData::BudgetConsumed(consumed))]);
                     w.has_results = true;
+                    // A transient outage stops this driver; a later one continues the run.
+                    if let Some(interrupted) = &w.state.interrupted {
+                        let reason = interrupted.reason.clone();
+                        if w.flush().await? {
+                            return Ok(Outcome::Interrupted(reason));
+                        }
+                    }
                 }
             }
         }
@@ -437,9 +473,9 @@ impl Engine {
         // that request, not whichever is open by then.
         let mut chosen = d.request_id.clone();
         let decided = self
-            .append_external(run_id, |state, log| {
+            .append_external(run_id, |state, log, now| {
                 let on = Decision { request_id: chosen.clone(), ..d.clone() };
-                let decided = decision(run_id, state, log, &on)?;
+                let decided = decision(run_id, state, log, &on, now)?;
                 chosen = Some(decided.request_id.clone());
                 let event = NewEvent::run(EventData::ApprovalDecided(decided.clone()));
                 Ok(Some((event, decided)))
@@ -453,7 +489,7 @@ impl Engine {
 
     /// Records the answer to the pending `ask_user` request, exactly once.
     pub async fn answer(&self, run_id: &str, answer: Value) -> Result<(), Error> {
-        self.append_external(run_id, |state, log| {
+        self.append_external(run_id, |state, log, _| {
             let refuse = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
             if state.status.is_final() {
                 return Err(refuse(format!("the run has ended ({})", state.status.as_str())));
@@ -490,7 +526,7 @@ impl Engine {
         by: Option<String>,
         reason: Option<String>,
     ) -> Result<(), Error> {
-        self.append_external(run_id, |state, _| {
+        self.append_external(run_id, |state, _, _| {
             if state.status.is_final() {
                 return Err(Error::Refused {
                     run_id: run_id.to_owned(),
@@ -569,10 +605,17 @@ impl Engine {
     /// The store appends only at the next sequence number, inside its transaction; when
     /// another writer got there first, the log is read again and `check` runs again on it,
     /// so a request decided meanwhile is refused and nothing is written.
+    ///
+    /// `check` is also given the time the event will be recorded with: a deadline is
+    /// checked against the very time the decision carries.
     async fn append_external<T>(
         &self,
         run_id: &str,
-        mut check: impl FnMut(&RunState, &[Event]) -> Result<Option<(NewEvent, T)>, Error>,
+        mut check: impl FnMut(
+            &RunState,
+            &[Event],
+            chrono::DateTime<chrono::Utc>,
+        ) -> Result<Option<(NewEvent, T)>, Error>,
     ) -> Result<Option<T>, Error> {
         let mut kind = "the decision";
         for tries in 0..EXTERNAL_APPEND_TRIES_MAX {
@@ -581,7 +624,8 @@ impl Engine {
             }
             let log = self.store.load(run_id, 0).await?;
             let state = fold(&log);
-            let Some((event, out)) = check(&state, &log)? else {
+            let now = self.clock.now();
+            let Some((event, out)) = check(&state, &log, now)? else {
                 return Ok(None);
             };
             kind = event.data.kind();
@@ -589,7 +633,7 @@ impl Engine {
                 decision_barrier().await;
             }
             let seq = state.last_seq + 1;
-            let stamped = event.at(seq, self.clock.now());
+            let stamped = event.at(seq, now);
             let mut next = state;
             next.apply(&stamped);
             let status = if next.awaiting_person() { Status::Paused } else { next.status };
@@ -606,6 +650,22 @@ impl Engine {
             ),
         })
     }
+}
+
+/// Why the driver stops here without ending the run: the engine was told to stop (a
+/// signal), while the run goes on.
+fn stopped(engine: &Engine, state: &RunState) -> Option<String> {
+    (engine.stop.is_cancelled() && !state.status.is_final() && state.status != Status::New)
+        .then(|| "the driver was stopped (SIGINT or SIGTERM)".to_owned())
+}
+
+/// What a step cut short keeps: its model calls' spend (answers and cut calls), which
+/// counts in the totals whatever happens to the step.
+fn spend_of(events: Vec<NewEvent>) -> Vec<NewEvent> {
+    events
+        .into_iter()
+        .filter(|e| matches!(e.data, EventData::ModelResponse(_) | EventData::ModelCallCut(_)))
+        .collect()
 }
 
 /// Test hook: with `BATON_TEST_DECISION_BARRIER=DIR` in the environment, an outside
@@ -628,6 +688,20 @@ async fn decision_barrier() {
 /// Longest a decision waits at the test barrier of [`decision_barrier`].
 const DECISION_BARRIER_WAIT: Duration = Duration::from_secs(60);
 
+/// The decision on a request nobody decided before its deadline: a rejection, marked
+/// timed out.
+fn timed_out(pending: &PendingApproval) -> ApprovalDecided {
+    let at = pending.request.deadline.map(|d| d.to_rfc3339()).unwrap_or_default();
+    ApprovalDecided {
+        request_id: pending.request.request_id.clone(),
+        approved: false,
+        comment: Some(format!("nobody decided before the deadline ({at})")),
+        by: None,
+        data: None,
+        timed_out: true,
+    }
+}
+
 /// ` by NAME at TIME` for a decided request, from the log.
 fn decided_by(log: &[Event], request_id: &str) -> String {
     log.iter()
@@ -649,6 +723,7 @@ fn decision(
     state: &RunState,
     log: &[Event],
     d: &Decision,
+    now: chrono::DateTime<chrono::Utc>,
 ) -> Result<ApprovalDecided, Error> {
     let refuse = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
     if state.status.is_final() {
@@ -695,6 +770,15 @@ fn decision(
         },
     };
     let request_id = pending.request.request_id.clone();
+    if let Some(deadline) = pending.request.deadline
+        && deadline <= now
+    {
+        return Err(refuse(format!(
+            "approval request {request_id} timed out at {} (level `{}` waits at most its timeout_s); nothing was recorded — `baton resume {run_id}` records the timeout and goes on",
+            deadline.to_rfc3339(),
+            pending.level_id
+        )));
+    }
     if let Some(data) = &d.data
         && !data.is_object()
     {
@@ -740,6 +824,7 @@ fn decision(
         comment: d.comment.clone(),
         by: d.by.clone(),
         data: d.data.clone(),
+        timed_out: false,
     })
 }
 
@@ -962,6 +1047,28 @@ impl<'a> Writer<'a> {
         }
     }
 
+    /// Records that the run stopped without ending (unless it waits for a person, which
+    /// needs no driver), commits, and reports it.
+    async fn interrupt(&mut self, reason: String) -> Result<Outcome, Error> {
+        for _ in 0..CONFLICTS_IN_A_ROW_MAX {
+            if self.state.status.is_final() {
+                break;
+            }
+            if self.status() == Status::Paused {
+                if self.flush().await? {
+                    return Ok(Outcome::Paused);
+                }
+                continue;
+            }
+            let event = crate::runner::interrupted(crate::event::CAUSE_SIGNAL, reason.clone());
+            self.stage(vec![NewEvent::run(EventData::RunInterrupted(event))]);
+            if self.flush().await? {
+                return Ok(Outcome::Interrupted(reason));
+            }
+        }
+        Ok(Outcome::Finished(self.state.status))
+    }
+
     async fn reload(&mut self) -> Result<(), Error> {
         self.pending.clear();
         self.state = Arc::new(self.engine.state(self.run_id).await?);
@@ -1004,6 +1111,10 @@ impl<'a> Writer<'a> {
         loop {
             tokio::select! {
                 events = &mut work => return Ok(events),
+                () = self.engine.stop.cancelled(), if !cancel.is_cancelled() => {
+                    // The driver is stopping: cut the step; the drive records the stop.
+                    cancel.cancel();
+                }
                 () = &mut out_of_time, if time_left.is_some() && !over_time.is_cancelled() => {
                     over_time.cancel();
                 }

@@ -1,9 +1,9 @@
 //! Every bound the kernel enforces, in one place.
 
-/// Most level executions in one run (all levels, all attempts); a run that would start one
-/// more is aborted with `level_run_limit` (one whose last allowed level routes to
-/// `__end__` completes).
-pub const LEVEL_RUNS_MAX: u32 = 1_000;
+/// Most level executions in one run (all levels, all attempts) when its scenario sets no
+/// `budget.max_level_runs`; a run that would start one more is aborted with
+/// `level_run_limit` (one whose last allowed level routes to `__end__` completes).
+pub const LEVEL_RUNS_MAX: u32 = baton_scenario::limits::LEVEL_RUNS_DEFAULT;
 /// Repair retries when a verdict cannot be read from a model's answer.
 pub const VERDICT_REPAIRS_MAX: u32 = 1;
 /// Largest model answer kept in an event, in bytes; longer answers are cut with a marker.

@@ -47,6 +47,10 @@ pub struct ModelRequest {
     pub turns: Vec<Turn>,
     /// The tools the model may call natively; empty for a plain call.
     pub tools: Vec<ToolSpec>,
+    /// When the attempt making the call must be done (its level's `timeout_s`, the run's
+    /// `max_duration_s`): a client waits no longer for an answer, and retries no later.
+    /// Not part of the request's content (nor its hash).
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// A tool call a model made.
@@ -162,8 +166,15 @@ pub struct ModelReply {
 /// Why a call produced no answer.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ModelError {
+    /// A permanent failure: the request or the configuration is wrong (an auth error, a
+    /// 400, a refusal, a malformed answer); trying again will not help.
     #[error("model call failed ({provider}): {message}")]
     Failed { provider: String, message: String },
+    /// A transient failure: every model the level may use failed with faults that pass
+    /// (429, 5xx, timeouts, dropped connections, overloaded streams) after its retries.
+    /// The run stops without ending, to be resumed.
+    #[error("every model is unavailable ({provider}): {message}")]
+    Unavailable { provider: String, message: String },
     #[error("model call cancelled")]
     Cancelled,
 }
@@ -211,6 +222,10 @@ pub struct ScriptedResponse {
     /// Fail the call with this message instead of answering.
     #[serde(default)]
     pub error: Option<String>,
+    /// Fail the call as an outage with this message: every model unavailable after its
+    /// retries, a transient fault that leaves the run interrupted and resumable.
+    #[serde(default)]
+    pub unavailable: Option<String>,
     /// Why the answer ended, as a provider reports it (`max_tokens`: cut at the output
     /// limit); a normal end when absent.
     #[serde(default)]
@@ -359,6 +374,12 @@ impl ModelProvider for ScriptedModel {
             }
             if let Some(message) = &response.error {
                 return Err(ModelError::Failed {
+                    provider: "scripted".to_owned(),
+                    message: message.clone(),
+                });
+            }
+            if let Some(message) = &response.unavailable {
+                return Err(ModelError::Unavailable {
                     provider: "scripted".to_owned(),
                     message: message.clone(),
                 });

@@ -12,11 +12,11 @@ use serde_json::{Map, Value, json};
 
 use crate::event::{
     ApprovalDecided, BudgetCaps, BudgetExceeded, EventData, FinalStatus, GateDecision,
-    LevelFinished, LevelStarted, NewEvent, Reading, ScenarioFinished, Totals, Warning,
+    LevelFinished, LevelStarted, LevelTimedOut, NewEvent, Reading, RunResumed, ScenarioFinished,
+    Totals, Warning,
 };
 use crate::fan_in::{self, ChildResult};
 use crate::gate_ctx::GateContext;
-use crate::limits;
 use crate::state::{Next, RunState, Status};
 
 /// What the executor does next.
@@ -40,6 +40,14 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
     if state.cancel_requested.is_some() {
         return Step::Append(cancelled(state));
     }
+    // A driver that plans an interrupted run continues it: the interrupted attempt runs
+    // again (the driver that was interrupted stopped without planning).
+    if let Some(interrupted) = &state.interrupted {
+        return Step::Append(vec![NewEvent::run(EventData::RunResumed(RunResumed {
+            after: interrupted.reason.clone(),
+            resumes: state.resumes + 1,
+        }))]);
+    }
     if state.aborted_reason.is_some() {
         return finish(state, FinalStatus::Aborted, state.aborted_reason.clone());
     }
@@ -54,7 +62,7 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
     }
     // The limit bounds the levels started: a run whose last allowed level routes to the
     // end completes.
-    let over_limit = state.level_runs >= limits::LEVEL_RUNS_MAX;
+    let over_limit = state.level_runs >= state.budget.level_runs_max();
     match &state.next {
         Some(Next::Level(_)) if over_limit => {
             finish(state, FinalStatus::Aborted, Some("level_run_limit".to_owned()))
@@ -98,12 +106,26 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
         .iter()
         .find_map(|p| state.decisions.get(&p.request.request_id).map(|d| (p, d)))
     {
-        let terminal = scenario.level(&pending.level_id).is_some_and(|l| l.terminal);
-        return Step::Append(vec![NewEvent::level(
+        let level = scenario.level(&pending.level_id);
+        let terminal = level.is_some_and(|l| l.terminal);
+        let mut events = Vec::new();
+        if decision.timed_out {
+            // Nobody decided in time: the level reads `timed_out`, as any level cut at its
+            // timeout does.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let timeout_ms = level.and_then(|l| l.timeout_s).map_or(0, |s| (s * 1000.0) as u64);
+            events.push(NewEvent::level(
+                &pending.level_id,
+                pending.attempt,
+                EventData::LevelTimedOut(LevelTimedOut { timeout_ms, elapsed_ms: timeout_ms }),
+            ));
+        }
+        events.push(NewEvent::level(
             &pending.level_id,
             pending.attempt,
             EventData::LevelFinished(decided(&pending.level_id, decision, terminal)),
-        )]);
+        ));
+        return Step::Append(events);
     }
     if state.awaiting_person() {
         return Step::Pause;
@@ -132,6 +154,9 @@ fn decided(level_id: &str, decision: &ApprovalDecided, terminal: bool) -> LevelF
     parsed.insert("approved".to_owned(), Value::Bool(decision.approved));
     parsed.insert("comment".to_owned(), json!(decision.comment));
     parsed.insert("by".to_owned(), json!(decision.by));
+    if decision.timed_out {
+        parsed.insert("timed_out".to_owned(), Value::Bool(true));
+    }
     LevelFinished {
         ok: true,
         skipped: false,
@@ -140,7 +165,13 @@ fn decided(level_id: &str, decision: &ApprovalDecided, terminal: bool) -> LevelF
         parsed: Some(Value::Object(parsed)),
         confidence: None,
         scratchpad: Map::new(),
-        conflict: (!decision.approved).then(|| format!("human_approval:{level_id}")),
+        conflict: (!decision.approved).then(|| {
+            if decision.timed_out {
+                format!("timed_out:{level_id}")
+            } else {
+                format!("human_approval:{level_id}")
+            }
+        }),
         error: None,
         cost_usd: 0.0,
         tokens: 0,

@@ -60,6 +60,11 @@ pub struct LevelRun {
     pub cancel: CancelToken,
     /// The run's workspace, when its scenario has one.
     pub workspace: Option<Arc<dyn crate::workspace::Workspace>>,
+    /// When the attempt must be done, the earliest of its level's `timeout_s` and the run's
+    /// `max_duration_s`: model clients wait no longer, nor retry later.
+    pub deadline: Option<Instant>,
+    /// The engine's clock: an approval request's deadline is set by it.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// The result of a level that could not run to a result.
@@ -151,6 +156,8 @@ impl LevelRun {
         let started = Instant::now();
         let mut attempt = self.clone();
         attempt.cancel = self.cancel.child();
+        let ends = started + limit;
+        attempt.deadline = Some(self.deadline.map_or(ends, |d| d.min(ends)));
         let work = attempt.body(in_fan_out);
         tokio::pin!(work);
         tokio::select! {
@@ -171,6 +178,9 @@ impl LevelRun {
         );
         let (cost_usd, tokens) = events.iter().fold((0.0, 0), |(c, t), e| match &e.data {
             EventData::ModelResponse(r) if e.level_id.as_deref() == Some(self.id()) => {
+                (c + r.cost_usd, t + r.usage.total())
+            }
+            EventData::ModelCallCut(r) if e.level_id.as_deref() == Some(self.id()) => {
                 (c + r.cost_usd, t + r.usage.total())
             }
             _ => (c, t),
@@ -510,11 +520,17 @@ impl LevelRun {
                 self.state.in_flight.clone().unwrap_or_default()
             ),
         };
+        // The level's timeout bounds the wait for a decision.
+        let deadline = level
+            .timeout_s
+            .and_then(|s| chrono::Duration::from_std(Duration::from_secs_f64(s)).ok())
+            .map(|limit| self.clock.now() + limit);
         vec![self.event(EventData::ApprovalRequested(ApprovalRequested {
             request_id: format!("{}#{}", level.id, self.attempt),
             approver_role: approver_role.clone(),
             question,
             schema: output_schema.value().clone(),
+            deadline,
         }))]
     }
 }
@@ -530,9 +546,15 @@ pub(crate) fn kept_when_cut(events: Vec<NewEvent>) -> Vec<NewEvent> {
                 EventData::PromptSent(_)
                     | EventData::RoutingDecision(_)
                     | EventData::ModelResponse(_)
+                    | EventData::ModelCallCut(_)
             )
         })
         .collect()
+}
+
+/// The fact that a run stopped without ending, and why.
+pub(crate) fn interrupted(cause: &str, reason: String) -> crate::event::RunInterrupted {
+    crate::event::RunInterrupted { cause: cause.to_owned(), reason }
 }
 
 /// A duration as people read it: `1.5 s`.
@@ -545,6 +567,9 @@ pub(crate) enum Stop {
     /// A budget refusal or a cancel: the planner decides what follows.
     Halted,
     Failed(String),
+    /// Every model the level may use was unavailable after its retries (a transient
+    /// fault): the run stops without ending, the attempt to be run again on resume.
+    Interrupted(String),
 }
 
 impl Stop {
@@ -557,6 +582,12 @@ impl Stop {
         match self {
             // The planner sees the abort and closes the level as skipped.
             Stop::Halted => {}
+            Stop::Interrupted(reason) => {
+                events.push(run.event(EventData::RunInterrupted(interrupted(
+                    crate::event::CAUSE_UNAVAILABLE,
+                    reason,
+                ))));
+            }
             Stop::Failed(message) => {
                 events.push(
                     run.event(EventData::LevelFinished(error_finish(message, elapsed_ms(started)))),
@@ -605,6 +636,7 @@ impl Calls<'_> {
             constraint: level.model.clone(),
             turns: Vec::new(),
             tools: Vec::new(),
+            deadline: None,
         };
         Ok(self.send(events, template, request, true).await?.text)
     }
@@ -648,15 +680,25 @@ impl Calls<'_> {
                 call: self.call,
             })));
         }
+        request.deadline = self.run.deadline;
         let result = self.run.runtime.model.call(&request, &self.run.cancel).await;
-        // Every HTTP-level retry the client made is recorded, whatever the call's outcome.
-        for retry in self.run.cancel.progress().take_retries(&request.level_id, request.call_index)
-        {
+        // Every HTTP-level retry the client made is recorded, whatever the call's outcome,
+        // and so is what a call cut short spent.
+        let progress = self.run.cancel.progress();
+        for retry in progress.take_retries(&request.level_id, request.call_index) {
             events.push(self.run.event(EventData::ProviderRetry(retry)));
+        }
+        for cut in progress.take_cuts(&request.level_id, request.call_index) {
+            self.cost_usd += cut.cost_usd;
+            self.tokens += cut.usage.total();
+            events.push(self.run.event(EventData::ModelCallCut(cut)));
         }
         let mut reply = match result {
             Ok(r) => r,
             Err(ModelError::Cancelled) => return Err(Stop::Halted),
+            Err(e @ ModelError::Unavailable { .. }) => {
+                return Err(Stop::Interrupted(e.to_string()));
+            }
             Err(e) => return Err(Stop::Failed(e.to_string())),
         };
         for failover in std::mem::take(&mut reply.failovers) {
@@ -910,7 +952,7 @@ async fn judge(
     let spent = calls.cost_usd;
     let answer = match calls.call(events, &format!("judge:{}", rubric.id), &prompt, true).await {
         Ok(text) => text,
-        Err(Stop::Failed(message)) => {
+        Err(Stop::Failed(message) | Stop::Interrupted(message)) => {
             return verifier::unavailable(
                 spec,
                 &format!("the judge's model call failed: {message}"),

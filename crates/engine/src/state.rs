@@ -25,6 +25,9 @@ pub enum Status {
     Running,
     /// Waiting for a person (an approval or an answer).
     Paused,
+    /// Stopped without ending (`run_interrupted`: a transient outage, a signal); `baton
+    /// resume` continues it. A run whose driver died is listed so too, from its lock.
+    Interrupted,
     Completed,
     Aborted,
     Cancelled,
@@ -38,6 +41,7 @@ impl Status {
             Status::New => "new",
             Status::Running => "running",
             Status::Paused => "paused",
+            Status::Interrupted => "interrupted",
             Status::Completed => "completed",
             Status::Aborted => "aborted",
             Status::Cancelled => "cancelled",
@@ -165,6 +169,12 @@ pub struct RunState {
     pub finished: Option<ScenarioFinished>,
     /// Level executions started, all levels together.
     pub level_runs: u32,
+    /// Why the run stopped without ending, while it is interrupted (`run_interrupted`).
+    pub interrupted: Option<crate::event::RunInterrupted>,
+    /// Times the run was resumed after an interruption.
+    pub resumes: u32,
+    /// When the run last began to wait for a person, while it waits.
+    pub waiting_since: Option<DateTime<Utc>>,
 }
 
 impl Default for RunState {
@@ -206,6 +216,9 @@ impl Default for RunState {
             last_output: None,
             finished: None,
             level_runs: 0,
+            interrupted: None,
+            resumes: 0,
+            waiting_since: None,
         }
     }
 }
@@ -244,6 +257,22 @@ impl RunState {
 
     /// Applies one event. Total: an event that does not fit the state is absorbed.
     pub fn apply(&mut self, event: &Event) {
+        self.apply_data(event);
+        // The time waited for a person, from the events' own times: from the first event
+        // that left the run waiting to the one after which nobody is waited for.
+        let waiting = self.awaiting_person() && !self.status.is_final();
+        match (self.waiting_since, waiting) {
+            (None, true) => self.waiting_since = Some(event.at),
+            (Some(since), false) => {
+                let waited = (event.at - since).num_milliseconds();
+                self.totals.waiting_ms += u64::try_from(waited).unwrap_or(0);
+                self.waiting_since = None;
+            }
+            _ => {}
+        }
+    }
+
+    fn apply_data(&mut self, event: &Event) {
         self.last_seq = event.seq;
         let level_id = event.level_id.as_deref().unwrap_or_default();
         match &event.data {
@@ -290,6 +319,23 @@ impl RunState {
                 level.tokens += r.usage.total();
                 self.totals.cost_usd += r.cost_usd;
                 self.totals.tokens += r.usage.total();
+            }
+            // A call cut short spent money too, but gave no answer.
+            EventData::ModelCallCut(c) => {
+                let level = self.levels.entry(level_id.to_owned()).or_default();
+                level.cost_usd += c.cost_usd;
+                level.tokens += c.usage.total();
+                self.totals.cost_usd += c.cost_usd;
+                self.totals.tokens += c.usage.total();
+            }
+            EventData::RunInterrupted(i) => {
+                self.status = Status::Interrupted;
+                self.interrupted = Some(i.clone());
+            }
+            EventData::RunResumed(r) => {
+                self.status = Status::Running;
+                self.interrupted = None;
+                self.resumes = r.resumes;
             }
             // Money is spent only by model calls, each a `model_response`: a verifier's
             // cost (a judge's call) is reported here but counted there.

@@ -311,6 +311,7 @@ impl LevelRun {
                 constraint: level.model.clone(),
                 turns: bounded(&turns, limits::CONVERSATION_BYTES_MAX),
                 tools: if textual { Vec::new() } else { specs.clone() },
+                deadline: None,
             };
             let first = calls.call == 0;
             let reply = match calls.send(&mut events, &prompt.name, request, first).await {

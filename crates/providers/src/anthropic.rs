@@ -109,6 +109,11 @@ pub struct Assembler {
 }
 
 impl Assembler {
+    /// Characters of answer text received so far (what a call cut short was paid for).
+    pub fn received_chars(&self) -> usize {
+        self.text.len()
+    }
+
     /// An empty assembler.
     pub fn new() -> Self {
         Self::default()

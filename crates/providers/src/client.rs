@@ -10,11 +10,12 @@
 //! a whole JSON body answering a streaming request is read as the response it is. API keys
 //! go into headers only — never into errors, logs or events. A cancel aborts a stream at once.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use baton_engine::cancel::{CancelToken, Progress};
-use baton_engine::event::{ProviderFailover, ProviderRetry, Usage as EngineUsage};
+use baton_engine::event::{ModelCallCut, ProviderFailover, ProviderRetry, Usage as EngineUsage};
 use baton_engine::model::{
     BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, STOP_MAX_TOKENS, ToolCall, Turn,
 };
@@ -30,12 +31,16 @@ pub const ATTEMPTS_MAX: u32 = 4;
 pub const RETRY_TIME_MAX: Duration = Duration::from_secs(60);
 /// First backoff; it doubles with each retry.
 pub const BACKOFF_BASE: Duration = Duration::from_millis(250);
-/// Longest `Retry-After` honoured.
+/// Longest wait between two attempts, unless a level's `retry.backoff_max_s` says
+/// otherwise; a `Retry-After` is honoured up to it too.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(30);
 /// Time to connect.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest silence while reading a response.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a call whose deadline passed waits for its driver to cut it before it fails on
+/// its own.
+pub const DEADLINE_GRACE: Duration = Duration::from_secs(1);
 /// Largest response body read from a provider.
 pub const RESPONSE_BYTES_MAX: usize = 16 * 1024 * 1024;
 
@@ -66,11 +71,24 @@ pub enum CallError {
     Stream { provider: String, model: String, request_id: Option<String>, source: StreamError },
     #[error("{provider} ({model}): the model refused{}", reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
     Refused { provider: String, model: String, reason: Option<String> },
+    /// The attempt's deadline came before the answer: the level is out of time, which its
+    /// driver records; not an outage, and never retried.
+    #[error(
+        "{provider} ({model}): no answer before the level's deadline ({waited_ms} ms of silence)"
+    )]
+    OutOfTime { provider: String, model: String, waited_ms: u64 },
     #[error("cancelled")]
     Cancelled,
 }
 
 impl CallError {
+    /// Whether the fault passes: a 429, a 5xx, a connection or read failure, an
+    /// interrupted or overloaded stream. The rest (auth, 400, refusals, wrong answers) are
+    /// permanent: the same request fails the same way.
+    pub fn transient(&self) -> bool {
+        self.retryable()
+    }
+
     fn retryable(&self) -> bool {
         match self {
             CallError::Http { status, .. } => *status == 429 || (500..600).contains(status),
@@ -107,7 +125,10 @@ impl Client {
         Ok(Client { http })
     }
 
-    /// One call to one provider and model, retried on transient faults.
+    /// One call to one provider and model, retried on transient faults within the level's
+    /// retry budget (attempts, total time, longest wait) and never past the request's
+    /// deadline. A call cut by a cancel after the server began to answer reports what it
+    /// spent.
     pub async fn call(
         &self,
         provider: &Provider,
@@ -117,24 +138,45 @@ impl Client {
         cancel: &CancelToken,
     ) -> Result<Reply, CallError> {
         let started = Instant::now();
+        let budget = RetryBudget::of(request);
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let received = Received::default();
             let result = tokio::select! {
-                r = self.once(provider, model, request, key, cancel.progress()) => r,
-                () = cancel.cancelled() => return Err(CallError::Cancelled),
+                r = self.once(provider, model, request, key, cancel.progress(), &received) => r,
+                () = cancel.cancelled() => {
+                    report_cut(cancel, provider, model, request, &received);
+                    return Err(CallError::Cancelled);
+                }
             };
             match result {
                 Ok(reply) => return Ok(reply),
+                // The driver cuts the attempt at its deadline: give it a moment to, so the
+                // cut is recorded as the timeout it is (with what the call spent).
+                Err(e @ CallError::OutOfTime { .. }) => {
+                    tokio::select! {
+                        () = cancel.cancelled() => {
+                            report_cut(cancel, provider, model, request, &received);
+                            return Err(CallError::Cancelled);
+                        }
+                        () = tokio::time::sleep(DEADLINE_GRACE) => return Err(e),
+                    }
+                }
                 Err(e)
                     if e.retryable()
-                        && attempt < ATTEMPTS_MAX
-                        && started.elapsed() < RETRY_TIME_MAX =>
+                        && attempt < budget.attempts
+                        && started.elapsed() < budget.max_time =>
                 {
                     let wait = match &e {
                         CallError::Http { retry_after: Some(after), .. } => *after,
                         _ => backoff(attempt),
-                    };
+                    }
+                    .min(budget.backoff_max);
+                    // No retry past the attempt's deadline: the level is out of time.
+                    if request.deadline.is_some_and(|d| Instant::now() + wait >= d) {
+                        return Err(e);
+                    }
                     // No hidden retry: the engine records each one as `provider_retry`.
                     cancel.progress().retried(
                         &request.level_id,
@@ -164,6 +206,7 @@ impl Client {
         request: &ModelRequest,
         key: Option<&str>,
         progress: &Progress,
+        received: &Received,
     ) -> Result<Reply, CallError> {
         let max_tokens = request.max_tokens.min(model.max_tokens);
         let transport = |message: String| CallError::Transport {
@@ -238,7 +281,31 @@ impl Client {
                 b
             }
         };
-        let mut response = builder.send().await.map_err(|e| transport(describe(&e)))?;
+        // No wait for the server outlasts the attempt's deadline: the read timeout is the
+        // level's remaining time when that is shorter.
+        let silence = || {
+            request.deadline.map_or(READ_TIMEOUT, |d| {
+                READ_TIMEOUT.min(d.saturating_duration_since(Instant::now()))
+            })
+        };
+        // Silence up to the read timeout is an outage (retried); silence cut by the deadline
+        // is the level running out of time.
+        let silent = |wait: Duration| {
+            if wait < READ_TIMEOUT {
+                CallError::OutOfTime {
+                    provider: provider.name.clone(),
+                    model: model.name.clone(),
+                    waited_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                }
+            } else {
+                transport(format!("no data for {} s", READ_TIMEOUT.as_secs()))
+            }
+        };
+        let wait = silence();
+        let mut response = match tokio::time::timeout(wait, builder.send()).await {
+            Ok(sent) => sent.map_err(|e| transport(describe(&e)))?,
+            Err(_) => return Err(silent(wait)),
+        };
         let status = response.status().as_u16();
         let request_id = ["x-request-id", "request-id"]
             .iter()
@@ -316,14 +383,17 @@ impl Client {
         let mut an = anthropic::Assembler::new();
         let mut read = 0usize;
         loop {
-            let chunk = match response.chunk().await {
-                Ok(Some(c)) => c,
-                Ok(None) => break,
+            let wait = silence();
+            let chunk = match tokio::time::timeout(wait, response.chunk()).await {
+                Ok(Ok(Some(c))) => c,
+                Ok(Ok(None)) => break,
                 // A dropped connection mid-stream: the response is incomplete.
-                Err(_) => return Err(stream_error(StreamError::Incomplete)),
+                Ok(Err(_)) => return Err(stream_error(StreamError::Incomplete)),
+                Err(_) => return Err(silent(wait)),
             };
             read += chunk.len();
             progress.streamed(chunk.len());
+            received.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
             if read > RESPONSE_BYTES_MAX {
                 return Err(stream_error(StreamError::Malformed(too_big())));
             }
@@ -334,6 +404,11 @@ impl Client {
                     Kind::Anthropic => an.push(&e).map_err(&stream_error)?,
                 }
             }
+            let chars = match provider.kind {
+                Kind::Openai => oa.received_chars(),
+                Kind::Anthropic => an.received_chars(),
+            };
+            received.chars.store(chars as u64, Ordering::Relaxed);
         }
         let reply = match provider.kind {
             Kind::Openai => oa.finish(),
@@ -469,6 +544,66 @@ fn describe(e: &reqwest::Error) -> String {
     }
 }
 
+/// What one request has received so far, for the spend of a call cut short.
+#[derive(Debug, Default)]
+struct Received {
+    bytes: AtomicU64,
+    /// Characters of answer text assembled.
+    chars: AtomicU64,
+}
+
+/// Reports what a call cut by a cancel spent once the server had begun to answer: the
+/// prompt (estimated at four characters a token) and the answer received so far, at the
+/// model's prices. A request that received nothing reports nothing.
+fn report_cut(
+    cancel: &CancelToken,
+    provider: &Provider,
+    model: &Model,
+    request: &ModelRequest,
+    received: &Received,
+) {
+    let bytes = received.bytes.load(Ordering::Relaxed);
+    if bytes == 0 {
+        return;
+    }
+    let input_tokens = (request.input_chars() / 4 + 1) as u64;
+    let output_tokens = received.chars.load(Ordering::Relaxed).div_ceil(4);
+    cancel.progress().cut(
+        &request.level_id,
+        request.call_index,
+        ModelCallCut {
+            provider: provider.name.clone(),
+            model: model.name.clone(),
+            streamed_bytes: bytes,
+            usage: EngineUsage { input_tokens, output_tokens },
+            cost_usd: model.cost_usd(input_tokens, output_tokens, 0),
+        },
+    );
+}
+
+/// The retry budget of one call to one provider: the level's `model.retry`, else the
+/// defaults.
+#[derive(Clone, Copy, Debug)]
+struct RetryBudget {
+    attempts: u32,
+    max_time: Duration,
+    backoff_max: Duration,
+}
+
+impl RetryBudget {
+    fn of(request: &ModelRequest) -> Self {
+        let policy = request.constraint.as_ref().map(|c| c.retry).unwrap_or_default();
+        let seconds = |s: Option<f64>, default: Duration| {
+            s.and_then(|s| Duration::try_from_secs_f64(s).ok()).unwrap_or(default)
+        };
+        RetryBudget {
+            attempts: policy.attempts.unwrap_or(ATTEMPTS_MAX),
+            max_time: seconds(policy.max_time_s, RETRY_TIME_MAX),
+            backoff_max: seconds(policy.backoff_max_s, RETRY_AFTER_MAX),
+        }
+    }
+}
+
 /// Exponential backoff with jitter: base × 2^(attempt-1), plus up to half of that again.
 pub fn backoff(attempt: u32) -> Duration {
     let exp = BACKOFF_BASE * 2u32.saturating_pow(attempt.saturating_sub(1).min(8));
@@ -536,6 +671,9 @@ impl Providers {
             });
         }
         let mut failures = Vec::new();
+        // Whether every model failed for a reason that passes (an outage), not a wrong
+        // request or configuration.
+        let mut all_transient = true;
         for choice in choices {
             let key = self.key(choice.provider);
             if choice.provider.api_key_env.is_some() && key.is_none() {
@@ -545,6 +683,7 @@ impl Providers {
                     choice.provider.api_key_env.as_deref().unwrap_or_default()
                 );
                 failures.push(failover(&choice, reason));
+                all_transient = false;
                 continue;
             }
             match self
@@ -605,11 +744,19 @@ impl Providers {
                     });
                 }
                 Err(CallError::Cancelled) => return Err(ModelError::Cancelled),
-                Err(e) => failures.push(failover(&choice, e.to_string())),
+                Err(e) => {
+                    all_transient &= e.transient();
+                    failures.push(failover(&choice, e.to_string()));
+                }
             }
         }
         let reasons: Vec<&str> = failures.iter().map(|f| f.reason.as_str()).collect();
-        Err(ModelError::Failed { provider: "providers".to_owned(), message: reasons.join("; ") })
+        let (provider, message) = ("providers".to_owned(), reasons.join("; "));
+        if all_transient {
+            // The failovers are not recorded on this path; their reasons are the message.
+            return Err(ModelError::Unavailable { provider, message });
+        }
+        Err(ModelError::Failed { provider, message })
     }
 }
 

@@ -136,10 +136,12 @@ fn request(prompt: &str, allow: &str, json_mode: bool) -> ModelRequest {
             fallback_outside_allow: false,
             fallback: Vec::new(),
             temperature: None,
+            retry: Default::default(),
             source: "level",
         }),
         turns: Vec::new(),
         tools: Vec::new(),
+        deadline: None,
     }
 }
 

@@ -45,6 +45,7 @@ fn constraint(allow: &[&str], fallback: &[&str], outside: bool) -> ModelConstrai
         fallback_outside_allow: outside,
         fallback: fallback.iter().map(|s| (*s).to_owned()).collect(),
         temperature: None,
+        retry: Default::default(),
         source: "level",
     }
 }

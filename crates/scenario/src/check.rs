@@ -17,7 +17,8 @@ use crate::graph;
 use crate::limits;
 use crate::model::{
     Aggregator, Budget, END, Edge, FAIL, FanIn, Level, LevelIdx, LevelKind, Mode, ModelConstraint,
-    OnFail, RegressionThresholds, Response, Scenario, Target, Template, Tier, Uses, VerifierSpec,
+    OnFail, RegressionThresholds, Response, RetryPolicy, Scenario, Target, Template, Tier, Uses,
+    VerifierSpec,
 };
 use crate::node::Node;
 use crate::raw::{
@@ -200,6 +201,11 @@ impl Checker<'_> {
                     b.max_duration_s.as_ref(),
                     "budget.max_duration_s",
                     limits::TIMEOUT_S_MAX,
+                ),
+                max_level_runs: self.bounded(
+                    b.max_level_runs.as_ref(),
+                    "budget.max_level_runs",
+                    limits::LEVEL_RUNS_MAX,
                 ),
             },
             None => Budget::default(),
@@ -722,10 +728,11 @@ impl Checker<'_> {
             ok = false;
         }
         let names_models = !m.value.allow.is_empty() || !m.value.fallback.is_empty();
-        // A constraint that only sets the temperature leaves the choice to the default.
+        // A constraint that only sets the temperature or the retry budget leaves the choice
+        // to the default.
         let fallback_outside_allow =
             m.value.fallback_outside_allow.as_ref().is_some_and(|f| f.value)
-                || (!names_models && temperature.is_some());
+                || (!names_models && (temperature.is_some() || m.value.retry.is_some()));
         if !names_models && !fallback_outside_allow {
             self.error("empty-model", m.pos, "the model constraint allows nothing").help = Some(
                 "add `allow:` patterns, or leave `model:` out to use the routing default"
@@ -733,12 +740,38 @@ impl Checker<'_> {
             );
             ok = false;
         }
+        let retry = match &m.value.retry {
+            Some(r) => {
+                let errors = self.diags.error_count();
+                let policy = RetryPolicy {
+                    attempts: self.bounded(
+                        r.value.attempts.as_ref(),
+                        "retry.attempts",
+                        limits::RETRY_ATTEMPTS_MAX,
+                    ),
+                    max_time_s: self.positive(
+                        r.value.max_time_s.as_ref(),
+                        "retry.max_time_s",
+                        limits::RETRY_TIME_S_MAX,
+                    ),
+                    backoff_max_s: self.positive(
+                        r.value.backoff_max_s.as_ref(),
+                        "retry.backoff_max_s",
+                        limits::RETRY_BACKOFF_S_MAX,
+                    ),
+                };
+                ok &= self.diags.error_count() == errors;
+                policy
+            }
+            None => RetryPolicy::default(),
+        };
         ok.then(|| ModelConstraint {
             tier: tier.map(|t| t.0),
             allow,
             fallback_outside_allow,
             fallback,
             temperature,
+            retry,
             source,
         })
     }

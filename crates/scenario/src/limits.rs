@@ -38,6 +38,16 @@ pub const ITERATIONS_MAX: u32 = 500;
 pub const ITERATIONS_DEFAULT: u32 = 40;
 /// Upper bound of a verifier's `max_retries`.
 pub const RETRIES_MAX: u32 = 10;
+/// Default of `budget.max_level_runs`: level executions one run may start.
+pub const LEVEL_RUNS_DEFAULT: u32 = 1_000;
+/// Upper bound of `budget.max_level_runs`.
+pub const LEVEL_RUNS_MAX: u32 = 100_000;
+/// Upper bound of a model constraint's `retry.attempts`.
+pub const RETRY_ATTEMPTS_MAX: u32 = 20;
+/// Upper bound of `retry.max_time_s`: one hour.
+pub const RETRY_TIME_S_MAX: f64 = 3600.0;
+/// Upper bound of `retry.backoff_max_s`.
+pub const RETRY_BACKOFF_S_MAX: f64 = 300.0;
 /// Upper bound of any `timeout_s` or `max_duration_s`: one week.
 pub const TIMEOUT_S_MAX: f64 = 7.0 * 24.0 * 3600.0;
 /// Longest identifier (scenario, level or verifier id).

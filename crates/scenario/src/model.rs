@@ -96,6 +96,9 @@ pub struct Budget {
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<u64>,
     pub max_duration_s: Option<f64>,
+    /// Most level executions a run may start; `None` is the default,
+    /// [`crate::limits::LEVEL_RUNS_DEFAULT`].
+    pub max_level_runs: Option<u32>,
 }
 
 /// Regression limits for replays; `None` is unchecked.
@@ -213,8 +216,23 @@ pub struct ModelConstraint {
     pub fallback: Vec<String>,
     /// Sampling temperature, when the constraint sets one.
     pub temperature: Option<f64>,
+    /// The retry budget of one call to one provider; absent fields keep the client's
+    /// defaults.
+    pub retry: RetryPolicy,
     /// `level` or `defaults`: where the constraint was declared.
     pub source: &'static str,
+}
+
+/// How a model client retries one provider after transient faults; `None` keeps the
+/// client's default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct RetryPolicy {
+    /// Requests to one provider, the first included.
+    pub attempts: Option<u32>,
+    /// Longest time spent retrying one provider, in seconds.
+    pub max_time_s: Option<f64>,
+    /// Longest wait between two requests, in seconds.
+    pub backoff_max_s: Option<f64>,
 }
 
 /// A verifier declared on a level.

@@ -80,9 +80,14 @@ pub struct RawBudget {
     /// Most tokens (input + output) the run may use.
     #[serde(default)]
     pub max_tokens: Option<Located<u64>>,
-    /// Longest wall-clock time the run may take, in seconds.
+    /// Longest time drivers may work on the run, in seconds (waits for a person do not
+    /// count).
     #[serde(default)]
     pub max_duration_s: Option<Located<f64>>,
+    /// Most level executions the run may start, all levels and attempts together (default
+    /// 1000, at most 100000); the run is aborted with `level_run_limit` past it.
+    #[serde(default)]
+    pub max_level_runs: Option<Located<u32>>,
 }
 
 /// Defaults for every level.
@@ -337,6 +342,26 @@ pub struct RawModel {
     /// absent. With neither `allow` nor `fallback`, the routing default serves the level.
     #[serde(default)]
     pub temperature: Option<Located<f64>>,
+    /// How the model client retries one provider after a transient fault (429, 5xx, a
+    /// timeout, a dropped stream) before it fails over to the next model of the chain.
+    #[serde(default)]
+    pub retry: Option<Located<RawRetry>>,
+}
+
+/// The retry budget of one call to one provider. Absent fields keep the defaults.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    /// Requests to one provider, the first included (default 4, at most 20).
+    #[serde(default)]
+    pub attempts: Option<Located<u32>>,
+    /// Longest time spent retrying one provider, in seconds (default 60).
+    #[serde(default)]
+    pub max_time_s: Option<Located<f64>>,
+    /// Longest wait between two requests, in seconds (default 30); the backoff doubles from
+    /// 250 ms up to it.
+    #[serde(default)]
+    pub backoff_max_s: Option<Located<f64>>,
 }
 
 /// How verifiers run.

@@ -212,6 +212,7 @@ async fn decide_to_the_end(e: &Engine, run: &str, s: &Arc<Scenario>) {
     for _ in 0..10 {
         match e.drive(run, s).await.unwrap() {
             Outcome::Finished(_) => return,
+            Outcome::Interrupted(why) => panic!("interrupted: {why}"),
             Outcome::Paused => {
                 let st = e.state(run).await.unwrap();
                 let first = st.open_approvals().next().unwrap();
@@ -229,7 +230,7 @@ fn normalised(events: &[Event]) -> Vec<Value> {
     fn scrub(v: &mut Value) {
         match v {
             Value::Object(map) => {
-                for key in ["duration_ms", "total_duration_ms", "at"] {
+                for key in ["duration_ms", "total_duration_ms", "waiting_ms", "at"] {
                     map.remove(key);
                 }
                 map.values_mut().for_each(scrub);

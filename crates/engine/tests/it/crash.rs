@@ -19,6 +19,7 @@ async fn to_the_end(e: &Engine, run: &str, s: &Arc<Scenario>) {
     for _ in 0..20 {
         match e.drive(run, s).await.unwrap() {
             Outcome::Finished(_) => return,
+            Outcome::Interrupted(why) => panic!("interrupted: {why}"),
             Outcome::Paused => {
                 let st = e.state(run).await.unwrap();
                 if st.pending_ask.is_some() {
@@ -37,7 +38,7 @@ fn normalised(events: &[Event]) -> Vec<Value> {
     fn scrub(v: &mut Value) {
         match v {
             Value::Object(map) => {
-                for key in ["duration_ms", "total_duration_ms", "at"] {
+                for key in ["duration_ms", "total_duration_ms", "waiting_ms", "at"] {
                     map.remove(key);
                 }
                 map.values_mut().for_each(scrub);

@@ -30,7 +30,12 @@ fn started() -> NewEvent {
         checksum: "x".into(),
         input: "hi".into(),
         metadata: serde_json::Map::new(),
-        budget: BudgetCaps { max_cost_usd: Some(1.0), max_tokens: None, max_duration_s: None },
+        budget: BudgetCaps {
+            max_cost_usd: Some(1.0),
+            max_tokens: None,
+            max_duration_s: None,
+            max_level_runs: None,
+        },
         max_attempts_per_conflict: 3,
         model_source: None,
         workspace: None,
@@ -325,6 +330,7 @@ levels:
             approver_role: "approver".into(),
             question: "?".into(),
             schema: serde_json::Value::Null,
+            deadline: None,
         }),
     );
     let mut events = vec![started(), level_started("ok", 1), request];
@@ -337,6 +343,7 @@ levels:
         comment: Some("no".into()),
         by: Some("ann".into()),
         data: None,
+        timed_out: false,
     })));
     let decided = appended(plan(&s, &fold(&log(events))));
     let [EventData::LevelFinished(f)] = &decided[..] else { panic!("{decided:?}") };
@@ -377,6 +384,7 @@ levels:
                 approver_role: "approver".into(),
                 question: "?".into(),
                 schema: serde_json::Value::Null,
+                deadline: None,
             }),
         )
     };
@@ -387,6 +395,7 @@ levels:
             comment: None,
             by: None,
             data: Some(serde_json::json!({"note": id})),
+            timed_out: false,
         }))
     };
     let mut events = vec![

@@ -804,3 +804,34 @@ async fn a_long_step_writes_heartbeats_while_it_runs() {
     assert!(beat < done, "{k:?}");
     assert_eq!(e.state(&run).await.unwrap().final_output.as_deref(), Some("PASS"));
 }
+
+#[tokio::test]
+async fn max_level_runs_is_a_scenario_setting() {
+    let s = scenario(
+        "
+id: spin
+version: 1
+budget: {max_level_runs: 3}
+levels:
+  - {id: a, kind: prompt, prompt: {inline: 'again'}, response: verdict}
+edges:
+  - {from: a, to: __end__, when: \"verdict == 'PASS'\"}
+  - {from: a, to: a}
+",
+    );
+    let model =
+        script("levels:\n  a: [{text: 'FAIL: no'}, {text: 'FAIL: no'}, {text: 'PASS: yes'}]\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    // The third run of `a` passes and routes to the end: within the limit, completed.
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    assert_eq!(e.state(&run).await.unwrap().level_runs, 3);
+
+    let model = script("levels:\n  a: [{text: 'FAIL: no'}]\n");
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Aborted));
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.level_runs, 3, "the fourth run of `a` is not started");
+    assert_eq!(st.finished.unwrap().aborted_reason.as_deref(), Some("level_run_limit"));
+}
