@@ -2042,3 +2042,54 @@ fn racing_deciders_decide_once() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A fan-out killed after one child was committed resumes with only the other child: the
+/// finished one is not run again, and the log ends as a run never killed.
+#[test]
+fn a_fan_out_killed_with_one_child_finished_resumes_the_other_only() {
+    let dir = std::env::temp_dir().join(format!("baton-cli-fanout-{}", std::process::id()));
+    let scenarios = dir.join("scenarios");
+    std::fs::create_dir_all(&scenarios).unwrap();
+    std::fs::write(
+        scenarios.join("fanny.yaml"),
+        "id: fanny\nversion: 1\nlevels:\n  - {id: fan, kind: fan_out, fan_out: [fast, slow], fan_in: {aggregator: all_pass}}\n  - {id: fast, kind: prompt, prompt: {inline: F}, response: verdict}\n  - {id: slow, kind: prompt, prompt: {inline: S}, response: verdict}\n  - {id: after, kind: prompt, prompt: {inline: A}, terminal: true}\nedges:\n  - {from: fan, to: after}\n",
+    )
+    .unwrap();
+    let script = dir.join("fanny.script.yaml");
+    std::fs::write(
+        &script,
+        "levels:\n  fast: [{text: PASS}]\n  slow: [{text: PASS, delay_ms: 300}]\n  after: [{text: done}]\n",
+    )
+    .unwrap();
+    let start = |db: &std::path::Path, failpoint: Option<u64>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+        command
+            .args(["--db", db.to_str().unwrap(), "--scenarios", scenarios.to_str().unwrap()])
+            .args(["run", "fanny", "--script", script.to_str().unwrap(), "--input", "x"]);
+        if let Some(n) = failpoint {
+            command.env("BATON_FAILPOINT_ABORT_AFTER_EVENT", n.to_string());
+        }
+        command.output().unwrap()
+    };
+    let reference_db = dir.join("ref.db");
+    assert_eq!(start(&reference_db, None).status.code(), Some(0));
+    let run = only_run(&reference_db).unwrap();
+    let reference = normalised_log(&reference_db, &run);
+    let kind_of = |e: &serde_json::Value| {
+        format!("{}:{}", e["kind"].as_str().unwrap(), e["level_id"].as_str().unwrap_or(""))
+    };
+    let fast_done = reference.iter().position(|e| kind_of(e) == "level_finished:fast").unwrap();
+    let db = dir.join("killed.db");
+    let killed = start(&db, Some(fast_done as u64 + 1));
+    assert_eq!(killed.status.code(), None, "killed by the failpoint: {}", text(&killed.stderr));
+    let run = only_run(&db).unwrap();
+    let at_kill: Vec<String> = normalised_log(&db, &run).iter().map(kind_of).collect();
+    assert!(at_kill.contains(&"level_finished:fast".to_owned()), "{at_kill:?}");
+    assert!(!at_kill.iter().any(|k| k.ends_with(":slow")), "slow was still running: {at_kill:?}");
+    drive_to_end(&db, &run);
+    let log = normalised_log(&db, &run);
+    assert_eq!(log, reference, "the resumed log differs from a run never killed");
+    let fast_calls = log.iter().filter(|e| kind_of(e) == "model_response:fast").count();
+    assert_eq!(fast_calls, 1, "the finished child was not called again");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -14,6 +14,7 @@ use baton_scenario::expr::Semantics;
 use baton_scenario::model::{LevelKind, Uses};
 use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value};
+use tokio::sync::mpsc;
 
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
@@ -391,6 +392,7 @@ impl Engine {
                             .saturating_sub(Duration::from_millis(worked_ms))
                     });
                     let step_started = std::time::Instant::now();
+                    let (settled, mut settled_rx) = settled_channel(scenario, level);
                     let run = LevelRun {
                         scenario: Arc::clone(scenario),
                         renderer: Arc::clone(&renderer),
@@ -403,8 +405,12 @@ impl Engine {
                         workspace: workspace.clone(),
                         deadline: time_left.map(|left| step_started + left),
                         clock: Arc::clone(&self.clock),
+                        reservations: crate::reservation::Reservations::default(),
+                        settled,
                     };
-                    let events = w.run_watching(run, &cancel, &over_time, time_left).await?;
+                    let events = w
+                        .run_watching(run, &cancel, &over_time, time_left, settled_rx.as_mut())
+                        .await?;
                     if cancel.is_cancelled() {
                         // The step was cut short: keep none of its work, only what its model
                         // calls spent; the cancel is in the log (or the driver is stopping).
@@ -1081,12 +1087,18 @@ impl<'a> Writer<'a> {
     ///
     /// When `time_left` runs out, `over_time` is cancelled and the step awaited until it
     /// has stopped (its processes killed), so nothing it started outlives it.
+    ///
+    /// A fan-out's children that finish while it runs arrive on `settled`, one batch per
+    /// child: each is staged and committed as it arrives (one transaction per child), so a
+    /// crash or a cancel keeps them. Once the step has stopped, the batches still queued
+    /// are staged ahead of its own events; after a cancel they are dropped with the step.
     async fn run_watching(
         &mut self,
         run: LevelRun,
         cancel: &CancelToken,
         over_time: &CancelToken,
         time_left: Option<Duration>,
+        mut settled: Option<&mut mpsc::Receiver<Vec<NewEvent>>>,
     ) -> Result<Vec<NewEvent>, Error> {
         let work = run.run();
         tokio::pin!(work);
@@ -1097,6 +1109,7 @@ impl<'a> Writer<'a> {
         })
         .await;
         if let Some(events) = ready {
+            self.stage_queued(settled.as_deref_mut(), cancel);
             return Ok(events);
         }
         let flush_at = tokio::time::sleep(FLUSH_AFTER);
@@ -1110,7 +1123,19 @@ impl<'a> Writer<'a> {
         tokio::pin!(out_of_time);
         loop {
             tokio::select! {
-                events = &mut work => return Ok(events),
+                events = &mut work => {
+                    self.stage_queued(settled.as_deref_mut(), cancel);
+                    return Ok(events);
+                }
+                batch = next_settled(settled.as_deref_mut()), if !cancel.is_cancelled() => {
+                    let expected = self.stored_seq + (self.pending.len() + batch.len()) as u64;
+                    self.stage(batch);
+                    self.flush().await?;
+                    if self.stored_seq != expected {
+                        // The log moved under us and the state was re-read: stop the step.
+                        cancel.cancel();
+                    }
+                }
                 () = self.engine.stop.cancelled(), if !cancel.is_cancelled() => {
                     // The driver is stopping: cut the step; the drive records the stop.
                     cancel.cancel();
@@ -1155,4 +1180,45 @@ impl<'a> Writer<'a> {
             }
         }
     }
+
+    /// Stages the children's batches still queued when a step stopped, unless it was
+    /// cancelled (then the step is dropped whole).
+    fn stage_queued(
+        &mut self,
+        settled: Option<&mut mpsc::Receiver<Vec<NewEvent>>>,
+        cancel: &CancelToken,
+    ) {
+        let Some(settled) = settled else { return };
+        while let Ok(batch) = settled.try_recv() {
+            if !cancel.is_cancelled() {
+                self.stage(batch);
+            }
+        }
+    }
+}
+
+/// The channel a fan-out step sends its finished children through, with room for one
+/// batch per child; none for other levels.
+fn settled_channel(
+    scenario: &Scenario,
+    level: baton_scenario::model::LevelIdx,
+) -> (Option<crate::runner::Settled>, Option<mpsc::Receiver<Vec<NewEvent>>>) {
+    match &scenario.levels[level].kind {
+        LevelKind::FanOut { children, .. } => {
+            let (sender, receiver) = mpsc::channel(children.len().max(1));
+            (Some(sender), Some(receiver))
+        }
+        _ => (None, None),
+    }
+}
+
+/// The next batch a fan-out's child sent; never resolves without a channel or once it is
+/// closed.
+async fn next_settled(settled: Option<&mut mpsc::Receiver<Vec<NewEvent>>>) -> Vec<NewEvent> {
+    if let Some(settled) = settled
+        && let Some(batch) = settled.recv().await
+    {
+        return batch;
+    }
+    std::future::pending().await
 }

@@ -1,14 +1,60 @@
 //! A fan-out's fan-in: its children's results folded into the fan-out's own result, pure.
 //!
-//! The runner uses it when every child finished within the fan-out's step; the planner
-//! uses it when some children were `human_approval` levels and the last of them has been
-//! decided, reading the children's results from the state. Both give the same event.
+//! The runner uses it when its step ends with every child settled; the planner uses it
+//! when some children were `human_approval` levels and the last of them has been decided,
+//! reading the children's results from the state. Both give the same event. Both read
+//! where each child stands in the fan-out's current attempt with [`children_in_attempt`]:
+//! the children that finished in an earlier, interrupted step of that attempt are kept.
 
-use baton_scenario::model::{Aggregator, Level, LevelKind};
+use baton_scenario::Scenario;
+use baton_scenario::model::{Aggregator, Level, LevelIdx, LevelKind};
 use serde_json::{Map, Value, json};
 
 use crate::event::LevelFinished;
 use crate::runner::error_finish;
+use crate::state::RunState;
+
+/// Where one child of a fan-out stands in the fan-out's current attempt, as the log says.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ChildState<'a> {
+    /// Not started since the fan-out's current attempt started.
+    NotStarted,
+    /// Started and not finished: waiting for a person, or stopped by the budget.
+    Unsettled,
+    Finished(ChildResult<'a>),
+}
+
+/// Every child of the fan-out at `index`, in declared order, with where it stands in the
+/// fan-out's current attempt: a child counts when it started after the fan-out did (its
+/// `started_seq` is later). Empty when the level is no fan-out or has not started.
+pub fn children_in_attempt<'a>(
+    scenario: &'a Scenario,
+    state: &'a RunState,
+    index: LevelIdx,
+) -> Vec<(LevelIdx, ChildState<'a>)> {
+    let level = &scenario.levels[index];
+    let LevelKind::FanOut { children, .. } = &level.kind else { return Vec::new() };
+    let Some(since) = state.level(&level.id).map(|l| l.started_seq) else { return Vec::new() };
+    children
+        .iter()
+        .map(|&child| {
+            let id = scenario.levels[child].id.as_str();
+            let child_state = match state.level(id).filter(|l| l.started_seq > since) {
+                None => ChildState::NotStarted,
+                Some(l) if l.running => ChildState::Unsettled,
+                Some(l) => ChildState::Finished(ChildResult {
+                    id,
+                    ok: l.ok.unwrap_or(false),
+                    verdict: l.verdict.as_deref(),
+                    error: l.error.as_deref(),
+                    cost_usd: l.attempt_cost_usd,
+                    tokens: l.attempt_tokens,
+                }),
+            };
+            (child, child_state)
+        })
+        .collect()
+}
 
 /// What the fan-in reads of one child's finished attempt.
 #[derive(Clone, Debug, PartialEq)]

@@ -27,7 +27,10 @@ pub async fn join_limited<F: Future>(futures: Vec<F>, limit: usize) -> Vec<F::Ou
             let mut k = 0;
             while k < active.len() {
                 if let Poll::Ready(out) = active[k].1.as_mut().poll(cx) {
-                    let (i, _) = active.swap_remove(k);
+                    // `remove`, not `swap_remove`: the others keep being polled in declared
+                    // order, so the first to ask for something (a budget reservation) is
+                    // the first declared.
+                    let (i, _) = active.remove(k);
                     outputs[i] = Some(out);
                     done += 1;
                     progressed = true;

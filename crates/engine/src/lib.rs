@@ -20,6 +20,7 @@ pub mod model;
 pub mod pinning;
 pub mod plan;
 pub mod render;
+pub mod reservation;
 pub mod runner;
 pub mod state;
 pub mod store;

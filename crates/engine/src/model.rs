@@ -216,6 +216,10 @@ pub struct ScriptedResponse {
     /// Cost of the call in US dollars (default 0).
     #[serde(default)]
     pub cost_usd: Option<f64>,
+    /// The most the call may cost, as the budget check before it sees it (default: its
+    /// `cost_usd`).
+    #[serde(default)]
+    pub worst_case_usd: Option<f64>,
     /// Wait this long before answering (a cancel cuts the wait short).
     #[serde(default)]
     pub delay_ms: Option<u64>,
@@ -264,12 +268,16 @@ struct RawScript {
 /// more (a negative one would make a run report money it earned). Token counts are whole
 /// numbers of zero or more by their type.
 fn check_response(response: &ScriptedResponse) -> Result<(), String> {
-    match response.cost_usd {
-        Some(cost) if !cost.is_finite() || cost < 0.0 => {
-            Err(format!("cost_usd must be a finite number of zero or more, not {cost}"))
+    for (name, amount) in
+        [("cost_usd", response.cost_usd), ("worst_case_usd", response.worst_case_usd)]
+    {
+        if let Some(cost) = amount
+            && (!cost.is_finite() || cost < 0.0)
+        {
+            return Err(format!("{name} must be a finite number of zero or more, not {cost}"));
         }
-        _ => Ok(()),
     }
+    Ok(())
 }
 
 impl ScriptedModel {
@@ -422,6 +430,6 @@ impl ModelProvider for ScriptedModel {
     }
 
     fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64 {
-        self.response(request).and_then(|r| r.cost_usd).unwrap_or(0.0)
+        self.response(request).and_then(|r| r.worst_case_usd.or(r.cost_usd)).unwrap_or(0.0)
     }
 }

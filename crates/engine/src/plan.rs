@@ -7,7 +7,7 @@
 //! [`Step::Run`], for a runner to perform.
 
 use baton_scenario::Scenario;
-use baton_scenario::model::{END, FAIL, LevelIdx, LevelKind, Target};
+use baton_scenario::model::{END, FAIL, LevelIdx, Target};
 use serde_json::{Map, Value, json};
 
 use crate::event::{
@@ -15,7 +15,7 @@ use crate::event::{
     LevelFinished, LevelStarted, LevelTimedOut, NewEvent, Reading, RunResumed, ScenarioFinished,
     Totals, Warning,
 };
-use crate::fan_in::{self, ChildResult};
+use crate::fan_in::{self, ChildState};
 use crate::gate_ctx::GateContext;
 use crate::state::{Next, RunState, Status};
 
@@ -127,10 +127,16 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
         ));
         return Step::Append(events);
     }
+    // A fan-out whose step stopped part-way (a crash, a cancel) runs again for the children
+    // that have not started in its current attempt; those that finished are kept.
+    let children = fan_in::children_in_attempt(scenario, state, index);
+    if children.iter().any(|(_, c)| matches!(c, ChildState::NotStarted)) {
+        return Step::Run { level: index, attempt };
+    }
     if state.awaiting_person() {
         return Step::Pause;
     }
-    if let Some(finished) = fan_in_after_decisions(scenario, state, index) {
+    if let Some(finished) = fan_in_after_decisions(scenario, index, &children) {
         return Step::Append(vec![NewEvent::level(
             id,
             attempt,
@@ -183,34 +189,22 @@ fn decided(level_id: &str, decision: &ApprovalDecided, terminal: bool) -> LevelF
 }
 
 /// A fan-out whose step ended with children waiting for decisions is finished here, once
-/// every child that started in its current attempt has finished.
+/// every child has finished in its current attempt (`children`, from
+/// [`fan_in::children_in_attempt`]).
 fn fan_in_after_decisions(
     scenario: &Scenario,
-    state: &RunState,
     index: LevelIdx,
+    children: &[(LevelIdx, ChildState<'_>)],
 ) -> Option<LevelFinished> {
     let level = &scenario.levels[index];
-    let LevelKind::FanOut { children, .. } = &level.kind else { return None };
-    let since = state.level(&level.id)?.started_seq;
-    let mut results = Vec::with_capacity(children.len());
-    for &child in children {
-        let id = scenario.levels[child].id.as_str();
-        let Some(l) = state.level(id).filter(|l| l.started_seq > since) else { continue };
-        if l.running {
-            return None;
-        }
-        results.push(ChildResult {
-            id,
-            ok: l.ok.unwrap_or(false),
-            verdict: l.verdict.as_deref(),
-            error: l.error.as_deref(),
-            cost_usd: l.attempt_cost_usd,
-            tokens: l.attempt_tokens,
-        });
-    }
-    // No child started yet: the fan-out's step has not run.
-    if results.is_empty() {
+    // No fan-out, or one whose step has not run.
+    if children.is_empty() {
         return None;
+    }
+    let mut results = Vec::with_capacity(children.len());
+    for (_, child) in children {
+        let ChildState::Finished(result) = child else { return None };
+        results.push(result.clone());
     }
     // The planner reads no clock: the children's own results carry their durations.
     Some(fan_in::aggregate(level, &results, children.len(), 0))

@@ -4,10 +4,13 @@
 //! the [`Runtime`]'s traits, and returns every event of the step; the executor appends
 //! them in one transaction. A crash mid-step loses the step, which the planner then gives
 //! again: at most the in-flight step is executed twice, and the log never holds half of
-//! one.
+//! one. A fan-out is the exception by design: each child that finishes is sent to the
+//! executor on [`Settled`] and committed as its own batch, so a crash or a cancel loses only
+//! the children still running, and the step given again runs only those.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use baton_scenario::Scenario;
@@ -22,11 +25,12 @@ use crate::event::{
     LevelTimedOut, ModelResponse, ModelStopped, NewEvent, PromptSent, VerifierFinished,
     VerifierStarted,
 };
-use crate::fan_in::{self, ChildResult};
+use crate::fan_in::{self, ChildResult, ChildState};
 use crate::join::join_limited;
 use crate::limits;
 use crate::model::{ModelError, ModelProvider, ModelReply, ModelRequest, STOP_MAX_TOKENS};
 use crate::render::{self, Renderer};
+use crate::reservation::{Reservation, Reservations};
 use crate::state::RunState;
 use crate::verdict;
 use crate::verifier::{self, Verifiers, VerifyContext};
@@ -65,7 +69,17 @@ pub struct LevelRun {
     pub deadline: Option<Instant>,
     /// The engine's clock: an approval request's deadline is set by it.
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// What the step's model calls have spent and hold against the cost cap, shared by a
+    /// fan-out's children (see [`Reservations`]).
+    pub reservations: Reservations,
+    /// Where a fan-out sends each child's events once the child has finished, for the
+    /// executor to commit then; without it, every child's events come back with the step.
+    pub settled: Option<Settled>,
 }
+
+/// The channel a fan-out sends its finished children's events through, one batch per
+/// child (so one with room for every child never refuses a batch).
+pub type Settled = tokio::sync::mpsc::Sender<Vec<NewEvent>>;
 
 /// The result of a level that could not run to a result.
 pub(crate) fn error_finish(message: String, duration_ms: u64) -> LevelFinished {
@@ -425,15 +439,23 @@ impl LevelRun {
         events
     }
 
+    /// Runs the fan-out's children that have not started in its current attempt (all of
+    /// them, but after a step stopped part-way); the others are read from the state.
+    /// Each child that finishes is sent to the executor through `settled` to be committed
+    /// at once, but the last to settle: its events come back with the fan-out's result, so
+    /// the log never holds every child without the fan-out's end. The fan-out's result
+    /// reads every child in declared order, whatever order they settled in.
     async fn fan_out(&self) -> Vec<NewEvent> {
         let started = Instant::now();
         let level = &self.scenario.levels[self.level];
         let LevelKind::FanOut { children, max_parallel, .. } = &level.kind else {
             return Vec::new();
         };
-        let runs: Vec<LevelRun> = children
+        let before = fan_in::children_in_attempt(&self.scenario, &self.state, self.level);
+        let runs: Vec<LevelRun> = before
             .iter()
-            .map(|&child| {
+            .filter(|(_, c)| matches!(c, ChildState::NotStarted))
+            .map(|&(child, _)| {
                 let mut run = self.clone();
                 run.level = child;
                 run.attempt =
@@ -441,8 +463,10 @@ impl LevelRun {
                 run
             })
             .collect();
+        let unsettled = AtomicUsize::new(runs.len());
         let futures = runs.iter().map(|run| {
             let parent = level.id.clone();
+            let unsettled = &unsettled;
             async move {
                 let child = &run.scenario.levels[run.level];
                 let mut events = vec![run.event(EventData::LevelStarted(LevelStarted {
@@ -451,52 +475,102 @@ impl LevelRun {
                     parent: Some(parent),
                 }))];
                 events.extend(run.bounded(true).await);
-                events
+                let last = unsettled.fetch_sub(1, Ordering::SeqCst) == 1;
+                let sent = !last && self.send_settled(&child.id, &events);
+                (events, sent)
             }
         });
-        let results: Vec<(usize, Vec<NewEvent>)> =
-            join_limited(futures.collect(), *max_parallel as usize)
-                .await
-                .into_iter()
-                .enumerate()
-                .collect();
-        // Children commit in declared order whatever order they finished in, so the log is
-        // the same on every run.
-        let mut events = Vec::new();
+        let mut results = join_limited(futures.collect(), *max_parallel as usize).await.into_iter();
+        // Every child in declared order: those that settled before this step from the
+        // state, the others from what they did now.
+        let mut ran: Vec<(LevelIdx, Vec<NewEvent>, bool)> = Vec::with_capacity(runs.len());
+        for (child, state) in &before {
+            if matches!(state, ChildState::NotStarted)
+                && let Some((events, sent)) = results.next()
+            {
+                ran.push((*child, events, sent));
+            }
+        }
         let mut finished = Vec::with_capacity(children.len());
         let (mut budget_stop, mut waiting) = (false, false);
-        for (order, child_events) in &results {
-            let child_id = self.scenario.levels[children[*order]].id.as_str();
-            for e in child_events {
-                match &e.data {
-                    EventData::LevelFinished(f) if e.level_id.as_deref() == Some(child_id) => {
-                        finished.push(ChildResult {
-                            id: child_id,
-                            ok: f.ok,
-                            verdict: f.verdict.as_deref(),
-                            error: f.error.as_deref(),
-                            cost_usd: f.cost_usd,
-                            tokens: f.tokens,
-                        });
+        let mut interrupted: Option<crate::event::RunInterrupted> = None;
+        for (child, state) in &before {
+            let child_id = self.scenario.levels[*child].id.as_str();
+            match state {
+                ChildState::Finished(result) => finished.push(result.clone()),
+                ChildState::Unsettled => {
+                    waiting |= self.state.open_approvals().any(|p| p.level_id == child_id);
+                }
+                ChildState::NotStarted => {
+                    let Some((_, child_events, _)) = ran.iter().find(|(c, ..)| c == child) else {
+                        continue;
+                    };
+                    for e in child_events {
+                        match &e.data {
+                            EventData::LevelFinished(f)
+                                if e.level_id.as_deref() == Some(child_id) =>
+                            {
+                                finished.push(ChildResult {
+                                    id: child_id,
+                                    ok: f.ok,
+                                    verdict: f.verdict.as_deref(),
+                                    error: f.error.as_deref(),
+                                    cost_usd: f.cost_usd,
+                                    tokens: f.tokens,
+                                });
+                            }
+                            EventData::BudgetExceeded(_) => budget_stop = true,
+                            EventData::ApprovalRequested(_) => waiting = true,
+                            EventData::RunInterrupted(i) => interrupted = Some(i.clone()),
+                            _ => {}
+                        }
                     }
-                    EventData::BudgetExceeded(_) => budget_stop = true,
-                    EventData::ApprovalRequested(_) => waiting = true,
-                    _ => {}
                 }
             }
         }
         // A child that waits for a decision leaves the fan-out in flight (unless another
         // child failed): the planner finishes it once the last decision is in.
         let waiting = waiting && finished.iter().all(|c| c.error.is_none());
-        let result = (!budget_stop && !waiting)
+        let result = (!budget_stop && !waiting && interrupted.is_none())
             .then(|| fan_in::aggregate(level, &finished, children.len(), elapsed_ms(started)));
-        for (_, child_events) in results {
-            events.extend(child_events);
+        // What was not committed as its child settled comes back in declared order. A child
+        // stopped by an outage keeps only what it spent, so a resume runs it again.
+        let mut events: Vec<NewEvent> = Vec::new();
+        for (_, child_events, sent) in ran {
+            if sent {
+                continue;
+            }
+            if child_events.iter().any(|e| matches!(e.data, EventData::RunInterrupted(_))) {
+                events.extend(child_events.into_iter().filter(|e| {
+                    matches!(
+                        e.data,
+                        EventData::ModelResponse(_)
+                            | EventData::ModelCallCut(_)
+                            | EventData::ProviderRetry(_)
+                    )
+                }));
+            } else {
+                events.extend(child_events);
+            }
         }
         if let Some(result) = result {
             events.push(self.event(EventData::LevelFinished(result)));
         }
+        if let Some(interrupted) = interrupted {
+            events.push(self.event(EventData::RunInterrupted(interrupted)));
+        }
         events
+    }
+
+    /// Sends a child's events to the executor to be committed now, when the child finished
+    /// (a child that waits for a person or was stopped comes back with the step) and the
+    /// step goes on; whether they were sent.
+    fn send_settled(&self, child_id: &str, events: &[NewEvent]) -> bool {
+        let Some(settled) = &self.settled else { return false };
+        let finished = events.iter().any(|e| {
+            matches!(e.data, EventData::LevelFinished(_)) && e.level_id.as_deref() == Some(child_id)
+        });
+        finished && !self.cancel.is_cancelled() && settled.try_send(events.to_vec()).is_ok()
     }
 
     fn approval(&self) -> Vec<NewEvent> {
@@ -646,6 +720,31 @@ impl Calls<'_> {
         self.call_index += 1;
     }
 
+    /// Reserves the call's worst case against the cost cap, with what the step's other calls
+    /// (a fan-out's other children included) spent and hold; a call that would cross it is
+    /// refused before it is made, recorded as `budget_exceeded`.
+    fn reserve(
+        &self,
+        events: &mut Vec<NewEvent>,
+        request: &ModelRequest,
+    ) -> Result<Option<Reservation>, Stop> {
+        let state = &self.run.state;
+        let Some(max) = state.budget.max_cost_usd else { return Ok(None) };
+        let worst = self.run.runtime.model.worst_case_cost_usd(request);
+        match self.run.reservations.reserve(state.totals.cost_usd, worst, max) {
+            Ok(reservation) => Ok(Some(reservation)),
+            Err(reached) => {
+                events.push(self.run.event(EventData::BudgetExceeded(BudgetExceeded {
+                    limit_kind: "cost".to_owned(),
+                    limit_value: max,
+                    observed_value: reached,
+                    refused_before_call: true,
+                })));
+                Err(Stop::Halted)
+            }
+        }
+    }
+
     /// Makes one model call: refuses it when its worst case would cross the cost cap,
     /// records the prompt (when `record_prompt`), the routing and the answer, and counts
     /// its cost. The answer's text is cut at the size limit.
@@ -657,21 +756,7 @@ impl Calls<'_> {
         record_prompt: bool,
     ) -> Result<ModelReply, Stop> {
         request.call_index = self.call_index;
-        // Refuse a call whose worst case would cross the cost cap, before making it.
-        let state = &self.run.state;
-        if let Some(max) = state.budget.max_cost_usd {
-            let worst = self.run.runtime.model.worst_case_cost_usd(&request);
-            let spent = state.totals.cost_usd + self.cost_usd;
-            if spent + worst > max {
-                events.push(self.run.event(EventData::BudgetExceeded(BudgetExceeded {
-                    limit_kind: "cost".to_owned(),
-                    limit_value: max,
-                    observed_value: spent + worst,
-                    refused_before_call: true,
-                })));
-                return Err(Stop::Halted);
-            }
-        }
+        let reservation = self.reserve(events, &request)?;
         if record_prompt {
             events.push(self.run.event(EventData::PromptSent(PromptSent {
                 template: template.to_owned(),
@@ -688,10 +773,16 @@ impl Calls<'_> {
         for retry in progress.take_retries(&request.level_id, request.call_index) {
             events.push(self.run.event(EventData::ProviderRetry(retry)));
         }
+        let mut cut_usd = 0.0;
         for cut in progress.take_cuts(&request.level_id, request.call_index) {
             self.cost_usd += cut.cost_usd;
             self.tokens += cut.usage.total();
+            cut_usd += cut.cost_usd;
             events.push(self.run.event(EventData::ModelCallCut(cut)));
+        }
+        // The reservation shrinks to what the call spent: its answer, or what a cut one cost.
+        if let Some(reservation) = reservation {
+            reservation.settle(result.as_ref().map_or(cut_usd, |reply| reply.cost_usd));
         }
         let mut reply = match result {
             Ok(r) => r,

@@ -1,11 +1,16 @@
 //! Crash anywhere, resume anywhere: stopping after any append and resuming in a fresh
 //! engine gives the same log as a run that never stopped (timestamps, ids and durations
-//! aside). Also: folding a log in pieces equals folding it at once.
+//! aside), and no model call in the log is made again (a fan-out's children that finished
+//! before the stop included). Also: folding a log in pieces equals folding it at once.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
+use baton_engine::cancel::CancelToken;
 use baton_engine::event::{Event, EventData};
-use baton_engine::model::ScriptedModel;
+use baton_engine::model::{
+    BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, ScriptedModel,
+};
 use baton_engine::store::{EventStore, MemoryStore};
 use baton_engine::{Engine, Outcome, fold};
 use baton_scenario::Scenario;
@@ -83,10 +88,43 @@ const SCRIPT: &str = "
 levels:
   brief: [{text: b1}, {text: b2}]
   r1: [{text: PASS}]
-  r2: [{text: PASS}]
+  r2: [{text: PASS, delay_ms: 60}]
   accept: [{text: 'FAIL: again'}, {text: 'PASS'}]
   ask: [{text: '{\"ask_user\": {\"q\": \"sure?\"}}'}, {text: '{\"done\": true}'}]
 ";
+
+/// A model that counts the calls it answers, by level.
+#[derive(Debug)]
+struct Counting {
+    inner: ScriptedModel,
+    calls: Arc<Mutex<BTreeMap<String, u32>>>,
+}
+
+impl ModelProvider for Counting {
+    fn call<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, Result<ModelReply, ModelError>> {
+        *self.calls.lock().unwrap().entry(request.level_id.clone()).or_default() += 1;
+        self.inner.call(request, cancel)
+    }
+
+    fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64 {
+        self.inner.worst_case_cost_usd(request)
+    }
+}
+
+/// The model answers a log holds, by level.
+fn answers(events: &[Event]) -> BTreeMap<String, u32> {
+    let mut by_level = BTreeMap::new();
+    for e in events {
+        if let (EventData::ModelResponse(_), Some(level)) = (&e.data, &e.level_id) {
+            *by_level.entry(level.clone()).or_default() += 1;
+        }
+    }
+    by_level
+}
 
 #[tokio::test]
 async fn resuming_after_any_append_gives_the_same_log() {
@@ -100,14 +138,26 @@ async fn resuming_after_any_append_gives_the_same_log() {
     assert!(matches!(full.last().unwrap().data, EventData::ScenarioFinished(_)));
     let boundaries = recording.boundaries();
     assert!(boundaries.len() > 10, "{boundaries:?}");
+    // `r1` answers at once and `r2` later: the fan-out commits `r1` when it finishes, so
+    // the run can stop with one child finished and the other not yet run.
+    let child_finished = |n: u64| {
+        let last = &full[usize::try_from(n).unwrap() - 1];
+        matches!(last.data, EventData::LevelFinished(_)) && last.level_id.as_deref() == Some("r1")
+    };
+    assert!(boundaries.iter().any(|&n| child_finished(n)), "{boundaries:?}");
     for &n in &boundaries {
         let store = Arc::new(MemoryStore::new());
-        let prefix: Vec<Event> = full[..usize::try_from(n).unwrap()].to_vec();
+        let cut = usize::try_from(n).unwrap();
+        let prefix: Vec<Event> = full[..cut].to_vec();
         store.create_run(&e.store.run(&run).await.unwrap().unwrap(), prefix).await.unwrap();
-        let fresh = engine_on(store, script(SCRIPT));
+        let calls = Arc::<Mutex<BTreeMap<String, u32>>>::default();
+        let fresh = engine_on(store, Counting { inner: script(SCRIPT), calls: Arc::clone(&calls) });
         to_the_end(&fresh, &run, &s).await;
         let resumed = fresh.store.load(&run, 0).await.unwrap();
         assert_eq!(normalised(&resumed), normalised(&full), "stopped after event {n}");
+        // Nothing in the log is done again: a child that finished before the stop is not
+        // called again, whatever its siblings were doing.
+        assert_eq!(*calls.lock().unwrap(), answers(&full[cut..]), "stopped after event {n}");
     }
 }
 

@@ -437,6 +437,63 @@ levels:
 }
 
 #[test]
+fn a_fan_out_stopped_part_way_runs_again_for_its_children_not_started_only() {
+    let s = scenario(
+        "
+id: fan
+version: 1
+levels:
+  - {id: fan, kind: fan_out, fan_out: [a, b, c], fan_in: {aggregator: all_pass}}
+  - {id: a, kind: prompt, prompt: {inline: A}, response: verdict}
+  - {id: b, kind: prompt, prompt: {inline: B}, response: verdict}
+  - {id: c, kind: prompt, prompt: {inline: C}, response: verdict}
+",
+    );
+    let child = |id: &str, attempt: u32| {
+        NewEvent::level(
+            id,
+            attempt,
+            EventData::LevelStarted(LevelStarted {
+                role: id.into(),
+                kind: "prompt".into(),
+                parent: Some("fan".into()),
+            }),
+        )
+    };
+    // The step committed `a` and `c` as they finished, then stopped before `b` did.
+    let events = vec![
+        started(),
+        level_started("fan", 1),
+        child("c", 1),
+        finished("c", 1, Some("PASS"), 0.0),
+        child("a", 1),
+        finished("a", 1, Some("PASS"), 0.0),
+    ];
+    assert_eq!(plan(&s, &fold(&log(events.clone()))), Step::Run { level: 0, attempt: 1 });
+    let st = fold(&log(events.clone()));
+    let states = baton_engine::fan_in::children_in_attempt(&s, &st, 0);
+    let kinds: Vec<&str> = states
+        .iter()
+        .map(|(_, c)| match c {
+            baton_engine::fan_in::ChildState::NotStarted => "not_started",
+            baton_engine::fan_in::ChildState::Unsettled => "unsettled",
+            baton_engine::fan_in::ChildState::Finished(_) => "finished",
+        })
+        .collect();
+    assert_eq!(kinds, ["finished", "not_started", "finished"]);
+
+    // Children of an earlier attempt of the fan-out do not count for this one.
+    let mut again = events.clone();
+    again.push(child("b", 1));
+    again.push(finished("b", 1, Some("PASS"), 0.0));
+    again.push(finished("fan", 1, None, 0.0));
+    again.push(level_started("fan", 2));
+    again.push(child("a", 2));
+    again.push(finished("a", 2, Some("PASS"), 0.0));
+    assert_eq!(plan(&s, &fold(&log(again))), Step::Run { level: 0, attempt: 2 });
+}
+
+#[test]
 fn a_template_reads_its_own_levels_previous_attempt_only_on_a_retry() {
     use baton_engine::render::{Renderer, context};
     use baton_scenario::model::LevelKind;

@@ -182,17 +182,21 @@ edges:
     let log = e.store.load(&run, 0).await.unwrap();
     let k = kinds(&log);
     let firsts: Vec<&String> = k.iter().filter(|x| x.starts_with("level_started:")).collect();
+    // Each child is committed as it settles: `b` at once, `c` in the slot it freed, `a`
+    // (the slowest, so the last) with the fan-out's result.
     assert_eq!(
         firsts,
         vec![
             "level_started:review",
-            "level_started:a",
             "level_started:b",
             "level_started:c",
+            "level_started:a",
             "level_started:sum"
         ],
-        "children commit in declared order"
+        "children commit in the order they settle"
     );
+    let a_done = k.iter().position(|x| x == "level_finished:a").unwrap();
+    assert_eq!(k[a_done + 1], "level_finished:review", "the last child ends with the fan-out");
     let st = e.state(&run).await.unwrap();
     assert_eq!(st.level("review").unwrap().verdict.as_deref(), Some("PASS"));
     assert_eq!(st.level("review").unwrap().output, "2 of 3 children passed (majority_pass): PASS");
@@ -399,6 +403,15 @@ levels:
     let outcome =
         tokio::time::timeout(Duration::from_secs(5), driver).await.unwrap().unwrap().unwrap();
     assert_eq!(outcome, Outcome::Finished(Status::Cancelled));
+    // The child that finished before the cancel stays in the log; the one cut does not.
+    let k = kinds(&e.store.load(&run, 0).await.unwrap());
+    for kept in ["level_started:a", "model_response:a", "level_finished:a"] {
+        assert!(k.iter().any(|x| x == kept), "{kept} missing: {k:?}");
+    }
+    assert!(!k.iter().any(|x| x.ends_with(":b")), "{k:?}");
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.level("a").unwrap().output, "x");
+    assert!(st.level("f").unwrap().skipped);
 }
 
 #[tokio::test]
@@ -685,35 +698,72 @@ async fn one_scenario_loaded_from_two_directories_runs_from_either() {
     }
 }
 
-#[tokio::test]
-async fn a_fan_out_is_checked_against_the_budget_on_the_sum_of_its_children() {
-    let s = scenario(
-        "
-id: fansum
+const RESERVED: &str = "
+id: reserved
 version: 1
-budget: {max_cost_usd: 0.10}
+budget: {max_cost_usd: 0.01}
 levels:
-  - {id: f, kind: fan_out, fan_out: [a, b, c], fan_in: {aggregator: all_pass}}
+  - {id: f, kind: fan_out, fan_out: [a, b, c], fan_in: {aggregator: all_pass}, max_parallel: PARALLEL}
   - {id: a, kind: prompt, prompt: {inline: A}}
   - {id: b, kind: prompt, prompt: {inline: B}}
   - {id: c, kind: prompt, prompt: {inline: C}}
   - {id: after, kind: prompt, prompt: {inline: Z}, terminal: true}
 edges:
   - {from: f, to: after}
-",
-    );
-    // Each child alone fits the cap (its pre-call check sees only the run's spend so far);
-    // together they cross it, and the check after the merge stops the run.
+";
+
+/// The model calls a log holds, by level.
+fn responses(log: &[baton_engine::event::Event]) -> Vec<String> {
+    log.iter()
+        .filter(|ev| matches!(ev.data, EventData::ModelResponse(_)))
+        .filter_map(|ev| ev.level_id.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn fan_out_children_reserve_their_worst_case_against_the_shared_budget() {
+    let s = scenario(&RESERVED.replace("PARALLEL", "3"));
+    // Each child alone fits the cap, and all three start at once: each reserves its worst
+    // case before calling, so the third is refused before its call.
     let model = script(
-        "levels:\n  a: [{text: x, cost_usd: 0.04}]\n  b: [{text: y, cost_usd: 0.04}]\n  c: [{text: z, cost_usd: 0.04}]\n  after: [{text: never}]\n",
+        "levels:\n  a: [{text: x, cost_usd: 0.004, worst_case_usd: 0.004, delay_ms: 20}]\n  b: [{text: y, cost_usd: 0.004, worst_case_usd: 0.004, delay_ms: 20}]\n  c: [{text: z, cost_usd: 0.004, worst_case_usd: 0.004, delay_ms: 20}]\n  after: [{text: never}]\n",
     );
     let e = engine(model);
     let run = e.start(&s, "x", Map::new()).await.unwrap();
     assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Aborted));
+    let log = e.store.load(&run, 0).await.unwrap();
+    assert_eq!(responses(&log), ["a", "b"], "exactly two children were called");
     let st = e.state(&run).await.unwrap();
-    assert!((st.totals.cost_usd - 0.12).abs() < 1e-9);
+    assert!(st.totals.cost_usd <= 0.01, "{}", st.totals.cost_usd);
+    assert!((st.totals.cost_usd - 0.008).abs() < 1e-9);
     assert_eq!(st.aborted_reason.as_deref(), Some("budget_exceeded:cost"));
+    let refused: Vec<_> = log
+        .iter()
+        .filter_map(|ev| match &ev.data {
+            EventData::BudgetExceeded(b) => Some((ev.level_id.clone(), b.clone())),
+            _ => None,
+        })
+        .collect();
+    let [(Some(level), exceeded)] = &refused[..] else { panic!("{refused:?}") };
+    assert_eq!(level, "c");
+    assert!(exceeded.refused_before_call);
+    assert!((exceeded.observed_value - 0.012).abs() < 1e-9, "{exceeded:?}");
     assert!(st.level("after").is_none());
+}
+
+#[tokio::test]
+async fn a_reservation_shrinks_to_what_the_call_cost() {
+    let s = scenario(&RESERVED.replace("PARALLEL", "1"));
+    // The worst case of each call is 0.006, but each costs 0.001: one after another, each
+    // child's reservation is released down to its cost, so all three fit under 0.01.
+    let model = script(
+        "levels:\n  a: [{text: x, cost_usd: 0.001, worst_case_usd: 0.006}]\n  b: [{text: y, cost_usd: 0.001, worst_case_usd: 0.006}]\n  c: [{text: z, cost_usd: 0.001, worst_case_usd: 0.006}]\n  after: [{text: done}]\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    assert_eq!(e.drive(&run, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    assert_eq!(responses(&log), ["a", "b", "c", "after"]);
 }
 
 const RUBRIC: &str = "---\nid: clarity_v1\npass_threshold: 0.7\ncriteria:\n  - {id: accuracy, weight: 2, description: every claim holds}\n  - {id: tone, weight: 1, description: plain words}\n---\nJudge the answer for a general reader.\n";
