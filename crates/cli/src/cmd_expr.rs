@@ -62,8 +62,8 @@ pub(crate) fn run(
     };
     let state: serde_json::Value = match state {
         Some(path) => {
-            let raw = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read state file {}", path.display()))?;
+            let raw = baton_scenario::capped::read_text(path, crate::limits::STATE_BYTES_MAX)
+                .map_err(|e| anyhow::anyhow!("--state: {e}"))?;
             serde_json::from_str(&raw)
                 .with_context(|| format!("state file {} is not valid JSON", path.display()))?
         }

@@ -26,6 +26,7 @@ use baton_workspace::LocalWorkspaces;
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
+use crate::limits::DATA_BYTES_MAX;
 use crate::timeline;
 
 /// Where runs live and where scenarios are read from.
@@ -83,10 +84,7 @@ fn load_model(
         return replay(path);
     }
     if let Some(path) = script {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the script {}", path.display()))?;
-        let model =
-            ScriptedModel::parse(&text, &path.display().to_string()).map_err(anyhow::Error::msg)?;
+        let model = ScriptedModel::load(path).map_err(|e| anyhow::anyhow!("--script: {e}"))?;
         let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         return Ok((Arc::new(model), Some(format!("script:{}", absolute.display()))));
     }
@@ -675,36 +673,11 @@ pub(crate) struct Decision {
     pub no_resume: bool,
 }
 
-/// Most bytes read from an approver's data file.
-const DATA_BYTES_MAX: u64 = 1024 * 1024;
-
 /// Reads the approver's data: a regular file of at most [`DATA_BYTES_MAX`] bytes holding JSON.
 fn read_data(path: &Path) -> anyhow::Result<Value> {
-    use std::io::Read as _;
     let shown = path.display();
-    let not_regular = || {
-        anyhow::anyhow!(
-            "--data {shown} is not a regular file (a directory, device or pipe); give a JSON file"
-        )
-    };
-    // Checked before opening: opening a pipe would wait for a writer.
-    let meta = std::fs::metadata(path).with_context(|| format!("cannot read --data {shown}"))?;
-    if !meta.is_file() {
-        return Err(not_regular());
-    }
-    let file = std::fs::File::open(path).with_context(|| format!("cannot read --data {shown}"))?;
-    if !file.metadata().with_context(|| format!("cannot read --data {shown}"))?.is_file() {
-        return Err(not_regular());
-    }
-    let mut bytes = Vec::new();
-    file.take(DATA_BYTES_MAX + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("cannot read --data {shown}"))?;
-    if bytes.len() as u64 > DATA_BYTES_MAX {
-        bail!(
-            "--data {shown} is larger than {DATA_BYTES_MAX} bytes; the approver's data must be smaller"
-        );
-    }
+    let bytes = baton_scenario::capped::read_bytes(path, DATA_BYTES_MAX)
+        .map_err(|e| anyhow::anyhow!("--data: {e}"))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| anyhow::anyhow!("--data {shown}:{}:{}: not JSON: {e}", e.line(), e.column()))
 }

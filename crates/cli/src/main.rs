@@ -9,6 +9,7 @@ mod cmd_graph;
 mod cmd_run;
 mod cmd_validate;
 mod cmd_verify;
+mod limits;
 mod timeline;
 
 use std::path::PathBuf;
@@ -321,8 +322,10 @@ fn main() -> ExitCode {
         } => {
             let input = match (input, input_file) {
                 (Some(i), _) => Ok(i),
-                (None, Some(f)) => std::fs::read_to_string(&f)
-                    .map_err(|e| anyhow::anyhow!("cannot read input file {}: {e}", f.display())),
+                (None, Some(f)) => {
+                    baton_scenario::capped::read_text(&f, baton_engine::limits::INPUT_BYTES_MAX)
+                        .map_err(|e| anyhow::anyhow!("--input-file: {e}"))
+                }
                 (None, None) => Err(anyhow::anyhow!("give --input TEXT or --input-file F")),
             };
             input.and_then(|input| {
