@@ -5,13 +5,15 @@
 //! where runs started under the older two-valued rule would decide differently, it says
 //! so too.
 
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+#![allow(clippy::print_stderr)]
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use baton_scenario::expr::{self, Context, Gate, JsonContext, Scope, Semantics, Span, Val};
+
+use crate::out::out;
 
 pub(crate) fn run(
     scenarios: &Path,
@@ -69,7 +71,7 @@ pub(crate) fn run(
         }
         None => serde_json::json!({}),
     };
-    print!("{}", report(&gate, &JsonContext(&state)));
+    out!("{}", report(&gate, &JsonContext(&state)))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,6 +1,6 @@
 //! `baton run`, `resume`, `approve`, `answer`, `cancel`, `runs` and `events`.
 
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+#![allow(clippy::print_stderr)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,6 +27,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
 use crate::limits::DATA_BYTES_MAX;
+use crate::out::outln;
 use crate::timeline;
 
 /// Where runs live and where scenarios are read from.
@@ -379,7 +380,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     }
     let run_id = Engine::new_run_id();
     if !args.json {
-        println!("run {run_id}");
+        outln!("run {run_id}")?;
     }
     let first = Start { input: args.input, metadata, source };
     drive(&engine, &run_id, &scenario, args.json, 0, Some(first)).await
@@ -503,7 +504,7 @@ async fn drive(
     printed?;
     let state = engine.state(run_id).await?;
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&json!({
                 "run_id": run_id,
@@ -516,16 +517,16 @@ async fn drive(
                 "pending_approvals": open_approvals(&state),
                 "pending_question": state.pending_ask,
             }))?
-        );
+        )?;
     } else if outcome == Outcome::Paused {
-        println!(
+        outln!(
             "paused: run {run_id} waits for a person; continue with `baton approve {run_id}` or `baton answer {run_id} --answer JSON`"
-        );
+        )?;
         for line in waiting_lines(&state, run_id) {
-            println!("  {line}");
+            outln!("  {line}")?;
         }
     } else if let Some(output) = &state.final_output {
-        println!("output:\n{output}");
+        outln!("output:\n{output}")?;
     }
     Ok(exit_code(&outcome))
 }
@@ -573,23 +574,25 @@ struct Start {
 /// How often a follower looks for new events.
 const FOLLOW_POLL: Duration = Duration::from_millis(50);
 
-fn print_event(e: &Event, as_json: bool) {
+fn print_event(e: &Event, as_json: bool) -> std::io::Result<()> {
     if as_json {
-        println!("{}", timeline::json_line(e));
+        outln!("{}", timeline::json_line(e))?;
     } else if let Some(line) = timeline::line(e) {
-        println!("{}", timeline::styled(&line));
+        outln!("{}", timeline::styled(&line))?;
     }
+    Ok(())
 }
 
 /// Emits a run's events after `after` as they arrive, until the run ends or — with `stop`
 /// — until told to stop; then it reads the log once more, so every event written before
-/// the stop is emitted, once and in order.
+/// the stop is emitted, once and in order. It stops early, quietly, once standard output's
+/// reader has gone (nothing it emits could be read).
 async fn follow(
     store: &dyn EventStore,
     run_id: &str,
     mut after: u64,
     mut stop: Option<oneshot::Receiver<()>>,
-    mut emit: impl FnMut(&Event),
+    mut emit: impl FnMut(&Event) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {
     let mut stopping = false;
     loop {
@@ -601,7 +604,10 @@ async fn follow(
             Err(e) => return Err(e.into()),
         };
         for e in &events {
-            emit(e);
+            emit(e)?;
+            if crate::out::closed() {
+                return Ok(());
+            }
             after = e.seq;
             if matches!(e.data, EventData::ScenarioFinished(_)) {
                 return Ok(());
@@ -632,7 +638,7 @@ impl Printer {
         store: Arc<dyn EventStore>,
         run_id: &str,
         after: u64,
-        emit: impl FnMut(&Event) + Send + 'static,
+        emit: impl FnMut(&Event) -> std::io::Result<()> + Send + 'static,
     ) -> Printer {
         let (stop, stopped) = oneshot::channel();
         let run_id = run_id.to_owned();
@@ -719,11 +725,11 @@ pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow:
         data,
     };
     let decided = engine.decide(run_id, decision).await?;
-    println!(
+    outln!(
         "{} request {} of run {run_id}",
         if decided.approved { "approved" } else { "rejected" },
         decided.request_id
-    );
+    )?;
     if d.no_resume {
         return Ok(ExitCode::SUCCESS);
     }
@@ -742,7 +748,7 @@ pub(crate) async fn answer(
     })?;
     let engine = decision_engine(place)?;
     engine.answer(run_id, value).await?;
-    println!("answered run {run_id}");
+    outln!("answered run {run_id}")?;
     if no_resume {
         return Ok(ExitCode::SUCCESS);
     }
@@ -767,10 +773,10 @@ pub(crate) async fn cancel(
     let probe = probe_engine(place, &store, &Registry::default());
     probe.cancel(run_id, by, reason).await?;
     match probe.end_cancelled(run_id).await {
-        Ok(_) => println!("cancelled run {run_id}"),
-        Err(baton_engine::exec::Error::Store(baton_engine::store::Error::Busy(_))) => println!(
+        Ok(_) => outln!("cancelled run {run_id}")?,
+        Err(baton_engine::exec::Error::Store(baton_engine::store::Error::Busy(_))) => outln!(
             "cancel requested for run {run_id}: the process driving it stops at its next check"
-        ),
+        )?,
         Err(e) => return Err(e.into()),
     }
     Ok(ExitCode::SUCCESS)
@@ -867,21 +873,27 @@ pub(crate) async fn runs(
             }
             list.push(row);
         }
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        outln!("{}", serde_json::to_string_pretty(&list)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     if rows.is_empty() {
-        println!("no runs{}", status.map_or(String::new(), |s| format!(" with status {s}")));
+        outln!("no runs{}", status.map_or(String::new(), |s| format!(" with status {s}")))?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  waits on",
-        "run", "status", "scenario", "cost", "tokens", "duration", "updated"
-    );
+        "run",
+        "status",
+        "scenario",
+        "cost",
+        "tokens",
+        "duration",
+        "updated"
+    )?;
     for (r, totals, waiting, requests) in rows {
         let waits: Vec<String> =
             waiting.iter().map(|w| format!("{} ({})", w.level_id, w.wants)).collect();
-        println!(
+        outln!(
             "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  {}",
             r.run_id,
             r.status,
@@ -891,9 +903,9 @@ pub(crate) async fn runs(
             human_duration(totals.duration_ms),
             r.updated_at.format("%Y-%m-%d %H:%M:%S"),
             waits.join(", ")
-        );
+        )?;
         if !requests.is_empty() {
-            println!("    waits for approval: {}", requests.join(", "));
+            outln!("    waits for approval: {}", requests.join(", "))?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -912,9 +924,9 @@ pub(crate) async fn export_cassette(
     match out {
         Some(path) => {
             cassette.save(path).map_err(anyhow::Error::msg)?;
-            println!("wrote {} recorded answers to {}", cassette.entries.len(), path.display());
+            outln!("wrote {} recorded answers to {}", cassette.entries.len(), path.display())?;
         }
-        None => println!("{}", serde_json::to_string_pretty(&cassette)?),
+        None => outln!("{}", serde_json::to_string_pretty(&cassette)?)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -935,11 +947,11 @@ pub(crate) async fn events(
     }
     let log = store.load(run_id, 0).await?;
     for e in &log {
-        print_event(e, json);
+        print_event(e, json)?;
     }
     if !json {
         for line in waiting_lines(&baton_engine::fold(&log), run_id) {
-            println!("waiting   {line}");
+            outln!("waiting   {line}")?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -979,8 +991,10 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&seen);
         // Started before the run exists, as `baton run` does.
-        let printer =
-            Printer::spawn(Arc::clone(&store), "r", 0, move |e| sink.lock().unwrap().push(e.seq));
+        let printer = Printer::spawn(Arc::clone(&store), "r", 0, move |e| {
+            sink.lock().unwrap().push(e.seq);
+            Ok(())
+        });
         store.create_run(&record, vec![warning(1)]).await.unwrap();
         while seen.lock().unwrap().is_empty() {
             tokio::task::yield_now().await;

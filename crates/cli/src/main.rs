@@ -10,6 +10,7 @@ mod cmd_run;
 mod cmd_validate;
 mod cmd_verify;
 mod limits;
+mod out;
 mod timeline;
 
 use std::path::PathBuf;
@@ -403,6 +404,12 @@ fn main() -> ExitCode {
             state.as_deref(),
         ),
     };
+    // What is still buffered goes out now, so a write error is reported, not lost at exit;
+    // a reader that has gone is no error (see `out`).
+    let result = result.and_then(|code| {
+        out::flush().map_err(|e| anyhow::anyhow!("cannot write to standard output: {e}"))?;
+        Ok(code)
+    });
     match result {
         Ok(code) => code,
         Err(e) => {

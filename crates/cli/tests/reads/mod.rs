@@ -175,3 +175,81 @@ fn script_config_cassette_and_state_pipes_are_refused_at_once() {
     assert_refused(&out, &state, "named pipe (FIFO)");
     assert!(!db.exists(), "no run was created for a refused file");
 }
+
+/// Runs `baton --db DB ARGS` with standard output a pipe whose reader is already gone, as
+/// in `baton … | head` once `head` has read its lines.
+fn baton_into_closed_pipe(db: &Path, args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let dir = db.parent().unwrap();
+    let stderr = dir.join("stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .current_dir(repo())
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("BATON_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`baton {}` still ran after {DEADLINE:?} with stdout closed", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: Vec::new(), stderr: std::fs::read(stderr).unwrap() }
+}
+
+#[test]
+fn a_closed_stdout_ends_every_command_quietly_with_its_usual_code() {
+    let dir = scratch("reads-closed-stdout");
+    let db = dir.join("baton.db");
+    let quiet = |args: &[&str], code: i32| {
+        let out = baton_into_closed_pipe(&db, args);
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    };
+    // A run whose timeline nobody reads is still driven to its end.
+    quiet(&["run", "quick_qa", "--input", "q", "--script", SCRIPT], 0);
+    quiet(
+        &[
+            "run",
+            "release_notes",
+            "--input",
+            "v1",
+            "--script",
+            "scenarios/scripts/release_notes.yaml",
+        ],
+        3,
+    );
+    let listed = super::baton_db(&db, &["runs", "--json"]);
+    let runs: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let completed = runs.iter().find(|r| r["status"] == "completed").unwrap();
+    let run = completed["run_id"].as_str().unwrap();
+    quiet(&["schema"], 0);
+    quiet(&["validate"], 0);
+    quiet(&["graph", "code_build"], 0);
+    quiet(&["runs"], 0);
+    quiet(&["runs", "--json"], 0);
+    quiet(&["events", run], 0);
+    quiet(&["events", run, "--json"], 0);
+    quiet(&["events", run, "--follow"], 0);
+    quiet(&["cassette", "export", run], 0);
+    quiet(&["verify"], 0);
+    quiet(&["expr", "1 == 1"], 0);
+}
