@@ -378,10 +378,10 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     for (k, v) in args.meta {
         metadata.insert(k, Value::String(v));
     }
+    // The id is printed by the timeline once the store holds the run (see `drive`): a run
+    // that fails before its first commit (its workspace cannot be opened, say) was never
+    // created, and its id would name nothing.
     let run_id = Engine::new_run_id();
-    if !args.json {
-        outln!("run {run_id}")?;
-    }
     let first = Start { input: args.input, metadata, source };
     drive(&engine, &run_id, &scenario, args.json, 0, Some(first)).await
 }
@@ -486,9 +486,16 @@ async fn drive(
     from: u64,
     start: Option<Start>,
 ) -> anyhow::Result<ExitCode> {
-    // Print events as they land, from another task reading the store.
+    // Print events as they land, from another task reading the store; a new run's id
+    // heads them, so it is printed only once the store holds the run.
     let printer = (!json).then(|| {
-        Printer::spawn(Arc::clone(&engine.store), run_id, from, |e| print_event(e, false))
+        let mut unannounced = start.is_some().then(|| run_id.to_owned());
+        Printer::spawn(Arc::clone(&engine.store), run_id, from, move |e| {
+            if let Some(id) = unannounced.take() {
+                outln!("run {id}")?;
+            }
+            print_event(e, false)
+        })
     });
     let outcome = match start {
         Some(s) => engine.run(run_id, scenario, &s.input, s.metadata, s.source).await,

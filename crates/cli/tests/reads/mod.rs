@@ -253,3 +253,55 @@ fn a_closed_stdout_ends_every_command_quietly_with_its_usual_code() {
     quiet(&["verify"], 0);
     quiet(&["expr", "1 == 1"], 0);
 }
+
+/// The run ids `baton runs --json` lists.
+fn stored_runs(db: &Path) -> Vec<String> {
+    let out = super::baton_db(db, &["runs", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    runs.as_array().unwrap().iter().map(|r| r["run_id"].as_str().unwrap().to_owned()).collect()
+}
+
+#[test]
+fn a_run_that_cannot_start_prints_no_run_id_and_leaves_no_run() {
+    let dir = scratch("reads-no-run");
+    let db = dir.join("baton.db");
+    // An input that cannot be read: nothing is created at all.
+    let out = super::baton_db(
+        &db,
+        &["run", "quick_qa", "--input-file", "/nonexistent/input.txt", "--script", SCRIPT],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("/nonexistent/input.txt does not exist"));
+    assert_eq!(text(&out.stdout), "", "no run id is printed");
+    assert!(!db.exists(), "no database was created for a run that never started");
+
+    // A workspace that cannot be opened stops the run before its first event is stored:
+    // no run id may be printed for it.
+    let not_a_dir = dir.join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let out = super::baton_db(
+        &db,
+        &[
+            "run",
+            "code_build",
+            "--input",
+            "x",
+            "--script",
+            "scenarios/scripts/code_build.yaml",
+            "--workspace",
+            not_a_dir.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("workspace"), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains("run "), "a run id was printed: {}", text(&out.stdout));
+    assert_eq!(stored_runs(&db), Vec::<String>::new());
+
+    // A run that starts prints its id first, and the store holds that run.
+    let out = super::baton_db(&db, &["run", "quick_qa", "--input", "q", "--script", SCRIPT]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let printed = stdout.lines().next().and_then(|l| l.strip_prefix("run ")).unwrap();
+    assert_eq!(stored_runs(&db), vec![printed.to_owned()]);
+}
