@@ -127,15 +127,3 @@ fn kind(metadata: &Metadata) -> &'static str {
     }
     "special file"
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_read_as_limits() {
-        assert_eq!(size(1024 * 1024), "1 MiB");
-        assert_eq!(size(256 * 1024), "256 KiB");
-        assert_eq!(size(1000), "1000 bytes");
-    }
-}
