@@ -77,12 +77,11 @@ fn load_model(
     config: Option<&Path>,
     check: Option<&Scenario>,
 ) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
-    if let Some(path) = script
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .filter(|p| cassette::Cassette::load(p).is_ok())
+    if let Some(path) = script.filter(|p| p.extension().is_some_and(|e| e == "json"))
+        && let Ok(loaded) = cassette::Cassette::load(path)
     {
-        // A cassette given where a script is expected: replay it.
-        return replay(path);
+        // A cassette given where a script is expected: replay it (read once).
+        return Ok(replaying(path, loaded));
     }
     if let Some(path) = script {
         let model = ScriptedModel::load(path).map_err(|e| anyhow::anyhow!("--script: {e}"))?;
@@ -132,11 +131,16 @@ fn load_model(
 /// A model that answers from a cassette only.
 fn replay(path: &Path) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
     let cassette = cassette::Cassette::load(path).map_err(anyhow::Error::msg)?;
+    Ok(replaying(path, cassette))
+}
+
+/// A model that answers from `cassette`, read from `path` (recorded as the run's source).
+fn replaying(
+    path: &Path,
+    cassette: cassette::Cassette,
+) -> (Arc<dyn ModelProvider>, Option<String>) {
     let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    Ok((
-        Arc::new(cassette::Replayer::new(cassette)),
-        Some(format!("cassette:{}", absolute.display())),
-    ))
+    (Arc::new(cassette::Replayer::new(cassette)), Some(format!("cassette:{}", absolute.display())))
 }
 
 /// The model a run uses, given the run's options: a cassette to replay, or a model (scripted
