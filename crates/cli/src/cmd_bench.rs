@@ -10,7 +10,7 @@
 //! memory each paused run holds), and `reopen` (a run of 10 000 events reopened from the
 //! store and planned).
 
-#![allow(clippy::print_stdout, clippy::print_stderr, clippy::cast_precision_loss)]
+#![allow(clippy::cast_precision_loss)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,6 +28,8 @@ use baton_engine::{Engine, Outcome, Status};
 use baton_scenario::{Registry, Scenario};
 use baton_store::SqliteStore;
 use serde_json::{Map, json};
+
+use crate::out::outln;
 
 /// The model's fixed answer: 235 characters, starting with `PASS:`.
 fn answer() -> String {
@@ -424,14 +426,14 @@ async fn reopen(
 
 fn print_report(report: &serde_json::Value, json_out: bool) -> anyhow::Result<()> {
     if json_out {
-        println!("{}", serde_json::to_string_pretty(report)?);
+        outln!("{}", serde_json::to_string_pretty(report)?)?;
         return Ok(());
     }
     if let Some(map) = report.as_object() {
         for (k, v) in map {
             match v.as_f64() {
-                Some(f) if v.is_f64() => println!("{k:>22}: {f:.3}"),
-                _ => println!("{k:>22}: {v}"),
+                Some(f) if v.is_f64() => outln!("{k:>22}: {f:.3}")?,
+                _ => outln!("{k:>22}: {v}")?,
             }
         }
     }

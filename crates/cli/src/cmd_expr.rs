@@ -5,13 +5,15 @@
 //! where runs started under the older two-valued rule would decide differently, it says
 //! so too.
 
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+#![allow(clippy::print_stderr)]
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use baton_scenario::expr::{self, Context, Gate, JsonContext, Scope, Semantics, Span, Val};
+
+use crate::out::out;
 
 pub(crate) fn run(
     scenarios: &Path,
@@ -62,14 +64,14 @@ pub(crate) fn run(
     };
     let state: serde_json::Value = match state {
         Some(path) => {
-            let raw = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read state file {}", path.display()))?;
+            let raw = baton_scenario::capped::read_text(path, crate::limits::STATE_BYTES_MAX)
+                .map_err(|e| anyhow::anyhow!("--state: {e}"))?;
             serde_json::from_str(&raw)
                 .with_context(|| format!("state file {} is not valid JSON", path.display()))?
         }
         None => serde_json::json!({}),
     };
-    print!("{}", report(&gate, &JsonContext(&state)));
+    out!("{}", report(&gate, &JsonContext(&state)))?;
     Ok(ExitCode::SUCCESS)
 }
 

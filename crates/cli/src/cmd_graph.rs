@@ -1,6 +1,6 @@
 //! `baton graph` and `baton schema`: a scenario drawn, and the format described.
 
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+#![allow(clippy::print_stderr)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,16 +8,18 @@ use std::sync::Arc;
 
 use baton_scenario::{Registry, Scenario, graph};
 
+use crate::out::{out, outln};
+
 pub(crate) fn run(scenarios: &Path, which: &str, dot: bool) -> anyhow::Result<ExitCode> {
     let Some(scenario) = find(scenarios, which)? else {
         return Ok(ExitCode::from(1));
     };
-    print!("{}", if dot { graph::dot(&scenario) } else { graph::mermaid(&scenario) });
+    out!("{}", if dot { graph::dot(&scenario) } else { graph::mermaid(&scenario) })?;
     Ok(ExitCode::SUCCESS)
 }
 
 pub(crate) fn schema() -> anyhow::Result<ExitCode> {
-    println!("{}", serde_json::to_string_pretty(&baton_scenario::raw::json_schema())?);
+    outln!("{}", serde_json::to_string_pretty(&baton_scenario::raw::json_schema())?)?;
     Ok(ExitCode::SUCCESS)
 }
 

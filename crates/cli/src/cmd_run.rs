@@ -1,6 +1,6 @@
 //! `baton run`, `resume`, `approve`, `answer`, `cancel`, `runs` and `events`.
 
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+#![allow(clippy::print_stderr)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,6 +26,8 @@ use baton_workspace::LocalWorkspaces;
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
+use crate::limits::DATA_BYTES_MAX;
+use crate::out::outln;
 use crate::timeline;
 
 /// Where runs live and where scenarios are read from.
@@ -75,18 +77,14 @@ fn load_model(
     config: Option<&Path>,
     check: Option<&Scenario>,
 ) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
-    if let Some(path) = script
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .filter(|p| cassette::Cassette::load(p).is_ok())
+    if let Some(path) = script.filter(|p| p.extension().is_some_and(|e| e == "json"))
+        && let Ok(loaded) = cassette::Cassette::load(path)
     {
-        // A cassette given where a script is expected: replay it.
-        return replay(path);
+        // A cassette given where a script is expected: replay it (read once).
+        return Ok(replaying(path, loaded));
     }
     if let Some(path) = script {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the script {}", path.display()))?;
-        let model =
-            ScriptedModel::parse(&text, &path.display().to_string()).map_err(anyhow::Error::msg)?;
+        let model = ScriptedModel::load(path).map_err(|e| anyhow::anyhow!("--script: {e}"))?;
         let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         return Ok((Arc::new(model), Some(format!("script:{}", absolute.display()))));
     }
@@ -133,11 +131,16 @@ fn load_model(
 /// A model that answers from a cassette only.
 fn replay(path: &Path) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
     let cassette = cassette::Cassette::load(path).map_err(anyhow::Error::msg)?;
+    Ok(replaying(path, cassette))
+}
+
+/// A model that answers from `cassette`, read from `path` (recorded as the run's source).
+fn replaying(
+    path: &Path,
+    cassette: cassette::Cassette,
+) -> (Arc<dyn ModelProvider>, Option<String>) {
     let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    Ok((
-        Arc::new(cassette::Replayer::new(cassette)),
-        Some(format!("cassette:{}", absolute.display())),
-    ))
+    (Arc::new(cassette::Replayer::new(cassette)), Some(format!("cassette:{}", absolute.display())))
 }
 
 /// The model a run uses, given the run's options: a cassette to replay, or a model (scripted
@@ -379,10 +382,10 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     for (k, v) in args.meta {
         metadata.insert(k, Value::String(v));
     }
+    // The id is printed by the timeline once the store holds the run (see `drive`): a run
+    // that fails before its first commit (its workspace cannot be opened, say) was never
+    // created, and its id would name nothing.
     let run_id = Engine::new_run_id();
-    if !args.json {
-        println!("run {run_id}");
-    }
     let first = Start { input: args.input, metadata, source };
     drive(&engine, &run_id, &scenario, args.json, 0, Some(first)).await
 }
@@ -487,9 +490,16 @@ async fn drive(
     from: u64,
     start: Option<Start>,
 ) -> anyhow::Result<ExitCode> {
-    // Print events as they land, from another task reading the store.
+    // Print events as they land, from another task reading the store; a new run's id
+    // heads them, so it is printed only once the store holds the run.
     let printer = (!json).then(|| {
-        Printer::spawn(Arc::clone(&engine.store), run_id, from, |e| print_event(e, false))
+        let mut unannounced = start.is_some().then(|| run_id.to_owned());
+        Printer::spawn(Arc::clone(&engine.store), run_id, from, move |e| {
+            if let Some(id) = unannounced.take() {
+                outln!("run {id}")?;
+            }
+            print_event(e, false)
+        })
     });
     let signals = tokio::spawn(stop_on_signal(engine.stop.clone()));
     let outcome = match start {
@@ -507,7 +517,7 @@ async fn drive(
     printed?;
     let state = engine.state(run_id).await?;
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&json!({
                 "run_id": run_id,
@@ -520,20 +530,20 @@ async fn drive(
                 "pending_approvals": open_approvals(&state),
                 "pending_question": state.pending_ask,
             }))?
-        );
+        )?;
     } else if outcome == Outcome::Paused {
-        println!(
+        outln!(
             "paused: run {run_id} waits for a person; continue with `baton approve {run_id}` or `baton answer {run_id} --answer JSON`"
-        );
+        )?;
         for line in waiting_lines(&state, run_id) {
-            println!("  {line}");
+            outln!("  {line}")?;
         }
     } else if let Outcome::Interrupted(reason) = &outcome {
         println!(
             "interrupted: run {run_id} stopped without ending ({reason}); nothing is lost — continue it with `baton resume {run_id}`"
         );
     } else if let Some(output) = &state.final_output {
-        println!("output:\n{output}");
+        outln!("output:\n{output}")?;
     }
     Ok(exit_code(&outcome))
 }
@@ -598,23 +608,25 @@ struct Start {
 /// How often a follower looks for new events.
 const FOLLOW_POLL: Duration = Duration::from_millis(50);
 
-fn print_event(e: &Event, as_json: bool) {
+fn print_event(e: &Event, as_json: bool) -> std::io::Result<()> {
     if as_json {
-        println!("{}", timeline::json_line(e));
+        outln!("{}", timeline::json_line(e))?;
     } else if let Some(line) = timeline::line(e) {
-        println!("{}", timeline::styled(&line));
+        outln!("{}", timeline::styled(&line))?;
     }
+    Ok(())
 }
 
 /// Emits a run's events after `after` as they arrive, until the run ends or — with `stop`
 /// — until told to stop; then it reads the log once more, so every event written before
-/// the stop is emitted, once and in order.
+/// the stop is emitted, once and in order. It stops early, quietly, once standard output's
+/// reader has gone (nothing it emits could be read).
 async fn follow(
     store: &dyn EventStore,
     run_id: &str,
     mut after: u64,
     mut stop: Option<oneshot::Receiver<()>>,
-    mut emit: impl FnMut(&Event),
+    mut emit: impl FnMut(&Event) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {
     let mut stopping = false;
     loop {
@@ -626,7 +638,10 @@ async fn follow(
             Err(e) => return Err(e.into()),
         };
         for e in &events {
-            emit(e);
+            emit(e)?;
+            if crate::out::closed() {
+                return Ok(());
+            }
             after = e.seq;
             if matches!(e.data, EventData::ScenarioFinished(_)) {
                 return Ok(());
@@ -657,7 +672,7 @@ impl Printer {
         store: Arc<dyn EventStore>,
         run_id: &str,
         after: u64,
-        emit: impl FnMut(&Event) + Send + 'static,
+        emit: impl FnMut(&Event) -> std::io::Result<()> + Send + 'static,
     ) -> Printer {
         let (stop, stopped) = oneshot::channel();
         let run_id = run_id.to_owned();
@@ -699,36 +714,11 @@ pub(crate) struct Decision {
     pub no_resume: bool,
 }
 
-/// Most bytes read from an approver's data file.
-const DATA_BYTES_MAX: u64 = 1024 * 1024;
-
 /// Reads the approver's data: a regular file of at most [`DATA_BYTES_MAX`] bytes holding JSON.
 fn read_data(path: &Path) -> anyhow::Result<Value> {
-    use std::io::Read as _;
     let shown = path.display();
-    let not_regular = || {
-        anyhow::anyhow!(
-            "--data {shown} is not a regular file (a directory, device or pipe); give a JSON file"
-        )
-    };
-    // Checked before opening: opening a pipe would wait for a writer.
-    let meta = std::fs::metadata(path).with_context(|| format!("cannot read --data {shown}"))?;
-    if !meta.is_file() {
-        return Err(not_regular());
-    }
-    let file = std::fs::File::open(path).with_context(|| format!("cannot read --data {shown}"))?;
-    if !file.metadata().with_context(|| format!("cannot read --data {shown}"))?.is_file() {
-        return Err(not_regular());
-    }
-    let mut bytes = Vec::new();
-    file.take(DATA_BYTES_MAX + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("cannot read --data {shown}"))?;
-    if bytes.len() as u64 > DATA_BYTES_MAX {
-        bail!(
-            "--data {shown} is larger than {DATA_BYTES_MAX} bytes; the approver's data must be smaller"
-        );
-    }
+    let bytes = baton_scenario::capped::read_bytes(path, DATA_BYTES_MAX)
+        .map_err(|e| anyhow::anyhow!("--data: {e}"))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| anyhow::anyhow!("--data {shown}:{}:{}: not JSON: {e}", e.line(), e.column()))
 }
@@ -770,11 +760,11 @@ pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow:
         data,
     };
     let decided = engine.decide(run_id, decision).await?;
-    println!(
+    outln!(
         "{} request {} of run {run_id}",
         if decided.approved { "approved" } else { "rejected" },
         decided.request_id
-    );
+    )?;
     if d.no_resume {
         return Ok(ExitCode::SUCCESS);
     }
@@ -793,7 +783,7 @@ pub(crate) async fn answer(
     })?;
     let engine = decision_engine(place)?;
     engine.answer(run_id, value).await?;
-    println!("answered run {run_id}");
+    outln!("answered run {run_id}")?;
     if no_resume {
         return Ok(ExitCode::SUCCESS);
     }
@@ -818,10 +808,10 @@ pub(crate) async fn cancel(
     let probe = probe_engine(place, &store, &Registry::default());
     probe.cancel(run_id, by, reason).await?;
     match probe.end_cancelled(run_id).await {
-        Ok(_) => println!("cancelled run {run_id}"),
-        Err(baton_engine::exec::Error::Store(baton_engine::store::Error::Busy(_))) => println!(
+        Ok(_) => outln!("cancelled run {run_id}")?,
+        Err(baton_engine::exec::Error::Store(baton_engine::store::Error::Busy(_))) => outln!(
             "cancel requested for run {run_id}: the process driving it stops at its next check"
-        ),
+        )?,
         Err(e) => return Err(e.into()),
     }
     Ok(ExitCode::SUCCESS)
@@ -919,21 +909,27 @@ pub(crate) async fn runs(
             }
             list.push(row);
         }
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        outln!("{}", serde_json::to_string_pretty(&list)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     if rows.is_empty() {
-        println!("no runs{}", status.map_or(String::new(), |s| format!(" with status {s}")));
+        outln!("no runs{}", status.map_or(String::new(), |s| format!(" with status {s}")))?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  waits on",
-        "run", "status", "scenario", "cost", "tokens", "duration", "updated"
-    );
+        "run",
+        "status",
+        "scenario",
+        "cost",
+        "tokens",
+        "duration",
+        "updated"
+    )?;
     for (r, totals, waiting, requests) in rows {
         let waits: Vec<String> =
             waiting.iter().map(|w| format!("{} ({})", w.level_id, w.wants)).collect();
-        println!(
+        outln!(
             "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  {}",
             r.run_id,
             r.status,
@@ -943,9 +939,9 @@ pub(crate) async fn runs(
             human_duration(totals.duration_ms),
             r.updated_at.format("%Y-%m-%d %H:%M:%S"),
             waits.join(", ")
-        );
+        )?;
         if !requests.is_empty() {
-            println!("    waits for approval: {}", requests.join(", "));
+            outln!("    waits for approval: {}", requests.join(", "))?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -964,9 +960,9 @@ pub(crate) async fn export_cassette(
     match out {
         Some(path) => {
             cassette.save(path).map_err(anyhow::Error::msg)?;
-            println!("wrote {} recorded answers to {}", cassette.entries.len(), path.display());
+            outln!("wrote {} recorded answers to {}", cassette.entries.len(), path.display())?;
         }
-        None => println!("{}", serde_json::to_string_pretty(&cassette)?),
+        None => outln!("{}", serde_json::to_string_pretty(&cassette)?)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -987,11 +983,11 @@ pub(crate) async fn events(
     }
     let log = store.load(run_id, 0).await?;
     for e in &log {
-        print_event(e, json);
+        print_event(e, json)?;
     }
     if !json {
         for line in waiting_lines(&baton_engine::fold(&log), run_id) {
-            println!("waiting   {line}");
+            outln!("waiting   {line}")?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -1031,8 +1027,10 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&seen);
         // Started before the run exists, as `baton run` does.
-        let printer =
-            Printer::spawn(Arc::clone(&store), "r", 0, move |e| sink.lock().unwrap().push(e.seq));
+        let printer = Printer::spawn(Arc::clone(&store), "r", 0, move |e| {
+            sink.lock().unwrap().push(e.seq);
+            Ok(())
+        });
         store.create_run(&record, vec![warning(1)]).await.unwrap();
         while seen.lock().unwrap().is_empty() {
             tokio::task::yield_now().await;

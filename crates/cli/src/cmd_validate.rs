@@ -1,11 +1,13 @@
 //! `baton validate`: load scenarios, print every diagnostic, summarise.
 
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+#![allow(clippy::print_stderr)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use baton_scenario::{Diagnostic, Diagnostics, Registry};
+
+use crate::out::outln;
 
 pub(crate) fn run(
     paths: &[PathBuf],
@@ -81,25 +83,25 @@ pub(crate) fn run(
             "scenarios": scenarios,
             "diagnostics": all.iter().collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
         for d in &all {
             eprintln!("{d}");
         }
         let warnings = all.len() - all.error_count();
         match &registry {
-            Some(r) if ok => println!(
+            Some(r) if ok => outln!(
                 "ok: {} scenario{} valid, {warnings} warning{}",
                 r.len(),
                 plural(r.len()),
                 plural(warnings)
-            ),
-            _ => println!(
+            )?,
+            _ => outln!(
                 "failed: {} error{}, {warnings} warning{}",
                 all.error_count(),
                 plural(all.error_count()),
                 plural(warnings)
-            ),
+            )?,
         }
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })

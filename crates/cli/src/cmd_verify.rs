@@ -5,8 +5,6 @@
 //! and prints one line per damaged run. The chain detects damage (a bad disk, a hand edit,
 //! a wrong restore), not tampering: whoever can write the database can recompute it.
 
-#![allow(clippy::print_stdout)]
-
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -15,6 +13,8 @@ use baton_engine::chain;
 use baton_engine::store::{Error, EventStore};
 use baton_store::SqliteStore;
 use serde_json::json;
+
+use crate::out::outln;
 
 /// What `verify` found about one run.
 enum Finding {
@@ -68,25 +68,25 @@ pub(crate) async fn verify(db: &Path, named: &[String], json: bool) -> anyhow::R
             .collect();
         let report =
             json!({"database": db.display().to_string(), "ok": damaged == 0, "runs": runs});
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
         for (id, f) in &findings {
             match f {
                 Finding::Damaged { seq: Some(seq), problem } => {
-                    println!("damaged: run {id} at event {seq}: {problem}");
+                    outln!("damaged: run {id} at event {seq}: {problem}")?;
                 }
-                Finding::Damaged { seq: None, problem } => println!("damaged: run {id}: {problem}"),
+                Finding::Damaged { seq: None, problem } => outln!("damaged: run {id}: {problem}")?,
                 Finding::Intact { .. } => {}
             }
         }
         if damaged == 0 {
-            println!("ok: {} runs intact in {}", findings.len(), db.display());
+            outln!("ok: {} runs intact in {}", findings.len(), db.display())?;
         } else {
-            println!(
+            outln!(
                 "{damaged} of {} runs damaged in {}; restore them from a backup",
                 findings.len(),
                 db.display()
-            );
+            )?;
         }
     }
     Ok(if damaged == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
@@ -105,11 +105,11 @@ pub(crate) fn backup(db: &Path, dest: &Path) -> anyhow::Result<ExitCode> {
     }
     baton_store::backup(db, dest)?;
     let bytes = std::fs::metadata(dest).map(|m| m.len()).unwrap_or(0);
-    println!(
+    outln!(
         "backed up {} to {} ({bytes} bytes); check the copy with `baton verify --db {}`",
         db.display(),
         dest.display(),
         dest.display()
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }

@@ -9,6 +9,8 @@ mod cmd_graph;
 mod cmd_run;
 mod cmd_validate;
 mod cmd_verify;
+mod limits;
+mod out;
 mod timeline;
 
 use std::path::PathBuf;
@@ -322,8 +324,10 @@ fn main() -> ExitCode {
         } => {
             let input = match (input, input_file) {
                 (Some(i), _) => Ok(i),
-                (None, Some(f)) => std::fs::read_to_string(&f)
-                    .map_err(|e| anyhow::anyhow!("cannot read input file {}: {e}", f.display())),
+                (None, Some(f)) => {
+                    baton_scenario::capped::read_text(&f, baton_engine::limits::INPUT_BYTES_MAX)
+                        .map_err(|e| anyhow::anyhow!("--input-file: {e}"))
+                }
                 (None, None) => Err(anyhow::anyhow!("give --input TEXT or --input-file F")),
             };
             input.and_then(|input| {
@@ -401,6 +405,12 @@ fn main() -> ExitCode {
             state.as_deref(),
         ),
     };
+    // What is still buffered goes out now, so a write error is reported, not lost at exit;
+    // a reader that has gone is no error (see `out`).
+    let result = result.and_then(|code| {
+        out::flush().map_err(|e| anyhow::anyhow!("cannot write to standard output: {e}"))?;
+        Ok(code)
+    });
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cancel::CancelToken;
 use crate::event::{Event, EventData, Usage};
+use crate::limits;
 use crate::model::{BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest};
 
 /// Version of the cassette file format.
@@ -48,8 +49,8 @@ pub struct Cassette {
 impl Cassette {
     /// Reads a cassette file.
     pub fn load(path: &Path) -> Result<Cassette, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read cassette {}: {e}", path.display()))?;
+        let text = baton_scenario::capped::read_text(path, limits::CASSETTE_BYTES_MAX)
+            .map_err(|e| format!("cannot read the cassette: {e}"))?;
         let c: Cassette = serde_json::from_str(&text)
             .map_err(|e| format!("cassette {} is not valid: {e}", path.display()))?;
         if c.format != FORMAT {

@@ -37,3 +37,10 @@ pub const TOOL_CALLS_PER_TURN_MAX: usize = 32;
 pub const CONVERSATION_BYTES_MAX: usize = 1024 * 1024;
 /// Characters of an approval request's question shown where requests are listed.
 pub const PROMPT_SUMMARY_CHARS: usize = 60;
+/// Largest `--script` file, in bytes: a script is YAML, parsed under the scenario
+/// parser's budget, so reading more would only be refused later.
+pub const SCRIPT_BYTES_MAX: u64 = baton_scenario::limits::SOURCE_BYTES_MAX as u64;
+/// Largest cassette file read, in bytes (room for many answers of `MODEL_TEXT_BYTES_MAX`).
+pub const CASSETTE_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// Largest input file of a run (`--input-file`), in bytes.
+pub const INPUT_BYTES_MAX: u64 = 4 * 1024 * 1024;

@@ -124,6 +124,9 @@ pub struct Config {
     pub providers: Vec<Provider>,
 }
 
+/// Largest `baton.toml` read, in bytes.
+pub const CONFIG_BYTES_MAX: u64 = 1024 * 1024;
+
 /// Why a configuration could not be read.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{file}: {message}")]
@@ -136,7 +139,7 @@ impl Config {
     /// Reads a `baton.toml`.
     pub fn from_file(path: &Path) -> Result<Config, Error> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path)
+        let text = baton_scenario::capped::read_text(path, CONFIG_BYTES_MAX)
             .map_err(|e| Error { file: file.clone(), message: format!("cannot read it: {e}") })?;
         Config::parse(&text, &file)
     }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use crate::capped;
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::limits;
 use crate::rubric::{self, Rubric};
@@ -304,43 +305,32 @@ impl Files {
             let source = sources.add(name, text.clone());
             return Ok((text, source));
         }
-        let metadata = std::fs::metadata(&path).map_err(|_| {
-            Problem::AtReference(
+        let text = capped::read_text(&path, bytes_max as u64).map_err(|e| match e {
+            capped::Error::Missing { .. } => Problem::AtReference(
                 format!("`{rel}` does not exist"),
                 "missing-file",
                 format!("create {} or fix the path", self.root.join(rel).display()),
-            )
-        })?;
-        if !metadata.is_file() {
-            return Err(Problem::AtReference(
-                format!("`{rel}` is not a regular file"),
+            ),
+            capped::Error::NotRegular { kind, .. } => Problem::AtReference(
+                format!("`{rel}` is a {kind}, not a regular file"),
                 "missing-file",
-                "name a file inside the scenarios directory".to_owned(),
-            ));
-        }
-        if metadata.len() > bytes_max as u64 {
-            return Err(Problem::AtReference(
-                format!("`{rel}` is {} bytes; the limit is {bytes_max}", metadata.len()),
+                "name a regular file inside the scenarios directory (pipes, devices and directories are never read)".to_owned(),
+            ),
+            capped::Error::TooLarge { bytes_max, .. } => Problem::AtReference(
+                format!("`{rel}` is larger than {}", capped::size(bytes_max)),
                 "file-too-large",
                 "shorten the file".to_owned(),
-            ));
-        }
-        let bytes = std::fs::read(&path).map_err(|e| {
-            Problem::AtReference(
-                format!("cannot read `{rel}`: {e}"),
-                "unreadable-file",
-                "check its permissions".to_owned(),
-            )
-        })?;
-        let text = String::from_utf8(bytes).map_err(|e| {
-            Problem::AtReference(
-                format!(
-                    "`{rel}` is not UTF-8 (invalid byte at offset {})",
-                    e.utf8_error().valid_up_to()
-                ),
+            ),
+            capped::Error::NotUtf8 { offset, .. } => Problem::AtReference(
+                format!("`{rel}` is not UTF-8 (invalid byte at offset {offset})"),
                 "not-utf8",
                 "save the file as UTF-8".to_owned(),
-            )
+            ),
+            capped::Error::Io { reason, .. } => Problem::AtReference(
+                format!("cannot read `{rel}`: {reason}"),
+                "unreadable-file",
+                "check its permissions".to_owned(),
+            ),
         })?;
         self.raw.insert(rel.to_owned(), Arc::from(text.as_str()));
         let name = self.root.join(rel).display().to_string();
@@ -413,15 +403,23 @@ fn seed_manifest(dir: &Path) -> Result<String, String> {
             if kind.is_dir() {
                 pending.push(child);
             } else if kind.is_file() {
-                let data = std::fs::read(entry.path())
-                    .map_err(|e| format!("cannot be read at `{}`: {e}", child.display()))?;
-                bytes += data.len() as u64;
-                if lines.len() >= limits::SEED_FILES_MAX || bytes > limits::SEED_BYTES_MAX {
-                    return Err(format!(
+                let too_many = || {
+                    format!(
                         "holds more than {} files or {} bytes",
                         limits::SEED_FILES_MAX,
                         limits::SEED_BYTES_MAX
-                    ));
+                    )
+                };
+                // Read no more than the seed may still hold: one byte over is too much.
+                let room = limits::SEED_BYTES_MAX - bytes;
+                let data = match capped::read_bytes(&entry.path(), room) {
+                    Ok(data) => data,
+                    Err(capped::Error::TooLarge { .. }) => return Err(too_many()),
+                    Err(e) => return Err(format!("cannot be read at `{}`: {e}", child.display())),
+                };
+                bytes += data.len() as u64;
+                if lines.len() >= limits::SEED_FILES_MAX {
+                    return Err(too_many());
                 }
                 let name = child.to_string_lossy().replace('\\', "/");
                 lines.push(format!("{} {name}", crate::check::hex(&Sha256::digest(&data))));

@@ -7,6 +7,7 @@
 //! [`Registry`] loads a directory of scenarios, indexes intent routes and applies tenant
 //! overrides. Nothing here does I/O beyond reading the files it is asked to load.
 
+pub mod capped;
 pub mod check;
 pub mod de;
 pub mod diag;

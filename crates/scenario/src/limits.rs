@@ -1,6 +1,6 @@
 //! Every bound the scenario language enforces, in one place.
 
-/// Largest scenario, override or rubric file, in bytes.
+/// Largest scenario, override, rubric, schema or rules file, in bytes.
 pub const SOURCE_BYTES_MAX: usize = 1024 * 1024;
 /// Largest prompt template, in bytes.
 pub const TEMPLATE_BYTES_MAX: usize = 256 * 1024;

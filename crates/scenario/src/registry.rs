@@ -12,6 +12,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use crate::capped;
 use crate::check;
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::files::Files;
@@ -413,7 +414,7 @@ pub fn read_overrides(dir: &Path) -> Result<Vec<(String, Vec<Override>)>, LoadEr
         let mut list = Vec::new();
         for file in files {
             let name = file.display().to_string();
-            match std::fs::read_to_string(&file) {
+            match capped::read_text(&file, limits::SOURCE_BYTES_MAX as u64) {
                 Ok(yaml) => {
                     let scenario_id = file
                         .file_stem()
@@ -421,14 +422,7 @@ pub fn read_overrides(dir: &Path) -> Result<Vec<(String, Vec<Override>)>, LoadEr
                         .unwrap_or_default();
                     list.push(Override { scenario_id, name, yaml });
                 }
-                Err(e) => diags.push(
-                    Diagnostic::error(
-                        "unreadable-file",
-                        Pos::UNKNOWN,
-                        format!("cannot read the override: {e}"),
-                    )
-                    .in_file(name),
-                ),
+                Err(e) => diags.push(unreadable(&e).in_file(name)),
             }
         }
         tenants.push((tenant, list));
@@ -497,6 +491,16 @@ fn collect(path: &Path, found: &mut Vec<(PathBuf, PathBuf)>, diags: &mut Diagnos
                         .in_file(p.display().to_string())
                         .with_help("point the link at a scenario file, or remove it"),
                 );
+            } else if !p.is_dir() {
+                // A pipe, socket or device named like a scenario: never opened (a pipe
+                // would block), but not silently skipped either.
+                if let Err(e) = capped::check_regular(&p) {
+                    diags.push(
+                        unreadable(&e)
+                            .in_file(p.display().to_string())
+                            .with_help("scenario files are regular files; remove it or rename it"),
+                    );
+                }
             }
         }
         if files.is_empty() {
@@ -556,55 +560,29 @@ fn read_scenario(
     sources: &mut Sources,
     diags: &mut Diagnostics,
 ) -> Option<Node> {
-    let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
-    if size > limits::SOURCE_BYTES_MAX as u64 {
-        diags.push(
-            Diagnostic::error(
-                "file-too-large",
-                Pos::UNKNOWN,
-                format!(
-                    "the file is {size} bytes; a scenario may be at most {}",
-                    limits::SOURCE_BYTES_MAX
-                ),
-            )
-            .in_file(name),
-        );
-        return None;
-    }
-    let bytes = match std::fs::read(file) {
-        Ok(b) => b,
-        Err(e) => {
-            diags.push(
-                Diagnostic::error(
-                    "unreadable-file",
-                    Pos::UNKNOWN,
-                    format!("cannot read the file: {e}"),
-                )
-                .in_file(name),
-            );
-            return None;
-        }
-    };
-    let text = match String::from_utf8(bytes) {
-        Ok(t) => t,
-        Err(e) => {
-            let valid = e.utf8_error().valid_up_to();
-            let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
-            let prefix_text = String::from_utf8_lossy(&e.as_bytes()[..valid]).into_owned();
+    let text = match capped::read_text(file, limits::SOURCE_BYTES_MAX as u64) {
+        Ok(text) => text,
+        Err(capped::Error::NotUtf8 { offset, bytes, .. }) => {
+            let lossy = String::from_utf8_lossy(&bytes).into_owned();
+            let prefix_text = String::from_utf8_lossy(&bytes[..offset]).into_owned();
             let source = sources.add(name, lossy);
-            let mut pos = pos_in_text(&prefix_text, valid, 1, source);
+            let mut pos = pos_in_text(&prefix_text, offset, 1, source);
             pos.len = 1;
             diags.push(
                 Diagnostic::error(
                     "not-utf8",
                     pos,
                     format!(
-                        "the file is not UTF-8: invalid byte 0x{:02x} at offset {valid}",
-                        e.as_bytes()[valid]
+                        "the file is not UTF-8: invalid byte 0x{:02x} at offset {offset}",
+                        bytes[offset]
                     ),
                 )
                 .with_help("save the file as UTF-8"),
             );
+            return None;
+        }
+        Err(e) => {
+            diags.push(unreadable(&e).in_file(name));
             return None;
         }
     };
@@ -617,6 +595,18 @@ fn read_scenario(
             None
         }
     }
+}
+
+/// A scenario or override file that could not be read, as a diagnostic (its code says
+/// why: missing, not a regular file, too large, unreadable).
+fn unreadable(e: &capped::Error) -> Diagnostic {
+    let code = match e {
+        capped::Error::Missing { .. } | capped::Error::NotRegular { .. } => "missing-file",
+        capped::Error::TooLarge { .. } => "file-too-large",
+        capped::Error::NotUtf8 { .. } => "not-utf8",
+        capped::Error::Io { .. } => "unreadable-file",
+    };
+    Diagnostic::error(code, Pos::UNKNOWN, e.to_string())
 }
 
 /// A registry that can be reloaded while others read it.

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bundled;
+mod capped;
 mod dsl;
 mod graph_checks;
 mod load_errors;
