@@ -539,9 +539,9 @@ async fn drive(
             outln!("  {line}")?;
         }
     } else if let Outcome::Interrupted(reason) = &outcome {
-        println!(
+        outln!(
             "interrupted: run {run_id} stopped without ending ({reason}); nothing is lost — continue it with `baton resume {run_id}`"
-        );
+        )?;
     } else if let Some(output) = &state.final_output {
         outln!("output:\n{output}")?;
     }
