@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::Notify;
 
 use crate::event::ProviderRetry;
+use crate::workspace::WorkspaceError;
 
 /// A cancel signal shared by the executor and the runners of one step, with the step's
 /// progress: whatever runs the step (a provider streaming an answer, a tool loop) counts
@@ -28,6 +29,9 @@ pub struct Progress {
     /// HTTP-level retries the model client made, not yet recorded (bounded by the client's
     /// attempts; drained after each call).
     retries: std::sync::Mutex<Vec<(String, u32, ProviderRetry)>>,
+    /// Why the step stopped for a reason that says nothing about the run (a transient
+    /// workspace failure): the driver keeps none of the step and returns the error.
+    interruption: std::sync::Mutex<Option<WorkspaceError>>,
 }
 
 impl Progress {
@@ -57,6 +61,19 @@ impl Progress {
             .partition(|(l, c, _)| l == level_id && *c == call_index);
         *retries = others;
         mine.into_iter().map(|(_, _, r)| r).collect()
+    }
+
+    /// Stops the step for a reason that says nothing about the run: the driver records
+    /// none of it and returns the error, and the run stays resumable.
+    pub fn interrupt(&self, error: WorkspaceError) {
+        if let Ok(mut slot) = self.interruption.lock() {
+            slot.get_or_insert(error);
+        }
+    }
+
+    /// The reason the step was interrupted, if it was.
+    pub fn take_interruption(&self) -> Option<WorkspaceError> {
+        self.interruption.lock().ok().and_then(|mut slot| slot.take())
     }
 
     /// Bytes of model answers received so far.

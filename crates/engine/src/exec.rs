@@ -70,6 +70,12 @@ pub enum Error {
         "scenario `{scenario}` has tool_loop levels, which need a workspace, and this engine was set up without one; give the engine a `WorkspaceSetup`"
     )]
     NoWorkspaces { scenario: String },
+    /// A step stopped for a reason that says nothing about the run (a transient workspace
+    /// failure): nothing of the step was recorded and the run stays `running`.
+    #[error(
+        "run {run_id} stopped before its step ended: {reason}; nothing of the step was recorded, and the run goes on with `baton resume {run_id}`"
+    )]
+    Interrupted { run_id: String, reason: WorkspaceError },
 }
 
 /// Where a call to [`Engine::drive`] left the run.
@@ -171,6 +177,7 @@ impl Engine {
             has_results: false,
             conflicts: 0,
         };
+        w.stage(workspace_notices(workspace.as_ref()));
         self.drive_writer(&mut w, scenario, workspace).await
     }
 
@@ -311,6 +318,7 @@ impl Engine {
         }
         let workspace = self.recorded_workspace(scenario, run_id, &state).await?;
         let mut w = Writer::over_stored(self, run_id, state);
+        w.stage(workspace_notices(workspace.as_ref()));
         self.drive_writer(&mut w, scenario, workspace).await
     }
 
@@ -382,6 +390,12 @@ impl Engine {
                         // The step was cut short: keep none of it; the cancel is in the log.
                         w.reload().await?;
                         continue;
+                    }
+                    if let Some(reason) = cancel.progress().take_interruption() {
+                        // Keep what came before the step (the run's creation included),
+                        // none of the step, and leave the run to its next driver.
+                        w.flush().await?;
+                        return Err(Error::Interrupted { run_id: run_id.to_owned(), reason });
                     }
                     // Duration counts the time a driver worked on the run: its steps, not
                     // the waits for a person nor the time no process drove it.
@@ -808,6 +822,16 @@ pub fn summary(question: &str) -> String {
     } else {
         line.to_owned()
     }
+}
+
+/// What opening a workspace had to repair (a stale lock removed), as run warnings.
+fn workspace_notices(workspace: Option<&Arc<dyn Workspace>>) -> Vec<NewEvent> {
+    let Some(workspace) = workspace else { return Vec::new() };
+    workspace
+        .take_notices()
+        .into_iter()
+        .map(|message| NewEvent::run(EventData::Warning(crate::event::Warning { message })))
+        .collect()
 }
 
 /// Whether runs of the scenario edit a workspace of their own: it has a tool-loop level.

@@ -1,0 +1,177 @@
+//! Crashes around the workspace, through the binary and the real SQLite store: a git
+//! started by a killed Baton dies with it, a lock a dead git left is recovered on the next
+//! open, a process still using the snapshot repository is waited for and then refused
+//! with the run left resumable.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{baton_db, code_build_mid_level, events_of, scratch, snapshot_repo, text};
+
+/// The live processes whose command line holds `needle`, with their command lines.
+fn processes_naming(needle: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let line = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if line.contains(needle) {
+            found.push((pid, line));
+        }
+    }
+    found
+}
+
+/// A scenario directory with one tool-loop level whose script calls `finish` at once.
+fn one_tool_loop(dir: &Path) -> (PathBuf, PathBuf) {
+    let scenarios = dir.join("scenarios");
+    std::fs::create_dir_all(&scenarios).unwrap();
+    std::fs::write(
+        scenarios.join("edit.yaml"),
+        "id: edit\nversion: 1\nlevels:\n  - id: work\n    kind: tool_loop\n    prompt: {inline: \"Do {{ input }}\"}\n    terminal: true\n",
+    )
+    .unwrap();
+    let script = dir.join("script.yaml");
+    std::fs::write(
+        &script,
+        "levels:\n  work:\n    - tool_calls:\n        - name: finish\n          arguments: {summary: done}\n",
+    )
+    .unwrap();
+    (scenarios, script)
+}
+
+/// `baton run edit` on `workspace` (named with `--workspace`), in the background.
+fn start_edit(dir: &Path, scenarios: &Path, script: &Path, workspace: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["--db", dir.join("runs.db").to_str().unwrap()])
+        .args(["--scenarios", scenarios.to_str().unwrap(), "run", "edit", "--input", "it"])
+        .args(["--script", script.to_str().unwrap(), "--workspace", workspace.to_str().unwrap()])
+        .args(["--json"])
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_git_started_by_a_killed_baton_does_not_survive_it() {
+    let dir = scratch("crash-git-dies");
+    let (scenarios, script) = one_tool_loop(&dir);
+    // Enough incompressible bytes that `git add` of the run's base snapshot takes seconds.
+    let workspace = dir.join("big");
+    std::fs::create_dir_all(&workspace).unwrap();
+    for f in 0..4 {
+        let mut random =
+            std::io::Read::take(std::fs::File::open("/dev/urandom").unwrap(), 16 << 20);
+        let mut file = std::fs::File::create(workspace.join(format!("blob{f}"))).unwrap();
+        std::io::copy(&mut random, &mut file).unwrap();
+    }
+    let repo = snapshot_repo(&dir, &workspace);
+    let needle = repo.to_str().unwrap().to_owned();
+    let mut child = start_edit(&dir, &scenarios, &script, &workspace);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let adding = loop {
+        let adding: Vec<_> =
+            processes_naming(&needle).into_iter().filter(|(_, l)| l.contains(" add ")).collect();
+        if !adding.is_empty() {
+            break adding;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "baton ended before its git add was seen");
+        assert!(Instant::now() < deadline, "no git add was seen");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The kernel kills git with the thread that started it; give it a moment to act.
+    let deadline = Instant::now() + Duration::from_millis(300);
+    let mut left = processes_naming(&needle);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        left = processes_naming(&needle);
+    }
+    assert!(left.is_empty(), "git outlived the baton that started it: {left:?} (was {adding:?})");
+    // Its lock is stale; the next run on the workspace removes it and says so (on fewer
+    // files, to keep the test quick).
+    let stale = repo.join("index.lock").exists();
+    for f in 0..4 {
+        std::fs::remove_file(workspace.join(format!("blob{f}"))).unwrap();
+    }
+    std::fs::write(workspace.join("small.txt"), "small\n").unwrap();
+    let out = start_edit(&dir, &scenarios, &script, &workspace).wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let events = events_of(&dir.join("runs.db"), result["run_id"].as_str().unwrap());
+    let warned = events.iter().any(|e| {
+        e["kind"] == "warning" && e["data"]["message"].as_str().unwrap().contains("stale lock")
+    });
+    assert_eq!(warned, stale, "a warning says so exactly when a stale lock was removed");
+    assert!(!repo.join("index.lock").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_stale_index_lock_left_by_a_killed_driver_is_recovered_on_resume_and_the_run_completes() {
+    let dir = scratch("crash-stale-lock");
+    let (mut child, run, workspace) = code_build_mid_level(&dir);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // What a git killed with its driver leaves: the index lock, and a ref lock.
+    let repo = snapshot_repo(&dir, &workspace);
+    std::fs::write(repo.join("index.lock"), "").unwrap();
+    std::fs::write(repo.join("HEAD.lock"), "").unwrap();
+    let db = dir.join("runs.db");
+    let out = baton_db(&db, &["resume", &run, "--script", "scenarios/scripts/code_build.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!repo.join("index.lock").exists() && !repo.join("HEAD.lock").exists());
+    let events = events_of(&db, &run);
+    assert_eq!(events.last().unwrap()["data"]["status"], "completed");
+    let warnings: Vec<&str> = events
+        .iter()
+        .filter(|e| e["kind"] == "warning")
+        .filter_map(|e| e["data"]["message"].as_str())
+        .filter(|m| m.contains("removed the stale lock"))
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_process_still_using_the_snapshot_repository_is_waited_for_then_refused_leaving_the_run_resumable()
+ {
+    let dir = scratch("crash-live-holder");
+    let (mut child, run, workspace) = code_build_mid_level(&dir);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let repo = snapshot_repo(&dir, &workspace);
+    std::fs::write(repo.join("index.lock"), "").unwrap();
+    // A git that did not die with its driver (one run by hand, say) still has it open.
+    // (A shell waiting on its standard input: a builtin, no child to outlive it.)
+    let mut holder = Command::new("sh")
+        .args(["-c", "read line", "git", "--git-dir", repo.to_str().unwrap(), "add"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let db = dir.join("runs.db");
+    let started = Instant::now();
+    let out = baton_db(&db, &["resume", &run, "--script", "scenarios/scripts/code_build.yaml"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(out.status.code(), Some(1), "{}{}", text(&out.stdout), text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&format!("still used by process {}", holder.id())), "{stderr}");
+    assert!(started.elapsed() >= Duration::from_secs(4), "it waited for the process first");
+    assert!(repo.join("index.lock").exists(), "a lock a live process may hold is kept");
+    let events = events_of(&db, &run);
+    assert!(events.iter().all(|e| e["kind"] != "scenario_finished"), "the run did not end");
+    // Once the process is gone the run goes on.
+    let out = baton_db(&db, &["resume", &run, "--script", "scenarios/scripts/code_build.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(events_of(&db, &run).last().unwrap()["data"]["status"], "completed");
+    let _ = std::fs::remove_dir_all(dir);
+}
