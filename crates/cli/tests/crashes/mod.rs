@@ -175,3 +175,41 @@ fn a_process_still_using_the_snapshot_repository_is_waited_for_then_refused_leav
     assert_eq!(events_of(&db, &run).last().unwrap()["data"]["status"], "completed");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The run list as JSON.
+fn runs_json(db: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = vec!["runs", "--json"];
+    args.extend_from_slice(extra);
+    let out = baton_db(db, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap().as_array().unwrap().clone()
+}
+
+#[test]
+fn a_run_whose_driver_died_is_listed_interrupted_with_the_command_that_continues_it() {
+    let dir = scratch("crash-interrupted");
+    let db = dir.join("runs.db");
+    let (mut child, run, _workspace) = code_build_mid_level(&dir);
+    // While it is driven it is running.
+    let listed = runs_json(&db, &[]);
+    assert_eq!(listed[0]["status"], "running", "{listed:?}");
+    assert!(listed[0].get("continue_with").is_none());
+    let out = baton_db(&db, &["runs"]);
+    assert!(!text(&out.stdout).contains("interrupted"), "{}", text(&out.stdout));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let listed = runs_json(&db, &[]);
+    assert_eq!(listed[0]["status"], "interrupted", "{listed:?}");
+    assert_eq!(listed[0]["continue_with"], format!("baton resume {run}"));
+    let out = baton_db(&db, &["runs"]);
+    let shown = text(&out.stdout);
+    assert!(shown.contains("interrupted"), "{shown}");
+    assert!(shown.contains(&format!("continue it with `baton resume {run}`")), "{shown}");
+    assert_eq!(runs_json(&db, &["--status", "interrupted"]).len(), 1);
+    assert!(runs_json(&db, &["--status", "running"]).is_empty());
+    // Asking did not take the run: it resumes to its end.
+    let out = baton_db(&db, &["resume", &run, "--script", "scenarios/scripts/code_build.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(runs_json(&db, &[])[0]["status"], "completed");
+    let _ = std::fs::remove_dir_all(dir);
+}
