@@ -213,3 +213,97 @@ fn a_run_whose_driver_died_is_listed_interrupted_with_the_command_that_continues
     assert_eq!(runs_json(&db, &[])[0]["status"], "completed");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn gc_removes_what_no_run_owns_and_never_a_named_workspace_or_anything_in_use() {
+    let dir = scratch("gc");
+    let db = dir.join("runs.db");
+    let (scenarios, script) = one_tool_loop(&dir);
+    // A run in a workspace the user named, and one in its own default workspace.
+    let named = dir.join("project");
+    std::fs::create_dir_all(&named).unwrap();
+    std::fs::write(named.join("mine.txt"), "mine\n").unwrap();
+    let out = start_edit(&dir, &scenarios, &script, &named).wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["--db", db.to_str().unwrap(), "--scenarios", scenarios.to_str().unwrap()])
+        .args(["run", "edit", "--input", "it", "--json", "--script", script.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let own: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let own_workspace = dir.join("workspaces").join(own["run_id"].as_str().unwrap());
+    assert!(own_workspace.is_dir());
+    let kept_snapshots: Vec<_> = std::fs::read_dir(dir.join("snapshots")).unwrap().collect();
+    assert_eq!(kept_snapshots.len(), 2);
+    // What a run killed before its first commit leaves: its workspace, its snapshot
+    // repository and its lock file; the store never heard of it.
+    let ghost = "0190a1b2-dead-7e5f-8a9b-0c1d2e3f4a5b";
+    let ghost_workspace = dir.join("workspaces").join(ghost);
+    std::fs::create_dir_all(&ghost_workspace).unwrap();
+    std::fs::write(ghost_workspace.join("half.txt"), "half\n").unwrap();
+    let ghost_key =
+        baton_workspace::snapshot_key(&std::fs::canonicalize(&ghost_workspace).unwrap());
+    let ghost_snapshots = dir.join("snapshots").join(&ghost_key);
+    std::fs::create_dir_all(ghost_snapshots.join("git")).unwrap();
+    std::fs::write(ghost_snapshots.join("lock"), "").unwrap();
+    let locks = dir.join("runs.db.locks");
+    std::fs::create_dir_all(&locks).unwrap();
+    std::fs::write(locks.join(ghost), "").unwrap();
+    // A link in the workspaces directory to a directory elsewhere: the link may go, never
+    // what it points to.
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("keep.txt"), "keep\n").unwrap();
+    let link = dir.join("workspaces").join("0190a1b2-link-7e5f-8a9b-0c1d2e3f4a5b");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    // A run being started right now (its lock held, not yet in the store): left alone.
+    let starting = "0190a1b2-busy-7e5f-8a9b-0c1d2e3f4a5b";
+    std::fs::create_dir_all(dir.join("workspaces").join(starting)).unwrap();
+    std::fs::write(locks.join(starting), "").unwrap();
+    let mut holder = Command::new("flock")
+        .args([locks.join(starting).to_str().unwrap(), "sh", "-c", "read line"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !baton_store::sqlite::lock_file_held(&locks.join(starting)).unwrap() {
+        assert!(Instant::now() < deadline, "flock never took the lock");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let out = baton_db(&db, &["gc", "--dry-run"]);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}{}", text(&out.stderr));
+    for path in [&ghost_workspace, &ghost_snapshots, &locks.join(ghost), &link] {
+        assert!(shown.contains(&format!("would remove {}", path.display())), "{shown}");
+        assert!(std::fs::symlink_metadata(path).is_ok(), "a dry run removes nothing");
+    }
+    assert_eq!(shown.lines().count(), 4, "{shown}");
+
+    let out = baton_db(&db, &["gc"]);
+    let shown = text(&out.stdout);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(out.status.code(), Some(0), "{shown}{}", text(&out.stderr));
+    for path in [&ghost_workspace, &ghost_snapshots, &locks.join(ghost), &link] {
+        assert!(shown.contains(&format!("removed {}", path.display())), "{shown}");
+        assert!(std::fs::symlink_metadata(path).is_err(), "{} is still there", path.display());
+    }
+    assert_eq!(std::fs::read_to_string(elsewhere.join("keep.txt")).unwrap(), "keep\n");
+    assert_eq!(std::fs::read_to_string(named.join("mine.txt")).unwrap(), "mine\n");
+    assert!(own_workspace.is_dir(), "a run's own workspace stays");
+    assert!(dir.join("workspaces").join(starting).is_dir(), "a workspace in use stays");
+    assert!(locks.join(starting).exists(), "a held lock stays");
+    for kept in kept_snapshots {
+        assert!(kept.unwrap().path().join("git").is_dir(), "the runs' snapshots stay");
+    }
+    // Once its holder is gone, what it left goes too; then nothing is left to remove.
+    let out = baton_db(&db, &["gc"]);
+    let shown = text(&out.stdout);
+    assert!(shown.contains(&format!("removed {}", locks.join(starting).display())), "{shown}");
+    let starting_workspace = dir.join("workspaces").join(starting);
+    assert!(shown.contains(&format!("removed {}", starting_workspace.display())), "{shown}");
+    assert_eq!(text(&baton_db(&db, &["gc"]).stdout).trim(), "nothing to remove");
+    let _ = std::fs::remove_dir_all(dir);
+}
