@@ -724,7 +724,8 @@ mod tests {
             .collect();
         assert_eq!(launcher, ["setpriv", "--pdeathsig", "KILL", "--", "git"]);
         // The same launcher with a shell in git's place, started on a thread that ends
-        // once setpriv has become the shell (it set the signal before that).
+        // once setpriv has become the shell (its argv[0] is `sh`: setpriv set the signal
+        // before that; while its own argv shows, it may not have yet).
         let marker = format!("baton-pdeathsig-{}", std::process::id());
         let mut shell = Command::new("setpriv");
         // The shell waits on its standard input (a builtin: no child to outlive it).
@@ -735,9 +736,9 @@ mod tests {
             let child = shell.spawn().unwrap();
             let cmdline = format!("/proc/{}/cmdline", child.id());
             let deadline = Instant::now() + Duration::from_secs(5);
-            while !std::fs::read(&cmdline)
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&watched))
-                && Instant::now() < deadline
+            while !std::fs::read(&cmdline).is_ok_and(|c| {
+                c.starts_with(b"sh\0") && String::from_utf8_lossy(&c).contains(&watched)
+            }) && Instant::now() < deadline
             {
                 std::thread::sleep(Duration::from_millis(5));
             }

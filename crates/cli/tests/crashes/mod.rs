@@ -75,8 +75,12 @@ fn a_git_started_by_a_killed_baton_does_not_survive_it() {
     let mut child = start_edit(&dir, &scenarios, &script, &workspace);
     let deadline = Instant::now() + Duration::from_secs(30);
     let adding = loop {
-        let adding: Vec<_> =
-            processes_naming(&needle).into_iter().filter(|(_, l)| l.contains(" add ")).collect();
+        // Git itself (argv[0]), not setpriv before it became git: setpriv arms the signal
+        // before it execs, so once git runs it dies with its starter.
+        let adding: Vec<_> = processes_naming(&needle)
+            .into_iter()
+            .filter(|(_, l)| l.starts_with("git ") && l.contains(" add "))
+            .collect();
         if !adding.is_empty() {
             break adding;
         }
