@@ -9,6 +9,9 @@
 //! - snapshot repositories `snapshots/KEY` no run of the store names (`KEY` is the
 //!   [`snapshot_key`] of a run's recorded workspace) and whose workspace lock is free;
 //! - run lock files `<db>.locks/RUN` of runs not in the store or ended, not held.
+//!
+//! A directory that holds another database's lock directory (`OTHER.locks`) is refused:
+//! whose workspaces are whose could not be told.
 
 #![allow(clippy::print_stdout)]
 
@@ -54,6 +57,20 @@ pub(crate) async fn gc(place: &Place, dry_run: bool) -> anyhow::Result<ExitCode>
     let workspaces = data.join("workspaces");
     let snapshots = place.snapshots.clone().unwrap_or_else(|| data.join("snapshots"));
     let locks = store.locks_dir();
+    // Workspaces and snapshots live beside the database: with another database there, gc
+    // could not tell whose they are.
+    let others: Vec<String> = entries(data)?
+        .into_iter()
+        .filter(|(name, path)| name.ends_with(".locks") && path.is_dir() && *path != locks)
+        .map(|(name, _)| name)
+        .collect();
+    if !others.is_empty() {
+        bail!(
+            "{} holds the data of other databases too ({}), whose workspaces and snapshots gc cannot tell from this one's; keep each database in a directory of its own",
+            data.display(),
+            others.join(", ")
+        );
+    }
 
     let mut leftovers = Vec::new();
     for (name, path) in entries(&workspaces)? {

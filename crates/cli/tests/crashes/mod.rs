@@ -276,6 +276,13 @@ fn gc_removes_what_no_run_owns_and_never_a_named_workspace_or_anything_in_use() 
         std::thread::sleep(Duration::from_millis(10));
     }
 
+    // Another database beside this one: whose leftovers are whose cannot be told.
+    std::fs::create_dir_all(dir.join("other.db.locks")).unwrap();
+    let out = baton_db(&db, &["gc", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("other.db.locks"), "{}", text(&out.stderr));
+    std::fs::remove_dir(dir.join("other.db.locks")).unwrap();
+
     let out = baton_db(&db, &["gc", "--dry-run"]);
     let shown = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{shown}{}", text(&out.stderr));
