@@ -817,7 +817,12 @@ pub(crate) async fn cancel(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Every status a run can have in the run list (`runs --status`).
+/// How the run list shows a run whose status is `running` and that no process drives
+/// (its driver died, or it stopped for a transient reason): `baton resume RUN` continues it.
+pub(crate) const INTERRUPTED: &str = Status::Interrupted.as_str();
+
+/// Every status a run can have in the run list (`runs --status`): the stored ones, and
+/// [`INTERRUPTED`].
 pub(crate) fn run_statuses() -> [&'static str; 7] {
     [
         Status::Running.as_str(),
@@ -881,7 +886,17 @@ pub(crate) async fn runs(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let store = open_existing_store(place)?;
-    let list = store.runs(status).await?;
+    // A run is interrupted when its status is running and nobody holds it.
+    let stored = if status == Some(INTERRUPTED) { Some(Status::Running.as_str()) } else { status };
+    let mut list = Vec::new();
+    for mut record in store.runs(stored).await? {
+        if record.status == Status::Running.as_str() && !store.is_held(&record.run_id).await? {
+            record.status = INTERRUPTED.to_owned();
+        }
+        if status.is_none_or(|s| s == record.status) {
+            list.push(record);
+        }
+    }
     let mut rows = Vec::with_capacity(list.len());
     for record in list {
         let events = store.load(&record.run_id, 0).await?;
@@ -906,6 +921,10 @@ pub(crate) async fn runs(
                 map.insert("duration_ms".to_owned(), json!(totals.duration_ms));
                 map.insert("waiting_on".to_owned(), serde_json::to_value(waiting)?);
                 map.insert("pending_requests".to_owned(), json!(requests));
+                if record.status == INTERRUPTED {
+                    let resume = format!("baton resume {}", record.run_id);
+                    map.insert("continue_with".to_owned(), json!(resume));
+                }
             }
             list.push(row);
         }
@@ -942,6 +961,9 @@ pub(crate) async fn runs(
         )?;
         if !requests.is_empty() {
             outln!("    waits for approval: {}", requests.join(", "))?;
+        }
+        if r.status == INTERRUPTED {
+            outln!("    no process drives it; continue it with `baton resume {}`", r.run_id)?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -1164,5 +1186,6 @@ mod tests {
             assert!(statuses.contains(&s.as_str()));
         }
         assert!(!statuses.contains(&Status::New.as_str()), "a run is listed once it started");
+        assert!(statuses.contains(&INTERRUPTED));
     }
 }

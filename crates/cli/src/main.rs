@@ -5,6 +5,7 @@
 
 mod cmd_bench;
 mod cmd_expr;
+mod cmd_gc;
 mod cmd_graph;
 mod cmd_run;
 mod cmd_validate;
@@ -218,6 +219,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Remove what no run owns from Baton's own directories beside the database: workspaces
+    /// (`workspaces/RUN`) and snapshot repositories of runs not in the store, and lock files
+    /// of runs not in the store or ended — none that is in use. A directory named with
+    /// `--workspace` is never removed.
+    Gc {
+        /// Print what would be removed, and remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Copy the database, live, into a new file DEST in one consistent step.
     Backup {
         /// The file to create (never overwritten); check it with `baton verify --db DEST`.
@@ -393,6 +403,7 @@ fn main() -> ExitCode {
         Command::Verify { runs, json } => {
             runtime.block_on(cmd_verify::verify(&cli.db, &runs, json))
         }
+        Command::Gc { dry_run } => runtime.block_on(cmd_gc::gc(&place, dry_run)),
         Command::Backup { dest } => cmd_verify::backup(&cli.db, &dest),
         Command::Graph { scenario, format } => {
             cmd_graph::run(&cli.scenarios, &scenario, format == GraphFormat::Dot)

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod chain;
+mod crashes;
 mod pinning;
 mod reads;
 mod timeouts;

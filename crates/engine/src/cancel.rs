@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::Notify;
 
 use crate::event::{ModelCallCut, ProviderRetry};
+use crate::workspace::WorkspaceError;
 
 /// A cancel signal shared by the executor and the runners of one step, with the step's
 /// progress: whatever runs the step (a provider streaming an answer, a tool loop) counts
@@ -30,6 +31,9 @@ pub struct Progress {
     retries: PerCall<ProviderRetry>,
     /// Model calls cut short and what they spent, not yet recorded (one per call at most).
     cuts: PerCall<ModelCallCut>,
+    /// Why the step stopped for a reason that says nothing about the run (a transient
+    /// workspace failure): the driver keeps none of the step's work and stops.
+    interruption: std::sync::Mutex<Option<WorkspaceError>>,
 }
 
 /// Reports of the model client about one call (of a level, by call index), kept until the
@@ -92,6 +96,19 @@ impl Progress {
     /// Takes the cut reported for call `call_index` of level `level_id`.
     pub fn take_cuts(&self, level_id: &str, call_index: u32) -> Vec<ModelCallCut> {
         self.cuts.take(level_id, call_index)
+    }
+
+    /// Stops the step for a reason that says nothing about the run: the driver records
+    /// none of it and returns the error, and the run stays resumable.
+    pub fn interrupt(&self, error: WorkspaceError) {
+        if let Ok(mut slot) = self.interruption.lock() {
+            slot.get_or_insert(error);
+        }
+    }
+
+    /// The reason the step was interrupted, if it was.
+    pub fn take_interruption(&self) -> Option<WorkspaceError> {
+        self.interruption.lock().ok().and_then(|mut slot| slot.take())
     }
 
     /// Bytes of model answers received so far.

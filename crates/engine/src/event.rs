@@ -676,6 +676,9 @@ pub struct ScenarioUpgraded {
 
 /// `run_interrupted.cause` when every model a level may use was unavailable.
 pub const CAUSE_UNAVAILABLE: &str = "provider_unavailable";
+/// `run_interrupted.cause` when the workspace failed for a reason that passes (its lock
+/// held, git killed or out of time).
+pub const CAUSE_WORKSPACE: &str = "workspace";
 /// `run_interrupted.cause` when the driver was stopped by SIGINT or SIGTERM.
 pub const CAUSE_SIGNAL: &str = "signal";
 
@@ -686,7 +689,7 @@ pub const CAUSE_SIGNAL: &str = "signal";
 /// interrupted because nobody holds it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunInterrupted {
-    /// `provider_unavailable` or `signal`.
+    /// `provider_unavailable`, `workspace` or `signal`.
     pub cause: String,
     pub reason: String,
 }

@@ -178,6 +178,7 @@ impl Engine {
             has_results: false,
             conflicts: 0,
         };
+        w.stage(workspace_notices(workspace.as_ref()));
         self.drive_writer(&mut w, scenario, workspace).await
     }
 
@@ -319,6 +320,7 @@ impl Engine {
         }
         let workspace = self.recorded_workspace(scenario, run_id, &state).await?;
         let mut w = Writer::over_stored(self, run_id, state);
+        w.stage(workspace_notices(workspace.as_ref()));
         self.drive_writer(&mut w, scenario, workspace).await
     }
 
@@ -416,6 +418,22 @@ impl Engine {
                         // calls spent; the cancel is in the log (or the driver is stopping).
                         w.reload().await?;
                         w.stage(spend_of(events));
+                        continue;
+                    }
+                    if let Some(reason) = cancel.progress().take_interruption() {
+                        // Keep what came before the step (the run's creation included) and
+                        // what its model calls spent, none of its work, and leave the run to
+                        // its next driver.
+                        w.stage(spend_of(events));
+                        let reason = reason.to_string();
+                        let event = crate::runner::interrupted(
+                            crate::event::CAUSE_WORKSPACE,
+                            reason.clone(),
+                        );
+                        w.stage(vec![NewEvent::run(EventData::RunInterrupted(event))]);
+                        if w.flush().await? {
+                            return Ok(Outcome::Interrupted(reason));
+                        }
                         continue;
                     }
                     // Duration counts the time a driver worked on the run: its steps, not
@@ -899,6 +917,16 @@ pub fn summary(question: &str) -> String {
     } else {
         line.to_owned()
     }
+}
+
+/// What opening a workspace had to repair (a stale lock removed), as run warnings.
+fn workspace_notices(workspace: Option<&Arc<dyn Workspace>>) -> Vec<NewEvent> {
+    let Some(workspace) = workspace else { return Vec::new() };
+    workspace
+        .take_notices()
+        .into_iter()
+        .map(|message| NewEvent::run(EventData::Warning(crate::event::Warning { message })))
+        .collect()
 }
 
 /// Whether runs of the scenario edit a workspace of their own: it has a tool-loop level.

@@ -36,7 +36,7 @@ pub enum Status {
 
 impl Status {
     /// The status as written.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Status::New => "new",
             Status::Running => "running",

@@ -164,6 +164,23 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// the operating system or the database releases with its holder).
     fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>>;
 
+    /// Whether some driver holds the run ([`EventStore::hold`]) right now. Never blocks, and
+    /// holds the run itself for no longer than the check: a run whose status is `running`
+    /// that nobody holds was interrupted (its driver died) and waits for `baton resume`.
+    /// The default takes the hold and lets it go at once.
+    fn is_held<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            match self.hold(run_id).await {
+                Ok(guard) => {
+                    drop(guard);
+                    Ok(false)
+                }
+                Err(Error::Busy(_)) => Ok(true),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
     /// Keeps a scenario version's texts (the JSON of `baton_scenario::Texts`: the canonical
     /// scenario and every file it read) under its checksum, once: true when this call wrote
     /// them; false when that checksum was kept already, whose first copy stays untouched.
@@ -716,13 +733,17 @@ pub mod conformance {
     }
 
     async fn one_driver_at_a_time(store: &dyn EventStore, run_id: &str) {
+        assert!(!store.is_held(run_id).await.expect("is_held"), "nobody holds a new run");
         let first = store.hold(run_id).await.expect("a free run can be held");
+        assert!(store.is_held(run_id).await.expect("is_held"), "a held run is held");
+        assert!(store.is_held(run_id).await.expect("is_held"), "asking does not let go");
         match store.hold(run_id).await {
             Err(Error::Busy(id)) => assert_eq!(id, run_id),
             other => panic!("a held run is busy, got {other:?}"),
         }
         let other = store.hold(&format!("{run_id}-other")).await.expect("other runs are free");
         drop(first);
+        assert!(!store.is_held(run_id).await.expect("is_held"), "a dropped guard lets go");
         let again = store.hold(run_id).await.expect("a run is free once its guard is dropped");
         drop((again, other));
     }

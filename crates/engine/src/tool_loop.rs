@@ -259,7 +259,7 @@ impl LevelRun {
         if let Some(head) = self.state.workspace_head.clone() {
             let ws = Arc::clone(&workspace);
             if let Err(e) = off_thread(move || ws.restore(&head)).await {
-                return fail(e.to_string(), &mut events);
+                return self.failed_workspace(e, fail, &mut events);
             }
         }
         let ctx = render::context(&self.state, &self.run_id, &level.id, &self.runtime.catalog);
@@ -392,7 +392,7 @@ impl LevelRun {
         let ws = Arc::clone(&workspace);
         let snapshot = match off_thread(move || ws.snapshot(&message)).await {
             Ok(s) => s,
-            Err(e) => return fail(e.to_string(), &mut events),
+            Err(e) => return self.failed_workspace(e, fail, &mut events),
         };
         events.push(self.event(EventData::LevelFinished(LevelFinished {
             ok: true,
@@ -412,6 +412,24 @@ impl LevelRun {
             snapshot: Some(snapshot),
         })));
         events
+    }
+
+    /// The attempt's end when its workspace failed: a transient failure (a lock another
+    /// process held, git killed or out of time) interrupts the step — nothing of it is
+    /// recorded, the driver returns the error and the run stays resumable; any other fails
+    /// the attempt.
+    fn failed_workspace(
+        &self,
+        error: crate::workspace::WorkspaceError,
+        fail: impl FnOnce(String, &mut Vec<NewEvent>) -> Vec<NewEvent>,
+        events: &mut Vec<NewEvent>,
+    ) -> Vec<NewEvent> {
+        if error.transient {
+            self.cancel.progress().interrupt(error);
+            events.clear();
+            return Vec::new();
+        }
+        fail(error.to_string(), events)
     }
 
     /// Puts the workspace back to the last snapshot (best effort: a failure here leaves

@@ -47,6 +47,22 @@ impl ToolOutcome {
 pub struct WorkspaceError {
     pub path: String,
     pub message: String,
+    /// The failure says nothing about the run: another process held a lock, git was
+    /// killed or ran out of time. A step that meets one stops without recording anything,
+    /// and the run stays resumable (the engine's `Error::Interrupted`).
+    pub transient: bool,
+}
+
+impl WorkspaceError {
+    /// A failure that a later try would meet again (a bad path, a missing snapshot).
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        WorkspaceError { path: path.into(), message: message.into(), transient: false }
+    }
+
+    /// A failure that says nothing about the run ([`WorkspaceError::transient`]).
+    pub fn transient(path: impl Into<String>, message: impl Into<String>) -> Self {
+        WorkspaceError { path: path.into(), message: message.into(), transient: true }
+    }
 }
 
 /// One run's workspace.
@@ -77,6 +93,13 @@ pub trait Workspace: Send + Sync + std::fmt::Debug {
 
     /// Names a snapshot with a branch of the managed repository.
     fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError>;
+
+    /// What opening the workspace had to repair and the run's log should say (a stale
+    /// lock removed, git started without dying with its driver), each once: the engine
+    /// records them as warnings.
+    fn take_notices(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Where a run's workspace comes from.
@@ -112,6 +135,6 @@ pub async fn off_thread<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
 ) -> Result<T, WorkspaceError> {
     tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
-        Err(WorkspaceError { path: String::new(), message: format!("workspace task failed: {e}") })
+        Err(WorkspaceError::new(String::new(), format!("workspace task failed: {e}")))
     })
 }

@@ -94,6 +94,28 @@ impl Drop for RunLock {
     }
 }
 
+/// Whether a run's lock file is locked by some process: tried without waiting, and
+/// unlocked at once when the try takes it. A missing file is not held.
+pub fn lock_file_held(path: &Path) -> Result<bool, Error> {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => {
+            return Err(Error::Backend(format!(
+                "cannot open the run lock {}: {e}",
+                path.display()
+            )));
+        }
+    };
+    match file.try_lock_shared() {
+        Ok(()) => Ok(false),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(true),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(Error::Backend(format!("cannot check the run lock {}: {e}", path.display())))
+        }
+    }
+}
+
 /// Runs and events in one SQLite file.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -120,6 +142,26 @@ fn backend(e: impl std::fmt::Display) -> Error {
 }
 
 impl SqliteStore {
+    /// The directory of the runs' lock files: `<database>.locks`.
+    pub fn locks_dir(&self) -> PathBuf {
+        let mut dir = self.path.clone().into_os_string();
+        dir.push(".locks");
+        PathBuf::from(dir)
+    }
+
+    /// A run's lock file, `<database>.locks/<run id>`; an error for an id that cannot
+    /// name a file.
+    fn lock_path(&self, run_id: &str) -> Result<PathBuf, Error> {
+        if run_id.is_empty()
+            || !run_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(Error::Backend(format!(
+                "run id {run_id:?} cannot name a lock file (letters, digits, '-' and '_' only)"
+            )));
+        }
+        Ok(self.locks_dir().join(run_id))
+    }
+
     /// Opens (creating when absent) the database at `path` and brings its schema up to date.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
@@ -991,25 +1033,23 @@ impl EventStore for SqliteStore {
         Box::pin(self.ask(move |reply| Request::Runs { status: status.map(str::to_owned), reply }))
     }
 
+    /// Whether `<database>.locks/<run id>` is locked: no file means nobody holds the run;
+    /// else the lock is tried (never waited for) and, when taken, given up at once, the
+    /// file left in place.
+    fn is_held<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move { lock_file_held(&self.lock_path(run_id)?) })
+    }
+
     /// An exclusive lock on `<database>.locks/<run id>`: the operating system releases it
     /// when the holder closes it or dies, so a crashed driver never blocks the next one.
     fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
         Box::pin(async move {
-            if run_id.is_empty()
-                || !run_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            {
-                return Err(Error::Backend(format!(
-                    "run id {run_id:?} cannot name a lock file (letters, digits, '-' and '_' only)"
-                )));
-            }
-            let mut dir = self.path.clone().into_os_string();
-            dir.push(".locks");
-            let dir = PathBuf::from(dir);
+            let path = self.lock_path(run_id)?;
+            let dir = self.locks_dir();
             let failed = |e: std::io::Error| {
                 Error::Backend(format!("cannot lock run {run_id} in {}: {e}", dir.display()))
             };
             std::fs::create_dir_all(&dir).map_err(failed)?;
-            let path = dir.join(run_id);
             // The file is removed when the lock is given up, so a lock may be taken on a
             // file that has just been unlinked: take it again on the file the path names.
             for _ in 0..LOCK_TRIES_MAX {

@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use baton_engine::workspace::{
     ToolOutcome, Workspace, WorkspaceError, WorkspaceRequest, Workspaces,
@@ -81,7 +81,7 @@ impl LocalWorkspaces {
 impl Workspaces for LocalWorkspaces {
     fn open(&self, request: &WorkspaceRequest) -> Result<Arc<dyn Workspace>, WorkspaceError> {
         check_run_id(&request.run_id)
-            .map_err(|message| WorkspaceError { path: self.root.display().to_string(), message })?;
+            .map_err(|message| WorkspaceError::new(self.root.display().to_string(), message))?;
         let dir = match &request.dir {
             Some(dir) => dir.clone(),
             None => self.root.join(&request.run_id),
@@ -135,6 +135,8 @@ pub struct LocalWorkspace {
     /// The directory's absolute path, for verifiers and git.
     root: PathBuf,
     repo: Repo,
+    /// What opening it repaired, for the run's log ([`Workspace::take_notices`]).
+    notices: Mutex<Vec<String>>,
     /// Held while the workspace is open (`<snapshots>/<key>/lock`, locked exclusively).
     _lock: std::fs::File,
 }
@@ -146,34 +148,38 @@ impl LocalWorkspace {
     /// and the repository is created; later opens change nothing. A `.baton/git` left in
     /// the workspace by an older Baton is neither read nor changed.
     pub fn open(dir: &Path, seed: Option<&Path>, snapshots: &Path) -> Result<Self, WorkspaceError> {
-        let failed = |what: &str, e: io::Error| WorkspaceError {
-            path: dir.display().to_string(),
-            message: format!("{what}: {e}; check that the path is a directory Baton may write"),
+        let failed = |what: &str, e: io::Error| {
+            WorkspaceError::new(
+                dir.display().to_string(),
+                format!("{what}: {e}; check that the path is a directory Baton may write"),
+            )
         };
         std::fs::create_dir_all(dir).map_err(|e| failed("cannot create the directory", e))?;
         let root = std::fs::canonicalize(dir).map_err(|e| failed("cannot resolve the path", e))?;
         let handle = Dir::open_ambient_dir(&root, ambient_authority())
             .map_err(|e| failed("cannot open the directory", e))?;
         let home = snapshots.join(snapshot_key(&root));
-        let data_failed = |what: &str, e: io::Error| WorkspaceError {
-            path: dir.display().to_string(),
-            message: format!(
-                "{what} {}: {e}; check that Baton's data directory is writable",
-                home.display()
-            ),
+        let data_failed = |what: &str, e: io::Error| {
+            WorkspaceError::new(
+                dir.display().to_string(),
+                format!(
+                    "{what} {}: {e}; check that Baton's data directory is writable",
+                    home.display()
+                ),
+            )
         };
         std::fs::create_dir_all(&home).map_err(|e| data_failed("cannot create", e))?;
         let home = std::fs::canonicalize(&home).map_err(|e| data_failed("cannot resolve", e))?;
         if home.starts_with(&root) && !home.starts_with(root.join(".baton")) {
-            return Err(WorkspaceError {
-                path: dir.display().to_string(),
-                message: format!(
+            return Err(WorkspaceError::new(
+                dir.display().to_string(),
+                format!(
                     "the snapshot directory {} is inside the workspace, where a model could \
                      change it; keep Baton's data directory (--db, --snapshots) outside the \
                      workspace or in its .baton directory",
                     home.display()
                 ),
-            });
+            ));
         }
         // One process at a time drives a workspace: the lock is the operating system's, so
         // a process that dies leaves it free for the run's next driver.
@@ -186,17 +192,22 @@ impl LocalWorkspace {
         match lock.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(WorkspaceError {
-                    path: dir.display().to_string(),
-                    message: "another process is driving a run in this workspace; wait for it to finish or cancel that run (`baton cancel RUN`)".to_owned(),
-                });
+                return Err(WorkspaceError::transient(
+                    dir.display().to_string(),
+                    "another process is driving a run in this workspace; wait for it to finish or cancel that run (`baton cancel RUN`)",
+                ));
             }
             Err(std::fs::TryLockError::Error(e)) => {
                 return Err(data_failed("cannot lock the lock in", e));
             }
         }
         let repo = Repo::new(&root, &home);
-        let workspace = LocalWorkspace { dir: handle, root, repo, _lock: lock };
+        // Holding the driver lock, with every git Baton starts dying with its driver: a
+        // lock file in the repository now was left by a git that died (checked on /proc).
+        let mut notices = repo.recover_stale_locks()?;
+        notices.extend(repo::launcher_notice());
+        let workspace =
+            LocalWorkspace { dir: handle, root, repo, notices: Mutex::new(notices), _lock: lock };
         if !workspace.repo.exists() {
             if let Some(seed) = seed
                 && workspace.is_empty()?
@@ -268,7 +279,7 @@ impl LocalWorkspace {
     }
 
     fn error(&self, message: String) -> WorkspaceError {
-        WorkspaceError { path: self.root.display().to_string(), message }
+        WorkspaceError::new(self.root.display().to_string(), message)
     }
 }
 
@@ -359,6 +370,10 @@ impl Workspace for LocalWorkspace {
 
     fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError> {
         self.repo.branch(name, snapshot)
+    }
+
+    fn take_notices(&self) -> Vec<String> {
+        std::mem::take(&mut *self.notices.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 

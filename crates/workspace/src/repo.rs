@@ -17,10 +17,12 @@
 //! puts back every file and removes every new one, whatever ignore files a model wrote.
 //! Branches name snapshots; none is ever checked out.
 
-use std::io;
+use std::io::{self, Read};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::{Mutex, PoisonError};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
+use std::time::{Duration, Instant};
 
 use baton_engine::workspace::WorkspaceError;
 
@@ -72,6 +74,22 @@ const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 /// The most bytes of git's stderr an error keeps.
 const STDERR_BYTES_MAX: usize = 2048;
 
+/// The longest one git command may run; past it its process group is killed and the
+/// operation fails as transient (the run stays resumable).
+pub(crate) const GIT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The most bytes of git's standard output kept (ids and short lines are all Baton reads;
+/// the rest is read and dropped so git never blocks on a full pipe).
+const STDOUT_BYTES_MAX: u64 = 1024 * 1024;
+
+/// How long opening a workspace waits for a process still using its snapshot repository
+/// (a git a killed Baton left running, where git cannot die with its driver) before it
+/// refuses, leaving the run resumable.
+pub(crate) const STALE_HOLDER_WAIT: Duration = Duration::from_secs(5);
+
+/// The most entries of the repository (objects aside) looked at for lock files.
+const LOCK_SCAN_ENTRIES_MAX: usize = 100_000;
+
 /// The environment variables a git process keeps from Baton's (`HOME` is set to the
 /// repository's own directory instead).
 const KEPT_ENV: [&str; 3] = ["PATH", "LANG", "TMPDIR"];
@@ -103,6 +121,61 @@ impl Repo {
     /// repository whose creation was interrupted is created again (which git allows).
     pub(crate) fn exists(&self) -> bool {
         self.git_dir.join("HEAD").is_file() && self.git_dir.join("info/exclude").is_file()
+    }
+
+    /// Removes the lock files (`index.lock`, `HEAD.lock`, `refs/…/*.lock`…) a dead git left
+    /// in the repository; returns one line per lock removed, for the run's log.
+    ///
+    /// Called with the workspace's driver lock held: no other Baton drives the workspace,
+    /// and every git Baton starts dies with its driver, so a lock file found here is stale
+    /// — unless some live process still has the repository open (a git started without
+    /// `setpriv`, or one a person runs by hand). Such a process is waited for, at most
+    /// [`STALE_HOLDER_WAIT`]; still there, nothing is removed and the error (transient)
+    /// names it.
+    pub(crate) fn recover_stale_locks(&self) -> Result<Vec<String>, WorkspaceError> {
+        let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if lock_files(&self.git_dir).is_empty() {
+            return Ok(Vec::new());
+        }
+        let deadline = Instant::now() + STALE_HOLDER_WAIT;
+        loop {
+            let users = processes_using(&self.git_dir);
+            if users.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let named: Vec<String> =
+                    users.iter().map(|(pid, command)| format!("{pid} ({command})")).collect();
+                return Err(self.transient(format!(
+                    "the snapshot repository {} is still used by process {} and may be locked \
+                     by it; waited {} s; let it finish or stop it, then resume the run",
+                    self.git_dir.display(),
+                    named.join(", "),
+                    STALE_HOLDER_WAIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut removed = Vec::new();
+        // Listed again: a process waited for may have removed its own locks.
+        for lock in lock_files(&self.git_dir) {
+            match std::fs::remove_file(&lock) {
+                Ok(()) => removed.push(format!(
+                    "removed the stale lock {} that a git process which died with its driver \
+                     left in the snapshot repository (no live process had the repository open)",
+                    lock.display()
+                )),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(self.error(format!(
+                        "cannot remove the stale lock {}: {e}; remove it by hand once no git \
+                         uses the repository",
+                        lock.display()
+                    )));
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Creates the repository and writes its ignore list (for people who inspect it with
@@ -223,7 +296,19 @@ impl Repo {
     /// A git command with the scrubbed environment and forced settings, not yet bound to
     /// the repository.
     fn base_command(&self) -> Command {
-        let mut command = Command::new("git");
+        let mut command = match launcher() {
+            Launcher::Setpriv => {
+                // PR_SET_PDEATHSIG, set by setpriv before it becomes git: the kernel kills
+                // git when the thread that started it dies (it waits for git, so only with
+                // its process), so a killed Baton never leaves a git holding the index lock.
+                let mut command = Command::new("setpriv");
+                command.args(["--pdeathsig", "KILL", "--", "git"]);
+                command
+            }
+            Launcher::Direct => Command::new("git"),
+        };
+        // Its own process group: a timeout kills git and anything it started.
+        command.process_group(0);
         command.current_dir(&self.work_tree);
         command.env_clear();
         for key in KEPT_ENV {
@@ -258,7 +343,9 @@ impl Repo {
         self.run(command, what)
     }
 
-    /// Runs a command; an error (with git's stderr) unless it succeeds.
+    /// Runs a command; an error (with git's stderr) unless it succeeds. A git killed by a
+    /// signal, or refused because another git holds one of the repository's locks, is a
+    /// transient failure: the run stays resumable.
     fn run(&self, command: Command, what: &str) -> Result<Output, WorkspaceError> {
         let output = self.spawn(command, what)?;
         if output.status.success() {
@@ -266,22 +353,37 @@ impl Repo {
         }
         let stderr = bounded(String::from_utf8_lossy(&output.stderr).trim());
         let status = output.status;
-        Err(self.error(if stderr.is_empty() {
+        let message = if stderr.is_empty() {
             format!("{what} failed ({status})")
         } else {
             format!("{what} failed ({status}): {stderr}")
-        }))
+        };
+        if status.code().is_none() {
+            return Err(self.transient(format!("{message}; resume the run to try again")));
+        }
+        if stderr.contains(".lock': File exists") || stderr.contains(".lock': file exists") {
+            return Err(self.transient(format!(
+                "{message}; another git process holds the repository's lock: wait for it to \
+                 end, then resume the run"
+            )));
+        }
+        Err(self.error(message))
     }
 
-    /// Starts a command and waits for it.
-    fn spawn(&self, mut command: Command, what: &str) -> Result<Output, WorkspaceError> {
-        command.output().map_err(|e| {
-            self.error(if e.kind() == io::ErrorKind::InvalidInput {
+    /// Starts a command and waits for it, at most [`GIT_TIMEOUT`].
+    fn spawn(&self, command: Command, what: &str) -> Result<Output, WorkspaceError> {
+        match run_bounded(command, GIT_TIMEOUT) {
+            Ok(output) => Ok(output),
+            Err(Bounded::TimedOut) => Err(self.transient(format!(
+                "{what} did not finish within {} s and was killed; resume the run to try again",
+                GIT_TIMEOUT.as_secs()
+            ))),
+            Err(Bounded::Start(e)) => Err(self.error(if e.kind() == io::ErrorKind::InvalidInput {
                 format!("cannot run {what}: an argument contains a NUL byte; remove it")
             } else {
                 format!("cannot run {what}: {e}; install git and make sure it is on PATH")
-            })
-        })
+            })),
+        }
     }
 
     fn invalid_branch(&self, name: &str) -> WorkspaceError {
@@ -292,8 +394,223 @@ impl Repo {
     }
 
     fn error(&self, message: String) -> WorkspaceError {
-        WorkspaceError { path: self.work_tree.display().to_string(), message }
+        WorkspaceError::new(self.work_tree.display().to_string(), message)
     }
+
+    fn transient(&self, message: String) -> WorkspaceError {
+        WorkspaceError::transient(self.work_tree.display().to_string(), message)
+    }
+}
+
+/// How git processes are started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Launcher {
+    /// Through util-linux `setpriv --pdeathsig KILL`: git dies with the thread that
+    /// started it.
+    Setpriv,
+    /// `git` itself, where `setpriv` is missing: a git started by a Baton that is killed
+    /// runs on until it ends (a lock it leaves is recovered on the next open, after it
+    /// exits). [`launcher_notice`] says so.
+    Direct,
+}
+
+/// How this machine starts git (probed once: `setpriv --pdeathsig KILL -- true`).
+pub(crate) fn launcher() -> Launcher {
+    static LAUNCHER: OnceLock<Launcher> = OnceLock::new();
+    *LAUNCHER.get_or_init(|| {
+        let probe = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--", "true"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if probe.is_ok_and(|s| s.success()) { Launcher::Setpriv } else { Launcher::Direct }
+    })
+}
+
+/// What a run's log should say about how git is started, when it is not safe.
+pub(crate) fn launcher_notice() -> Option<String> {
+    (launcher() == Launcher::Direct).then(|| {
+        "util-linux `setpriv` is not installed, so git runs without dying with Baton: a git \
+         started by a Baton that is killed runs on until it ends; install util-linux"
+            .to_owned()
+    })
+}
+
+/// Why a bounded command gave no output.
+#[derive(Debug)]
+pub(crate) enum Bounded {
+    /// It could not be started.
+    Start(io::Error),
+    /// It ran past its deadline; its process group was killed.
+    TimedOut,
+}
+
+/// Kills a process group when dropped, unless the group's leader was reaped: a panic or
+/// an early return never leaves a git running.
+struct Group {
+    child: Child,
+    reaped: bool,
+}
+
+impl Group {
+    /// Kills every process of the group (through the system's `kill`: no unsafe code),
+    /// then the leader itself should the group be gone already.
+    fn kill(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+    }
+
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        let status = self.child.wait()?;
+        self.reaped = true;
+        Ok(status)
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs a command (in its own process group, which the caller set) with its output
+/// piped, waiting at most `timeout`: past it the whole group is killed. The waiting
+/// happens on the calling thread, which started the process and so lives as long as it
+/// runs (a parent-death signal fires when the starting thread ends).
+pub(crate) fn run_bounded(mut command: Command, timeout: Duration) -> Result<Output, Bounded> {
+    let deadline = Instant::now() + timeout;
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = command.spawn().map_err(Bounded::Start)?;
+    let mut group = Group { child, reaped: false };
+    let stdout = group.child.stdout.take();
+    let stderr = group.child.stderr.take();
+    let (closed, pipes_closed) = mpsc::channel::<()>();
+    let (stdout, stderr, timed_out) = std::thread::scope(|scope| {
+        let read = |pipe: Option<Box<dyn Read + Send>>, cap: u64| {
+            let closed = closed.clone();
+            scope.spawn(move || {
+                let mut kept = Vec::new();
+                if let Some(mut pipe) = pipe {
+                    let _ = pipe.by_ref().take(cap).read_to_end(&mut kept);
+                    let _ = io::copy(&mut pipe, &mut io::sink());
+                }
+                let _ = closed.send(());
+                kept
+            })
+        };
+        let out = read(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>), STDOUT_BYTES_MAX);
+        let err = read(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>), STDOUT_BYTES_MAX);
+        // Both pipes close when git exits (or when the group is killed).
+        let mut timed_out = false;
+        for _ in 0..2 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if pipes_closed.recv_timeout(left).is_err() {
+                timed_out = true;
+                group.kill();
+                break;
+            }
+        }
+        (out.join().unwrap_or_default(), err.join().unwrap_or_default(), timed_out)
+    });
+    // The pipes are closed: the leader has exited or is about to; wait for it, bounded.
+    let status = loop {
+        match group.child.try_wait() {
+            Ok(Some(status)) => {
+                group.reaped = true;
+                break status;
+            }
+            Err(_) => break group.wait().map_err(Bounded::Start)?,
+            Ok(None) if Instant::now() >= deadline => {
+                group.kill();
+                group.wait().map_err(Bounded::Start)?;
+                return Err(Bounded::TimedOut);
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    };
+    if timed_out {
+        return Err(Bounded::TimedOut);
+    }
+    Ok(Output { status, stdout, stderr })
+}
+
+/// The lock files in a git directory (`*.lock`, at any depth but under `objects/`),
+/// without following symbolic links; the scan is bounded ([`LOCK_SCAN_ENTRIES_MAX`]).
+fn lock_files(git_dir: &Path) -> Vec<PathBuf> {
+    let mut locks = Vec::new();
+    let mut pending = vec![git_dir.to_path_buf()];
+    let mut seen = 0;
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            seen += 1;
+            if seen > LOCK_SCAN_ENTRIES_MAX {
+                return locks;
+            }
+            let Ok(kind) = entry.file_type() else { continue };
+            let path = entry.path();
+            if kind.is_dir() {
+                if !(dir == git_dir && entry.file_name() == "objects") {
+                    pending.push(path);
+                }
+            } else if kind.is_file() && entry.file_name().as_encoded_bytes().ends_with(b".lock") {
+                locks.push(path);
+            }
+        }
+    }
+    locks.sort();
+    locks
+}
+
+/// The live processes (other than this one) that name `git_dir` in their command line
+/// or work inside it, as (pid, command line): read from `/proc`, skipping processes that
+/// cannot be read.
+pub(crate) fn processes_using(git_dir: &Path) -> Vec<(u32, String)> {
+    let wanted = git_dir.as_os_str().as_encoded_bytes();
+    let mine = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut users = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == mine {
+            continue;
+        }
+        let proc_dir = entry.path();
+        let Ok(cmdline) = std::fs::read(proc_dir.join("cmdline")) else { continue };
+        let names_it = cmdline.split(|&b| b == 0).any(|arg| names_path(arg, wanted));
+        let inside =
+            std::fs::read_link(proc_dir.join("cwd")).is_ok_and(|cwd| cwd.starts_with(git_dir));
+        if names_it || inside {
+            let shown: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            users.push((pid, bounded(&shown.join(" "))));
+        }
+    }
+    users
+}
+
+/// Whether a command-line argument names `path` (or a path inside it), alone or after an
+/// `=` (`--git-dir=PATH`).
+fn names_path(arg: &[u8], path: &[u8]) -> bool {
+    let value = match arg.iter().position(|&b| b == b'=') {
+        Some(i) if !arg.starts_with(path) => &arg[i + 1..],
+        _ => arg,
+    };
+    value.strip_prefix(path).is_some_and(|rest| rest.is_empty() || rest[0] == b'/')
 }
 
 /// Baton's excludes as ignore patterns (for `git clean -e` and `info/exclude`).
@@ -330,6 +647,7 @@ fn bounded(text: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -339,5 +657,109 @@ mod tests {
         let cut = bounded(&long);
         assert!(cut.len() <= STDERR_BYTES_MAX + '…'.len_utf8());
         assert_eq!(bounded("short"), "short");
+    }
+
+    /// The live processes whose command line holds `marker` (zombies have none).
+    fn alive_with(marker: &str) -> Vec<u32> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            if String::from_utf8_lossy(&cmdline).contains(marker) {
+                found.push(pid);
+            }
+        }
+        found
+    }
+
+    /// Polls until no live process holds `marker`, at most `within`.
+    fn gone_within(marker: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if alive_with(marker).is_empty() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    #[test]
+    fn a_command_past_its_deadline_is_killed_with_everything_it_started() {
+        let marker = format!("baton-deadline-{}", std::process::id());
+        let mut command = Command::new("sh");
+        // The outer shell starts an inner one in the background: both are in the group.
+        command.args(["-c", "sh -c 'sleep 30; :' \"$0-inner\" & wait", &marker]).process_group(0);
+        let started = Instant::now();
+        let result = run_bounded(command, Duration::from_millis(300));
+        assert!(matches!(result, Err(Bounded::TimedOut)), "{result:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert!(gone_within(&marker, Duration::from_secs(2)), "{:?}", alive_with(&marker));
+    }
+
+    #[test]
+    fn a_command_within_its_deadline_gives_its_output_at_once() {
+        let mut command = Command::new("sh");
+        command.args(["-c", "echo out; echo err >&2; exit 3"]).process_group(0);
+        let started = Instant::now();
+        let output = run_bounded(command, Duration::from_secs(30)).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(output.status.code(), Some(3));
+        assert_eq!(output.stdout, b"out\n");
+        assert_eq!(output.stderr, b"err\n");
+    }
+
+    #[test]
+    fn setpriv_is_there_and_git_dies_with_the_thread_that_started_it() {
+        // This machine (Debian, util-linux) has setpriv; without it git would run direct.
+        assert_eq!(launcher(), Launcher::Setpriv, "install util-linux for setpriv");
+        assert!(launcher_notice().is_none());
+        let dir = std::env::temp_dir();
+        let command = Repo::new(&dir, &dir).base_command();
+        let launcher: Vec<_> = std::iter::once(command.get_program())
+            .chain(command.get_args().take(4))
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(launcher, ["setpriv", "--pdeathsig", "KILL", "--", "git"]);
+        // The same launcher with a shell in git's place, started on a thread that ends
+        // once setpriv has become the shell (its argv[0] is `sh`: setpriv set the signal
+        // before that; while its own argv shows, it may not have yet).
+        let marker = format!("baton-pdeathsig-{}", std::process::id());
+        let mut shell = Command::new("setpriv");
+        // The shell waits on its standard input (a builtin: no child to outlive it).
+        shell.args(["--pdeathsig", "KILL", "--", "sh", "-c", "read line", &marker]);
+        shell.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null());
+        let watched = marker.clone();
+        let mut child = std::thread::spawn(move || {
+            let child = shell.spawn().unwrap();
+            let cmdline = format!("/proc/{}/cmdline", child.id());
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !std::fs::read(&cmdline).is_ok_and(|c| {
+                c.starts_with(b"sh\0") && String::from_utf8_lossy(&c).contains(&watched)
+            }) && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            child
+        })
+        .join()
+        .unwrap();
+        let started = Instant::now();
+        let status = child.wait().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9));
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn arguments_name_a_path_alone_or_after_an_equals_sign() {
+        let path = b"/data/snapshots/w-1/git";
+        assert!(names_path(b"/data/snapshots/w-1/git", path));
+        assert!(names_path(b"/data/snapshots/w-1/git/index", path));
+        assert!(names_path(b"--git-dir=/data/snapshots/w-1/git", path));
+        assert!(!names_path(b"/data/snapshots/w-1/git2", path));
+        assert!(!names_path(b"/data/snapshots", path));
+        assert!(!names_path(b"--snapshots=/data/snapshots", path));
     }
 }

@@ -385,3 +385,131 @@ async fn a_long_tool_call_runs_off_the_async_thread_and_heartbeats_go_on() {
         .collect();
     assert!(!beats.is_empty() && beats.iter().all(|&calls| calls == 1), "{beats:?}");
 }
+
+/// Workspaces whose snapshot repository gets an `index.lock` just before the first
+/// restore, as if another git held the repository while the level started.
+#[derive(Debug)]
+struct LockedOnceWorkspaces {
+    inner: LocalWorkspaces,
+    planted: Arc<Mutex<bool>>,
+}
+
+#[derive(Debug)]
+struct LockedOnceWorkspace {
+    inner: Arc<dyn Workspace>,
+    lock: std::path::PathBuf,
+    planted: Arc<Mutex<bool>>,
+}
+
+impl Workspaces for LockedOnceWorkspaces {
+    fn open(&self, request: &WorkspaceRequest) -> Result<Arc<dyn Workspace>, WorkspaceError> {
+        let inner = self.inner.open(request)?;
+        let key = baton_workspace::snapshot_key(inner.root());
+        let lock = self.inner.snapshots().join(key).join("git/index.lock");
+        Ok(Arc::new(LockedOnceWorkspace { inner, lock, planted: Arc::clone(&self.planted) }))
+    }
+}
+
+impl Workspace for LockedOnceWorkspace {
+    fn root(&self) -> &Path {
+        self.inner.root()
+    }
+
+    fn execute(
+        &self,
+        tool: &str,
+        arguments: &serde_json::Value,
+        touched: &mut BTreeSet<String>,
+        max_touched: usize,
+    ) -> ToolOutcome {
+        self.inner.execute(tool, arguments, touched, max_touched)
+    }
+
+    fn snapshot(&self, message: &str) -> Result<String, WorkspaceError> {
+        self.inner.snapshot(message)
+    }
+
+    fn restore(&self, snapshot: &str) -> Result<(), WorkspaceError> {
+        let mut planted = self.planted.lock().unwrap();
+        if !*planted {
+            *planted = true;
+            std::fs::write(&self.lock, "").unwrap();
+        }
+        drop(planted);
+        self.inner.restore(snapshot)
+    }
+
+    fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.inner.branch(name, snapshot)
+    }
+}
+
+#[tokio::test]
+async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "", "");
+    let opener = Arc::new(LockedOnceWorkspaces {
+        inner: LocalWorkspaces::new(dir.path().join("workspaces"), dir.path().join("snapshots")),
+        planted: Arc::new(Mutex::new(false)),
+    });
+    let model = || {
+        ScriptedModel::default().with_level(
+            "work",
+            vec![
+                turn(vec![("write_file", serde_json::json!({"path": "a.txt", "content": "a\n"}))]),
+                turn(vec![("finish", serde_json::json!({"summary": "done"}))]),
+            ],
+        )
+    };
+    let engine = Engine::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(Runtime {
+            model: Arc::new(model()),
+            verifiers: Verifiers::builtin(),
+            workspace: dir.path().to_path_buf(),
+            workspaces: Some(WorkspaceSetup { opener, dir: None, branch: None }),
+            catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+        }),
+        Arc::new(SystemClock),
+    );
+    let run_id = Engine::new_run_id();
+    // The level's first restore meets the lock: the driver stops, recording nothing of the
+    // step but that the run was interrupted.
+    let outcome = engine.run(&run_id, &s, "task", serde_json::Map::new(), None).await.unwrap();
+    let baton_engine::Outcome::Interrupted(message) = outcome else { panic!("{outcome:?}") };
+    assert!(message.contains("index.lock"), "{message}");
+    let state = engine.state(&run_id).await.unwrap();
+    assert_eq!(state.status, Status::Interrupted, "the run is not failed");
+    assert_eq!(state.interrupted.as_ref().unwrap().cause, "workspace");
+    let events = kinds(&engine, &run_id).await;
+    assert!(!events.iter().any(|e| matches!(e, EventData::LevelFinished(_))), "{events:?}");
+    // The next driver holds the workspace, finds the lock stale (no process uses the
+    // repository), removes it, says so, and the run completes.
+    let resumed = Engine::new(
+        Arc::clone(&engine.store),
+        Arc::new(Runtime {
+            model: Arc::new(model()),
+            verifiers: Verifiers::builtin(),
+            workspace: dir.path().to_path_buf(),
+            workspaces: Some(WorkspaceSetup {
+                opener: Arc::new(LocalWorkspaces::new(
+                    dir.path().join("workspaces"),
+                    dir.path().join("snapshots"),
+                )),
+                dir: None,
+                branch: None,
+            }),
+            catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+        }),
+        Arc::new(SystemClock),
+    );
+    assert_eq!(resumed.drive(&run_id, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let events = kinds(&resumed, &run_id).await;
+    assert!(
+        events.iter().any(|e| matches!(e, EventData::Warning(w)
+            if w.message.contains("removed the stale lock") && w.message.contains("index.lock"))),
+        "{events:?}"
+    );
+    let root = dir.path().join("workspaces").join(&run_id);
+    assert_eq!(std::fs::read_to_string(root.join("a.txt")).unwrap(), "a\n");
+}
