@@ -89,8 +89,10 @@ fn load_model(
         return Ok((Arc::new(model), Some(format!("script:{}", absolute.display()))));
     }
     let file = config.map(Path::to_path_buf).or_else(|| {
+        // Whatever is there is read (and refused when it is not a regular file), never
+        // silently skipped.
         let default = PathBuf::from("baton.toml");
-        default.is_file().then_some(default)
+        std::fs::symlink_metadata(&default).is_ok().then_some(default)
     });
     let (config, source) = match &file {
         Some(path) => {

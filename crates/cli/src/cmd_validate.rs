@@ -47,8 +47,10 @@ pub(crate) fn run(
     }
     // With a provider configuration, every model constraint must resolve to something.
     let config_path = config.map(Path::to_path_buf).or_else(|| {
+        // Whatever is there is read (and refused when it is not a regular file), never
+        // silently skipped.
         let default = PathBuf::from("baton.toml");
-        default.is_file().then_some(default)
+        std::fs::symlink_metadata(&default).is_ok().then_some(default)
     });
     if let (Some(path), Some(r)) = (config_path, registry.as_ref()) {
         let config = baton_providers::config::Config::from_file(&path)?;

@@ -2,8 +2,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod cancels;
 mod chain;
 mod crashes;
+mod faults;
 mod pinning;
 mod reads;
 mod timeouts;
@@ -291,7 +293,15 @@ fn normalised_log(db: &std::path::Path, run: &str) -> Vec<serde_json::Value> {
             serde_json::Value::Object(map) => {
                 // Workspace paths and snapshot ids (git commits, which carry their time)
                 // differ between runs that did the same thing.
-                for key in ["at", "duration_ms", "total_duration_ms", "dir", "base", "snapshot"] {
+                for key in [
+                    "at",
+                    "duration_ms",
+                    "total_duration_ms",
+                    "waiting_ms",
+                    "dir",
+                    "base",
+                    "snapshot",
+                ] {
                     map.remove(key);
                 }
                 map.values_mut().for_each(scrub);
@@ -1105,7 +1115,10 @@ fn runs_shows_cost_tokens_duration_and_the_level_a_paused_run_waits_on() {
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert!(err.contains("invalid value 'bogus'"), "{err}");
-    assert!(err.contains("running, paused, completed, aborted, cancelled, failed"), "{err}");
+    assert!(
+        err.contains("running, paused, interrupted, completed, aborted, cancelled, failed"),
+        "{err}"
+    );
     assert!(!text(&out.stdout).contains("no runs"));
     let out = baton_db(&db, &["runs", "--status", "failed"]);
     assert_eq!(text(&out.stdout).trim(), "no runs with status failed");

@@ -416,8 +416,12 @@ impl Engine {
                     if cancel.is_cancelled() {
                         // The step was cut short: keep none of its work, only what its model
                         // calls spent; the cancel is in the log (or the driver is stopping).
-                        w.reload().await?;
-                        w.stage(spend_of(events));
+                        // A run not yet in the store has no other writer: nothing to re-read.
+                        let spent = spend_of(events);
+                        if w.create.is_none() {
+                            w.reload().await?;
+                        }
+                        w.stage(spent);
                         continue;
                     }
                     if let Some(reason) = cancel.progress().take_interruption() {

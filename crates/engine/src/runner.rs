@@ -329,6 +329,9 @@ impl LevelRun {
             };
             let outcomes =
                 self.verify(&mut calls, reply.clone(), parsed.clone(), &mut events).await;
+            if let Some(reason) = interrupted_judge(&outcomes) {
+                return Stop::Interrupted(reason).finish(self, &mut events, started);
+            }
             let failed = failures(&level.verifiers, &outcomes);
             if failed.iter().any(|(spec, _)| spec.on_fail == OnFail::Retry) && retries_left > 0 {
                 retries_left -= 1;
@@ -391,6 +394,9 @@ impl LevelRun {
         // of the last level that produced one.
         let last = self.state.last_output.clone().unwrap_or_default();
         let outcomes = self.verify(&mut calls, last, None, &mut events).await;
+        if let Some(reason) = interrupted_judge(&outcomes) {
+            return Stop::Interrupted(reason).finish(self, &mut events, started);
+        }
         let failed = failures(&level.verifiers, &outcomes);
         let passed_names: Vec<&str> =
             outcomes.iter().filter(|o| o.passed).map(|o| o.name.as_str()).collect();
@@ -624,6 +630,17 @@ pub(crate) fn kept_when_cut(events: Vec<NewEvent>) -> Vec<NewEvent> {
             )
         })
         .collect()
+}
+
+/// The key of a judge's `details` that says its model was unavailable.
+const INTERRUPTED_KEY: &str = "interrupted";
+
+/// Why a judge of these outcomes could not be asked (every model unavailable), if one
+/// could not: its level stops without a result, to run again on resume.
+fn interrupted_judge(outcomes: &[VerifierFinished]) -> Option<String> {
+    outcomes
+        .iter()
+        .find_map(|o| o.details.get(INTERRUPTED_KEY).and_then(Value::as_str).map(str::to_owned))
 }
 
 /// The fact that a run stopped without ending, and why.
@@ -1043,11 +1060,20 @@ async fn judge(
     let spent = calls.cost_usd;
     let answer = match calls.call(events, &format!("judge:{}", rubric.id), &prompt, true).await {
         Ok(text) => text,
-        Err(Stop::Failed(message) | Stop::Interrupted(message)) => {
+        Err(Stop::Failed(message)) => {
             return verifier::unavailable(
                 spec,
                 &format!("the judge's model call failed: {message}"),
             );
+        }
+        // An outage says nothing about the work: the level is interrupted, not failed.
+        Err(Stop::Interrupted(message)) => {
+            let mut outcome = verifier::unavailable(
+                spec,
+                &format!("every model the judge may use is unavailable: {message}"),
+            );
+            outcome.details = json!({ INTERRUPTED_KEY: message });
+            return outcome;
         }
         Err(Stop::Halted) => {
             return verifier::unavailable(

@@ -11,8 +11,11 @@
 //! refuses a damaged log naming the run and the first bad event. [`backup`] copies a live
 //! database in one step.
 //!
-//! Test failpoint: with `BATON_FAILPOINT_ABORT_AFTER_EVENT=N` in the environment, the
-//! process aborts right after the commit that makes any event numbered N or more durable.
+//! Test failpoints: with `BATON_FAILPOINT_ABORT_AFTER_EVENT=N` in the environment, the
+//! process aborts right after the commit that makes any event numbered N or more durable;
+//! with `BATON_FAILPOINT_CANCEL_AFTER_EVENT=N`, a `cancel_requested` is appended to that run
+//! right after that commit, before its writer hears back — as if `baton cancel` from
+//! another process got in first — so a test can cancel a run at every event.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -186,9 +189,11 @@ impl SqliteStore {
         let conn = Connection::open_with_flags(&path, flags)
             .map_err(|e| Error::Backend(open_failure(&path, &e)))?;
         prepare(&conn).map_err(|e| Error::Backend(open_failure(&path, &e)))?;
-        let failpoint = std::env::var("BATON_FAILPOINT_ABORT_AFTER_EVENT")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok());
+        let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+        let failpoint = Failpoints {
+            abort_after: number("BATON_FAILPOINT_ABORT_AFTER_EVENT"),
+            cancel_after: number("BATON_FAILPOINT_CANCEL_AFTER_EVENT"),
+        };
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
         let counter = Arc::clone(&stats);
@@ -419,12 +424,14 @@ fn hash_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn serve(
-    mut conn: Connection,
-    rx: &mpsc::Receiver<Request>,
-    failpoint: Option<u64>,
-    stats: &Stats,
-) {
+/// The test failpoints of the module's doc, as the environment set them.
+#[derive(Clone, Copy, Debug)]
+struct Failpoints {
+    abort_after: Option<u64>,
+    cancel_after: Option<u64>,
+}
+
+fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoints, stats: &Stats) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < GROUP_MAX {
@@ -468,7 +475,7 @@ fn serve(
     }
 }
 
-fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Option<u64>) {
+fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Failpoints) {
     let mut results: Vec<(Request, Result<(), Error>)> = Vec::with_capacity(writes.len());
     let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
         Ok(tx) => tx,
@@ -481,6 +488,8 @@ fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Option<u6
         }
     };
     let mut highest = 0u64;
+    // The run whose write crossed the cancel failpoint, with its status.
+    let mut crossed: Option<(String, String)> = None;
     let mut tx = tx;
     for w in writes {
         let outcome = (|| -> Result<(), Error> {
@@ -503,17 +512,39 @@ fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Option<u6
                 Err(e) => Err(e),
             }
         })();
-        if outcome.is_ok()
-            && let Request::Append { events, .. } | Request::Create(_, events, _) = &w
-        {
-            highest = highest.max(events.last().map_or(0, |e| e.seq));
+        if outcome.is_ok() {
+            let written = match &w {
+                Request::Append { run_id, events, status, .. } => {
+                    Some((run_id.as_str(), events, status.as_str()))
+                }
+                Request::Create(run, events, _) => {
+                    Some((run.run_id.as_str(), events, run.status.as_str()))
+                }
+                _ => None,
+            };
+            if let Some((run_id, events, status)) = written {
+                let last = events.last().map_or(0, |e| e.seq);
+                highest = highest.max(last);
+                let first = events.first().map_or(0, |e| e.seq);
+                // A cancel after the end would be refused: the failpoint skips ended runs.
+                let ended = matches!(status, "completed" | "failed" | "aborted" | "cancelled");
+                if !ended && failpoint.cancel_after.is_some_and(|n| first <= n && n <= last) {
+                    crossed = Some((run_id.to_owned(), status.to_owned()));
+                }
+            }
         }
         results.push((w, outcome));
     }
     let committed = tx.commit().map_err(backend);
-    if committed.is_ok() && failpoint.is_some_and(|n| highest >= n) {
+    if committed.is_ok() && failpoint.abort_after.is_some_and(|n| highest >= n) {
         // Test failpoint: die the way SIGKILL would, right after the commit.
         std::process::abort();
+    }
+    if committed.is_ok()
+        && let Some((run_id, status)) = crossed
+    {
+        // Test failpoint: another process's cancel, before the writer goes on.
+        let _ = cancel_now(conn, &run_id, &status);
     }
     for (w, outcome) in results {
         let outcome = match (&committed, outcome) {
@@ -522,6 +553,18 @@ fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Option<u6
         };
         reply_write(w, outcome);
     }
+}
+
+/// Appends a `cancel_requested` to a run, as `baton cancel` would (the cancel failpoint).
+fn cancel_now(conn: &mut Connection, run_id: &str, status: &str) -> Result<(), Error> {
+    let tx = conn.transaction().map_err(backend)?;
+    let next = end_of_log(&tx, run_id)?.last_seq + 1;
+    let cancel = baton_engine::event::NewEvent::run(EventData::CancelRequested(
+        baton_engine::event::CancelRequested { by: Some("failpoint".to_owned()), reason: None },
+    ))
+    .at(next, Utc::now());
+    append(&tx, run_id, next, &[cancel], status)?;
+    tx.commit().map_err(backend)
 }
 
 fn reply_write(w: Request, outcome: Result<(), Error>) {

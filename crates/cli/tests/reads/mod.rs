@@ -21,6 +21,11 @@ const ADDRESS_SPACE_MAX: &str = "2147483648";
 /// [`ADDRESS_SPACE_MAX`]; a command still running at the deadline is killed and fails the
 /// test.
 fn baton_bounded(db: &Path, args: &[&str]) -> Output {
+    baton_bounded_in(&repo(), db, args)
+}
+
+/// [`baton_bounded`] from the directory `cwd`.
+fn baton_bounded_in(cwd: &Path, db: &Path, args: &[&str]) -> Output {
     let dir = db.parent().unwrap();
     let stdout = dir.join("stdout");
     let stderr = dir.join("stderr");
@@ -31,7 +36,7 @@ fn baton_bounded(db: &Path, args: &[&str]) -> Output {
         .arg("--db")
         .arg(db)
         .args(args)
-        .current_dir(repo())
+        .current_dir(cwd)
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
@@ -304,4 +309,18 @@ fn a_run_that_cannot_start_prints_no_run_id_and_leaves_no_run() {
     let stdout = text(&out.stdout);
     let printed = stdout.lines().next().and_then(|l| l.strip_prefix("run ")).unwrap();
     assert_eq!(stored_runs(&db), vec![printed.to_owned()]);
+}
+
+#[test]
+fn a_baton_toml_in_the_working_directory_that_is_a_pipe_is_refused_not_skipped() {
+    let dir = scratch("cwd-config-fifo");
+    let db = dir.join("runs.db");
+    fifo(&dir.join("baton.toml"));
+    let config = Path::new("baton.toml");
+    let scenarios = repo().join("scenarios");
+    let s = scenarios.to_str().unwrap();
+    let out = baton_bounded_in(&dir, &db, &["--scenarios", s, "validate"]);
+    assert_refused(&out, config, "named pipe (FIFO)");
+    let out = baton_bounded_in(&dir, &db, &["--scenarios", s, "run", "quick_qa", "--input", "q"]);
+    assert_refused(&out, config, "named pipe (FIFO)");
 }

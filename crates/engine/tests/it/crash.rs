@@ -19,7 +19,8 @@ use serde_json::{Map, Value};
 
 use crate::{engine_on, scenario, script};
 
-/// Drives a run to its end, approving every approval and answering every question.
+/// Drives a run to its end, approving every approval — two deciders at once, of which
+/// exactly one is recorded — and answering every question.
 async fn to_the_end(e: &Engine, run: &str, s: &Arc<Scenario>) {
     for _ in 0..20 {
         match e.drive(run, s).await.unwrap() {
@@ -30,7 +31,17 @@ async fn to_the_end(e: &Engine, run: &str, s: &Arc<Scenario>) {
                 if st.pending_ask.is_some() {
                     e.answer(run, Value::String("yes".into())).await.unwrap();
                 } else {
-                    e.approve(run, true, None, Some("tester".into())).await.unwrap();
+                    let (a, b) = tokio::join!(
+                        e.approve(run, true, None, Some("tester".into())),
+                        e.approve(run, true, None, Some("tester".into())),
+                    );
+                    assert!(a.is_ok() != b.is_ok(), "one decision of two: {a:?} {b:?}");
+                    let refused = a.err().or(b.err()).unwrap().to_string();
+                    assert!(
+                        refused.contains("already decided")
+                            || refused.contains("not waiting for an approval"),
+                        "{refused}"
+                    );
                 }
             }
         }

@@ -885,3 +885,27 @@ edges:
     assert_eq!(st.level_runs, 3, "the fourth run of `a` is not started");
     assert_eq!(st.finished.unwrap().aborted_reason.as_deref(), Some("level_run_limit"));
 }
+
+#[tokio::test]
+async fn a_judge_whose_models_are_unavailable_interrupts_its_level_instead_of_failing_it() {
+    let s = crate::scenario_with(JUDGED, &[("rubrics/clarity_v1.md", RUBRIC)]);
+    let model = script(
+        "levels:\n  answer:\n    - {text: 'first answer', cost_usd: 0.01}\n    - {unavailable: 'HTTP 503 from every provider'}\n",
+    );
+    let e = engine(model);
+    let run = e.start(&s, "x", Map::new()).await.unwrap();
+    let Outcome::Interrupted(reason) = e.drive(&run, &s).await.unwrap() else {
+        panic!("the run should be interrupted")
+    };
+    assert!(reason.contains("HTTP 503"), "{reason}");
+    let st = e.state(&run).await.unwrap();
+    assert_eq!(st.status, Status::Interrupted);
+    assert_eq!(st.interrupted.as_ref().unwrap().cause, "provider_unavailable");
+    let log = e.store.load(&run, 0).await.unwrap();
+    assert!(
+        !log.iter().any(|ev| matches!(ev.data, EventData::LevelFinished(_))),
+        "an outage neither fails nor passes the level: {:?}",
+        kinds(&log)
+    );
+    assert!((st.totals.cost_usd - 0.01).abs() < 1e-9, "the answer's spend is kept");
+}

@@ -1,0 +1,211 @@
+//! Cancel anywhere: every bundled scenario, cancelled (as `baton cancel` from another
+//! process would) as soon as its event N is in the store, ends `cancelled`, with its partial
+//! work discarded (a tool loop's workspace back to its base) and nothing it started still
+//! running. Past a cap of cancel points per scenario, the sweep covers the first event of
+//! every kind plus a seeded sample of the rest.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use super::{normalised_log, only_run, repo, text};
+
+/// The directories a workspace's snapshots leave out and its restores keep (build caches).
+const BUILD_CACHES: [&str; 6] =
+    ["target", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"];
+
+/// Most cancel points per scenario.
+const POINTS_MAX: usize = 14;
+
+/// A `baton` with the venv's tools on PATH and the cancel failpoint at `n` (if any).
+fn baton_at(db: &Path, args: &[&str], n: Option<usize>) -> Output {
+    let venv = repo().join(".peers/venv/bin");
+    let path = format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default());
+    let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
+    c.arg("--db")
+        .arg(db)
+        .args(args)
+        .current_dir(repo())
+        .env("PATH", path)
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("BATON_CONFIG");
+    if let Some(n) = n {
+        c.env("BATON_FAILPOINT_CANCEL_AFTER_EVENT", n.to_string());
+    }
+    c.output().unwrap()
+}
+
+/// Drives a run to its end under the failpoint, deciding and answering what it waits for.
+fn to_the_end(db: &Path, start: &[&str], n: Option<usize>) -> String {
+    let out = baton_at(db, start, n);
+    let run = only_run(db).unwrap_or_else(|| panic!("no run: {}", text(&out.stderr)));
+    let mut code = out.status.code();
+    for _ in 0..30 {
+        match code {
+            Some(0 | 4 | 5) => return run,
+            // A failed run has ended; a refused decision (the run was cancelled meanwhile)
+            // leaves the run to a driver.
+            Some(1) => {
+                let ended = normalised_log(db, &run)
+                    .last()
+                    .is_some_and(|e| e["kind"] == "scenario_finished");
+                if ended {
+                    return run;
+                }
+                code = baton_at(db, &["resume", &run], n).status.code();
+            }
+            Some(3) => {
+                let approved = baton_at(db, &["approve", &run, "--by", "tester"], n);
+                code = approved.status.code();
+                if code == Some(1) && text(&approved.stderr).contains("not waiting for an approval")
+                {
+                    code = baton_at(db, &["answer", &run, "--answer", "\"yes\""], n).status.code();
+                }
+            }
+            other => panic!("exit {other:?}: {}{}", text(&out.stdout), text(&out.stderr)),
+        }
+    }
+    panic!("run {run} did not end");
+}
+
+/// Files under `dir`, relative to it.
+fn files(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let path = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(path);
+            } else {
+                out.insert(path.strip_prefix(dir).unwrap().to_path_buf());
+            }
+        }
+    }
+    out
+}
+
+/// Whether a live process names `needle` in its command line or works inside it.
+fn anything_running_in(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let cwd = std::fs::read_link(p.path().join("cwd")).unwrap_or_default();
+        if cmdline.contains(needle) || cwd.to_string_lossy().contains(needle) {
+            found.push(cmdline);
+        }
+    }
+    found
+}
+
+/// The cancel points of a log of `len` events: the first event of every kind (the last
+/// event, the end, excluded: a cancel after it has nothing to cancel), then a sample of
+/// the others chosen by a fixed seed, up to [`POINTS_MAX`].
+fn points(log: &[serde_json::Value], seed: u64) -> Vec<usize> {
+    let mut chosen = BTreeSet::new();
+    let mut kinds = BTreeSet::new();
+    for (i, e) in log.iter().enumerate().take(log.len() - 1) {
+        if kinds.insert(e["kind"].as_str().unwrap_or_default().to_owned()) {
+            chosen.insert(i + 1);
+        }
+    }
+    let mut x = seed | 1;
+    let mut tries = 0;
+    while chosen.len() < POINTS_MAX.min(log.len() - 1) && tries < 1000 {
+        // xorshift: a sample that is the same on every machine.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chosen.insert(usize::try_from(x % (log.len() as u64 - 1)).unwrap() + 1);
+        tries += 1;
+    }
+    chosen.into_iter().collect()
+}
+
+#[test]
+fn cancelled_after_any_event_every_bundled_scenario_ends_cancelled_with_its_work_discarded() {
+    let scenarios = [
+        ("release_notes", "release_notes"),
+        ("security_review", "security_review"),
+        ("document_writing", "document_writing"),
+        ("research_brief", "research_brief"),
+        ("parallel_review_demo", "parallel_review_demo"),
+        ("quick_qa", "quick_qa"),
+        ("intent_classifier", "intent_classifier"),
+        ("code_build", "code_build"),
+        ("code_build_strict", "code_build_strict"),
+    ];
+    let base = std::env::temp_dir().join(format!("baton-cli-cancel-{}", std::process::id()));
+    let (mut effective, mut total) = (0, 0);
+    for (seed, (scenario, script)) in (1u64..).zip(scenarios) {
+        let script = format!("scenarios/scripts/{script}.yaml");
+        let start =
+            ["run", scenario, "--script", script.as_str(), "--input", "a greet CLI in Python"];
+        let reference_db = base.join(format!("{scenario}-ref.db"));
+        let run = to_the_end(&reference_db, &start, None);
+        let reference = normalised_log(&reference_db, &run);
+        assert_eq!(reference.last().unwrap()["kind"], "scenario_finished", "{scenario}");
+        let points = points(&reference, seed);
+        let mut cancelled = 0;
+        for &n in &points {
+            let db = base.join(format!("{scenario}-{n}.db"));
+            let run = to_the_end(&db, &start, Some(n));
+            let log = normalised_log(&db, &run);
+            let end = log.last().unwrap();
+            assert_eq!(
+                end["kind"], "scenario_finished",
+                "{scenario}: after {n} the run did not end"
+            );
+            if end["data"]["status"] != "cancelled" {
+                // Event n came with the run's last commit (its end): the cancel came too
+                // late and was not recorded, and the run is the one never cancelled.
+                assert_eq!(log, reference, "{scenario}: cancelled after event {n}, not ended so");
+                continue;
+            }
+            cancelled += 1;
+            // No level starts after the cancel; the cancelled one is closed as skipped.
+            let at = log.iter().position(|e| e["kind"] == "cancel_requested").unwrap();
+            assert!(
+                !log[at..].iter().any(|e| e["kind"] == "level_started"),
+                "{scenario}: a level started after the cancel at {n}"
+            );
+            // A tool loop's workspace is back to its base (the bundled ones start empty),
+            // but for the build caches snapshots leave out by design (a verifier's compiled
+            // Python).
+            let workspaces = db.parent().unwrap().join("workspaces").join(&run);
+            if scenario.starts_with("code_build") {
+                let kept: BTreeSet<PathBuf> = files(&workspaces)
+                    .into_iter()
+                    .filter(|f| {
+                        !f.components().any(|c| {
+                            BUILD_CACHES.contains(&c.as_os_str().to_str().unwrap_or_default())
+                        })
+                    })
+                    .collect();
+                assert_eq!(
+                    kept,
+                    BTreeSet::new(),
+                    "{scenario}: cancelled after event {n}, the workspace kept work"
+                );
+            }
+            let running = anything_running_in(&workspaces.display().to_string());
+            assert!(running.is_empty(), "{scenario}: still running after {n}: {running:?}");
+        }
+        // Only a cancel that lands with the run's last commit comes too late: a run of more
+        // than one level commits before its last level runs.
+        let levels = reference.iter().filter(|e| e["kind"] == "level_started").count();
+        assert!(
+            levels < 2 || cancelled > 0,
+            "{scenario}: no cancel of {} took effect",
+            points.len()
+        );
+        effective += cancelled;
+        total += points.len();
+    }
+    assert!(effective * 2 >= total, "only {effective} of {total} cancels took effect");
+    let _ = std::fs::remove_dir_all(base);
+}
