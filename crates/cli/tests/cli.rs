@@ -18,16 +18,19 @@ fn repo() -> PathBuf {
 }
 
 fn baton(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(args)
-        .current_dir(repo())
-        // Provider keys of the machine must not leak into the tests.
+    baton_command().args(args).output().unwrap()
+}
+
+/// `baton`, run from the repository, with the machine's provider keys and configuration
+/// out of its reach: they must not leak into the tests.
+fn baton_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
+    c.current_dir(repo())
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
-        .env_remove("BATON_CONFIG")
-        .output()
-        .unwrap()
+        .env_remove("BATON_CONFIG");
+    c
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -1961,15 +1964,10 @@ fn racing_decider(
     barrier: &std::path::Path,
     args: &[&str],
 ) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_baton"))
+    baton_command()
         .arg("--db")
         .arg(db)
         .args(args)
-        .current_dir(repo())
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("BATON_CONFIG")
         .env("BATON_TEST_DECISION_BARRIER", barrier)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

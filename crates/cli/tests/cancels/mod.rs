@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use super::{normalised_log, only_run, repo, text};
 
@@ -21,16 +21,8 @@ const POINTS_MAX: usize = 14;
 fn baton_at(db: &Path, args: &[&str], n: Option<usize>) -> Output {
     let venv = repo().join(".peers/venv/bin");
     let path = format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default());
-    let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
-    c.arg("--db")
-        .arg(db)
-        .args(args)
-        .current_dir(repo())
-        .env("PATH", path)
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("BATON_CONFIG");
+    let mut c = super::baton_command();
+    c.arg("--db").arg(db).args(args).env("PATH", path);
     if let Some(n) = n {
         c.env("BATON_FAILPOINT_CANCEL_AFTER_EVENT", n.to_string());
     }

@@ -154,6 +154,15 @@ impl Case {
         self.command(args).output().unwrap()
     }
 
+    /// Starts `baton run t` in the background, its output captured.
+    fn spawn_run(&self) -> std::process::Child {
+        self.command(&["run", "t", "--input", "x"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
     fn run(&self) -> (Output, String) {
         let out = self.baton(&["run", "t", "--input", "x"]);
         let run = run_id(&out);
@@ -263,12 +272,7 @@ fn a_call_cut_by_the_level_timeout_counts_what_it_spent() {
 fn a_call_cut_by_a_cancel_counts_what_it_spent() {
     let server = Server::start(trickle);
     let case = Case::new("cancel", &one_level(""), server.port, true);
-    let child = case
-        .command(&["run", "t", "--input", "x"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = case.spawn_run();
     // Wait for the run to stream.
     let started = Instant::now();
     let mut run = String::new();
@@ -313,12 +317,7 @@ fn sigint_stops_a_drive_as_interrupted_and_kills_what_it_started() {
         "id: t\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      - {{name: slow, uses: command, params: {{argv: [sh, -c, 'test -f seen && exit 0; touch seen; sleep 30; echo {marker}']}}}}\n    terminal: true\n"
     );
     let case = Case::new("sigint", &scenario, 9, false);
-    let child = case
-        .command(&["run", "t", "--input", "x"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = case.spawn_run();
     let started = Instant::now();
     while !alive(&marker) && started.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(50));

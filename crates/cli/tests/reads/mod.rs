@@ -46,22 +46,32 @@ fn baton_bounded_in(cwd: &Path, db: &Path, args: &[&str]) -> Output {
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`baton {}` still ran after {DEADLINE:?}: it blocked on a read", args.join(" "));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_bounded(&mut child, args, "it blocked on a read");
     Output {
         status,
         stdout: std::fs::read(stdout).unwrap(),
         stderr: std::fs::read(stderr).unwrap(),
+    }
+}
+
+/// Waits for `child` at most [`DEADLINE`]; one still running then is killed and fails the
+/// test, saying `why`.
+fn wait_bounded(
+    child: &mut std::process::Child,
+    args: &[&str],
+    why: &str,
+) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`baton {}` still ran after {DEADLINE:?}: {why}", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -188,32 +198,16 @@ fn baton_into_closed_pipe(db: &Path, args: &[&str]) -> Output {
     drop(reader);
     let dir = db.parent().unwrap();
     let stderr = dir.join("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+    let mut child = super::baton_command()
         .arg("--db")
         .arg(db)
         .args(args)
-        .current_dir(repo())
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("BATON_CONFIG")
         .stdin(Stdio::null())
         .stdout(writer)
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`baton {}` still ran after {DEADLINE:?} with stdout closed", args.join(" "));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_bounded(&mut child, args, "with stdout closed");
     Output { status, stdout: Vec::new(), stderr: std::fs::read(stderr).unwrap() }
 }
 
