@@ -398,3 +398,16 @@ fn an_approval_within_its_deadline_is_taken() {
     assert_eq!(count(&events, "level_timed_out"), 0);
     assert_eq!(case.finished(&run)["data"]["status"], "completed");
 }
+
+#[test]
+fn an_interrupted_run_is_cancelled_at_once() {
+    let server = Server::start(outage_then_answer);
+    let case = Case::new("cancel-interrupted", &one_level(""), server.port, false);
+    let (out, run) = case.run();
+    assert_eq!(out.status.code(), Some(6), "{}", said(&out));
+    let cancelled = case.baton(&["cancel", &run, "--reason", "not needed"]);
+    assert_eq!(cancelled.status.code(), Some(0), "{}", said(&cancelled));
+    assert!(text(&cancelled.stdout).contains("cancelled run"), "{}", said(&cancelled));
+    assert_eq!(case.finished(&run)["data"]["status"], "cancelled");
+    assert_eq!(server.requests(), 2, "nothing called the model again");
+}
