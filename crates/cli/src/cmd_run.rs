@@ -588,8 +588,11 @@ fn waiting_lines(state: &baton_engine::RunState, run_id: &str) -> Vec<String> {
     state
         .open_approvals()
         .map(|p| {
+            let deadline = p.request.deadline.map_or(String::new(), |d| {
+                format!(" (decide by {}, or it times out)", d.format("%Y-%m-%d %H:%M:%S UTC"))
+            });
             format!(
-                "approval {} (level `{}`, role {}): {} — `baton approve {run_id} --request {}`",
+                "approval {} (level `{}`, role {}): {} — `baton approve {run_id} --request {}`{deadline}",
                 p.request.request_id,
                 p.level_id,
                 p.request.approver_role,

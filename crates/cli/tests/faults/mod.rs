@@ -358,6 +358,7 @@ fn an_approval_past_its_deadline_is_refused_and_recorded_once_as_timed_out() {
     let case = Case::new("deadline", APPROVAL, 9, false);
     let (out, run) = case.run();
     assert_eq!(out.status.code(), Some(3), "{}", said(&out));
+    assert!(text(&out.stdout).contains("or it times out"), "the pause says when: {}", said(&out));
     let events = case.events(&run);
     let request = events.iter().find(|e| e["kind"] == "approval_requested").unwrap();
     assert!(request["data"]["deadline"].is_string(), "{request}");
