@@ -1059,6 +1059,57 @@ mod tests {
     }
 
     #[test]
+    fn allows_are_neutralised_in_place_and_counted() {
+        let (text, n) = replace_all(
+            b"a gitleaks:allow b gitleaks:allowgitleaks:allow",
+            GITLEAKS_ALLOW,
+            GITLEAKS_ALLOW_NEUTRALISED,
+        );
+        assert_eq!(text, b"a gitleaks-allow b gitleaks-allowgitleaks-allow");
+        assert_eq!(n, 3);
+        assert_eq!(replace_all(b"gitleaks:allo", GITLEAKS_ALLOW, GITLEAKS_ALLOW_NEUTRALISED).1, 0);
+    }
+
+    #[test]
+    fn the_mirror_copies_regular_files_only_and_leaves_out_batons_own_directory() {
+        let base = std::env::temp_dir().join(format!("baton-mirror-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (ws, tree) = (base.join("ws"), base.join("tree"));
+        for dir in ["src/.baton", ".baton/git"] {
+            std::fs::create_dir_all(ws.join(dir)).expect("test setup");
+        }
+        std::fs::write(ws.join("src/a.py"), "x = 1  # gitleaks:allow\n").expect("test setup");
+        std::fs::write(ws.join("src/.baton/b.py"), "y\n").expect("test setup");
+        std::fs::write(ws.join(".baton/git/config"), "[core]\n").expect("test setup");
+        std::fs::write(ws.join(".gitleaksignore"), "src/a.py:r:1\nsrc/b.py:r:2")
+            .expect("test setup");
+        std::os::unix::fs::symlink("/etc/hostname", ws.join("src/link")).expect("test setup");
+        let ws = ws.canonicalize().expect("test setup");
+
+        let copied = mirror(
+            &ws,
+            &[".".to_owned()],
+            &tree,
+            Instant::now() + Duration::from_secs(60),
+            &CancelToken::new(),
+        )
+        .expect("test setup");
+        assert_eq!((copied.inline_allows, copied.ignore_files), (1, 1));
+        let read = |p: &str| std::fs::read_to_string(tree.join(p)).expect("test setup");
+        assert_eq!(read("src/a.py"), "x = 1  # gitleaks-allow\n");
+        assert_eq!(read("src/.baton/b.py"), "y\n");
+        assert_eq!(read(".gitleaksignore"), "/src/a.py:r:1\n/src/b.py:r:2");
+        assert!(!tree.join(".baton").exists());
+        assert!(std::fs::symlink_metadata(tree.join("src/link")).is_err());
+
+        let cancelled = CancelToken::new();
+        cancelled.cancel();
+        let late = mirror(&ws, &[".".to_owned()], &base.join("t2"), Instant::now(), &cancelled);
+        assert!(late.expect_err("cancelled").why.contains("cancelled"));
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
     fn messages_are_one_short_line() {
         assert_eq!(first_line("\n  first \nsecond"), "first");
         let long = "x".repeat(500);
