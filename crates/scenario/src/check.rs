@@ -1425,8 +1425,16 @@ fn params_of(uses: Uses) -> &'static [Param] {
     ];
     const SCHEMA: &[Param] = &[req("schema", Schema)];
     const JUDGE: &[Param] = &[req("rubric", Str), opt("threshold", Num), opt("model", Str)];
-    const SEMGREP: &[Param] = &[req("rules", Str), opt("severity", Str), opt("paths", StrList)];
-    const GITLEAKS: &[Param] = &[opt("config", Str), opt("paths", StrList)];
+    // `allow_suppressions`: the workspace's own suppression comments and ignore files
+    // count (they do not by default: the model writes the workspace).
+    const SEMGREP: &[Param] = &[
+        req("rules", Str),
+        opt("severity", Str),
+        opt("paths", StrList),
+        opt("allow_suppressions", Bool),
+    ];
+    const GITLEAKS: &[Param] =
+        &[opt("config", Str), opt("paths", StrList), opt("allow_suppressions", Bool)];
     const MCP: &[Param] = &[
         req("server", StrList),
         req("tool", Str),

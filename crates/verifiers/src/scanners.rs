@@ -14,8 +14,20 @@
 //! **Running.** Through [`run_program`]: no shell, a scrubbed environment, the process
 //! group killed at the timeout (`timeout_s`, default 600 s) or on cancel. Reports are
 //! written to files and read back with a size cap. `.baton/` (Baton's own repository
-//! inside a workspace) is never scanned: semgrep gets `--exclude .baton`, the default
-//! gitleaks configuration allowlists it, and findings under it are dropped in any case.
+//! inside a workspace) is never scanned: semgrep gets `--exclude /.baton` (anchored: a
+//! `.baton` directory deeper in the tree is the model's and is scanned), gitleaks' copy
+//! leaves it out (with `allow_suppressions`, the default gitleaks configuration allowlists
+//! `^\.baton/`), and findings under it are dropped in any case.
+//!
+//! **Suppressions.** The workspace is written by the model these scanners check, so nothing
+//! in it may silence them unless the scenario opts in with `allow_suppressions: true`
+//! (recorded as `details.allow_suppressions` on every outcome). Without it, semgrep runs
+//! with `--disable-nosem` (no `# nosemgrep` comments), `--x-ignore-semgrepignore-files` (no
+//! `.semgrepignore` anywhere in the tree, and none of semgrep's built-in default ignores
+//! either: `tests/` is scanned too) and `--no-git-ignore` (no `.gitignore`). gitleaks 8.16
+//! has no switch for its inline `gitleaks:allow` comments nor for the `.gitleaksignore` it
+//! reads from the scanned root (newer versions also from the working directory), so it
+//! scans a private copy of the targets instead: see [`mirror`].
 //!
 //! **Secrets.** A gitleaks outcome names the file, line and rule of a leak and nothing of
 //! the leak itself: the report's `Secret`, `Match` and `Line` fields are never read, and
@@ -52,6 +64,13 @@ const BATON_DIR: &str = ".baton";
 /// The exit code gitleaks is told to use when it finds leaks, so that a leak can be told
 /// apart from a fatal error (gitleaks 8.16 exits 1 on both by default).
 const GITLEAKS_LEAKS_EXIT: i32 = 10;
+/// The comment that makes gitleaks skip a finding on its line.
+const GITLEAKS_ALLOW: &[u8] = b"gitleaks:allow";
+/// What a `gitleaks:allow` becomes in gitleaks' copy of the workspace: as long, so that
+/// lines and columns stay where they were, and no longer an allow.
+const GITLEAKS_ALLOW_NEUTRALISED: &[u8] = b"gitleaks-allow";
+/// The file of finding fingerprints gitleaks skips.
+const GITLEAKS_IGNORE_FILE: &str = ".gitleaksignore";
 
 /// The hint an `unavailable` semgrep outcome ends with.
 const SEMGREP_INSTALL: &str = "install semgrep (`pip install semgrep`, ideally in its own \
@@ -66,14 +85,18 @@ const GITLEAKS_INSTALL: &str = "install gitleaks 8.16 or later (Debian 13: `apt-
 ///
 /// Parameters: `severity` (`INFO`, `WARNING` or `ERROR`; findings below it are counted in
 /// details but do not fail the check; default `INFO`, every finding counts) and `paths`
-/// (workspace-relative files or directories to scan; default the whole workspace).
+/// (workspace-relative files or directories to scan; default the whole workspace), and
+/// `allow_suppressions` (default false: `# nosemgrep`, `.semgrepignore` and `.gitignore`
+/// in the workspace are ignored).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Semgrep;
 
 /// Runs gitleaks over the workspace.
 ///
 /// Parameters: `paths` (workspace-relative files or directories to scan; default the whole
-/// workspace). The scenario's `config`, when it has one, replaces gitleaks' default rules.
+/// workspace) and `allow_suppressions` (default false: `gitleaks:allow` comments and
+/// `.gitleaksignore` files in the workspace are ignored). The scenario's `config`, when it
+/// has one, replaces gitleaks' default rules.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Gitleaks;
 
@@ -202,6 +225,7 @@ async fn semgrep(
         )
         .into());
     };
+    let allow_suppressions = allow_suppressions(spec, "semgrep")?;
     let workspace = workspace_root(&ctx.workspace, "semgrep")?;
     let targets = target_paths(spec, &workspace, "semgrep")?;
     let scratch = Scratch::new("semgrep")?;
@@ -222,8 +246,15 @@ async fn semgrep(
         report.display().to_string(),
         "--quiet".to_owned(),
         "--exclude".to_owned(),
-        BATON_DIR.to_owned(),
+        format!("/{BATON_DIR}"),
     ];
+    if !allow_suppressions {
+        // The workspace is the model's: none of its comments or ignore files count.
+        argv.extend(
+            ["--disable-nosem", "--x-ignore-semgrepignore-files", "--no-git-ignore"]
+                .map(str::to_owned),
+        );
+    }
     argv.extend(targets.iter().cloned());
     let env = vec![
         ("SEMGREP_SEND_METRICS".to_owned(), "off".to_owned()),
@@ -262,6 +293,7 @@ async fn semgrep(
         report.pointer("/paths/scanned").and_then(Value::as_array).map_or(0, Vec::len);
     let mut details = json!({
         "exit_code": code,
+        "allow_suppressions": allow_suppressions,
         "threshold": threshold_name,
         "paths": targets,
         "scanned_files": scanned_files,
@@ -390,7 +422,7 @@ useDefault = true
 
 [allowlist]
 description = "Baton's own files inside the workspace"
-paths = ['''(^|/)\.baton(/|$)''']
+paths = ['''^\.baton/''']
 "#;
 
 /// One leak, without the leak.
@@ -409,6 +441,7 @@ async fn gitleaks(
     started: Instant,
 ) -> Result<VerifierFinished, Unavailable> {
     let program = locate("gitleaks", "BATON_GITLEAKS", GITLEAKS_INSTALL)?;
+    let allow_suppressions = allow_suppressions(spec, "gitleaks")?;
     let workspace = workspace_root(&ctx.workspace, "gitleaks")?;
     let targets = target_paths(spec, &workspace, "gitleaks")?;
     let scratch = Scratch::new("gitleaks")?;
@@ -418,6 +451,22 @@ async fn gitleaks(
     };
     let config = scratch.write("gitleaks.toml", config_text)?;
     let deadline = Instant::now() + timeout(spec);
+
+    // Where gitleaks runs: the workspace itself when the scenario lets it suppress findings,
+    // else a copy with every suppression neutralised.
+    let (scan_root, neutralised) = if allow_suppressions {
+        (workspace.clone(), None)
+    } else {
+        let tree = scratch.path().join("tree");
+        let (from, into, targets_copy) = (workspace.clone(), tree.clone(), targets.clone());
+        let stop = cancel.clone();
+        let copied = tokio::task::spawn_blocking(move || {
+            mirror(&from, &targets_copy, &into, deadline, &stop)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("gitleaks: copying the workspace failed: {e}").into()))?;
+        (tree, Some(copied))
+    };
 
     // gitleaks 8.16 scans one source per run: one run for each target, all within the
     // verifier's timeout.
@@ -451,7 +500,7 @@ async fn gitleaks(
             )
             .into());
         }
-        let program = Program { argv, cwd: workspace.clone(), env: Vec::new(), timeout: left };
+        let program = Program { argv, cwd: scan_root.clone(), env: Vec::new(), timeout: left };
         let ran: Ran = run_program(&program, cancel).await.map_err(|e| not_run("gitleaks", &e))?;
         let stderr = clean_tail(&ran.stderr);
         match ran.code {
@@ -503,8 +552,9 @@ async fn gitleaks(
     if leaks.len() > FINDINGS_SHOWN_MAX {
         reasons.push(format!("… and {} more leaks", leaks.len() - FINDINGS_SHOWN_MAX));
     }
-    let details = json!({
+    let mut details = json!({
         "config": config_kind,
+        "allow_suppressions": allow_suppressions,
         "paths": targets,
         "findings_total": leaks.len(),
         "by_rule": by_rule,
@@ -516,6 +566,15 @@ async fn gitleaks(
         })).collect::<Vec<_>>(),
         "findings_truncated": leaks.len() > FINDINGS_SHOWN_MAX,
     });
+    if let (Some(copied), Some(map)) = (neutralised, details.as_object_mut()) {
+        map.insert(
+            "neutralised".to_owned(),
+            json!({
+                "inline_allows": copied.inline_allows,
+                "ignore_files": copied.ignore_files,
+            }),
+        );
+    }
     Ok(checked(spec, leaks.is_empty(), reasons, started, details))
 }
 
@@ -536,7 +595,175 @@ fn leak(entry: &Value, workspace: &Path) -> Option<Leak> {
     })
 }
 
+/// What [`mirror`] neutralised on the way.
+#[derive(Debug, Default)]
+struct Mirrored {
+    /// `gitleaks:allow` comments made inert.
+    inline_allows: u64,
+    /// `.gitleaksignore` files made inert.
+    ignore_files: u64,
+}
+
+/// Copies the `targets` of `workspace` into `tree`, for gitleaks to scan there instead of in
+/// the workspace, with every way the workspace has to silence gitleaks made inert.
+///
+/// Why a copy: gitleaks 8.16 has no switch for either suppression. A `gitleaks:allow`
+/// anywhere on a finding's lines drops the finding before it is reported, so no filter of
+/// the report can bring it back; and `.gitleaksignore` is read from the scanned root
+/// whatever the flags (newer versions also read one from the working directory, which here
+/// is `tree`). Changing the text gitleaks reads is the one way that works on every 8.x:
+///
+/// - every `gitleaks:allow` becomes `gitleaks-allow` (as long, so lines and columns keep);
+/// - every `.gitleaksignore` is copied with `/` before each line: gitleaks' fingerprints
+///   here start with a relative path (`src/a.py:rule:3`), so no line can match one any
+///   more, while a secret hidden in the file is still found on its own line;
+/// - `.baton/` at the workspace's root is left out; symbolic links, pipes, sockets and
+///   devices too, as gitleaks skips them in place (a target that is itself a link inside
+///   the workspace is followed: `target_paths` checked where it leads).
+///
+/// Every file is copied from the bytes that were checked, never hard-linked, so a process
+/// still writing to the workspace cannot slip a comment in after the check. Stops at the
+/// `deadline` or on cancel.
+fn mirror(
+    workspace: &Path,
+    targets: &[String],
+    tree: &Path,
+    deadline: Instant,
+    cancel: &CancelToken,
+) -> Result<Mirrored, Unavailable> {
+    let mut copied = Mirrored::default();
+    let io = |what: &str, path: &Path, e: std::io::Error| -> Unavailable {
+        format!("gitleaks: cannot {what} {} to scan it: {e}", path.display()).into()
+    };
+    for target in targets {
+        let from = workspace.join(target);
+        // Without `.` parts, which `create_dir_all` cannot make.
+        let inside: PathBuf =
+            Path::new(target).components().filter(|c| matches!(c, Component::Normal(_))).collect();
+        let into = tree.join(inside);
+        let meta = std::fs::metadata(&from).map_err(|e| io("open", &from, e))?;
+        if meta.is_file() {
+            if let Some(parent) = into.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io("copy", parent, e))?;
+            }
+            copy_neutralised(&from, &into, &mut copied)?;
+            continue;
+        }
+        // Directories still to copy: (from, into, whether it is the workspace's root).
+        let at_root = from.canonicalize().is_ok_and(|p| p == workspace);
+        let mut pending = vec![(from, into, at_root)];
+        while let Some((dir, into, at_root)) = pending.pop() {
+            if cancel.is_cancelled() {
+                return Err("gitleaks: cancelled while copying the workspace to scan it"
+                    .to_owned()
+                    .into());
+            }
+            if Instant::now() >= deadline {
+                return Err("gitleaks: timed out while copying the workspace to scan it; \
+                     raise the verifier's `timeout_s` or narrow `paths`"
+                    .to_owned()
+                    .into());
+            }
+            std::fs::create_dir_all(&into).map_err(|e| io("copy", &into, e))?;
+            let entries = std::fs::read_dir(&dir).map_err(|e| io("read", &dir, e))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| io("read", &dir, e))?;
+                let name = entry.file_name();
+                if at_root && name == BATON_DIR {
+                    continue;
+                }
+                // The entry itself, not where a link leads.
+                let kind = entry.file_type().map_err(|e| io("read", &entry.path(), e))?;
+                if kind.is_dir() {
+                    pending.push((entry.path(), into.join(&name), false));
+                } else if kind.is_file() {
+                    copy_neutralised(&entry.path(), &into.join(&name), &mut copied)?;
+                }
+            }
+        }
+    }
+    Ok(copied)
+}
+
+/// Copies one regular file for [`mirror`], its suppressions made inert.
+fn copy_neutralised(from: &Path, into: &Path, copied: &mut Mirrored) -> Result<(), Unavailable> {
+    let bytes = read_regular(from)
+        .map_err(|e| format!("gitleaks: cannot read {} to scan it: {e}", from.display()))?;
+    let (mut text, allows) = replace_all(&bytes, GITLEAKS_ALLOW, GITLEAKS_ALLOW_NEUTRALISED);
+    copied.inline_allows += allows;
+    if from.file_name() == Some(GITLEAKS_IGNORE_FILE.as_ref()) {
+        copied.ignore_files += 1;
+        let mut inert = Vec::with_capacity(text.len() + text.len() / 16 + 1);
+        for line in text.split_inclusive(|b| *b == b'\n') {
+            inert.push(b'/');
+            inert.extend_from_slice(line);
+        }
+        text = inert;
+    }
+    std::fs::write(into, &text)
+        .map_err(|e| format!("gitleaks: cannot copy {} to scan it: {e}", into.display()).into())
+}
+
+/// The bytes of a regular file, opened without waiting on a pipe that took its place.
+fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    if O_NONBLOCK != 0 {
+        options.custom_flags(O_NONBLOCK);
+    }
+    let mut file = options.open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("it is no longer a regular file"));
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// `O_NONBLOCK` where its value is known, 0 elsewhere (the directory entry was checked to
+/// be a regular file just before, so only a swap in between could still block).
+const O_NONBLOCK: i32 = if cfg!(any(target_os = "macos", target_os = "freebsd")) {
+    0x0004
+} else if cfg!(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "riscv64")
+)) {
+    0o4000
+} else {
+    0
+};
+
+/// `haystack` with every `needle` replaced by `with` (of the same length), and how many.
+fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> (Vec<u8>, u64) {
+    let mut out = Vec::with_capacity(haystack.len());
+    let mut count = 0;
+    let mut rest = haystack;
+    while let Some(at) = rest.windows(needle.len()).position(|w| w == needle) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(with);
+        rest = &rest[at + needle.len()..];
+        count += 1;
+    }
+    out.extend_from_slice(rest);
+    (out, count)
+}
+
 // ---- shared ----------------------------------------------------------------------------
+
+/// The scanner's `allow_suppressions` parameter: whether the workspace's own suppression
+/// comments and ignore files count (default: they do not).
+fn allow_suppressions(spec: &VerifierSpec, tool: &str) -> Result<bool, Unavailable> {
+    match spec.params.get("allow_suppressions") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(allow)) => Ok(*allow),
+        Some(other) => Err(format!(
+            "{tool}: `allow_suppressions` of verifier `{}` is {other}, not true or false",
+            spec.name
+        )
+        .into()),
+    }
+}
 
 /// The program to run: `$VAR` when set, else `name` on PATH.
 fn locate(name: &str, var: &str, install: &str) -> Result<PathBuf, Unavailable> {
@@ -829,6 +1056,57 @@ mod tests {
     fn colour_codes_are_dropped_from_stderr() {
         assert_eq!(clean_tail(b"\x1b[90m11:35PM\x1b[0m \x1b[31mWRN\x1b[0m x"), "11:35PM WRN x");
         assert_eq!(clean_tail(b"  \n"), "(nothing)");
+    }
+
+    #[test]
+    fn allows_are_neutralised_in_place_and_counted() {
+        let (text, n) = replace_all(
+            b"a gitleaks:allow b gitleaks:allowgitleaks:allow",
+            GITLEAKS_ALLOW,
+            GITLEAKS_ALLOW_NEUTRALISED,
+        );
+        assert_eq!(text, b"a gitleaks-allow b gitleaks-allowgitleaks-allow");
+        assert_eq!(n, 3);
+        assert_eq!(replace_all(b"gitleaks:allo", GITLEAKS_ALLOW, GITLEAKS_ALLOW_NEUTRALISED).1, 0);
+    }
+
+    #[test]
+    fn the_mirror_copies_regular_files_only_and_leaves_out_batons_own_directory() {
+        let base = std::env::temp_dir().join(format!("baton-mirror-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (ws, tree) = (base.join("ws"), base.join("tree"));
+        for dir in ["src/.baton", ".baton/git"] {
+            std::fs::create_dir_all(ws.join(dir)).expect("test setup");
+        }
+        std::fs::write(ws.join("src/a.py"), "x = 1  # gitleaks:allow\n").expect("test setup");
+        std::fs::write(ws.join("src/.baton/b.py"), "y\n").expect("test setup");
+        std::fs::write(ws.join(".baton/git/config"), "[core]\n").expect("test setup");
+        std::fs::write(ws.join(".gitleaksignore"), "src/a.py:r:1\nsrc/b.py:r:2")
+            .expect("test setup");
+        std::os::unix::fs::symlink("/etc/hostname", ws.join("src/link")).expect("test setup");
+        let ws = ws.canonicalize().expect("test setup");
+
+        let copied = mirror(
+            &ws,
+            &[".".to_owned()],
+            &tree,
+            Instant::now() + Duration::from_secs(60),
+            &CancelToken::new(),
+        )
+        .expect("test setup");
+        assert_eq!((copied.inline_allows, copied.ignore_files), (1, 1));
+        let read = |p: &str| std::fs::read_to_string(tree.join(p)).expect("test setup");
+        assert_eq!(read("src/a.py"), "x = 1  # gitleaks-allow\n");
+        assert_eq!(read("src/.baton/b.py"), "y\n");
+        assert_eq!(read(".gitleaksignore"), "/src/a.py:r:1\n/src/b.py:r:2");
+        assert!(!tree.join(".baton").exists());
+        assert!(std::fs::symlink_metadata(tree.join("src/link")).is_err());
+
+        let cancelled = CancelToken::new();
+        cancelled.cancel();
+        let late = mirror(&ws, &[".".to_owned()], &base.join("t2"), Instant::now(), &cancelled);
+        assert!(late.expect_err("cancelled").why.contains("cancelled"));
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]

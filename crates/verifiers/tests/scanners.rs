@@ -172,6 +172,7 @@ async fn semgrep_passes_a_clean_file() {
     assert!(out.reasons.is_empty(), "{:?}", out.reasons);
     assert_eq!(out.details["findings_total"], 0);
     assert_eq!(out.details["scanned_files"], 1);
+    assert_eq!(out.details["allow_suppressions"], false);
 }
 
 #[tokio::test]
@@ -301,6 +302,8 @@ async fn gitleaks_passes_a_clean_directory() {
     assert_eq!(out.score, Some(1.0));
     assert!(out.reasons.is_empty());
     assert_eq!(out.details["findings_total"], 0);
+    assert_eq!(out.details["allow_suppressions"], false);
+    assert_eq!(out.details["neutralised"], json!({"inline_allows": 0, "ignore_files": 0}));
 }
 
 #[tokio::test]
@@ -342,6 +345,136 @@ async fn gitleaks_uses_the_scenarios_config_and_paths() {
     let clean = spec(Uses::Gitleaks, json!({"paths": ["notes/todo.txt"]}), None);
     let out = run(&Gitleaks, &clean, dir.path()).await;
     assert!(out.passed, "the default rules know no BATONTEST token: {out:?}");
+}
+
+// ---- suppressions written by the model ---------------------------------------------------
+
+#[tokio::test]
+async fn gitleaks_reports_secrets_the_workspace_tries_to_silence_unless_allowed() {
+    if !with_scanners("gitleaks_reports_secrets_the_workspace_tries_to_silence_unless_allowed") {
+        return;
+    }
+    let (key, token) = (aws_key(), github_token());
+    let dir = workspace(&[
+        ("src/allowed.py", &format!("aws_key = \"{key}\"  # gitleaks:allow\n")),
+        ("src/ignored.py", &format!("token = \"{token}\"\n")),
+        // The fingerprint of the finding above; its second line hides a secret of its own.
+        (".gitleaksignore", &format!("src/ignored.py:github-pat:1\n{token}\n")),
+        // Only the workspace's own `.baton/` is Baton's; this one is the model's.
+        ("src/.baton/hidden.py", &format!("aws_key = \"{key}\"\n")),
+        (".baton/git/objects/leak", &format!("aws_key = \"{key}\"\n")),
+    ]);
+
+    let out = run(&Gitleaks, &spec(Uses::Gitleaks, json!({}), None), dir.path()).await;
+    assert!(!out.passed, "{out:?}");
+    assert_eq!(
+        out.reasons,
+        vec![
+            ".gitleaksignore:2: github-pat (GitHub Personal Access Token)",
+            "src/.baton/hidden.py:1: aws-access-token (AWS)",
+            "src/allowed.py:1: aws-access-token (AWS)",
+            "src/ignored.py:1: github-pat (GitHub Personal Access Token)",
+        ]
+    );
+    assert_eq!(out.details["allow_suppressions"], false);
+    assert_eq!(out.details["neutralised"], json!({"inline_allows": 1, "ignore_files": 1}));
+    let serialized = serde_json::to_string(&out).expect("the outcome serializes");
+    assert!(!serialized.contains(&key[4..]) && !serialized.contains(&token[4..]), "{serialized}");
+
+    let allowing = spec(Uses::Gitleaks, json!({"allow_suppressions": true}), None);
+    let out = run(&Gitleaks, &allowing, dir.path()).await;
+    assert!(!out.passed, "{out:?}");
+    assert_eq!(
+        out.reasons,
+        vec![
+            ".gitleaksignore:2: github-pat (GitHub Personal Access Token)",
+            "src/.baton/hidden.py:1: aws-access-token (AWS)",
+        ],
+        "with the opt-in, the comment and the ignore file suppress their findings"
+    );
+    assert_eq!(out.details["allow_suppressions"], true);
+    assert!(out.details.get("neutralised").is_none(), "{:?}", out.details);
+}
+
+#[tokio::test]
+async fn gitleaks_ignores_a_gitleaksignore_in_a_scanned_directory() {
+    if !with_scanners("gitleaks_ignores_a_gitleaksignore_in_a_scanned_directory") {
+        return;
+    }
+    let key = aws_key();
+    let dir = workspace(&[
+        ("src/app.py", &format!("aws_key = \"{key}\"\n")),
+        // gitleaks reads the ignore file of the directory it scans.
+        ("src/.gitleaksignore", "src/app.py:aws-access-token:1\n"),
+    ]);
+    let only_src = spec(Uses::Gitleaks, json!({"paths": ["src"]}), None);
+    let out = run(&Gitleaks, &only_src, dir.path()).await;
+    assert_eq!(out.reasons, vec!["src/app.py:1: aws-access-token (AWS)"], "{out:?}");
+
+    let allowing =
+        spec(Uses::Gitleaks, json!({"paths": ["src"], "allow_suppressions": true}), None);
+    let out = run(&Gitleaks, &allowing, dir.path()).await;
+    assert!(out.passed, "the opt-in lets the ignore file work: {out:?}");
+}
+
+#[tokio::test]
+async fn semgrep_reports_findings_the_workspace_tries_to_silence_unless_allowed() {
+    if !with_scanners("semgrep_reports_findings_the_workspace_tries_to_silence_unless_allowed") {
+        return;
+    }
+    let dir = workspace(&[
+        ("app/nosem.py", "def run(user_input):\n    return eval(user_input)  # nosemgrep\n"),
+        ("app/listed.py", EVAL_APP),
+        ("tests/helper.py", EVAL_APP),
+        (".semgrepignore", "app/listed.py\ntests/\n"),
+        ("app/untracked.py", EVAL_APP),
+        (".gitignore", "app/untracked.py\n"),
+        // Only the workspace's own `.baton/` is Baton's; this one is the model's.
+        ("lib/.baton/x.py", EVAL_APP),
+        (".baton/snapshot/main.py", EVAL_APP),
+    ]);
+    // A git repository, so that semgrep would honour the `.gitignore`.
+    let git = Command::new("git").args(["init", "-q"]).current_dir(dir.path()).status();
+    assert!(git.is_ok_and(|s| s.success()), "git init works");
+
+    let params = json!({"rules": "rules/security.yaml"});
+    let out = run(&Semgrep, &semgrep_spec(params, &security_rules()), dir.path()).await;
+    assert!(!out.passed, "{out:?}");
+    let mut paths: Vec<&str> = out.details["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter_map(|f| f["path"].as_str())
+        .collect();
+    paths.sort_unstable();
+    assert_eq!(
+        paths,
+        vec![
+            "app/listed.py",
+            "app/nosem.py",
+            "app/untracked.py",
+            "lib/.baton/x.py",
+            "tests/helper.py"
+        ],
+        "{out:?}"
+    );
+    assert_eq!(out.details["allow_suppressions"], false);
+
+    let params = json!({"rules": "rules/security.yaml", "allow_suppressions": true});
+    let out = run(&Semgrep, &semgrep_spec(params, &security_rules()), dir.path()).await;
+    assert!(!out.passed, "{out:?}");
+    let paths: Vec<&str> = out.details["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter_map(|f| f["path"].as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        vec!["lib/.baton/x.py"],
+        "with the opt-in, the comment and the ignore files suppress their findings: {out:?}"
+    );
+    assert_eq!(out.details["allow_suppressions"], true);
 }
 
 // ---- missing tools ---------------------------------------------------------------------

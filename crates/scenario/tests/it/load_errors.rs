@@ -91,3 +91,32 @@ fn an_overrides_directory_holding_a_scenario_file_is_an_error() {
     assert_eq!(tenants[0].0, "acme");
     assert_eq!(tenants[0].1[0].scenario_id, "qa");
 }
+
+/// A scan level whose scanners take `allow_suppressions: {value}`.
+fn scanners_allowing(value: &str) -> String {
+    format!(
+        "id: scan\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      \
+         - name: secrets\n        uses: gitleaks\n        params: {{allow_suppressions: {value}}}\n      \
+         - name: code\n        uses: semgrep\n        params: {{rules: rules/r.yaml, allow_suppressions: {value}}}\n"
+    )
+}
+
+#[test]
+fn scanners_take_allow_suppressions_as_true_or_false_and_nothing_else() {
+    let dir = TempDir::new("load-errors-suppressions");
+    dir.write("rules/r.yaml", "rules: []\n");
+    for value in ["true", "false"] {
+        let path = dir.write("scan.yaml", &scanners_allowing(value));
+        assert_eq!(load(&path), "", "allow_suppressions: {value}");
+    }
+    let path = dir.write("scan.yaml", &scanners_allowing("yes please"));
+    let rendered = load(&path);
+    for verifier in ["secrets", "code"] {
+        assert!(
+            rendered.contains(&format!(
+                "error[wrong-type]: parameter `allow_suppressions` of verifier `{verifier}` must be true or false"
+            )),
+            "{rendered}"
+        );
+    }
+}
