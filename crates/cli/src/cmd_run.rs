@@ -26,6 +26,7 @@ use baton_workspace::LocalWorkspaces;
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
+use crate::escape;
 use crate::limits::DATA_BYTES_MAX;
 use crate::out::outln;
 use crate::timeline;
@@ -542,10 +543,11 @@ async fn drive(
         }
     } else if let Outcome::Interrupted(reason) = &outcome {
         outln!(
-            "interrupted: run {run_id} stopped without ending ({reason}); nothing is lost — continue it with `baton resume {run_id}`"
+            "interrupted: run {run_id} stopped without ending ({}); nothing is lost — continue it with `baton resume {run_id}`",
+            escape::one_line(reason)
         )?;
     } else if let Some(output) = &state.final_output {
-        outln!("output:\n{output}")?;
+        outln!("output:\n{}", escape::terminal_safe(output, escape::Layout::Block))?;
     }
     Ok(exit_code(&outcome))
 }
@@ -588,14 +590,14 @@ fn waiting_lines(state: &baton_engine::RunState, run_id: &str) -> Vec<String> {
     state
         .open_approvals()
         .map(|p| {
-            format!(
+            escape::one_line(&format!(
                 "approval {} (level `{}`, role {}): {} — `baton approve {run_id} --request {}`",
                 p.request.request_id,
                 p.level_id,
                 p.request.approver_role,
                 baton_engine::exec::summary(&p.request.question),
                 p.request.request_id
-            )
+            ))
         })
         .collect()
 }
@@ -744,7 +746,8 @@ async fn continue_run(
     let state = probe.state(run_id).await?;
     if let Err(e) = run_scenario(place, &probe, &state, run_id).await {
         eprintln!(
-            "the run is not continued here: {e:#}; continue it with `baton resume {run_id}` once that is fixed"
+            "the run is not continued here: {}; continue it with `baton resume {run_id}` once that is fixed",
+            escape::terminal_safe(&format!("{e:#}"), escape::Layout::Block)
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -765,7 +768,7 @@ pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow:
     outln!(
         "{} request {} of run {run_id}",
         if decided.approved { "approved" } else { "rejected" },
-        decided.request_id
+        escape::one_line(&decided.request_id)
     )?;
     if d.no_resume {
         return Ok(ExitCode::SUCCESS);
@@ -950,7 +953,7 @@ pub(crate) async fn runs(
     for (r, totals, waiting, requests) in rows {
         let waits: Vec<String> =
             waiting.iter().map(|w| format!("{} ({})", w.level_id, w.wants)).collect();
-        outln!(
+        let row = format!(
             "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  {}",
             r.run_id,
             r.status,
@@ -960,9 +963,10 @@ pub(crate) async fn runs(
             human_duration(totals.duration_ms),
             r.updated_at.format("%Y-%m-%d %H:%M:%S"),
             waits.join(", ")
-        )?;
+        );
+        outln!("{}", escape::one_line(&row))?;
         if !requests.is_empty() {
-            outln!("    waits for approval: {}", requests.join(", "))?;
+            outln!("    waits for approval: {}", escape::one_line(&requests.join(", ")))?;
         }
         if r.status == INTERRUPTED {
             outln!("    no process drives it; continue it with `baton resume {}`", r.run_id)?;
