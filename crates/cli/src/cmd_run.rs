@@ -13,6 +13,7 @@ use baton_engine::clock::SystemClock;
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::pinning::Upgrade;
+use baton_engine::redact::Redactor;
 use baton_engine::runner::Runtime;
 use baton_engine::store::EventStore;
 use baton_engine::verifier::Verifiers;
@@ -206,7 +207,25 @@ fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Registry)
         Arc::new(ScriptedModel::default()),
         registry,
         workspace_setup(place, None, None),
+        redactor(place),
     )
+}
+
+/// The variables that hold model providers' keys wherever a configuration names them.
+const WELL_KNOWN_KEY_VARIABLES: [&str; 2] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"];
+
+/// A redactor for every key this process can read: the values of the variables the
+/// provider configuration names (`api_key_env`) and of the well-known key variables,
+/// whichever model this run uses (a verifier's program can print the environment it was
+/// started from). A configuration that does not load adds nothing here; the command that
+/// needs its models reports why.
+fn redactor(place: &Place) -> Redactor {
+    let mut names: Vec<String> = WELL_KNOWN_KEY_VARIABLES.iter().map(|&n| n.to_owned()).collect();
+    let file = place.config.clone().unwrap_or_else(|| PathBuf::from("baton.toml"));
+    if let Ok(config) = Config::from_file(&file) {
+        names.extend(config.providers.iter().filter_map(|p| p.api_key_env.clone()));
+    }
+    Redactor::new(names.iter().filter_map(|n| std::env::var(n).ok()))
 }
 
 fn engine(
@@ -214,6 +233,7 @@ fn engine(
     model: Arc<dyn ModelProvider>,
     registry: &Registry,
     workspaces: WorkspaceSetup,
+    redactor: Redactor,
 ) -> Engine {
     let catalog: Vec<Value> = registry
         .scenarios()
@@ -230,6 +250,7 @@ fn engine(
             workspace: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
             workspaces: Some(workspaces),
             catalog: Arc::new(Value::Array(catalog)),
+            redactor,
         }),
         Arc::new(SystemClock),
     )
@@ -379,8 +400,13 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         &scenario,
     )?;
     let store = open_store(place)?;
-    let engine =
-        engine(store, model, &registry, workspace_setup(place, args.workspace, args.branch));
+    let engine = engine(
+        store,
+        model,
+        &registry,
+        workspace_setup(place, args.workspace, args.branch),
+        redactor(place),
+    );
     let mut metadata = Map::new();
     for (k, v) in args.meta {
         metadata.insert(k, Value::String(v));
@@ -427,7 +453,8 @@ pub(crate) async fn resume(
         (scenario, registry)
     };
     let model = recorded_model(state.model_source.as_deref(), script, place.config.as_deref())?;
-    let engine = engine(store, model, &registry, workspace_setup(place, None, None));
+    let engine =
+        engine(store, model, &registry, workspace_setup(place, None, None), redactor(place));
     // Show the decision or answer that led here, then what follows.
     let from = state.last_seq.saturating_sub(1);
     drive(&engine, run_id, &scenario, json, from, None).await

@@ -137,3 +137,110 @@ fn ordinary_names_and_summaries_print_unchanged() {
     let timeline = text(&case.baton(&["events", &run]).stdout);
     assert!(timeline.contains("tool      write: write_file notes/ünïcode – ok.txt"), "{timeline}");
 }
+
+/// The key the tests configure; it must appear nowhere a run leaves text.
+const KEY: &str = "test-key-1f2e3d4c5b6a79880011";
+
+/// Asserts that `needle` is in none of the outputs nor in any byte of the database files.
+fn nowhere(case: &Case, needle: &str, outputs: &[&Output]) {
+    for out in outputs {
+        let raw = bytes(out);
+        assert!(
+            !raw.windows(needle.len()).any(|w| w == needle.as_bytes()),
+            "{needle} was printed: {}",
+            text(&raw)
+        );
+    }
+    for entry in std::fs::read_dir(&case.dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("runs.db") && path.is_file() {
+            let stored = std::fs::read(&path).unwrap();
+            assert!(
+                !stored.windows(needle.len()).any(|w| w == needle.as_bytes()),
+                "{needle} is stored in {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_provider_error_body_holding_the_key_is_redacted_before_it_is_recorded_or_printed() {
+    fn echo_the_key(_: usize, stream: &mut std::net::TcpStream) {
+        super::faults::respond(
+            stream,
+            "400 Bad Request",
+            &format!(
+                r#"{{"error":{{"message":"invalid request for key {KEY}; header was Bearer {KEY}"}}}}"#
+            ),
+        );
+    }
+    let server = super::faults::Server::start(echo_the_key);
+    let scenario = "id: t\nversion: 1\nlevels:\n  - id: answer\n    kind: prompt\n    prompt: {inline: 'Answer {{ input }}'}\n    model: {allow: ['free:*']}\n    terminal: true\n";
+    let case = Case::new("http-key", scenario, "levels: {}\n");
+    std::fs::write(
+        case.dir.join("baton.toml"),
+        format!(
+            "[routing]\ndefault = \"free:local/m\"\n\n[[providers]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\napi_key_env = \"BATON_UNTRUSTED_TEST_KEY\"\ntier = \"free\"\nstream = false\n\n[[providers.models]]\nname = \"m\"\ninput_usd_per_mtok = 1.0\noutput_usd_per_mtok = 2.0\n",
+            server.port
+        ),
+    )
+    .unwrap();
+    let with_key = |args: &[&str]| {
+        case.command(&["--config", case.dir.join("baton.toml").to_str().unwrap()])
+            .args(args)
+            .env("BATON_UNTRUSTED_TEST_KEY", KEY)
+            .output()
+            .unwrap()
+    };
+    let out = with_key(&["run", "t", "--input", "x"]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = text(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("run "))
+        .unwrap_or_default()
+        .to_owned();
+    let events = with_key(&["events", &run, "--json"]);
+    let timeline = with_key(&["events", &run]);
+    nowhere(&case, KEY, &[&out, &events, &timeline]);
+    // The error is kept, with the key taken out.
+    let log = text(&events.stdout);
+    let failed = log.lines().find(|l| l.contains("\"level_finished\"")).unwrap();
+    assert!(failed.contains("invalid request for key [redacted]"), "{failed}");
+    assert!(failed.contains("Bearer [redacted]"), "{failed}");
+    assert!(text(&out.stdout).contains("[redacted]"), "{}", text(&out.stdout));
+}
+
+#[test]
+fn secrets_a_verifier_prints_are_redacted_and_its_ordinary_output_kept() {
+    // The program prints what it could have read from Baton's environment (a file stands
+    // in for `/proc/<pid>/environ`, so the scenario, which the store keeps, holds no key),
+    // an `sk-` shaped key nobody configured, and an ordinary line.
+    let case = Case::new("verifier-key", "", "levels: {}\n");
+    let leak = case.dir.join("leak");
+    let leaked = format!("OPENAI_API_KEY={KEY}\ntoken sk-ant-api03-abcdefghijklmnopqrstuvwxyz\n");
+    std::fs::write(&leak, leaked).unwrap();
+    let scenario = format!(
+        "id: t\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      - {{name: leaky, uses: command, params: {{argv: [sh, -c, 'echo ordinary output 42; cat {} >&2; exit 1']}}}}\n    terminal: true\n",
+        leak.display()
+    );
+    std::fs::write(case.dir.join("scenarios/t.yaml"), scenario).unwrap();
+    let out =
+        case.command(&["run", "t", "--input", "x"]).env("OPENAI_API_KEY", KEY).output().unwrap();
+    assert!(out.status.code().is_some(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = text(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("run "))
+        .unwrap_or_default()
+        .to_owned();
+    let events = case.baton(&["events", &run, "--json"]);
+    let timeline = case.baton(&["events", &run]);
+    nowhere(&case, KEY, &[&out, &events, &timeline]);
+    nowhere(&case, "abcdefghijklmnopqrstuvwxyz", &[&out, &events, &timeline]);
+    let log = text(&events.stdout);
+    let finished = log.lines().find(|l| l.contains("\"verifier_finished\"")).unwrap();
+    assert!(finished.contains("OPENAI_API_KEY=[redacted]"), "{finished}");
+    assert!(finished.contains("token [redacted]"), "{finished}");
+    // Positive control: what is not a secret is kept as it was.
+    assert!(finished.contains("ordinary output 42"), "{finished}");
+}
