@@ -244,3 +244,21 @@ fn secrets_a_verifier_prints_are_redacted_and_its_ordinary_output_kept() {
     // Positive control: what is not a secret is kept as it was.
     assert!(finished.contains("ordinary output 42"), "{finished}");
 }
+
+#[test]
+fn a_verifiers_output_reaches_the_terminal_escaped() {
+    // `printf` writes the raw bytes; the scenario holds only their octal spelling.
+    let scenario = "id: t\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      - {name: loud, uses: command, params: {argv: [sh, -c, 'printf \"bad\\033]0;pwned\\007\\r#99 forged\\n\" >&2; exit 1']}}\n    terminal: true\n";
+    let case = Case::new("verifier-escape", scenario, "levels: {}\n");
+    let (out, _) = case.run();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let raw = bytes(&out);
+    for forbidden in [b"\x1b", b"\x07", b"\r"] {
+        assert!(!raw.windows(1).any(|w| w == forbidden), "{forbidden:?}: {}", text(&raw));
+    }
+    let stdout = text(&out.stdout);
+    // The level's output (the run's) quotes the program's stderr: escaped, its `\r` too.
+    assert!(stdout.contains("verifier  check/loud: FAILED"), "{stdout}");
+    assert!(stdout.contains("bad\\x1b]0;pwned\\x07\\r#99 forged"), "{stdout}");
+    assert!(!stdout.lines().any(|l| l.starts_with("#99")), "a forged line: {stdout}");
+}
