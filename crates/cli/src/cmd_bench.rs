@@ -138,6 +138,7 @@ fn engine(store: Arc<dyn EventStore>) -> Engine {
             workspace: PathBuf::from("."),
             workspaces: None,
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+            redactor: baton_engine::redact::Redactor::default(),
         }),
         Arc::new(SystemClock),
     )

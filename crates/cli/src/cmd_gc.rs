@@ -13,11 +13,11 @@
 //! A directory that holds another database's lock directory (`OTHER.locks`) is refused:
 //! whose workspaces are whose could not be told.
 
-#![allow(clippy::print_stdout)]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use crate::out::outln;
 
 use anyhow::bail;
 use baton_engine::state::fold;
@@ -113,7 +113,7 @@ pub(crate) async fn gc(place: &Place, dry_run: bool) -> anyhow::Result<ExitCode>
     }
 
     if leftovers.is_empty() {
-        println!("nothing to remove");
+        outln!("nothing to remove")?;
         return Ok(ExitCode::SUCCESS);
     }
     let verb = if dry_run { "would remove" } else { "removed" };
@@ -122,12 +122,14 @@ pub(crate) async fn gc(place: &Place, dry_run: bool) -> anyhow::Result<ExitCode>
         if !dry_run && let Err(e) = remove(&leftover.path) {
             #[allow(clippy::print_stderr)]
             {
-                eprintln!("error: cannot remove {}: {e}", leftover.path.display());
+                let path = crate::escape::one_line(&leftover.path.display().to_string());
+                eprintln!("error: cannot remove {path}: {e}");
             }
             failed = true;
             continue;
         }
-        println!("{verb} {} ({})", leftover.path.display(), leftover.why);
+        let path = crate::escape::one_line(&leftover.path.display().to_string());
+        outln!("{verb} {path} ({})", crate::escape::one_line(&leftover.why))?;
     }
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

@@ -13,6 +13,7 @@ use baton_engine::clock::SystemClock;
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::pinning::Upgrade;
+use baton_engine::redact::Redactor;
 use baton_engine::runner::Runtime;
 use baton_engine::store::EventStore;
 use baton_engine::verifier::Verifiers;
@@ -26,6 +27,7 @@ use baton_workspace::LocalWorkspaces;
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
+use crate::escape;
 use crate::limits::DATA_BYTES_MAX;
 use crate::out::outln;
 use crate::timeline;
@@ -205,7 +207,25 @@ fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Registry)
         Arc::new(ScriptedModel::default()),
         registry,
         workspace_setup(place, None, None),
+        redactor(place),
     )
+}
+
+/// The variables that hold model providers' keys wherever a configuration names them.
+const WELL_KNOWN_KEY_VARIABLES: [&str; 2] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"];
+
+/// A redactor for every key this process can read: the values of the variables the
+/// provider configuration names (`api_key_env`) and of the well-known key variables,
+/// whichever model this run uses (a verifier's program can print the environment it was
+/// started from). A configuration that does not load adds nothing here; the command that
+/// needs its models reports why.
+fn redactor(place: &Place) -> Redactor {
+    let mut names: Vec<String> = WELL_KNOWN_KEY_VARIABLES.iter().map(|&n| n.to_owned()).collect();
+    let file = place.config.clone().unwrap_or_else(|| PathBuf::from("baton.toml"));
+    if let Ok(config) = Config::from_file(&file) {
+        names.extend(config.providers.iter().filter_map(|p| p.api_key_env.clone()));
+    }
+    Redactor::new(names.iter().filter_map(|n| std::env::var(n).ok()))
 }
 
 fn engine(
@@ -213,6 +233,7 @@ fn engine(
     model: Arc<dyn ModelProvider>,
     registry: &Registry,
     workspaces: WorkspaceSetup,
+    redactor: Redactor,
 ) -> Engine {
     let catalog: Vec<Value> = registry
         .scenarios()
@@ -229,6 +250,7 @@ fn engine(
             workspace: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
             workspaces: Some(workspaces),
             catalog: Arc::new(Value::Array(catalog)),
+            redactor,
         }),
         Arc::new(SystemClock),
     )
@@ -378,8 +400,13 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         &scenario,
     )?;
     let store = open_store(place)?;
-    let engine =
-        engine(store, model, &registry, workspace_setup(place, args.workspace, args.branch));
+    let engine = engine(
+        store,
+        model,
+        &registry,
+        workspace_setup(place, args.workspace, args.branch),
+        redactor(place),
+    );
     let mut metadata = Map::new();
     for (k, v) in args.meta {
         metadata.insert(k, Value::String(v));
@@ -426,7 +453,8 @@ pub(crate) async fn resume(
         (scenario, registry)
     };
     let model = recorded_model(state.model_source.as_deref(), script, place.config.as_deref())?;
-    let engine = engine(store, model, &registry, workspace_setup(place, None, None));
+    let engine =
+        engine(store, model, &registry, workspace_setup(place, None, None), redactor(place));
     // Show the decision or answer that led here, then what follows.
     let from = state.last_seq.saturating_sub(1);
     drive(&engine, run_id, &scenario, json, from, None).await
@@ -542,10 +570,11 @@ async fn drive(
         }
     } else if let Outcome::Interrupted(reason) = &outcome {
         outln!(
-            "interrupted: run {run_id} stopped without ending ({reason}); nothing is lost — continue it with `baton resume {run_id}`"
+            "interrupted: run {run_id} stopped without ending ({}); nothing is lost — continue it with `baton resume {run_id}`",
+            escape::one_line(reason)
         )?;
     } else if let Some(output) = &state.final_output {
-        outln!("output:\n{output}")?;
+        outln!("output:\n{}", escape::terminal_safe(output, escape::Layout::Block))?;
     }
     Ok(exit_code(&outcome))
 }
@@ -591,14 +620,14 @@ fn waiting_lines(state: &baton_engine::RunState, run_id: &str) -> Vec<String> {
             let deadline = p.request.deadline.map_or(String::new(), |d| {
                 format!(" (decide by {}, or it times out)", d.format("%Y-%m-%d %H:%M:%S UTC"))
             });
-            format!(
+            escape::one_line(&format!(
                 "approval {} (level `{}`, role {}): {} — `baton approve {run_id} --request {}`{deadline}",
                 p.request.request_id,
                 p.level_id,
                 p.request.approver_role,
                 baton_engine::exec::summary(&p.request.question),
                 p.request.request_id
-            )
+            ))
         })
         .collect()
 }
@@ -747,7 +776,8 @@ async fn continue_run(
     let state = probe.state(run_id).await?;
     if let Err(e) = run_scenario(place, &probe, &state, run_id).await {
         eprintln!(
-            "the run is not continued here: {e:#}; continue it with `baton resume {run_id}` once that is fixed"
+            "the run is not continued here: {}; continue it with `baton resume {run_id}` once that is fixed",
+            escape::terminal_safe(&format!("{e:#}"), escape::Layout::Block)
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -768,7 +798,7 @@ pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow:
     outln!(
         "{} request {} of run {run_id}",
         if decided.approved { "approved" } else { "rejected" },
-        decided.request_id
+        escape::one_line(&decided.request_id)
     )?;
     if d.no_resume {
         return Ok(ExitCode::SUCCESS);
@@ -953,7 +983,7 @@ pub(crate) async fn runs(
     for (r, totals, waiting, requests) in rows {
         let waits: Vec<String> =
             waiting.iter().map(|w| format!("{} ({})", w.level_id, w.wants)).collect();
-        outln!(
+        let row = format!(
             "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  {}",
             r.run_id,
             r.status,
@@ -963,9 +993,10 @@ pub(crate) async fn runs(
             human_duration(totals.duration_ms),
             r.updated_at.format("%Y-%m-%d %H:%M:%S"),
             waits.join(", ")
-        )?;
+        );
+        outln!("{}", escape::one_line(&row))?;
         if !requests.is_empty() {
-            outln!("    waits for approval: {}", requests.join(", "))?;
+            outln!("    waits for approval: {}", escape::one_line(&requests.join(", ")))?;
         }
         if r.status == INTERRUPTED {
             outln!("    no process drives it; continue it with `baton resume {}`", r.run_id)?;

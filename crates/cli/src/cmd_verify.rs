@@ -14,6 +14,7 @@ use baton_engine::store::{Error, EventStore};
 use baton_store::SqliteStore;
 use serde_json::json;
 
+use crate::escape;
 use crate::out::outln;
 
 /// What `verify` found about one run.
@@ -73,9 +74,11 @@ pub(crate) async fn verify(db: &Path, named: &[String], json: bool) -> anyhow::R
         for (id, f) in &findings {
             match f {
                 Finding::Damaged { seq: Some(seq), problem } => {
-                    outln!("damaged: run {id} at event {seq}: {problem}")?;
+                    outln!("damaged: run {id} at event {seq}: {}", escape::one_line(problem))?;
                 }
-                Finding::Damaged { seq: None, problem } => outln!("damaged: run {id}: {problem}")?,
+                Finding::Damaged { seq: None, problem } => {
+                    outln!("damaged: run {id}: {}", escape::one_line(problem))?;
+                }
                 Finding::Intact { .. } => {}
             }
         }

@@ -10,6 +10,7 @@ mod cmd_graph;
 mod cmd_run;
 mod cmd_validate;
 mod cmd_verify;
+mod escape;
 mod limits;
 mod out;
 mod timeline;
@@ -427,7 +428,10 @@ fn main() -> ExitCode {
         Err(e) => {
             #[allow(clippy::print_stderr)]
             {
-                eprintln!("error: {e:#}");
+                eprintln!(
+                    "error: {}",
+                    escape::terminal_safe(&format!("{e:#}"), escape::Layout::Block)
+                );
             }
             ExitCode::from(1)
         }

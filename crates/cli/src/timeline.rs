@@ -1,8 +1,13 @@
-//! Printing a run's events as a timeline: one line per event worth reading.
+//! Printing a run's events as a timeline: one line per event worth reading. Every line
+//! goes through [`escape::one_line`]: names, summaries and reasons come from models, tools
+//! and files, and a control character in them must not reach the terminal raw.
 
 use baton_engine::event::{Event, EventData};
 
-/// The line for an event, or `None` for events the timeline leaves out.
+use crate::escape;
+
+/// The line for an event, or `None` for events the timeline leaves out; control
+/// characters in it are escaped.
 pub(crate) fn line(e: &Event) -> Option<String> {
     let level = e.level_id.as_deref().unwrap_or("");
     let attempt = e.attempt.unwrap_or(0);
@@ -186,7 +191,7 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             return None;
         }
     };
-    Some(format!("#{:<4} {text}", e.seq))
+    Some(format!("#{:<4} {}", e.seq, escape::one_line(&text)))
 }
 
 fn preview(text: &str, max: usize) -> String {

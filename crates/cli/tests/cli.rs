@@ -9,6 +9,7 @@ mod faults;
 mod pinning;
 mod reads;
 mod timeouts;
+mod untrusted;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

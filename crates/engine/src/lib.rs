@@ -19,6 +19,7 @@ pub mod limits;
 pub mod model;
 pub mod pinning;
 pub mod plan;
+pub mod redact;
 pub mod render;
 pub mod reservation;
 pub mod runner;

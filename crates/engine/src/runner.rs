@@ -49,6 +49,9 @@ pub struct Runtime {
     pub workspaces: Option<crate::workspace::WorkspaceSetup>,
     /// The scenarios the intent classifier may choose from (`catalog` in templates).
     pub catalog: Arc<Value>,
+    /// Takes the secrets the process knows, and key-shaped tokens, out of provider errors,
+    /// verifier outcomes and MCP results before they are recorded.
+    pub redactor: crate::redact::Redactor,
 }
 
 /// One attempt of one level, with everything it reads.
@@ -787,7 +790,9 @@ impl Calls<'_> {
         // Every HTTP-level retry the client made is recorded, whatever the call's outcome,
         // and so is what a call cut short spent.
         let progress = self.run.cancel.progress();
-        for retry in progress.take_retries(&request.level_id, request.call_index) {
+        let redactor = &self.run.runtime.redactor;
+        for mut retry in progress.take_retries(&request.level_id, request.call_index) {
+            redactor.redact_in_place(&mut retry.reason);
             events.push(self.run.event(EventData::ProviderRetry(retry)));
         }
         let mut cut_usd = 0.0;
@@ -805,14 +810,16 @@ impl Calls<'_> {
             Ok(r) => r,
             Err(ModelError::Cancelled) => return Err(Stop::Halted),
             Err(e @ ModelError::Unavailable { .. }) => {
-                return Err(Stop::Interrupted(e.to_string()));
+                return Err(Stop::Interrupted(redactor.redact(&e.to_string()).into_owned()));
             }
-            Err(e) => return Err(Stop::Failed(e.to_string())),
+            Err(e) => return Err(Stop::Failed(redactor.redact(&e.to_string()).into_owned())),
         };
-        for failover in std::mem::take(&mut reply.failovers) {
+        for mut failover in std::mem::take(&mut reply.failovers) {
+            redactor.redact_in_place(&mut failover.reason);
             events.push(self.run.event(EventData::ProviderFailover(failover)));
         }
-        if let Some(routing) = reply.routing.take() {
+        if let Some(mut routing) = reply.routing.take() {
+            routing.failovers.iter_mut().for_each(|f| redactor.redact_in_place(f));
             events.push(self.run.event(EventData::RoutingDecision(routing)));
         }
         if reply.text.len() > limits::MODEL_TEXT_BYTES_MAX {
@@ -964,7 +971,10 @@ async fn run_verifiers(
             outcomes = slots;
         }
     }
-    for outcome in &outcomes {
+    // What a verifier saw is outside text (a program's output, an MCP result): secrets
+    // go before it is recorded or fed back to a model.
+    for outcome in &mut outcomes {
+        run.runtime.redactor.redact_outcome(outcome);
         events.push(run.event(EventData::VerifierFinished(outcome.clone())));
     }
     outcomes

@@ -660,6 +660,7 @@ async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
             workspace: PathBuf::from("."),
             workspaces: None,
             catalog: Arc::new(json!([])),
+            redactor: baton_engine::redact::Redactor::default(),
         }),
         Arc::new(baton_engine::clock::SystemClock),
     );

@@ -64,6 +64,7 @@ async fn run_opened(
             workspace: dir.to_path_buf(),
             workspaces: Some(WorkspaceSetup { opener, dir: None, branch: None }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+            redactor: baton_engine::redact::Redactor::default(),
         }),
         Arc::new(SystemClock),
     );
@@ -469,6 +470,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
             workspace: dir.path().to_path_buf(),
             workspaces: Some(WorkspaceSetup { opener, dir: None, branch: None }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+            redactor: baton_engine::redact::Redactor::default(),
         }),
         Arc::new(SystemClock),
     );
@@ -500,6 +502,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
                 branch: None,
             }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+            redactor: baton_engine::redact::Redactor::default(),
         }),
         Arc::new(SystemClock),
     );

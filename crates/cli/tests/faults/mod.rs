@@ -15,16 +15,16 @@ use std::time::{Duration, Instant};
 use super::text;
 
 /// How the server answers its `n`-th request (from 0).
-type Behaviour = fn(usize, &mut TcpStream);
+pub(super) type Behaviour = fn(usize, &mut TcpStream);
 
 /// A model server speaking OpenAI's Chat Completions on 127.0.0.1.
-struct Server {
-    port: u16,
+pub(super) struct Server {
+    pub(super) port: u16,
     requests: Arc<AtomicUsize>,
 }
 
 impl Server {
-    fn start(behaviour: Behaviour) -> Server {
+    pub(super) fn start(behaviour: Behaviour) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(AtomicUsize::new(0));
@@ -71,7 +71,7 @@ fn read_request(stream: &mut TcpStream) -> Option<()> {
     Some(())
 }
 
-fn respond(stream: &mut TcpStream, status: &str, body: &str) {
+pub(super) fn respond(stream: &mut TcpStream, status: &str, body: &str) {
     let _ = write!(
         stream,
         "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

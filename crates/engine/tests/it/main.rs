@@ -141,6 +141,7 @@ pub fn engine_on(store: Arc<dyn EventStore>, model: impl ModelProvider + 'static
             workspace: PathBuf::from("."),
             workspaces: None,
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+            redactor: baton_engine::redact::Redactor::default(),
         }),
         Arc::new(SystemClock),
     )
