@@ -135,7 +135,7 @@ impl Case {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
+        let mut c = super::baton_command();
         c.arg("--scenarios")
             .arg(self.dir.join("scenarios"))
             .arg("--db")
@@ -143,10 +143,7 @@ impl Case {
             .arg("--config")
             .arg(self.dir.join("baton.toml"))
             .args(args)
-            .current_dir(&self.dir)
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("OPENAI_BASE_URL");
+            .current_dir(&self.dir);
         c
     }
 

@@ -26,17 +26,13 @@ impl Case {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
+        let mut c = super::baton_command();
         c.arg("--scenarios")
             .arg(self.dir.join("scenarios"))
             .arg("--db")
             .arg(self.dir.join("runs.db"))
             .args(args)
-            .current_dir(&self.dir)
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("OPENAI_BASE_URL")
-            .env_remove("BATON_CONFIG");
+            .current_dir(&self.dir);
         c
     }
 
