@@ -17,6 +17,10 @@ pub const REDACTED: &str = "[redacted]";
 /// A known secret shorter than this is not searched for: it would match ordinary text.
 pub const SECRET_CHARS_MIN: usize = 8;
 
+/// The fewest characters of a known secret, cut at the edge of a text (an output tail that
+/// begins inside it, a head that ends inside it), that are still taken out.
+pub const FRAGMENT_CHARS_MIN: usize = 6;
+
 /// At least this many token characters after `sk-` make an `sk-…` key.
 const SK_TOKEN_CHARS_MIN: usize = 16;
 
@@ -63,6 +67,9 @@ impl Redactor {
             if out.contains(secret.as_str()) {
                 out = Cow::Owned(out.replace(secret.as_str(), REDACTED));
             }
+            if let Some(cut) = edge_fragment(&out, secret) {
+                out = Cow::Owned(cut);
+            }
         }
         match shapes(&out) {
             Some(redacted) => Cow::Owned(redacted),
@@ -101,6 +108,34 @@ impl Redactor {
         outcome.reasons.iter_mut().for_each(|r| self.redact_in_place(r));
         self.redact_value(&mut outcome.details);
     }
+}
+
+/// The text with a piece of `secret` at its edges taken out: a text that begins with one of
+/// the secret's proper suffixes (a tail cut inside it) or ends with one of its proper
+/// prefixes (a head cut inside it), of at least [`FRAGMENT_CHARS_MIN`] characters; `None`
+/// when it has neither.
+fn edge_fragment(text: &str, secret: &str) -> Option<String> {
+    let mut out: Option<String> = None;
+    // Longest first: the whole of what the cut left.
+    if let Some(suffix) = (1..secret.len())
+        .filter(|&i| secret.is_char_boundary(i))
+        .map(|i| &secret[i..])
+        .take_while(|s| s.chars().count() >= FRAGMENT_CHARS_MIN)
+        .find(|s| text.starts_with(s))
+    {
+        out = Some(format!("{REDACTED}{}", &text[suffix.len()..]));
+    }
+    let current = out.as_deref().unwrap_or(text);
+    if let Some(prefix) = (1..secret.len())
+        .rev()
+        .filter(|&i| secret.is_char_boundary(i))
+        .map(|i| &secret[..i])
+        .take_while(|p| p.chars().count() >= FRAGMENT_CHARS_MIN)
+        .find(|p| current.ends_with(p))
+    {
+        out = Some(format!("{}{REDACTED}", &current[..current.len() - prefix.len()]));
+    }
+    out
 }
 
 /// Characters of an `sk-…` key after the prefix.
@@ -174,6 +209,18 @@ mod tests {
         // Too short to search for: ordinary words would go.
         assert_eq!(r.redact("a short word"), "a short word");
         assert!(!format!("{r:?}").contains("k3y"), "{r:?}");
+    }
+
+    #[test]
+    fn a_secret_cut_at_the_edge_of_a_text_goes_too() {
+        let r = Redactor::new(["test-key-1f2e3d4c5b6a79880011"]);
+        // A tail that begins inside the key, a head that ends inside it.
+        assert_eq!(r.redact("6a79880011xxxx"), format!("{REDACTED}xxxx"));
+        assert_eq!(r.redact("build log test-key-1f2e"), format!("build log {REDACTED}"));
+        assert_eq!(r.redact("a1f2e3d4c5b6a79880011b"), "a1f2e3d4c5b6a79880011b".to_owned());
+        // Fewer characters than a fragment needs, or a piece inside the text, stay.
+        assert_eq!(r.redact("80011 done"), "80011 done");
+        assert_eq!(r.redact("the test-key word"), "the test-key word");
     }
 
     #[test]

@@ -242,6 +242,33 @@ fn secrets_a_verifier_prints_are_redacted_and_its_ordinary_output_kept() {
 }
 
 #[test]
+fn a_key_cut_by_the_output_tail_leaves_no_piece_of_it() {
+    // The program prints the key, then 4086 bytes: the 4 KiB tail the event keeps begins
+    // with the key's last ten characters.
+    let case = Case::new("tail-cut-key", "", "levels: {}\n");
+    let leak = case.dir.join("leak");
+    std::fs::write(&leak, KEY).unwrap();
+    let scenario = format!(
+        "id: t\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      - {{name: leaky, uses: command, params: {{argv: [sh, -c, 'cat {} >&2; printf %04086d 0 >&2; exit 1']}}}}\n    terminal: true\n",
+        leak.display()
+    );
+    std::fs::write(case.dir.join("scenarios/t.yaml"), scenario).unwrap();
+    let out =
+        case.command(&["run", "t", "--input", "x"]).env("OPENAI_API_KEY", KEY).output().unwrap();
+    assert!(out.status.code().is_some(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = text(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("run "))
+        .unwrap_or_default()
+        .to_owned();
+    let events = case.baton(&["events", &run, "--json"]);
+    let log = text(&events.stdout);
+    let finished = log.lines().find(|l| l.contains("\"verifier_finished\"")).unwrap();
+    assert!(finished.contains("00000000"), "the tail is kept: {}", &finished[..200]);
+    nowhere(&case, &KEY[KEY.len() - 10..], &[&out, &events]);
+}
+
+#[test]
 fn a_verifiers_output_reaches_the_terminal_escaped() {
     // `printf` writes the raw bytes; the scenario holds only their octal spelling.
     let scenario = "id: t\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      - {name: loud, uses: command, params: {argv: [sh, -c, 'printf \"bad\\033]0;pwned\\007\\r#99 forged\\n\" >&2; exit 1']}}\n    terminal: true\n";
