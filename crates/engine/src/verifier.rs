@@ -321,6 +321,7 @@ pub async fn run_program(program: &Program, cancel: &CancelToken) -> Result<Ran,
     let Some((name, args)) = program.argv.split_first() else {
         return Err("no program to run".to_owned());
     };
+    let started = Instant::now();
     let mut command = scrubbed_command(name, &program.cwd, &program.env);
     command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command
@@ -361,8 +362,25 @@ pub async fn run_program(program: &Program, cancel: &CancelToken) -> Result<Ran,
             return Err(reason);
         }
     };
-    let (stdout, _) = out_task.await.unwrap_or_default();
-    let (stderr, stderr_bytes) = err_task.await.unwrap_or_default();
+    // A process the program started outside its group (`setsid`, a double fork) may hold
+    // its output open: the readers end with the timeout or a cancel, never only with EOF.
+    let aborts = [out_task.abort_handle(), err_task.abort_handle()];
+    let readers = async {
+        let (stdout, _) = out_task.await.unwrap_or_default();
+        let (stderr, stderr_bytes) = err_task.await.unwrap_or_default();
+        (stdout, stderr, stderr_bytes)
+    };
+    let left = program.timeout.saturating_sub(started.elapsed());
+    let ended = tokio::select! {
+        read = readers => Ok(read),
+        () = tokio::time::sleep(left) => Err(format!(
+            "`{name}` exited, but a process it started kept its output open past the timeout of {:.0} s",
+            program.timeout.as_secs_f64()
+        )),
+        () = cancel.cancelled() => Err("cancelled".to_owned()),
+    };
+    let (stdout, stderr, stderr_bytes) =
+        ended.inspect_err(|_| aborts.iter().for_each(tokio::task::AbortHandle::abort))?;
     Ok(Ran { code: status.and_then(|s| s.code()), stdout, stderr, stderr_bytes })
 }
 

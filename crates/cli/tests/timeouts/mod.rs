@@ -271,3 +271,34 @@ edges:
     let worked = end["totals"]["duration_ms"].as_u64().unwrap();
     assert!(worked < 1000, "the wait for a person was counted: {worked} ms");
 }
+
+#[test]
+fn a_process_that_keeps_a_verifiers_output_open_does_not_stretch_its_timeout() {
+    // The program exits at once, but a grandchild in a session of its own (out of the
+    // process group Baton kills) holds its stdout for 20 s.
+    let marker = format!("baton-timeouts-setsid-{}", unique());
+    let scenario = format!(
+        r#"id: t
+version: 1
+levels:
+  - id: slow
+    kind: verifier
+    verifiers:
+      - name: daemonizes
+        uses: command
+        timeout_s: 2
+        params: {{argv: ["sh", "-c", "setsid sh -c 'sleep 20; echo {marker}' & sleep 0.5; exit 0"]}}
+    terminal: true
+"#
+    );
+    let case = Case::new("setsid", &scenario, "levels: {}\n");
+    let (out, run, took) = case.run();
+    assert!(took < Duration::from_secs(10), "the readers waited for the grandchild: {took:?}");
+    let log = case.events(&run);
+    let verdict = log.iter().find(|e| e["kind"] == "verifier_finished").unwrap();
+    assert_eq!(verdict["data"]["passed"], false, "{}", text(&out.stdout));
+    let reasons = verdict["data"]["reasons"].to_string();
+    assert!(reasons.contains("kept its output open"), "{reasons}");
+    // The grandchild is outside Baton's reach until the jail; end it here.
+    let _ = std::process::Command::new("pkill").args(["-f", &marker]).status();
+}
