@@ -138,6 +138,16 @@ impl EventData {
         }
     }
 
+    /// What the event says a model call spent (cost, tokens): an answer's or a cut call's;
+    /// `None` for every other kind.
+    pub fn spend(&self) -> Option<(f64, u64)> {
+        match self {
+            EventData::ModelResponse(r) => Some((r.cost_usd, r.usage.total())),
+            EventData::ModelCallCut(c) => Some((c.cost_usd, c.usage.total())),
+            _ => None,
+        }
+    }
+
     /// The payload alone, as JSON.
     pub fn payload(&self) -> Value {
         match serde_json::to_value(self) {

@@ -690,10 +690,7 @@ fn stopped(engine: &Engine, state: &RunState) -> Option<String> {
 /// What a step cut short keeps: its model calls' spend (answers and cut calls), which
 /// counts in the totals whatever happens to the step.
 fn spend_of(events: Vec<NewEvent>) -> Vec<NewEvent> {
-    events
-        .into_iter()
-        .filter(|e| matches!(e.data, EventData::ModelResponse(_) | EventData::ModelCallCut(_)))
-        .collect()
+    events.into_iter().filter(|e| e.data.spend().is_some()).collect()
 }
 
 /// Test hook: with `BATON_TEST_DECISION_BARRIER=DIR` in the environment, an outside

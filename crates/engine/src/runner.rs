@@ -193,15 +193,11 @@ impl LevelRun {
         events.push(
             self.event(EventData::LevelTimedOut(LevelTimedOut { timeout_ms, elapsed_ms: elapsed })),
         );
-        let (cost_usd, tokens) = events.iter().fold((0.0, 0), |(c, t), e| match &e.data {
-            EventData::ModelResponse(r) if e.level_id.as_deref() == Some(self.id()) => {
-                (c + r.cost_usd, t + r.usage.total())
-            }
-            EventData::ModelCallCut(r) if e.level_id.as_deref() == Some(self.id()) => {
-                (c + r.cost_usd, t + r.usage.total())
-            }
-            _ => (c, t),
-        });
+        let (cost_usd, tokens) = events
+            .iter()
+            .filter(|e| e.level_id.as_deref() == Some(self.id()))
+            .filter_map(|e| e.data.spend())
+            .fold((0.0, 0), |(c, t), (cost, tokens)| (c + cost, t + tokens));
         let mut finished = error_finish(String::new(), elapsed);
         finished.error = None;
         finished.cost_usd = cost_usd;
@@ -551,12 +547,7 @@ impl LevelRun {
             }
             if child_events.iter().any(|e| matches!(e.data, EventData::RunInterrupted(_))) {
                 events.extend(child_events.into_iter().filter(|e| {
-                    matches!(
-                        e.data,
-                        EventData::ModelResponse(_)
-                            | EventData::ModelCallCut(_)
-                            | EventData::ProviderRetry(_)
-                    )
+                    e.data.spend().is_some() || matches!(e.data, EventData::ProviderRetry(_))
                 }));
             } else {
                 events.extend(child_events);
@@ -624,13 +615,8 @@ pub(crate) fn kept_when_cut(events: Vec<NewEvent>) -> Vec<NewEvent> {
     events
         .into_iter()
         .filter(|e| {
-            matches!(
-                e.data,
-                EventData::PromptSent(_)
-                    | EventData::RoutingDecision(_)
-                    | EventData::ModelResponse(_)
-                    | EventData::ModelCallCut(_)
-            )
+            e.data.spend().is_some()
+                || matches!(e.data, EventData::PromptSent(_) | EventData::RoutingDecision(_))
         })
         .collect()
 }

@@ -311,22 +311,18 @@ impl RunState {
                 }
                 self.level_runs += 1;
             }
-            EventData::ModelResponse(r) => {
+            // An answer, and a call cut short: both spent money; only an answer is a call.
+            EventData::ModelResponse(_) | EventData::ModelCallCut(_) => {
+                let (cost_usd, tokens) = event.data.spend().unwrap_or_default();
                 let level = self.levels.entry(level_id.to_owned()).or_default();
-                level.calls += 1;
-                level.calls_total += 1;
-                level.cost_usd += r.cost_usd;
-                level.tokens += r.usage.total();
-                self.totals.cost_usd += r.cost_usd;
-                self.totals.tokens += r.usage.total();
-            }
-            // A call cut short spent money too, but gave no answer.
-            EventData::ModelCallCut(c) => {
-                let level = self.levels.entry(level_id.to_owned()).or_default();
-                level.cost_usd += c.cost_usd;
-                level.tokens += c.usage.total();
-                self.totals.cost_usd += c.cost_usd;
-                self.totals.tokens += c.usage.total();
+                if matches!(event.data, EventData::ModelResponse(_)) {
+                    level.calls += 1;
+                    level.calls_total += 1;
+                }
+                level.cost_usd += cost_usd;
+                level.tokens += tokens;
+                self.totals.cost_usd += cost_usd;
+                self.totals.tokens += tokens;
             }
             EventData::RunInterrupted(i) => {
                 self.status = Status::Interrupted;

@@ -85,11 +85,8 @@ impl CallError {
     /// Whether the fault passes: a 429, a 5xx, a connection or read failure, an
     /// interrupted or overloaded stream. The rest (auth, 400, refusals, wrong answers) are
     /// permanent: the same request fails the same way.
+    /// Those are the faults the client retries.
     pub fn transient(&self) -> bool {
-        self.retryable()
-    }
-
-    fn retryable(&self) -> bool {
         match self {
             CallError::Http { status, .. } => *status == 429 || (500..600).contains(status),
             CallError::Transport { .. } => true,
@@ -164,7 +161,7 @@ impl Client {
                     }
                 }
                 Err(e)
-                    if e.retryable()
+                    if e.transient()
                         && attempt < budget.attempts
                         && started.elapsed() < budget.max_time =>
                 {

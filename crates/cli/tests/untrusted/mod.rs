@@ -207,18 +207,16 @@ fn a_provider_error_body_holding_the_key_is_redacted_before_it_is_recorded_or_pr
     assert!(text(&out.stdout).contains("[redacted]"), "{}", text(&out.stdout));
 }
 
-#[test]
-fn secrets_a_verifier_prints_are_redacted_and_its_ordinary_output_kept() {
-    // The program prints what it could have read from Baton's environment (a file stands
-    // in for `/proc/<pid>/environ`, so the scenario, which the store keeps, holds no key),
-    // an `sk-` shaped key nobody configured, and an ordinary line.
-    let case = Case::new("verifier-key", "", "levels: {}\n");
+/// Runs a verifier level whose program prints `leaked` (from a file, so the scenario, which
+/// the store keeps, holds no key) through `then`, with `OPENAI_API_KEY` set to [`KEY`]; the
+/// run's output, its `events --json` and its timeline.
+fn leaky_verifier(name: &str, leaked: &str, then: &str) -> (Case, [Output; 3]) {
+    let case = Case::new(name, "", "levels: {}\n");
     let leak = case.dir.join("leak");
-    let leaked = format!("OPENAI_API_KEY={KEY}\ntoken sk-ant-api03-abcdefghijklmnopqrstuvwxyz\n");
     std::fs::write(&leak, leaked).unwrap();
+    let program = then.replace("LEAK", &leak.display().to_string());
     let scenario = format!(
-        "id: t\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      - {{name: leaky, uses: command, params: {{argv: [sh, -c, 'echo ordinary output 42; cat {} >&2; exit 1']}}}}\n    terminal: true\n",
-        leak.display()
+        "id: t\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      - {{name: leaky, uses: command, params: {{argv: [sh, -c, '{program}']}}}}\n    terminal: true\n"
     );
     std::fs::write(case.dir.join("scenarios/t.yaml"), scenario).unwrap();
     let out =
@@ -231,6 +229,17 @@ fn secrets_a_verifier_prints_are_redacted_and_its_ordinary_output_kept() {
         .to_owned();
     let events = case.baton(&["events", &run, "--json"]);
     let timeline = case.baton(&["events", &run]);
+    (case, [out, events, timeline])
+}
+
+#[test]
+fn secrets_a_verifier_prints_are_redacted_and_its_ordinary_output_kept() {
+    // The program prints what it could have read from Baton's environment (a file stands
+    // in for `/proc/<pid>/environ`), an `sk-` shaped key nobody configured, and an ordinary
+    // line.
+    let leaked = format!("OPENAI_API_KEY={KEY}\ntoken sk-ant-api03-abcdefghijklmnopqrstuvwxyz\n");
+    let (case, [out, events, timeline]) =
+        leaky_verifier("verifier-key", &leaked, "echo ordinary output 42; cat LEAK >&2; exit 1");
     nowhere(&case, KEY, &[&out, &events, &timeline]);
     nowhere(&case, "abcdefghijklmnopqrstuvwxyz", &[&out, &events, &timeline]);
     let log = text(&events.stdout);
@@ -245,23 +254,8 @@ fn secrets_a_verifier_prints_are_redacted_and_its_ordinary_output_kept() {
 fn a_key_cut_by_the_output_tail_leaves_no_piece_of_it() {
     // The program prints the key, then 4086 bytes: the 4 KiB tail the event keeps begins
     // with the key's last ten characters.
-    let case = Case::new("tail-cut-key", "", "levels: {}\n");
-    let leak = case.dir.join("leak");
-    std::fs::write(&leak, KEY).unwrap();
-    let scenario = format!(
-        "id: t\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      - {{name: leaky, uses: command, params: {{argv: [sh, -c, 'cat {} >&2; printf %04086d 0 >&2; exit 1']}}}}\n    terminal: true\n",
-        leak.display()
-    );
-    std::fs::write(case.dir.join("scenarios/t.yaml"), scenario).unwrap();
-    let out =
-        case.command(&["run", "t", "--input", "x"]).env("OPENAI_API_KEY", KEY).output().unwrap();
-    assert!(out.status.code().is_some(), "{}{}", text(&out.stdout), text(&out.stderr));
-    let run = text(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("run "))
-        .unwrap_or_default()
-        .to_owned();
-    let events = case.baton(&["events", &run, "--json"]);
+    let (case, [out, events, _]) =
+        leaky_verifier("tail-cut-key", KEY, "cat LEAK >&2; printf %04086d 0 >&2; exit 1");
     let log = text(&events.stdout);
     let finished = log.lines().find(|l| l.contains("\"verifier_finished\"")).unwrap();
     assert!(finished.contains("00000000"), "the tail is kept: {}", &finished[..200]);
