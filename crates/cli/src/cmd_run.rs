@@ -19,6 +19,7 @@ use baton_engine::store::EventStore;
 use baton_engine::verifier::Verifiers;
 use baton_engine::workspace::WorkspaceSetup;
 use baton_engine::{Engine, Outcome, Status};
+use baton_jail::{Jail, Unavailable};
 use baton_providers::client::Providers;
 use baton_providers::config::Config;
 use baton_scenario::{Registry, Scenario};
@@ -42,6 +43,8 @@ pub(crate) struct Place {
     /// Where snapshot repositories live (`--snapshots`; default `snapshots/` beside the
     /// database).
     pub snapshots: Option<PathBuf>,
+    /// `--no-jail`: programs run unconfined.
+    pub no_jail: bool,
 }
 
 /// The run database, created when absent: for commands that start runs.
@@ -208,6 +211,7 @@ fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Registry)
         registry,
         workspace_setup(place, None, None),
         redactor(place),
+        jail(place),
     )
 }
 
@@ -228,12 +232,115 @@ fn redactor(place: &Place) -> Redactor {
     Redactor::new(names.iter().filter_map(|n| std::env::var(n).ok()))
 }
 
+/// Baton's own directory: the database's.
+fn data_dir(place: &Place) -> PathBuf {
+    let data = place.db.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::path::absolute(data).unwrap_or_else(|_| data.to_path_buf())
+}
+
+/// The jail every program a run starts goes through — set up at the first program, once
+/// per process — or its absence with `--no-jail`.
+fn jail(place: &Place) -> Arc<Jail> {
+    static JAIL: std::sync::OnceLock<Arc<Jail>> = std::sync::OnceLock::new();
+    Arc::clone(JAIL.get_or_init(|| Arc::new(build_jail(place))))
+}
+
+fn build_jail(place: &Place) -> Jail {
+    if place.no_jail {
+        return Jail::off();
+    }
+    let file = place.config.clone().or_else(|| {
+        let default = PathBuf::from("baton.toml");
+        std::fs::symlink_metadata(&default).is_ok().then_some(default)
+    });
+    let config = match file.map(|f| Config::from_file(&f)) {
+        Some(Ok(config)) => config.jail,
+        Some(Err(e)) => return Jail::unavailable(Unavailable(e.to_string())),
+        None => baton_providers::config::JailConfig::default(),
+    };
+    let init = match std::env::current_exe() {
+        Ok(path) => path,
+        Err(e) => {
+            return Jail::unavailable(Unavailable(format!("cannot find Baton's binary: {e}")));
+        }
+    };
+    let data = data_dir(place);
+    let snapshots = place.snapshots.clone().unwrap_or_else(|| data.join("snapshots"));
+    let mut read_only = config.read_only;
+    if let Some(extra) = std::env::var_os("BATON_JAIL_READ_ONLY") {
+        read_only.extend(std::env::split_paths(&extra).filter(|p| !p.as_os_str().is_empty()));
+    }
+    const MIB: u64 = 1024 * 1024;
+    let d = baton_jail::Limits::default();
+    let limits = baton_jail::Limits {
+        processes: config.processes.unwrap_or(d.processes),
+        new_files: config.new_files.unwrap_or(d.new_files),
+        new_bytes: config.new_mib.map_or(d.new_bytes, |m| m.saturating_mul(MIB)),
+        file_bytes: config.file_mib.map_or(d.file_bytes, |m| m.saturating_mul(MIB)),
+        data_bytes: config.memory_mib.map_or(d.data_bytes, |m| m.saturating_mul(MIB)),
+        ..d
+    };
+    Jail::lazy(baton_jail::Settings {
+        bwrap: std::env::var_os("BATON_BWRAP").map(PathBuf::from).or(config.bwrap),
+        init,
+        run_as: (config.uid.unwrap_or(65534), config.gid.unwrap_or(65534)),
+        read_only,
+        path: None,
+        hidden: hidden(place, &data, snapshots),
+        scratch: data.join("jail"),
+        limits,
+    })
+}
+
+/// Baton's own state, which no jailed program may see: the database and its journals,
+/// the runs' workspaces (the running one's own is shown), the snapshots, the jail's own
+/// directory.
+fn hidden(place: &Place, data: &Path, snapshots: PathBuf) -> Vec<PathBuf> {
+    let db = std::path::absolute(&place.db).unwrap_or_else(|_| place.db.clone());
+    let mut hidden: Vec<PathBuf> = ["", "-wal", "-shm", "-journal"]
+        .iter()
+        .map(|suffix| {
+            let mut name = db.clone().into_os_string();
+            name.push(suffix);
+            PathBuf::from(name)
+        })
+        .collect();
+    hidden.push(data.join("workspaces"));
+    hidden.push(std::path::absolute(&snapshots).unwrap_or(snapshots));
+    hidden.push(data.join("jail"));
+    hidden
+}
+
+/// Before a run starts programs: refused when the jail cannot be set up, and said out
+/// loud when it is off.
+fn check_jail(place: &Place, scenario: &Scenario) -> anyhow::Result<()> {
+    let runs_programs = scenario
+        .levels
+        .iter()
+        .flat_map(|l| &l.verifiers)
+        .any(|v| baton_engine::verifier::runs_programs(v.uses));
+    if !runs_programs {
+        return Ok(());
+    }
+    let jail = jail(place);
+    if jail.is_off() {
+        eprintln!(
+            "baton: warning: --no-jail: scenario `{}` runs verifiers, scanners or MCP servers unconfined, as Baton's own user; whatever the model wrote can read and change what this user can (its verifier outcomes record `jail: off`)",
+            scenario.id
+        );
+    } else if let Some(why) = jail.refusal() {
+        bail!("scenario `{}` runs programs, and {why}", scenario.id);
+    }
+    Ok(())
+}
+
 fn engine(
     store: Arc<dyn EventStore>,
     model: Arc<dyn ModelProvider>,
     registry: &Registry,
     workspaces: WorkspaceSetup,
     redactor: Redactor,
+    jail: Arc<Jail>,
 ) -> Engine {
     let catalog: Vec<Value> = registry
         .scenarios()
@@ -251,6 +358,7 @@ fn engine(
             workspaces: Some(workspaces),
             catalog: Arc::new(Value::Array(catalog)),
             redactor,
+            jail,
         }),
         Arc::new(SystemClock),
     )
@@ -392,6 +500,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
             scenario.id
         );
     }
+    check_jail(place, &scenario)?;
     let (model, source) = choose_model(
         args.script.as_deref(),
         place.config.as_deref(),
@@ -406,6 +515,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         &registry,
         workspace_setup(place, args.workspace, args.branch),
         redactor(place),
+        jail(place),
     );
     let mut metadata = Map::new();
     for (k, v) in args.meta {
@@ -452,9 +562,16 @@ pub(crate) async fn resume(
         let registry = Registry::load(&[&place.scenarios]).map(|l| l.registry).unwrap_or_default();
         (scenario, registry)
     };
+    check_jail(place, &scenario)?;
     let model = recorded_model(state.model_source.as_deref(), script, place.config.as_deref())?;
-    let engine =
-        engine(store, model, &registry, workspace_setup(place, None, None), redactor(place));
+    let engine = engine(
+        store,
+        model,
+        &registry,
+        workspace_setup(place, None, None),
+        redactor(place),
+        jail(place),
+    );
     // Show the decision or answer that led here, then what follows.
     let from = state.last_seq.saturating_sub(1);
     drive(&engine, run_id, &scenario, json, from, None).await
@@ -592,8 +709,18 @@ async fn stop_on_signal(stop: baton_engine::cancel::CancelToken) {
         _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
     }
-    eprintln!("baton: stopping — the running step is cut and the run recorded as interrupted");
+    eprintln!(
+        "baton: stopping — the running step is cut and the run recorded as interrupted (press Ctrl-C again to exit at once)"
+    );
     stop.cancel();
+    // A second signal exits now: the jails die with this process (their first process
+    // is tied to it), and the run is left as it is — `baton resume` continues it.
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    eprintln!("baton: exiting at once; the run stays resumable");
+    std::process::exit(130);
 }
 
 /// The approval requests a run waits for, as JSON.

@@ -47,6 +47,11 @@ struct Cli {
     #[arg(long, global = true, env = "BATON_SNAPSHOTS", value_name = "DIR")]
     snapshots: Option<PathBuf>,
 
+    /// Run verifiers, scanners and MCP servers without the jail, unconfined as Baton's own
+    /// user (said as a warning on every run, and recorded on each program's outcome).
+    #[arg(long, global = true)]
+    no_jail: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -303,12 +308,26 @@ fn parse_by(s: &str) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
+    // Inside the jail, Baton's binary confines the program it was started for, then
+    // becomes it (see baton_jail::init): nothing else of Baton runs there.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == baton_jail::INIT_ARG) {
+        return baton_jail::init::main(&args[2..]);
+    }
+    // Keys live in this process's environment: no process of the same uid may read it.
+    if let Err(e) = baton_jail::make_undumpable() {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("baton: warning: {e}");
+        }
+    }
     let cli = Cli::parse();
     let place = cmd_run::Place {
         db: cli.db.clone(),
         scenarios: cli.scenarios.clone(),
         config: cli.config.clone(),
         snapshots: cli.snapshots.clone(),
+        no_jail: cli.no_jail,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,

@@ -37,6 +37,7 @@ fn baton_in(cwd: &Path, db: &Path, args: &[&str]) -> Output {
     let venv = repo().join(".peers/venv/bin");
     let path = format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default());
     Command::new(env!("CARGO_BIN_EXE_baton"))
+        .env("BATON_BWRAP", repo().join(".peers/bubblewrap/usr/bin/bwrap"))
         .args(["--db", db.to_str().unwrap(), "--scenarios"])
         .arg(repo().join("scenarios"))
         .args(args)
@@ -390,6 +391,7 @@ edges:
 
 fn baton_with(cwd: &Path, scenarios: &Path, db: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_baton"))
+        .env("BATON_BWRAP", repo().join(".peers/bubblewrap/usr/bin/bwrap"))
         .args(["--db", db.to_str().unwrap(), "--scenarios", scenarios.to_str().unwrap()])
         .args(args)
         .current_dir(cwd)

@@ -27,11 +27,17 @@ fn baton(args: &[&str]) -> Output {
 fn baton_command() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
     c.current_dir(repo())
+        .env("BATON_BWRAP", bwrap())
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
         .env_remove("BATON_CONFIG");
     c
+}
+
+/// The bubblewrap `scripts/install-jail` puts beside the checkout: the jail of every run.
+fn bwrap() -> PathBuf {
+    repo().join(".peers/bubblewrap/usr/bin/bwrap")
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -368,6 +374,7 @@ fn killed_after_any_event_a_run_resumes_to_the_same_log() {
             let mut all = vec!["--db", db.to_str().unwrap()];
             all.extend_from_slice(&start);
             let killed = Command::new(env!("CARGO_BIN_EXE_baton"))
+                .env("BATON_BWRAP", bwrap())
                 .args(&all)
                 .env("BATON_FAILPOINT_ABORT_AFTER_EVENT", n.to_string())
                 .current_dir(repo())
@@ -802,6 +809,7 @@ fn code_build_mid_level_writing(
     std::fs::write(&script_path, script).unwrap();
     let db = dir.join("runs.db");
     let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .env("BATON_BWRAP", bwrap())
         .args(["--db", db.to_str().unwrap(), "run", "code_build", "--input", "a greet CLI"])
         .args(["--script", script_path.to_str().unwrap()])
         .current_dir(repo())
@@ -962,6 +970,7 @@ fn code_build_strict_passes_the_real_type_checker_linter_and_the_architecture_ju
     assert!(venv.join("mypy").exists(), "run scripts/test, which installs mypy and pyflakes");
     let path = format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default());
     let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .env("BATON_BWRAP", bwrap())
         .args(["--db", db.to_str().unwrap(), "run", "code_build_strict", "--json"])
         .args(["--script", "scenarios/scripts/code_build_strict.yaml", "--input", "a greet CLI"])
         .env("PATH", path)
@@ -1009,6 +1018,7 @@ fn security_review_scans_a_project_with_the_real_scanners_and_never_repeats_a_se
     let scenarios = repo().join("scenarios");
     let baton_in_project = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_baton"))
+            .env("BATON_BWRAP", bwrap())
             .args(["--db", db.to_str().unwrap(), "--scenarios", scenarios.to_str().unwrap()])
             .args(args)
             .env("BATON_SEMGREP", &semgrep)
@@ -1462,6 +1472,7 @@ fn run_checks_every_levels_model_against_the_configuration_before_the_first_call
     assert!(!db.exists(), "no run was created");
     // The same from the environment alone.
     let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .env("BATON_BWRAP", bwrap())
         .args(["--db", db.to_str().unwrap(), "run", "code_build", "--input", "a greet CLI"])
         .current_dir(repo())
         .env_remove("ANTHROPIC_API_KEY")
@@ -2077,6 +2088,7 @@ fn a_fan_out_killed_with_one_child_finished_resumes_the_other_only() {
     .unwrap();
     let start = |db: &std::path::Path, failpoint: Option<u64>| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+        command.env("BATON_BWRAP", bwrap());
         command
             .args(["--db", db.to_str().unwrap(), "--scenarios", scenarios.to_str().unwrap()])
             .args(["run", "fanny", "--script", script.to_str().unwrap(), "--input", "x"]);
@@ -2173,6 +2185,7 @@ fn attack_a_model_cannot_silence_the_scanners_unless_the_scenario_allows_it() {
     let db = dir.join("runs.db");
     let scanned = |scenario: &str| -> Vec<serde_json::Value> {
         let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .env("BATON_BWRAP", bwrap())
             .args(["--db", db.to_str().unwrap(), "--scenarios", scenarios.to_str().unwrap()])
             .args(["run", scenario, "--input", "a calculator", "--json", "--script"])
             .arg(dir.join("hostile.yaml"))

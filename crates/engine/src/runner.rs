@@ -52,6 +52,8 @@ pub struct Runtime {
     /// Takes the secrets the process knows, and key-shaped tokens, out of provider errors,
     /// verifier outcomes and MCP results before they are recorded.
     pub redactor: crate::redact::Redactor,
+    /// What every program a run starts (verifiers, scanners, MCP servers) runs in.
+    pub jail: Arc<baton_jail::Jail>,
 }
 
 /// One attempt of one level, with everything it reads.
@@ -121,6 +123,7 @@ impl LevelRun {
         let level = &self.scenario.levels[self.level];
         let ctx = VerifyContext {
             workspace: self.workspace_dir(),
+            jail: Arc::clone(&self.runtime.jail),
             input: self.state.input.clone(),
             output,
             parsed,
@@ -1128,11 +1131,21 @@ async fn verify_one(
     ctx: &VerifyContext,
     cancel: &CancelToken,
 ) -> VerifierFinished {
-    match run.runtime.verifiers.get(spec.uses) {
+    let mut finished = match run.runtime.verifiers.get(spec.uses) {
         Some(v) => v.verify(spec, ctx, cancel).await,
         None => verifier::unavailable(
             spec,
             &format!("the `{}` verifier is not available in this build", spec.uses.as_str()),
         ),
+    };
+    // A program that ran unconfined (`--no-jail`) says so on its outcome.
+    if ctx.jail.is_off() && verifier::runs_programs(spec.uses) {
+        if finished.details.is_null() {
+            finished.details = Value::Object(serde_json::Map::new());
+        }
+        if let Value::Object(details) = &mut finished.details {
+            details.insert("jail".to_owned(), Value::from("off"));
+        }
     }
+    finished
 }

@@ -25,6 +25,8 @@ use crate::model::BoxFuture;
 #[derive(Clone, Debug)]
 pub struct VerifyContext {
     pub workspace: PathBuf,
+    /// What every program a verifier starts runs in.
+    pub jail: Arc<baton_jail::Jail>,
     pub input: String,
     pub output: String,
     pub parsed: Option<Value>,
@@ -272,35 +274,55 @@ pub fn tail(text: &str, max: usize) -> &str {
     &text[start..]
 }
 
-/// A command for a verifier's program: in `cwd`, with a scrubbed environment (only
-/// `PATH`, `HOME`, `LANG`, `TMPDIR` and the Rust toolchain's homes, then `env`: a
-/// verifier never sees API keys), in its own process group so that everything it starts
-/// can be stopped with it, and killed if dropped.
-pub fn scrubbed_command(
-    program: &str,
-    cwd: &std::path::Path,
-    env: &[(String, String)],
-) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(program);
-    command.current_dir(cwd).env_clear();
-    for key in ["PATH", "HOME", "LANG", "TMPDIR", "CARGO_HOME", "RUSTUP_HOME"] {
-        if let Ok(value) = std::env::var(key) {
-            command.env(key, value);
-        }
-    }
-    command.envs(env.iter().map(|(k, v)| (k, v)));
-    command.kill_on_drop(true).process_group(0);
-    command
+/// The environment of a verifier's program: only `PATH`, `HOME`, `LANG`, `TMPDIR` and the
+/// Rust toolchain's homes from Baton's, then `env` — a verifier never sees API keys. (In
+/// the jail, `HOME` and `TMPDIR` are the program's private `/tmp`.)
+pub fn scrubbed_env(env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> =
+        ["PATH", "HOME", "LANG", "TMPDIR", "CARGO_HOME", "RUSTUP_HOME"]
+            .iter()
+            .filter_map(|key| Some(((*key).to_owned(), std::env::var(key).ok()?)))
+            .collect();
+    out.extend(env.iter().cloned());
+    out
+}
+
+/// A command for a verifier's program, in the jail: in `cwd` (inside `workspace`), with a
+/// [`scrubbed_env`], in its own process group so that everything it starts can be stopped
+/// with it, and killed if dropped. Its `watch` counts what it adds to the disk.
+pub fn jailed_command(
+    jail: &baton_jail::Jail,
+    program: &Program,
+) -> Result<baton_jail::Jailed, String> {
+    let env = scrubbed_env(&program.env);
+    let mut jailed = jail.command(&baton_jail::Program {
+        argv: &program.argv,
+        env: &env,
+        cwd: &program.cwd,
+        workspace: &program.workspace,
+        also_writable: &program.also_writable,
+        network: program.network,
+        timeout: program.timeout,
+    })?;
+    jailed.command.kill_on_drop(true).process_group(0);
+    Ok(jailed)
 }
 
 /// A program to run for a verifier.
 #[derive(Clone, Debug)]
 pub struct Program {
     pub argv: Vec<String>,
+    /// Where it starts: `workspace` or a directory below it.
     pub cwd: PathBuf,
+    /// What it may write.
+    pub workspace: PathBuf,
+    /// Baton's own directories it may write too (a scanner's report).
+    pub also_writable: Vec<PathBuf>,
     /// Variables set on top of the scrubbed environment.
     pub env: Vec<(String, String)>,
     pub timeout: Duration,
+    /// Whether it may reach the network (the verifier's `network: true`).
+    pub network: bool,
 }
 
 /// What a program did: its exit code (`None` when a signal stopped it) and the tails of
@@ -313,17 +335,43 @@ pub struct Ran {
     pub stderr_bytes: u64,
 }
 
-/// Runs a program the way every verifier does: no shell, a scrubbed environment (no API
-/// keys), its own process group — killed whole at the timeout, on cancel, and when the
-/// program exits, so nothing it started lingers — and its output read with byte caps.
-/// An error says why it did not run to an exit.
-pub async fn run_program(program: &Program, cancel: &CancelToken) -> Result<Ran, String> {
-    let Some((name, args)) = program.argv.split_first() else {
+/// Whether a verifier of this kind starts programs (which then run in the jail).
+pub fn runs_programs(uses: Uses) -> bool {
+    !matches!(uses, Uses::Schema | Uses::LlmJudge)
+}
+
+/// How often the files a jailed program adds are counted.
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+
+/// Resolves when a running jailed program has added more than the jail allows.
+async fn over_limits(watch: Option<Arc<baton_jail::Watch>>) -> String {
+    let Some(watch) = watch else { return std::future::pending().await };
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        let counted = Arc::clone(&watch);
+        if let Ok(Some(reason)) = tokio::task::spawn_blocking(move || counted.over_limits()).await {
+            return reason;
+        }
+    }
+}
+
+/// Runs a program the way every verifier does: in the jail, no shell, a scrubbed
+/// environment (no API keys), its own process group — killed whole at the timeout, on
+/// cancel, when it adds more files than the jail allows, and when the program exits, so
+/// nothing it started lingers — and its output read with byte caps. An error says why it
+/// did not run to an exit.
+pub async fn run_program(
+    program: &Program,
+    jail: &baton_jail::Jail,
+    cancel: &CancelToken,
+) -> Result<Ran, String> {
+    let Some(name) = program.argv.first() else {
         return Err("no program to run".to_owned());
     };
     let started = Instant::now();
-    let mut command = scrubbed_command(name, &program.cwd, &program.env);
-    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let jailed = jailed_command(jail, program)?;
+    let (mut command, watch) = (jailed.command, jailed.watch.map(Arc::new));
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command
         .spawn()
         .map_err(|e| format!("cannot start `{name}` in {}: {e}", program.cwd.display()))?;
@@ -350,6 +398,7 @@ pub async fn run_program(program: &Program, cancel: &CancelToken) -> Result<Ran,
                 Err(format!("`{name}` timed out after {:.0} s and was killed", program.timeout.as_secs_f64()))
             }
             () = cancel.cancelled() => Err("cancelled".to_owned()),
+            reason = over_limits(watch.clone()) => Err(reason),
         }
     };
     // Whatever the program left running in its group (a hung child, a daemon) goes with it;
@@ -381,6 +430,12 @@ pub async fn run_program(program: &Program, cancel: &CancelToken) -> Result<Ran,
     };
     let (stdout, stderr, stderr_bytes) =
         ended.inspect_err(|_| aborts.iter().for_each(tokio::task::AbortHandle::abort))?;
+    if let Some(watch) = watch {
+        let last = tokio::task::spawn_blocking(move || watch.over_limits()).await;
+        if let Ok(Some(reason)) = last {
+            return Err(reason);
+        }
+    }
     Ok(Ran { code: status.and_then(|s| s.code()), stdout, stderr, stderr_bytes })
 }
 
@@ -418,8 +473,17 @@ async fn run_command(
         .unwrap_or_default();
     let timeout =
         Duration::from_secs_f64(spec.timeout_s.unwrap_or(limits::VERIFIER_TIMEOUT_S_DEFAULT));
-    let program = Program { argv, cwd, env, timeout };
-    let ran = match run_program(&program, cancel).await {
+    let network = spec.params.get("network").and_then(Value::as_bool) == Some(true);
+    let program = Program {
+        argv,
+        cwd,
+        workspace: ctx.workspace.clone(),
+        also_writable: Vec::new(),
+        env,
+        timeout,
+        network,
+    };
+    let ran = match run_program(&program, &ctx.jail, cancel).await {
         Ok(ran) => ran,
         Err(reason) => {
             let mut f = fail(reason);

@@ -114,6 +114,39 @@ pub struct Routing {
     pub default: Option<String>,
 }
 
+/// The jail's settings (`[jail]`): every field may be left out.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailConfig {
+    /// The bubblewrap program (default: `BATON_BWRAP`, else `bwrap` on `PATH`).
+    #[serde(default)]
+    pub bwrap: Option<std::path::PathBuf>,
+    /// The uid jailed programs run as when Baton is root (default 65534, nobody).
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// Their gid (default 65534).
+    #[serde(default)]
+    pub gid: Option<u32>,
+    /// Toolchain directories to show read-only, beyond the system's and `PATH`'s.
+    #[serde(default)]
+    pub read_only: Vec<std::path::PathBuf>,
+    /// Processes of the jail's uid at most.
+    #[serde(default)]
+    pub processes: Option<u64>,
+    /// Files a program may add to the workspace and its `/tmp`.
+    #[serde(default)]
+    pub new_files: Option<u64>,
+    /// MiB a program may add to the workspace and its `/tmp`.
+    #[serde(default)]
+    pub new_mib: Option<u64>,
+    /// Largest file a program may write, in MiB.
+    #[serde(default)]
+    pub file_mib: Option<u64>,
+    /// Writable memory of each process, in MiB.
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -122,6 +155,8 @@ pub struct Config {
     pub routing: Routing,
     #[serde(default)]
     pub providers: Vec<Provider>,
+    #[serde(default)]
+    pub jail: JailConfig,
 }
 
 /// Largest `baton.toml` read, in bytes.
@@ -209,7 +244,7 @@ impl Config {
         let default = providers.first().and_then(|p| {
             p.models.first().map(|m| format!("{}:{}/{}", p.tier.as_str(), p.name, m.name))
         });
-        Config { routing: Routing { default }, providers }
+        Config { routing: Routing { default }, providers, jail: JailConfig::default() }
     }
 
     fn check(&self) -> Result<(), String> {

@@ -655,6 +655,7 @@ async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
     let engine = baton_engine::Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(baton_engine::runner::Runtime {
+            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             model: Arc::new(providers),
             verifiers: baton_engine::verifier::Verifiers::builtin(),
             workspace: PathBuf::from("."),

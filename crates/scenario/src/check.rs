@@ -1414,14 +1414,21 @@ const fn req(name: &'static str, kind: ParamKind) -> Param {
 /// The parameters each verifier takes.
 fn params_of(uses: Uses) -> &'static [Param] {
     use ParamKind::{Bool, Map, Num, Schema, Str, StrList};
-    const PRESET: &[Param] =
-        &[opt("argv", StrList), opt("cwd", Str), opt("env", Map), opt("shell", Bool)];
+    // `network: true`: the program may reach the network (the jail cuts it off otherwise).
+    const PRESET: &[Param] = &[
+        opt("argv", StrList),
+        opt("cwd", Str),
+        opt("env", Map),
+        opt("shell", Bool),
+        opt("network", Bool),
+    ];
     const COMMAND: &[Param] = &[
         req("argv", StrList),
         opt("cwd", Str),
         opt("env", Map),
         opt("shell", Bool),
         opt("expect_exit", Num),
+        opt("network", Bool),
     ];
     const SCHEMA: &[Param] = &[req("schema", Schema)];
     const JUDGE: &[Param] = &[req("rubric", Str), opt("threshold", Num), opt("model", Str)];
@@ -1442,6 +1449,7 @@ fn params_of(uses: Uses) -> &'static [Param] {
         opt("condition", Str),
         opt("env", Map),
         opt("reuse", Bool),
+        opt("network", Bool),
     ];
     match uses {
         Uses::Command => COMMAND,

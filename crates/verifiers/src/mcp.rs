@@ -23,7 +23,7 @@ use baton_engine::clock::elapsed_ms;
 use baton_engine::event::VerifierFinished;
 use baton_engine::model::BoxFuture;
 use baton_engine::verifier::{
-    Verifier, VerifyContext, checked, scrubbed_command, tail, unavailable,
+    Program, Verifier, VerifyContext, checked, jailed_command, tail, unavailable,
 };
 use baton_scenario::expr::{self, JsonContext, Scope};
 use baton_scenario::model::VerifierSpec;
@@ -61,6 +61,8 @@ struct Server {
     next_id: u64,
     /// Notifications received and skipped.
     notifications: u64,
+    /// What the jail keeps while the server runs (its private `/tmp`).
+    _jail: Option<baton_jail::Watch>,
 }
 
 impl Drop for Server {
@@ -88,14 +90,28 @@ impl Server {
         argv: &[String],
         ctx: &VerifyContext,
         env: &Map<String, Value>,
+        network: bool,
     ) -> Result<Server, String> {
-        let Some((program, args)) = argv.split_first() else {
+        let Some(program) = argv.first() else {
             return Err("`server` names no command".to_owned());
         };
         let env: Vec<(String, String)> =
             env.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect();
-        let mut command = scrubbed_command(program, &ctx.workspace, &env);
-        command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let jailed = jailed_command(
+            &ctx.jail,
+            &Program {
+                argv: argv.to_vec(),
+                cwd: ctx.workspace.clone(),
+                workspace: ctx.workspace.clone(),
+                also_writable: Vec::new(),
+                env,
+                // A server runs for as long as it is reused; its calls have their timeouts.
+                timeout: Duration::from_secs(24 * 3600),
+                network,
+            },
+        )?;
+        let (mut command, watch) = (jailed.command, jailed.watch);
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child =
             command.spawn().map_err(|e| format!("cannot start MCP server `{program}`: {e}"))?;
         let (Some(stdin), Some(stdout), Some(mut stderr)) =
@@ -130,6 +146,7 @@ impl Server {
             stderr_task: Some(stderr_task),
             next_id: 1,
             notifications: 0,
+            _jail: watch,
         };
         let init = json!({
             "protocolVersion": PROTOCOL_VERSION,
@@ -343,7 +360,8 @@ impl McpVerifier {
             Ok(a) => a,
             Err(why) => return unavailable(spec, &why),
         };
-        let key = json!([argv, ctx.workspace.display().to_string(), env]).to_string();
+        let network = spec.params.get("network").and_then(Value::as_bool) == Some(true);
+        let key = json!([argv, ctx.workspace.display().to_string(), env, network]).to_string();
         let server = if reuse {
             let mut servers = self.servers.lock().await;
             let alive = match servers.get(&key) {
@@ -351,7 +369,7 @@ impl McpVerifier {
                 None => false,
             };
             if !alive {
-                match Server::start(&argv, ctx, &env).await {
+                match Server::start(&argv, ctx, &env, network).await {
                     Ok(s) => {
                         servers.insert(key.clone(), Arc::new(Mutex::new(s)));
                     }
@@ -363,7 +381,7 @@ impl McpVerifier {
                 None => return unavailable(spec, "the MCP server is gone"),
             }
         } else {
-            match Server::start(&argv, ctx, &env).await {
+            match Server::start(&argv, ctx, &env, network).await {
                 Ok(s) => Arc::new(Mutex::new(s)),
                 Err(why) => return unavailable(spec, &why),
             }

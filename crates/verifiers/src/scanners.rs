@@ -260,8 +260,16 @@ async fn semgrep(
         ("SEMGREP_SEND_METRICS".to_owned(), "off".to_owned()),
         ("SEMGREP_ENABLE_VERSION_CHECK".to_owned(), "0".to_owned()),
     ];
-    let program = Program { argv, cwd: workspace, env, timeout: timeout(spec) };
-    let ran = run_program(&program, cancel).await.map_err(|e| not_run("semgrep", &e))?;
+    let program = Program {
+        argv,
+        cwd: workspace.clone(),
+        workspace,
+        also_writable: vec![scratch.path().to_path_buf()],
+        env,
+        timeout: timeout(spec),
+        network: false,
+    };
+    let ran = run_program(&program, &ctx.jail, cancel).await.map_err(|e| not_run("semgrep", &e))?;
     let stderr = clean_tail(&ran.stderr);
     let parsed = read_report(&report);
 
@@ -500,8 +508,17 @@ async fn gitleaks(
             )
             .into());
         }
-        let program = Program { argv, cwd: scan_root.clone(), env: Vec::new(), timeout: left };
-        let ran: Ran = run_program(&program, cancel).await.map_err(|e| not_run("gitleaks", &e))?;
+        let program = Program {
+            argv,
+            cwd: scan_root.clone(),
+            workspace: scan_root.clone(),
+            also_writable: vec![scratch.path().to_path_buf()],
+            env: Vec::new(),
+            timeout: left,
+            network: false,
+        };
+        let ran: Ran =
+            run_program(&program, &ctx.jail, cancel).await.map_err(|e| not_run("gitleaks", &e))?;
         let stderr = clean_tail(&ran.stderr);
         match ran.code {
             Some(0 | GITLEAKS_LEAKS_EXIT) => {}

@@ -59,6 +59,7 @@ async fn run_opened(
     let engine = Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(Runtime {
+            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: dir.to_path_buf(),
@@ -465,6 +466,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
     let engine = Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(Runtime {
+            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             model: Arc::new(model()),
             verifiers: Verifiers::builtin(),
             workspace: dir.path().to_path_buf(),
@@ -490,6 +492,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
     let resumed = Engine::new(
         Arc::clone(&engine.store),
         Arc::new(Runtime {
+            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             model: Arc::new(model()),
             verifiers: Verifiers::builtin(),
             workspace: dir.path().to_path_buf(),

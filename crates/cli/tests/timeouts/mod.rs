@@ -42,9 +42,16 @@ impl Case {
 
     /// Runs scenario `t` on the script; the run's id and how long the command took.
     fn run(&self) -> (Output, String, Duration) {
+        self.run_with(&[])
+    }
+
+    /// Runs `t` with `extra` global flags (such as `--no-jail`).
+    fn run_with(&self, extra: &[&str]) -> (Output, String, Duration) {
         let script = self.dir.join("script.yaml");
         let t = Instant::now();
-        let out = self.baton(&["run", "t", "--script", script.to_str().unwrap(), "--input", "x"]);
+        let mut args = extra.to_vec();
+        args.extend(["run", "t", "--script", script.to_str().unwrap(), "--input", "x"]);
+        let out = self.baton(&args);
         let took = t.elapsed();
         let o = text(&out.stdout);
         let run = o.lines().find_map(|l| l.strip_prefix("run ")).unwrap_or_default().to_owned();
@@ -291,14 +298,34 @@ levels:
     terminal: true
 "#
     );
+    let alive = || {
+        std::process::Command::new("pgrep")
+            .args(["-f", &format!("echo {marker}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    // In the jail, the program's exit ends its PID namespace: the kernel kills the
+    // grandchild, setsid or not, and the verifier passes at once.
     let case = Case::new("setsid", &scenario, "levels: {}\n");
     let (out, run, took) = case.run();
     assert!(took < Duration::from_secs(10), "the readers waited for the grandchild: {took:?}");
     let log = case.events(&run);
     let verdict = log.iter().find(|e| e["kind"] == "verifier_finished").unwrap();
+    assert_eq!(verdict["data"]["passed"], true, "{}", text(&out.stdout));
+    assert!(!alive(), "the grandchild outlived the jail");
+
+    // Without the jail (`--no-jail`) the grandchild escapes the group; the readers still
+    // end with the timeout, and the verifier fails saying why.
+    let case = Case::new("setsid-unjailed", &scenario, "levels: {}\n");
+    let (out, run, took) = case.run_with(&["--no-jail"]);
+    assert!(took < Duration::from_secs(10), "the readers waited for the grandchild: {took:?}");
+    assert!(text(&out.stderr).contains("warning: --no-jail"), "{}", text(&out.stderr));
+    let log = case.events(&run);
+    let verdict = log.iter().find(|e| e["kind"] == "verifier_finished").unwrap();
     assert_eq!(verdict["data"]["passed"], false, "{}", text(&out.stdout));
+    assert_eq!(verdict["data"]["details"]["jail"], "off", "{verdict}");
     let reasons = verdict["data"]["reasons"].to_string();
     assert!(reasons.contains("kept its output open"), "{reasons}");
-    // The grandchild is outside Baton's reach until the jail; end it here.
+    // That grandchild is outside Baton's reach: end it here.
     let _ = std::process::Command::new("pkill").args(["-f", &marker]).status();
 }

@@ -212,15 +212,22 @@ fn a_provider_error_body_holding_the_key_is_redacted_before_it_is_recorded_or_pr
 /// run's output, its `events --json` and its timeline.
 fn leaky_verifier(name: &str, leaked: &str, then: &str) -> (Case, [Output; 3]) {
     let case = Case::new(name, "", "levels: {}\n");
-    let leak = case.dir.join("leak");
+    // The jail shows the program this one directory, besides the system and the workspace.
+    let shown = case.dir.join("shown");
+    std::fs::create_dir_all(&shown).unwrap();
+    let leak = shown.join("leak");
     std::fs::write(&leak, leaked).unwrap();
     let program = then.replace("LEAK", &leak.display().to_string());
     let scenario = format!(
         "id: t\nversion: 1\nlevels:\n  - id: check\n    kind: verifier\n    verifiers:\n      - {{name: leaky, uses: command, params: {{argv: [sh, -c, '{program}']}}}}\n    terminal: true\n"
     );
     std::fs::write(case.dir.join("scenarios/t.yaml"), scenario).unwrap();
-    let out =
-        case.command(&["run", "t", "--input", "x"]).env("OPENAI_API_KEY", KEY).output().unwrap();
+    let out = case
+        .command(&["run", "t", "--input", "x"])
+        .env("OPENAI_API_KEY", KEY)
+        .env("BATON_JAIL_READ_ONLY", &shown)
+        .output()
+        .unwrap();
     assert!(out.status.code().is_some(), "{}{}", text(&out.stdout), text(&out.stderr));
     let run = text(&out.stdout)
         .lines()

@@ -136,6 +136,7 @@ pub fn engine_on(store: Arc<dyn EventStore>, model: impl ModelProvider + 'static
     Engine::new(
         store,
         Arc::new(Runtime {
+            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),

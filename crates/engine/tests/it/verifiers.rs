@@ -24,6 +24,7 @@ fn spec(argv: &[&str], timeout_s: f64) -> VerifierSpec {
 
 fn ctx() -> VerifyContext {
     VerifyContext {
+        jail: std::sync::Arc::new(baton_jail::Jail::off()),
         workspace: std::env::temp_dir(),
         input: String::new(),
         output: String::new(),

@@ -1,0 +1,255 @@
+//! What runs first inside the jail, before the program: Baton's own binary, started by
+//! bubblewrap as `baton __jail-init …`. It drops to the jail's uid (when Baton is root),
+//! sets `no_new_privs` and the rlimits, applies Landlock where the kernel has it, and
+//! then replaces itself with the program (`exec`), which inherits all of it.
+//!
+//! It is single-threaded (nothing here starts a thread), so the per-thread credential
+//! calls change the whole process. Every failure ends it with exit code 125 and a line
+//! on stderr that starts with `baton jail:`; nothing runs unconfined.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt as _;
+use std::process::ExitCode;
+
+use landlock::{
+    ABI, Access, AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus,
+};
+use rustix::process::{Gid, Resource, Rlimit, Uid};
+
+/// The exit code of a jail that could not confine its program.
+pub const EXIT_JAIL: u8 = 125;
+
+/// The rlimits init sets, as it receives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub cpu_s: u64,
+    pub address_space_bytes: u64,
+    pub data_bytes: u64,
+    pub file_bytes: u64,
+    pub processes: u64,
+    pub open_files: u64,
+}
+
+impl From<&crate::Limits> for Limits {
+    fn from(l: &crate::Limits) -> Limits {
+        Limits {
+            cpu_s: l.cpu_s,
+            address_space_bytes: l.address_space_bytes,
+            data_bytes: l.data_bytes,
+            file_bytes: l.file_bytes,
+            processes: l.processes,
+            open_files: l.open_files,
+        }
+    }
+}
+
+/// The names init's arguments give the limits, with the resource each sets.
+const LIMITS: [(&str, Resource); 6] = [
+    ("--cpu", Resource::Cpu),
+    ("--as", Resource::As),
+    ("--data", Resource::Data),
+    ("--fsize", Resource::Fsize),
+    ("--nproc", Resource::Nproc),
+    ("--nofile", Resource::Nofile),
+];
+
+impl Limits {
+    /// The arguments that pass these limits to init.
+    pub fn arguments(&self) -> Vec<String> {
+        let values = [
+            self.cpu_s,
+            self.address_space_bytes,
+            self.data_bytes,
+            self.file_bytes,
+            self.processes,
+            self.open_files,
+        ];
+        LIMITS
+            .iter()
+            .zip(values)
+            .flat_map(|((name, _), v)| [(*name).to_owned(), v.to_string()])
+            .collect()
+    }
+}
+
+/// What init was asked to do.
+#[derive(Debug, Default)]
+struct Order {
+    uid: Option<u32>,
+    gid: Option<u32>,
+    limits: Vec<(Resource, u64)>,
+    writable: Vec<OsString>,
+    probe: bool,
+    argv: Vec<OsString>,
+}
+
+fn parse(args: &[OsString]) -> Result<Order, String> {
+    let mut order = Order::default();
+    let mut it = args.iter();
+    let number = |name: &str, value: Option<&OsString>| -> Result<u64, String> {
+        value
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("{name} needs a number"))
+    };
+    while let Some(arg) = it.next() {
+        let Some(word) = arg.to_str() else {
+            return Err(format!("unexpected argument {}", arg.to_string_lossy()));
+        };
+        match word {
+            "--" => {
+                order.argv = it.cloned().collect();
+                break;
+            }
+            "--probe" => order.probe = true,
+            "--uid" => {
+                order.uid =
+                    Some(u32::try_from(number(word, it.next())?).map_err(|e| e.to_string())?)
+            }
+            "--gid" => {
+                order.gid =
+                    Some(u32::try_from(number(word, it.next())?).map_err(|e| e.to_string())?)
+            }
+            "--write" => order.writable.push(it.next().cloned().ok_or("--write needs a path")?),
+            _ => match LIMITS.iter().find(|(name, _)| *name == word) {
+                Some((_, resource)) => order.limits.push((*resource, number(word, it.next())?)),
+                None => return Err(format!("unexpected argument {word}")),
+            },
+        }
+    }
+    if !order.probe && order.argv.is_empty() {
+        return Err("no program to run after `--`".to_owned());
+    }
+    Ok(order)
+}
+
+/// Runs init: `args` are the arguments after [`crate::INIT_ARG`]. Returns only when the
+/// program could not be started (or after a probe).
+pub fn main(args: &[OsString]) -> ExitCode {
+    match confine_and_exec(args) {
+        Ok(code) => code,
+        Err(e) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("baton jail: {e}");
+            }
+            ExitCode::from(EXIT_JAIL)
+        }
+    }
+}
+
+fn confine_and_exec(args: &[OsString]) -> Result<ExitCode, String> {
+    let order = parse(args)?;
+    if let (Some(uid), Some(gid)) = (order.uid, order.gid) {
+        drop_to(uid, gid)?;
+    }
+    rustix::thread::set_no_new_privs(true).map_err(|e| format!("no_new_privs: {e}"))?;
+    for (resource, value) in &order.limits {
+        let limit = Rlimit { current: Some(*value), maximum: Some(*value) };
+        rustix::process::setrlimit(*resource, limit)
+            .map_err(|e| format!("cannot set the limit {resource:?} to {value}: {e}"))?;
+    }
+    rustix::process::setrlimit(Resource::Core, Rlimit { current: Some(0), maximum: Some(0) })
+        .map_err(|e| format!("cannot turn core dumps off: {e}"))?;
+    let landlock = landlock(&order.writable)?;
+    if order.probe {
+        #[allow(clippy::print_stdout)]
+        {
+            println!("jail: {landlock}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some((program, args)) = order.argv.split_first() else {
+        return Err("no program to run".to_owned());
+    };
+    let error = std::process::Command::new(program).args(args).exec();
+    Err(format!("cannot run `{}`: {error}", program.to_string_lossy()))
+}
+
+/// Drops every group and capability: the process becomes `uid`/`gid`, for good.
+fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    rustix::thread::set_thread_groups(&[]).map_err(|e| format!("cannot drop groups: {e}"))?;
+    rustix::thread::set_thread_res_gid(gid, gid, gid)
+        .map_err(|e| format!("cannot become gid {}: {e}", gid.as_raw()))?;
+    rustix::thread::set_thread_res_uid(uid, uid, uid)
+        .map_err(|e| format!("cannot become uid {}: {e}", uid.as_raw()))?;
+    if rustix::process::getuid() != uid || rustix::process::geteuid() != uid {
+        return Err("the uid did not change".to_owned());
+    }
+    Ok(())
+}
+
+/// Landlock: reading and running anywhere in the view, writing below `writable` only.
+/// Says how far it holds; a kernel without Landlock is not an error (the mount
+/// namespace is the first wall).
+fn landlock(writable: &[OsString]) -> Result<String, String> {
+    let abi = ABI::V3;
+    let read = AccessFs::from_read(abi);
+    let all = AccessFs::from_all(abi);
+    let fail = |e: landlock::RulesetError| format!("landlock: {e}");
+    let mut ruleset = Ruleset::default()
+        .handle_access(all)
+        .map_err(fail)?
+        .create()
+        .map_err(fail)?
+        .add_rule(PathBeneath::new(
+            PathFd::new("/").map_err(|e| format!("landlock: /: {e}"))?,
+            read,
+        ))
+        .map_err(fail)?;
+    for path in writable {
+        let fd =
+            PathFd::new(path).map_err(|e| format!("landlock: {}: {e}", path.to_string_lossy()))?;
+        ruleset = ruleset.add_rule(PathBeneath::new(fd, all)).map_err(fail)?;
+    }
+    let status = ruleset.restrict_self().map_err(fail)?;
+    Ok(match status.ruleset {
+        RulesetStatus::FullyEnforced => "landlock enforced".to_owned(),
+        RulesetStatus::PartiallyEnforced => {
+            "landlock partly enforced (older kernel ABI)".to_owned()
+        }
+        RulesetStatus::NotEnforced => "landlock not available in this kernel".to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(text: &str) -> Vec<OsString> {
+        text.split_whitespace().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn arguments_round_trip_and_the_program_follows_the_separator() {
+        let limits = Limits {
+            cpu_s: 5,
+            address_space_bytes: 6,
+            data_bytes: 7,
+            file_bytes: 8,
+            processes: 9,
+            open_files: 10,
+        };
+        let mut args: Vec<OsString> = limits.arguments().into_iter().map(OsString::from).collect();
+        args.extend(words("--uid 65534 --gid 65533 --write /ws -- sh -c --uid"));
+        let order = parse(&args).expect("parses");
+        assert_eq!(order.uid, Some(65534));
+        assert_eq!(order.gid, Some(65533));
+        assert_eq!(order.limits.len(), 6);
+        assert_eq!(order.limits[0].1, 5);
+        assert_eq!(order.writable, words("/ws"));
+        assert_eq!(order.argv, words("sh -c --uid"));
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_what_is_wrong() {
+        assert!(
+            parse(&words("--cpu x -- true")).expect_err("refused").contains("--cpu needs a number")
+        );
+        assert!(parse(&words("--bogus -- true")).expect_err("refused").contains("--bogus"));
+        assert!(parse(&words("--cpu 1")).expect_err("refused").contains("no program"));
+        assert!(parse(&words("--probe")).is_ok());
+    }
+}
