@@ -6,6 +6,7 @@ mod cancels;
 mod chain;
 mod crashes;
 mod faults;
+mod jail;
 mod pinning;
 mod reads;
 mod timeouts;

@@ -84,6 +84,11 @@ struct Order {
     argv: Vec<OsString>,
 }
 
+/// A uid or gid given as a number.
+fn id(name: &str, value: u64) -> Result<u32, String> {
+    u32::try_from(value).map_err(|_| format!("{name} {value} is not a uid or gid"))
+}
+
 fn parse(args: &[OsString]) -> Result<Order, String> {
     let mut order = Order::default();
     let mut it = args.iter();
@@ -103,14 +108,8 @@ fn parse(args: &[OsString]) -> Result<Order, String> {
                 break;
             }
             "--probe" => order.probe = true,
-            "--uid" => {
-                order.uid =
-                    Some(u32::try_from(number(word, it.next())?).map_err(|e| e.to_string())?)
-            }
-            "--gid" => {
-                order.gid =
-                    Some(u32::try_from(number(word, it.next())?).map_err(|e| e.to_string())?)
-            }
+            "--uid" => order.uid = Some(id(word, number(word, it.next())?)?),
+            "--gid" => order.gid = Some(id(word, number(word, it.next())?)?),
             "--write" => order.writable.push(it.next().cloned().ok_or("--write needs a path")?),
             _ => match LIMITS.iter().find(|(name, _)| *name == word) {
                 Some((_, resource)) => order.limits.push((*resource, number(word, it.next())?)),
