@@ -287,13 +287,15 @@ fn build_jail(place: &Place) -> Jail {
         read_only,
         path: None,
         hidden: hidden(place, &data, snapshots),
+        protected: protected(place),
+        data: Some(data.clone()),
         scratch: data.join("jail"),
         limits,
     })
 }
 
-/// Baton's own state, which no jailed program may see: the database and its journals,
-/// the runs' workspaces (the running one's own is shown), the snapshots, the jail's own
+/// Baton's own state, which no jailed program may see: its directory (where it lies in a
+/// workspace), the database and its journals, the runs' workspaces (the running one's own is shown), the snapshots, the jail's own
 /// directory.
 fn hidden(place: &Place, data: &Path, snapshots: PathBuf) -> Vec<PathBuf> {
     let db = std::path::absolute(&place.db).unwrap_or_else(|_| place.db.clone());
@@ -305,10 +307,21 @@ fn hidden(place: &Place, data: &Path, snapshots: PathBuf) -> Vec<PathBuf> {
             PathBuf::from(name)
         })
         .collect();
+    hidden.push(data.to_path_buf());
     hidden.push(data.join("workspaces"));
     hidden.push(std::path::absolute(&snapshots).unwrap_or(snapshots));
     hidden.push(data.join("jail"));
     hidden
+}
+
+/// What a jailed program may read but not change when its workspace holds it: the
+/// configuration (`--config` or ./baton.toml) and the scenarios directory.
+fn protected(place: &Place) -> Vec<PathBuf> {
+    let config = place.config.clone().unwrap_or_else(|| PathBuf::from("baton.toml"));
+    [config, place.scenarios.clone()]
+        .into_iter()
+        .map(|p| std::path::absolute(&p).unwrap_or(p))
+        .collect()
 }
 
 /// Before a run starts programs: refused when the jail cannot be set up, and said out

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use landlock::{
     ABI, Access, AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    RulesetStatus,
+    RulesetStatus, Scope,
 };
 use rustix::process::{Gid, Resource, Rlimit, Uid};
 
@@ -166,8 +166,17 @@ fn confine_and_exec(args: &[OsString]) -> Result<ExitCode, String> {
     Err(format!("cannot run `{}`: {error}", program.to_string_lossy()))
 }
 
-/// Drops every group and capability: the process becomes `uid`/`gid`, for good.
+/// Drops every group and capability: the process becomes `uid`/`gid`, for good. The
+/// bounding set is emptied first (bwrap leaves it full), so that nothing it runs can ever
+/// hold a capability again.
 fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    for bit in 0..64 {
+        // Bits the kernel does not know are refused (EINVAL): nothing to drop there.
+        let _ = rustix::thread::remove_capability_from_bounding_set(
+            CapabilitySet::from_bits_retain(1 << bit),
+        );
+    }
     let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
     rustix::thread::set_thread_groups(&[]).map_err(|e| format!("cannot drop groups: {e}"))?;
     rustix::thread::set_thread_res_gid(gid, gid, gid)
@@ -177,31 +186,41 @@ fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
     if rustix::process::getuid() != uid || rustix::process::geteuid() != uid {
         return Err("the uid did not change".to_owned());
     }
+    let none = CapabilitySet::empty();
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets { effective: none, permitted: none, inheritable: none },
+    )
+    .map_err(|e| format!("cannot clear the capabilities: {e}"))?;
     Ok(())
 }
 
-/// Landlock: reading and running anywhere in the view, writing below `writable` only.
-/// Says how far it holds; a kernel without Landlock is not an error (the mount
-/// namespace is the first wall).
+/// Landlock: reading and running anywhere in the view, writing below `writable` only, and
+/// in `/dev` to the devices there (no new files); no abstract unix socket and no signal
+/// outside the jail (where the kernel scopes them). Says how far it holds; a kernel
+/// without Landlock is not an error (the mount namespace is the first wall).
 fn landlock(writable: &[OsString]) -> Result<String, String> {
-    let abi = ABI::V3;
+    let abi = ABI::V6;
     let read = AccessFs::from_read(abi);
     let all = AccessFs::from_all(abi);
     let fail = |e: landlock::RulesetError| format!("landlock: {e}");
+    let open = |path: &std::ffi::OsStr| {
+        PathFd::new(path).map_err(|e| format!("landlock: {}: {e}", path.to_string_lossy()))
+    };
+    let devices = read | AccessFs::WriteFile | AccessFs::Truncate;
     let mut ruleset = Ruleset::default()
         .handle_access(all)
         .map_err(fail)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(fail)?
         .create()
         .map_err(fail)?
-        .add_rule(PathBeneath::new(
-            PathFd::new("/").map_err(|e| format!("landlock: /: {e}"))?,
-            read,
-        ))
+        .add_rule(PathBeneath::new(open("/".as_ref())?, read))
+        .map_err(fail)?
+        .add_rule(PathBeneath::new(open("/dev".as_ref())?, devices))
         .map_err(fail)?;
     for path in writable {
-        let fd =
-            PathFd::new(path).map_err(|e| format!("landlock: {}: {e}", path.to_string_lossy()))?;
-        ruleset = ruleset.add_rule(PathBeneath::new(fd, all)).map_err(fail)?;
+        ruleset = ruleset.add_rule(PathBeneath::new(open(path)?, all)).map_err(fail)?;
     }
     let status = ruleset.restrict_self().map_err(fail)?;
     Ok(match status.ruleset {

@@ -100,8 +100,15 @@ pub struct Settings {
     pub read_only: Vec<PathBuf>,
     /// The `PATH` jailed programs get.
     pub path: Option<OsString>,
-    /// Baton's own state (the database's directory, the snapshots): never in the view.
+    /// Baton's own state (the database and its directory, the snapshots): never in the
+    /// view.
     pub hidden: Vec<PathBuf>,
+    /// Baton's directory (the database's): covered where it lies in a workspace, and never
+    /// a workspace itself. Also one of `hidden`.
+    pub data: Option<PathBuf>,
+    /// What a program may read but never change when it lies in its workspace (Baton's
+    /// configuration, the scenarios); the workspace's `.git` always.
+    pub protected: Vec<PathBuf>,
     /// A directory of Baton's where the jail keeps its `/etc` files and each program's
     /// private `/tmp`.
     pub scratch: PathBuf,
@@ -206,7 +213,12 @@ impl Watch {
         let now = tree::usage(&watch.roots, &watch.skip, max_entries);
         let files = now.entries.saturating_sub(watch.before.entries);
         let bytes = now.bytes.saturating_sub(watch.before.bytes);
-        if files > watch.limits.new_files {
+        if now.unseen > watch.before.unseen {
+            Some(
+                "the program made directories the jail cannot count (unreadable, or nested deeper than 256) and was stopped"
+                    .to_owned(),
+            )
+        } else if files > watch.limits.new_files {
             Some(format!(
                 "the program created more than {} files in the workspace and /tmp (the jail's limit) and was stopped",
                 watch.limits.new_files
@@ -394,7 +406,9 @@ impl Setup {
         let workspace = std::path::absolute(program.workspace)
             .map_err(|e| format!("{}: {e}", program.workspace.display()))?;
         if let Some((uid, gid)) = self.run_as {
-            tree::hand_over(&workspace, uid, gid, &self.view.hidden, self.limits.new_files * 4)?;
+            let mut kept = self.view.hidden.clone();
+            kept.extend(self.view.protected_in(&workspace));
+            tree::hand_over(&workspace, uid, gid, &kept, self.limits.new_files * 4)?;
         }
         for dir in program.also_writable {
             if let Some((uid, gid)) = self.run_as {
@@ -429,9 +443,11 @@ impl Setup {
             push(&["--unshare-net"]);
         }
         if self.run_as.is_some() {
-            // bwrap runs privileged; init needs these two to drop to the jail's uid, and
-            // dropping clears them with every other capability.
-            push(&["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]);
+            // bwrap runs privileged; it needs to search Baton's private directories to
+            // reach the ones it mounts, and init needs the rest to empty the bounding set
+            // and drop to the jail's uid, which clears them with every other capability.
+            push(&["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]);
+            push(&["--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_DAC_READ_SEARCH"]);
         } else {
             push(&["--unshare-user", "--disable-userns"]);
         }
@@ -465,7 +481,7 @@ impl Setup {
                 gid.to_string().into(),
             ]);
         }
-        let fixed = [workspace.as_path(), Path::new("/tmp"), Path::new("/dev")];
+        let fixed = [workspace.as_path(), Path::new("/tmp")];
         for writable in fixed.into_iter().chain(program.also_writable.iter().map(PathBuf::as_path))
         {
             a.extend(["--write".into(), writable.as_os_str().to_owned()]);

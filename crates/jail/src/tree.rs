@@ -2,8 +2,10 @@
 //! swapped in by a program is never followed: handing a workspace over to the jail's uid
 //! (when Baton is root), and counting what a program added.
 
+use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
@@ -19,6 +21,8 @@ pub struct Usage {
     pub entries: u64,
     /// Disk blocks they take, in bytes.
     pub bytes: u64,
+    /// Directories that could not be counted: unreadable, or deeper than the walk goes.
+    pub unseen: u64,
 }
 
 fn open_dir(at: impl AsFd, name: &std::ffi::CStr) -> rustix::io::Result<OwnedFd> {
@@ -40,47 +44,71 @@ fn identities(paths: &[PathBuf]) -> Vec<(u64, u64)> {
     paths.iter().filter_map(|p| rustix::fs::stat(p).ok()).map(|s| (s.st_dev, s.st_ino)).collect()
 }
 
+/// What a walk saw.
+#[derive(Clone, Copy, Debug, Default)]
+struct Walked {
+    seen: u64,
+    unseen: u64,
+}
+
 /// Walks below `root` (not crossing into other filesystems, not into `skip`), calling
-/// `visit` with each entry's directory, name and status; stops after `max` entries.
+/// `visit` with each entry's directory, name and status; stops after `max` entries. A
+/// directory waiting to be read holds no descriptor of its own (only its parent's), so a
+/// wide tree cannot exhaust Baton's descriptors.
 fn walk(
     root: &Path,
     skip: &[(u64, u64)],
     max: u64,
     visit: &mut dyn FnMut(&OwnedFd, &std::ffi::CStr, &Stat) -> Result<(), String>,
-) -> Result<u64, String> {
+) -> Result<Walked, String> {
     let (fd, stat) = open_root(root)?;
     let device = stat.st_dev;
-    let mut stack = vec![(fd, 0usize)];
-    let mut seen = 0u64;
-    while let Some((dir, depth)) = stack.pop() {
-        let entries = rustix::fs::Dir::read_from(&dir)
-            .map_err(|e| format!("cannot read a directory below {}: {e}", root.display()))?;
+    let mut walked = Walked::default();
+    // Directories to read: their parent's descriptor, their name, their depth.
+    let mut pending: Vec<(Rc<OwnedFd>, Option<CString>, usize)> = vec![(Rc::new(fd), None, 0)];
+    while let Some((parent, name, depth)) = pending.pop() {
+        let dir = match name {
+            None => parent,
+            Some(name) => match open_dir(&*parent, name.as_c_str()) {
+                Ok(fd) => Rc::new(fd),
+                Err(_) => {
+                    walked.unseen += 1;
+                    continue;
+                }
+            },
+        };
+        let Ok(entries) = rustix::fs::Dir::read_from(&*dir) else {
+            walked.unseen += 1;
+            continue;
+        };
         for entry in entries {
-            let Ok(entry) = entry else { break };
+            let Ok(entry) = entry else {
+                walked.unseen += 1;
+                break;
+            };
             let name = entry.file_name();
             if name == c"." || name == c".." {
                 continue;
             }
-            let Ok(stat) = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            let Ok(stat) = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
                 continue;
             };
-            seen += 1;
-            if seen > max {
-                return Ok(seen);
+            walked.seen += 1;
+            if walked.seen > max {
+                return Ok(walked);
             }
             visit(&dir, name, &stat)?;
             let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
-            if is_dir
-                && depth < DEPTH_MAX
-                && stat.st_dev == device
-                && !skip.contains(&(stat.st_dev, stat.st_ino))
-                && let Ok(child) = open_dir(&dir, name)
-            {
-                stack.push((child, depth + 1));
+            if is_dir && stat.st_dev == device && !skip.contains(&(stat.st_dev, stat.st_ino)) {
+                if depth >= DEPTH_MAX {
+                    walked.unseen += 1;
+                } else {
+                    pending.push((Rc::clone(&dir), Some(name.to_owned()), depth + 1));
+                }
             }
         }
     }
-    Ok(seen)
+    Ok(walked)
 }
 
 /// What `roots` hold below them, counting at most `max` entries.
@@ -89,12 +117,17 @@ pub fn usage(roots: &[PathBuf], skip: &[PathBuf], max: u64) -> Usage {
     let mut usage = Usage::default();
     for root in roots {
         let mut bytes = 0u64;
-        let entries = walk(root, &skip, max, &mut |_, _, stat| {
+        let walked = walk(root, &skip, max, &mut |_, _, stat| {
             bytes = bytes.saturating_add(u64::try_from(stat.st_blocks).unwrap_or(0) * 512);
             Ok(())
-        })
-        .unwrap_or(0);
-        usage.entries += entries;
+        });
+        match walked {
+            Ok(walked) => {
+                usage.entries += walked.seen;
+                usage.unseen += walked.unseen;
+            }
+            Err(_) => usage.unseen += 1,
+        }
         usage.bytes += bytes;
     }
     usage
@@ -120,7 +153,7 @@ pub fn hand_over(
         rustix::fs::fchown(&fd, Some(owner), Some(group)).map_err(give)?;
     }
     let skip = identities(hidden);
-    let seen = walk(&root, &skip, max, &mut |dir, name, stat| {
+    let walked = walk(&root, &skip, max, &mut |dir, name, stat| {
         let kind = FileType::from_raw_mode(stat.st_mode);
         let linked = kind == FileType::RegularFile && stat.st_nlink > 1;
         if (stat.st_uid == uid && stat.st_gid == gid)
@@ -132,7 +165,7 @@ pub fn hand_over(
         rustix::fs::chownat(dir, name, Some(owner), Some(group), AtFlags::SYMLINK_NOFOLLOW)
             .map_err(give)
     })?;
-    if seen > max {
+    if walked.seen > max {
         return Err(format!(
             "the workspace {} holds more than {max} files; the jail hands over at most that many",
             root.display()
@@ -148,10 +181,10 @@ pub(crate) fn private_dir(scratch: &Path, run_as: Option<(u32, u32)>) -> Result<
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let dir = scratch.join(format!("tmp-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let make = |path: &Path| -> Result<(), String> {
+    let make = |path: &Path, mode: u32| -> Result<(), String> {
         use std::os::unix::fs::DirBuilderExt as _;
         std::fs::DirBuilder::new()
-            .mode(0o700)
+            .mode(mode)
             .create(path)
             .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         if let Some((uid, gid)) = run_as {
@@ -160,8 +193,8 @@ pub(crate) fn private_dir(scratch: &Path, run_as: Option<(u32, u32)>) -> Result<
         }
         Ok(())
     };
-    make(&dir)?;
-    make(&dir.join("home"))?;
+    make(&dir, 0o700)?;
+    make(&dir.join("home"), 0o700)?;
     Ok(dir)
 }
 
@@ -182,5 +215,13 @@ mod tests {
         assert_eq!(usage(std::slice::from_ref(&root), &[], 2).entries, 3, "stops past the bound");
         let skipped = usage(std::slice::from_ref(&root), &[root.join("a")], u64::MAX);
         assert_eq!(skipped.entries, 2, "a is counted, not what is below it");
+        assert_eq!(all.unseen, 0);
+        // Deeper than the walk goes: not counted, and said.
+        let mut deep = root.clone();
+        for _ in 0..=DEPTH_MAX {
+            deep.push("d");
+        }
+        std::fs::create_dir_all(&deep).expect("deep");
+        assert!(usage(std::slice::from_ref(&root), &[], u64::MAX).unseen > 0);
     }
 }

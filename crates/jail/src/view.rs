@@ -55,6 +55,10 @@ pub struct View {
     etc: PathBuf,
     /// The jail's directory (its probe's workspace lies there).
     scratch: PathBuf,
+    /// What a program may read but not change when it lies in its workspace.
+    protected: Vec<PathBuf>,
+    /// Baton's own directory (the database's), one of `hidden`.
+    data: Option<PathBuf>,
 }
 
 impl View {
@@ -83,7 +87,10 @@ impl View {
         }
         // Parents first, so that a child mount lands on top of its parent's.
         read_only.sort_by_key(|p| p.components().count());
-        View { read_only, hidden, etc, scratch }
+        let protected =
+            settings.protected.iter().filter_map(|p| std::path::absolute(p).ok()).collect();
+        let data = settings.data.as_ref().and_then(|d| std::path::absolute(d).ok());
+        View { read_only, hidden, etc, scratch, protected, data }
     }
 
     /// Adds the view's bwrap arguments: `tmp` becomes `/tmp`, `workspace` is writable.
@@ -101,10 +108,13 @@ impl View {
             workspace.starts_with(h)
                 && !is_workspace_root(h, workspace)
                 && !workspace.starts_with(&self.scratch)
+                // Baton's directory may hold the workspace (a project beside the
+                // database, or a run's own); it may not be the workspace.
+                && (Some(h.as_path()) != self.data.as_deref() || workspace == h.as_path())
         };
         if let Some(h) = self.hidden.iter().find(inside) {
             return Err(format!(
-                "the workspace {} is, or lies inside, Baton's own state ({}), which no jailed program may see; keep the database and snapshots out of it (--db, --snapshots)",
+                "the workspace {} is, or lies inside, Baton's own state ({}), which no jailed program may see; keep the database (--db) outside the workspace or in its .baton directory, and the snapshots (--snapshots) outside it",
                 workspace.display(),
                 h.display()
             ));
@@ -155,17 +165,26 @@ impl View {
             m.bind(a, "--bind", dir, dir);
         }
         m.bind(a, "--ro-bind", init, Path::new(crate::INIT_INSIDE));
-        // Baton's state inside what is shown is covered: an empty directory, or an empty file.
-        for hidden in &self.hidden {
-            let inside = hidden.starts_with(workspace)
+        // Baton's state inside what is shown is covered: an empty directory, or an empty
+        // file (covered, it cannot be renamed or removed: a mount point is busy).
+        let mut covered: Vec<&PathBuf> = Vec::new();
+        let mut hidden: Vec<&PathBuf> = self.hidden.iter().collect();
+        hidden.sort_by_key(|p| p.components().count());
+        for hidden in hidden {
+            if covered.iter().any(|c| hidden.starts_with(c)) {
+                continue;
+            }
+            let shown = hidden.starts_with(workspace)
+                || is_system(hidden)
                 || self.read_only.iter().any(|r| hidden.starts_with(r));
-            if !inside || hidden == workspace {
+            if !shown || workspace.starts_with(hidden) {
                 continue;
             }
             match std::fs::symlink_metadata(hidden) {
                 Ok(m) if m.is_dir() => {
                     a.extend(["--tmpfs".into(), hidden.as_os_str().to_owned()]);
                     a.extend(["--remount-ro".into(), hidden.as_os_str().to_owned()]);
+                    covered.push(hidden);
                 }
                 Ok(_) => a.extend([
                     "--ro-bind".into(),
@@ -175,7 +194,31 @@ impl View {
                 Err(_) => {}
             }
         }
+        // What the program may read in the workspace but not change: its git metadata
+        // (the next `git` a person runs there would obey it), the configuration and the
+        // scenarios when they lie in it.
+        for path in self.protected_in(workspace) {
+            a.extend([
+                "--ro-bind".into(),
+                path.as_os_str().to_owned(),
+                path.as_os_str().to_owned(),
+            ]);
+        }
         Ok(())
+    }
+
+    /// The paths inside `workspace` a program may not change: `.git`, and
+    /// [`Settings::protected`] where they exist there.
+    pub(crate) fn protected_in(&self, workspace: &Path) -> Vec<PathBuf> {
+        std::iter::once(workspace.join(".git"))
+            .chain(
+                self.protected
+                    .iter()
+                    .filter(|p| p.starts_with(workspace) && p.as_path() != workspace)
+                    .cloned(),
+            )
+            .filter(|p| std::fs::symlink_metadata(p).is_ok())
+            .collect()
     }
 }
 
@@ -259,10 +302,20 @@ pub fn toolchains(path: &std::ffi::OsStr, homes: &Homes) -> Vec<PathBuf> {
         }
         let root = match (entry.file_name().and_then(|n| n.to_str()), entry.parent()) {
             (Some("bin" | "shims"), Some(parent)) => parent.to_path_buf(),
+            // `PREFIX/node_modules/.bin`: the packages' links point into PREFIX/node_modules.
+            (Some(".bin"), Some(modules)) if modules.ends_with("node_modules") => {
+                modules.parent().map_or_else(|| entry.clone(), Path::to_path_buf)
+            }
             _ => entry.clone(),
         };
+        // Under the home directory only a toolchain's own layout is shown whole (a
+        // virtualenv, pyenv, an npm prefix): `~/.local/bin` shows itself, not `~/.local`.
+        let toolchain_layout = ["pyvenv.cfg", "libexec/pyenv", "node_modules"]
+            .iter()
+            .any(|marker| root.join(marker).exists());
         let too_wide = root.parent().is_none()
             || home.is_some_and(|h| h.starts_with(&root))
+            || (home.is_some_and(|h| root.starts_with(h)) && !toolchain_layout)
             || is_system(&root);
         if cargo_home.as_deref() == Some(root.as_path()) {
             found.push(entry.clone());
@@ -348,23 +401,32 @@ mod tests {
 
     #[test]
     fn toolchains_show_their_root_but_never_the_home_or_cargo_credentials() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = dir.path().join("u");
+        for made in [".pyenv/libexec/pyenv", ".pyenv/shims", ".local/bin", "bin", ".cargo/bin"] {
+            std::fs::create_dir_all(home.join(made)).expect("dirs");
+        }
         let homes = Homes {
-            home: Some(PathBuf::from("/home/u")),
-            cargo: Some(PathBuf::from("/home/u/.cargo")),
-            rustup: Some(PathBuf::from("/home/u/.rustup")),
+            home: Some(home.clone()),
+            cargo: Some(home.join(".cargo")),
+            rustup: Some(home.join(".rustup")),
         };
-        let path = std::ffi::OsString::from(
-            "/home/u/.pyenv/shims:/srv/venv/bin:/home/u/bin:/home/u/.cargo/bin:/usr/bin:relative",
-        );
+        let h = home.display();
+        let path = std::ffi::OsString::from(format!(
+            "{h}/.pyenv/shims:/srv/venv/bin:{h}/bin:{h}/.local/bin:{h}/.cargo/bin:/usr/bin:relative:/srv/npm/node_modules/.bin"
+        ));
         let found = toolchains(&path, &homes);
+        assert!(found.contains(&PathBuf::from("/srv/npm")), "{found:?}");
         assert!(found.contains(&PathBuf::from("/srv/venv")), "{found:?}");
-        assert!(found.contains(&PathBuf::from("/home/u/.rustup/toolchains")), "{found:?}");
-        assert!(found.contains(&PathBuf::from("/home/u/.pyenv")), "{found:?}");
-        assert!(found.contains(&PathBuf::from("/home/u/bin")), "{found:?}");
-        assert!(!found.contains(&PathBuf::from("/home/u")), "{found:?}");
-        assert!(found.contains(&PathBuf::from("/home/u/.cargo/bin")), "{found:?}");
-        assert!(found.contains(&PathBuf::from("/home/u/.cargo/registry")), "{found:?}");
-        assert!(!found.contains(&PathBuf::from("/home/u/.cargo")), "{found:?}");
+        assert!(found.contains(&home.join(".rustup/toolchains")), "{found:?}");
+        assert!(found.contains(&home.join(".pyenv")), "{found:?}");
+        assert!(found.contains(&home.join("bin")), "{found:?}");
+        assert!(!found.contains(&home), "{found:?}");
+        assert!(found.contains(&home.join(".local/bin")), "{found:?}");
+        assert!(!found.contains(&home.join(".local")), "{found:?}");
+        assert!(found.contains(&home.join(".cargo/bin")), "{found:?}");
+        assert!(found.contains(&home.join(".cargo/registry")), "{found:?}");
+        assert!(!found.contains(&home.join(".cargo")), "{found:?}");
         assert!(!found.iter().any(|p| p.starts_with("/usr")), "{found:?}");
         assert!(!found.iter().any(|p| p.is_relative()), "{found:?}");
     }

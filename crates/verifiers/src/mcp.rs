@@ -61,13 +61,18 @@ struct Server {
     next_id: u64,
     /// Notifications received and skipped.
     notifications: u64,
-    /// What the jail keeps while the server runs (its private `/tmp`).
-    _jail: Option<baton_jail::Watch>,
+    /// The task that counts what the server adds to the disk (and the jail's private
+    /// `/tmp` it keeps); past the jail's limits it stops the server and says why here.
+    watch: Option<tokio::task::JoinHandle<()>>,
+    over_limits: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Drop for Server {
     /// Stops the server and everything it started (its process group).
     fn drop(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            watch.abort();
+        }
         if let Some(pid) = self.child.id() {
             let _ = std::process::Command::new("kill")
                 .args(["-KILL", "--", &format!("-{pid}")])
@@ -76,6 +81,34 @@ impl Drop for Server {
                 .stderr(Stdio::null())
                 .status();
         }
+    }
+}
+
+/// Counts what a running server adds to its workspace and `/tmp` every half second; past
+/// the jail's limits, kills its process group and records why in `said`.
+async fn watch_server(
+    watch: Arc<baton_jail::Watch>,
+    pid: u32,
+    said: Arc<std::sync::Mutex<Option<String>>>,
+) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let counted = Arc::clone(&watch);
+        let Ok(Some(why)) = tokio::task::spawn_blocking(move || counted.over_limits()).await else {
+            continue;
+        };
+        match said.lock() {
+            Ok(mut g) => *g = Some(why),
+            Err(p) => *p.into_inner() = Some(why),
+        }
+        let _ = tokio::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+        return;
     }
 }
 
@@ -114,6 +147,11 @@ impl Server {
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child =
             command.spawn().map_err(|e| format!("cannot start MCP server `{program}`: {e}"))?;
+        let over_limits = Arc::new(std::sync::Mutex::new(None));
+        let watch = watch.zip(child.id()).map(|(watch, pid)| {
+            let said = Arc::clone(&over_limits);
+            tokio::spawn(watch_server(Arc::new(watch), pid, said))
+        });
         let (Some(stdin), Some(stdout), Some(mut stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -146,7 +184,8 @@ impl Server {
             stderr_task: Some(stderr_task),
             next_id: 1,
             notifications: 0,
-            _jail: watch,
+            watch,
+            over_limits,
         };
         let init = json!({
             "protocolVersion": PROTOCOL_VERSION,
@@ -201,6 +240,13 @@ impl Server {
             .and_then(Result::ok);
         if let Some(task) = self.stderr_task.take() {
             let _ = tokio::time::timeout(Duration::from_millis(500), task).await;
+        }
+        let stopped = match self.over_limits.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        if let Some(why) = stopped {
+            return format!("the MCP server was stopped before {before}: {why}");
         }
         let how = status.map_or("closed its output".to_owned(), |s| format!("exited ({s})"));
         let stderr = self.stderr_tail();

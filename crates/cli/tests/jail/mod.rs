@@ -675,14 +675,18 @@ fn attack_output_floods_are_cut_to_the_tail() {
 #[test]
 fn attack_the_program_has_no_capabilities_and_gains_none() {
     let lab = Lab::new("caps");
-    let ran = control(
-        &lab,
-        "grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status; id -u; exit 0",
-        "CapEff",
-    );
+    let ran =
+        control(&lab, "grep -E '^(Cap|NoNewPrivs)' /proc/self/status; id -u; exit 0", "CapEff");
     let printed = ran.printed();
     assert!(printed.contains("CapEff:\t0000000000000000"), "{printed}");
     assert!(printed.contains("CapPrm:\t0000000000000000"), "{printed}");
+    assert!(printed.contains("CapInh:\t0000000000000000"), "{printed}");
+    assert!(printed.contains("CapAmb:\t0000000000000000"), "{printed}");
+    if std::env::var("USER").as_deref() == Ok("root")
+        || text(&Command::new("id").arg("-u").output().unwrap().stdout).trim() == "0"
+    {
+        assert!(printed.contains("CapBnd:\t0000000000000000"), "{printed}");
+    }
     assert!(printed.contains("NoNewPrivs:\t1"), "{printed}");
     assert!(!printed.lines().any(|l| l.trim() == "0"), "it runs as root: {printed}");
     // A new user namespace makes it root there, and root there owns nothing here.
@@ -867,4 +871,121 @@ fn batons_environment_is_unreadable_to_a_sibling_process_of_its_own_uid() {
         assert!(Instant::now() < deadline, "the jailed program outlived Baton");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn real_mcp_servers_run_in_the_jail() {
+    // mcp-server-time (Python, in the test venv) and server-filesystem (TypeScript, npm),
+    // started by the scenario's verifiers inside the jail, on the model's workspace.
+    let repo = super::repo();
+    let time = repo.join(".peers/venv/bin/mcp-server-time");
+    let files = repo.join(".peers/npm/node_modules/.bin/mcp-server-filesystem");
+    assert!(time.exists() && files.exists(), "run scripts/test, which installs the MCP servers");
+    let mut lab = Lab::new("mcp-real");
+    lab.verifier = format!(
+        "mcp, timeout_s: 60, params: {{server: [{}], tool: get_current_time, arguments: {{timezone: Europe/Paris}}, condition: \"result.timezone == 'Europe/Paris'\"}}}}\n      - {{name: files, uses: mcp, timeout_s: 60, params: {{server: [{}, .], tool: read_text_file, arguments: {{path: '{{{{ workspace }}}}/attack.sh'}}}}",
+        time.display(),
+        files.display()
+    );
+    let ran = lab.run("echo the model's file");
+    let finished: Vec<Value> = ran
+        .log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["kind"] == "verifier_finished")
+        .collect();
+    assert_eq!(finished.len(), 2, "{}", ran.log);
+    for f in &finished {
+        assert_eq!(f["data"]["passed"], true, "{f}");
+    }
+    assert!(finished[1]["data"]["details"]["content"].to_string().contains("the model's file"));
+}
+
+#[test]
+fn attack_moving_batons_directory_aside_uncovers_nothing() {
+    // `--workspace .` with the database in ./.baton: the directory is covered, and a cover
+    // cannot be moved (a mount point is busy), so the next program finds nothing either.
+    let mut lab = Lab::new("rename-data");
+    lab.workspace = Some(lab.dir.clone());
+    lab.db = ".baton/runs.db";
+    lab.verifier = "command, params: {argv: [sh, attack.sh]}}\n      - {name: second, uses: command, params: {argv: [sh, -c, 'head -c 16 .b/runs.db .baton/runs.db; ls -a .b .baton; exit 0']}".to_owned();
+    control(&lab, "ls -a .baton; exit 0", ".");
+    let ran = lab.run("mv .baton .b; mkdir -p .baton; echo junk > .baton/runs.db-journal; exit 0");
+    assert!(!lab.dir.join(".b").exists(), "{}", ran.log);
+    assert!(!lab.dir.join(".baton/runs.db-journal").exists());
+    assert!(!ran.log.contains("SQLite format"), "{}", ran.log);
+    let check = lab.command(&["verify"]).output().unwrap();
+    assert!(check.status.success(), "{}{}", text(&check.stdout), text(&check.stderr));
+}
+
+#[test]
+fn attack_the_workspaces_own_git_and_batons_configuration_stay_as_they_were() {
+    let mut lab = Lab::new("dot-git");
+    lab.workspace = Some(lab.dir.clone());
+    lab.db = ".baton/runs.db";
+    lab.config = Some("[jail]\nnew_files = 1000\n".to_owned());
+    let git = Command::new("git").args(["init", "-q"]).arg(&lab.dir).output().unwrap();
+    assert!(git.status.success(), "{}", text(&git.stderr));
+    let before = std::fs::read_to_string(lab.dir.join(".git/config")).unwrap();
+    control(
+        &lab,
+        "cat .git/config baton.toml scenarios/t.yaml >/dev/null && echo readable; exit 0",
+        "readable",
+    );
+    let ran = lab.run(
+        "printf '[core]\\n\\tfsmonitor = touch @OUT@/fsmonitor\\n' >> .git/config; echo 'touch @OUT@/hook' > .git/hooks/pre-commit; \
+         printf '[jail]\\nbwrap = \"/tmp/evil\"\\n' > baton.toml; echo evil > scenarios/t.yaml; rm -rf scenarios .git; exit 0",
+    );
+    assert_eq!(
+        std::fs::read_to_string(lab.dir.join(".git/config")).unwrap(),
+        before,
+        "{}",
+        ran.printed()
+    );
+    assert!(!lab.dir.join(".git/hooks/pre-commit").exists());
+    assert_eq!(
+        std::fs::read_to_string(lab.dir.join("baton.toml")).unwrap(),
+        "[jail]\nnew_files = 1000\n"
+    );
+    let scenario = std::fs::read_to_string(lab.dir.join("scenarios/t.yaml")).unwrap();
+    assert!(scenario.starts_with("id: t"), "{scenario}");
+}
+
+#[test]
+fn attack_directories_deeper_than_the_walk_are_not_a_hiding_place() {
+    let lab = Lab::new("deep");
+    control(&lab, "mkdir -p a/b/c && echo made; exit 0", "made");
+    let ran = lab.run("i=0; while [ $i -lt 300 ]; do mkdir d; cd d; i=$((i+1)); done; head -c 1000000 /dev/zero > f; sleep 5; exit 0");
+    assert!(!ran.passed());
+    assert!(ran.verdict["reasons"].to_string().contains("cannot count"), "{}", ran.verdict);
+}
+
+#[test]
+fn attack_dev_takes_no_new_files() {
+    let lab = Lab::new("dev");
+    control(&lab, "echo x > /dev/null && head -c 4 /dev/urandom | wc -c; exit 0", "4");
+    let ran = lab.run(
+        "echo x > /dev/newfile; head -c 10000000 /dev/zero > /dev/shm/fill; echo LISTING; ls /dev /dev/shm; exit 0",
+    );
+    let printed = ran.printed();
+    let listing: Vec<&str> = printed.lines().skip_while(|l| *l != "LISTING").collect();
+    assert!(listing.len() > 3, "{printed}");
+    assert!(!listing.iter().any(|l| l.trim() == "newfile" || l.trim() == "fill"), "{printed}");
+}
+
+#[test]
+fn attack_an_mcp_server_filling_the_disk_is_stopped() {
+    let mut lab = Lab::new("mcp-disk");
+    lab.config = Some("[jail]\nnew_files = 300\n".to_owned());
+    lab.verifier = "mcp, timeout_s: 30, params: {server: [sh, attack.sh], tool: t}".to_owned();
+    let ran = lab.run(
+        "mkdir many; i=0; while [ $i -lt 200000 ]; do : > many/f$i; i=$((i+1)); done; sleep 30",
+    );
+    assert!(!ran.passed(), "{}", ran.verdict);
+    assert!(
+        ran.verdict["reasons"].to_string().contains("created more than 300 files"),
+        "{}",
+        ran.verdict
+    );
+    assert!(ran.took < Duration::from_secs(25), "{:?}", ran.took);
 }
