@@ -7,8 +7,8 @@
 //! `fanout8` (plan → a fan-out of 8 prompt children with majority_pass: 10), `approval`
 //! (draft → human approval → finalize, decided and resumed by a fresh engine over the same
 //! store, as a restart would), `paused` (runs left waiting for an approval: how much
-//! memory each paused run holds), and `reopen` (a run of 10 000 events reopened from the
-//! store and planned).
+//! memory each paused run holds), `reopen` (a run of 10 000 events reopened from the
+//! store and planned), and `jail` (what the jail adds to each program a verifier starts).
 
 #![allow(clippy::cast_precision_loss)]
 
@@ -119,6 +119,8 @@ pub(crate) struct BenchArgs {
     pub db: Option<PathBuf>,
     /// Measure this many times and report medians.
     pub repeat: usize,
+    /// Where the `jail` workload sets its jail up (its data directory is a fresh one).
+    pub place: crate::cmd_run::Place,
 }
 
 fn scenario(yaml: &str, dir: &Path) -> anyhow::Result<Arc<Scenario>> {
@@ -200,6 +202,11 @@ async fn one_run(
 }
 
 pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if args.workload == "jail" {
+        let report = jail_cost(&args).await?;
+        print_report(&report, args.json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if matches!(args.workload.as_str(), "reopen" | "paused") || args.repeat <= 1 {
         let report = measure(&args).await?;
         print_report(&report, args.json)?;
@@ -235,7 +242,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "approval" | "reopen" | "paused" => APPROVAL,
         other => {
             bail!(
-                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused or reopen"
+                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen or jail"
             )
         }
     };
@@ -424,6 +431,77 @@ async fn reopen(
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
     });
     Ok(report)
+}
+
+/// The `jail` workload: what the jail costs each program a verifier starts. The same
+/// program (`true`, then `python3 -c pass`) runs `runs` times through `run_program` in
+/// the jail and as many times without it (`--no-jail`), alternating; the report gives the
+/// medians and 95th percentiles of the wall time of each, in milliseconds, and what the
+/// first program paid to set the jail up (finding bubblewrap, its probe).
+async fn jail_cost(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    use baton_engine::cancel::CancelToken;
+    use baton_engine::verifier::{Program, run_program};
+    let tmp = std::env::temp_dir().join(format!("baton-bench-jail-{}", uuid_like()));
+    let workspace = tmp.join("workspace");
+    std::fs::create_dir_all(&workspace)?;
+    let place = crate::cmd_run::Place { db: tmp.join("bench.db"), ..args.place.clone() };
+    let started = Instant::now();
+    let jail = crate::cmd_run::jail(&place);
+    if let Some(why) = jail.refusal() {
+        bail!("{why}");
+    }
+    if !jail.is_on() {
+        bail!("the jail is off (--no-jail): there is nothing to measure");
+    }
+    let setup_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let off = baton_jail::Jail::off();
+    let cancel = CancelToken::new();
+    let mut report = Map::new();
+    report.insert("workload".to_owned(), json!("jail"));
+    report.insert("runs".to_owned(), json!(args.runs));
+    report.insert("jail".to_owned(), json!(jail.describe()));
+    report.insert("setup_ms".to_owned(), json!(setup_ms));
+    for (name, argv) in [("true", vec!["true"]), ("python", vec!["python3", "-c", "pass"])] {
+        let program = Program {
+            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: workspace.clone(),
+            workspace: workspace.clone(),
+            also_writable: Vec::new(),
+            env: Vec::new(),
+            timeout: Duration::from_secs(60),
+            network: false,
+        };
+        let (mut jailed, mut bare) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs.max(1) {
+            for (times, which) in [(&mut jailed, &*jail), (&mut bare, &off)] {
+                let t = Instant::now();
+                let ran = run_program(&program, which, &cancel)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("`{}`: {e}", argv.join(" ")))?;
+                if ran.code != Some(0) {
+                    bail!(
+                        "`{}` exited with {:?}: {}",
+                        argv.join(" "),
+                        ran.code,
+                        String::from_utf8_lossy(&ran.stderr)
+                    );
+                }
+                times.push(t.elapsed());
+            }
+        }
+        jailed.sort();
+        bare.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let (j50, j95) = (ms(percentile(&jailed, 50.0)), ms(percentile(&jailed, 95.0)));
+        let (b50, b95) = (ms(percentile(&bare, 50.0)), ms(percentile(&bare, 95.0)));
+        report.insert(format!("{name}_jailed_ms_p50"), json!(j50));
+        report.insert(format!("{name}_jailed_ms_p95"), json!(j95));
+        report.insert(format!("{name}_unjailed_ms_p50"), json!(b50));
+        report.insert(format!("{name}_unjailed_ms_p95"), json!(b95));
+        report.insert(format!("{name}_overhead_ms_p50"), json!(j50 - b50));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(serde_json::Value::Object(report))
 }
 
 fn print_report(report: &serde_json::Value, json_out: bool) -> anyhow::Result<()> {

@@ -240,7 +240,7 @@ fn data_dir(place: &Place) -> PathBuf {
 
 /// The jail every program a run starts goes through — set up at the first program, once
 /// per process — or its absence with `--no-jail`.
-fn jail(place: &Place) -> Arc<Jail> {
+pub(crate) fn jail(place: &Place) -> Arc<Jail> {
     static JAIL: std::sync::OnceLock<Arc<Jail>> = std::sync::OnceLock::new();
     Arc::clone(JAIL.get_or_init(|| Arc::new(build_jail(place))))
 }

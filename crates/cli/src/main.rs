@@ -195,7 +195,7 @@ enum Command {
     },
     /// Measure the kernel on a fixed workload with a zero-latency scripted model.
     Bench {
-        /// linear5, gate_loop, fanout8, approval or reopen.
+        /// linear5, gate_loop, fanout8, approval, paused, reopen or jail.
         #[arg(long, default_value = "linear5")]
         workload: String,
         /// memory or sqlite.
@@ -419,6 +419,7 @@ fn main() -> ExitCode {
                 json,
                 db: bench_db,
                 repeat,
+                place: place.clone(),
             })),
         Command::Verify { runs, json } => {
             runtime.block_on(cmd_verify::verify(&cli.db, &runs, json))

@@ -989,3 +989,17 @@ fn attack_an_mcp_server_filling_the_disk_is_stopped() {
     );
     assert!(ran.took < Duration::from_secs(25), "{:?}", ran.took);
 }
+
+#[test]
+fn the_jail_bench_measures_programs_in_and_out_of_the_jail() {
+    let out = super::baton_command()
+        .args(["bench", "--workload", "jail", "--runs", "3", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["true_jailed_ms_p50", "true_unjailed_ms_p50", "python_jailed_ms_p95", "setup_ms"] {
+        assert!(report[key].as_f64().is_some_and(|ms| ms > 0.0), "{key}: {report}");
+    }
+    assert!(report["jail"].as_str().unwrap().starts_with("bubblewrap"), "{report}");
+}
