@@ -1003,3 +1003,37 @@ fn the_jail_bench_measures_programs_in_and_out_of_the_jail() {
     }
     assert!(report["jail"].as_str().unwrap().starts_with("bubblewrap"), "{report}");
 }
+
+#[test]
+fn a_second_interrupt_exits_at_once_and_the_run_stays_resumable() {
+    let lab = Lab::new("second-interrupt");
+    let marker = format!("7783.{}", unique() % 1_000_000);
+    let args = lab.prepare(&format!("sleep {marker}; exit 0"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut child = lab.command(&args).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !running(&marker) {
+        assert!(Instant::now() < deadline, "the jailed program never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = child.id().to_string();
+    let started = Instant::now();
+    for _ in 0..2 {
+        Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(matches!(out.status.code(), Some(6 | 130)), "{:?}", out.status);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while running(&marker) {
+        assert!(Instant::now() < deadline, "the jailed program outlived Baton");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let run = text(&out.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned();
+    // The resumed run runs the program again to its end: make it quick.
+    let workspace = lab.dir.join("workspaces").join(&run);
+    std::fs::write(workspace.join("attack.sh"), "exit 0\n").unwrap();
+    let resumed = lab.command(&["resume", &run]).output().unwrap();
+    assert!(resumed.status.success(), "{}{}", text(&resumed.stdout), text(&resumed.stderr));
+}
