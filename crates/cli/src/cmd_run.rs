@@ -199,7 +199,8 @@ fn workspace_setup(place: &Place, dir: Option<PathBuf>, branch: Option<String>) 
     let root = absolute(data.join("workspaces"));
     let snapshots = absolute(place.snapshots.clone().unwrap_or_else(|| data.join("snapshots")));
     let dir = dir.map(absolute);
-    WorkspaceSetup { opener: Arc::new(LocalWorkspaces::new(root, snapshots)), dir, branch }
+    let opener = LocalWorkspaces::new(root, snapshots).jailed(jail(place));
+    WorkspaceSetup { opener: Arc::new(opener), dir, branch }
 }
 
 /// An engine for reading, deciding and finishing runs: its model answers nothing (a run

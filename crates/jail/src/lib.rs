@@ -350,18 +350,48 @@ impl Jail {
     /// The caller sets its stdio and process group, spawns it, and while it runs asks
     /// [`Watch::over_limits`].
     pub fn command(&self, program: &Program<'_>) -> Result<Jailed, String> {
+        let (name, args, env, watch) = self.prepare(program)?;
+        let mut command = tokio::process::Command::new(name);
+        command.args(args).current_dir(program.cwd).env_clear();
+        command.envs(env.iter().map(|(k, v)| (k, v)));
+        Ok(Jailed { command, watch })
+    }
+
+    /// [`Jail::command`] for a blocking caller: the command, and the watch to keep until
+    /// the program is done.
+    pub fn std_command(
+        &self,
+        program: &Program<'_>,
+    ) -> Result<(std::process::Command, Option<Watch>), String> {
+        let (name, args, env, watch) = self.prepare(program)?;
+        let mut command = std::process::Command::new(name);
+        command.args(args).current_dir(program.cwd).env_clear();
+        command.envs(env.iter().map(|(k, v)| (k, v)));
+        Ok((command, watch))
+    }
+
+    /// What to start for `program`: the program and its arguments, its environment, and
+    /// what counts its new files.
+    #[allow(clippy::type_complexity)]
+    fn prepare(
+        &self,
+        program: &Program<'_>,
+    ) -> Result<(OsString, Vec<OsString>, Vec<(String, String)>, Option<Watch>), String> {
         let Some((name, args)) = program.argv.split_first() else {
             return Err("no program to run".to_owned());
         };
         match self.setup() {
             Some(Err(why)) => Err(why.to_string()),
-            None => {
-                let mut command = tokio::process::Command::new(name);
-                command.args(args).current_dir(program.cwd).env_clear();
-                command.envs(program.env.iter().map(|(k, v)| (k, v)));
-                Ok(Jailed { command, watch: None })
+            None => Ok((
+                name.into(),
+                args.iter().map(OsString::from).collect(),
+                program.env.to_vec(),
+                None,
+            )),
+            Some(Ok(setup)) => {
+                let (args, watch) = setup.command(program)?;
+                Ok((setup.bwrap.clone().into_os_string(), args, Vec::new(), Some(watch)))
             }
-            Some(Ok(setup)) => setup.command(program),
         }
     }
 }
@@ -402,7 +432,8 @@ impl Setup {
         }
     }
 
-    fn command(&self, program: &Program<'_>) -> Result<Jailed, String> {
+    /// bwrap's arguments for `program`, the workspace handed over first; and its watch.
+    fn command(&self, program: &Program<'_>) -> Result<(Vec<OsString>, Watch), String> {
         let workspace = std::path::absolute(program.workspace)
             .map_err(|e| format!("{}: {e}", program.workspace.display()))?;
         if let Some((uid, gid)) = self.run_as {
@@ -420,12 +451,7 @@ impl Setup {
         let mut roots = vec![workspace, tmp.clone()];
         roots.extend(program.also_writable.iter().cloned());
         let before = tree::usage(&roots, &skip, u64::MAX);
-        let mut command = tokio::process::Command::new(&self.bwrap);
-        command.args(args).env_clear();
-        Ok(Jailed {
-            command,
-            watch: Some(Watch { roots, skip, before, limits: self.limits, scratch: tmp }),
-        })
+        Ok((args, Watch { roots, skip, before, limits: self.limits, scratch: tmp }))
     }
 
     /// bwrap's arguments for `program`, and the private `/tmp` made for it.

@@ -159,11 +159,7 @@ impl View {
         for path in shown {
             m.bind(a, "--ro-bind", path, path);
         }
-        for dir in
-            std::iter::once(workspace).chain(program.also_writable.iter().map(PathBuf::as_path))
-        {
-            m.bind(a, "--bind", dir, dir);
-        }
+        m.bind(a, "--bind", workspace, workspace);
         m.bind(a, "--ro-bind", init, Path::new(crate::INIT_INSIDE));
         // Baton's state inside what is shown is covered: an empty directory, or an empty
         // file (covered, it cannot be renamed or removed: a mount point is busy).
@@ -181,9 +177,8 @@ impl View {
                 continue;
             }
             match std::fs::symlink_metadata(hidden) {
-                Ok(m) if m.is_dir() => {
+                Ok(meta) if meta.is_dir() => {
                     a.extend(["--tmpfs".into(), hidden.as_os_str().to_owned()]);
-                    a.extend(["--remount-ro".into(), hidden.as_os_str().to_owned()]);
                     covered.push(hidden);
                 }
                 Ok(_) => a.extend([
@@ -193,6 +188,23 @@ impl View {
                 ]),
                 Err(_) => {}
             }
+        }
+        // Baton's own directories the program may write (a scanner's report directory,
+        // git's repository), mounted after the covers so that one inside a cover shows.
+        for dir in program.also_writable {
+            // Every directory leading to it searchable, in a cover too (`--dir` leaves one
+            // that exists as it is).
+            let mut ancestors: Vec<&Path> =
+                dir.ancestors().skip(1).filter(|p| p.parent().is_some()).collect();
+            ancestors.reverse();
+            for up in ancestors {
+                a.extend(["--perms".into(), "0755".into(), "--dir".into(), up.into()]);
+            }
+            m.bind(a, "--bind", dir, dir);
+        }
+        // The covers are read-only once what is mounted inside them is.
+        for cover in covered {
+            a.extend(["--remount-ro".into(), cover.as_os_str().to_owned()]);
         }
         // What the program may read in the workspace but not change: its git metadata
         // (the next `git` a person runs there would obey it), the configuration and the

@@ -57,6 +57,8 @@ const KEY_NAME_BYTES_MAX: usize = 40;
 pub struct LocalWorkspaces {
     root: PathBuf,
     snapshots: PathBuf,
+    /// Where the workspaces' git runs.
+    jail: Arc<baton_jail::Jail>,
 }
 
 impl LocalWorkspaces {
@@ -64,7 +66,17 @@ impl LocalWorkspaces {
     /// `snapshots` (both created when the first workspace is opened). `snapshots` must not
     /// be inside a workspace a model edits: Baton's data directory, beside its database.
     pub fn new(root: impl Into<PathBuf>, snapshots: impl Into<PathBuf>) -> Self {
-        LocalWorkspaces { root: root.into(), snapshots: snapshots.into() }
+        LocalWorkspaces {
+            root: root.into(),
+            snapshots: snapshots.into(),
+            jail: Arc::new(baton_jail::Jail::off()),
+        }
+    }
+
+    /// The same workspaces, their git run in `jail`.
+    pub fn jailed(mut self, jail: Arc<baton_jail::Jail>) -> Self {
+        self.jail = jail;
+        self
     }
 
     /// The directory that holds every workspace's snapshot repository.
@@ -86,7 +98,12 @@ impl Workspaces for LocalWorkspaces {
             Some(dir) => dir.clone(),
             None => self.root.join(&request.run_id),
         };
-        let workspace = LocalWorkspace::open(&dir, request.seed.as_deref(), &self.snapshots)?;
+        let workspace = LocalWorkspace::open_jailed(
+            &dir,
+            request.seed.as_deref(),
+            &self.snapshots,
+            Arc::clone(&self.jail),
+        )?;
         Ok(Arc::new(workspace))
     }
 }
@@ -148,6 +165,16 @@ impl LocalWorkspace {
     /// and the repository is created; later opens change nothing. A `.baton/git` left in
     /// the workspace by an older Baton is neither read nor changed.
     pub fn open(dir: &Path, seed: Option<&Path>, snapshots: &Path) -> Result<Self, WorkspaceError> {
+        LocalWorkspace::open_jailed(dir, seed, snapshots, Arc::new(baton_jail::Jail::off()))
+    }
+
+    /// [`LocalWorkspace::open`], its git run in `jail`.
+    pub fn open_jailed(
+        dir: &Path,
+        seed: Option<&Path>,
+        snapshots: &Path,
+        jail: Arc<baton_jail::Jail>,
+    ) -> Result<Self, WorkspaceError> {
         let failed = |what: &str, e: io::Error| {
             WorkspaceError::new(
                 dir.display().to_string(),
@@ -201,7 +228,7 @@ impl LocalWorkspace {
                 return Err(data_failed("cannot lock the lock in", e));
             }
         }
-        let repo = Repo::new(&root, &home);
+        let repo = Repo::new(&root, &home).jailed(jail);
         // Holding the driver lock, with every git Baton starts dying with its driver: a
         // lock file in the repository now was left by a git that died (checked on /proc).
         let mut notices = repo.recover_stale_locks()?;

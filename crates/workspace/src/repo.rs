@@ -21,10 +21,11 @@ use std::io::{self, Read};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use baton_engine::workspace::WorkspaceError;
+use baton_jail::{Jail, Watch};
 
 /// The managed repository's directory, inside the workspace's snapshot directory.
 pub(crate) const GIT_DIR: &str = "git";
@@ -103,6 +104,9 @@ pub(crate) struct Repo {
     git_dir: PathBuf,
     /// Git commands on one repository run one at a time (they share the index lock).
     lock: Mutex<()>,
+    /// Where git runs: in the jail (seeing the work tree and this repository only) when
+    /// there is one, else as Baton's user.
+    jail: Arc<Jail>,
 }
 
 impl Repo {
@@ -114,7 +118,61 @@ impl Repo {
             home: home.to_path_buf(),
             git_dir: home.join(GIT_DIR),
             lock: Mutex::new(()),
+            jail: Arc::new(Jail::off()),
         }
+    }
+
+    /// The same repository, its git run in `jail`.
+    pub(crate) fn jailed(mut self, jail: Arc<Jail>) -> Self {
+        self.jail = jail;
+        self
+    }
+
+    /// `command` (a git command [`Repo::base_command`] built) in the jail, when the jail
+    /// is set up: the same git, arguments and environment, seeing the work tree and this
+    /// repository only, and the watch to keep while it runs.
+    fn in_jail(&self, command: Command) -> Result<(Command, Option<Watch>), WorkspaceError> {
+        if !self.jail.is_on() {
+            return Ok((command, None));
+        }
+        let text = |s: &std::ffi::OsStr| {
+            s.to_str().map(str::to_owned).ok_or_else(|| {
+                self.error(format!(
+                    "cannot run git in the jail: {} is not UTF-8; rename it",
+                    s.to_string_lossy()
+                ))
+            })
+        };
+        let mut argv = std::iter::once(command.get_program())
+            .chain(command.get_args())
+            .map(text)
+            .collect::<Result<Vec<String>, WorkspaceError>>()?;
+        if argv.first().is_some_and(|p| p == "setpriv") {
+            // `setpriv --pdeathsig KILL -- git`: the jail ties git to Baton itself.
+            argv.drain(..4);
+        }
+        let mut env = Vec::new();
+        for (key, value) in command.get_envs() {
+            if let Some(value) = value {
+                env.push((text(key)?, text(value)?));
+            }
+        }
+        let cwd = command.get_current_dir().unwrap_or(&self.work_tree).to_path_buf();
+        let also = [self.home.clone()];
+        let (mut jailed, watch) = self
+            .jail
+            .std_command(&baton_jail::Program {
+                argv: &argv,
+                env: &env,
+                cwd: &cwd,
+                workspace: &self.work_tree,
+                also_writable: &also,
+                network: false,
+                timeout: GIT_TIMEOUT,
+            })
+            .map_err(|e| self.transient(format!("cannot start git in the jail: {e}")))?;
+        jailed.process_group(0).stdin(Stdio::null());
+        Ok((jailed, watch))
     }
 
     /// Whether the repository has been created. Its ignore list is written last, so a
@@ -372,6 +430,7 @@ impl Repo {
 
     /// Starts a command and waits for it, at most [`GIT_TIMEOUT`].
     fn spawn(&self, command: Command, what: &str) -> Result<Output, WorkspaceError> {
+        let (command, _watch) = self.in_jail(command)?;
         match run_bounded(command, GIT_TIMEOUT) {
             Ok(output) => Ok(output),
             Err(Bounded::TimedOut) => Err(self.transient(format!(

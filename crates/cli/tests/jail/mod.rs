@@ -1010,7 +1010,7 @@ fn a_second_interrupt_exits_at_once_and_the_run_stays_resumable() {
     let marker = format!("7783.{}", unique() % 1_000_000);
     let args = lab.prepare(&format!("sleep {marker}; exit 0"));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut child = lab.command(&args).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let child = lab.command(&args).stdout(std::process::Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !running(&marker) {
         assert!(Instant::now() < deadline, "the jailed program never started");
@@ -1036,4 +1036,25 @@ fn a_second_interrupt_exits_at_once_and_the_run_stays_resumable() {
     std::fs::write(workspace.join("attack.sh"), "exit 0\n").unwrap();
     let resumed = lab.command(&["resume", &run]).output().unwrap();
     assert!(resumed.status.success(), "{}{}", text(&resumed.stdout), text(&resumed.stderr));
+}
+
+#[test]
+fn batons_own_git_runs_in_the_jail_too() {
+    // When Baton is root, what the jail's git writes belongs to the jail's uid: the
+    // snapshot repository's objects are nobody's.
+    let lab = Lab::new("git-jailed");
+    let ran = control(&lab, "echo ok; exit 0", "ok");
+    assert!(ran.log.contains("\"after\""), "{}", ran.log);
+    let objects: Vec<PathBuf> = walk(&lab.dir.join("snapshots"))
+        .into_iter()
+        .filter(|p| p.components().any(|c| c.as_os_str() == "objects"))
+        .collect();
+    assert!(!objects.is_empty(), "no snapshot was taken");
+    use std::os::unix::fs::MetadataExt as _;
+    let root = std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(1) == 0;
+    if root {
+        for object in &objects {
+            assert_eq!(std::fs::metadata(object).unwrap().uid(), 65534, "{}", object.display());
+        }
+    }
 }
