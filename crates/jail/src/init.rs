@@ -142,6 +142,7 @@ fn confine_and_exec(args: &[OsString]) -> Result<ExitCode, String> {
     let order = parse(args)?;
     if let (Some(uid), Some(gid)) = (order.uid, order.gid) {
         drop_to(uid, gid)?;
+        user_namespace_of_one(uid, gid)?;
     }
     rustix::thread::set_no_new_privs(true).map_err(|e| format!("no_new_privs: {e}"))?;
     for (resource, value) in &order.limits {
@@ -170,13 +171,7 @@ fn confine_and_exec(args: &[OsString]) -> Result<ExitCode, String> {
 /// bounding set is emptied first (bwrap leaves it full), so that nothing it runs can ever
 /// hold a capability again.
 fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
-    use rustix::thread::{CapabilitySet, CapabilitySets};
-    for bit in 0..64 {
-        // Bits the kernel does not know are refused (EINVAL): nothing to drop there.
-        let _ = rustix::thread::remove_capability_from_bounding_set(
-            CapabilitySet::from_bits_retain(1 << bit),
-        );
-    }
+    empty_bounding_set();
     let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
     rustix::thread::set_thread_groups(&[]).map_err(|e| format!("cannot drop groups: {e}"))?;
     rustix::thread::set_thread_res_gid(gid, gid, gid)
@@ -186,13 +181,53 @@ fn drop_to(uid: u32, gid: u32) -> Result<(), String> {
     if rustix::process::getuid() != uid || rustix::process::geteuid() != uid {
         return Err("the uid did not change".to_owned());
     }
+    clear_capabilities()
+}
+
+/// Empties the capability bounding set (bits the kernel does not know are refused with
+/// EINVAL: nothing to drop there).
+fn empty_bounding_set() {
+    use rustix::thread::CapabilitySet;
+    for bit in 0..64 {
+        let _ = rustix::thread::remove_capability_from_bounding_set(
+            CapabilitySet::from_bits_retain(1 << bit),
+        );
+    }
+}
+
+/// Clears the effective, permitted and inheritable capabilities.
+fn clear_capabilities() -> Result<(), String> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
     let none = CapabilitySet::empty();
     rustix::thread::set_capabilities(
         None,
         CapabilitySets { effective: none, permitted: none, inheritable: none },
     )
-    .map_err(|e| format!("cannot clear the capabilities: {e}"))?;
-    Ok(())
+    .map_err(|e| format!("cannot clear the capabilities: {e}"))
+}
+
+/// When Baton is root, bwrap ran privileged, without a user namespace: the program gets
+/// one here, of its own uid and gid alone, in which no further user namespace may be made
+/// (`user.max_user_namespaces` 0) — so it cannot become root of a namespace of its own and
+/// reach the kernel code only such a root reaches. Single-threaded, so `unshare` is sound.
+fn user_namespace_of_one(uid: u32, gid: u32) -> Result<(), String> {
+    // Changing uids made this process non-dumpable, its /proc entries root's: it could
+    // not write its own maps. (Its `exec` sets this again as for any program.)
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
+        .map_err(|e| format!("cannot write its own /proc entries: {e}"))?;
+    #[allow(deprecated)]
+    rustix::thread::unshare(rustix::thread::UnshareFlags::NEWUSER)
+        .map_err(|e| format!("cannot make a user namespace: {e}"))?;
+    let write = |file: &str, text: String| {
+        std::fs::write(file, text).map_err(|e| format!("cannot write {file}: {e}"))
+    };
+    write("/proc/self/setgroups", "deny".to_owned())?;
+    write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
+    write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
+    write("/proc/sys/user/max_user_namespaces", "0".to_owned())?;
+    // A new user namespace gives its maker every capability in it: none are kept.
+    empty_bounding_set();
+    clear_capabilities()
 }
 
 /// Landlock: reading and running anywhere in the view, writing below `writable` only, and

@@ -689,9 +689,12 @@ fn attack_the_program_has_no_capabilities_and_gains_none() {
     }
     assert!(printed.contains("NoNewPrivs:\t1"), "{printed}");
     assert!(!printed.lines().any(|l| l.trim() == "0"), "it runs as root: {printed}");
-    // A new user namespace makes it root there, and root there owns nothing here.
-    let ran = lab.run("unshare -r sh -c 'id -u; cat /etc/shadow; echo x > /usr/escaped'; exit 0");
+    // No user namespace of its own, where it would be root: the jail allows none.
+    let ran = lab.run(
+        "unshare -r sh -c 'echo nested-root; cat /etc/shadow; echo x > /usr/escaped'; unshare -U true && echo nested-user; exit 0",
+    );
     assert!(!Path::new("/usr/escaped").exists());
+    assert!(!ran.printed().contains("nested-"), "{}", ran.printed());
     assert!(!ran.printed().contains("root:$"), "{}", ran.printed());
 }
 
