@@ -20,30 +20,6 @@ use rustix::process::{Gid, Resource, Rlimit, Uid};
 /// The exit code of a jail that could not confine its program.
 pub const EXIT_JAIL: u8 = 125;
 
-/// The rlimits init sets, as it receives them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    pub cpu_s: u64,
-    pub address_space_bytes: u64,
-    pub data_bytes: u64,
-    pub file_bytes: u64,
-    pub processes: u64,
-    pub open_files: u64,
-}
-
-impl From<&crate::Limits> for Limits {
-    fn from(l: &crate::Limits) -> Limits {
-        Limits {
-            cpu_s: l.cpu_s,
-            address_space_bytes: l.address_space_bytes,
-            data_bytes: l.data_bytes,
-            file_bytes: l.file_bytes,
-            processes: l.processes,
-            open_files: l.open_files,
-        }
-    }
-}
-
 /// The names init's arguments give the limits, with the resource each sets.
 const LIMITS: [(&str, Resource); 6] = [
     ("--cpu", Resource::Cpu),
@@ -54,23 +30,22 @@ const LIMITS: [(&str, Resource); 6] = [
     ("--nofile", Resource::Nofile),
 ];
 
-impl Limits {
-    /// The arguments that pass these limits to init.
-    pub fn arguments(&self) -> Vec<String> {
-        let values = [
-            self.cpu_s,
-            self.address_space_bytes,
-            self.data_bytes,
-            self.file_bytes,
-            self.processes,
-            self.open_files,
-        ];
-        LIMITS
-            .iter()
-            .zip(values)
-            .flat_map(|((name, _), v)| [(*name).to_owned(), v.to_string()])
-            .collect()
-    }
+/// The arguments that pass `limits` (all but the new-file bounds, which Baton counts
+/// itself) to init.
+pub(crate) fn limit_arguments(limits: &crate::Limits) -> Vec<String> {
+    let values = [
+        limits.cpu_s,
+        limits.address_space_bytes,
+        limits.data_bytes,
+        limits.file_bytes,
+        limits.processes,
+        limits.open_files,
+    ];
+    LIMITS
+        .iter()
+        .zip(values)
+        .flat_map(|((name, _), v)| [(*name).to_owned(), v.to_string()])
+        .collect()
 }
 
 /// What init was asked to do.
@@ -277,15 +252,18 @@ mod tests {
 
     #[test]
     fn arguments_round_trip_and_the_program_follows_the_separator() {
-        let limits = Limits {
+        let limits = crate::Limits {
             cpu_s: 5,
             address_space_bytes: 6,
             data_bytes: 7,
             file_bytes: 8,
             processes: 9,
             open_files: 10,
+            new_files: 11,
+            new_bytes: 12,
         };
-        let mut args: Vec<OsString> = limits.arguments().into_iter().map(OsString::from).collect();
+        let mut args: Vec<OsString> =
+            limit_arguments(&limits).into_iter().map(OsString::from).collect();
         args.extend(words("--uid 65534 --gid 65533 --write /ws -- sh -c --uid"));
         let order = parse(&args).expect("parses");
         assert_eq!(order.uid, Some(65534));

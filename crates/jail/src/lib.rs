@@ -494,11 +494,11 @@ impl Setup {
         a.extend(["--setenv".into(), "HOME".into(), HOME_INSIDE.into()]);
         a.extend(["--setenv".into(), "TMPDIR".into(), "/tmp".into()]);
         a.extend(["--".into(), INIT_INSIDE.into(), INIT_ARG.into()]);
-        let limits = init::Limits {
+        let limits = Limits {
             cpu_s: self.limits.cpu_s.min(program.timeout.as_secs().saturating_add(5)),
-            ..init::Limits::from(&self.limits)
+            ..self.limits
         };
-        a.extend(limits.arguments().into_iter().map(OsString::from));
+        a.extend(init::limit_arguments(&limits).into_iter().map(OsString::from));
         if let Some((uid, gid)) = self.run_as {
             a.extend([
                 "--uid".into(),
