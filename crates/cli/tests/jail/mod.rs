@@ -827,11 +827,18 @@ fn batons_environment_is_unreadable_to_a_sibling_process_of_its_own_uid() {
     for file in walk(&lab.dir) {
         std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
     }
+    // Copies of Baton and bubblewrap that nobody can run wherever the checkout lies.
+    let bin = lab.dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_baton"), bin.join("baton")).unwrap();
+    std::fs::copy(super::bwrap(), bin.join("bwrap")).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut command = Command::new("setpriv");
     command.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]);
     let inner = lab.command(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    command.arg(inner.get_program()).args(inner.get_args()).current_dir(&lab.dir);
+    command.arg(bin.join("baton")).args(inner.get_args()).current_dir(&lab.dir);
     command.envs(inner.get_envs().filter_map(|(k, v)| Some((k, v?))));
+    command.env("BATON_BWRAP", bin.join("bwrap"));
     let mut baton = command.spawn().expect("setpriv starts Baton as nobody");
     let deadline = Instant::now() + Duration::from_secs(20);
     while !running(&marker) {
