@@ -93,12 +93,7 @@ fn load_model(
         let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         return Ok((Arc::new(model), Some(format!("script:{}", absolute.display()))));
     }
-    let file = config.map(Path::to_path_buf).or_else(|| {
-        // Whatever is there is read (and refused when it is not a regular file), never
-        // silently skipped.
-        let default = PathBuf::from("baton.toml");
-        std::fs::symlink_metadata(&default).is_ok().then_some(default)
-    });
+    let file = config_file(config);
     let (config, source) = match &file {
         Some(path) => {
             let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
@@ -246,15 +241,21 @@ pub(crate) fn jail(place: &Place) -> Arc<Jail> {
     Arc::clone(JAIL.get_or_init(|| Arc::new(build_jail(place))))
 }
 
+/// The configuration file to read: `--config`, else ./baton.toml when something is
+/// there — whatever is there is read (and refused when it is not a regular file), never
+/// silently skipped.
+fn config_file(config: Option<&Path>) -> Option<PathBuf> {
+    config.map(Path::to_path_buf).or_else(|| {
+        let default = PathBuf::from("baton.toml");
+        std::fs::symlink_metadata(&default).is_ok().then_some(default)
+    })
+}
+
 fn build_jail(place: &Place) -> Jail {
     if place.no_jail {
         return Jail::off();
     }
-    let file = place.config.clone().or_else(|| {
-        let default = PathBuf::from("baton.toml");
-        std::fs::symlink_metadata(&default).is_ok().then_some(default)
-    });
-    let config = match file.map(|f| Config::from_file(&f)) {
+    let config = match config_file(place.config.as_deref()).map(|f| Config::from_file(&f)) {
         Some(Ok(config)) => config.jail,
         Some(Err(e)) => return Jail::unavailable(Unavailable(e.to_string())),
         None => baton_providers::config::JailConfig::default(),

@@ -36,6 +36,14 @@ fn baton_command() -> Command {
     c
 }
 
+/// [`baton_command`] on a test's own directory `dir`: its `scenarios/`, the database `db`,
+/// run from `dir`.
+fn baton_in(dir: &std::path::Path, db: &std::path::Path) -> Command {
+    let mut c = baton_command();
+    c.arg("--scenarios").arg(dir.join("scenarios")).arg("--db").arg(db).current_dir(dir);
+    c
+}
+
 /// The bubblewrap `scripts/install-jail` puts beside the checkout: the jail of every run.
 fn bwrap() -> PathBuf {
     repo().join(".peers/bubblewrap/usr/bin/bwrap")

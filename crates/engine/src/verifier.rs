@@ -251,7 +251,7 @@ async fn read_capped<R: AsyncRead + Unpin>(mut reader: R) -> (Vec<u8>, u64) {
 
 /// Kills every process of a process group (the verifier's), without unsafe code: through
 /// the system's `kill` program.
-async fn kill_group(group: Option<u32>) {
+pub async fn kill_group(group: Option<u32>) {
     let Some(pgid) = group else { return };
     let _ = tokio::process::Command::new("kill")
         .args(["-KILL", "--", &format!("-{pgid}")])
@@ -303,6 +303,7 @@ pub fn jailed_command(
         also_writable: &program.also_writable,
         network: program.network,
         timeout: program.timeout,
+        counted: true,
     })?;
     jailed.command.kill_on_drop(true).process_group(0);
     Ok(jailed)
@@ -343,8 +344,9 @@ pub fn runs_programs(uses: Uses) -> bool {
 /// How often the files a jailed program adds are counted.
 const WATCH_EVERY: Duration = Duration::from_millis(500);
 
-/// Resolves when a running jailed program has added more than the jail allows.
-async fn over_limits(watch: Option<Arc<baton_jail::Watch>>) -> String {
+/// Resolves when a running jailed program has added more than the jail allows (never
+/// without a watch), with why.
+pub async fn over_limits(watch: Option<Arc<baton_jail::Watch>>) -> String {
     let Some(watch) = watch else { return std::future::pending().await };
     loop {
         tokio::time::sleep(WATCH_EVERY).await;

@@ -176,6 +176,9 @@ pub struct Program<'a> {
     pub network: bool,
     /// Its timeout, which bounds its CPU time too.
     pub timeout: Duration,
+    /// Whether what it adds to the disk is counted ([`Watch::over_limits`]): a model's
+    /// program, not Baton's own git.
+    pub counted: bool,
 }
 
 /// A command ready to spawn, with what the jail keeps for it while it runs.
@@ -411,6 +414,7 @@ impl Setup {
             also_writable: &[],
             network: false,
             timeout: Duration::from_secs(10),
+            counted: false,
         };
         let (args, _tmp) = self.arguments(&program, true).map_err(Unavailable)?;
         let out = std::process::Command::new(&self.bwrap)
@@ -448,8 +452,11 @@ impl Setup {
         }
         let (args, tmp) = self.arguments(program, false)?;
         let skip = self.view.hidden.clone();
-        let mut roots = vec![workspace, tmp.clone()];
-        roots.extend(program.also_writable.iter().cloned());
+        let mut roots = Vec::new();
+        if program.counted {
+            roots.extend([workspace, tmp.clone()]);
+            roots.extend(program.also_writable.iter().cloned());
+        }
         let before = tree::usage(&roots, &skip, u64::MAX);
         Ok((args, Watch { roots, skip, before, limits: self.limits, scratch: tmp }))
     }

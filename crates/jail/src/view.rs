@@ -179,6 +179,7 @@ impl View {
             match std::fs::symlink_metadata(hidden) {
                 Ok(meta) if meta.is_dir() => {
                     a.extend(["--tmpfs".into(), hidden.as_os_str().to_owned()]);
+                    m.cover(hidden);
                     covered.push(hidden);
                 }
                 Ok(_) => a.extend([
@@ -192,14 +193,6 @@ impl View {
         // Baton's own directories the program may write (a scanner's report directory,
         // git's repository), mounted after the covers so that one inside a cover shows.
         for dir in program.also_writable {
-            // Every directory leading to it searchable, in a cover too (`--dir` leaves one
-            // that exists as it is).
-            let mut ancestors: Vec<&Path> =
-                dir.ancestors().skip(1).filter(|p| p.parent().is_some()).collect();
-            ancestors.reverse();
-            for up in ancestors {
-                a.extend(["--perms".into(), "0755".into(), "--dir".into(), up.into()]);
-            }
             m.bind(a, "--bind", dir, dir);
         }
         // The covers are read-only once what is mounted inside them is.
@@ -241,16 +234,25 @@ impl View {
 struct Mounts {
     mounted: Vec<PathBuf>,
     made: Vec<PathBuf>,
+    /// Empty directories laid over what was mounted: nothing below them exists yet.
+    covers: Vec<PathBuf>,
 }
 
 impl Mounts {
+    /// An empty directory now lies at `path`.
+    fn cover(&mut self, path: &Path) {
+        self.made.retain(|d| !d.starts_with(path));
+        self.covers.push(path.to_path_buf());
+    }
+
     fn bind(&mut self, a: &mut Vec<OsString>, how: &str, source: &Path, dest: &Path) {
         let mut ancestors: Vec<&Path> =
             dest.ancestors().skip(1).filter(|p| p.parent().is_some()).collect();
         ancestors.reverse();
         for dir in ancestors {
-            let covered = self.mounted.iter().any(|m| dir.starts_with(m));
-            if !covered && !self.made.iter().any(|d| d == dir) {
+            let exists = self.mounted.iter().any(|m| dir.starts_with(m))
+                && !self.covers.iter().any(|c| dir.starts_with(c));
+            if !exists && !self.made.iter().any(|d| d == dir) {
                 a.extend([
                     "--perms".into(),
                     "0755".into(),

@@ -23,7 +23,8 @@ use baton_engine::clock::elapsed_ms;
 use baton_engine::event::VerifierFinished;
 use baton_engine::model::BoxFuture;
 use baton_engine::verifier::{
-    Program, Verifier, VerifyContext, checked, jailed_command, tail, unavailable,
+    Program, Verifier, VerifyContext, checked, jailed_command, kill_group, over_limits, tail,
+    unavailable,
 };
 use baton_scenario::expr::{self, JsonContext, Scope};
 use baton_scenario::model::VerifierSpec;
@@ -84,32 +85,19 @@ impl Drop for Server {
     }
 }
 
-/// Counts what a running server adds to its workspace and `/tmp` every half second; past
-/// the jail's limits, kills its process group and records why in `said`.
+/// Waits until a running server has added more than the jail allows, then records why
+/// in `said` and kills its process group.
 async fn watch_server(
     watch: Arc<baton_jail::Watch>,
     pid: u32,
     said: Arc<std::sync::Mutex<Option<String>>>,
 ) {
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let counted = Arc::clone(&watch);
-        let Ok(Some(why)) = tokio::task::spawn_blocking(move || counted.over_limits()).await else {
-            continue;
-        };
-        match said.lock() {
-            Ok(mut g) => *g = Some(why),
-            Err(p) => *p.into_inner() = Some(why),
-        }
-        let _ = tokio::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pid}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .await;
-        return;
+    let why = over_limits(Some(watch)).await;
+    match said.lock() {
+        Ok(mut g) => *g = Some(why),
+        Err(p) => *p.into_inner() = Some(why),
     }
+    kill_group(Some(pid)).await;
 }
 
 /// What the server answered to a request.

@@ -70,6 +70,9 @@ const FORCED_SETTINGS: [(&str, &str, &str); 20] = [
 
 /// The empty tree's id: attributes are read from it (`GIT_ATTR_SOURCE`, git 2.40 and
 /// later), so a workspace's `.gitattributes` cannot name filters or convert line ends.
+/// How git starts where there is no jail: `setpriv --pdeathsig KILL -- git`.
+const SETPRIV_GIT: [&str; 5] = ["setpriv", "--pdeathsig", "KILL", "--", "git"];
+
 const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 
 /// The most bytes of git's stderr an error keeps.
@@ -147,9 +150,9 @@ impl Repo {
             .chain(command.get_args())
             .map(text)
             .collect::<Result<Vec<String>, WorkspaceError>>()?;
-        if argv.first().is_some_and(|p| p == "setpriv") {
-            // `setpriv --pdeathsig KILL -- git`: the jail ties git to Baton itself.
-            argv.drain(..4);
+        if argv.starts_with(&SETPRIV_GIT.map(str::to_owned)) {
+            // The jail ties git to Baton itself: git, without setpriv in front.
+            argv.drain(..SETPRIV_GIT.len() - 1);
         }
         let mut env = Vec::new();
         for (key, value) in command.get_envs() {
@@ -169,6 +172,7 @@ impl Repo {
                 also_writable: &also,
                 network: false,
                 timeout: GIT_TIMEOUT,
+                counted: false,
             })
             .map_err(|e| self.transient(format!("cannot start git in the jail: {e}")))?;
         jailed.process_group(0).stdin(Stdio::null());
@@ -359,8 +363,8 @@ impl Repo {
                 // PR_SET_PDEATHSIG, set by setpriv before it becomes git: the kernel kills
                 // git when the thread that started it dies (it waits for git, so only with
                 // its process), so a killed Baton never leaves a git holding the index lock.
-                let mut command = Command::new("setpriv");
-                command.args(["--pdeathsig", "KILL", "--", "git"]);
+                let mut command = Command::new(SETPRIV_GIT[0]);
+                command.args(&SETPRIV_GIT[1..]);
                 command
             }
             Launcher::Direct => Command::new("git"),

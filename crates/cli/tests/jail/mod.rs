@@ -132,13 +132,8 @@ impl Lab {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = super::baton_command();
-        c.arg("--scenarios")
-            .arg(self.dir.join("scenarios"))
-            .arg("--db")
-            .arg(self.db())
-            .current_dir(&self.dir)
-            .env("BATON_TEST_SECRET", &self.secret);
+        let mut c = super::baton_in(&self.dir, &self.db());
+        c.env("BATON_TEST_SECRET", &self.secret);
         if let Some(config) = &self.config {
             let file = self.dir.join("baton.toml");
             std::fs::write(&file, config).unwrap();

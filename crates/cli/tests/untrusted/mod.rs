@@ -26,13 +26,8 @@ impl Case {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = super::baton_command();
-        c.arg("--scenarios")
-            .arg(self.dir.join("scenarios"))
-            .arg("--db")
-            .arg(self.dir.join("runs.db"))
-            .args(args)
-            .current_dir(&self.dir);
+        let mut c = super::baton_in(&self.dir, &self.dir.join("runs.db"));
+        c.args(args);
         c
     }
 
