@@ -46,6 +46,10 @@ use std::time::Duration;
 const INIT_INSIDE: &str = "/run/baton/init";
 /// The first argument that makes Baton's binary run [`init::main`].
 pub const INIT_ARG: &str = "__jail-init";
+/// How long the probe that sets the jail up may take (it takes milliseconds).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most entries a workspace may hold for the jail to hand it over and count it.
+const WORKSPACE_ENTRIES_MAX: u64 = 1_000_000;
 /// Where a jailed program's home is (inside its private `/tmp`).
 const HOME_INSIDE: &str = "/tmp/home";
 
@@ -417,13 +421,9 @@ impl Setup {
             counted: false,
         };
         let (args, _tmp) = self.arguments(&program, true).map_err(Unavailable)?;
-        let out = std::process::Command::new(&self.bwrap)
-            .args(&args)
-            .env_clear()
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|e| Unavailable(format!("cannot run {}: {e}", self.bwrap.display())))?;
+        let out = self.probe_output(&args);
         let _ = std::fs::remove_dir_all(&_tmp);
+        let out = out?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         match stdout.lines().find_map(|l| l.strip_prefix("jail: ")) {
             Some(found) if out.status.success() => Ok(found.to_owned()),
@@ -436,6 +436,41 @@ impl Setup {
         }
     }
 
+    /// Runs the probe, for [`PROBE_TIMEOUT`] at most (its one line of output fits a pipe).
+    fn probe_output(&self, args: &[OsString]) -> Result<std::process::Output, Unavailable> {
+        use std::os::unix::process::CommandExt as _;
+        use std::process::Stdio;
+        let mut child = std::process::Command::new(&self.bwrap)
+            .args(args)
+            .env_clear()
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Unavailable(format!("cannot run {}: {e}", self.bwrap.display())))?;
+        let deadline = std::time::Instant::now() + PROBE_TIMEOUT;
+        while child.try_wait().ok().flatten().is_none() {
+            if std::time::Instant::now() > deadline {
+                // The whole group: whatever a broken bwrap started goes with it.
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{}", child.id())])
+                    .status();
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Unavailable(format!(
+                    "{} did not start a program within {} s",
+                    self.bwrap.display(),
+                    PROBE_TIMEOUT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child
+            .wait_with_output()
+            .map_err(|e| Unavailable(format!("cannot read {}: {e}", self.bwrap.display())))
+    }
+
     /// bwrap's arguments for `program`, the workspace handed over first; and its watch.
     fn command(&self, program: &Program<'_>) -> Result<(Vec<OsString>, Watch), String> {
         let workspace = std::path::absolute(program.workspace)
@@ -443,11 +478,11 @@ impl Setup {
         if let Some((uid, gid)) = self.run_as {
             let mut kept = self.view.hidden.clone();
             kept.extend(self.view.protected_in(&workspace));
-            tree::hand_over(&workspace, uid, gid, &kept, self.limits.new_files * 4)?;
+            tree::hand_over(&workspace, uid, gid, &kept, WORKSPACE_ENTRIES_MAX)?;
         }
         for dir in program.also_writable {
             if let Some((uid, gid)) = self.run_as {
-                tree::hand_over(dir, uid, gid, &self.view.hidden, self.limits.new_files * 4)?;
+                tree::hand_over(dir, uid, gid, &self.view.hidden, WORKSPACE_ENTRIES_MAX)?;
             }
         }
         let (args, tmp) = self.arguments(program, false)?;
@@ -457,7 +492,7 @@ impl Setup {
             roots.extend([workspace, tmp.clone()]);
             roots.extend(program.also_writable.iter().cloned());
         }
-        let before = tree::usage(&roots, &skip, u64::MAX);
+        let before = tree::usage(&roots, &skip, WORKSPACE_ENTRIES_MAX);
         Ok((args, Watch { roots, skip, before, limits: self.limits, scratch: tmp }))
     }
 

@@ -1063,3 +1063,20 @@ fn batons_own_git_runs_in_the_jail_too() {
         }
     }
 }
+
+#[test]
+fn a_bubblewrap_that_never_answers_is_refused_within_the_probes_deadline() {
+    let lab = Lab::new("hung-bwrap");
+    let fake = lab.dir.join("bwrap");
+    std::fs::write(&fake, "#!/bin/sh\nsleep 60\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let args = lab.prepare("echo ran; exit 0");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let out = lab.command(&args).env("BATON_BWRAP", &fake).output().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("did not start a program within 5 s"), "{stderr}");
+}
