@@ -136,6 +136,7 @@ fn engine(store: Arc<dyn EventStore>) -> Engine {
         store,
         Arc::new(Runtime {
             jail: std::sync::Arc::new(baton_jail::Jail::off()),
+            jobs: None,
             model: Arc::new(ScriptedModel::constant(answer())),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),

@@ -11,6 +11,7 @@ use anyhow::{Context as _, bail};
 use baton_engine::cassette;
 use baton_engine::clock::SystemClock;
 use baton_engine::event::{Event, EventData};
+use baton_engine::job::{JobRequest, Jobs, Selection};
 use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::pinning::Upgrade;
 use baton_engine::redact::Redactor;
@@ -208,6 +209,7 @@ fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Registry)
         workspace_setup(place, None, None),
         redactor(place),
         jail(place),
+        None,
     )
 }
 
@@ -356,6 +358,7 @@ fn engine(
     workspaces: WorkspaceSetup,
     redactor: Redactor,
     jail: Arc<Jail>,
+    jobs: Option<Arc<Jobs>>,
 ) -> Engine {
     let catalog: Vec<Value> = registry
         .scenarios()
@@ -374,9 +377,46 @@ fn engine(
             catalog: Arc::new(Value::Array(catalog)),
             redactor,
             jail,
+            jobs,
         }),
         Arc::new(SystemClock),
     )
+}
+
+/// The configuration's `[selection]` and `[jobs]` settings: the file's when there is one
+/// (a file that does not load is an error, never skipped), the defaults otherwise.
+fn job_settings(place: &Place) -> anyhow::Result<(Selection, Option<f64>)> {
+    let config = match config_file(place.config.as_deref()) {
+        Some(path) => Config::from_file(&path)?,
+        None => Config::default(),
+    };
+    let d = Selection::default();
+    let s = config.selection;
+    let selection = Selection {
+        default: s.default.unwrap_or(d.default),
+        fallback: s.fallback.unwrap_or(d.fallback),
+        classifier: s.classifier.unwrap_or(d.classifier),
+        classify_kinds: s.classify_kinds.unwrap_or(d.classify_kinds),
+    };
+    Ok((selection, config.jobs.settle_timeout_s))
+}
+
+/// What the engine needs to start child runs: the scenarios (a chain goes to one of them),
+/// how jobs select, and the settle timeout (`--settle-timeout-s`, else the configuration's).
+fn jobs(
+    place: &Place,
+    registry: Arc<Registry>,
+    settle_timeout_s: Option<f64>,
+) -> anyhow::Result<Arc<Jobs>> {
+    let (selection, configured) = job_settings(place)?;
+    let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s.or(configured))
+        .map_err(|e| anyhow::anyhow!("--settle-timeout-s: {e}"))?;
+    Ok(Arc::new(Jobs {
+        registry,
+        selection,
+        scenarios_dir: place.scenarios.clone(),
+        settle_timeout,
+    }))
 }
 
 fn registry(place: &Place) -> anyhow::Result<Registry> {
@@ -469,7 +509,11 @@ fn check_writable_file(path: &Path) -> Result<(), String> {
 /// Options of `baton run`.
 #[derive(Debug)]
 pub(crate) struct RunArgs {
-    pub scenario: String,
+    /// What the job asks for: a pin, an intent route, a kind, or nothing (the default).
+    pub job: JobRequest,
+    /// The job's cost cap, all its runs together.
+    pub max_cost_usd: Option<f64>,
+    pub settle_timeout_s: Option<f64>,
     pub input: String,
     pub meta: Vec<(String, String)>,
     pub script: Option<PathBuf>,
@@ -498,8 +542,39 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
             anyhow::anyhow!("cannot record the cassette to {}: {why}", path.display())
         })?;
     }
-    let registry = registry(place)?;
-    let scenario = find_scenario(&registry, &args.scenario, place)?;
+    if let Some(usd) = args.max_cost_usd
+        && (!usd.is_finite() || usd <= 0.0)
+    {
+        bail!("--max-cost-usd must be a positive amount of US dollars, not {usd}");
+    }
+    let mut metadata = Map::new();
+    for (k, v) in args.meta {
+        metadata.insert(k, Value::String(v));
+    }
+    // A job may name its scenario in its metadata too, as the reference's payloads do;
+    // the flags win.
+    let from_meta = |key: &str| metadata.get(key).and_then(Value::as_str).map(str::to_owned);
+    let job = JobRequest {
+        pin: args.job.pin.or_else(|| from_meta("scenario_id")),
+        intent: args.job.intent.or_else(|| from_meta("intent_route")),
+        kind: args.job.kind.or_else(|| from_meta("kind")),
+    };
+    for (flag, value) in
+        [("--scenario", &job.pin), ("--intent", &job.intent), ("--kind", &job.kind)]
+    {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            bail!("{flag} is empty; give a value or leave it out");
+        }
+    }
+    let registry = Arc::new(registry(place)?);
+    let (selection, _) = job_settings(place)?;
+    // A scenario typed on the command line that matches nothing is an error: a typo must
+    // not start a paid default.
+    let (scenario, selected) = baton_engine::job::select(&registry, &selection, &job, true)
+        .map_err(|e| anyhow::anyhow!("{e} (in {})", place.scenarios.display()))?;
+    if let Some(warning) = &selected.warning {
+        eprintln!("baton: warning: {}", escape::one_line(warning));
+    }
     if args.branch.is_some() && !baton_engine::exec::owns_workspace(&scenario) {
         bail!(
             "--branch names the result in the run's workspace, and scenario `{}` has no tool_loop level (no workspace); leave --branch out",
@@ -524,6 +599,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         &scenario,
     )?;
     let store = open_store(place)?;
+    let jobs = jobs(place, Arc::clone(&registry), args.settle_timeout_s)?;
     let engine = engine(
         store,
         model,
@@ -531,17 +607,23 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         workspace_setup(place, args.workspace, args.branch),
         redactor(place),
         jail(place),
+        Some(jobs),
     );
-    let mut metadata = Map::new();
-    for (k, v) in args.meta {
-        metadata.insert(k, Value::String(v));
-    }
     // The id is printed by the timeline once the store holds the run (see `drive`): a run
     // that fails before its first commit (its workspace cannot be opened, say) was never
     // created, and its id would name nothing.
     let run_id = Engine::new_run_id();
-    let first = Start { input: args.input, metadata, source };
-    drive(&engine, &run_id, &scenario, args.json, 0, Some(first)).await
+    let first = baton_engine::job::Start {
+        input: args.input,
+        metadata,
+        model_source: source,
+        selected: Some(selected),
+        tree_max_cost_usd: args.max_cost_usd,
+        budget: None,
+        parent: None,
+    };
+    let follow = vec![Followed::new(&run_id, 0, 0)];
+    drive(&engine, &run_id, &scenario, args.json, follow, Some(first)).await
 }
 
 /// Continues a run on the scenario version it started with (or was last moved to), which
@@ -572,13 +654,25 @@ pub(crate) async fn resume(
         (current, registry)
     } else {
         let scenario = run_scenario(place, &probe, &state, run_id).await?;
-        // The catalog (what a classifier level may route to) is the directory's when it
-        // loads; the run's own scenario never depends on it.
+        // The catalog (what a classifier level may route to) and the scenarios a chain may
+        // go to are the directory's when it loads; the run's own scenario never depends on it.
         let registry = Registry::load(&[&place.scenarios]).map(|l| l.registry).unwrap_or_default();
         (scenario, registry)
     };
     check_jail(place, &scenario)?;
-    let model = recorded_model(state.model_source.as_deref(), script, place.config.as_deref())?;
+    // A run of a tree continues from its job's first run, so that every parent takes the
+    // result of the run below it.
+    let root = root_of(&store, run_id).await?;
+    let (root_scenario, root_state) = if root == run_id {
+        (scenario, state)
+    } else {
+        let root_state = probe.state(&root).await?;
+        (run_scenario(place, &probe, &root_state, &root).await?, root_state)
+    };
+    let model =
+        recorded_model(root_state.model_source.as_deref(), script, place.config.as_deref())?;
+    let registry = Arc::new(registry);
+    let jobs = jobs(place, Arc::clone(&registry), None)?;
     let engine = engine(
         store,
         model,
@@ -586,10 +680,42 @@ pub(crate) async fn resume(
         workspace_setup(place, None, None),
         redactor(place),
         jail(place),
+        Some(jobs),
     );
     // Show the decision or answer that led here, then what follows.
-    let from = state.last_seq.saturating_sub(1);
-    drive(&engine, run_id, &scenario, json, from, None).await
+    let mut follow = Vec::new();
+    for (id, depth) in tree(engine.store.as_ref(), &root).await? {
+        let last = engine.store.run(&id).await?.map_or(0, |r| r.last_seq);
+        let after = if id == run_id { last.saturating_sub(1) } else { last };
+        follow.push(Followed::new(&id, after, depth));
+    }
+    drive(&engine, &root, &root_scenario, json, follow, None).await
+}
+
+/// The first run of the job `run_id` belongs to (itself for a job's first run).
+async fn root_of(store: &Arc<dyn EventStore>, run_id: &str) -> anyhow::Result<String> {
+    let Some(record) = store.run(run_id).await? else {
+        bail!("no run {run_id}");
+    };
+    Ok(record.root_run_id.unwrap_or_else(|| run_id.to_owned()))
+}
+
+/// A run and every run below it that exists, parents before children, with their depth
+/// under `root`.
+async fn tree(store: &dyn EventStore, root: &str) -> anyhow::Result<Vec<(String, usize)>> {
+    let mut out = Vec::new();
+    let mut pending = vec![(root.to_owned(), 0usize)];
+    while let Some((id, depth)) = pending.pop() {
+        if store.run(&id).await?.is_none() {
+            continue;
+        }
+        let state = baton_engine::fold(&store.load(&id, 0).await?);
+        for child in state.children.iter().rev() {
+            pending.push((child.started.child_run_id.clone(), depth + 1));
+        }
+        out.push((id, depth));
+    }
+    Ok(out)
 }
 
 /// The scenario version a run continues on: loaded from the texts the store keeps under
@@ -649,24 +775,25 @@ async fn drive(
     run_id: &str,
     scenario: &Arc<Scenario>,
     json: bool,
-    from: u64,
-    start: Option<Start>,
+    follow: Vec<Followed>,
+    start: Option<baton_engine::job::Start>,
 ) -> anyhow::Result<ExitCode> {
-    // Print events as they land, from another task reading the store; a new run's id
-    // heads them, so it is printed only once the store holds the run.
+    // Print events as they land — the runs the job starts too, nested under the event
+    // that started each — from another task reading the store; a new run's id heads them,
+    // so it is printed only once the store holds the run.
     let printer = (!json).then(|| {
         let mut unannounced = start.is_some().then(|| run_id.to_owned());
-        Printer::spawn(Arc::clone(&engine.store), run_id, from, move |e| {
+        Printer::spawn(Arc::clone(&engine.store), follow, move |_, depth, e| {
             if let Some(id) = unannounced.take() {
                 outln!("run {id}")?;
             }
-            print_event(e, false)
+            print_nested(e, depth, None)
         })
     });
     let signals = tokio::spawn(stop_on_signal(engine.stop.clone()));
     let outcome = match start {
-        Some(s) => engine.run(run_id, scenario, &s.input, s.metadata, s.source).await,
-        None => engine.drive(run_id, scenario).await,
+        Some(s) => engine.run_job(run_id, scenario, s).await,
+        None => engine.drive_tree(run_id, scenario).await,
     };
     signals.abort();
     // The engine has returned: everything it wrote is in the store, and the printer reads
@@ -678,7 +805,25 @@ async fn drive(
     let outcome = outcome?;
     printed?;
     let state = engine.state(run_id).await?;
+    let mut runs = Vec::new();
+    for (id, depth) in tree(engine.store.as_ref(), run_id).await? {
+        let s = if id == run_id { state.clone() } else { engine.state(&id).await? };
+        runs.push((id, depth, s));
+    }
     if json {
+        let tree: Vec<Value> = runs
+            .iter()
+            .map(|(id, depth, s)| {
+                json!({
+                    "run_id": id,
+                    "depth": depth,
+                    "scenario_id": s.scenario_id,
+                    "status": s.status.as_str(),
+                    "pending_approvals": open_approvals(s),
+                    "pending_question": s.pending_ask,
+                })
+            })
+            .collect();
         outln!(
             "{}",
             serde_json::to_string_pretty(&json!({
@@ -688,17 +833,25 @@ async fn drive(
                 "final_output": state.final_output,
                 "aborted_reason": state.finished.as_ref().and_then(|f| f.aborted_reason.clone()),
                 "totals": state.totals,
+                "tree_totals": state.tree_totals(),
                 "checksum": state.checksum,
+                "selected": state.selected,
                 "pending_approvals": open_approvals(&state),
                 "pending_question": state.pending_ask,
+                "tree": tree,
             }))?
         )?;
     } else if outcome == Outcome::Paused {
+        let waiting: Vec<&(String, usize, baton_engine::RunState)> =
+            runs.iter().filter(|(_, _, s)| s.awaiting_person()).collect();
+        let who = waiting.first().map_or(run_id, |(id, _, _)| id.as_str());
         outln!(
-            "paused: run {run_id} waits for a person; continue with `baton approve {run_id}` or `baton answer {run_id} --answer JSON`"
+            "paused: run {who} waits for a person; continue with `baton approve {who}` or `baton answer {who} --answer JSON`"
         )?;
-        for line in waiting_lines(&state, run_id) {
-            outln!("  {line}")?;
+        for (id, _, s) in waiting {
+            for line in waiting_lines(s, id) {
+                outln!("  {line}")?;
+            }
         }
     } else if let Outcome::Interrupted(reason) = &outcome {
         outln!(
@@ -774,13 +927,6 @@ fn waiting_lines(state: &baton_engine::RunState, run_id: &str) -> Vec<String> {
         .collect()
 }
 
-/// What a new run starts with.
-struct Start {
-    input: String,
-    metadata: Map<String, Value>,
-    source: Option<String>,
-}
-
 /// How often a follower looks for new events.
 const FOLLOW_POLL: Duration = Duration::from_millis(50);
 
@@ -793,35 +939,96 @@ fn print_event(e: &Event, as_json: bool) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Emits a run's events after `after` as they arrive, until the run ends or — with `stop`
-/// — until told to stop; then it reads the log once more, so every event written before
-/// the stop is emitted, once and in order. It stops early, quietly, once standard output's
-/// reader has gone (nothing it emits could be read).
+/// An event of a run `depth` levels below the job's first: a timeline line indented by
+/// its depth, or — with `run_id` — a JSON line naming its run.
+fn print_nested(e: &Event, depth: usize, run_id: Option<&str>) -> std::io::Result<()> {
+    if let Some(run_id) = run_id {
+        let mut line: Value = serde_json::from_str(&timeline::json_line(e)).unwrap_or_default();
+        if let Value::Object(map) = &mut line {
+            map.insert("run_id".to_owned(), json!(run_id));
+        }
+        outln!("{line}")?;
+    } else if let Some(line) = timeline::line(e) {
+        outln!("{}{}", "    ".repeat(depth), timeline::styled(&line))?;
+    }
+    Ok(())
+}
+
+/// A run whose events a follower emits, from `after` on.
+pub(crate) struct Followed {
+    run_id: String,
+    after: u64,
+    depth: usize,
+    /// Its end has been emitted.
+    done: bool,
+}
+
+impl Followed {
+    pub(crate) fn new(run_id: &str, after: u64, depth: usize) -> Self {
+        Followed { run_id: run_id.to_owned(), after, depth, done: false }
+    }
+}
+
+/// Emits the events of a run and of the runs it starts, after each one's `after`, as
+/// they arrive, until the first run ends or — with `stop` — until told to stop; then it
+/// reads the logs once more, so every event written before the stop is emitted, once and
+/// in order. A child's events come right after the event that started it, and all of them
+/// before its parent's `child_run_settled`. It stops early, quietly, once standard
+/// output's reader has gone (nothing it emits could be read).
 async fn follow(
     store: &dyn EventStore,
-    run_id: &str,
-    mut after: u64,
+    mut runs: Vec<Followed>,
+    nested: bool,
     mut stop: Option<oneshot::Receiver<()>>,
-    mut emit: impl FnMut(&Event) -> std::io::Result<()>,
+    mut emit: impl FnMut(&str, usize, &Event) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {
     let mut stopping = false;
     loop {
-        let events = match store.load(run_id, after).await {
-            Ok(events) => events,
-            // A new run is written with its first level's results: wait for it (and a run
-            // that failed before it was written has nothing to show).
-            Err(baton_engine::store::Error::NotFound(_)) => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
-        for e in &events {
-            emit(e)?;
-            if crate::out::closed() {
-                return Ok(());
+        // Whether a parent's log stopped at a child's settlement that must come first.
+        let mut held_back = false;
+        let mut i = 0;
+        while i < runs.len() {
+            if runs[i].done {
+                i += 1;
+                continue;
             }
-            after = e.seq;
-            if matches!(e.data, EventData::ScenarioFinished(_)) {
-                return Ok(());
+            let events = match store.load(&runs[i].run_id, runs[i].after).await {
+                Ok(events) => events,
+                // A new run is written with its first level's results: wait for it (and a
+                // run that failed before it was written has nothing to show).
+                Err(baton_engine::store::Error::NotFound(_)) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+            for e in &events {
+                if let EventData::ChildRunSettled(c) = &e.data
+                    && runs.iter().any(|r| r.run_id == c.child_run_id && !r.done)
+                {
+                    held_back = true;
+                    break;
+                }
+                emit(&runs[i].run_id, runs[i].depth, e)?;
+                if crate::out::closed() {
+                    return Ok(());
+                }
+                runs[i].after = e.seq;
+                if let EventData::ChildRunStarted(c) = &e.data
+                    && nested
+                    && !runs.iter().any(|r| r.run_id == c.child_run_id)
+                {
+                    let depth = runs[i].depth + 1;
+                    runs.push(Followed::new(&c.child_run_id, 0, depth));
+                }
+                if matches!(e.data, EventData::ScenarioFinished(_)) {
+                    runs[i].done = true;
+                }
             }
+            i += 1;
+        }
+        if runs.first().is_none_or(|r| r.done) {
+            return Ok(());
+        }
+        if held_back {
+            continue;
         }
         if stopping {
             return Ok(());
@@ -837,7 +1044,7 @@ async fn follow(
     }
 }
 
-/// A task printing a run's events while another drives it.
+/// A task printing a tree's events while another drives it.
 struct Printer {
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -846,15 +1053,14 @@ struct Printer {
 impl Printer {
     fn spawn(
         store: Arc<dyn EventStore>,
-        run_id: &str,
-        after: u64,
-        emit: impl FnMut(&Event) -> std::io::Result<()> + Send + 'static,
+        runs: Vec<Followed>,
+        emit: impl FnMut(&str, usize, &Event) -> std::io::Result<()> + Send + 'static,
     ) -> Printer {
         let (stop, stopped) = oneshot::channel();
-        let run_id = run_id.to_owned();
-        let task = tokio::spawn(async move {
-            follow(store.as_ref(), &run_id, after, Some(stopped), emit).await
-        });
+        let task =
+            tokio::spawn(
+                async move { follow(store.as_ref(), runs, true, Some(stopped), emit).await },
+            );
         Printer { stop, task }
     }
 
@@ -868,7 +1074,8 @@ impl Printer {
 
 fn exit_code(outcome: &Outcome) -> ExitCode {
     match outcome {
-        Outcome::Paused => ExitCode::from(3),
+        // A job whose tree waits on a child some other process drives is, here, paused.
+        Outcome::Paused | Outcome::Waiting => ExitCode::from(3),
         Outcome::Interrupted(_) => ExitCode::from(6),
         Outcome::Finished(Status::Completed) => ExitCode::SUCCESS,
         Outcome::Finished(Status::Aborted) => ExitCode::from(4),
@@ -982,14 +1189,32 @@ pub(crate) async fn cancel(
         }
     }
     let store = open_existing_store(place)?;
-    let probe = probe_engine(place, &store, &Registry::default());
-    probe.cancel(run_id, by, reason).await?;
-    match probe.end_cancelled(run_id).await {
+    // The settle timeout of the configuration when it loads; a broken configuration never
+    // keeps a run from being stopped.
+    let probe = engine(
+        Arc::clone(&store),
+        Arc::new(ScriptedModel::default()),
+        &Registry::default(),
+        workspace_setup(place, None, None),
+        redactor(place),
+        jail(place),
+        jobs(place, Arc::new(Registry::default()), None).ok(),
+    );
+    let Some(record) = store.run(run_id).await? else {
+        bail!("no run {run_id} in {}", place.db.display());
+    };
+    // The run and every run below it that has not ended.
+    probe.cancel_tree(run_id, by, reason).await?;
+    match probe.end_cancelled_tree(run_id).await {
         Ok(_) => outln!("cancelled run {run_id}")?,
         Err(baton_engine::exec::Error::Store(baton_engine::store::Error::Busy(_))) => outln!(
             "cancel requested for run {run_id}: the process driving it stops at its next check"
         )?,
         Err(e) => return Err(e.into()),
+    }
+    // A child's parent takes its result now; `baton resume` continues the parent.
+    if let Some(parent) = &record.parent_run_id {
+        probe.settle_children(parent).await?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -1000,10 +1225,11 @@ pub(crate) const INTERRUPTED: &str = Status::Interrupted.as_str();
 
 /// Every status a run can have in the run list (`runs --status`): the stored ones, and
 /// [`INTERRUPTED`].
-pub(crate) fn run_statuses() -> [&'static str; 7] {
+pub(crate) fn run_statuses() -> [&'static str; 8] {
     [
         Status::Running.as_str(),
         Status::Paused.as_str(),
+        Status::Waiting.as_str(),
         Status::Interrupted.as_str(),
         Status::Completed.as_str(),
         Status::Aborted.as_str(),
@@ -1060,6 +1286,7 @@ fn human_duration(ms: u64) -> String {
 pub(crate) async fn runs(
     place: &Place,
     status: Option<&str>,
+    tree: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let store = open_existing_store(place)?;
@@ -1074,23 +1301,31 @@ pub(crate) async fn runs(
             list.push(record);
         }
     }
+    let list = if tree { as_tree(list) } else { list.into_iter().map(|r| (r, 0)).collect() };
     let mut rows = Vec::with_capacity(list.len());
-    for record in list {
+    for (record, depth) in list {
         let events = store.load(&record.run_id, 0).await?;
         let state = baton_engine::state::fold(&events);
         let paused = record.status == Status::Paused.as_str();
-        let waiting = if paused { waiting_on(&events) } else { Vec::new() };
+        let mut waiting = if paused { waiting_on(&events) } else { Vec::new() };
+        // A run waiting for its children waits on each of them.
+        for child in state.open_children() {
+            waiting.push(Waiting {
+                level_id: format!("{} ({})", child.started.child_run_id, child.started.scenario_id),
+                wants: "child run",
+            });
+        }
         // The approval requests a paused run waits for, by id (for `approve --request`).
         let requests: Vec<String> = if paused {
             state.open_approvals().map(|p| p.request.request_id.clone()).collect()
         } else {
             Vec::new()
         };
-        rows.push((record, state.totals, waiting, requests));
+        rows.push((record, depth, state.totals, waiting, requests));
     }
     if json {
         let mut list = Vec::with_capacity(rows.len());
-        for (record, totals, waiting, requests) in &rows {
+        for (record, depth, totals, waiting, requests) in &rows {
             let mut row = serde_json::to_value(record)?;
             if let Value::Object(map) = &mut row {
                 map.insert("cost_usd".to_owned(), json!(totals.cost_usd));
@@ -1098,6 +1333,9 @@ pub(crate) async fn runs(
                 map.insert("duration_ms".to_owned(), json!(totals.duration_ms));
                 map.insert("waiting_on".to_owned(), serde_json::to_value(waiting)?);
                 map.insert("pending_requests".to_owned(), json!(requests));
+                if tree {
+                    map.insert("depth".to_owned(), json!(depth));
+                }
                 if record.status == INTERRUPTED {
                     let resume = format!("baton resume {}", record.run_id);
                     map.insert("continue_with".to_owned(), json!(resume));
@@ -1112,8 +1350,9 @@ pub(crate) async fn runs(
         outln!("no runs{}", status.map_or(String::new(), |s| format!(" with status {s}")))?;
         return Ok(ExitCode::SUCCESS);
     }
+    let width = 36 + rows.iter().map(|(_, d, ..)| d * 2).max().unwrap_or(0);
     outln!(
-        "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  waits on",
+        "{:<width$}  {:<11} {:<22} {:>9} {:>9} {:>12}  {:<19}  waits on",
         "run",
         "status",
         "scenario",
@@ -1122,12 +1361,12 @@ pub(crate) async fn runs(
         "duration",
         "updated"
     )?;
-    for (r, totals, waiting, requests) in rows {
+    for (r, depth, totals, waiting, requests) in rows {
         let waits: Vec<String> =
             waiting.iter().map(|w| format!("{} ({})", w.level_id, w.wants)).collect();
         let row = format!(
-            "{:<36}  {:<10} {:<22} {:>9} {:>9} {:>12}  {:<19}  {}",
-            r.run_id,
+            "{:<width$}  {:<11} {:<22} {:>9} {:>9} {:>12}  {:<19}  {}",
+            format!("{}{}", "  ".repeat(depth), r.run_id),
             r.status,
             r.scenario_id,
             format!("${:.4}", totals.cost_usd),
@@ -1141,10 +1380,40 @@ pub(crate) async fn runs(
             outln!("    waits for approval: {}", escape::one_line(&requests.join(", ")))?;
         }
         if r.status == INTERRUPTED {
-            outln!("    no process drives it; continue it with `baton resume {}`", r.run_id)?;
+            let root = r.root_run_id.as_deref().unwrap_or(&r.run_id);
+            outln!("    no process drives it; continue it with `baton resume {root}`")?;
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs ordered as trees: each run whose parent is not listed, newest first, then the
+/// runs below it, depth first, each with its depth under the first.
+fn as_tree(
+    list: Vec<baton_engine::store::RunRecord>,
+) -> Vec<(baton_engine::store::RunRecord, usize)> {
+    let listed: std::collections::HashSet<String> = list.iter().map(|r| r.run_id.clone()).collect();
+    let mut below: std::collections::HashMap<String, Vec<baton_engine::store::RunRecord>> =
+        std::collections::HashMap::new();
+    let mut tops = Vec::new();
+    for r in list {
+        match r.parent_run_id.clone().filter(|p| listed.contains(p)) {
+            Some(parent) => below.entry(parent).or_default().push(r),
+            None => tops.push(r),
+        }
+    }
+    let mut out = Vec::new();
+    let mut pending: Vec<(baton_engine::store::RunRecord, usize)> =
+        tops.into_iter().rev().map(|r| (r, 0)).collect();
+    while let Some((r, depth)) = pending.pop() {
+        if let Some(mut children) = below.remove(&r.run_id) {
+            // The list is newest first; children read in the order they started.
+            children.reverse();
+            pending.extend(children.into_iter().rev().map(|c| (c, depth + 1)));
+        }
+        out.push((r, depth));
+    }
+    out
 }
 
 pub(crate) async fn export_cassette(
@@ -1171,14 +1440,30 @@ pub(crate) async fn events(
     place: &Place,
     run_id: &str,
     follow_on: bool,
+    tree: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let store = open_existing_store(place)?;
     if store.run(run_id).await?.is_none() {
         bail!("no run {run_id} in {}", place.db.display());
     }
+    if tree {
+        // Each run's events with those of the runs it started nested under the event that
+        // started each; read once (closed at once) unless following.
+        let (stop, stopped) = oneshot::channel();
+        if !follow_on {
+            let _ = stop.send(());
+        }
+        let runs = vec![Followed::new(run_id, 0, 0)];
+        follow(store.as_ref(), runs, true, Some(stopped), |id, depth, e| {
+            print_nested(e, depth, json.then_some(id))
+        })
+        .await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if follow_on {
-        follow(store.as_ref(), run_id, 0, None, |e| print_event(e, json)).await?;
+        let runs = vec![Followed::new(run_id, 0, 0)];
+        follow(store.as_ref(), runs, false, None, |_, _, e| print_event(e, json)).await?;
         return Ok(ExitCode::SUCCESS);
     }
     let log = store.load(run_id, 0).await?;
@@ -1223,14 +1508,17 @@ mod tests {
             created_at: now,
             updated_at: now,
             last_seq: 0,
+            parent_run_id: None,
+            root_run_id: None,
         };
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&seen);
         // Started before the run exists, as `baton run` does.
-        let printer = Printer::spawn(Arc::clone(&store), "r", 0, move |e| {
-            sink.lock().unwrap().push(e.seq);
-            Ok(())
-        });
+        let printer =
+            Printer::spawn(Arc::clone(&store), vec![Followed::new("r", 0, 0)], move |_, _, e| {
+                sink.lock().unwrap().push(e.seq);
+                Ok(())
+            });
         store.create_run(&record, vec![warning(1)]).await.unwrap();
         while seen.lock().unwrap().is_empty() {
             tokio::task::yield_now().await;
@@ -1245,7 +1533,8 @@ mod tests {
     #[tokio::test]
     async fn a_printer_stopped_before_its_run_was_written_emits_nothing() {
         let store: Arc<dyn EventStore> = Arc::new(MemoryStore::default());
-        let printer = Printer::spawn(store, "never", 0, |_| panic!("nothing to print"));
+        let runs = vec![Followed::new("never", 0, 0)];
+        let printer = Printer::spawn(store, runs, |_, _, _| panic!("nothing to print"));
         printer.finish().await.unwrap();
     }
 

@@ -70,13 +70,36 @@ enum Command {
         #[arg(long)]
         overrides: Option<PathBuf>,
     },
-    /// Start a run of a scenario and drive it to its end or to a pause.
+    /// Start a job and drive it to its end or to a pause: its scenario is the one named
+    /// (a pin), else the one serving `--intent`, else the classifier for jobs of a
+    /// classified `--kind`, else the configured default (`[selection]` in baton.toml); a
+    /// result naming an intent route chains the job to that route's scenario, as a child run.
     ///
     /// Exit codes: 0 completed, 1 failed, 3 paused, 4 aborted, 5 cancelled, 6 interrupted
     /// (stopped without ending: an outage or a signal; continue with `baton resume`).
     Run {
-        /// The scenario id.
-        scenario: String,
+        /// The scenario id (a pin; the same as --scenario).
+        #[arg(conflicts_with = "pin")]
+        scenario: Option<String>,
+        /// Run exactly this scenario (an id that matches nothing is an error).
+        #[arg(long = "scenario", value_name = "ID")]
+        pin: Option<String>,
+        /// The job's intent route, looked up case-insensitively among the scenarios'
+        /// `intent_routes`; one nobody serves falls back to the default with a warning.
+        #[arg(long, value_name = "ROUTE")]
+        intent: Option<String>,
+        /// The job's kind (`task`, `question`, …): kinds in `[selection] classify_kinds`
+        /// (default: task) go to the classifier, which picks the scenario.
+        #[arg(long, value_name = "KIND")]
+        kind: Option<String>,
+        /// The most the job may cost, all its runs together (each run is also bound by its
+        /// own scenario's budget).
+        #[arg(long, value_name = "USD")]
+        max_cost_usd: Option<f64>,
+        /// How long the end of a run waits for its cancelled child runs to settle, in
+        /// seconds (default 15, at most 120; `[jobs] settle_timeout_s` in baton.toml).
+        #[arg(long, value_name = "SECONDS")]
+        settle_timeout_s: Option<f64>,
         /// The input text.
         #[arg(long, conflicts_with = "input_file", required_unless_present = "input_file")]
         input: Option<String>,
@@ -164,8 +187,9 @@ enum Command {
         #[arg(long)]
         no_resume: bool,
     },
-    /// Stop a run: a paused run (or one whose process died) ends here; a running one stops
-    /// at its driver's next check. Exit 0 once the cancel is recorded.
+    /// Stop a run and every run it started: a paused run (or one whose process died) ends
+    /// here, after its child runs have settled; a running one stops at its driver's next
+    /// check. Exit 0 once the cancel is recorded.
     Cancel {
         run: String,
         /// Who cancels (recorded in the log).
@@ -181,6 +205,9 @@ enum Command {
         /// Only runs with this status.
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(cmd_run::run_statuses()))]
         status: Option<String>,
+        /// Show each job as a tree: its first run, and below it the runs it started.
+        #[arg(long)]
+        tree: bool,
         #[arg(long)]
         json: bool,
     },
@@ -190,6 +217,10 @@ enum Command {
         /// Keep printing new events until the run ends.
         #[arg(long)]
         follow: bool,
+        /// Also print the events of every run it started, nested under the event that
+        /// started each (with --json, every line names its run).
+        #[arg(long)]
+        tree: bool,
         #[arg(long)]
         json: bool,
     },
@@ -342,6 +373,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run {
             scenario,
+            pin,
+            intent,
+            kind,
+            max_cost_usd,
+            settle_timeout_s,
             input,
             input_file,
             meta,
@@ -364,7 +400,9 @@ fn main() -> ExitCode {
                 runtime.block_on(cmd_run::run(
                     &place,
                     cmd_run::RunArgs {
-                        scenario,
+                        job: baton_engine::job::JobRequest { pin: scenario.or(pin), intent, kind },
+                        max_cost_usd,
+                        settle_timeout_s,
                         input,
                         meta,
                         script,
@@ -395,11 +433,11 @@ fn main() -> ExitCode {
         Command::Cancel { run, by, reason } => {
             runtime.block_on(cmd_run::cancel(&place, &run, by, reason))
         }
-        Command::Runs { status, json } => {
-            runtime.block_on(cmd_run::runs(&place, status.as_deref(), json))
+        Command::Runs { status, tree, json } => {
+            runtime.block_on(cmd_run::runs(&place, status.as_deref(), tree, json))
         }
-        Command::Events { run, follow, json } => {
-            runtime.block_on(cmd_run::events(&place, &run, follow, json))
+        Command::Events { run, follow, tree, json } => {
+            runtime.block_on(cmd_run::events(&place, &run, follow, tree, json))
         }
         Command::Validate { paths, format, overrides } => {
             let paths = if paths.is_empty() { vec![cli.scenarios.clone()] } else { paths };

@@ -134,11 +134,15 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             preview(&f.reason, 80)
         ),
         EventData::ScenarioFinished(f) => format!(
-            "finished  {} — ${:.4}, {} tokens, {} levels{}",
+            "finished  {} — ${:.4}, {} tokens, {} levels{}{}",
             f.status.as_str(),
             f.totals.cost_usd,
             f.totals.tokens,
             f.totals.levels_run,
+            f.tree_totals.map_or(String::new(), |t| format!(
+                "; with the runs it started ${:.4}, {} tokens, {} levels",
+                t.cost_usd, t.tokens, t.levels_run
+            )),
             f.aborted_reason.as_ref().map_or(String::new(), |r| format!(" ({r})"))
         ),
         EventData::RoutingDecision(r) => format!(
@@ -184,6 +188,51 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             }
             line
         }
+        EventData::ScenarioSelected(s) => format!(
+            "selected  {} ({}{}){}",
+            s.scenario_id,
+            match s.how.as_str() {
+                "pin" => "pinned".to_owned(),
+                "intent" => format!("intent route {}", s.intent.as_deref().unwrap_or("")),
+                "classifier" =>
+                    format!("job kind {}: the classifier picks", s.kind.as_deref().unwrap_or("")),
+                other => other.to_owned(),
+            },
+            s.kind
+                .as_ref()
+                .filter(|_| s.how != "classifier")
+                .map_or(String::new(), |k| format!(", kind {k}")),
+            s.warning.as_ref().map_or(String::new(), |w| format!(" — warning: {w}"))
+        ),
+        EventData::ScenarioChained(c) => format!(
+            "chained   {} → {} (route `{}` from {}, hop {}){}",
+            c.from,
+            c.to,
+            c.route,
+            if c.level_id.is_empty() { "no level" } else { c.level_id.as_str() },
+            c.depth,
+            c.warning.as_ref().map_or(String::new(), |w| format!(" — warning: {w}"))
+        ),
+        EventData::ChildRunStarted(c) => format!(
+            "child     {} {} ({}){}",
+            c.link,
+            c.child_run_id,
+            c.scenario_id,
+            c.budget.max_cost_usd.map_or(String::new(), |usd| format!(", up to ${usd:.4}"))
+        ),
+        EventData::ChildRunSettled(c) => format!(
+            "settled   {} {} {}{} ${:.4} {} tok",
+            c.link,
+            c.child_run_id,
+            c.status.as_str(),
+            c.aborted_reason.as_ref().map_or(String::new(), |r| format!(" ({r})")),
+            c.tree_totals.cost_usd,
+            c.tree_totals.tokens
+        ),
+        EventData::ChildRunUnsettled(c) => format!(
+            "unsettled {} {} still {} after {} ms: the run ends without its result",
+            c.link, c.child_run_id, c.status, c.waited_ms
+        ),
         EventData::PromptSent(_)
         | EventData::VerifierStarted(_)
         | EventData::BudgetConsumed(_)

@@ -98,6 +98,11 @@ pub enum EventData {
     ScenarioUpgraded(ScenarioUpgraded),
     RunInterrupted(RunInterrupted),
     RunResumed(RunResumed),
+    ScenarioSelected(ScenarioSelected),
+    ScenarioChained(ScenarioChained),
+    ChildRunStarted(ChildRunStarted),
+    ChildRunSettled(ChildRunSettled),
+    ChildRunUnsettled(ChildRunUnsettled),
 }
 
 impl EventData {
@@ -135,6 +140,11 @@ impl EventData {
             EventData::ScenarioUpgraded(_) => "scenario_upgraded",
             EventData::RunInterrupted(_) => "run_interrupted",
             EventData::RunResumed(_) => "run_resumed",
+            EventData::ScenarioSelected(_) => "scenario_selected",
+            EventData::ScenarioChained(_) => "scenario_chained",
+            EventData::ChildRunStarted(_) => "child_run_started",
+            EventData::ChildRunSettled(_) => "child_run_settled",
+            EventData::ChildRunUnsettled(_) => "child_run_unsettled",
         }
     }
 
@@ -223,6 +233,11 @@ impl EventData {
             "scenario_upgraded" => ScenarioUpgraded,
             "run_interrupted" => RunInterrupted,
             "run_resumed" => RunResumed,
+            "scenario_selected" => ScenarioSelected,
+            "scenario_chained" => ScenarioChained,
+            "child_run_started" => ChildRunStarted,
+            "child_run_settled" => ChildRunSettled,
+            "child_run_unsettled" => ChildRunUnsettled,
         }
     }
 }
@@ -268,6 +283,11 @@ pub struct BudgetCaps {
     /// logs written before it existed hash as they did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_level_runs: Option<u32>,
+    /// The most the run and every run it starts may cost together (a job's
+    /// `--max-cost-usd`, or the slice a parent reserved for a child): what its children may
+    /// spend is reserved from it. Left out when the tree has no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_max_cost_usd: Option<f64>,
 }
 
 impl BudgetCaps {
@@ -295,6 +315,26 @@ pub struct ScenarioStarted {
     /// The rule the run's gates are evaluated under, for its whole life: a run resumed
     /// by a later build keeps the rule it started with.
     pub gate_semantics: Semantics,
+    /// The run that started this one, when it is a child run. Left out for a job's root,
+    /// so logs from before child runs hash as they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
+}
+
+/// Where a child run hangs in its tree.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParentLink {
+    pub parent_run_id: String,
+    /// The job's first run, the root of the tree.
+    pub root_run_id: String,
+    /// The parent's level that started the child, when a level did (a chain starts from
+    /// the parent's end, after its last level).
+    pub level_id: Option<String>,
+    /// The child's name in its parent (`chain`, …): with the parent's id it makes the
+    /// child's id.
+    pub link: String,
+    /// Chain hops from the root to this run (the root is 0).
+    pub depth: u32,
 }
 
 /// Payloads as schema version 1 wrote them, and their upgrades.
@@ -334,6 +374,7 @@ pub mod v1 {
                 model_source: old.model_source,
                 workspace: old.workspace,
                 gate_semantics: Semantics::TwoValued,
+                parent: None,
             }
         }
     }
@@ -729,6 +770,20 @@ pub struct Totals {
     pub waiting_ms: u64,
 }
 
+impl Totals {
+    /// Both totals added, field by field.
+    #[must_use]
+    pub fn plus(self, other: Totals) -> Totals {
+        Totals {
+            cost_usd: self.cost_usd + other.cost_usd,
+            tokens: self.tokens + other.tokens,
+            duration_ms: self.duration_ms + other.duration_ms,
+            levels_run: self.levels_run + other.levels_run,
+            waiting_ms: self.waiting_ms + other.waiting_ms,
+        }
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -740,4 +795,90 @@ pub struct ScenarioFinished {
     pub totals: Totals,
     pub checksum: String,
     pub final_output: Option<String>,
+    /// The run's totals with those of every child run it settled (and theirs): what the
+    /// whole tree below it spent. Left out for a run that started no child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_totals: Option<Totals>,
+}
+
+/// How a job's scenario was chosen (000 §2): recorded right after `scenario_started` on a
+/// job's first run, with what the job asked for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioSelected {
+    pub scenario_id: String,
+    /// `pin`, `intent`, `classifier`, `default` or `fallback`.
+    pub how: String,
+    /// The pin the job named, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<String>,
+    /// The intent route the job named, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<String>,
+    /// The job's kind (`task`, `question`, …), if it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Why the job did not get what it asked for (an unknown route fell back to the
+    /// default), when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// The run's result named an intent route (`chosen_intent_route`): the job goes on in the
+/// scenario that owns it, as a child run of this one (002's chain primitive).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioChained {
+    pub from: String,
+    pub to: String,
+    /// The route as the level's output gave it (empty when it gave none usable).
+    pub route: String,
+    /// The level whose output named the route.
+    pub level_id: String,
+    /// The child's hops from the job's root (1 for the first chain).
+    pub depth: u32,
+    /// Why the job went to the fallback scenario instead, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// A child run is about to exist: recorded before it is created, with everything it
+/// starts from, so that a crash between the two can never start it twice (the next driver
+/// creates it from this event, under the same id).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChildRunStarted {
+    pub child_run_id: String,
+    pub link: String,
+    pub scenario_id: String,
+    pub scenario_version: u32,
+    pub checksum: String,
+    pub input: String,
+    pub metadata: serde_json::Map<String, Value>,
+    /// The child's caps: its scenario's, narrowed to the slice of the tree's cost cap
+    /// reserved for it.
+    pub budget: BudgetCaps,
+    pub depth: u32,
+}
+
+/// A child run ended and its parent took its result, exactly once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChildRunSettled {
+    pub child_run_id: String,
+    pub link: String,
+    pub status: FinalStatus,
+    pub aborted_reason: Option<String>,
+    pub final_output: Option<String>,
+    /// The child's own totals.
+    pub totals: Totals,
+    /// The child's tree: its totals with its own children's.
+    pub tree_totals: Totals,
+}
+
+/// A child run did not end within the settle timeout of its parent's end: the parent ends
+/// without its result, and says so.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChildRunUnsettled {
+    pub child_run_id: String,
+    pub link: String,
+    /// The child's status when the parent stopped waiting.
+    pub status: String,
+    pub waited_ms: u64,
 }

@@ -19,8 +19,8 @@ use tokio::sync::mpsc;
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
 use crate::event::{
-    ApprovalDecided, BudgetCaps, BudgetConsumed, CancelRequested, Event, EventData, NewEvent,
-    ScenarioStarted, UserAnswered, WorkspaceInfo,
+    ApprovalDecided, BudgetConsumed, CancelRequested, Event, EventData, NewEvent, ScenarioStarted,
+    UserAnswered, WorkspaceInfo,
 };
 use crate::plan::{Step, plan};
 use crate::render::Renderer;
@@ -83,6 +83,8 @@ pub enum Outcome {
     /// The run stopped without ending (`run_interrupted`: every model unavailable, or the
     /// driver was stopped); `baton resume` continues it.
     Interrupted(String),
+    /// The run waits for its child runs ([`Engine::drive_tree`] drives them).
+    Waiting,
 }
 
 /// The kernel wired to a store, a runtime and a clock.
@@ -142,8 +144,13 @@ impl Engine {
         let run_id = Self::new_run_id();
         self.keep_texts(scenario).await?;
         let (_, info) = self.new_workspace(scenario, &run_id).await?.unzip();
-        let (record, started) =
-            self.new_run(scenario, &run_id, input, metadata, model_source, info);
+        let start = crate::job::Start {
+            input: input.to_owned(),
+            metadata,
+            model_source,
+            ..crate::job::Start::default()
+        };
+        let (record, started) = self.new_run(scenario, &run_id, start, info);
         self.store.create_run(&record, vec![started]).await?;
         Ok(record.run_id)
     }
@@ -153,7 +160,8 @@ impl Engine {
     /// [`FLUSH_AFTER`]), so a quick run costs one transaction per level.
     ///
     /// `run_id` comes from [`Engine::new_run_id`], so a caller can show it before the run
-    /// exists in the store.
+    /// exists in the store. A run that chains to another scenario stops at
+    /// [`Outcome::Waiting`]; [`Engine::run_job`] drives the whole tree.
     pub async fn run(
         &self,
         run_id: &str,
@@ -162,10 +170,34 @@ impl Engine {
         metadata: Map<String, Value>,
         model_source: Option<String>,
     ) -> Result<Outcome, Error> {
+        let start = crate::job::Start {
+            input: input.to_owned(),
+            metadata,
+            model_source,
+            ..crate::job::Start::default()
+        };
+        self.run_from(run_id, scenario, start).await
+    }
+
+    /// Like [`Engine::run`], from everything a new run starts with (a job's selection and
+    /// tree cap, a child's link and caps).
+    pub(crate) async fn run_from(
+        &self,
+        run_id: &str,
+        scenario: &Arc<Scenario>,
+        start: crate::job::Start,
+    ) -> Result<Outcome, Error> {
         let _driving = self.store.hold(run_id).await?;
+        // A child is created by the first driver that finds it missing: another may have
+        // created it between that look and this hold.
+        if start.parent.is_some() && self.store.run(run_id).await?.is_some() {
+            drop(_driving);
+            return self.drive(run_id, scenario).await;
+        }
         self.keep_texts(scenario).await?;
         let (workspace, info) = self.new_workspace(scenario, run_id).await?.unzip();
-        let (record, started) = self.new_run(scenario, run_id, input, metadata, model_source, info);
+        let selected = start.selected.clone();
+        let (record, started) = self.new_run(scenario, run_id, start, info);
         let mut state = RunState::default();
         state.apply(&started);
         let mut w = Writer {
@@ -178,6 +210,9 @@ impl Engine {
             has_results: false,
             conflicts: 0,
         };
+        if let Some(selected) = selected {
+            w.stage(vec![NewEvent::run(EventData::ScenarioSelected(selected))]);
+        }
         w.stage(workspace_notices(workspace.as_ref()));
         self.drive_writer(&mut w, scenario, workspace).await
     }
@@ -249,9 +284,7 @@ impl Engine {
         &self,
         scenario: &Scenario,
         run_id: &str,
-        input: &str,
-        metadata: Map<String, Value>,
-        model_source: Option<String>,
+        start: crate::job::Start,
         workspace: Option<WorkspaceInfo>,
     ) -> (RunRecord, Event) {
         let now = self.clock.now();
@@ -262,23 +295,23 @@ impl Engine {
             created_at: now,
             updated_at: now,
             last_seq: 0,
+            parent_run_id: start.parent.as_ref().map(|p| p.parent_run_id.clone()),
+            root_run_id: start.parent.as_ref().map(|p| p.root_run_id.clone()),
         };
+        let budget =
+            start.budget.unwrap_or_else(|| crate::job::caps(scenario, start.tree_max_cost_usd));
         let started = NewEvent::run(EventData::ScenarioStarted(ScenarioStarted {
             scenario_id: scenario.id.clone(),
             scenario_version: scenario.version,
             checksum: scenario.checksum.clone(),
-            input: input.to_owned(),
-            metadata,
-            budget: BudgetCaps {
-                max_cost_usd: scenario.budget.max_cost_usd,
-                max_tokens: scenario.budget.max_tokens,
-                max_duration_s: scenario.budget.max_duration_s,
-                max_level_runs: scenario.budget.max_level_runs,
-            },
+            input: start.input,
+            metadata: start.metadata,
+            budget,
             max_attempts_per_conflict: scenario.max_attempts_per_conflict,
-            model_source,
+            model_source: start.model_source,
             workspace,
             gate_semantics: Semantics::CURRENT,
+            parent: start.parent,
         }));
         (record, started.at(1, now))
     }
@@ -378,6 +411,23 @@ impl Engine {
                     return Ok(Outcome::Paused);
                 }
                 Step::Append(events) => w.stage(events),
+                Step::Chain { level_id, route, reason } => {
+                    let events = self.chain(run_id, &w.state, &level_id, &route, reason).await?;
+                    w.stage(events);
+                }
+                Step::Children { .. } => {
+                    if !w.flush().await? {
+                        continue;
+                    }
+                    if let Some(record) = self.store.run(run_id).await?
+                        && record.status != Status::Waiting.as_str()
+                        // Record the wait in the run list; nothing changes in the log.
+                        && !w.write(Vec::new()).await?
+                    {
+                        continue;
+                    }
+                    return Ok(Outcome::Waiting);
+                }
                 Step::Run { level, attempt } => {
                     // The previous level's results, and the start of this one, become
                     // durable before this level does anything.
@@ -536,6 +586,25 @@ impl Engine {
                     at.map(|t| format!(" at {}", t.to_rfc3339())).unwrap_or_default()
                 )));
             }
+            // A question that says what answers it takes (a JSON Schema, such as the routes a
+            // disambiguation offers) gets one of those or nothing.
+            if let Some(schema) = ask.question.get("schema").filter(|s| s.is_object()) {
+                let problems = match JsonSchema::compile(schema.clone()) {
+                    Ok(compiled) => compiled.violations(&answer),
+                    Err(e) => vec![format!("the question's schema does not compile: {e}")],
+                };
+                if !problems.is_empty() {
+                    let offered = schema
+                        .get("enum")
+                        .map(|e| format!("; the answers it takes: {e}"))
+                        .unwrap_or_default();
+                    return Err(refuse(format!(
+                        "the answer does not fit question {}: {}{offered}; nothing was recorded",
+                        ask.call_id,
+                        problems.join("; ")
+                    )));
+                }
+            }
             let event = NewEvent::run(EventData::UserAnswered(UserAnswered {
                 call_id: ask.call_id.clone(),
                 answer: answer.clone(),
@@ -636,7 +705,7 @@ impl Engine {
     ///
     /// `check` is also given the time the event will be recorded with: a deadline is
     /// checked against the very time the decision carries.
-    async fn append_external<T>(
+    pub(crate) async fn append_external<T>(
         &self,
         run_id: &str,
         mut check: impl FnMut(

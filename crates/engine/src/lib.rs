@@ -14,6 +14,7 @@ pub mod event;
 pub mod exec;
 pub mod fan_in;
 pub mod gate_ctx;
+pub mod job;
 pub mod join;
 pub mod limits;
 pub mod model;

@@ -44,3 +44,12 @@ pub const SCRIPT_BYTES_MAX: u64 = baton_scenario::limits::SOURCE_BYTES_MAX as u6
 pub const CASSETTE_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// Largest input file of a run (`--input-file`), in bytes.
 pub const INPUT_BYTES_MAX: u64 = 4 * 1024 * 1024;
+/// Most chain hops in a job (002): the classifier counts as one, so a classified job may
+/// chain twice more; a run that would chain past it ends aborted with `chain_depth_limit`.
+pub const CHAIN_DEPTH_MAX: u32 = 3;
+/// How long the end of a parent waits for its cancelled children to settle, by default
+/// (`settle_timeout_s`), and at most.
+pub const SETTLE_TIMEOUT_S_DEFAULT: f64 = 15.0;
+pub const SETTLE_TIMEOUT_S_MAX: f64 = 120.0;
+/// The link name of a chained child run.
+pub const CHAIN_LINK: &str = "chain";

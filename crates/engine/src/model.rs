@@ -29,6 +29,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// One call to a model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelRequest {
+    /// The scenario of the run making the call (a job's runs have several). Not part of
+    /// the request's content (nor its hash).
+    pub scenario_id: String,
     pub level_id: String,
     /// How many calls this level made before this one, in the whole run.
     pub call_index: u32,
@@ -194,8 +197,21 @@ pub trait ModelProvider: Send + Sync + std::fmt::Debug {
 }
 
 /// A scripted model: answers from a YAML script, offline and deterministic.
+///
+/// A script answers one scenario per level (`levels:`), or a whole job — every scenario
+/// its runs go through — per scenario and level (`scenarios: {ID: {levels: …, default:
+/// …}}`); a scenario's own entries come first, then the top-level ones, then the
+/// scenario's `default`, then the top-level `default`.
 #[derive(Clone, Debug, Default)]
 pub struct ScriptedModel {
+    levels: BTreeMap<String, Vec<ScriptedResponse>>,
+    default: Option<ScriptedResponse>,
+    scenarios: BTreeMap<String, ScriptedScenario>,
+}
+
+/// One scenario's answers in a job's script.
+#[derive(Clone, Debug, Default)]
+struct ScriptedScenario {
     levels: BTreeMap<String, Vec<ScriptedResponse>>,
     default: Option<ScriptedResponse>,
 }
@@ -262,6 +278,61 @@ struct RawScript {
     levels: BTreeMap<String, Located<Vec<Located<ScriptedResponse>>>>,
     #[serde(default)]
     default: Option<Located<ScriptedResponse>>,
+    /// Answers per scenario, for a job whose runs go through several.
+    #[serde(default)]
+    scenarios: BTreeMap<String, RawScenarioScript>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenarioScript {
+    #[serde(default)]
+    levels: BTreeMap<String, Located<Vec<Located<ScriptedResponse>>>>,
+    #[serde(default)]
+    default: Option<Located<ScriptedResponse>>,
+}
+
+type RawLevels = BTreeMap<String, Located<Vec<Located<ScriptedResponse>>>>;
+
+/// Checks one set of scripted levels and its default; `whose` names the scenario in
+/// messages (empty for the top level).
+fn check_levels(
+    file: &str,
+    whose: &str,
+    levels: &RawLevels,
+    default: Option<&Located<ScriptedResponse>>,
+) -> Result<(), String> {
+    for (level, list) in levels {
+        if list.value.is_empty() {
+            return Err(format!(
+                "{file}:{}:{}: {whose}level `{level}` has an empty list of responses",
+                list.pos.line, list.pos.col
+            ));
+        }
+        for (n, response) in list.value.iter().enumerate() {
+            check_response(response).map_err(|message| {
+                format!(
+                    "{file}:{}:{}: {whose}level `{level}`, response {}: {message}",
+                    response.pos.line,
+                    response.pos.col,
+                    n + 1
+                )
+            })?;
+        }
+    }
+    if let Some(response) = default {
+        check_response(response).map_err(|message| {
+            format!(
+                "{file}:{}:{}: {whose}the default response: {message}",
+                response.pos.line, response.pos.col
+            )
+        })?;
+    }
+    Ok(())
+}
+
+fn unlocate(levels: RawLevels) -> BTreeMap<String, Vec<ScriptedResponse>> {
+    levels.into_iter().map(|(k, v)| (k, v.value.into_iter().map(|r| r.value).collect())).collect()
 }
 
 /// Why a scripted response cannot be an answer: a cost must be a finite amount of zero or
@@ -289,6 +360,7 @@ impl ScriptedModel {
                 text: Some(text.into()),
                 ..ScriptedResponse::default()
             }),
+            scenarios: BTreeMap::new(),
         }
     }
 
@@ -315,47 +387,42 @@ impl ScriptedModel {
             let help = e.help.map(|h| format!(" ({h})")).unwrap_or_default();
             format!("{file}:{}:{}: {}{help}", e.pos.line, e.pos.col, e.message)
         })?;
-        for (level, list) in &raw.levels {
-            if list.value.is_empty() {
-                return Err(format!(
-                    "{file}:{}:{}: level `{level}` has an empty list of responses",
-                    list.pos.line, list.pos.col
-                ));
-            }
-            for (n, response) in list.value.iter().enumerate() {
-                check_response(response).map_err(|message| {
-                    format!(
-                        "{file}:{}:{}: level `{level}`, response {}: {message}",
-                        response.pos.line,
-                        response.pos.col,
-                        n + 1
-                    )
-                })?;
-            }
-        }
-        if let Some(response) = &raw.default {
-            check_response(response).map_err(|message| {
-                format!(
-                    "{file}:{}:{}: the default response: {message}",
-                    response.pos.line, response.pos.col
-                )
-            })?;
+        check_levels(file, "", &raw.levels, raw.default.as_ref())?;
+        for (id, scenario) in &raw.scenarios {
+            check_levels(
+                file,
+                &format!("scenario `{id}`, "),
+                &scenario.levels,
+                scenario.default.as_ref(),
+            )?;
         }
         Ok(ScriptedModel {
-            levels: raw
-                .levels
-                .into_iter()
-                .map(|(k, v)| (k, v.value.into_iter().map(|r| r.value).collect()))
-                .collect(),
+            levels: unlocate(raw.levels),
             default: raw.default.map(|r| r.value),
+            scenarios: raw
+                .scenarios
+                .into_iter()
+                .map(|(id, s)| {
+                    let levels = unlocate(s.levels);
+                    (id, ScriptedScenario { levels, default: s.default.map(|r| r.value) })
+                })
+                .collect(),
         })
     }
 
     fn response(&self, request: &ModelRequest) -> Option<&ScriptedResponse> {
-        match self.levels.get(&request.level_id) {
-            Some(list) => list.get(request.call_index as usize).or_else(|| list.last()),
-            None => self.default.as_ref(),
+        let index = request.call_index as usize;
+        fn nth(list: &[ScriptedResponse], index: usize) -> Option<&ScriptedResponse> {
+            list.get(index).or_else(|| list.last())
         }
+        let own = self.scenarios.get(&request.scenario_id);
+        if let Some(list) = own.and_then(|s| s.levels.get(&request.level_id)) {
+            return nth(list, index);
+        }
+        if let Some(list) = self.levels.get(&request.level_id) {
+            return nth(list, index);
+        }
+        own.and_then(|s| s.default.as_ref()).or(self.default.as_ref())
     }
 }
 
@@ -374,8 +441,11 @@ impl ModelProvider for ScriptedModel {
                 return Err(ModelError::Failed {
                     provider: "scripted".to_owned(),
                     message: format!(
-                        "the script has no response for level `{}` and no `default`; add one under `levels: {{{}: [...]}}`",
-                        request.level_id, request.level_id
+                        "the script has no response for level `{}` of scenario `{}` and no `default`; add one under `levels: {{{}: [...]}}` (or, for a job, under `scenarios: {{{}: {{levels: …}}}}`)",
+                        request.level_id,
+                        request.scenario_id,
+                        request.level_id,
+                        request.scenario_id
                     ),
                 });
             };

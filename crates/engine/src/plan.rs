@@ -11,12 +11,13 @@ use baton_scenario::model::{END, FAIL, LevelIdx, Target};
 use serde_json::{Map, Value, json};
 
 use crate::event::{
-    ApprovalDecided, BudgetCaps, BudgetExceeded, EventData, FinalStatus, GateDecision,
-    LevelFinished, LevelStarted, LevelTimedOut, NewEvent, Reading, RunResumed, ScenarioFinished,
-    Totals, Warning,
+    ApprovalDecided, BudgetCaps, BudgetExceeded, ChildRunSettled, EventData, FinalStatus,
+    GateDecision, LevelFinished, LevelStarted, LevelTimedOut, NewEvent, Reading, RunResumed,
+    ScenarioFinished, Totals, Warning,
 };
 use crate::fan_in::{self, ChildState};
 use crate::gate_ctx::GateContext;
+use crate::limits::{CHAIN_DEPTH_MAX, CHAIN_LINK};
 use crate::state::{Next, RunState, Status};
 
 /// What the executor does next.
@@ -28,6 +29,14 @@ pub enum Step {
     Run { level: LevelIdx, attempt: u32 },
     /// Wait for a person: an approval decision or an answer.
     Pause,
+    /// The run's result names an intent route (`route`, from `level_id`'s output; empty
+    /// when none was usable): the executor resolves it to a scenario and starts that
+    /// scenario as a child run (`scenario_chained`, `child_run_started`). `reason` says why
+    /// a job without a usable route goes to the fallback.
+    Chain { level_id: String, route: String, reason: Option<String> },
+    /// The run waits for its open child runs; with `stop`, the run is ending (a cancel) and
+    /// they are cancelled first and waited for up to the settle timeout.
+    Children { stop: bool },
     /// The run has ended (or never started); nothing to do.
     Done,
 }
@@ -37,8 +46,19 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
     if state.finished.is_some() || state.status == Status::New {
         return Step::Done;
     }
+    let open_children = state.open_children().next().is_some();
     if state.cancel_requested.is_some() {
+        if open_children {
+            return Step::Children { stop: true };
+        }
         return Step::Append(cancelled(state));
+    }
+    if open_children {
+        return Step::Children { stop: false };
+    }
+    // A chained job ends as the run it chained to ended.
+    if let Some(settled) = chained_result(state) {
+        return Step::Append(end_as(state, settled));
     }
     // A driver that plans an interrupted run continues it: the interrupted attempt runs
     // again (the driver that was interrupted stopped without planning).
@@ -49,7 +69,7 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
         }))]);
     }
     if state.aborted_reason.is_some() {
-        return finish(state, FinalStatus::Aborted, state.aborted_reason.clone());
+        return end_or_chain(state, FinalStatus::Aborted, state.aborted_reason.clone());
     }
     if let Some(exceeded) = over_budget(state) {
         return Step::Append(vec![NewEvent::run(EventData::BudgetExceeded(exceeded))]);
@@ -65,19 +85,77 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
     let over_limit = state.level_runs >= state.budget.level_runs_max();
     match &state.next {
         Some(Next::Level(_)) if over_limit => {
-            finish(state, FinalStatus::Aborted, Some("level_run_limit".to_owned()))
+            end_or_chain(state, FinalStatus::Aborted, Some("level_run_limit".to_owned()))
         }
         None if state.level_runs == 0 => start(scenario, state, scenario.entry),
-        None => finish(state, FinalStatus::Failed, Some("no_route".to_owned())),
-        Some(Next::End) => finish(state, FinalStatus::Completed, None),
+        None => end_or_chain(state, FinalStatus::Failed, Some("no_route".to_owned())),
+        Some(Next::End) => end_or_chain(state, FinalStatus::Completed, None),
         Some(Next::Fail(from)) => {
-            finish(state, FinalStatus::Failed, Some(format!("routed_to_fail:{from}")))
+            end_or_chain(state, FinalStatus::Failed, Some(format!("routed_to_fail:{from}")))
         }
         Some(Next::Level(id)) => match scenario.level_index(id) {
             Some(i) => start(scenario, state, i),
             None => finish(state, FinalStatus::Failed, Some(format!("unknown_level:{id}"))),
         },
     }
+}
+
+/// The end of a run, or the chain its result asks for (002): a run that completes with a
+/// level's output naming `chosen_intent_route` goes on in the scenario that owns the
+/// route; a job routed by the classifier that ends without a usable route goes on in the
+/// fallback scenario, so the user still gets an answer. Past [`CHAIN_DEPTH_MAX`] hops the
+/// run ends aborted instead (`chain_depth_limit`), never looping.
+fn end_or_chain(state: &RunState, status: FinalStatus, reason: Option<String>) -> Step {
+    if state.chained.is_some() {
+        return finish(state, status, reason);
+    }
+    let classifier_job = state.selected.as_ref().is_some_and(|s| s.how == "classifier");
+    let chain = match (&state.chosen_route, status) {
+        (Some((level, route)), FinalStatus::Completed) => {
+            let why = route.is_empty().then(|| {
+                format!("level `{level}` named no intent route (`chosen_intent_route` is empty or not a string)")
+            });
+            Some((level.clone(), route.clone(), why))
+        }
+        _ if classifier_job => {
+            let why = format!(
+                "the classifier ended {} without a usable route{}",
+                status.as_str(),
+                reason.as_ref().map_or(String::new(), |r| format!(" ({r})"))
+            );
+            Some((String::new(), String::new(), Some(why)))
+        }
+        _ => None,
+    };
+    let Some((level_id, route, why)) = chain else {
+        return finish(state, status, reason);
+    };
+    if state.depth() + 1 > CHAIN_DEPTH_MAX {
+        let reason = format!(
+            "chain_depth_limit: the result of level `{level_id}` chains to route `{route}`, one hop past the limit of {CHAIN_DEPTH_MAX} (this run is hop {})",
+            state.depth()
+        );
+        let mut events =
+            vec![NewEvent::run(EventData::Warning(Warning { message: reason.clone() }))];
+        events.extend(end(state, FinalStatus::Aborted, Some(reason)));
+        return Step::Append(events);
+    }
+    Step::Chain { level_id, route, reason: why }
+}
+
+/// The result of the run a job chained to, once settled.
+fn chained_result(state: &RunState) -> Option<&ChildRunSettled> {
+    state.chained.as_ref()?;
+    state.children.iter().rev().find(|c| c.started.link == CHAIN_LINK)?.settled.as_ref()
+}
+
+/// The end of a chained job: the status and output of the run it chained to.
+fn end_as(state: &RunState, settled: &ChildRunSettled) -> Vec<NewEvent> {
+    let mut events = end(state, settled.status, settled.aborted_reason.clone());
+    if let Some(NewEvent { data: EventData::ScenarioFinished(f), .. }) = events.last_mut() {
+        f.final_output.clone_from(&settled.final_output);
+    }
+    events
 }
 
 fn start(scenario: &Scenario, state: &RunState, index: LevelIdx) -> Step {
@@ -315,7 +393,7 @@ fn finish(state: &RunState, status: FinalStatus, reason: Option<String>) -> Step
 }
 
 /// The events that end a run: its in-flight level closed as skipped, then the end.
-fn end(state: &RunState, status: FinalStatus, reason: Option<String>) -> Vec<NewEvent> {
+pub(crate) fn end(state: &RunState, status: FinalStatus, reason: Option<String>) -> Vec<NewEvent> {
     let mut events = Vec::new();
     // A level cut short by a cancel or an abort is closed as skipped, so the log says so.
     if let Some(id) = &state.in_flight {
@@ -332,6 +410,7 @@ fn end(state: &RunState, status: FinalStatus, reason: Option<String>) -> Vec<New
         totals: state.totals,
         checksum: state.checksum.clone(),
         final_output,
+        tree_totals: (!state.children.is_empty()).then(|| state.tree_totals()),
     })));
     events
 }

@@ -54,6 +54,9 @@ pub struct Runtime {
     pub redactor: crate::redact::Redactor,
     /// What every program a run starts (verifiers, scanners, MCP servers) runs in.
     pub jail: Arc<baton_jail::Jail>,
+    /// The scenarios jobs select and chain to; without it, a run starts no child runs (a
+    /// result naming an intent route ends the run with a warning).
+    pub jobs: Option<Arc<crate::job::Jobs>>,
 }
 
 /// One attempt of one level, with everything it reads.
@@ -709,6 +712,7 @@ impl Calls<'_> {
             _ => None,
         };
         let request = ModelRequest {
+            scenario_id: self.run.scenario.id.clone(),
             level_id: level.id.clone(),
             call_index: self.call_index,
             system: None,

@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 
 use crate::event::{
     ApprovalDecided, ApprovalRequested, AskUser, BudgetCaps, BudgetExceeded, CancelRequested,
-    Event, EventData, ScenarioFinished, Totals, VerifierFinished, WorkspaceInfo,
+    ChildRunSettled, ChildRunStarted, ChildRunUnsettled, Event, EventData, ParentLink,
+    ScenarioChained, ScenarioFinished, ScenarioSelected, Totals, VerifierFinished, WorkspaceInfo,
 };
 
 /// Where a run stands.
@@ -25,6 +26,9 @@ pub enum Status {
     Running,
     /// Waiting for a person (an approval or an answer).
     Paused,
+    /// Waiting for child runs to end: it holds no driver meanwhile (the driver of its tree
+    /// drives the children, and comes back to it once they have settled).
+    Waiting,
     /// Stopped without ending (`run_interrupted`: a transient outage, a signal); `baton
     /// resume` continues it. A run whose driver died is listed so too, from its lock.
     Interrupted,
@@ -41,6 +45,7 @@ impl Status {
             Status::New => "new",
             Status::Running => "running",
             Status::Paused => "paused",
+            Status::Waiting => "waiting",
             Status::Interrupted => "interrupted",
             Status::Completed => "completed",
             Status::Aborted => "aborted",
@@ -117,6 +122,23 @@ pub struct PendingApproval {
     pub request: ApprovalRequested,
 }
 
+/// A child run as its parent's log tells it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ChildRun {
+    pub started: ChildRunStarted,
+    /// Its result, once the parent took it.
+    pub settled: Option<ChildRunSettled>,
+    /// The parent stopped waiting for it before it ended.
+    pub unsettled: Option<ChildRunUnsettled>,
+}
+
+impl ChildRun {
+    /// Whether the parent still waits for this child.
+    pub fn open(&self) -> bool {
+        self.settled.is_none() && self.unsettled.is_none()
+    }
+}
+
 /// The state of a run, as of its last event.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunState {
@@ -175,6 +197,17 @@ pub struct RunState {
     pub resumes: u32,
     /// When the run last began to wait for a person, while it waits.
     pub waiting_since: Option<DateTime<Utc>>,
+    /// How the job's scenario was chosen, on a job's first run.
+    pub selected: Option<ScenarioSelected>,
+    /// The run that started this one, for a child run.
+    pub parent: Option<ParentLink>,
+    /// The last top-level level whose parsed output named `chosen_intent_route`, with the
+    /// route it named (empty when it was not a string).
+    pub chosen_route: Option<(String, String)>,
+    /// Where the run's result sent the job, once it did.
+    pub chained: Option<ScenarioChained>,
+    /// The child runs started, in the order they were.
+    pub children: Vec<ChildRun>,
 }
 
 impl Default for RunState {
@@ -219,6 +252,11 @@ impl Default for RunState {
             interrupted: None,
             resumes: 0,
             waiting_since: None,
+            selected: None,
+            parent: None,
+            chosen_route: None,
+            chained: None,
+            children: Vec::new(),
         }
     }
 }
@@ -253,6 +291,33 @@ impl RunState {
             .as_ref()
             .is_some_and(|a| !self.answers.iter().any(|(id, _)| id == &a.call_id));
         approval || ask
+    }
+
+    /// Chain hops from the job's root to this run.
+    pub fn depth(&self) -> u32 {
+        self.parent.as_ref().map_or(0, |p| p.depth)
+    }
+
+    /// The child runs the run still waits for.
+    pub fn open_children(&self) -> impl Iterator<Item = &ChildRun> {
+        self.children.iter().filter(|c| c.open())
+    }
+
+    /// What the run and every child it settled spent together.
+    pub fn tree_totals(&self) -> Totals {
+        self.children
+            .iter()
+            .filter_map(|c| c.settled.as_ref())
+            .fold(self.totals, |sum, c| sum.plus(c.tree_totals))
+    }
+
+    /// What may still be spent under the tree's cost cap, with what open children hold
+    /// reserved; `None` without a cap.
+    pub fn tree_cost_left(&self) -> Option<f64> {
+        let cap = self.budget.tree_max_cost_usd?;
+        let reserved: f64 =
+            self.open_children().filter_map(|c| c.started.budget.tree_max_cost_usd).sum();
+        Some((cap - self.tree_totals().cost_usd - reserved).max(0.0))
     }
 
     /// Applies one event. Total: an event that does not fit the state is absorbed.
@@ -291,6 +356,33 @@ impl RunState {
                 self.workspace.clone_from(&s.workspace);
                 self.gate_semantics = s.gate_semantics;
                 self.workspace_head = s.workspace.as_ref().map(|w| w.base.clone());
+                self.parent.clone_from(&s.parent);
+            }
+            EventData::ScenarioSelected(s) => self.selected = Some(s.clone()),
+            EventData::ScenarioChained(c) => self.chained = Some(c.clone()),
+            EventData::ChildRunStarted(c) => {
+                self.children.push(ChildRun { started: c.clone(), settled: None, unsettled: None });
+                self.status = Status::Waiting;
+            }
+            EventData::ChildRunSettled(c) => {
+                if let Some(child) =
+                    self.children.iter_mut().find(|k| k.started.child_run_id == c.child_run_id)
+                {
+                    child.settled = Some(c.clone());
+                }
+                if self.status == Status::Waiting && self.open_children().next().is_none() {
+                    self.status = Status::Running;
+                }
+            }
+            EventData::ChildRunUnsettled(c) => {
+                if let Some(child) =
+                    self.children.iter_mut().find(|k| k.started.child_run_id == c.child_run_id)
+                {
+                    child.unsettled = Some(c.clone());
+                }
+                if self.status == Status::Waiting && self.open_children().next().is_none() {
+                    self.status = Status::Running;
+                }
             }
             EventData::LevelStarted(s) => {
                 let level = self.levels.entry(level_id.to_owned()).or_default();
@@ -412,6 +504,14 @@ impl RunState {
                     if f.ok && !f.skipped && !f.output.is_empty() {
                         self.last_output = Some(f.output.clone());
                     }
+                    if f.ok
+                        && !f.skipped
+                        && let Some(route) =
+                            f.parsed.as_ref().and_then(|p| p.get("chosen_intent_route"))
+                    {
+                        let route = route.as_str().unwrap_or_default().to_owned();
+                        self.chosen_route = Some((level_id.to_owned(), route));
+                    }
                     self.pending_approvals.clear();
                     self.pending_ask = None;
                 }
@@ -482,6 +582,10 @@ impl RunState {
                     crate::event::FinalStatus::Cancelled => Status::Cancelled,
                     crate::event::FinalStatus::Failed => Status::Failed,
                 };
+                // The run's output as it ended: a chained job's is the chained run's.
+                if f.final_output.is_some() {
+                    self.final_output.clone_from(&f.final_output);
+                }
                 self.finished = Some(f.clone());
                 self.in_flight = None;
             }

@@ -30,6 +30,12 @@ pub struct RunRecord {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub last_seq: u64,
+    /// The run that started this one, for a child run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
+    /// The first run of the job this one belongs to, for a child run (a root names none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root_run_id: Option<String>,
 }
 
 /// What can go wrong in a store.
@@ -553,6 +559,8 @@ pub mod conformance {
             created_at: at,
             updated_at: at,
             last_seq: 0,
+            parent_run_id: None,
+            root_run_id: None,
         }
     }
 

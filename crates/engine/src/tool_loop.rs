@@ -297,6 +297,7 @@ impl LevelRun {
             }
             let textual = transport == Transport::Textual;
             let request = ModelRequest {
+                scenario_id: self.scenario.id.clone(),
                 level_id: level.id.clone(),
                 call_index: 0,
                 system: Some(SYSTEM.to_owned()),

@@ -147,6 +147,34 @@ pub struct JailConfig {
     pub memory_mib: Option<u64>,
 }
 
+/// How a job picks its scenario (`[selection]`): every field may be left out.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelectionConfig {
+    /// The scenario of a job that names none (default `code_build`).
+    #[serde(default)]
+    pub default: Option<String>,
+    /// Where a chain goes when its route names no scenario (default `quick_qa`).
+    #[serde(default)]
+    pub fallback: Option<String>,
+    /// The classifier scenario (default `intent_classifier`).
+    #[serde(default)]
+    pub classifier: Option<String>,
+    /// The job kinds the classifier routes (default `["task"]`).
+    #[serde(default)]
+    pub classify_kinds: Option<Vec<String>>,
+}
+
+/// Jobs and their trees of runs (`[jobs]`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsConfig {
+    /// How long the end of a parent waits for its cancelled children to settle, in
+    /// seconds (default 15, at most 120).
+    #[serde(default)]
+    pub settle_timeout_s: Option<f64>,
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -157,6 +185,10 @@ pub struct Config {
     pub providers: Vec<Provider>,
     #[serde(default)]
     pub jail: JailConfig,
+    #[serde(default)]
+    pub selection: SelectionConfig,
+    #[serde(default)]
+    pub jobs: JobsConfig,
 }
 
 /// Largest `baton.toml` read, in bytes.
@@ -244,10 +276,26 @@ impl Config {
         let default = providers.first().and_then(|p| {
             p.models.first().map(|m| format!("{}:{}/{}", p.tier.as_str(), p.name, m.name))
         });
-        Config { routing: Routing { default }, providers, jail: JailConfig::default() }
+        Config { routing: Routing { default }, providers, ..Config::default() }
     }
 
     fn check(&self) -> Result<(), String> {
+        if let Some(s) = self.jobs.settle_timeout_s
+            && (!s.is_finite() || s <= 0.0 || s > 120.0)
+        {
+            return Err(format!(
+                "[jobs] settle_timeout_s must be more than 0 and at most 120 seconds, not {s}"
+            ));
+        }
+        for (key, value) in [
+            ("default", &self.selection.default),
+            ("fallback", &self.selection.fallback),
+            ("classifier", &self.selection.classifier),
+        ] {
+            if value.as_ref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(format!("[selection] {key} names no scenario (it is empty)"));
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for p in &self.providers {
             if p.name.is_empty()

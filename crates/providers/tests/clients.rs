@@ -123,6 +123,7 @@ output_usd_per_mtok = 15.0
 
 fn request(prompt: &str, allow: &str, json_mode: bool) -> ModelRequest {
     ModelRequest {
+        scenario_id: "s".to_owned(),
         level_id: "l1".to_owned(),
         call_index: 0,
         system: None,
@@ -656,6 +657,7 @@ async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
         Arc::new(MemoryStore::new()),
         Arc::new(baton_engine::runner::Runtime {
             jail: std::sync::Arc::new(baton_jail::Jail::off()),
+            jobs: None,
             model: Arc::new(providers),
             verifiers: baton_engine::verifier::Verifiers::builtin(),
             workspace: PathBuf::from("."),

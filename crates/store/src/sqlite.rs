@@ -43,6 +43,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration { sql: include_str!("../migrations/0002_leases.sql"), then: None },
     Migration { sql: include_str!("../migrations/0003_chain.sql"), then: Some(hash_existing_runs) },
     Migration { sql: include_str!("../migrations/0004_scenario_texts.sql"), then: None },
+    Migration { sql: include_str!("../migrations/0005_run_trees.sql"), then: None },
 ];
 
 /// Tries to take a run's lock file when the file keeps being replaced under us (each
@@ -595,8 +596,8 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Error> {
         return Err(Error::Exists(run.run_id.clone()));
     }
     conn.execute(
-        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6)",
-        params![run.run_id, run.scenario_id, run.status, time(run.created_at), time(run.updated_at), GENESIS.as_slice()],
+        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8)",
+        params![run.run_id, run.scenario_id, run.status, time(run.created_at), time(run.updated_at), GENESIS.as_slice(), run.parent_run_id, run.root_run_id],
     )
     .map_err(backend)?;
     Ok(())
@@ -929,6 +930,8 @@ fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Option<Hash>), 
                     .map_err(|e| format!("column `updated_at`: {e}"))?,
                 last_seq: u64::try_from(last_seq)
                     .map_err(|_| format!("column `last_seq` holds {last_seq}, not a count"))?,
+                parent_run_id: named(r, 7, "parent_run_id", "text or null")?,
+                root_run_id: named(r, 8, "root_run_id", "text or null")?,
             },
             head.as_deref().and_then(chain::from_bytes),
         ))
@@ -936,8 +939,7 @@ fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Option<Hash>), 
     Ok(read().map_err(fail))
 }
 
-const RUN_COLUMNS: &str =
-    "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash";
+const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id";
 
 fn run_with_head(
     conn: &Connection,

@@ -115,6 +115,8 @@ fn record(id: &str) -> RunRecord {
         created_at: at,
         updated_at: at,
         last_seq: 0,
+        parent_run_id: None,
+        root_run_id: None,
     }
 }
 

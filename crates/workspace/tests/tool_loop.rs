@@ -60,6 +60,7 @@ async fn run_opened(
         Arc::new(MemoryStore::new()),
         Arc::new(Runtime {
             jail: std::sync::Arc::new(baton_jail::Jail::off()),
+            jobs: None,
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: dir.to_path_buf(),
@@ -467,6 +468,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
         Arc::new(MemoryStore::new()),
         Arc::new(Runtime {
             jail: std::sync::Arc::new(baton_jail::Jail::off()),
+            jobs: None,
             model: Arc::new(model()),
             verifiers: Verifiers::builtin(),
             workspace: dir.path().to_path_buf(),
@@ -493,6 +495,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
         Arc::clone(&engine.store),
         Arc::new(Runtime {
             jail: std::sync::Arc::new(baton_jail::Jail::off()),
+            jobs: None,
             model: Arc::new(model()),
             verifiers: Verifiers::builtin(),
             workspace: dir.path().to_path_buf(),

@@ -213,6 +213,7 @@ async fn decide_to_the_end(e: &Engine, run: &str, s: &Arc<Scenario>) {
         match e.drive(run, s).await.unwrap() {
             Outcome::Finished(_) => return,
             Outcome::Interrupted(why) => panic!("interrupted: {why}"),
+            Outcome::Waiting => panic!("no run here starts children"),
             Outcome::Paused => {
                 let st = e.state(run).await.unwrap();
                 let first = st.open_approvals().next().unwrap();

@@ -104,6 +104,8 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
         created_at: now,
         updated_at: now,
         last_seq: 0,
+        parent_run_id: None,
+        root_run_id: None,
     };
     store.create_run(&record, log).await.unwrap();
     let e = engine_on(store, script(ANSWERS));

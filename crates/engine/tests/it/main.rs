@@ -137,6 +137,7 @@ pub fn engine_on(store: Arc<dyn EventStore>, model: impl ModelProvider + 'static
         store,
         Arc::new(Runtime {
             jail: std::sync::Arc::new(baton_jail::Jail::off()),
+            jobs: None,
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),

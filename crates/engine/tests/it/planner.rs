@@ -35,11 +35,13 @@ fn started() -> NewEvent {
             max_tokens: None,
             max_duration_s: None,
             max_level_runs: None,
+            tree_max_cost_usd: None,
         },
         max_attempts_per_conflict: 3,
         model_source: None,
         workspace: None,
         gate_semantics: baton_scenario::expr::Semantics::CURRENT,
+        parent: None,
     }))
 }
 
@@ -306,6 +308,7 @@ fn a_finished_run_has_nothing_to_do() {
         totals: Totals::default(),
         checksum: "x".into(),
         final_output: None,
+        tree_totals: None,
     }));
     let st = fold(&log(vec![started(), done]));
     assert_eq!(st.status, Status::Completed);

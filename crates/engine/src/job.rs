@@ -1,0 +1,650 @@
+//! Jobs: runs that start runs.
+//!
+//! A job arrives with an optional pin, intent route or kind; [`select`] picks its scenario
+//! (000 §2). Its first run is the root of a tree: a run whose result names an intent route
+//! chains the job to the scenario owning it (002), as a *child run* — a whole run with its
+//! own log and id, linked to its parent. The parent records `child_run_started` (the
+//! child's id, derived from the parent's id and the link, and everything it starts from)
+//! before the child exists, so a crash can never start it twice; once the child has ended
+//! the parent records `child_run_settled`, exactly once (conditional on the parent's log).
+//! A parent waiting for children is `waiting` and holds no driver: [`Engine::drive_tree`]
+//! drives one run of the tree at a time, coming back to the parent once its children have
+//! settled, so a tree completes with one driver.
+//!
+//! Any end of a parent with open children (a cancel) cancels them and waits for each to
+//! settle, up to the settle timeout; a child that has not ended by then is recorded as
+//! `child_run_unsettled`. A crash anywhere in the tree is reconciled by the next driver:
+//! a child recorded but not created is created, an unfinished one driven on, a finished
+//! one settled (idempotently).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_scenario::{Registry, Scenario};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::event::{
+    BudgetCaps, ChildRunSettled, ChildRunStarted, ChildRunUnsettled, EventData, NewEvent,
+    ParentLink, ScenarioChained, ScenarioSelected,
+};
+use crate::exec::{Engine, Error, Outcome};
+use crate::limits::{CHAIN_LINK, SETTLE_TIMEOUT_S_DEFAULT, SETTLE_TIMEOUT_S_MAX};
+use crate::state::{ChildRun, RunState, Status};
+use crate::store;
+
+/// How jobs pick their scenario (`[selection]` in `baton.toml`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selection {
+    /// The scenario of a job that names nothing else, and of one whose route is unknown.
+    pub default: String,
+    /// Where a chain goes when its route names no scenario, and where a classified job
+    /// goes when the classifier gives no usable route.
+    pub fallback: String,
+    /// The classifier scenario, for jobs of the kinds in `classify_kinds`.
+    pub classifier: String,
+    pub classify_kinds: Vec<String>,
+}
+
+impl Default for Selection {
+    /// The reference's: `code_build` by default, `quick_qa` as the fallback, the
+    /// `intent_classifier` for `task` jobs.
+    fn default() -> Self {
+        Selection {
+            default: "code_build".to_owned(),
+            fallback: "quick_qa".to_owned(),
+            classifier: "intent_classifier".to_owned(),
+            classify_kinds: vec!["task".to_owned()],
+        }
+    }
+}
+
+/// What a job asks for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobRequest {
+    /// A scenario id: the job runs exactly it.
+    pub pin: Option<String>,
+    /// An intent route, looked up case-insensitively.
+    pub intent: Option<String>,
+    /// The job's kind (`task`, `question`, …).
+    pub kind: Option<String>,
+}
+
+/// Where jobs find the scenarios they select and chain to, and how long a parent's end
+/// waits for its children.
+#[derive(Debug)]
+pub struct Jobs {
+    pub registry: Arc<Registry>,
+    pub selection: Selection,
+    /// The scenarios directory, where a stored version finds its seed directory.
+    pub scenarios_dir: PathBuf,
+    /// How long the end of a parent waits for its cancelled children to settle.
+    pub settle_timeout: Duration,
+}
+
+/// Checks a settle timeout given in seconds: more than zero, at most
+/// [`SETTLE_TIMEOUT_S_MAX`]; `None` is the default.
+pub fn settle_timeout(seconds: Option<f64>) -> Result<Duration, String> {
+    let s = seconds.unwrap_or(SETTLE_TIMEOUT_S_DEFAULT);
+    if !s.is_finite() || s <= 0.0 || s > SETTLE_TIMEOUT_S_MAX {
+        return Err(format!(
+            "the settle timeout must be more than 0 and at most {SETTLE_TIMEOUT_S_MAX} seconds, not {s}"
+        ));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// Picks a job's scenario: the pin, else the intent route, else the classifier for the
+/// configured kinds, else the default. A route nobody serves falls back to the default
+/// with a warning on the selection (a misrouted job never breaks); an unknown pin is an
+/// error when `strict_pin` (a scenario id typed by a person must not start a paid default),
+/// else it falls back the same way.
+pub fn select(
+    registry: &Registry,
+    selection: &Selection,
+    job: &JobRequest,
+    strict_pin: bool,
+) -> Result<(Arc<Scenario>, ScenarioSelected), String> {
+    let chosen = |scenario: &Arc<Scenario>, how: &str, warning: Option<String>| {
+        (
+            Arc::clone(scenario),
+            ScenarioSelected {
+                scenario_id: scenario.id.clone(),
+                how: how.to_owned(),
+                pin: job.pin.clone(),
+                intent: job.intent.clone(),
+                kind: job.kind.clone(),
+                warning,
+            },
+        )
+    };
+    let default = |warning: Option<String>| match registry.get(&selection.default) {
+        Some(s) => Ok(chosen(s, "default", warning)),
+        None => Err(format!(
+            "{}the default scenario `{}` is not among the scenarios ({}); set `[selection] default` in baton.toml to one of them",
+            warning.map(|w| format!("{w}, and ")).unwrap_or_default(),
+            selection.default,
+            known(registry)
+        )),
+    };
+    if let Some(pin) = &job.pin {
+        return match registry.get(pin) {
+            Some(s) => Ok(chosen(s, "pin", None)),
+            None if strict_pin => Err(format!("no scenario `{pin}` (known: {})", known(registry))),
+            None => default(Some(format!("no scenario `{pin}`; the job runs the default"))),
+        };
+    }
+    if let Some(intent) = &job.intent {
+        return match registry.by_route(intent) {
+            Some(s) => Ok(chosen(s, "intent", None)),
+            None => default(Some(format!(
+                "no scenario serves intent route `{intent}` (routes: {}); the job runs the default",
+                routes(registry)
+            ))),
+        };
+    }
+    if let Some(kind) = &job.kind
+        && selection.classify_kinds.iter().any(|k| k.eq_ignore_ascii_case(kind))
+    {
+        return match registry.get(&selection.classifier) {
+            Some(s) => Ok(chosen(s, "classifier", None)),
+            None => default(Some(format!(
+                "jobs of kind `{kind}` go to the classifier `{}`, which is not among the scenarios",
+                selection.classifier
+            ))),
+        };
+    }
+    default(None)
+}
+
+/// The scenario a chain goes to: the scenario whose id the route is (the classifier names
+/// ids), else the one serving the route, else the fallback — with a warning saying why.
+/// The classifier itself is never a chain's target.
+pub fn chain_target(
+    registry: &Registry,
+    selection: &Selection,
+    route: &str,
+) -> Result<(Arc<Scenario>, Option<String>), String> {
+    let route = route.trim();
+    let found = (!route.is_empty() && route != selection.classifier)
+        .then(|| registry.get(route).or_else(|| registry.by_route(route)))
+        .flatten();
+    if let Some(s) = found {
+        return Ok((Arc::clone(s), None));
+    }
+    let why = if route.is_empty() {
+        "no intent route was named".to_owned()
+    } else if route == selection.classifier {
+        format!("route `{route}` is the classifier itself")
+    } else {
+        format!("route `{route}` names no scenario (routes: {})", routes(registry))
+    };
+    match registry.get(&selection.fallback) {
+        Some(s) => {
+            Ok((Arc::clone(s), Some(format!("{why}; the job goes to the fallback `{}`", s.id))))
+        }
+        None => Err(format!(
+            "{why}, and the fallback scenario `{}` is not among the scenarios ({}); set `[selection] fallback` in baton.toml",
+            selection.fallback,
+            known(registry)
+        )),
+    }
+}
+
+fn known(registry: &Registry) -> String {
+    let ids: Vec<&str> = registry.scenarios().map(|s| s.id.as_str()).collect();
+    ids.join(", ")
+}
+
+fn routes(registry: &Registry) -> String {
+    let routes: Vec<&str> = registry.routes().map(|(r, _)| r).collect();
+    if routes.is_empty() { "none".to_owned() } else { routes.join(", ") }
+}
+
+/// A child's run id: derived from its parent's id and its link, so every driver, resume
+/// and replay names the same child. Shaped as a UUID (version 8, name-based).
+pub fn child_run_id(parent_run_id: &str, link: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(parent_run_id.as_bytes());
+    h.update(b"\0");
+    h.update(link.as_bytes());
+    let digest = h.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid().to_string()
+}
+
+/// What a new run starts from, beyond its scenario.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Start {
+    pub input: String,
+    pub metadata: Map<String, Value>,
+    /// Where model answers come from, when not the configured providers.
+    pub model_source: Option<String>,
+    /// How the job's scenario was chosen (a job's root).
+    pub selected: Option<ScenarioSelected>,
+    /// The cap on what the run and every run it starts may cost together (`--max-cost-usd`
+    /// on the job); it narrows the run's own cost cap too.
+    pub tree_max_cost_usd: Option<f64>,
+    /// For a child: its caps, as its parent recorded them.
+    pub budget: Option<BudgetCaps>,
+    /// For a child: where it hangs.
+    pub parent: Option<ParentLink>,
+}
+
+/// The caps of a new run of `scenario`: its scenario's, narrowed by a tree cap.
+pub fn caps(scenario: &Scenario, tree_max_cost_usd: Option<f64>) -> BudgetCaps {
+    let own = scenario.budget.max_cost_usd;
+    let max_cost_usd = match (own, tree_max_cost_usd) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    BudgetCaps {
+        max_cost_usd,
+        max_tokens: scenario.budget.max_tokens,
+        max_duration_s: scenario.budget.max_duration_s,
+        max_level_runs: scenario.budget.max_level_runs,
+        tree_max_cost_usd,
+    }
+}
+
+impl Engine {
+    fn jobs(&self) -> Option<&Arc<Jobs>> {
+        self.runtime.jobs.as_ref()
+    }
+
+    /// The events that chain the run to the scenario owning `route` (a child run, not yet
+    /// created): `scenario_chained` and `child_run_started`. Without jobs (an embedder that
+    /// starts no child runs) or when no scenario can take the job, the run ends as it would
+    /// have, with a warning saying why.
+    pub(crate) async fn chain(
+        &self,
+        run_id: &str,
+        state: &RunState,
+        level_id: &str,
+        route: &str,
+        reason: Option<String>,
+    ) -> Result<Vec<NewEvent>, Error> {
+        let Some(jobs) = self.jobs() else {
+            let message = format!(
+                "level `{level_id}` names intent route `{route}`, and this engine starts no child runs; the run ends with its own result"
+            );
+            return Ok(self.end_unchained(state, message));
+        };
+        let (target, warning) = match chain_target(&jobs.registry, &jobs.selection, route) {
+            Ok(found) => found,
+            Err(message) => return Ok(self.end_unchained(state, message)),
+        };
+        self.keep_texts(&target).await?;
+        let depth = state.depth() + 1;
+        let warning = match (reason, warning) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
+        let child_run_id = child_run_id(run_id, CHAIN_LINK);
+        let slice = state.tree_cost_left();
+        let mut metadata = state.metadata.clone();
+        metadata.insert("chained_from".to_owned(), Value::String(state.scenario_id.clone()));
+        metadata.insert("chosen_intent_route".to_owned(), Value::String(route.to_owned()));
+        Ok(vec![
+            NewEvent::run(EventData::ScenarioChained(ScenarioChained {
+                from: state.scenario_id.clone(),
+                to: target.id.clone(),
+                route: route.to_owned(),
+                level_id: level_id.to_owned(),
+                depth,
+                warning,
+            })),
+            NewEvent::run(EventData::ChildRunStarted(ChildRunStarted {
+                child_run_id,
+                link: CHAIN_LINK.to_owned(),
+                scenario_id: target.id.clone(),
+                scenario_version: target.version,
+                checksum: target.checksum.clone(),
+                input: state.input.clone(),
+                metadata,
+                budget: caps(&target, slice),
+                depth,
+            })),
+        ])
+    }
+
+    /// The end of a run whose chain cannot be made: its own result, with why.
+    fn end_unchained(&self, state: &RunState, message: String) -> Vec<NewEvent> {
+        let mut events = vec![NewEvent::run(EventData::Warning(crate::event::Warning { message }))];
+        let status = match &state.next {
+            Some(crate::state::Next::End) if state.aborted_reason.is_none() => {
+                crate::event::FinalStatus::Completed
+            }
+            _ => crate::event::FinalStatus::Failed,
+        };
+        let reason = (status != crate::event::FinalStatus::Completed)
+            .then(|| state.aborted_reason.clone().unwrap_or_else(|| "no_route".to_owned()));
+        events.extend(crate::plan::end(state, status, reason));
+        events
+    }
+
+    /// The scenario a run of the tree continues on: the loaded one when it is the very
+    /// version the run recorded, else the version the store kept.
+    pub async fn scenario_of(
+        &self,
+        state: &RunState,
+        run_id: &str,
+    ) -> Result<Arc<Scenario>, Error> {
+        let jobs = self.jobs();
+        if let Some(s) = jobs.and_then(|j| j.registry.get(&state.scenario_id))
+            && s.checksum == state.checksum
+        {
+            return Ok(Arc::clone(s));
+        }
+        let refused = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
+        let Some(texts) = self.kept_texts(&state.checksum).await? else {
+            return Err(refused(format!(
+                "the store keeps no version {} of scenario `{}`",
+                state.checksum, state.scenario_id
+            )));
+        };
+        let root = jobs.map_or_else(|| PathBuf::from("."), |j| j.scenarios_dir.clone());
+        let name = format!("{} (version {}, as stored)", state.scenario_id, state.scenario_version);
+        let scenario = Registry::load_texts(&name, &root, &texts).map_err(|e| {
+            refused(format!(
+                "the stored version of scenario `{}` does not load: {e}",
+                state.scenario_id
+            ))
+        })?;
+        if scenario.checksum != state.checksum {
+            return Err(refused(format!(
+                "the stored texts of scenario `{}` hash to {}, not to the run's checksum {}",
+                state.scenario_id, scenario.checksum, state.checksum
+            )));
+        }
+        Ok(scenario)
+    }
+
+    /// Drives a run and the runs it starts until the run ends or waits for a person (or
+    /// is interrupted): whenever it waits for children, each open child is created when
+    /// it does not exist yet, driven (its own children likewise), and settled in the
+    /// parent, then the parent goes on. One run is driven at a time.
+    pub fn drive_tree<'a>(
+        &'a self,
+        run_id: &'a str,
+        scenario: &'a Arc<Scenario>,
+    ) -> crate::model::BoxFuture<'a, Result<Outcome, Error>> {
+        Box::pin(async move { self.tree_loop(run_id, scenario, None).await })
+    }
+
+    /// Starts a job's first run and drives its tree (see [`Engine::drive_tree`]).
+    pub async fn run_job(
+        &self,
+        run_id: &str,
+        scenario: &Arc<Scenario>,
+        start: Start,
+    ) -> Result<Outcome, Error> {
+        self.tree_loop(run_id, scenario, Some(start)).await
+    }
+
+    async fn tree_loop(
+        &self,
+        run_id: &str,
+        scenario: &Arc<Scenario>,
+        mut start: Option<Start>,
+    ) -> Result<Outcome, Error> {
+        loop {
+            let outcome = match start.take() {
+                Some(s) => self.run_from(run_id, scenario, s).await,
+                None => self.drive(run_id, scenario).await,
+            };
+            let outcome = match outcome {
+                // Another process ended this parent (a cancel of the tree) while its
+                // children were being driven here: what it decided is the outcome.
+                Err(Error::Store(store::Error::Busy(_))) => {
+                    return self.await_end(run_id).await;
+                }
+                other => other?,
+            };
+            if outcome != Outcome::Waiting {
+                return Ok(outcome);
+            }
+            let state = self.state(run_id).await?;
+            if state.cancel_requested.is_some() {
+                self.stop_children(run_id, &state).await?;
+                continue;
+            }
+            let mut waits = None;
+            for child in state.open_children() {
+                match self.drive_child(run_id, &state, child).await? {
+                    Outcome::Finished(_) => {}
+                    other => {
+                        waits.get_or_insert(other);
+                    }
+                }
+            }
+            self.settle_children(run_id).await?;
+            if let Some(outcome) = waits {
+                // A child waits for a person or was interrupted: so does the job.
+                return Ok(outcome);
+            }
+        }
+    }
+
+    /// Waits (up to the settle timeout) for a run another process is ending, and says how
+    /// it ended.
+    async fn await_end(&self, run_id: &str) -> Result<Outcome, Error> {
+        let timeout = self.jobs().map_or(Duration::from_secs(15), |j| j.settle_timeout);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let state = self.state(run_id).await?;
+            if state.status.is_final() {
+                return Ok(Outcome::Finished(state.status));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(store::Error::Busy(run_id.to_owned()).into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Creates a child from its parent's record when it does not exist yet, then drives
+    /// its tree.
+    async fn drive_child(
+        &self,
+        parent_run_id: &str,
+        parent: &RunState,
+        child: &ChildRun,
+    ) -> Result<Outcome, Error> {
+        let c = &child.started;
+        let existing = match self.store.run(&c.child_run_id).await? {
+            Some(_) => Some(self.state(&c.child_run_id).await?),
+            None => None,
+        };
+        if let Some(state) = &existing
+            && state.status.is_final()
+        {
+            return Ok(Outcome::Finished(state.status));
+        }
+        let scenario = match &existing {
+            Some(state) => self.scenario_of(state, &c.child_run_id).await?,
+            None => {
+                let mut recorded = RunState::default();
+                recorded.scenario_id.clone_from(&c.scenario_id);
+                recorded.scenario_version = c.scenario_version;
+                recorded.checksum.clone_from(&c.checksum);
+                self.scenario_of(&recorded, &c.child_run_id).await?
+            }
+        };
+        let outcome = match existing {
+            Some(_) => Box::pin(self.drive_tree(&c.child_run_id, &scenario)).await,
+            None => {
+                let root = parent
+                    .parent
+                    .as_ref()
+                    .map_or_else(|| parent_run_id.to_owned(), |p| p.root_run_id.clone());
+                let start = Start {
+                    input: c.input.clone(),
+                    metadata: c.metadata.clone(),
+                    model_source: parent.model_source.clone(),
+                    selected: None,
+                    tree_max_cost_usd: c.budget.tree_max_cost_usd,
+                    budget: Some(c.budget),
+                    parent: Some(ParentLink {
+                        parent_run_id: parent_run_id.to_owned(),
+                        root_run_id: root,
+                        level_id: None,
+                        link: c.link.clone(),
+                        depth: c.depth,
+                    }),
+                };
+                Box::pin(self.tree_loop(&c.child_run_id, &scenario, Some(start))).await
+            }
+        };
+        match outcome {
+            // Another process drives the child: the job goes on there.
+            Err(Error::Store(store::Error::Busy(_))) => Ok(Outcome::Interrupted(format!(
+                "child run {} is driven by another process",
+                c.child_run_id
+            ))),
+            other => other,
+        }
+    }
+
+    /// Records `child_run_settled` in the parent for every open child that has ended,
+    /// each exactly once (conditional on the parent's log: of two settlers, one writes).
+    /// True when every child is settled.
+    pub async fn settle_children(&self, parent_run_id: &str) -> Result<bool, Error> {
+        let state = self.state(parent_run_id).await?;
+        for child in state.open_children() {
+            let id = child.started.child_run_id.clone();
+            if self.store.run(&id).await?.is_none() {
+                continue;
+            }
+            let child_state = self.state(&id).await?;
+            let Some(finished) = child_state.finished.clone() else { continue };
+            let settled = ChildRunSettled {
+                child_run_id: id.clone(),
+                link: child.started.link.clone(),
+                status: finished.status,
+                aborted_reason: finished.aborted_reason.clone(),
+                final_output: finished.final_output.clone(),
+                totals: finished.totals,
+                tree_totals: finished.tree_totals.unwrap_or(finished.totals),
+            };
+            self.append_external(parent_run_id, |state, _, _| {
+                let open = state.open_children().any(|c| c.started.child_run_id == id);
+                Ok(open.then(|| (NewEvent::run(EventData::ChildRunSettled(settled.clone())), ())))
+            })
+            .await?;
+        }
+        Ok(self.state(parent_run_id).await?.open_children().next().is_none())
+    }
+
+    /// The end of a parent with open children: each is cancelled (its tree with it) and
+    /// ended here when nobody drives it, else waited for; those ended by the settle
+    /// timeout are settled, the others recorded as `child_run_unsettled`.
+    async fn stop_children(&self, run_id: &str, state: &RunState) -> Result<(), Error> {
+        let timeout = self.jobs().map_or(Duration::from_secs(15), |j| j.settle_timeout);
+        let started = tokio::time::Instant::now();
+        let deadline = started + timeout;
+        let by = state.cancel_requested.as_ref().and_then(|c| c.by.clone());
+        let ids: Vec<(String, String)> = state
+            .open_children()
+            .map(|c| (c.started.child_run_id.clone(), c.started.link.clone()))
+            .collect();
+        for (id, _) in &ids {
+            if self.store.run(id).await?.is_none() {
+                continue;
+            }
+            let reason = Some(format!("its parent run {run_id} is ending"));
+            match self.cancel_tree(id, by.clone(), reason).await {
+                Ok(()) | Err(Error::Refused { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            match Box::pin(self.end_cancelled_tree(id)).await {
+                Ok(_) | Err(Error::Store(store::Error::Busy(_))) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Wait for the children other processes are ending.
+        loop {
+            let mut open = Vec::new();
+            for (id, link) in &ids {
+                let status = match self.store.run(id).await? {
+                    None => None,
+                    Some(_) => Some(self.state(id).await?.status),
+                };
+                if !status.is_some_and(Status::is_final) {
+                    open.push((id, link, status));
+                }
+            }
+            if open.is_empty() || tokio::time::Instant::now() >= deadline {
+                self.settle_children(run_id).await?;
+                for (id, link, status) in open {
+                    let waited_ms = crate::clock::elapsed_ms(started.into_std());
+                    let unsettled = ChildRunUnsettled {
+                        child_run_id: id.clone(),
+                        link: link.clone(),
+                        status: status.map_or("not created", Status::as_str).to_owned(),
+                        waited_ms,
+                    };
+                    self.append_external(run_id, |state, _, _| {
+                        let still = state.open_children().any(|c| &c.started.child_run_id == id);
+                        Ok(still.then(|| {
+                            (NewEvent::run(EventData::ChildRunUnsettled(unsettled.clone())), ())
+                        }))
+                    })
+                    .await?;
+                }
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Requests a cancel of a run and of every run below it that has not ended (a run
+    /// that has ended is left as it is). Refused only when the run itself has ended.
+    pub async fn cancel_tree(
+        &self,
+        run_id: &str,
+        by: Option<String>,
+        reason: Option<String>,
+    ) -> Result<(), Error> {
+        let mut pending = vec![run_id.to_owned()];
+        let mut first = true;
+        while let Some(id) = pending.pop() {
+            match self.cancel(&id, by.clone(), reason.clone()).await {
+                Ok(()) => {}
+                Err(Error::Refused { .. }) if !first => {}
+                Err(e) => return Err(e),
+            }
+            first = false;
+            let state = self.state(&id).await?;
+            for child in &state.children {
+                if self.store.run(&child.started.child_run_id).await?.is_some() {
+                    pending.push(child.started.child_run_id.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a cancelled run that nobody drives, and its tree: its open children are
+    /// stopped and settled first (see [`Engine::end_cancelled`]).
+    pub fn end_cancelled_tree<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> crate::model::BoxFuture<'a, Result<Outcome, Error>> {
+        Box::pin(async move {
+            let state = self.state(run_id).await?;
+            if state.status.is_final() {
+                return Ok(Outcome::Finished(state.status));
+            }
+            if state.open_children().next().is_some() {
+                // Held while its children are stopped, so no driver takes it meanwhile.
+                let guard = self.store.hold(run_id).await?;
+                self.stop_children(run_id, &state).await?;
+                drop(guard);
+            }
+            self.end_cancelled(run_id).await
+        })
+    }
+}
