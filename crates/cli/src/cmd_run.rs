@@ -986,6 +986,7 @@ async fn follow(
     loop {
         // Whether a parent's log stopped at a child's settlement that must come first.
         let mut held_back = false;
+        let mut emitted = 0;
         let mut i = 0;
         while i < runs.len() {
             if runs[i].done {
@@ -999,6 +1000,14 @@ async fn follow(
                 Err(baton_engine::store::Error::NotFound(_)) => Vec::new(),
                 Err(e) => return Err(e.into()),
             };
+            // A run followed from its end (it had ended before) has no end left to emit.
+            if events.is_empty()
+                && let Some(record) = store.run(&runs[i].run_id).await?
+                && is_final(&record.status)
+            {
+                runs[i].done = true;
+            }
+            emitted += events.len();
             for e in &events {
                 if let EventData::ChildRunSettled(c) = &e.data
                     && runs.iter().any(|r| r.run_id == c.child_run_id && !r.done)
@@ -1027,11 +1036,15 @@ async fn follow(
         if runs.first().is_none_or(|r| r.done) {
             return Ok(());
         }
-        if held_back {
+        if held_back && emitted > 0 {
             continue;
         }
         if stopping {
-            return Ok(());
+            if !held_back {
+                return Ok(());
+            }
+            tokio::time::sleep(FOLLOW_POLL).await;
+            continue;
         }
         match stop.as_mut() {
             // A sent stop and a dropped sender both mean: read to the end, then stop.
@@ -1042,6 +1055,13 @@ async fn follow(
             None => tokio::time::sleep(FOLLOW_POLL).await,
         }
     }
+}
+
+/// Whether a listed status is a run's end.
+fn is_final(status: &str) -> bool {
+    [Status::Completed, Status::Aborted, Status::Cancelled, Status::Failed]
+        .iter()
+        .any(|s| s.as_str() == status)
 }
 
 /// A task printing a tree's events while another drives it.

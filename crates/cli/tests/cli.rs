@@ -10,6 +10,7 @@ mod jail;
 mod pinning;
 mod reads;
 mod timeouts;
+mod trees;
 mod untrusted;
 
 use std::path::PathBuf;

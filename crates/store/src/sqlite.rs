@@ -15,7 +15,9 @@
 //! process aborts right after the commit that makes any event numbered N or more durable;
 //! with `BATON_FAILPOINT_CANCEL_AFTER_EVENT=N`, a `cancel_requested` is appended to that run
 //! right after that commit, before its writer hears back — as if `baton cancel` from
-//! another process got in first — so a test can cancel a run at every event.
+//! another process got in first — so a test can cancel a run at every event; with
+//! `BATON_FAILPOINT_ABORT_AFTER_WRITES=N`, it aborts right after the commit that makes the
+//! N-th event this process wrote durable, whichever runs they belong to (a job's tree).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -193,6 +195,7 @@ impl SqliteStore {
         let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
         let failpoint = Failpoints {
             abort_after: number("BATON_FAILPOINT_ABORT_AFTER_EVENT"),
+            abort_after_writes: number("BATON_FAILPOINT_ABORT_AFTER_WRITES"),
             cancel_after: number("BATON_FAILPOINT_CANCEL_AFTER_EVENT"),
         };
         let (tx, rx) = mpsc::channel();
@@ -429,10 +432,13 @@ fn hash_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
 #[derive(Clone, Copy, Debug)]
 struct Failpoints {
     abort_after: Option<u64>,
+    abort_after_writes: Option<u64>,
     cancel_after: Option<u64>,
 }
 
 fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoints, stats: &Stats) {
+    // Events this process has written, for the writes failpoint.
+    let mut written = 0u64;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < GROUP_MAX {
@@ -447,7 +453,7 @@ fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoin
         let (leases, reads): (Vec<Request>, Vec<Request>) =
             reads.into_iter().partition(|r| matches!(r, Request::Lease(..)));
         if !writes.is_empty() {
-            write_group(&mut conn, writes, failpoint);
+            write_group(&mut conn, writes, failpoint, &mut written);
             let commits = stats.commits.fetch_add(1, Ordering::Relaxed) + 1;
             if commits.is_multiple_of(COMMITS_PER_CHECKPOINT) {
                 // A passive checkpoint never blocks readers; what it cannot copy now waits
@@ -476,7 +482,12 @@ fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoin
     }
 }
 
-fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Failpoints) {
+fn write_group(
+    conn: &mut Connection,
+    writes: Vec<Request>,
+    failpoint: Failpoints,
+    written: &mut u64,
+) {
     let mut results: Vec<(Request, Result<(), Error>)> = Vec::with_capacity(writes.len());
     let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
         Ok(tx) => tx,
@@ -489,6 +500,7 @@ fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Failpoint
         }
     };
     let mut highest = 0u64;
+    let mut written_here = 0u64;
     // The run whose write crossed the cancel failpoint, with its status.
     let mut crossed: Option<(String, String)> = None;
     let mut tx = tx;
@@ -524,6 +536,7 @@ fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Failpoint
                 _ => None,
             };
             if let Some((run_id, events, status)) = written {
+                written_here += events.len() as u64;
                 let last = events.last().map_or(0, |e| e.seq);
                 highest = highest.max(last);
                 let first = events.first().map_or(0, |e| e.seq);
@@ -537,7 +550,12 @@ fn write_group(conn: &mut Connection, writes: Vec<Request>, failpoint: Failpoint
         results.push((w, outcome));
     }
     let committed = tx.commit().map_err(backend);
-    if committed.is_ok() && failpoint.abort_after.is_some_and(|n| highest >= n) {
+    if committed.is_ok() {
+        *written += written_here;
+    }
+    let writes_crossed = failpoint.abort_after_writes.is_some_and(|n| *written >= n);
+    if committed.is_ok() && (failpoint.abort_after.is_some_and(|n| highest >= n) || writes_crossed)
+    {
         // Test failpoint: die the way SIGKILL would, right after the commit.
         std::process::abort();
     }

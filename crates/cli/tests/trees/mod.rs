@@ -1,0 +1,523 @@
+//! Jobs through the binary and the real SQLite store: scenario selection, the classifier's
+//! chain into another scenario as a child run, the ask-user answer checked against the
+//! routes offered, fallbacks, the depth limit, a SIGKILL after every event of a chained
+//! job, and a cancel of a tree that settles every run below the root.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{baton_db, baton_in, bwrap, repo, scratch, text};
+
+/// The first run of each job in the database (runs without a parent), newest first.
+fn roots(db: &Path) -> Vec<String> {
+    let out = baton_db(db, &["runs", "--json"]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    list.as_array()
+        .map(|runs| {
+            runs.iter()
+                .filter(|r| r.get("parent_run_id").is_none())
+                .map(|r| r["run_id"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `events RUN --tree --json`: every event of the tree, each naming its run.
+fn tree_events(db: &Path, run: &str) -> Vec<Value> {
+    let out = baton_db(db, &["events", run, "--tree", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn kinds_of(events: &[Value]) -> Vec<String> {
+    events.iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
+}
+
+/// The job's result (`run --json`).
+fn result(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("not JSON: {}{}", text(&out.stdout), text(&out.stderr)))
+}
+
+#[test]
+fn a_task_job_goes_through_the_classifier_and_chains_to_the_scenario_it_chose() {
+    let dir = scratch("tree-task");
+    let db = dir.join("runs.db");
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "--kind",
+            "task",
+            "--input",
+            "What is the capital of France?",
+            "--script",
+            "scenarios/scripts/intent_classifier.yaml",
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    // The timeline shows the selection, the chain, and the chained run nested under it.
+    for line in [
+        "selected  intent_classifier (job kind task: the classifier picks)",
+        "chained   intent_classifier → quick_qa (route `qa` from classify, hop 1)",
+        "    #1    started   quick_qa",
+        "settled   chain",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
+    }
+    // The job's output is the chained run's.
+    assert!(
+        stdout
+            .ends_with("output:\n{\"answer\": \"Paris\", \"confidence\": 0.97, \"sources\": []}\n"),
+        "{stdout}"
+    );
+    let root = roots(&db).pop().unwrap();
+    let events = tree_events(&db, &root);
+    let child: Vec<&Value> = events.iter().filter(|e| e["run_id"] != root.as_str()).collect();
+    assert_eq!(child.first().unwrap()["kind"], "scenario_started");
+    assert_eq!(child.first().unwrap()["data"]["parent"]["parent_run_id"], root.as_str());
+    assert_eq!(child.first().unwrap()["data"]["parent"]["depth"], 1);
+    // The child's id is recorded before the child exists, and derives from the root's.
+    let started = events.iter().find(|e| e["kind"] == "child_run_started").unwrap();
+    assert_eq!(started["data"]["child_run_id"], child[0]["run_id"]);
+    let settled: Vec<&Value> = events.iter().filter(|e| e["kind"] == "child_run_settled").collect();
+    assert_eq!(settled.len(), 1);
+    assert_eq!(settled[0]["data"]["status"], "completed");
+    // `runs --tree` shows the chained run under the job's first.
+    let listed = baton_db(&db, &["runs", "--tree", "--json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let depths: Vec<(String, u64)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["scenario_id"].as_str().unwrap().to_owned(), r["depth"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(depths, [("intent_classifier".to_owned(), 0), ("quick_qa".to_owned(), 1)]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_classified_task_chains_into_code_build_which_writes_and_builds_its_program() {
+    let dir = scratch("tree-build");
+    let db = dir.join("runs.db");
+    // code_build's answers at the top level, the classifier's under its scenario: a job's
+    // script answers every scenario its runs go through.
+    let code_build =
+        std::fs::read_to_string(repo().join("scenarios/scripts/code_build.yaml")).unwrap();
+    let script = dir.join("job.yaml");
+    std::fs::write(
+        &script,
+        format!(
+            "{code_build}\nscenarios:\n  intent_classifier:\n    levels:\n      classify:\n        - text: '{{\"chosen_intent_route\": \"project\", \"confidence\": 0.9, \"reason\": \"wants a program\", \"candidates\": [{{\"intent_route\": \"project\", \"score\": 0.9}}]}}'\n"
+        ),
+    )
+    .unwrap();
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "--kind",
+            "task",
+            "--input",
+            "a greet CLI",
+            "--script",
+            script.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let job = result(&out);
+    assert_eq!(job["scenario_id"], "intent_classifier");
+    assert_eq!(job["selected"]["how"], "classifier");
+    assert_eq!(job["status"], "completed");
+    let tree = job["tree"].as_array().unwrap();
+    assert_eq!(tree.len(), 2);
+    assert_eq!(tree[1]["scenario_id"], "code_build");
+    assert_eq!(tree[1]["status"], "completed");
+    // The chained run's workspace holds the program its tool loop wrote and its verifier built.
+    let child = tree[1]["run_id"].as_str().unwrap();
+    let workspace = dir.join("workspaces").join(child);
+    assert!(workspace.join("greet/__main__.py").is_file(), "{}", workspace.display());
+    // The job's totals hold both runs: the tree's cost is more than the classifier's own.
+    assert!(
+        job["tree_totals"]["cost_usd"].as_f64().unwrap()
+            > job["totals"]["cost_usd"].as_f64().unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unsure_classifier_asks_and_takes_only_an_offered_route() {
+    let dir = scratch("tree-unsure");
+    let db = dir.join("runs.db");
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "--kind",
+            "task",
+            "--input",
+            "Plan the migration",
+            "--script",
+            "scenarios/scripts/intent_classifier_unsure.yaml",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let root = roots(&db).pop().unwrap();
+    // An answer that is not one of the routes offered is refused, and nothing is written.
+    let before = tree_events(&db, &root).len();
+    let wrong = baton_db(&db, &["answer", &root, "--answer", "\"quick_qa\"", "--no-resume"]);
+    assert_eq!(wrong.status.code(), Some(1));
+    let err = text(&wrong.stderr);
+    assert!(err.contains("the answer does not fit question"), "{err}");
+    assert!(err.contains("[\"research_brief\",\"document_writing\"]"), "{err}");
+    assert_eq!(tree_events(&db, &root).len(), before);
+    // One of them is taken, and the chain follows it.
+    let right = baton_db(&db, &["answer", &root, "--answer", "\"research_brief\""]);
+    assert_eq!(right.status.code(), Some(0), "{}{}", text(&right.stdout), text(&right.stderr));
+    let stdout = text(&right.stdout);
+    assert!(stdout.contains("intent_classifier → research_brief"), "{stdout}");
+    assert!(stdout.contains("output:\nA brief that weighs the sources."), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A scenarios directory: `hop` answers with the route its script names, `echo` answers
+/// plainly and claims route `echo`; `baton.toml` makes `echo` the default and the fallback.
+fn hop_scenarios(dir: &Path) -> PathBuf {
+    let scenarios = dir.join("scenarios");
+    std::fs::create_dir_all(&scenarios).unwrap();
+    std::fs::write(
+        scenarios.join("hop.yaml"),
+        "id: hop\nversion: 1\nintent_routes: [hop]\nlevels:\n  - id: route\n    kind: prompt\n    prompt: {inline: \"Route {{ input }}\"}\n    response: {json: {}}\n    terminal: true\n",
+    )
+    .unwrap();
+    std::fs::write(
+        scenarios.join("echo.yaml"),
+        "id: echo\nversion: 1\nintent_routes: [echo]\nlevels:\n  - id: say\n    kind: prompt\n    prompt: {inline: \"Say {{ input }}\"}\n    terminal: true\n",
+    )
+    .unwrap();
+    let config = dir.join("baton.toml");
+    std::fs::write(&config, "[selection]\ndefault = \"echo\"\nfallback = \"echo\"\n").unwrap();
+    config
+}
+
+fn hop_script(dir: &Path, route: &str) -> PathBuf {
+    let script = dir.join(format!("{route}.yaml"));
+    std::fs::write(
+        &script,
+        format!(
+            "scenarios:\n  hop:\n    levels:\n      route: [{{text: '{{\"chosen_intent_route\": \"{route}\"}}'}}]\n  echo:\n    levels:\n      say: [{{text: 'echoed'}}]\n"
+        ),
+    )
+    .unwrap();
+    script
+}
+
+#[test]
+fn selection_pins_routes_and_falls_back_with_a_warning() {
+    let dir = scratch("tree-select");
+    let db = dir.join("runs.db");
+    let config = hop_scenarios(&dir);
+    let script = hop_script(&dir, "echo");
+    let run = |args: &[&str]| {
+        baton_in(&dir, &db)
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .args(["--input", "x", "--script", script.to_str().unwrap(), "--json"])
+            .output()
+            .unwrap()
+    };
+    // A pin that matches nothing is an error, and no run is made.
+    let typo = run(&["run", "nope"]);
+    assert_eq!(typo.status.code(), Some(1));
+    let err = text(&typo.stderr);
+    assert!(err.contains("no scenario `nope` (known: echo, hop)"), "{err}");
+    assert!(!db.exists() || roots(&db).is_empty());
+    // An intent route is looked up without regard to case.
+    let routed = result(&run(&["run", "--intent", "ECHO"]));
+    assert_eq!(routed["scenario_id"], "echo");
+    assert_eq!(routed["selected"]["how"], "intent");
+    // An unknown route runs the default, with the warning on the selection.
+    let unknown = run(&["run", "--intent", "astrology"]);
+    assert_eq!(unknown.status.code(), Some(0), "{}", text(&unknown.stderr));
+    assert!(text(&unknown.stderr).contains("no scenario serves intent route `astrology`"));
+    let unknown = result(&unknown);
+    assert_eq!(unknown["selected"]["how"], "default");
+    assert!(unknown["selected"]["warning"].as_str().unwrap().contains("astrology"));
+    // The metadata names a route the way the reference's payloads do.
+    let meta = result(&run(&["run", "--meta", "intent_route=hop"]));
+    assert_eq!(meta["scenario_id"], "hop");
+    // Nothing named: the configured default.
+    let plain = result(&run(&["run"]));
+    assert_eq!(
+        (&plain["scenario_id"], &plain["selected"]["how"]),
+        (&"echo".into(), &"default".into())
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_route_no_scenario_serves_chains_to_the_fallback_with_a_warning() {
+    let dir = scratch("tree-fallback");
+    let db = dir.join("runs.db");
+    let config = hop_scenarios(&dir);
+    let script = hop_script(&dir, "astrology");
+    let out = baton_in(&dir, &db)
+        .arg("--config")
+        .arg(&config)
+        .args(["run", "hop", "--input", "x", "--script", script.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("chained   hop → echo (route `astrology` from route, hop 1) — warning: route `astrology` names no scenario"),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("output:\nechoed\n"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_chain_past_the_depth_limit_ends_the_job_with_a_clear_reason() {
+    let dir = scratch("tree-depth");
+    let db = dir.join("runs.db");
+    let config = hop_scenarios(&dir);
+    let script = hop_script(&dir, "hop");
+    let out = baton_in(&dir, &db)
+        .arg("--config")
+        .arg(&config)
+        .args(["run", "hop", "--input", "x", "--script", script.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}{}", text(&out.stdout), text(&out.stderr));
+    let job = result(&out);
+    // The root and three hops; the fourth is refused, and every run ends aborted with it.
+    let tree = job["tree"].as_array().unwrap();
+    assert_eq!(tree.len(), 4, "{job}");
+    assert!(tree.iter().all(|r| r["status"] == "aborted"), "{job}");
+    let reason = job["aborted_reason"].as_str().unwrap();
+    assert!(reason.starts_with("chain_depth_limit: "), "{reason}");
+    assert!(reason.contains("past the limit of 3 (this run is hop 3)"), "{reason}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A job's events as compared across processes: times, durations, workspace paths and the
+/// run ids (each run's is new) left out.
+fn normalised_tree(db: &Path, root: &str) -> Vec<Value> {
+    fn scrub(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                for key in [
+                    "at",
+                    "duration_ms",
+                    "total_duration_ms",
+                    "waiting_ms",
+                    "dir",
+                    "base",
+                    "snapshot",
+                    "run_id",
+                    "child_run_id",
+                    "parent_run_id",
+                    "root_run_id",
+                    "waited_ms",
+                ] {
+                    map.remove(key);
+                }
+                map.values_mut().for_each(scrub);
+            }
+            Value::Array(items) => items.iter_mut().for_each(scrub),
+            _ => {}
+        }
+    }
+    tree_events(db, root)
+        .into_iter()
+        .map(|mut e| {
+            scrub(&mut e);
+            e
+        })
+        .collect()
+}
+
+/// Resumes a job until it ends, answering its questions with `answer`.
+fn job_to_end(db: &Path, root: &str, answer: &str) {
+    for _ in 0..20 {
+        let out = baton_db(db, &["resume", root]);
+        match out.status.code() {
+            Some(0 | 1 | 4 | 5) => return,
+            Some(3) => {
+                let paused = baton_db(db, &["runs", "--status", "paused", "--json"]);
+                let list: Value = serde_json::from_slice(&paused.stdout).unwrap();
+                let run = list[0]["run_id"].as_str().unwrap().to_owned();
+                let a = baton_db(db, &["answer", &run, "--answer", answer, "--no-resume"]);
+                assert_eq!(a.status.code(), Some(0), "{}", text(&a.stderr));
+            }
+            other => panic!("resume exited {other:?}: {}{}", text(&out.stdout), text(&out.stderr)),
+        }
+    }
+    panic!("job {root} did not end");
+}
+
+/// Kill the process right after the N-th event it wrote, whichever run of the job it
+/// belongs to, for every N; resume from a new process; the job's tree of logs equals one
+/// never killed.
+#[test]
+fn killed_after_any_event_of_a_chained_job_it_resumes_to_the_same_tree_of_logs() {
+    let base = scratch("tree-kill");
+    for (script, answer) in
+        [("intent_classifier", "\"quick_qa\""), ("intent_classifier_unsure", "\"research_brief\"")]
+    {
+        let script = format!("scenarios/scripts/{script}.yaml");
+        let start = ["run", "--kind", "task", "--script", &script, "--input", "What is it?"];
+        let reference_db = base.join(format!("{}-ref.db", script.len()));
+        baton_db(&reference_db, &start);
+        let root = roots(&reference_db).pop().unwrap();
+        job_to_end(&reference_db, &root, answer);
+        let reference = normalised_tree(&reference_db, &root);
+        assert_eq!(reference.last().unwrap()["kind"], "scenario_finished");
+        assert!(kinds_of(&reference).contains(&"child_run_settled".to_owned()));
+        let mut kills = 0;
+        for n in 1..=reference.len() {
+            let db = base.join(format!("{}-{n}.db", script.len()));
+            let killed = Command::new(env!("CARGO_BIN_EXE_baton"))
+                .env("BATON_BWRAP", bwrap())
+                .arg("--db")
+                .arg(&db)
+                .args(start)
+                .env("BATON_FAILPOINT_ABORT_AFTER_WRITES", n.to_string())
+                .current_dir(repo())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .unwrap();
+            kills += usize::from(killed.code().is_none());
+            let Some(root) = roots(&db).pop() else {
+                panic!("{script}: no job after a kill at {n}");
+            };
+            job_to_end(&db, &root, answer);
+            assert_eq!(
+                normalised_tree(&db, &root),
+                reference,
+                "{script}: killed after the job's event {n}, the resumed tree differs"
+            );
+        }
+        assert!(kills > 10, "{script}: the failpoint killed the first process only {kills} times");
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// Starts a job in the background whose chained run's model answers slowly.
+fn slow_tree(dir: &Path, db: &Path) -> (std::process::Child, PathBuf) {
+    let config = hop_scenarios(dir);
+    std::fs::write(
+        dir.join("scenarios/relay.yaml"),
+        "id: relay\nversion: 1\nintent_routes: [relay]\nlevels:\n  - id: route\n    kind: prompt\n    prompt: {inline: \"Relay {{ input }}\"}\n    response: json\n    terminal: true\n",
+    )
+    .unwrap();
+    // hop → relay → echo, whose answer takes 30 s: the root and the middle run wait.
+    let script = dir.join("slow.yaml");
+    std::fs::write(
+        &script,
+        "scenarios:\n  hop:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"relay\"}'}]\n  relay:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"echo\"}'}]\n  echo:\n    levels:\n      say: [{text: 'late', delay_ms: 30000}]\n",
+    )
+    .unwrap();
+    let child = baton_in(dir, db)
+        .arg("--config")
+        .arg(&config)
+        .args(["run", "hop", "--input", "x", "--script", script.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, config)
+}
+
+#[test]
+fn cancelling_the_root_of_a_running_tree_settles_every_run_below_it() {
+    let dir = scratch("tree-cancel");
+    let db = dir.join("runs.db");
+    let (job, config) = slow_tree(&dir, &db);
+    // Wait until the slowest run (two hops down) is running.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let root = loop {
+        assert!(Instant::now() < deadline, "the tree never reached its third run");
+        if db.exists() {
+            let listed = baton_db(&db, &["runs", "--tree", "--json"]);
+            let list: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
+            if let Some(runs) = list.as_array()
+                && runs.len() == 3
+                && runs[2]["status"] == "running"
+            {
+                break runs[0]["run_id"].as_str().unwrap().to_owned();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let asked = Instant::now();
+    let cancel = baton_in(&dir, &db)
+        .arg("--config")
+        .arg(&config)
+        .args(["cancel", &root, "--reason", "changed my mind"])
+        .output()
+        .unwrap();
+    assert_eq!(cancel.status.code(), Some(0), "{}", text(&cancel.stderr));
+    let out = job.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(asked.elapsed() < Duration::from_secs(15), "took {:?}", asked.elapsed());
+    // Every run ended cancelled, and each parent settled its child once.
+    let events = tree_events(&db, &root);
+    let finished: Vec<&Value> =
+        events.iter().filter(|e| e["kind"] == "scenario_finished").collect();
+    assert_eq!(finished.len(), 3);
+    assert!(finished.iter().all(|e| e["data"]["status"] == "cancelled"), "{events:?}");
+    let settled: Vec<&Value> = events.iter().filter(|e| e["kind"] == "child_run_settled").collect();
+    assert_eq!(settled.len(), 2);
+    assert!(settled.iter().all(|e| e["data"]["status"] == "cancelled"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cancelling_a_tree_nobody_drives_ends_it_here_and_settles_each_run() {
+    let dir = scratch("tree-cancel-idle");
+    let db = dir.join("runs.db");
+    // The classifier chains to release_notes, which pauses for its sign-off: the child
+    // waits for a person, the root for the child.
+    let notes =
+        std::fs::read_to_string(repo().join("scenarios/scripts/release_notes.yaml")).unwrap();
+    let script = dir.join("job.yaml");
+    std::fs::write(
+        &script,
+        format!(
+            "{notes}\nscenarios:\n  intent_classifier:\n    levels:\n      classify:\n        - text: '{{\"chosen_intent_route\": \"changelog\", \"confidence\": 0.9, \"reason\": \"notes\", \"candidates\": []}}'\n"
+        ),
+    )
+    .unwrap();
+    let args = ["run", "--kind", "task", "--script", script.to_str().unwrap(), "--input", "PR 1"];
+    let out = baton_db(&db, &args);
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let listed = baton_db(&db, &["runs", "--tree", "--json"]);
+    let list: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let statuses: Vec<&str> =
+        list.as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["waiting", "paused"], "{list}");
+    let root = list[0]["run_id"].as_str().unwrap().to_owned();
+    let cancel = baton_db(&db, &["cancel", &root, "--by", "ops"]);
+    assert_eq!(cancel.status.code(), Some(0), "{}", text(&cancel.stderr));
+    let listed = baton_db(&db, &["runs", "--json"]);
+    let list: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert!(list.as_array().unwrap().iter().all(|r| r["status"] == "cancelled"), "{list}");
+    let events = tree_events(&db, &root);
+    let settled: Vec<&Value> = events.iter().filter(|e| e["kind"] == "child_run_settled").collect();
+    assert_eq!(settled.len(), 1, "{events:?}");
+    assert_eq!(settled[0]["data"]["status"], "cancelled");
+    // The child's cancel names who asked, through its parent.
+    let cancels: Vec<&Value> = events.iter().filter(|e| e["kind"] == "cancel_requested").collect();
+    assert_eq!(cancels.len(), 2);
+    assert!(cancels.iter().all(|e| e["data"]["by"] == "ops"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
