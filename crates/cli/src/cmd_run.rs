@@ -49,14 +49,14 @@ pub(crate) struct Place {
 }
 
 /// The run database, created when absent: for commands that start runs.
-fn open_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
+pub(crate) fn open_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
     let store = SqliteStore::open(&place.db).map_err(store_error)?;
     Ok(Arc::new(store))
 }
 
 /// The run database, which must exist: for commands that read runs or change existing
 /// ones. Nothing is created, so a mistyped `--db` leaves no directories or empty database.
-fn open_existing_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
+pub(crate) fn open_existing_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
     if !place.db.exists() {
         bail!("no database at {}; start a run first or pass --db", place.db.display());
     }
@@ -419,7 +419,7 @@ fn jobs(
     }))
 }
 
-fn registry(place: &Place) -> anyhow::Result<Registry> {
+pub(crate) fn registry(place: &Place) -> anyhow::Result<Registry> {
     match Registry::load(&[&place.scenarios]) {
         Ok(loaded) => Ok(loaded.registry),
         Err(e) => {
@@ -514,6 +514,9 @@ pub(crate) struct RunArgs {
     /// The job's cost cap, all its runs together.
     pub max_cost_usd: Option<f64>,
     pub settle_timeout_s: Option<f64>,
+    pub idempotency_key: Option<String>,
+    /// Run the scenarios with this tenant's overrides merged in.
+    pub tenant: Option<String>,
     pub input: String,
     pub meta: Vec<(String, String)>,
     pub script: Option<PathBuf>,
@@ -566,7 +569,15 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
             bail!("{flag} is empty; give a value or leave it out");
         }
     }
-    let registry = Arc::new(registry(place)?);
+    if let Some(tenant) = &args.tenant {
+        crate::cmd_tenant::check_tenant(tenant)?;
+    }
+    let store = open_store(place)?;
+    let registry = match &args.tenant {
+        Some(tenant) => crate::cmd_tenant::merged(store.as_ref(), registry(place)?, tenant).await?,
+        None => registry(place)?,
+    };
+    let registry = Arc::new(registry);
     let (selection, _) = job_settings(place)?;
     // A scenario typed on the command line that matches nothing is an error: a typo must
     // not start a paid default.
@@ -598,7 +609,14 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         args.record.as_deref(),
         &scenario,
     )?;
-    let store = open_store(place)?;
+    if let Some(key) = &args.idempotency_key {
+        if key.trim().is_empty() || key.len() > 256 {
+            bail!("--idempotency-key must be 1 to 256 bytes and not blank");
+        }
+        if let Some(existing) = store.run_by_key(key).await? {
+            return existing_run(place, store, &existing.run_id, key, args.json).await;
+        }
+    }
     let jobs = jobs(place, Arc::clone(&registry), args.settle_timeout_s)?;
     let engine = engine(
         store,
@@ -621,9 +639,58 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         tree_max_cost_usd: args.max_cost_usd,
         budget: None,
         parent: None,
+        idempotency_key: args.idempotency_key.clone(),
+        tenant: args.tenant.clone(),
     };
     let follow = vec![Followed::new(&run_id, 0, 0)];
-    drive(&engine, &run_id, &scenario, args.json, follow, Some(first)).await
+    match drive(&engine, &run_id, &scenario, args.json, follow, Some(first)).await {
+        // Another process started a job with this key between the look above and here.
+        Err(e) => match (e.downcast_ref::<baton_engine::exec::Error>(), &args.idempotency_key) {
+            (
+                Some(baton_engine::exec::Error::Store(baton_engine::store::Error::KeyTaken {
+                    run_id,
+                    ..
+                })),
+                Some(key),
+            ) => {
+                let run_id = run_id.clone();
+                existing_run(place, Arc::clone(&engine.store), &run_id, key, args.json).await
+            }
+            _ => Err(e),
+        },
+        done => done,
+    }
+}
+
+/// A job started again with its idempotency key: the first one's run, as it stands — its
+/// result, or what it waits for — and no new run.
+async fn existing_run(
+    place: &Place,
+    store: Arc<dyn EventStore>,
+    run_id: &str,
+    key: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    eprintln!(
+        "baton: run {run_id} was started with idempotency key {}; no new run was started",
+        escape::one_line(&format!("{key:?}"))
+    );
+    let engine = probe_engine(place, &store, &Registry::default());
+    let state = engine.state(run_id).await?;
+    let outcome = if state.status.is_final() {
+        Outcome::Finished(state.status)
+    } else if state.status == Status::Paused || state.status == Status::Waiting {
+        Outcome::Paused
+    } else if store.is_held(run_id).await? {
+        Outcome::Interrupted("it is being driven by another process".to_owned())
+    } else {
+        Outcome::Interrupted("no process drives it".to_owned())
+    };
+    if !json {
+        outln!("run {run_id}")?;
+    }
+    report(&engine, run_id, &outcome, json).await?;
+    Ok(exit_code(&outcome))
 }
 
 /// Continues a run on the scenario version it started with (or was last moved to), which
@@ -656,7 +723,11 @@ pub(crate) async fn resume(
         let scenario = run_scenario(place, &probe, &state, run_id).await?;
         // The catalog (what a classifier level may route to) and the scenarios a chain may
         // go to are the directory's when it loads; the run's own scenario never depends on it.
-        let registry = Registry::load(&[&place.scenarios]).map(|l| l.registry).unwrap_or_default();
+        let mut registry =
+            Registry::load(&[&place.scenarios]).map(|l| l.registry).unwrap_or_default();
+        if let Some(tenant) = &state.tenant {
+            registry = crate::cmd_tenant::merged(store.as_ref(), registry, tenant).await?;
+        }
         (scenario, registry)
     };
     check_jail(place, &scenario)?;
@@ -804,6 +875,17 @@ async fn drive(
     };
     let outcome = outcome?;
     printed?;
+    report(engine, run_id, &outcome, json).await?;
+    Ok(exit_code(&outcome))
+}
+
+/// What a job came to: its JSON result, or what it waits for, why it stopped or its output.
+async fn report(
+    engine: &Engine,
+    run_id: &str,
+    outcome: &Outcome,
+    json: bool,
+) -> anyhow::Result<()> {
     let state = engine.state(run_id).await?;
     let mut runs = Vec::new();
     for (id, depth) in tree(engine.store.as_ref(), run_id).await? {
@@ -841,7 +923,7 @@ async fn drive(
                 "tree": tree,
             }))?
         )?;
-    } else if outcome == Outcome::Paused {
+    } else if *outcome == Outcome::Paused {
         let waiting: Vec<&(String, usize, baton_engine::RunState)> =
             runs.iter().filter(|(_, _, s)| s.awaiting_person()).collect();
         let who = waiting.first().map_or(run_id, |(id, _, _)| id.as_str());
@@ -853,7 +935,7 @@ async fn drive(
                 outln!("  {line}")?;
             }
         }
-    } else if let Outcome::Interrupted(reason) = &outcome {
+    } else if let Outcome::Interrupted(reason) = outcome {
         outln!(
             "interrupted: run {run_id} stopped without ending ({}); nothing is lost — continue it with `baton resume {run_id}`",
             escape::one_line(reason)
@@ -861,7 +943,7 @@ async fn drive(
     } else if let Some(output) = &state.final_output {
         outln!("output:\n{}", escape::terminal_safe(output, escape::Layout::Block))?;
     }
-    Ok(exit_code(&outcome))
+    Ok(())
 }
 
 /// Stops the engine's drives at the first SIGINT or SIGTERM: the running step is cut and
@@ -1530,6 +1612,8 @@ mod tests {
             last_seq: 0,
             parent_run_id: None,
             root_run_id: None,
+            idempotency_key: None,
+            tenant: None,
         };
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&seen);

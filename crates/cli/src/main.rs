@@ -8,6 +8,7 @@ mod cmd_expr;
 mod cmd_gc;
 mod cmd_graph;
 mod cmd_run;
+mod cmd_tenant;
 mod cmd_validate;
 mod cmd_verify;
 mod escape;
@@ -56,6 +57,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Check scenario files or directories; exit 0 when valid (warnings are printed), 1 on any error.
@@ -100,6 +103,14 @@ enum Command {
         /// seconds (default 15, at most 120; `[jobs] settle_timeout_s` in baton.toml).
         #[arg(long, value_name = "SECONDS")]
         settle_timeout_s: Option<f64>,
+        /// A key naming this job: a job started again with the same key gets the first
+        /// one's run (its result, or where it stands) instead of starting another.
+        #[arg(long, value_name = "KEY")]
+        idempotency_key: Option<String>,
+        /// Run the scenarios with this tenant's overrides (`baton tenant set`) merged in;
+        /// the run records the tenant and the merged checksum.
+        #[arg(long, value_name = "TENANT")]
+        tenant: Option<String>,
         /// The input text.
         #[arg(long, conflicts_with = "input_file", required_unless_present = "input_file")]
         input: Option<String>,
@@ -134,6 +145,10 @@ enum Command {
     /// Work with cassettes (recorded model answers).
     #[command(subcommand)]
     Cassette(CassetteCommand),
+    /// Tenants' overrides of scenarios, kept in the database (checked before they are
+    /// stored; `baton run --tenant T` runs the merged scenarios).
+    #[command(subcommand)]
+    Tenant(TenantCommand),
     /// Continue a run (after a crash, or after a decision or answer).
     Resume {
         run: String,
@@ -309,6 +324,24 @@ enum CassetteCommand {
     },
 }
 
+/// Tenant commands.
+#[derive(Debug, Subcommand)]
+enum TenantCommand {
+    /// Store TENANT's override of SCENARIO from FILE (partial YAML merged over the
+    /// scenario), replacing the one it had; refused with file:line:column when it does not
+    /// load over the current scenarios.
+    Set { tenant: String, scenario: String, file: PathBuf },
+    /// List the stored overrides (of one tenant).
+    List { tenant: Option<String> },
+    /// Print one stored override.
+    Show { tenant: String, scenario: String },
+    /// Remove one stored override.
+    Rm { tenant: String, scenario: String },
+    /// Store every override of a directory laid out as DIR/TENANT/SCENARIO_ID.yaml, once
+    /// every tenant's load.
+    Import { dir: PathBuf },
+}
+
 /// How `validate` reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -378,6 +411,8 @@ fn main() -> ExitCode {
             kind,
             max_cost_usd,
             settle_timeout_s,
+            idempotency_key,
+            tenant,
             input,
             input_file,
             meta,
@@ -403,6 +438,8 @@ fn main() -> ExitCode {
                         job: baton_engine::job::JobRequest { pin: scenario.or(pin), intent, kind },
                         max_cost_usd,
                         settle_timeout_s,
+                        idempotency_key,
+                        tenant,
                         input,
                         meta,
                         script,
@@ -415,6 +452,21 @@ fn main() -> ExitCode {
                 ))
             })
         }
+        Command::Tenant(t) => runtime.block_on(async {
+            match t {
+                TenantCommand::Set { tenant, scenario, file } => {
+                    cmd_tenant::set(&place, &tenant, &scenario, &file).await
+                }
+                TenantCommand::List { tenant } => cmd_tenant::list(&place, tenant.as_deref()).await,
+                TenantCommand::Show { tenant, scenario } => {
+                    cmd_tenant::show(&place, &tenant, &scenario).await
+                }
+                TenantCommand::Rm { tenant, scenario } => {
+                    cmd_tenant::rm(&place, &tenant, &scenario).await
+                }
+                TenantCommand::Import { dir } => cmd_tenant::import(&place, &dir).await,
+            }
+        }),
         Command::Cassette(CassetteCommand::Export { run, out }) => {
             runtime.block_on(cmd_run::export_cassette(&place, &run, out.as_deref()))
         }

@@ -229,6 +229,16 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             c.tree_totals.cost_usd,
             c.tree_totals.tokens
         ),
+        EventData::ScratchpadWritten(w) if w.value.is_null() => {
+            format!("note      {level}: scratchpad.{} removed", w.key)
+        }
+        EventData::ScratchpadWritten(w) => {
+            format!(
+                "note      {level}: scratchpad.{} = {}",
+                w.key,
+                preview(&w.value.to_string(), 60)
+            )
+        }
         EventData::ChildRunUnsettled(c) => format!(
             "unsettled {} {} still {} after {} ms: the run ends without its result",
             c.link, c.child_run_id, c.status, c.waited_ms

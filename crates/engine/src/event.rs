@@ -103,6 +103,7 @@ pub enum EventData {
     ChildRunStarted(ChildRunStarted),
     ChildRunSettled(ChildRunSettled),
     ChildRunUnsettled(ChildRunUnsettled),
+    ScratchpadWritten(ScratchpadWritten),
 }
 
 impl EventData {
@@ -145,6 +146,7 @@ impl EventData {
             EventData::ChildRunStarted(_) => "child_run_started",
             EventData::ChildRunSettled(_) => "child_run_settled",
             EventData::ChildRunUnsettled(_) => "child_run_unsettled",
+            EventData::ScratchpadWritten(_) => "scratchpad_written",
         }
     }
 
@@ -238,6 +240,7 @@ impl EventData {
             "child_run_started" => ChildRunStarted,
             "child_run_settled" => ChildRunSettled,
             "child_run_unsettled" => ChildRunUnsettled,
+            "scratchpad_written" => ScratchpadWritten,
         }
     }
 }
@@ -319,6 +322,10 @@ pub struct ScenarioStarted {
     /// so logs from before child runs hash as they did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
+    /// The tenant whose overrides were merged into the scenario (its checksum is the
+    /// merged one's). Left out for a run of no tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// Where a child run hangs in its tree.
@@ -375,6 +382,7 @@ pub mod v1 {
                 workspace: old.workspace,
                 gate_semantics: Semantics::TwoValued,
                 parent: None,
+                tenant: None,
             }
         }
     }
@@ -870,6 +878,14 @@ pub struct ChildRunSettled {
     pub totals: Totals,
     /// The child's tree: its totals with its own children's.
     pub tree_totals: Totals,
+}
+
+/// A level wrote a note to the run's scratchpad (a tool loop's `scratchpad_put`, a JSON
+/// answer's `scratchpad` object); null removes the key. Gates and later levels read it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScratchpadWritten {
+    pub key: String,
+    pub value: Value,
 }
 
 /// A child run did not end within the settle timeout of its parent's end: the parent ends

@@ -297,6 +297,8 @@ impl Engine {
             last_seq: 0,
             parent_run_id: start.parent.as_ref().map(|p| p.parent_run_id.clone()),
             root_run_id: start.parent.as_ref().map(|p| p.root_run_id.clone()),
+            idempotency_key: start.idempotency_key.clone(),
+            tenant: start.tenant.clone(),
         };
         let budget =
             start.budget.unwrap_or_else(|| crate::job::caps(scenario, start.tree_max_cost_usd));
@@ -312,6 +314,7 @@ impl Engine {
             workspace,
             gate_semantics: Semantics::CURRENT,
             parent: start.parent,
+            tenant: start.tenant,
         }));
         (record, started.at(1, now))
     }

@@ -231,6 +231,11 @@ pub struct Start {
     pub budget: Option<BudgetCaps>,
     /// For a child: where it hangs.
     pub parent: Option<ParentLink>,
+    /// The job's idempotency key: a second job with it gets the first's run instead.
+    pub idempotency_key: Option<String>,
+    /// The tenant whose overrides the scenarios were merged with (a child's is its
+    /// parent's).
+    pub tenant: Option<String>,
 }
 
 /// The caps of a new run of `scenario`: its scenario's, narrowed by a tree cap.
@@ -494,6 +499,8 @@ impl Engine {
                         link: c.link.clone(),
                         depth: c.depth,
                     }),
+                    idempotency_key: None,
+                    tenant: parent.tenant.clone(),
                 };
                 Box::pin(self.tree_loop(&c.child_run_id, &scenario, Some(start))).await
             }

@@ -24,6 +24,7 @@ pub mod redact;
 pub mod render;
 pub mod reservation;
 pub mod runner;
+pub mod scratchpad;
 pub mod state;
 pub mod store;
 pub mod tool_loop;

@@ -368,6 +368,17 @@ impl LevelRun {
                 verdict = Some("FAIL".to_owned());
                 scratchpad.insert("feedback".to_owned(), Value::String(feedback));
             }
+            // A JSON answer's `scratchpad` object writes notes, each its own event.
+            let (writes, refused) =
+                crate::scratchpad::from_answer(&self.state.scratchpad, parsed.as_ref());
+            for (key, value) in writes {
+                events.push(self.event(EventData::ScratchpadWritten(
+                    crate::event::ScratchpadWritten { key, value },
+                )));
+            }
+            for message in refused {
+                events.push(self.event(EventData::Warning(crate::event::Warning { message })));
+            }
             let conflict = (verdict.as_deref() == Some("FAIL")).then(|| level.id.clone());
             events.push(self.event(EventData::LevelFinished(LevelFinished {
                 ok: true,

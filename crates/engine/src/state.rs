@@ -208,6 +208,8 @@ pub struct RunState {
     pub chained: Option<ScenarioChained>,
     /// The child runs started, in the order they were.
     pub children: Vec<ChildRun>,
+    /// The tenant whose overrides the run's scenario was merged with.
+    pub tenant: Option<String>,
 }
 
 impl Default for RunState {
@@ -257,6 +259,7 @@ impl Default for RunState {
             chosen_route: None,
             chained: None,
             children: Vec::new(),
+            tenant: None,
         }
     }
 }
@@ -357,8 +360,12 @@ impl RunState {
                 self.gate_semantics = s.gate_semantics;
                 self.workspace_head = s.workspace.as_ref().map(|w| w.base.clone());
                 self.parent.clone_from(&s.parent);
+                self.tenant.clone_from(&s.tenant);
             }
             EventData::ScenarioSelected(s) => self.selected = Some(s.clone()),
+            EventData::ScratchpadWritten(w) => {
+                crate::scratchpad::apply(&mut self.scratchpad, &w.key, &w.value);
+            }
             EventData::ScenarioChained(c) => self.chained = Some(c.clone()),
             EventData::ChildRunStarted(c) => {
                 self.children.push(ChildRun { started: c.clone(), settled: None, unsettled: None });

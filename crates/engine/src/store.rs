@@ -36,6 +36,22 @@ pub struct RunRecord {
     /// The first run of the job this one belongs to, for a child run (a root names none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub root_run_id: Option<String>,
+    /// The key the job was started with: it names this run and no other.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// The tenant whose overrides the run's scenario was merged with (the runs it starts
+    /// belong to it too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// A tenant's override of one scenario: partial YAML, deep-merged over the base scenario.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TenantOverride {
+    pub tenant: String,
+    pub scenario_id: String,
+    pub yaml: String,
+    pub updated_at: DateTime<Utc>,
 }
 
 /// What can go wrong in a store.
@@ -49,6 +65,9 @@ pub enum Error {
     NotFound(String),
     #[error("run {0} already exists")]
     Exists(String),
+    /// A run was created with this idempotency key already: `run_id` is it.
+    #[error("idempotency key {key:?} names run {run_id} already")]
+    KeyTaken { key: String, run_id: String },
     #[error("store: {0}")]
     Backend(String),
     #[error(
@@ -104,7 +123,8 @@ pub fn check_numbering(events: &[Event], first: u64) -> Result<(), Error> {
 
 /// Where runs and their events live.
 pub trait EventStore: Send + Sync + std::fmt::Debug {
-    /// Records a new run and its first events (numbered from 1), in one transaction.
+    /// Records a new run and its first events (numbered from 1), in one transaction. A run
+    /// whose idempotency key names another already is refused with [`Error::KeyTaken`].
     fn create_run<'a>(
         &'a self,
         run: &'a RunRecord,
@@ -138,6 +158,26 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 
     /// The run's record.
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
+
+    /// Stores a tenant's override of a scenario (replacing the one it had), once checked.
+    fn put_tenant_override<'a>(&'a self, o: &'a TenantOverride)
+    -> BoxFuture<'a, Result<(), Error>>;
+
+    /// The overrides of one tenant, or of every tenant, by tenant and scenario.
+    fn tenant_overrides<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<TenantOverride>, Error>>;
+
+    /// Removes a tenant's override of a scenario; false when there was none.
+    fn remove_tenant_override<'a>(
+        &'a self,
+        tenant: &'a str,
+        scenario_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The run created with this idempotency key, if any.
+    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
 
     /// Every run, newest first, optionally only those with one status.
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>>;
@@ -305,6 +345,8 @@ pub struct MemoryStore {
     appended: Arc<tokio::sync::Notify>,
     /// Scenario texts by checksum: (scenario id, texts).
     texts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
+    /// Tenants' overrides by (tenant, scenario id).
+    overrides: Arc<Mutex<BTreeMap<(String, String), TenantOverride>>>,
 }
 
 impl MemoryStore {
@@ -363,6 +405,15 @@ impl EventStore for MemoryStore {
             self.with(|runs| {
                 if runs.contains_key(&run.run_id) {
                     return Err(Error::Exists(run.run_id.clone()));
+                }
+                if let Some(key) = &run.idempotency_key
+                    && let Some(owner) =
+                        runs.values().find(|l| l.record.idempotency_key.as_ref() == Some(key))
+                {
+                    return Err(Error::KeyTaken {
+                        key: key.clone(),
+                        run_id: owner.record.run_id.clone(),
+                    });
                 }
                 check_numbering(&events, 1)?;
                 let mut record = run.clone();
@@ -434,6 +485,49 @@ impl EventStore for MemoryStore {
 
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move { Ok(self.with(|runs| runs.get(run_id).map(|l| l.record.clone()))) })
+    }
+
+    fn put_tenant_override<'a>(
+        &'a self,
+        o: &'a TenantOverride,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            lock(&self.overrides).insert((o.tenant.clone(), o.scenario_id.clone()), o.clone());
+            Ok(())
+        })
+    }
+
+    fn tenant_overrides<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<TenantOverride>, Error>> {
+        Box::pin(async move {
+            Ok(lock(&self.overrides)
+                .values()
+                .filter(|o| tenant.is_none_or(|t| t == o.tenant))
+                .cloned()
+                .collect())
+        })
+    }
+
+    fn remove_tenant_override<'a>(
+        &'a self,
+        tenant: &'a str,
+        scenario_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            Ok(lock(&self.overrides).remove(&(tenant.to_owned(), scenario_id.to_owned())).is_some())
+        })
+    }
+
+    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move {
+            Ok(self.with(|runs| {
+                runs.values()
+                    .find(|l| l.record.idempotency_key.as_deref() == Some(key))
+                    .map(|l| l.record.clone())
+            }))
+        })
     }
 
     fn claim<'a>(
@@ -561,6 +655,8 @@ pub mod conformance {
             last_seq: 0,
             parent_run_id: None,
             root_run_id: None,
+            idempotency_key: None,
+            tenant: None,
         }
     }
 
@@ -591,6 +687,68 @@ pub mod conformance {
         waiting_for_events(store, &format!("{prefix}-w")).await;
         the_chain_is_the_engines(store, &format!("{prefix}-chain")).await;
         scenario_texts_are_kept_once(store, prefix).await;
+        runs_keep_their_links_and_keys(store, prefix).await;
+        tenant_overrides_are_kept_per_tenant_and_scenario(store, prefix).await;
+    }
+
+    /// A child's record names its parent and root and a tenant; an idempotency key names
+    /// one run, and a second run with it is refused naming the first.
+    async fn runs_keep_their_links_and_keys(store: &dyn EventStore, prefix: &str) {
+        let root = format!("{prefix}-root");
+        let key = format!("{prefix}-key");
+        let mut first = record(&root);
+        first.idempotency_key = Some(key.clone());
+        first.tenant = Some("acme".to_owned());
+        store.create_run(&first, events(1, 1)).await.expect("create a root");
+        let mut child = record(&format!("{prefix}-child"));
+        child.parent_run_id = Some(root.clone());
+        child.root_run_id = Some(root.clone());
+        child.tenant = Some("acme".to_owned());
+        store.create_run(&child, events(1, 1)).await.expect("create a child");
+        let read = store.run(&child.run_id).await.expect("read").expect("the child");
+        assert_eq!(read.parent_run_id.as_deref(), Some(root.as_str()));
+        assert_eq!(read.root_run_id.as_deref(), Some(root.as_str()));
+        assert_eq!(read.tenant.as_deref(), Some("acme"));
+        let found = store.run_by_key(&key).await.expect("by key").expect("the root");
+        assert_eq!((found.run_id.as_str(), found.tenant.as_deref()), (root.as_str(), Some("acme")));
+        assert_eq!(store.run_by_key(&format!("{prefix}-nokey")).await.expect("by key"), None);
+        let mut second = record(&format!("{prefix}-again"));
+        second.idempotency_key = Some(key.clone());
+        match store.create_run(&second, events(1, 1)).await {
+            Err(Error::KeyTaken { run_id, .. }) => assert_eq!(run_id, root),
+            other => panic!("a second run with key {key} must be refused, got {other:?}"),
+        }
+        assert_eq!(store.run(&second.run_id).await.expect("read"), None);
+    }
+
+    /// Overrides are stored per tenant and scenario, replaced by a later one, listed by
+    /// tenant and removed.
+    async fn tenant_overrides_are_kept_per_tenant_and_scenario(
+        store: &dyn EventStore,
+        prefix: &str,
+    ) {
+        let at = Utc.timestamp_opt(1_700_000_000, 0).single().unwrap_or_default();
+        let tenant = format!("{prefix}-t");
+        let other = format!("{prefix}-u");
+        let o = |tenant: &str, scenario: &str, yaml: &str| super::TenantOverride {
+            tenant: tenant.to_owned(),
+            scenario_id: scenario.to_owned(),
+            yaml: yaml.to_owned(),
+            updated_at: at,
+        };
+        store.put_tenant_override(&o(&tenant, "qa", "a: 1\n")).await.expect("put");
+        store.put_tenant_override(&o(&tenant, "qa", "a: 2\n")).await.expect("put");
+        store.put_tenant_override(&o(&tenant, "build", "b: 1\n")).await.expect("put");
+        store.put_tenant_override(&o(&other, "qa", "c: 1\n")).await.expect("put");
+        let mine = store.tenant_overrides(Some(&tenant)).await.expect("list");
+        let got: Vec<(&str, &str)> =
+            mine.iter().map(|o| (o.scenario_id.as_str(), o.yaml.as_str())).collect();
+        assert_eq!(got, [("build", "b: 1\n"), ("qa", "a: 2\n")]);
+        assert!(store.tenant_overrides(None).await.expect("list").len() >= 3);
+        assert!(store.remove_tenant_override(&tenant, "qa").await.expect("remove"));
+        assert!(!store.remove_tenant_override(&tenant, "qa").await.expect("remove"));
+        assert_eq!(store.tenant_overrides(Some(&tenant)).await.expect("list").len(), 1);
+        assert_eq!(store.tenant_overrides(Some(&other)).await.expect("list").len(), 1);
     }
 
     /// A scenario version's texts are kept under its checksum by the first writer; a

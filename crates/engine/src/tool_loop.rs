@@ -33,7 +33,7 @@ use crate::workspace::{FILE_TOOLS, ToolOutcome, off_thread};
 /// The standing rules of a tool-loop level, sent as its system prompt.
 pub const SYSTEM: &str = "You work inside a project workspace through file tools. Paths are relative to the workspace root; you cannot leave it, and `.git` and `.baton` are off limits. A tool that fails returns an error message: read it and adjust. Edits are kept only when the level ends, so work until the task is done, then call `finish` with a summary of what you changed.";
 
-/// The file tools, as models see them.
+/// The file tools and the scratchpad's, as models see them.
 pub fn tool_specs() -> Vec<ToolSpec> {
     let path = json!({"type": "string", "description": "path relative to the workspace root"});
     let spec = |name: &str, description: &str, parameters: Value| ToolSpec {
@@ -73,6 +73,9 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             json!({"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"], "additionalProperties": false}),
         ),
     ]
+    .into_iter()
+    .chain(crate::scratchpad::specs())
+    .collect()
 }
 
 /// The textual protocol's instructions, appended to the prompt of a model without tools.
@@ -273,6 +276,8 @@ impl LevelRun {
         let mut calls = self.calls();
         let mut turns: Vec<Turn> = Vec::new();
         let mut touched: BTreeSet<String> = BTreeSet::new();
+        // The run's notes with this attempt's writes, as the scratchpad tools see them.
+        let mut pad = self.state.scratchpad.clone();
         let mut last_text = String::new();
         let mut turn = 0;
         let ending = loop {
@@ -361,7 +366,7 @@ impl LevelRun {
             }
             let mut results = Vec::new();
             let next = self
-                .run_tools(&workspace, requested, &mut touched, &mut results, &mut events)
+                .run_tools(&workspace, requested, &mut touched, &mut pad, &mut results, &mut events)
                 .await;
             match next {
                 Next::Cancelled => return Stop::Halted.finish(self, &mut events, started),
@@ -450,9 +455,11 @@ impl LevelRun {
         workspace: &Arc<dyn crate::workspace::Workspace>,
         requested: Vec<Result<ToolCall, String>>,
         touched: &mut BTreeSet<String>,
+        pad: &mut serde_json::Map<String, Value>,
         results: &mut Vec<ToolReply>,
         events: &mut Vec<NewEvent>,
     ) -> Next {
+        let mut written = None;
         for (n, call) in requested.into_iter().enumerate() {
             let (call, outcome) = match call {
                 Err(why) => {
@@ -491,6 +498,11 @@ impl LevelRun {
                                 "finish needs a string argument `summary`: what you changed and what remains",
                             ),
                         }
+                    } else if crate::scratchpad::TOOLS.contains(&call.name.as_str()) {
+                        let (outcome, write) =
+                            crate::scratchpad::call(pad, &call.name, &call.arguments);
+                        written = write;
+                        outcome
                     } else if FILE_TOOLS.contains(&call.name.as_str()) {
                         let ws = Arc::clone(workspace);
                         let (name, arguments) = (call.name.clone(), call.arguments.clone());
@@ -521,15 +533,21 @@ impl LevelRun {
                         }
                     } else {
                         ToolOutcome::error(format!(
-                            "there is no tool `{}`; the tools are {}",
+                            "there is no tool `{}`; the tools are {}, {}",
                             call.name,
-                            FILE_TOOLS.join(", ")
+                            FILE_TOOLS.join(", "),
+                            crate::scratchpad::TOOLS.join(", ")
                         ))
                     };
                     (call, outcome)
                 }
             };
             self.record_result(&call, &outcome, events);
+            if let Some((key, value)) = written.take() {
+                events.push(self.event(EventData::ScratchpadWritten(
+                    crate::event::ScratchpadWritten { key, value },
+                )));
+            }
             if let Some(path) = &outcome.created {
                 events.push(self.event(EventData::FileCreated(FileCreated { path: path.clone() })));
             }

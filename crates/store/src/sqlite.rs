@@ -27,7 +27,9 @@ use std::sync::{Arc, mpsc};
 use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
-use baton_engine::store::{Error, EventStore, RunGuard, RunRecord, Verified, check_numbering};
+use baton_engine::store::{
+    Error, EventStore, RunGuard, RunRecord, TenantOverride, Verified, check_numbering,
+};
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::types::{FromSql, Type};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
@@ -67,6 +69,10 @@ enum Request {
     Load { run_id: String, after: u64, reply: Reply<Vec<Event>> },
     Verify { run_id: String, reply: Reply<Verified> },
     Run { run_id: String, reply: Reply<Option<RunRecord>> },
+    RunByKey { key: String, reply: Reply<Option<RunRecord>> },
+    PutOverride { o: TenantOverride, reply: Reply<()> },
+    Overrides { tenant: Option<String>, reply: Reply<Vec<TenantOverride>> },
+    RemoveOverride { tenant: String, scenario_id: String, reply: Reply<bool> },
     Runs { status: Option<String>, reply: Reply<Vec<RunRecord>> },
     Lease(LeaseOp, Reply<LeaseAnswer>),
     Checkpoint(Reply<()>),
@@ -613,9 +619,14 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Error> {
     if exists.is_some() {
         return Err(Error::Exists(run.run_id.clone()));
     }
+    if let Some(key) = &run.idempotency_key
+        && let Some(owner) = run_by_key(conn, key)?
+    {
+        return Err(Error::KeyTaken { key: key.clone(), run_id: owner.run_id });
+    }
     conn.execute(
-        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8)",
-        params![run.run_id, run.scenario_id, run.status, time(run.created_at), time(run.updated_at), GENESIS.as_slice(), run.parent_run_id, run.root_run_id],
+        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10)",
+        params![run.run_id, run.scenario_id, run.status, time(run.created_at), time(run.updated_at), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, run.idempotency_key, run.tenant],
     )
     .map_err(backend)?;
     Ok(())
@@ -791,6 +802,33 @@ fn read(conn: &Connection, r: Request) {
         Request::Run { run_id, reply } => {
             let _ = reply.send(run(conn, &run_id));
         }
+        Request::RunByKey { key, reply } => {
+            let _ = reply.send(run_by_key(conn, &key));
+        }
+        // Each a single statement, committed on its own.
+        Request::PutOverride { o, reply } => {
+            let written = conn
+                .execute(
+                    "INSERT INTO tenant_overrides (tenant, scenario_id, yaml, updated_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (tenant, scenario_id) DO UPDATE SET yaml = excluded.yaml, updated_at = excluded.updated_at",
+                    params![o.tenant, o.scenario_id, o.yaml, time(o.updated_at)],
+                )
+                .map(|_| ())
+                .map_err(backend);
+            let _ = reply.send(written);
+        }
+        Request::Overrides { tenant, reply } => {
+            let _ = reply.send(overrides(conn, tenant.as_deref()));
+        }
+        Request::RemoveOverride { tenant, scenario_id, reply } => {
+            let removed = conn
+                .execute(
+                    "DELETE FROM tenant_overrides WHERE tenant = ?1 AND scenario_id = ?2",
+                    params![tenant, scenario_id],
+                )
+                .map(|n| n > 0)
+                .map_err(backend);
+            let _ = reply.send(removed);
+        }
         Request::Runs { status, reply } => {
             let _ = reply.send(runs(conn, status.as_deref()));
         }
@@ -950,6 +988,8 @@ fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Option<Hash>), 
                     .map_err(|_| format!("column `last_seq` holds {last_seq}, not a count"))?,
                 parent_run_id: named(r, 7, "parent_run_id", "text or null")?,
                 root_run_id: named(r, 8, "root_run_id", "text or null")?,
+                idempotency_key: named(r, 9, "idempotency_key", "text or null")?,
+                tenant: named(r, 10, "tenant", "text or null")?,
             },
             head.as_deref().and_then(chain::from_bytes),
         ))
@@ -957,7 +997,7 @@ fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Option<Hash>), 
     Ok(read().map_err(fail))
 }
 
-const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id";
+const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant";
 
 fn run_with_head(
     conn: &Connection,
@@ -975,6 +1015,42 @@ fn run_with_head(
 
 fn run(conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, Error> {
     Ok(run_with_head(conn, run_id)?.map(|(r, _)| r))
+}
+
+fn overrides(conn: &Connection, tenant: Option<&str>) -> Result<Vec<TenantOverride>, Error> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT tenant, scenario_id, yaml, updated_at FROM tenant_overrides WHERE (?1 IS NULL OR tenant = ?1) ORDER BY tenant, scenario_id",
+        )
+        .map_err(backend)?;
+    let rows = stmt
+        .query_map(params![tenant], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })
+        .map_err(backend)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (tenant, scenario_id, yaml, at) = row.map_err(backend)?;
+        out.push(TenantOverride { tenant, scenario_id, yaml, updated_at: parse_time(&at)? });
+    }
+    Ok(out)
+}
+
+fn run_by_key(conn: &Connection, key: &str) -> Result<Option<RunRecord>, Error> {
+    conn.query_row(
+        &format!("SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = ?1"),
+        [key],
+        to_record,
+    )
+    .optional()
+    .map_err(backend)?
+    .transpose()
+    .map(|found| found.map(|(r, _)| r))
 }
 
 fn runs(conn: &Connection, status: Option<&str>) -> Result<Vec<RunRecord>, Error> {
@@ -1022,6 +1098,38 @@ impl EventStore for SqliteStore {
 
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(self.ask(|reply| Request::Run { run_id: run_id.to_owned(), reply }))
+    }
+
+    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(self.ask(|reply| Request::RunByKey { key: key.to_owned(), reply }))
+    }
+
+    fn put_tenant_override<'a>(
+        &'a self,
+        o: &'a TenantOverride,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.ask(|reply| Request::PutOverride { o: o.clone(), reply }))
+    }
+
+    fn tenant_overrides<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<TenantOverride>, Error>> {
+        Box::pin(
+            self.ask(move |reply| Request::Overrides { tenant: tenant.map(str::to_owned), reply }),
+        )
+    }
+
+    fn remove_tenant_override<'a>(
+        &'a self,
+        tenant: &'a str,
+        scenario_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.ask(|reply| Request::RemoveOverride {
+            tenant: tenant.to_owned(),
+            scenario_id: scenario_id.to_owned(),
+            reply,
+        }))
     }
 
     fn put_scenario_texts<'a>(

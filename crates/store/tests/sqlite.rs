@@ -117,6 +117,8 @@ fn record(id: &str) -> RunRecord {
         last_seq: 0,
         parent_run_id: None,
         root_run_id: None,
+        idempotency_key: None,
+        tenant: None,
     }
 }
 
@@ -143,6 +145,36 @@ async fn a_column_that_cannot_be_read_is_named_with_its_run_and_event() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Undoes migration 0005 (run trees, tenants, idempotency keys) in a database, as if it
+/// were written before it.
+const UNDO_0005: &str = "DROP INDEX runs_by_root; DROP INDEX runs_by_idempotency_key;
+    ALTER TABLE runs DROP COLUMN parent_run_id; ALTER TABLE runs DROP COLUMN root_run_id;
+    ALTER TABLE runs DROP COLUMN idempotency_key; ALTER TABLE runs DROP COLUMN tenant;
+    DROP TABLE tenant_overrides; DELETE FROM schema_version WHERE version >= 5;";
+
+#[tokio::test]
+async fn migration_0005_opens_a_database_from_before_run_trees() {
+    let (dir, db) = fresh_db("migrate-trees");
+    let store = SqliteStore::open(&db).unwrap();
+    store.create_run(&record("old"), warnings(1, 2)).await.unwrap();
+    drop(store);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(UNDO_0005).unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&db).unwrap();
+    let old = store.run("old").await.unwrap().unwrap();
+    assert_eq!(
+        (old.parent_run_id, old.root_run_id, old.idempotency_key, old.tenant),
+        (None, None, None, None)
+    );
+    assert_eq!(store.load("old", 0).await.unwrap().len(), 2);
+    let mut keyed = record("new");
+    keyed.idempotency_key = Some("k".to_owned());
+    store.create_run(&keyed, warnings(1, 1)).await.unwrap();
+    assert_eq!(store.run_by_key("k").await.unwrap().unwrap().run_id, "new");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test]
 async fn migration_0003_chains_the_runs_already_stored() {
     let (dir, db) = fresh_db("migrate");
@@ -153,6 +185,7 @@ async fn migration_0003_chains_the_runs_already_stored() {
     drop(store);
     // Back to schema 2: no hashes (and none of the later tables).
     let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(UNDO_0005).unwrap();
     conn.execute_batch(
         "ALTER TABLE events DROP COLUMN hash; ALTER TABLE runs DROP COLUMN head_hash;
          DROP TABLE scenario_texts; DELETE FROM schema_version WHERE version >= 3;",
@@ -177,6 +210,7 @@ async fn migration_0004_keeps_scenario_texts_in_a_database_from_before() {
     drop(store);
     // Back to schema 3: no scenario texts.
     let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(UNDO_0005).unwrap();
     conn.execute_batch("DROP TABLE scenario_texts; DELETE FROM schema_version WHERE version = 4;")
         .unwrap();
     drop(conn);

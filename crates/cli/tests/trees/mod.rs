@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::{baton_db, baton_in, bwrap, repo, scratch, text};
 
@@ -519,5 +519,284 @@ fn cancelling_a_tree_nobody_drives_ends_it_here_and_settles_each_run() {
     let cancels: Vec<&Value> = events.iter().filter(|e| e["kind"] == "cancel_requested").collect();
     assert_eq!(cancels.len(), 2);
     assert!(cancels.iter().all(|e| e["data"]["by"] == "ops"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tenant_override_is_checked_stored_and_changes_the_scenario_its_runs_get() {
+    let dir = scratch("tree-tenant");
+    let db = dir.join("runs.db");
+    let config = hop_scenarios(&dir);
+    let script = hop_script(&dir, "echo");
+    let baton = |args: &[&str]| {
+        baton_in(&dir, &db).arg("--config").arg(&config).args(args).output().unwrap()
+    };
+    // A level restated with another prompt and another model (lists replace whole).
+    let good = dir.join("echo-acme.yaml");
+    std::fs::write(
+        &good,
+        "levels:\n  - id: say\n    kind: prompt\n    prompt: {inline: \"Say it for acme: {{ input }}\"}\n    model: {allow: [\"paid:*\"]}\n    terminal: true\n",
+    )
+    .unwrap();
+    let set = baton(&["tenant", "set", "acme", "echo", good.to_str().unwrap()]);
+    assert_eq!(set.status.code(), Some(0), "{}", text(&set.stderr));
+    assert!(text(&set.stdout).contains("stored tenant acme's override of echo"));
+    // An override that does not load is refused where it is wrong, and nothing is stored.
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "budget:\n  max_cost: 1\n").unwrap();
+    let refused = baton(&["tenant", "set", "acme", "hop", bad.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = text(&refused.stderr);
+    assert!(err.contains("unknown field `max_cost`") && err.contains("bad.yaml:2:3"), "{err}");
+    assert!(err.contains("nothing was stored"), "{err}");
+    let listed = text(&baton(&["tenant", "list"]).stdout);
+    assert!(
+        listed.contains("acme") && listed.contains("echo") && !listed.contains("hop"),
+        "{listed}"
+    );
+    // The tenant's run gets the merged scenario: its prompt, its checksum, its tenant.
+    let run = |tenant: Option<&str>| {
+        let mut args =
+            vec!["run", "echo", "--input", "x", "--script", script.to_str().unwrap(), "--json"];
+        if let Some(t) = tenant {
+            args.extend(["--tenant", t]);
+        }
+        let out = baton(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let job = result(&out);
+        let events = tree_events(&db, job["run_id"].as_str().unwrap());
+        (job, events)
+    };
+    let (plain, plain_events) = run(None);
+    let (acme, acme_events) = run(Some("acme"));
+    assert_ne!(plain["checksum"], acme["checksum"]);
+    let prompt = |events: &[Value]| {
+        events.iter().find(|e| e["kind"] == "prompt_sent").unwrap()["data"]["prompt"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(prompt(&plain_events), "Say x");
+    assert_eq!(prompt(&acme_events), "Say it for acme: x");
+    assert_eq!(acme_events[0]["data"]["tenant"], "acme");
+    assert!(plain_events[0]["data"].get("tenant").is_none());
+    let listed = baton_db(&db, &["runs", "--json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["tenant"], "acme");
+    // The merged level wants a paid model: a configuration with free models only runs the
+    // base scenario's check and refuses the tenant's, naming the level.
+    let free = dir.join("free.toml");
+    std::fs::write(
+        &free,
+        "[selection]\ndefault = \"echo\"\n\n[[providers]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\ntier = \"free\"\n\n[[providers.models]]\nname = \"m\"\n",
+    )
+    .unwrap();
+    let refused = baton_in(&dir, &db)
+        .arg("--config")
+        .arg(&free)
+        .args(["run", "echo", "--tenant", "acme", "--input", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("level `say` wants allow [paid:*]"),
+        "{}",
+        text(&refused.stderr)
+    );
+    // show, rm, and an overrides tree imported for GitOps.
+    let shown = text(&baton(&["tenant", "show", "acme", "echo"]).stdout);
+    assert!(shown.contains("Say it for acme"), "{shown}");
+    let tree = dir.join("overrides");
+    std::fs::create_dir_all(tree.join("beta")).unwrap();
+    std::fs::write(tree.join("beta/hop.yaml"), "budget:\n  max_cost_usd: 0.5\n").unwrap();
+    let imported = baton(&["tenant", "import", tree.to_str().unwrap()]);
+    assert_eq!(imported.status.code(), Some(0), "{}", text(&imported.stderr));
+    assert!(text(&imported.stdout).contains("imported 1 overrides of 1 tenants"));
+    let removed = baton(&["tenant", "rm", "acme", "echo"]);
+    assert_eq!(removed.status.code(), Some(0));
+    let listed = text(&baton(&["tenant", "list"]).stdout);
+    assert!(listed.contains("beta") && !listed.contains("acme"), "{listed}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_job_started_again_with_its_idempotency_key_gets_the_first_run() {
+    let dir = scratch("tree-idempotent");
+    let db = dir.join("runs.db");
+    let config = hop_scenarios(&dir);
+    // A slow answer, so that two processes start the job at the same moment.
+    let script = dir.join("slow.yaml");
+    std::fs::write(&script, "levels:\n  say: [{text: 'once', delay_ms: 500}]\n").unwrap();
+    let start = || {
+        baton_in(&dir, &db)
+            .arg("--config")
+            .arg(&config)
+            .args(["run", "echo", "--input", "x", "--idempotency-key", "order-42"])
+            .args(["--script", script.to_str().unwrap(), "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let racers = [start(), start()];
+    let outs: Vec<Output> = racers.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let listed = baton_db(&db, &["runs", "--json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    let id = listed[0]["run_id"].as_str().unwrap();
+    for out in &outs {
+        assert!(matches!(out.status.code(), Some(0 | 6)), "{}", text(&out.stderr));
+        assert_eq!(result(out)["run_id"], id);
+    }
+    assert!(
+        outs.iter().any(|o| text(&o.stderr).contains("no new run was started")),
+        "one of them found the other's run"
+    );
+    // Later, the same key gives the finished run's result.
+    let again = start().wait_with_output().unwrap();
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(result(&again)["final_output"], "once");
+    assert_eq!(result(&again)["run_id"], id);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_job_cap_binds_the_whole_tree() {
+    let dir = scratch("tree-cap");
+    let db = dir.join("runs.db");
+    // The classifier costs nothing here; quick_qa's answer costs $0.0001, past what the
+    // job left it.
+    let out = baton_db(
+        &db,
+        &[
+            "run",
+            "--kind",
+            "task",
+            "--max-cost-usd",
+            "0.00005",
+            "--input",
+            "x",
+            "--script",
+            "scenarios/scripts/intent_classifier.yaml",
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}{}", text(&out.stdout), text(&out.stderr));
+    let job = result(&out);
+    let root = job["run_id"].as_str().unwrap();
+    let events = tree_events(&db, root);
+    let started = events.iter().find(|e| e["kind"] == "child_run_started").unwrap();
+    assert_eq!(started["data"]["budget"]["max_cost_usd"], 0.00005);
+    let exceeded = events.iter().find(|e| e["kind"] == "budget_exceeded").unwrap();
+    assert_eq!(exceeded["data"]["refused_before_call"], true);
+    assert_eq!(job["status"], "aborted");
+    // Without the job's cap, the classifier's own small budget does not bind quick_qa.
+    let free = baton_db(
+        &db,
+        &[
+            "run",
+            "--kind",
+            "task",
+            "--input",
+            "x",
+            "--script",
+            "scenarios/scripts/intent_classifier.yaml",
+        ],
+    );
+    assert_eq!(free.status.code(), Some(0));
+    assert!(
+        baton_db(&db, &["run", "--max-cost-usd=-1", "--input", "x"]).status.code() == Some(1),
+        "a negative cap is refused"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tool_loops_and_json_answers_write_the_scratchpad_which_gates_read() {
+    let dir = scratch("tree-scratchpad");
+    let db = dir.join("runs.db");
+    let scenarios = dir.join("scenarios");
+    std::fs::create_dir_all(&scenarios).unwrap();
+    std::fs::write(
+        scenarios.join("notes.yaml"),
+        "id: notes\nversion: 1\nlevels:\n  - id: work\n    kind: tool_loop\n    prompt: {inline: \"Do {{ input }}\"}\n  - id: check\n    kind: prompt\n    prompt: {inline: \"Check {{ scratchpad.plan }}\"}\n    response: json\n    terminal: true\nedges:\n  - {from: work, to: check}\n  - {from: check, to: __end__, when: \"scratchpad.plan == 'small' && scratchpad.reviewed == true\"}\n  - {from: check, to: __fail__}\n",
+    )
+    .unwrap();
+    let script = dir.join("script.yaml");
+    std::fs::write(
+        &script,
+        "levels:\n  work:\n    - tool_calls:\n        - {name: scratchpad_put, arguments: {key: plan, value: small}}\n        - {name: scratchpad_get, arguments: {key: plan}}\n        - {name: scratchpad_put, arguments: {key: Bad Key, value: 1}}\n        - {name: scratchpad_list, arguments: {}}\n    - tool_calls:\n        - {name: finish, arguments: {summary: noted}}\n  check:\n    - text: '{\"ok\": true, \"scratchpad\": {\"reviewed\": true}}'\n",
+    )
+    .unwrap();
+    let out = baton_in(&dir, &db)
+        .args(["run", "notes", "--input", "it", "--script", script.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let root = result(&out)["run_id"].as_str().unwrap().to_owned();
+    let events = tree_events(&db, &root);
+    let writes: Vec<(&str, &Value)> = events
+        .iter()
+        .filter(|e| e["kind"] == "scratchpad_written")
+        .map(|e| (e["data"]["key"].as_str().unwrap(), &e["data"]["value"]))
+        .collect();
+    assert_eq!(writes, [("plan", &json!("small")), ("reviewed", &json!(true))]);
+    let results: Vec<&Value> = events.iter().filter(|e| e["kind"] == "tool_result").collect();
+    assert_eq!(results[1]["data"]["content"], "\"small\"");
+    assert_eq!(results[2]["data"]["is_error"], true);
+    assert!(results[2]["data"]["content"].as_str().unwrap().contains("must be lower-case"));
+    assert_eq!(results[3]["data"]["content"], "[\"plan\"]");
+    // The template read the note, and the gate read both.
+    let prompt = events.iter().rev().find(|e| e["kind"] == "prompt_sent").unwrap();
+    assert_eq!(prompt["data"]["prompt"], "Check small");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_classified_job_runs_against_a_local_openai_compatible_server_and_replays_from_its_cassette() {
+    let dir = scratch("tree-live");
+    std::fs::write(
+        dir.join("rules.yaml"),
+        "version: 1\nrules:\n  - name: classify\n    when: {messages_contain: \"You route a user's request\"}\n    respond: {content: '{\"chosen_intent_route\": \"qa\", \"confidence\": 0.9, \"reason\": \"a question\", \"candidates\": [{\"intent_route\": \"qa\", \"score\": 0.9}]}'}\n  - name: capital\n    when: {messages_contain: \"capital of France\"}\n    respond: {content: '{\"answer\": \"Paris\", \"confidence\": 0.95, \"sources\": []}'}\n",
+    )
+    .unwrap();
+    let server = super::fakellm(&dir.join("rules.yaml"));
+    let config = dir.join("baton.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[routing]\ndefault = \"free:local/fake-model\"\n\n[[providers]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\ntier = \"free\"\n[[providers.models]]\nname = \"fake-model\"\ninput_usd_per_mtok = 0.5\noutput_usd_per_mtok = 1.0\n",
+            server.1
+        ),
+    )
+    .unwrap();
+    let db = dir.join("runs.db");
+    let cassette = dir.join("job.json");
+    let job = |extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
+        c.current_dir(repo())
+            .env("BATON_BWRAP", bwrap())
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .arg("--db")
+            .arg(&db)
+            .args(["run", "--kind", "task", "--input", "What is the capital of France?", "--json"])
+            .args(extra);
+        c.output().unwrap()
+    };
+    let live = job(&["--config", config.to_str().unwrap(), "--record", cassette.to_str().unwrap()]);
+    assert_eq!(live.status.code(), Some(0), "{}{}", text(&live.stdout), text(&live.stderr));
+    let live = result(&live);
+    assert_eq!(live["tree"][1]["scenario_id"], "quick_qa");
+    let answer: Value = serde_json::from_str(live["final_output"].as_str().unwrap()).unwrap();
+    assert_eq!(answer["answer"], "Paris");
+    assert!(live["tree_totals"]["cost_usd"].as_f64().unwrap() > 0.0, "priced from baton.toml");
+    // Both runs' answers are in the one cassette: the job replays with the server gone.
+    drop(server);
+    let replayed = job(&["--cassette", cassette.to_str().unwrap()]);
+    assert_eq!(replayed.status.code(), Some(0), "{}", text(&replayed.stderr));
+    let replayed = result(&replayed);
+    assert_eq!(replayed["final_output"], live["final_output"]);
+    assert_eq!(replayed["tree"][1]["scenario_id"], "quick_qa");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -106,6 +106,8 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
         last_seq: 0,
         parent_run_id: None,
         root_run_id: None,
+        idempotency_key: None,
+        tenant: None,
     };
     store.create_run(&record, log).await.unwrap();
     let e = engine_on(store, script(ANSWERS));

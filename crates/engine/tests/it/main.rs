@@ -32,6 +32,31 @@ macro_rules! delegate_to_inner {
         ) -> BoxFuture<'a, Result<Vec<RunRecord>, store::Error>> {
             self.inner.runs(status)
         }
+        fn put_tenant_override<'a>(
+            &'a self,
+            o: &'a store::TenantOverride,
+        ) -> BoxFuture<'a, Result<(), store::Error>> {
+            self.inner.put_tenant_override(o)
+        }
+        fn tenant_overrides<'a>(
+            &'a self,
+            tenant: Option<&'a str>,
+        ) -> BoxFuture<'a, Result<Vec<store::TenantOverride>, store::Error>> {
+            self.inner.tenant_overrides(tenant)
+        }
+        fn remove_tenant_override<'a>(
+            &'a self,
+            tenant: &'a str,
+            scenario_id: &'a str,
+        ) -> BoxFuture<'a, Result<bool, store::Error>> {
+            self.inner.remove_tenant_override(tenant, scenario_id)
+        }
+        fn run_by_key<'a>(
+            &'a self,
+            key: &'a str,
+        ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
+            self.inner.run_by_key(key)
+        }
         fn put_scenario_texts<'a>(
             &'a self,
             checksum: &'a str,

@@ -42,6 +42,7 @@ fn started() -> NewEvent {
         workspace: None,
         gate_semantics: baton_scenario::expr::Semantics::CURRENT,
         parent: None,
+        tenant: None,
     }))
 }
 
