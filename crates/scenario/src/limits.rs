@@ -60,3 +60,5 @@ pub const SYMLINK_HOPS_MAX: usize = 40;
 pub const SEED_FILES_MAX: usize = 10_000;
 /// Most bytes in a workspace seed directory.
 pub const SEED_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// Deepest directory a registry's change check looks into, below each path it loads.
+pub const DEPTH_MAX_FINGERPRINT: usize = 8;

@@ -609,19 +609,60 @@ fn unreadable(e: &capped::Error) -> Diagnostic {
     Diagnostic::error(code, Pos::UNKNOWN, e.to_string())
 }
 
+/// Most entries [`fingerprint`] looks at under the paths: a tree larger than this is
+/// fingerprinted by its first entries only.
+const FINGERPRINT_ENTRIES_MAX: usize = 100_000;
+
+/// What the files under `paths` look like: every entry's path, size and modification
+/// time, depth first, hashed (symbolic links followed, as the loader follows them).
+fn fingerprint(paths: &[PathBuf]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut pending: Vec<(PathBuf, usize)> = paths.iter().map(|p| (p.clone(), 0)).collect();
+    let mut seen = 0usize;
+    while let Some((path, depth)) = pending.pop() {
+        seen += 1;
+        if seen > FINGERPRINT_ENTRIES_MAX {
+            break;
+        }
+        path.hash(&mut h);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            0u8.hash(&mut h);
+            continue;
+        };
+        meta.len().hash(&mut h);
+        meta.modified().ok().hash(&mut h);
+        if meta.is_dir() && depth < limits::DEPTH_MAX_FINGERPRINT {
+            let mut children: Vec<PathBuf> = std::fs::read_dir(&path)
+                .map(|d| d.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
+            children.sort();
+            pending.extend(children.into_iter().rev().map(|c| (c, depth + 1)));
+        }
+    }
+    h.finish()
+}
+
 /// A registry that can be reloaded while others read it.
 #[derive(Debug)]
 pub struct RegistryHandle {
     paths: Vec<PathBuf>,
     current: RwLock<Arc<Registry>>,
+    /// What the files looked like at the last load tried ([`fingerprint`]).
+    seen: std::sync::Mutex<u64>,
 }
 
 impl RegistryHandle {
     /// Loads `paths` for the first time.
     pub fn open(paths: Vec<PathBuf>) -> Result<(Self, Diagnostics), LoadError> {
+        let seen = fingerprint(&paths);
         let loaded = Registry::load(&paths)?;
         Ok((
-            RegistryHandle { paths, current: RwLock::new(Arc::new(loaded.registry)) },
+            RegistryHandle {
+                paths,
+                current: RwLock::new(Arc::new(loaded.registry)),
+                seen: std::sync::Mutex::new(seen),
+            },
             loaded.warnings,
         ))
     }
@@ -632,6 +673,25 @@ impl RegistryHandle {
             Ok(guard) => Arc::clone(&guard),
             Err(poisoned) => Arc::clone(&poisoned.into_inner()),
         }
+    }
+
+    /// Reloads when a file under the paths changed (added, removed, resized or touched)
+    /// since the last load tried: `None` when nothing changed, else what [`Self::refresh`]
+    /// says — a long-lived process polls this, logs every diagnostic, and keeps serving the
+    /// old registry on an error. A broken state is tried once, not on every poll.
+    pub fn refresh_if_changed(&self) -> Option<Result<Diagnostics, LoadError>> {
+        let now = fingerprint(&self.paths);
+        {
+            let mut seen = match self.seen.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if *seen == now {
+                return None;
+            }
+            *seen = now;
+        }
+        Some(self.refresh())
     }
 
     /// Reloads every path. On success the new registry replaces the old one in a single

@@ -481,12 +481,8 @@ fn cancelling_the_root_of_a_running_tree_settles_every_run_below_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn cancelling_a_tree_nobody_drives_ends_it_here_and_settles_each_run() {
-    let dir = scratch("tree-cancel-idle");
-    let db = dir.join("runs.db");
-    // The classifier chains to release_notes, which pauses for its sign-off: the child
-    // waits for a person, the root for the child.
+/// A job's script: the classifier names route `changelog`, and release_notes's answers.
+fn notes_job(dir: &Path) -> PathBuf {
     let notes =
         std::fs::read_to_string(repo().join("scenarios/scripts/release_notes.yaml")).unwrap();
     let script = dir.join("job.yaml");
@@ -497,6 +493,49 @@ fn cancelling_a_tree_nobody_drives_ends_it_here_and_settles_each_run() {
         ),
     )
     .unwrap();
+    script
+}
+
+#[test]
+fn approving_a_chained_runs_request_continues_the_whole_job() {
+    let dir = scratch("tree-approve");
+    let db = dir.join("runs.db");
+    let script = notes_job(&dir);
+    let args = ["run", "--kind", "task", "--script", script.to_str().unwrap(), "--input", "PR 1"];
+    let out = baton_db(&db, &args);
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    // The pause names the chained run, whose request it is.
+    let listed = baton_db(&db, &["runs", "--tree", "--json"]);
+    let list: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let (root, child) = (list[0]["run_id"].as_str().unwrap(), list[1]["run_id"].as_str().unwrap());
+    assert!(text(&out.stdout).contains(&format!("paused: run {child} waits for a person")));
+    let approved = baton_db(&db, &["approve", child, "--by", "rm"]);
+    assert_eq!(
+        approved.status.code(),
+        Some(0),
+        "{}{}",
+        text(&approved.stdout),
+        text(&approved.stderr)
+    );
+    let stdout = text(&approved.stdout);
+    assert!(stdout.contains("settled   chain"), "{stdout}");
+    let listed = baton_db(&db, &["runs", "--json"]);
+    let list: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert!(list.as_array().unwrap().iter().all(|r| r["status"] == "completed"), "{list}");
+    let events = tree_events(&db, root);
+    let last = events.iter().rev().find(|e| e["run_id"] == root).unwrap();
+    assert_eq!(last["kind"], "scenario_finished");
+    assert!(last["data"]["final_output"].as_str().unwrap().contains("CSV"), "{last}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cancelling_a_tree_nobody_drives_ends_it_here_and_settles_each_run() {
+    let dir = scratch("tree-cancel-idle");
+    let db = dir.join("runs.db");
+    // The classifier chains to release_notes, which pauses for its sign-off: the child
+    // waits for a person, the root for the child.
+    let script = notes_job(&dir);
     let args = ["run", "--kind", "task", "--script", script.to_str().unwrap(), "--input", "PR 1"];
     let out = baton_db(&db, &args);
     assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));

@@ -132,7 +132,7 @@ impl EventStore for Conflicting {
             })
         })
     }
-    delegate_to_inner!();
+    delegate_all_to_inner!();
 }
 
 #[test]

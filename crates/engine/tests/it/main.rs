@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 /// The `EventStore` methods a test wrapper passes to its `inner` store unchanged (every
-/// one but `create_run` and `append`, which the wrappers observe or break).
+/// one but `create_run`, `append` and `hold`, which the wrappers observe or break).
 macro_rules! delegate_to_inner {
     () => {
         fn load<'a>(
@@ -95,6 +95,13 @@ macro_rules! delegate_to_inner {
         ) -> BoxFuture<'a, Result<(), store::Error>> {
             self.inner.release(run_id, worker)
         }
+    };
+}
+
+/// [`delegate_to_inner`], `hold` included.
+macro_rules! delegate_all_to_inner {
+    () => {
+        delegate_to_inner!();
         fn hold<'a>(
             &'a self,
             run_id: &'a str,
@@ -111,6 +118,7 @@ mod gates;
 mod planner;
 mod runs;
 mod tool_loop;
+mod trees;
 mod verifiers;
 
 use std::path::PathBuf;
@@ -247,5 +255,5 @@ impl EventStore for Observed {
             Ok(())
         })
     }
-    delegate_to_inner!();
+    delegate_all_to_inner!();
 }

@@ -92,6 +92,28 @@ fn refresh_swaps_atomically_and_keeps_the_old_registry_on_error() {
 }
 
 #[test]
+fn a_handle_reloads_only_when_a_file_changed_and_keeps_the_old_registry_on_error() {
+    let dir = dir_with_base("watch");
+    let (handle, _) = RegistryHandle::open(vec![dir.path().to_path_buf()]).unwrap();
+    assert!(handle.refresh_if_changed().is_none(), "nothing changed");
+    dir.write("qa.yaml", &BASE.replace("version: 1", "version: 22"));
+    handle.refresh_if_changed().unwrap().unwrap();
+    assert_eq!(handle.current().get("qa").unwrap().version, 22);
+    assert!(handle.refresh_if_changed().is_none());
+    // A broken file is reported once; the registry in use stays the last good one.
+    dir.write("qa.yaml", &BASE.replace("kind: prompt", "kind: promtp"));
+    assert!(handle.refresh_if_changed().unwrap().is_err());
+    assert!(handle.refresh_if_changed().is_none());
+    assert_eq!(handle.current().get("qa").unwrap().version, 22);
+    // A new file is a change too.
+    dir.write("qa.yaml", &BASE.replace("version: 1", "version: 333"));
+    dir.write("other.yaml", &BASE.replace("id: qa", "id: other").replace("[QA]", "[OTHER]"));
+    handle.refresh_if_changed().unwrap().unwrap();
+    assert_eq!(handle.current().get("qa").unwrap().version, 333);
+    assert!(handle.current().get("other").is_some());
+}
+
+#[test]
 fn tenant_overrides_merge_maps_and_replace_lists() {
     let dir = dir_with_base("overrides");
     let base = Registry::load(&[dir.path()]).unwrap().registry;

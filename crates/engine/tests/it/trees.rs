@@ -1,0 +1,225 @@
+//! Jobs in the kernel: selection, chains as child runs, one driver for a whole tree, and
+//! settlement exactly once.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use baton_engine::event::{Event, EventData};
+use baton_engine::job::{self, JobRequest, Jobs, Selection, Start};
+use baton_engine::model::BoxFuture;
+use baton_engine::runner::Runtime;
+use baton_engine::store::{self, EventStore, MemoryStore, RunRecord};
+use baton_engine::verifier::Verifiers;
+use baton_engine::{Engine, Outcome, Status, clock::SystemClock};
+use baton_scenario::Registry;
+use chrono::{DateTime, Utc};
+
+use crate::script;
+
+/// A registry of three scenarios: `ask` names a route in its JSON answer, `relay` too,
+/// `answer` answers plainly and claims route `qa`.
+fn registry() -> Arc<Registry> {
+    let dir = std::env::temp_dir().join(format!(
+        "baton-engine-trees-{}-{}",
+        std::process::id(),
+        uuid::Uuid::now_v7()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let routing = |id: &str, route: &str| {
+        format!(
+            "id: {id}\nversion: 1\nintent_routes: [{route}]\nexamples: [\"{id} something\"]\nlevels:\n  - id: route\n    kind: prompt\n    prompt: {{inline: \"{id} {{{{ input }}}}\"}}\n    response: json\n    terminal: true\n"
+        )
+    };
+    std::fs::write(dir.join("ask.yaml"), routing("ask", "asking")).unwrap();
+    std::fs::write(dir.join("relay.yaml"), routing("relay", "relaying")).unwrap();
+    std::fs::write(
+        dir.join("answer.yaml"),
+        "id: answer\nversion: 1\nintent_routes: [qa]\nlevels:\n  - id: say\n    kind: prompt\n    prompt: {inline: \"Say {{ input }}\"}\n    terminal: true\n",
+    )
+    .unwrap();
+    let loaded = Registry::load(&[&dir]).unwrap_or_else(|e| panic!("{}", e.diagnostics.render()));
+    let _ = std::fs::remove_dir_all(&dir);
+    Arc::new(loaded.registry)
+}
+
+fn selection() -> Selection {
+    Selection {
+        default: "answer".to_owned(),
+        fallback: "answer".to_owned(),
+        classifier: "ask".to_owned(),
+        classify_kinds: vec!["task".to_owned()],
+    }
+}
+
+fn engine_with_jobs(store: Arc<dyn EventStore>, script_yaml: &str) -> Engine {
+    Engine::new(
+        store,
+        Arc::new(Runtime {
+            jail: Arc::new(baton_jail::Jail::off()),
+            jobs: Some(Arc::new(Jobs {
+                registry: registry(),
+                selection: selection(),
+                scenarios_dir: PathBuf::from("."),
+                settle_timeout: std::time::Duration::from_secs(5),
+            })),
+            model: Arc::new(script(script_yaml)),
+            verifiers: Verifiers::builtin(),
+            workspace: PathBuf::from("."),
+            workspaces: None,
+            catalog: Arc::new(serde_json::Value::Array(Vec::new())),
+            redactor: baton_engine::redact::Redactor::default(),
+        }),
+        Arc::new(SystemClock),
+    )
+}
+
+const CHAIN: &str = "scenarios:\n  ask:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"relaying\"}'}]\n  relay:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"qa\"}'}]\n  answer:\n    levels:\n      say: [{text: 'the answer', cost_usd: 0.25}]\n";
+
+#[test]
+fn selection_follows_pin_intent_kind_and_default_in_that_order() {
+    let r = registry();
+    let s = selection();
+    let pick = |pin: Option<&str>, intent: Option<&str>, kind: Option<&str>, strict: bool| {
+        let job = JobRequest {
+            pin: pin.map(str::to_owned),
+            intent: intent.map(str::to_owned),
+            kind: kind.map(str::to_owned),
+        };
+        job::select(&r, &s, &job, strict).map(|(sc, sel)| (sc.id.clone(), sel.how, sel.warning))
+    };
+    assert_eq!(pick(Some("relay"), Some("qa"), Some("task"), true).unwrap().0, "relay");
+    assert_eq!(pick(None, Some("QA"), Some("task"), true).unwrap().1, "intent");
+    assert_eq!(pick(None, None, Some("TASK"), true).unwrap().0, "ask");
+    assert_eq!(pick(None, None, Some("question"), true).unwrap().1, "default");
+    let (id, how, warning) = pick(None, Some("nope"), None, true).unwrap();
+    assert_eq!((id.as_str(), how.as_str()), ("answer", "default"));
+    assert!(warning.unwrap().contains("no scenario serves intent route `nope`"));
+    assert!(pick(Some("nope"), None, None, true).unwrap_err().contains("no scenario `nope`"));
+    // A job from an API falls back instead, and says so.
+    let (id, _, warning) = pick(Some("nope"), None, None, false).unwrap();
+    assert_eq!(id, "answer");
+    assert!(warning.is_some());
+}
+
+#[test]
+fn a_chain_target_is_an_id_a_route_or_the_fallback_never_the_classifier() {
+    let r = registry();
+    let s = selection();
+    let target = |route: &str| {
+        let (sc, warning) = job::chain_target(&r, &s, route).unwrap();
+        (sc.id.clone(), warning.is_some())
+    };
+    assert_eq!(target("relay"), ("relay".to_owned(), false));
+    assert_eq!(target("Relaying"), ("relay".to_owned(), false));
+    assert_eq!(target("astrology"), ("answer".to_owned(), true));
+    assert_eq!(target(""), ("answer".to_owned(), true));
+    assert_eq!(target("ask"), ("answer".to_owned(), true));
+    assert_eq!(job::child_run_id("p", "chain"), job::child_run_id("p", "chain"));
+    assert_ne!(job::child_run_id("p", "chain"), job::child_run_id("q", "chain"));
+    assert!(job::settle_timeout(Some(0.0)).is_err());
+    assert!(job::settle_timeout(Some(121.0)).is_err());
+    assert!(job::settle_timeout(Some(f64::NAN)).is_err());
+    assert_eq!(job::settle_timeout(None).unwrap().as_secs(), 15);
+}
+
+/// A store that lets one run be held at a time, as a single worker slot would, and says
+/// how many were ever held at once.
+#[derive(Debug, Default)]
+struct OneSlot {
+    inner: MemoryStore,
+    held: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+/// A held slot: the count it lowers when dropped, and the inner store's hold.
+struct Slot {
+    count: Arc<AtomicUsize>,
+    _guard: store::RunGuard,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl EventStore for OneSlot {
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        self.inner.create_run(run, events)
+    }
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected: u64,
+        events: Vec<Event>,
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        self.inner.append(run_id, expected, events, status)
+    }
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<store::RunGuard, store::Error>> {
+        Box::pin(async move {
+            let guard = self.inner.hold(run_id).await?;
+            let now = self.held.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            Ok(store::RunGuard::new(Slot { count: Arc::clone(&self.held), _guard: guard }))
+        })
+    }
+    delegate_to_inner!();
+}
+
+#[tokio::test]
+async fn a_tree_completes_with_one_driver_and_each_child_is_settled_once() {
+    let store = Arc::new(OneSlot::default());
+    let e = engine_with_jobs(Arc::clone(&store) as Arc<dyn EventStore>, CHAIN);
+    let r = registry();
+    let root = Engine::new_run_id();
+    let start = Start { input: "x".to_owned(), tree_max_cost_usd: Some(1.0), ..Start::default() };
+    let outcome = e.run_job(&root, r.get("ask").unwrap(), start).await.unwrap();
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    assert_eq!(store.most.load(Ordering::SeqCst), 1, "one run held at a time");
+    let st = e.state(&root).await.unwrap();
+    assert_eq!(st.final_output.as_deref(), Some("the answer"));
+    assert_eq!(st.tree_totals().cost_usd, 0.25);
+    // ask → relay → answer, each child named from its parent, each settled once.
+    let relay = job::child_run_id(&root, "chain");
+    let answer = job::child_run_id(&relay, "chain");
+    for (parent, child) in [(&root, &relay), (&relay, &answer)] {
+        let log = e.store.load(parent, 0).await.unwrap();
+        let settled: Vec<_> = log
+            .iter()
+            .filter(
+                |ev| matches!(&ev.data, EventData::ChildRunSettled(c) if &c.child_run_id == child),
+            )
+            .collect();
+        assert_eq!(settled.len(), 1);
+    }
+    let leaf = e.state(&answer).await.unwrap();
+    assert_eq!(leaf.parent.as_ref().unwrap().root_run_id, root);
+    assert_eq!(leaf.depth(), 2);
+    // The leaf got what its parents left of the job's dollar.
+    assert_eq!(leaf.budget.max_cost_usd, Some(1.0));
+    // Settling again writes nothing.
+    let before = e.store.load(&root, 0).await.unwrap().len();
+    assert!(e.settle_children(&root).await.unwrap());
+    assert_eq!(e.store.load(&root, 0).await.unwrap().len(), before);
+}
+
+#[tokio::test]
+async fn an_engine_without_jobs_ends_a_run_that_names_a_route_with_its_own_result() {
+    let e = crate::engine_on(Arc::new(MemoryStore::new()), script(CHAIN));
+    let r = registry();
+    let run = Engine::new_run_id();
+    let outcome =
+        e.run(&run, r.get("ask").unwrap(), "x", serde_json::Map::new(), None).await.unwrap();
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let log = e.store.load(&run, 0).await.unwrap();
+    assert!(log.iter().any(
+        |ev| matches!(&ev.data, EventData::Warning(w) if w.message.contains("starts no child runs"))
+    ));
+    assert!(!log.iter().any(|ev| matches!(ev.data, EventData::ChildRunStarted(_))));
+}
