@@ -550,6 +550,11 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     {
         bail!("--max-cost-usd must be a positive amount of US dollars, not {usd}");
     }
+    if let Some(key) = &args.idempotency_key
+        && (key.trim().is_empty() || key.len() > 256)
+    {
+        bail!("--idempotency-key must be 1 to 256 bytes and not blank");
+    }
     let mut metadata = Map::new();
     for (k, v) in args.meta {
         metadata.insert(k, Value::String(v));
@@ -572,10 +577,14 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     if let Some(tenant) = &args.tenant {
         crate::cmd_tenant::check_tenant(tenant)?;
     }
-    let store = open_store(place)?;
+    // A tenant's overrides are in the database; with no database yet it has none. Nothing
+    // is created before every argument and file has been checked.
     let registry = match &args.tenant {
-        Some(tenant) => crate::cmd_tenant::merged(store.as_ref(), registry(place)?, tenant).await?,
-        None => registry(place)?,
+        Some(tenant) if place.db.exists() => {
+            let store = open_existing_store(place)?;
+            crate::cmd_tenant::merged(store.as_ref(), registry(place)?, tenant).await?
+        }
+        _ => registry(place)?,
     };
     let registry = Arc::new(registry);
     let (selection, _) = job_settings(place)?;
@@ -609,10 +618,8 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         args.record.as_deref(),
         &scenario,
     )?;
+    let store = open_store(place)?;
     if let Some(key) = &args.idempotency_key {
-        if key.trim().is_empty() || key.len() > 256 {
-            bail!("--idempotency-key must be 1 to 256 bytes and not blank");
-        }
         if let Some(existing) = store.run_by_key(key).await? {
             return existing_run(place, store, &existing.run_id, key, args.json).await;
         }

@@ -480,6 +480,10 @@ impl Engine {
         };
         let outcome = match existing {
             Some(_) => Box::pin(self.drive_tree(&c.child_run_id, &scenario)).await,
+            // A parent that is ending starts no child.
+            None if self.state(parent_run_id).await?.cancel_requested.is_some() => {
+                return Ok(Outcome::Finished(Status::Cancelled));
+            }
             None => {
                 let root = parent
                     .parent
@@ -557,9 +561,16 @@ impl Engine {
             .open_children()
             .map(|c| (c.started.child_run_id.clone(), c.started.link.clone()))
             .collect();
-        for (id, _) in &ids {
+        let mut never_created = Vec::new();
+        for (id, link) in &ids {
             if self.store.run(id).await?.is_none() {
-                continue;
+                // Under the child's own hold no creator is half-way: a child still missing
+                // now is never created (a creator checks its parent first).
+                let _creating = self.store.hold(id).await?;
+                if self.store.run(id).await?.is_none() {
+                    never_created.push((id.clone(), link.clone()));
+                    continue;
+                }
             }
             let reason = Some(format!("its parent run {run_id} is ending"));
             match self.cancel_tree(id, by.clone(), reason).await {
@@ -571,10 +582,28 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
+        for (id, link) in never_created {
+            let unsettled = ChildRunUnsettled {
+                child_run_id: id.clone(),
+                link,
+                status: "not created".to_owned(),
+                waited_ms: 0,
+            };
+            self.append_external(run_id, |state, _, _| {
+                let still = state.open_children().any(|c| c.started.child_run_id == id);
+                Ok(still
+                    .then(|| (NewEvent::run(EventData::ChildRunUnsettled(unsettled.clone())), ())))
+            })
+            .await?;
+        }
         // Wait for the children other processes are ending.
         loop {
             let mut open = Vec::new();
+            let state = self.state(run_id).await?;
             for (id, link) in &ids {
+                if !state.open_children().any(|c| &c.started.child_run_id == id) {
+                    continue;
+                }
                 let status = match self.store.run(id).await? {
                     None => None,
                     Some(_) => Some(self.state(id).await?.status),

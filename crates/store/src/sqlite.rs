@@ -352,11 +352,13 @@ pub fn backup(src: &Path, dest: &Path) -> Result<(), Error> {
 }
 
 fn prepare(conn: &Connection) -> rusqlite::Result<()> {
+    // First, so that a second process opening the same new database waits for the first
+    // (switching to WAL and migrating both lock it) instead of failing at once.
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
     let current: i64 =
         conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| r.get(0))?;
@@ -365,6 +367,16 @@ fn prepare(conn: &Connection) -> rusqlite::Result<()> {
         if version > current {
             conn.execute_batch("BEGIN IMMEDIATE")?;
             let applied = (|| {
+                // Another process opening the same new database may have applied it
+                // between the look above and this lock: look again under it.
+                let now: i64 = conn.query_row(
+                    "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+                    [],
+                    |r| r.get(0),
+                )?;
+                if now >= version {
+                    return conn.execute_batch("COMMIT");
+                }
                 conn.execute_batch(migration.sql)?;
                 if let Some(then) = migration.then {
                     then(conn)?;

@@ -297,3 +297,27 @@ fn a_backup_taken_while_runs_are_appended_verifies() {
     });
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn processes_opening_a_new_database_at_once_migrate_it_once() {
+    for round in 0..5 {
+        let (dir, db) = fresh_db(&format!("migrate-race-{round}"));
+        let openers: Vec<_> = (0..4)
+            .map(|_| {
+                let db = db.clone();
+                std::thread::spawn(move || SqliteStore::open(&db).map(|_| ()))
+            })
+            .collect();
+        for opener in openers {
+            opener.join().unwrap().unwrap();
+        }
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        let versions: i64 =
+            conn.query_row("SELECT COUNT(*) FROM schema_version", [], |r| r.get(0)).unwrap();
+        let distinct: i64 = conn
+            .query_row("SELECT COUNT(DISTINCT version) FROM schema_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(versions, distinct, "each migration recorded once");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
