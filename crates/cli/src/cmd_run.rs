@@ -619,10 +619,10 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         &scenario,
     )?;
     let store = open_store(place)?;
-    if let Some(key) = &args.idempotency_key {
-        if let Some(existing) = store.run_by_key(key).await? {
-            return existing_run(place, store, &existing.run_id, key, args.json).await;
-        }
+    if let Some(key) = &args.idempotency_key
+        && let Some(existing) = store.run_by_key(key).await?
+    {
+        return existing_run(place, store, &existing.run_id, key, args.json).await;
     }
     let jobs = jobs(place, Arc::clone(&registry), args.settle_timeout_s)?;
     let engine = engine(
