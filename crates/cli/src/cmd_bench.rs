@@ -8,7 +8,9 @@
 //! (draft → human approval → finalize, decided and resumed by a fresh engine over the same
 //! store, as a restart would), `paused` (runs left waiting for an approval: how much
 //! memory each paused run holds), `reopen` (a run of 10 000 events reopened from the
-//! store and planned), and `jail` (what the jail adds to each program a verifier starts).
+//! store and planned), `chain3` (a job of three runs, each a one-level scenario whose
+//! JSON answer chains the job to the next, as child runs: what a hop costs beside a level),
+//! and `jail` (what the jail adds to each program a verifier starts).
 
 #![allow(clippy::cast_precision_loss)]
 
@@ -20,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use baton_engine::clock::SystemClock;
 use baton_engine::event::{EventData, NewEvent, Warning};
+use baton_engine::job::{Jobs, Start};
 use baton_engine::model::ScriptedModel;
 use baton_engine::runner::Runtime;
 use baton_engine::store::{EventStore, MemoryStore};
@@ -108,6 +111,25 @@ edges:
   - {from: approve, to: finalize}
 ";
 
+/// `chain3`: three one-level scenarios, each answering with the route of the next.
+const CHAIN3: [(&str, &str); 3] = [
+    (
+        "c1",
+        "id: c1\nversion: 1\nlevels:\n  - {id: route, kind: prompt, prompt: {inline: 'Route {{ input }}'}, response: json, terminal: true}\n",
+    ),
+    (
+        "c2",
+        "id: c2\nversion: 1\nlevels:\n  - {id: route, kind: prompt, prompt: {inline: 'Route {{ input }}'}, response: json, terminal: true}\n",
+    ),
+    (
+        "c3",
+        "id: c3\nversion: 1\nlevels:\n  - {id: say, kind: prompt, prompt: {inline: 'Say {{ input }}'}, terminal: true}\n",
+    ),
+];
+
+/// `chain3`'s model: c1 routes to c2, c2 to c3, c3 answers.
+const CHAIN3_SCRIPT: &str = "scenarios:\n  c1:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"c2\"}'}]\n  c2:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"c3\"}'}]\n";
+
 /// Options of `baton bench`.
 #[derive(Debug)]
 pub(crate) struct BenchArgs {
@@ -132,12 +154,30 @@ fn scenario(yaml: &str, dir: &Path) -> anyhow::Result<Arc<Scenario>> {
 }
 
 fn engine(store: Arc<dyn EventStore>) -> Engine {
+    engine_with(store, None)
+}
+
+/// An engine for the workloads; with `jobs`, it starts child runs (`chain3`).
+fn engine_with(store: Arc<dyn EventStore>, jobs: Option<Arc<Jobs>>) -> Engine {
+    let model = match &jobs {
+        Some(_) => ScriptedModel::parse(CHAIN3_SCRIPT, "chain3")
+            .unwrap_or_else(|_| ScriptedModel::constant(answer())),
+        None => ScriptedModel::constant(answer()),
+    };
+    // The last hop answers with the fixed text, like every other workload's levels.
+    let model = model.with_level(
+        "say",
+        vec![baton_engine::model::ScriptedResponse {
+            text: Some(answer()),
+            ..baton_engine::model::ScriptedResponse::default()
+        }],
+    );
     Engine::new(
         store,
         Arc::new(Runtime {
             jail: std::sync::Arc::new(baton_jail::Jail::off()),
-            jobs: None,
-            model: Arc::new(ScriptedModel::constant(answer())),
+            jobs,
+            model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),
             workspaces: None,
@@ -185,13 +225,18 @@ async fn one_run(
     let started = Instant::now();
     let store = Arc::clone(&e.store);
     let run = Engine::new_run_id();
-    let mut outcome = e.run(&run, &scenario, "bench", Map::new(), None).await?;
+    let mut outcome = if e.runtime.jobs.is_some() {
+        let start = Start { input: "bench".to_owned(), ..Start::default() };
+        e.run_job(&run, &scenario, start).await?
+    } else {
+        e.run(&run, &scenario, "bench", Map::new(), None).await?
+    };
     if approval {
         if outcome != Outcome::Paused {
             bail!("the approval workload did not pause");
         }
         // A fresh engine over the same store decides and resumes, as a restart would.
-        let fresh = engine(store);
+        let fresh = engine_with(store, e.runtime.jobs.clone());
         fresh.approve(&run, true, None, Some("bench".to_owned())).await?;
         outcome = fresh.drive(&run, &scenario).await?;
     }
@@ -241,14 +286,38 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "gate_loop" => GATE_LOOP,
         "fanout8" => FANOUT8,
         "approval" | "reopen" | "paused" => APPROVAL,
+        "chain3" => CHAIN3[0].1,
         other => {
             bail!(
-                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen or jail"
+                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen, chain3 or jail"
             )
         }
     };
     let tmp = std::env::temp_dir().join(format!("baton-bench-{}", uuid_like()));
     let scenario = scenario(yaml, &tmp.join("scenarios"))?;
+    // The runs a `chain3` job chains to, from their own registry.
+    let jobs = if args.workload == "chain3" {
+        let dir = tmp.join("chain3");
+        std::fs::create_dir_all(&dir)?;
+        for (id, yaml) in CHAIN3 {
+            std::fs::write(dir.join(format!("{id}.yaml")), yaml)?;
+        }
+        let loaded =
+            Registry::load(&[&dir]).map_err(|e| anyhow::anyhow!("{}", e.diagnostics.render()))?;
+        Some(Arc::new(Jobs {
+            registry: Arc::new(loaded.registry),
+            selection: baton_engine::job::Selection {
+                default: "c1".to_owned(),
+                fallback: "c3".to_owned(),
+                classifier: "c1".to_owned(),
+                classify_kinds: Vec::new(),
+            },
+            scenarios_dir: dir,
+            settle_timeout: Duration::from_secs(15),
+        }))
+    } else {
+        None
+    };
     let (store, sqlite): (Arc<dyn EventStore>, Option<SqliteStore>) = match args.store.as_str() {
         "memory" => (Arc::new(MemoryStore::new()), None),
         "sqlite" => {
@@ -268,15 +337,17 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     // Level executions per run of each workload.
     let levels_per_run = match args.workload.as_str() {
         "linear5" => 5,
-        "approval" => 3,
+        "approval" | "chain3" => 3,
         _ => 10,
     };
-    // Check the count once, from the log of a first run.
+    // Check the count once, from the log of a first run (a job's whole tree).
     {
-        let e = engine(Arc::new(MemoryStore::new()));
+        let e = engine_with(Arc::new(MemoryStore::new()), jobs.clone());
         one_run(&e, Arc::clone(&scenario), approval, 0).await?;
-        let run = e.store.runs(None).await?.pop().context("the check run is missing")?;
-        let counted = e.state(&run.run_id).await?.totals.levels_run;
+        let runs = e.store.runs(None).await?;
+        let run =
+            runs.iter().find(|r| r.parent_run_id.is_none()).context("the check run is missing")?;
+        let counted = e.state(&run.run_id).await?.tree_totals().levels_run;
         if counted != levels_per_run {
             bail!("workload {} ran {counted} levels, expected {levels_per_run}", args.workload);
         }
@@ -290,7 +361,8 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..concurrency {
         let n = per_worker.min(args.runs.saturating_sub(w * per_worker));
-        let (e, scenario) = (engine(Arc::clone(&store)), Arc::clone(&scenario));
+        let e = engine_with(Arc::clone(&store), jobs.clone());
+        let scenario = Arc::clone(&scenario);
         tasks.spawn(async move {
             let mut results = Vec::with_capacity(n);
             for _ in 0..n {

@@ -241,7 +241,7 @@ enum Command {
     },
     /// Measure the kernel on a fixed workload with a zero-latency scripted model.
     Bench {
-        /// linear5, gate_loop, fanout8, approval, paused, reopen or jail.
+        /// linear5, gate_loop, fanout8, approval, paused, reopen, chain3 or jail.
         #[arg(long, default_value = "linear5")]
         workload: String,
         /// memory or sqlite.

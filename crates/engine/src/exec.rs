@@ -194,7 +194,10 @@ impl Engine {
             drop(_driving);
             return self.drive(run_id, scenario).await;
         }
-        self.keep_texts(scenario).await?;
+        // A child's version was kept when its parent chained to it.
+        if start.parent.is_none() {
+            self.keep_texts(scenario).await?;
+        }
         let (workspace, info) = self.new_workspace(scenario, run_id).await?.unzip();
         let selected = start.selected.clone();
         let (record, started) = self.new_run(scenario, run_id, start, info);
@@ -419,6 +422,19 @@ impl Engine {
                     w.stage(events);
                 }
                 Step::Children { .. } => {
+                    // Children that have ended are settled here, in the same commit as
+                    // what the parent does next; the flush is conditional on the log, so
+                    // of two settlers one writes.
+                    let ended = self.ended_children(&w.state).await?;
+                    if !ended.is_empty() {
+                        w.stage(
+                            ended
+                                .into_iter()
+                                .map(|c| NewEvent::run(EventData::ChildRunSettled(c)))
+                                .collect(),
+                        );
+                        continue;
+                    }
                     if !w.flush().await? {
                         continue;
                     }

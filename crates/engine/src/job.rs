@@ -425,7 +425,7 @@ impl Engine {
                     }
                 }
             }
-            self.settle_children(run_id).await?;
+            // The parent's driver settles the children that ended, with what follows.
             if let Some(outcome) = waits {
                 // A child waits for a person or was interrupted: so does the job.
                 return Ok(outcome);
@@ -519,27 +519,38 @@ impl Engine {
         }
     }
 
+    /// The settlements of a parent's open children that have ended, as of their logs.
+    pub(crate) async fn ended_children(
+        &self,
+        parent: &RunState,
+    ) -> Result<Vec<ChildRunSettled>, Error> {
+        let mut out = Vec::new();
+        for child in parent.open_children() {
+            let id = &child.started.child_run_id;
+            if self.store.run(id).await?.is_none() {
+                continue;
+            }
+            let Some(finished) = self.state(id).await?.finished else { continue };
+            out.push(ChildRunSettled {
+                child_run_id: id.clone(),
+                link: child.started.link.clone(),
+                status: finished.status,
+                aborted_reason: finished.aborted_reason,
+                final_output: finished.final_output,
+                totals: finished.totals,
+                tree_totals: finished.tree_totals.unwrap_or(finished.totals),
+            });
+        }
+        Ok(out)
+    }
+
     /// Records `child_run_settled` in the parent for every open child that has ended,
     /// each exactly once (conditional on the parent's log: of two settlers, one writes).
     /// True when every child is settled.
     pub async fn settle_children(&self, parent_run_id: &str) -> Result<bool, Error> {
         let state = self.state(parent_run_id).await?;
-        for child in state.open_children() {
-            let id = child.started.child_run_id.clone();
-            if self.store.run(&id).await?.is_none() {
-                continue;
-            }
-            let child_state = self.state(&id).await?;
-            let Some(finished) = child_state.finished.clone() else { continue };
-            let settled = ChildRunSettled {
-                child_run_id: id.clone(),
-                link: child.started.link.clone(),
-                status: finished.status,
-                aborted_reason: finished.aborted_reason.clone(),
-                final_output: finished.final_output.clone(),
-                totals: finished.totals,
-                tree_totals: finished.tree_totals.unwrap_or(finished.totals),
-            };
+        for settled in self.ended_children(&state).await? {
+            let id = settled.child_run_id.clone();
             self.append_external(parent_run_id, |state, _, _| {
                 let open = state.open_children().any(|c| c.started.child_run_id == id);
                 Ok(open.then(|| (NewEvent::run(EventData::ChildRunSettled(settled.clone())), ())))
