@@ -839,3 +839,135 @@ fn a_classified_job_runs_against_a_local_openai_compatible_server_and_replays_fr
     assert_eq!(replayed["tree"][1]["scenario_id"], "quick_qa");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_child_that_does_not_end_within_the_settle_timeout_is_recorded_unsettled() {
+    let dir = scratch("tree-unsettled");
+    let db = dir.join("runs.db");
+    let (job, _) = slow_tree(&dir, &db);
+    let settle = dir.join("settle.toml");
+    std::fs::write(
+        &settle,
+        "[selection]\ndefault = \"echo\"\nfallback = \"echo\"\n\n[jobs]\nsettle_timeout_s = 1\n",
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (root, middle, leaf) = loop {
+        assert!(Instant::now() < deadline, "the tree never reached its third run");
+        if db.exists() {
+            let listed = baton_db(&db, &["runs", "--tree", "--json"]);
+            let list: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
+            if let Some(runs) = list.as_array()
+                && runs.len() == 3
+                && runs[2]["status"] == "running"
+            {
+                let id = |i: usize| runs[i]["run_id"].as_str().unwrap().to_owned();
+                break (id(0), id(1), id(2));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The process driving the leaf stops answering: it holds the leaf, and ends nothing.
+    let pid = job.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let asked = Instant::now();
+    let cancel =
+        baton_in(&dir, &db).arg("--config").arg(&settle).args(["cancel", &root]).output().unwrap();
+    let waited = asked.elapsed();
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    assert_eq!(cancel.status.code(), Some(0), "{}", text(&cancel.stderr));
+    assert!(waited < Duration::from_secs(10), "the cancel waited {waited:?}");
+    assert!(waited >= Duration::from_secs(1), "it waited the settle timeout: {waited:?}");
+    // The middle run ended without its child's result and says so; the root settled it.
+    let middle_log: Vec<Value> = text(&baton_db(&db, &["events", &middle, "--json"]).stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let unsettled: Vec<&Value> =
+        middle_log.iter().filter(|e| e["kind"] == "child_run_unsettled").collect();
+    assert_eq!(unsettled.len(), 1, "{middle_log:?}");
+    assert_eq!(unsettled[0]["data"]["child_run_id"], leaf.as_str());
+    assert_eq!(unsettled[0]["data"]["status"], "running");
+    assert!(!middle_log.iter().any(|e| e["kind"] == "child_run_settled"));
+    assert_eq!(middle_log.last().unwrap()["data"]["status"], "cancelled");
+    // Woken, the leaf's driver finds the cancel and ends it; nothing is settled twice.
+    let out = job.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}{}", text(&out.stdout), text(&out.stderr));
+    let listed = baton_db(&db, &["runs", "--json"]);
+    let list: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert!(list.as_array().unwrap().iter().all(|r| r["status"] == "cancelled"), "{list}");
+    let events = tree_events(&db, &root);
+    assert_eq!(events.iter().filter(|e| e["kind"] == "child_run_settled").count(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_task_job_against_a_local_server_goes_classifier_chain_code_build_and_completes() {
+    let dir = scratch("tree-live-build");
+    let control = "```control\n{\"verdict\": \"PASS\", \"confidence\": 0.9, \"reason\": \"meets the brief\"}\n```";
+    let write = |path: &str, content: &str| json!({"name": "write_file", "arguments": {"path": path, "content": content}});
+    // JSON is YAML: fakellm reads the rules as they are written here. The first rule that
+    // matches answers.
+    let rules = json!({"version": 1, "rules": [
+        {"name": "classify", "when": {"messages_contain": "You route a user's request"},
+         "respond": {"content": "{\"chosen_intent_route\": \"code_build\", \"confidence\": 0.93, \"reason\": \"wants a program\", \"candidates\": [{\"intent_route\": \"code_build\", \"score\": 0.93}]}"}},
+        {"name": "accept", "when": {"messages_contain": "You are the acceptance reviewer"},
+         "respond": {"content": format!("The program does what the brief asks.\n{control}")}},
+        {"name": "finish", "when": {"messages_contain": "You are the executor", "tool_result_contains": "wrote "},
+         "respond": {"content": "", "tool_calls": [{"name": "finish", "arguments": {"summary": "wrote the greet package"}}]}},
+        {"name": "write", "when": {"messages_contain": "You are the executor"},
+         "respond": {"content": "", "tool_calls": [
+            write("greet/__init__.py", "def greeting(name: str) -> str:\n    return f\"Hello, {name}!\"\n"),
+            write("greet/__main__.py", "import sys\n\nfrom greet import greeting\n\nprint(greeting(sys.argv[1] if len(sys.argv) > 1 else \"world\"))\n")]}},
+        {"name": "plan", "when": {"messages_contain": "You are the planner"},
+         "respond": {"content": "## Files\n- greet/__init__.py\n- greet/__main__.py\n"}},
+        {"name": "brief", "when": {"messages_contain": "You are the team lead opening a software task"},
+         "respond": {"content": "## Goal\nA greet CLI.\n\n## Acceptance criteria\n1. `python3 -m greet Ada` prints `Hello, Ada!`.\n"}},
+    ]});
+    std::fs::write(dir.join("rules.yaml"), serde_json::to_string_pretty(&rules).unwrap()).unwrap();
+    let server = super::fakellm(&dir.join("rules.yaml"));
+    let config = dir.join("baton.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[routing]\ndefault = \"paid:anthropic/claude-sonnet-4-5\"\n\n[[providers]]\nname = \"anthropic\"\nkind = \"anthropic\"\nbase_url = \"http://127.0.0.1:{}\"\ntier = \"paid\"\n[[providers.models]]\nname = \"claude-sonnet-4-5\"\ninput_usd_per_mtok = 3.0\noutput_usd_per_mtok = 15.0\n",
+            server.1
+        ),
+    )
+    .unwrap();
+    let db = dir.join("runs.db");
+    let out = baton_db(
+        &db,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "run",
+            "--kind",
+            "task",
+            "--input",
+            "a greet CLI",
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let job = result(&out);
+    assert_eq!(job["selected"]["how"], "classifier");
+    let tree = job["tree"].as_array().unwrap();
+    assert_eq!((tree.len(), &tree[1]["scenario_id"]), (2, &json!("code_build")));
+    assert_eq!(tree[1]["status"], "completed");
+    assert!(job["tree_totals"]["cost_usd"].as_f64().unwrap() > 0.0);
+    // The program the model wrote through the tools, built by the real interpreter in the
+    // jail, runs.
+    let workspace = dir.join("workspaces").join(tree[1]["run_id"].as_str().unwrap());
+    let ran = Command::new("python3")
+        .args(["-m", "greet", "Ada"])
+        .current_dir(&workspace)
+        .output()
+        .unwrap();
+    assert_eq!(text(&ran.stdout), "Hello, Ada!\n", "{}", text(&ran.stderr));
+    let events = tree_events(&db, job["run_id"].as_str().unwrap());
+    let verified = events.iter().find(|e| e["kind"] == "verifier_finished").unwrap();
+    assert_eq!(verified["data"]["passed"], true, "{verified}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
