@@ -304,17 +304,18 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         }
         let loaded =
             Registry::load(&[&dir]).map_err(|e| anyhow::anyhow!("{}", e.diagnostics.render()))?;
-        Some(Arc::new(Jobs {
-            registry: Arc::new(loaded.registry),
-            selection: baton_engine::job::Selection {
-                default: "c1".to_owned(),
-                fallback: "c3".to_owned(),
-                classifier: "c1".to_owned(),
-                classify_kinds: Vec::new(),
-            },
-            scenarios_dir: dir,
-            settle_timeout: Duration::from_secs(15),
-        }))
+        let selection = baton_engine::job::Selection {
+            default: "c1".to_owned(),
+            fallback: "c3".to_owned(),
+            classifier: "c1".to_owned(),
+            classify_kinds: Vec::new(),
+        };
+        Some(Arc::new(Jobs::new(
+            Arc::new(loaded.registry),
+            selection,
+            dir,
+            Duration::from_secs(15),
+        )))
     } else {
         None
     };

@@ -407,16 +407,32 @@ fn jobs(
     place: &Place,
     registry: Arc<Registry>,
     settle_timeout_s: Option<f64>,
-) -> anyhow::Result<Arc<Jobs>> {
+) -> anyhow::Result<Jobs> {
     let (selection, configured) = job_settings(place)?;
     let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s.or(configured))
         .map_err(|e| anyhow::anyhow!("--settle-timeout-s: {e}"))?;
-    Ok(Arc::new(Jobs {
-        registry,
-        selection,
-        scenarios_dir: place.scenarios.clone(),
-        settle_timeout,
-    }))
+    Ok(Jobs::new(registry, selection, place.scenarios.clone(), settle_timeout))
+}
+
+/// [`jobs`] that reload the scenarios directory when its files change (a job may run for
+/// long, and chain late), merging the tenant's overrides over each load.
+async fn reloading_jobs(
+    place: &Place,
+    store: &dyn EventStore,
+    registry: Arc<Registry>,
+    settle_timeout_s: Option<f64>,
+    tenant: Option<&str>,
+) -> anyhow::Result<Arc<Jobs>> {
+    let jobs = jobs(place, registry, settle_timeout_s)?;
+    let Ok((handle, _)) = baton_scenario::RegistryHandle::open(vec![place.scenarios.clone()])
+    else {
+        return Ok(Arc::new(jobs));
+    };
+    let overrides = match tenant {
+        Some(t) => Some((t.to_owned(), crate::cmd_tenant::stored(store, t).await?)),
+        None => None,
+    };
+    Ok(Arc::new(jobs.reloading(handle, overrides)))
 }
 
 pub(crate) fn registry(place: &Place) -> anyhow::Result<Registry> {
@@ -624,7 +640,14 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     {
         return existing_run(place, store, &existing.run_id, key, args.json).await;
     }
-    let jobs = jobs(place, Arc::clone(&registry), args.settle_timeout_s)?;
+    let jobs = reloading_jobs(
+        place,
+        store.as_ref(),
+        Arc::clone(&registry),
+        args.settle_timeout_s,
+        args.tenant.as_deref(),
+    )
+    .await?;
     let engine = engine(
         store,
         model,
@@ -750,7 +773,14 @@ pub(crate) async fn resume(
     let model =
         recorded_model(root_state.model_source.as_deref(), script, place.config.as_deref())?;
     let registry = Arc::new(registry);
-    let jobs = jobs(place, Arc::clone(&registry), None)?;
+    let jobs = reloading_jobs(
+        place,
+        store.as_ref(),
+        Arc::clone(&registry),
+        None,
+        root_state.tenant.as_deref(),
+    )
+    .await?;
     let engine = engine(
         store,
         model,
@@ -1307,7 +1337,7 @@ pub(crate) async fn cancel(
         workspace_setup(place, None, None),
         redactor(place),
         jail(place),
-        jobs(place, Arc::new(Registry::default()), None).ok(),
+        jobs(place, Arc::new(Registry::default()), None).ok().map(Arc::new),
     );
     let Some(record) = store.run(run_id).await? else {
         bail!("no run {run_id} in {}", place.db.display());

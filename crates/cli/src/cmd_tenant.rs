@@ -51,6 +51,11 @@ fn as_overrides(stored: &[TenantOverride]) -> Vec<Override> {
         .collect()
 }
 
+/// The tenant's stored overrides, as the loader takes them.
+pub(crate) async fn stored(store: &dyn EventStore, tenant: &str) -> anyhow::Result<Vec<Override>> {
+    Ok(as_overrides(&store.tenant_overrides(Some(tenant)).await?))
+}
+
 /// `base` with the tenant's stored overrides merged over it: the scenarios a run of the
 /// tenant sees. An override that no longer loads over the current files is an error that
 /// says which and how to fix it.
@@ -59,11 +64,11 @@ pub(crate) async fn merged(
     base: Registry,
     tenant: &str,
 ) -> anyhow::Result<Registry> {
-    let stored = store.tenant_overrides(Some(tenant)).await?;
+    let stored = stored(store, tenant).await?;
     if stored.is_empty() {
         return Ok(base);
     }
-    match base.with_overrides(tenant, &as_overrides(&stored)) {
+    match base.with_overrides(tenant, &stored) {
         Ok(loaded) => Ok(loaded.registry),
         Err(e) => {
             eprint!("{}", e.diagnostics.render());

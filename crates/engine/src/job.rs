@@ -75,12 +75,88 @@ pub struct JobRequest {
 /// waits for its children.
 #[derive(Debug)]
 pub struct Jobs {
-    pub registry: Arc<Registry>,
+    registry: std::sync::RwLock<Arc<Registry>>,
+    /// Reloads the scenarios when their files change, for a process that lives longer
+    /// than the files stay as they are; none keeps the registry it was given.
+    reload: Option<Reload>,
     pub selection: Selection,
     /// The scenarios directory, where a stored version finds its seed directory.
     pub scenarios_dir: PathBuf,
     /// How long the end of a parent waits for its cancelled children to settle.
     pub settle_timeout: Duration,
+}
+
+/// How [`Jobs`] reloads: the directory's handle, and the tenant's overrides to merge over
+/// what it loads.
+#[derive(Debug)]
+struct Reload {
+    handle: baton_scenario::RegistryHandle,
+    tenant: Option<(String, Vec<baton_scenario::registry::Override>)>,
+}
+
+/// Longest text of a reload's diagnostics kept in the warning that records them.
+const RELOAD_DIAGNOSTICS_BYTES_MAX: usize = 8 * 1024;
+
+impl Jobs {
+    /// Jobs over `registry`, which stays as it is.
+    pub fn new(
+        registry: Arc<Registry>,
+        selection: Selection,
+        scenarios_dir: PathBuf,
+        settle_timeout: Duration,
+    ) -> Self {
+        Jobs {
+            registry: std::sync::RwLock::new(registry),
+            reload: None,
+            selection,
+            scenarios_dir,
+            settle_timeout,
+        }
+    }
+
+    /// Reloads the scenarios through `handle` when their files change (merging a tenant's
+    /// overrides over them), keeping the last registry that loaded.
+    #[must_use]
+    pub fn reloading(
+        mut self,
+        handle: baton_scenario::RegistryHandle,
+        tenant: Option<(String, Vec<baton_scenario::registry::Override>)>,
+    ) -> Self {
+        self.reload = Some(Reload { handle, tenant });
+        self
+    }
+
+    /// The scenarios as of now.
+    pub fn registry(&self) -> Arc<Registry> {
+        match self.registry.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Reloads when a file changed: `None` when nothing did (or nothing reloads), else the
+    /// diagnostics of the new load — `Ok` when it replaced the registry (its warnings), `Err`
+    /// when it did not load and the last good one stays.
+    pub fn refresh(&self) -> Option<Result<String, String>> {
+        let reload = self.reload.as_ref()?;
+        let loaded = match reload.handle.refresh_if_changed()? {
+            Ok(warnings) => warnings,
+            Err(e) => return Some(Err(e.diagnostics.render())),
+        };
+        let fresh = reload.handle.current();
+        let merged = match &reload.tenant {
+            None => fresh,
+            Some((tenant, overrides)) => match fresh.with_overrides(tenant, overrides) {
+                Ok(l) => Arc::new(l.registry),
+                Err(e) => return Some(Err(e.diagnostics.render())),
+            },
+        };
+        match self.registry.write() {
+            Ok(mut g) => *g = merged,
+            Err(poisoned) => *poisoned.into_inner() = merged,
+        }
+        Some(Ok(loaded.render()))
+    }
 }
 
 /// Checks a settle timeout given in seconds: more than zero, at most
@@ -192,6 +268,18 @@ pub fn chain_target(
     }
 }
 
+/// `text` cut to [`RELOAD_DIAGNOSTICS_BYTES_MAX`] bytes, at a character's edge.
+fn cut(text: &str) -> String {
+    if text.len() <= RELOAD_DIAGNOSTICS_BYTES_MAX {
+        return text.to_owned();
+    }
+    let mut end = RELOAD_DIAGNOSTICS_BYTES_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes)", &text[..end], text.len() - end)
+}
+
 fn known(registry: &Registry) -> String {
     let ids: Vec<&str> = registry.scenarios().map(|s| s.id.as_str()).collect();
     ids.join(", ")
@@ -277,9 +365,30 @@ impl Engine {
             );
             return Ok(self.end_unchained(state, message));
         };
-        let (target, warning) = match chain_target(&jobs.registry, &jobs.selection, route) {
+        // A process that lives long sees the scenarios as they are when it chains, and
+        // records what a reload found.
+        let mut events = Vec::new();
+        let reloaded = match jobs.refresh() {
+            Some(Err(diagnostics)) => Some(format!(
+                "the scenarios changed on disk and do not load; the chain uses them as they were before:\n{}",
+                cut(&diagnostics)
+            )),
+            Some(Ok(warnings)) if !warnings.trim().is_empty() => Some(format!(
+                "the scenarios changed on disk and were reloaded, with warnings:\n{}",
+                cut(&warnings)
+            )),
+            _ => None,
+        };
+        if let Some(message) = reloaded {
+            events.push(NewEvent::run(EventData::Warning(crate::event::Warning { message })));
+        }
+        let registry = jobs.registry();
+        let (target, warning) = match chain_target(&registry, &jobs.selection, route) {
             Ok(found) => found,
-            Err(message) => return Ok(self.end_unchained(state, message)),
+            Err(message) => {
+                events.extend(self.end_unchained(state, message));
+                return Ok(events);
+            }
         };
         self.keep_texts(&target).await?;
         let depth = state.depth() + 1;
@@ -292,7 +401,7 @@ impl Engine {
         let mut metadata = state.metadata.clone();
         metadata.insert("chained_from".to_owned(), Value::String(state.scenario_id.clone()));
         metadata.insert("chosen_intent_route".to_owned(), Value::String(route.to_owned()));
-        Ok(vec![
+        events.extend([
             NewEvent::run(EventData::ScenarioChained(ScenarioChained {
                 from: state.scenario_id.clone(),
                 to: target.id.clone(),
@@ -312,7 +421,8 @@ impl Engine {
                 budget: caps(&target, slice),
                 depth,
             })),
-        ])
+        ]);
+        Ok(events)
     }
 
     /// The end of a run whose chain cannot be made: its own result, with why.
@@ -338,10 +448,10 @@ impl Engine {
         run_id: &str,
     ) -> Result<Arc<Scenario>, Error> {
         let jobs = self.jobs();
-        if let Some(s) = jobs.and_then(|j| j.registry.get(&state.scenario_id))
+        if let Some(s) = jobs.and_then(|j| j.registry().get(&state.scenario_id).cloned())
             && s.checksum == state.checksum
         {
-            return Ok(Arc::clone(s));
+            return Ok(s);
         }
         let refused = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
         let Some(texts) = self.kept_texts(&state.checksum).await? else {
@@ -489,6 +599,12 @@ impl Engine {
                     .parent
                     .as_ref()
                     .map_or_else(|| parent_run_id.to_owned(), |p| p.root_run_id.clone());
+                // A chain starts from the level whose output named the route.
+                let level_id = parent
+                    .chained
+                    .as_ref()
+                    .filter(|ch| c.link == CHAIN_LINK && !ch.level_id.is_empty())
+                    .map(|ch| ch.level_id.clone());
                 let start = Start {
                     input: c.input.clone(),
                     metadata: c.metadata.clone(),
@@ -499,7 +615,7 @@ impl Engine {
                     parent: Some(ParentLink {
                         parent_run_id: parent_run_id.to_owned(),
                         root_run_id: root,
-                        level_id: None,
+                        level_id,
                         link: c.link.clone(),
                         depth: c.depth,
                     }),

@@ -971,3 +971,66 @@ fn a_task_job_against_a_local_server_goes_classifier_chain_code_build_and_comple
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_chain_made_after_the_scenarios_changed_uses_them_and_a_broken_change_keeps_the_old() {
+    for broken in [false, true] {
+        let dir = scratch(&format!("tree-reload-{broken}"));
+        let db = dir.join("runs.db");
+        let config = hop_scenarios(&dir);
+        let script = dir.join("slow.yaml");
+        std::fs::write(
+            &script,
+            "scenarios:\n  hop:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"echo\"}', delay_ms: 1500}]\n  echo:\n    levels:\n      say: [{text: 'echoed'}]\n",
+        )
+        .unwrap();
+        let job = baton_in(&dir, &db)
+            .arg("--config")
+            .arg(&config)
+            .args(["run", "hop", "--input", "x", "--script", script.to_str().unwrap(), "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !db.exists() || roots(&db).is_empty() {
+            assert!(Instant::now() < deadline, "the job never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // While the first run works, the files change.
+        if broken {
+            std::fs::write(dir.join("scenarios/broken.yaml"), "id: broken\nversion: one\n")
+                .unwrap();
+        } else {
+            let echo = std::fs::read_to_string(dir.join("scenarios/echo.yaml")).unwrap();
+            std::fs::write(dir.join("scenarios/echo.yaml"), echo.replace("Say ", "Say v2 "))
+                .unwrap();
+        }
+        let out = job.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+        let root = result(&out)["run_id"].as_str().unwrap().to_owned();
+        let events = tree_events(&db, &root);
+        let prompt = events
+            .iter()
+            .find(|e| e["kind"] == "prompt_sent" && e["run_id"] != root.as_str())
+            .unwrap();
+        let warnings: Vec<&str> = events
+            .iter()
+            .filter(|e| e["kind"] == "warning" && e["run_id"] == root.as_str())
+            .map(|e| e["data"]["message"].as_str().unwrap())
+            .collect();
+        if broken {
+            assert_eq!(prompt["data"]["prompt"], "Say x", "the last scenarios that loaded");
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            assert!(
+                warnings[0].contains("do not load") && warnings[0].contains("broken.yaml:2"),
+                "{}",
+                warnings[0]
+            );
+        } else {
+            assert_eq!(prompt["data"]["prompt"], "Say v2 x", "the scenarios as they are now");
+            assert!(warnings.is_empty(), "{warnings:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -57,12 +57,12 @@ fn engine_with_jobs(store: Arc<dyn EventStore>, script_yaml: &str) -> Engine {
         store,
         Arc::new(Runtime {
             jail: Arc::new(baton_jail::Jail::off()),
-            jobs: Some(Arc::new(Jobs {
-                registry: registry(),
-                selection: selection(),
-                scenarios_dir: PathBuf::from("."),
-                settle_timeout: std::time::Duration::from_secs(5),
-            })),
+            jobs: Some(Arc::new(Jobs::new(
+                registry(),
+                selection(),
+                PathBuf::from("."),
+                std::time::Duration::from_secs(5),
+            ))),
             model: Arc::new(script(script_yaml)),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),
