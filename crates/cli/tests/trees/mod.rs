@@ -36,6 +36,13 @@ fn kinds_of(events: &[Value]) -> Vec<String> {
     events.iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
 }
 
+/// `baton run --kind task --input INPUT --script SCRIPT [EXTRA…]` on `db`.
+fn task_job(db: &Path, input: &str, script: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["run", "--kind", "task", "--input", input, "--script", script];
+    args.extend_from_slice(extra);
+    baton_db(db, &args)
+}
+
 /// The job's result (`run --json`).
 fn result(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout)
@@ -46,17 +53,11 @@ fn result(out: &Output) -> Value {
 fn a_task_job_goes_through_the_classifier_and_chains_to_the_scenario_it_chose() {
     let dir = scratch("tree-task");
     let db = dir.join("runs.db");
-    let out = baton_db(
+    let out = task_job(
         &db,
-        &[
-            "run",
-            "--kind",
-            "task",
-            "--input",
-            "What is the capital of France?",
-            "--script",
-            "scenarios/scripts/intent_classifier.yaml",
-        ],
+        "What is the capital of France?",
+        "scenarios/scripts/intent_classifier.yaml",
+        &[],
     );
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
@@ -116,19 +117,7 @@ fn a_classified_task_chains_into_code_build_which_writes_and_builds_its_program(
         ),
     )
     .unwrap();
-    let out = baton_db(
-        &db,
-        &[
-            "run",
-            "--kind",
-            "task",
-            "--input",
-            "a greet CLI",
-            "--script",
-            script.to_str().unwrap(),
-            "--json",
-        ],
-    );
+    let out = task_job(&db, "a greet CLI", script.to_str().unwrap(), &["--json"]);
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
     let job = result(&out);
     assert_eq!(job["scenario_id"], "intent_classifier");
@@ -154,18 +143,8 @@ fn a_classified_task_chains_into_code_build_which_writes_and_builds_its_program(
 fn an_unsure_classifier_asks_and_takes_only_an_offered_route() {
     let dir = scratch("tree-unsure");
     let db = dir.join("runs.db");
-    let out = baton_db(
-        &db,
-        &[
-            "run",
-            "--kind",
-            "task",
-            "--input",
-            "Plan the migration",
-            "--script",
-            "scenarios/scripts/intent_classifier_unsure.yaml",
-        ],
-    );
+    let out =
+        task_job(&db, "Plan the migration", "scenarios/scripts/intent_classifier_unsure.yaml", &[]);
     assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
     let root = roots(&db).pop().unwrap();
     // An answer that is not one of the routes offered is refused, and nothing is written.
@@ -705,20 +684,11 @@ fn the_job_cap_binds_the_whole_tree() {
     let db = dir.join("runs.db");
     // The classifier costs nothing here; quick_qa's answer costs $0.0001, past what the
     // job left it.
-    let out = baton_db(
+    let out = task_job(
         &db,
-        &[
-            "run",
-            "--kind",
-            "task",
-            "--max-cost-usd",
-            "0.00005",
-            "--input",
-            "x",
-            "--script",
-            "scenarios/scripts/intent_classifier.yaml",
-            "--json",
-        ],
+        "x",
+        "scenarios/scripts/intent_classifier.yaml",
+        &["--max-cost-usd", "0.00005", "--json"],
     );
     assert_eq!(out.status.code(), Some(4), "{}{}", text(&out.stdout), text(&out.stderr));
     let job = result(&out);
@@ -730,18 +700,7 @@ fn the_job_cap_binds_the_whole_tree() {
     assert_eq!(exceeded["data"]["refused_before_call"], true);
     assert_eq!(job["status"], "aborted");
     // Without the job's cap, the classifier's own small budget does not bind quick_qa.
-    let free = baton_db(
-        &db,
-        &[
-            "run",
-            "--kind",
-            "task",
-            "--input",
-            "x",
-            "--script",
-            "scenarios/scripts/intent_classifier.yaml",
-        ],
-    );
+    let free = task_job(&db, "x", "scenarios/scripts/intent_classifier.yaml", &[]);
     assert_eq!(free.status.code(), Some(0));
     assert!(
         baton_db(&db, &["run", "--max-cost-usd=-1", "--input", "x"]).status.code() == Some(1),

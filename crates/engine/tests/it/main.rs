@@ -166,11 +166,20 @@ pub fn engine(model: impl ModelProvider + 'static) -> Engine {
 
 /// An engine over a given store.
 pub fn engine_on(store: Arc<dyn EventStore>, model: impl ModelProvider + 'static) -> Engine {
+    engine_with_jobs(store, model, None)
+}
+
+/// An engine over a given store that starts child runs with `jobs`.
+pub fn engine_with_jobs(
+    store: Arc<dyn EventStore>,
+    model: impl ModelProvider + 'static,
+    jobs: Option<Arc<baton_engine::job::Jobs>>,
+) -> Engine {
     Engine::new(
         store,
         Arc::new(Runtime {
             jail: std::sync::Arc::new(baton_jail::Jail::off()),
-            jobs: None,
+            jobs,
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),

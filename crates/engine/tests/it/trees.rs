@@ -4,14 +4,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use baton_engine::event::{Event, EventData};
 use baton_engine::job::{self, JobRequest, Jobs, Selection, Start};
 use baton_engine::model::BoxFuture;
-use baton_engine::runner::Runtime;
 use baton_engine::store::{self, EventStore, MemoryStore, RunRecord};
-use baton_engine::verifier::Verifiers;
-use baton_engine::{Engine, Outcome, Status, clock::SystemClock};
+use baton_engine::{Engine, Outcome, Status};
 use baton_scenario::Registry;
 use chrono::{DateTime, Utc};
 
@@ -53,25 +52,8 @@ fn selection() -> Selection {
 }
 
 fn engine_with_jobs(store: Arc<dyn EventStore>, script_yaml: &str) -> Engine {
-    Engine::new(
-        store,
-        Arc::new(Runtime {
-            jail: Arc::new(baton_jail::Jail::off()),
-            jobs: Some(Arc::new(Jobs::new(
-                registry(),
-                selection(),
-                PathBuf::from("."),
-                std::time::Duration::from_secs(5),
-            ))),
-            model: Arc::new(script(script_yaml)),
-            verifiers: Verifiers::builtin(),
-            workspace: PathBuf::from("."),
-            workspaces: None,
-            catalog: Arc::new(serde_json::Value::Array(Vec::new())),
-            redactor: baton_engine::redact::Redactor::default(),
-        }),
-        Arc::new(SystemClock),
-    )
+    let jobs = Jobs::new(registry(), selection(), PathBuf::from("."), Duration::from_secs(5));
+    crate::engine_with_jobs(store, script(script_yaml), Some(Arc::new(jobs)))
 }
 
 const CHAIN: &str = "scenarios:\n  ask:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"relaying\"}'}]\n  relay:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"qa\"}'}]\n  answer:\n    levels:\n      say: [{text: 'the answer', cost_usd: 0.25}]\n";
