@@ -205,3 +205,80 @@ async fn an_engine_without_jobs_ends_a_run_that_names_a_route_with_its_own_resul
     ));
     assert!(!log.iter().any(|ev| matches!(ev.data, EventData::ChildRunStarted(_))));
 }
+
+/// Answers `answer`'s level after 30 s: a child that runs until it is stopped.
+const SLOW: &str =
+    "scenarios:\n  answer:\n    levels:\n      say: [{text: 'late', delay_ms: 30000}]\n";
+
+#[tokio::test]
+async fn cancelling_a_parent_with_two_running_children_settles_both_within_the_timeout() {
+    let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let e = engine_with_jobs(Arc::clone(&store), CHAIN);
+    let r = registry();
+    let answer = Arc::clone(r.get("answer").unwrap());
+    e.keep_texts(&answer).await.unwrap();
+    // A parent whose log started two children, each driven by a driver of its own.
+    let root = e.start(r.get("ask").unwrap(), "x", serde_json::Map::new()).await.unwrap();
+    let mut started = Vec::new();
+    for (n, link) in ["a", "b"].into_iter().enumerate() {
+        let child = job::child_run_id(&root, link);
+        let event = baton_engine::event::NewEvent::run(EventData::ChildRunStarted(
+            baton_engine::event::ChildRunStarted {
+                child_run_id: child.clone(),
+                link: link.to_owned(),
+                scenario_id: answer.id.clone(),
+                scenario_version: answer.version,
+                checksum: answer.checksum.clone(),
+                input: "x".to_owned(),
+                metadata: serde_json::Map::new(),
+                budget: job::caps(&answer, None),
+                depth: 1,
+            },
+        ))
+        .at(2 + n as u64, Utc::now());
+        store.append(&root, 2 + n as u64, vec![event], "waiting").await.unwrap();
+        let driver = engine_with_jobs(Arc::clone(&store), SLOW);
+        let (scenario, root) = (Arc::clone(&answer), root.clone());
+        let start = Start {
+            input: "x".to_owned(),
+            budget: Some(job::caps(&answer, None)),
+            parent: Some(baton_engine::event::ParentLink {
+                parent_run_id: root.clone(),
+                root_run_id: root,
+                level_id: None,
+                link: link.to_owned(),
+                depth: 1,
+            }),
+            ..Start::default()
+        };
+        started.push((
+            child.clone(),
+            tokio::spawn(async move { driver.run_job(&child, &scenario, start).await }),
+        ));
+    }
+    // Both children exist and are being driven.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for (child, _) in &started {
+        while store.run(child).await.unwrap().is_none() || !store.is_held(child).await.unwrap() {
+            assert!(tokio::time::Instant::now() < deadline, "child {child} never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let asked = std::time::Instant::now();
+    e.cancel_tree(&root, Some("ops".to_owned()), None).await.unwrap();
+    let ended = e.end_cancelled_tree(&root).await.unwrap();
+    assert_eq!(ended, Outcome::Finished(Status::Cancelled));
+    assert!(asked.elapsed() < Duration::from_secs(5), "took {:?}", asked.elapsed());
+    for (child, task) in started {
+        assert_eq!(task.await.unwrap().unwrap(), Outcome::Finished(Status::Cancelled), "{child}");
+    }
+    let log = store.load(&root, 0).await.unwrap();
+    let settled: Vec<_> = log
+        .iter()
+        .filter_map(|ev| match &ev.data {
+            EventData::ChildRunSettled(c) => Some(c.status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(settled, [baton_engine::event::FinalStatus::Cancelled; 2]);
+}
