@@ -1,0 +1,177 @@
+//! The model calls of one attempt: each reserved against the budget before it is made,
+//! recorded with its routing, retries, failovers and stop reason.
+
+use super::*;
+
+/// The model calls of one attempt, with their running cost.
+pub(crate) struct Calls<'a> {
+    pub(crate) run: &'a LevelRun,
+    pub(super) call_index: u32,
+    pub(crate) call: u32,
+    pub(crate) cost_usd: f64,
+    pub(crate) tokens: u64,
+}
+
+impl Calls<'_> {
+    pub(super) async fn call(
+        &mut self,
+        events: &mut Vec<NewEvent>,
+        template: &str,
+        prompt: &str,
+        json: bool,
+    ) -> Result<String, Stop> {
+        let level = &self.run.scenario.levels[self.run.level];
+        // The level's own answer carries its schema; a judge's answer has its own shape.
+        let schema = match &level.kind {
+            LevelKind::Prompt { response: Response::Json { schema: Some(s) }, .. }
+                if json && !template.starts_with("judge:") =>
+            {
+                Some(s.value().clone())
+            }
+            _ => None,
+        };
+        let request = ModelRequest {
+            scenario_id: self.run.scenario.id.clone(),
+            level_id: level.id.clone(),
+            call_index: self.call_index,
+            system: None,
+            prompt: prompt.to_owned(),
+            json,
+            schema,
+            max_tokens: limits::MAX_TOKENS_DEFAULT,
+            constraint: level.model.clone(),
+            turns: Vec::new(),
+            tools: Vec::new(),
+            deadline: None,
+        };
+        Ok(self.send(events, template, request, true).await?.text)
+    }
+
+    /// Counts a call that failed without an answer, so the next one gets the next index.
+    pub(crate) fn skip(&mut self) {
+        self.call_index += 1;
+    }
+
+    /// Reserves the call's worst case against the cost cap, with what the step's other calls
+    /// (a fan-out's other children included) spent and hold; a call that would cross it is
+    /// refused before it is made, recorded as `budget_exceeded`.
+    pub(super) fn reserve(
+        &self,
+        events: &mut Vec<NewEvent>,
+        request: &ModelRequest,
+    ) -> Result<Option<Reservation>, Stop> {
+        let state = &self.run.state;
+        let Some(max) = state.budget.max_cost_usd else { return Ok(None) };
+        let worst = self.run.runtime.model.worst_case_cost_usd(request);
+        match self.run.reservations.reserve(state.totals.cost_usd, worst, max) {
+            Ok(reservation) => Ok(Some(reservation)),
+            Err(reached) => {
+                events.push(self.run.event(EventData::BudgetExceeded(BudgetExceeded {
+                    limit_kind: "cost".to_owned(),
+                    limit_value: max,
+                    observed_value: reached,
+                    refused_before_call: true,
+                })));
+                Err(Stop::Halted)
+            }
+        }
+    }
+
+    /// Makes one model call: refuses it when its worst case would cross the cost cap,
+    /// records the prompt (when `record_prompt`), the routing and the answer, and counts
+    /// its cost. The answer's text is cut at the size limit.
+    pub(crate) async fn send(
+        &mut self,
+        events: &mut Vec<NewEvent>,
+        template: &str,
+        mut request: ModelRequest,
+        record_prompt: bool,
+    ) -> Result<ModelReply, Stop> {
+        request.call_index = self.call_index;
+        let reservation = self.reserve(events, &request)?;
+        if record_prompt {
+            events.push(self.run.event(EventData::PromptSent(PromptSent {
+                template: template.to_owned(),
+                system: request.system.clone(),
+                prompt: request.prompt.clone(),
+                call: self.call,
+            })));
+        }
+        request.deadline = self.run.deadline;
+        let result = self.run.runtime.model.call(&request, &self.run.cancel).await;
+        // Every HTTP-level retry the client made is recorded, whatever the call's outcome,
+        // and so is what a call cut short spent.
+        let progress = self.run.cancel.progress();
+        let redactor = &self.run.runtime.redactor;
+        for mut retry in progress.take_retries(&request.level_id, request.call_index) {
+            redactor.redact_in_place(&mut retry.reason);
+            events.push(self.run.event(EventData::ProviderRetry(retry)));
+        }
+        let mut cut_usd = 0.0;
+        for cut in progress.take_cuts(&request.level_id, request.call_index) {
+            self.cost_usd += cut.cost_usd;
+            self.tokens += cut.usage.total();
+            cut_usd += cut.cost_usd;
+            events.push(self.run.event(EventData::ModelCallCut(cut)));
+        }
+        // The reservation shrinks to what the call spent: its answer, or what a cut one cost.
+        if let Some(reservation) = reservation {
+            reservation.settle(result.as_ref().map_or(cut_usd, |reply| reply.cost_usd));
+        }
+        let mut reply = match result {
+            Ok(r) => r,
+            Err(ModelError::Cancelled) => return Err(Stop::Halted),
+            Err(e @ ModelError::Unavailable { .. }) => {
+                return Err(Stop::Interrupted(redactor.redact(&e.to_string()).into_owned()));
+            }
+            Err(e) => return Err(Stop::Failed(redactor.redact(&e.to_string()).into_owned())),
+        };
+        for mut failover in std::mem::take(&mut reply.failovers) {
+            redactor.redact_in_place(&mut failover.reason);
+            events.push(self.run.event(EventData::ProviderFailover(failover)));
+        }
+        if let Some(mut routing) = reply.routing.take() {
+            routing.failovers.iter_mut().for_each(|f| redactor.redact_in_place(f));
+            events.push(self.run.event(EventData::RoutingDecision(routing)));
+        }
+        if reply.text.len() > limits::MODEL_TEXT_BYTES_MAX {
+            let mut cut = limits::MODEL_TEXT_BYTES_MAX;
+            while !reply.text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            reply.text.truncate(cut);
+            reply.text.push_str("\n[answer cut at the size limit]");
+        }
+        crate::tool_loop::cap_tool_calls(&mut reply.tool_calls);
+        events.push(self.run.event(EventData::ModelResponse(ModelResponse {
+            provider: reply.provider.clone(),
+            model: reply.model.clone(),
+            request_hash: request.hash(),
+            call: self.call,
+            text: reply.text.clone(),
+            tool_calls: reply.tool_calls.clone(),
+            usage: reply.usage,
+            cost_usd: reply.cost_usd,
+        })));
+        let call = self.call;
+        self.call += 1;
+        self.call_index += 1;
+        self.cost_usd += reply.cost_usd;
+        self.tokens += reply.usage.total();
+        if let Some(stop_reason) = reply.stop_reason.clone() {
+            events.push(self.run.event(EventData::ModelStopped(ModelStopped {
+                call,
+                stop_reason: stop_reason.clone(),
+            })));
+            // An answer cut at the output limit is never a success, whatever it parses as:
+            // the attempt fails with that reason (and is retried or escalated as any).
+            if stop_reason == STOP_MAX_TOKENS {
+                return Err(Stop::Failed(format!(
+                    "the answer of call {call} was cut at the output limit of {} tokens (stop reason `{STOP_MAX_TOKENS}`); raise the level's `max_tokens` or ask for a shorter answer",
+                    request.max_tokens
+                )));
+            }
+        }
+        Ok(reply)
+    }
+}

@@ -1,0 +1,354 @@
+//! `verifier` levels, and every level's verifiers: run in their mode (serial, parallel,
+//! race), judged by a model for `llm_judge`, their failures turned into feedback.
+
+use super::*;
+
+impl LevelRun {
+    pub(super) async fn verifier_level(&self) -> Vec<NewEvent> {
+        let started = Instant::now();
+        let level = &self.scenario.levels[self.level];
+        let mut events = Vec::new();
+        let mut calls = self.calls();
+        // A verifier level checks the work so far: the workspace, and for judges the output
+        // of the last level that produced one.
+        let last = self.state.last_output.clone().unwrap_or_default();
+        let outcomes = self.verify(&mut calls, last, None, &mut events).await;
+        if let Some(reason) = interrupted_judge(&outcomes) {
+            return Stop::Interrupted(reason).finish(self, &mut events, started);
+        }
+        let failed = failures(&level.verifiers, &outcomes);
+        let passed_names: Vec<&str> =
+            outcomes.iter().filter(|o| o.passed).map(|o| o.name.as_str()).collect();
+        let summary = if failed.is_empty() {
+            format!("all {} verifiers passed ({})", outcomes.len(), passed_names.join(", "))
+        } else {
+            let names: Vec<&str> = failed.iter().map(|(s, _)| s.name.as_str()).collect();
+            format!(
+                "{} of {} verifiers failed ({})",
+                failed.len(),
+                outcomes.len(),
+                names.join(", ")
+            )
+        };
+        let mut scratchpad = Map::new();
+        scratchpad.insert("build_result_summary".to_owned(), Value::String(summary.clone()));
+        // The level's output is what later levels read of the check: the summary, and on
+        // failure every failed verifier's reasons.
+        let mut output = summary;
+        let verdict = if failed.is_empty() {
+            scratchpad.insert("build_feedback".to_owned(), Value::Null);
+            "PASS"
+        } else {
+            let feedback = feedback_text(&failed);
+            output = format!("{output}\n{feedback}");
+            scratchpad.insert("build_feedback".to_owned(), Value::String(feedback));
+            "FAIL"
+        };
+        events.push(self.event(EventData::LevelFinished(LevelFinished {
+            ok: true,
+            skipped: false,
+            verdict: Some(verdict.to_owned()),
+            output,
+            parsed: None,
+            confidence: None,
+            scratchpad,
+            conflict: (verdict == "FAIL").then(|| format!("verify:{}", level.id)),
+            error: None,
+            cost_usd: calls.cost_usd,
+            tokens: calls.tokens,
+            duration_ms: elapsed_ms(started),
+            terminal: level.terminal,
+            touched_paths: Vec::new(),
+            snapshot: None,
+        })));
+        events
+    }
+}
+
+/// The verifiers that failed and count (those not set to `on_fail: ignore`).
+pub(super) fn failures<'a>(
+    specs: &'a [VerifierSpec],
+    outcomes: &'a [VerifierFinished],
+) -> Vec<(&'a VerifierSpec, &'a VerifierFinished)> {
+    specs
+        .iter()
+        .zip(outcomes)
+        .filter(|(spec, o)| !o.passed && spec.on_fail != OnFail::Ignore && !lost_race(o))
+        .collect()
+}
+
+pub(super) fn feedback_text(failed: &[(&VerifierSpec, &VerifierFinished)]) -> String {
+    let mut out = String::new();
+    for (spec, outcome) in failed {
+        out.push_str(&format!(
+            "- {} ({}): {}\n",
+            spec.name,
+            spec.uses.as_str(),
+            outcome.reasons.join("; ")
+        ));
+        // The program's complaint: its stderr, or its stdout when it wrote nothing else
+        // (compilers such as Python's compileall report errors there).
+        let output = |key: &str| {
+            outcome.details.get(key).and_then(Value::as_str).filter(|t| !t.trim().is_empty())
+        };
+        let complaint = output("stderr_tail")
+            .map(|t| ("stderr", t))
+            .or_else(|| output("stdout_tail").map(|t| ("stdout", t)));
+        if let Some((stream, tail)) = complaint {
+            out.push_str(&format!(
+                "  {stream} (tail):\n{}\n",
+                verifier::tail(tail, limits::FEEDBACK_TAIL_BYTES)
+            ));
+        }
+    }
+    out
+}
+
+/// Runs a level's verifiers in its mode; outcomes come back in declared order.
+pub(super) async fn run_verifiers(
+    run: &LevelRun,
+    calls: &mut Calls<'_>,
+    specs: &[VerifierSpec],
+    mode: Mode,
+    run_all: bool,
+    ctx: &VerifyContext,
+    events: &mut Vec<NewEvent>,
+) -> Vec<VerifierFinished> {
+    let mut outcomes = Vec::with_capacity(specs.len());
+    for spec in specs {
+        events.push(run.event(EventData::VerifierStarted(VerifierStarted {
+            name: spec.name.clone(),
+            uses: spec.uses.as_str().to_owned(),
+        })));
+    }
+    match mode {
+        Mode::Serial => {
+            let mut stopped = false;
+            for spec in specs {
+                let outcome = if stopped {
+                    verifier::unavailable(spec, "not run: an earlier verifier failed (serial mode)")
+                } else if spec.uses == Uses::LlmJudge {
+                    judge(calls, spec, ctx, events).await
+                } else {
+                    verify_one(run, spec, ctx, &run.cancel).await
+                };
+                if !outcome.passed && !run_all && spec.on_fail != OnFail::Ignore {
+                    stopped = true;
+                }
+                outcomes.push(outcome);
+            }
+        }
+        Mode::Parallel | Mode::Race => {
+            // Judges are model calls recorded in this step's events: they run one after
+            // another, in declared order; the other verifiers run all at once.
+            let others: Vec<&VerifierSpec> =
+                specs.iter().filter(|s| s.uses != Uses::LlmJudge).collect();
+            let mut done = if mode == Mode::Race {
+                race(run, &others, ctx).await.into_iter()
+            } else {
+                let futures: Vec<_> =
+                    others.iter().map(|spec| verify_one(run, spec, ctx, &run.cancel)).collect();
+                join_limited(futures, others.len()).await.into_iter()
+            };
+            let mut slots = Vec::with_capacity(specs.len());
+            for spec in specs {
+                if spec.uses == Uses::LlmJudge {
+                    slots.push(judge(calls, spec, ctx, events).await);
+                } else {
+                    slots.push(done.next().unwrap_or_else(|| {
+                        verifier::unavailable(spec, "the verifier did not run")
+                    }));
+                }
+            }
+            outcomes = slots;
+        }
+    }
+    // What a verifier saw is outside text (a program's output, an MCP result): secrets
+    // go before it is recorded or fed back to a model.
+    for outcome in &mut outcomes {
+        run.runtime.redactor.redact_outcome(outcome);
+        events.push(run.event(EventData::VerifierFinished(outcome.clone())));
+    }
+    outcomes
+}
+
+/// Runs verifiers at once until the first conclusive outcome (a check that ran, passed or
+/// not); the others are cancelled then (their processes killed) and reported as not
+/// needed. A cancel of the step cancels them all.
+async fn race(
+    run: &LevelRun,
+    specs: &[&VerifierSpec],
+    ctx: &VerifyContext,
+) -> Vec<VerifierFinished> {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
+    let race = CancelToken::new();
+    let mut pending: Vec<Option<Pin<Box<dyn Future<Output = VerifierFinished> + Send + '_>>>> =
+        specs.iter().map(|spec| Some(Box::pin(verify_one(run, spec, ctx, &race)) as _)).collect();
+    let mut results: Vec<Option<VerifierFinished>> = vec![None; specs.len()];
+    let mut winner: Option<usize> = None;
+    let outer = run.cancel.cancelled();
+    tokio::pin!(outer);
+    let mut outer_done = false;
+    std::future::poll_fn(|cx| {
+        if !outer_done && outer.as_mut().poll(cx).is_ready() {
+            outer_done = true;
+            race.cancel();
+        }
+        for (i, slot) in pending.iter_mut().enumerate() {
+            let Some(future) = slot else { continue };
+            if let Poll::Ready(outcome) = future.as_mut().poll(cx) {
+                *slot = None;
+                if winner.is_none() && !race.is_cancelled() && outcome.score.is_some() {
+                    winner = Some(i);
+                    race.cancel();
+                }
+                results[i] = Some(outcome);
+            }
+        }
+        if pending.iter().all(Option::is_none) { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    let cut_short = winner.is_some() || run.cancel.is_cancelled();
+    specs
+        .iter()
+        .zip(results)
+        .enumerate()
+        .map(|(i, (spec, outcome))| match (outcome, winner) {
+            (Some(o), Some(w)) if i != w && o.score.is_none() && cut_short => {
+                let by = &specs[w].name;
+                let mut lost = verifier::unavailable(
+                    spec,
+                    &format!("not needed: `{by}` settled the race first"),
+                );
+                lost.details = json!({"race_lost_to": by});
+                lost
+            }
+            (Some(o), _) => o,
+            (None, _) => verifier::unavailable(spec, "the verifier did not run"),
+        })
+        .collect()
+}
+
+/// Whether an outcome is a race's loser, cancelled once another verifier settled it.
+fn lost_race(outcome: &VerifierFinished) -> bool {
+    outcome.details.get("race_lost_to").is_some()
+}
+
+/// An `llm_judge`: one model call, recorded in the step's events, that scores the level's
+/// output against each criterion of a rubric; the score is their weighted mean.
+async fn judge(
+    calls: &mut Calls<'_>,
+    spec: &VerifierSpec,
+    ctx: &VerifyContext,
+    events: &mut Vec<NewEvent>,
+) -> VerifierFinished {
+    let started = Instant::now();
+    let Some(rubric) = &spec.rubric else {
+        return verifier::unavailable(spec, "the judge has no rubric");
+    };
+    let mut prompt = format!(
+        "You are a strict reviewer. Score the work below against each criterion, from 0.0 (not met) to 1.0 (fully met).\n\n{}\n\nCriteria:\n",
+        rubric.body
+    );
+    for c in &rubric.criteria {
+        prompt.push_str(&format!("- {} (weight {}): {}\n", c.id, c.weight, c.description));
+    }
+    prompt.push_str(&format!(
+        "\nThe work:\n{}\n\nAnswer with only a JSON object: {{\"scores\": {{\"<criterion>\": <0.0 to 1.0>}}, \"reasons\": {{\"<criterion>\": \"<one sentence>\"}}}}",
+        ctx.output
+    ));
+    let spent = calls.cost_usd;
+    let answer = match calls.call(events, &format!("judge:{}", rubric.id), &prompt, true).await {
+        Ok(text) => text,
+        Err(Stop::Failed(message)) => {
+            return verifier::unavailable(
+                spec,
+                &format!("the judge's model call failed: {message}"),
+            );
+        }
+        // An outage says nothing about the work: the level is interrupted, not failed.
+        Err(Stop::Interrupted(message)) => {
+            let mut outcome = verifier::unavailable(
+                spec,
+                &format!("every model the judge may use is unavailable: {message}"),
+            );
+            outcome.details = json!({ INTERRUPTED_KEY: message });
+            return outcome;
+        }
+        Err(Stop::Halted) => {
+            return verifier::unavailable(
+                spec,
+                "the judge was not called: the budget or a cancel stopped the level",
+            );
+        }
+    };
+    let cost_usd = calls.cost_usd - spent;
+    let duration_ms = elapsed_ms(started);
+    let parsed = verdict::parse_json(&answer);
+    let Some(scores) =
+        parsed.as_ref().and_then(|v| v.get("scores").cloned()).filter(Value::is_object)
+    else {
+        let mut failed =
+            verifier::unavailable(spec, "the judge did not answer with {\"scores\": {…}}");
+        failed.cost_usd = cost_usd;
+        failed.duration_ms = duration_ms;
+        return failed;
+    };
+    let reasons_given =
+        parsed.as_ref().and_then(|v| v.get("reasons").cloned()).unwrap_or(Value::Null);
+    let threshold =
+        spec.params.get("threshold").and_then(Value::as_f64).unwrap_or(rubric.pass_threshold);
+    let (mut weighted, mut weights) = (0.0, 0.0);
+    let mut reasons = Vec::new();
+    let mut per_criterion = Map::new();
+    for c in &rubric.criteria {
+        let score = scores.get(&c.id).and_then(Value::as_f64).map_or(0.0, |s| s.clamp(0.0, 1.0));
+        weighted += c.weight * score;
+        weights += c.weight;
+        per_criterion.insert(c.id.clone(), json!(score));
+        if score < threshold {
+            let why = reasons_given.get(&c.id).and_then(Value::as_str).unwrap_or(
+                if scores.get(&c.id).is_none() { "not scored" } else { "no reason given" },
+            );
+            reasons.push(format!("{} {score:.2}: {why}", c.id));
+        }
+    }
+    let score = if weights > 0.0 { weighted / weights } else { 0.0 };
+    let passed = score >= threshold;
+    VerifierFinished {
+        name: spec.name.clone(),
+        passed,
+        score: Some(score),
+        reasons: if passed { Vec::new() } else { reasons },
+        cost_usd,
+        duration_ms,
+        details: json!({"rubric": rubric.id, "threshold": threshold, "scores": per_criterion}),
+    }
+}
+
+async fn verify_one(
+    run: &LevelRun,
+    spec: &VerifierSpec,
+    ctx: &VerifyContext,
+    cancel: &CancelToken,
+) -> VerifierFinished {
+    let mut finished = match run.runtime.verifiers.get(spec.uses) {
+        Some(v) => v.verify(spec, ctx, cancel).await,
+        None => verifier::unavailable(
+            spec,
+            &format!("the `{}` verifier is not available in this build", spec.uses.as_str()),
+        ),
+    };
+    // A program that ran unconfined (`--no-jail`) says so on its outcome.
+    if ctx.jail.is_off() && verifier::runs_programs(spec.uses) {
+        if finished.details.is_null() {
+            finished.details = Value::Object(serde_json::Map::new());
+        }
+        if let Value::Object(details) = &mut finished.details {
+            details.insert("jail".to_owned(), Value::from("off"));
+        }
+    }
+    finished
+}
