@@ -800,12 +800,22 @@ pub(crate) async fn resume(
     drive(&engine, &root, &root_scenario, json, follow, None).await
 }
 
-/// The first run of the job `run_id` belongs to (itself for a job's first run).
+/// Where a run of a tree is continued from: its highest ancestor that has not ended (the
+/// job's first run, unless that ended without waiting for this one), itself when none.
 async fn root_of(store: &Arc<dyn EventStore>, run_id: &str) -> anyhow::Result<String> {
-    let Some(record) = store.run(run_id).await? else {
-        bail!("no run {run_id}");
-    };
-    Ok(record.root_run_id.unwrap_or_else(|| run_id.to_owned()))
+    let mut top = run_id.to_owned();
+    // Bounded by the chain's depth; the bound guards against a damaged record.
+    for _ in 0..=baton_engine::limits::CHAIN_DEPTH_MAX + 1 {
+        let Some(record) = store.run(&top).await? else {
+            bail!("no run {top}");
+        };
+        let Some(parent) = record.parent_run_id else { break };
+        match store.run(&parent).await? {
+            Some(p) if !is_final(&p.status) => top = parent,
+            _ => break,
+        }
+    }
+    Ok(top)
 }
 
 /// A run and every run below it that exists, parents before children, with their depth
@@ -1519,8 +1529,7 @@ pub(crate) async fn runs(
             outln!("    waits for approval: {}", escape::one_line(&requests.join(", ")))?;
         }
         if r.status == INTERRUPTED {
-            let root = r.root_run_id.as_deref().unwrap_or(&r.run_id);
-            outln!("    no process drives it; continue it with `baton resume {root}`")?;
+            outln!("    no process drives it; continue it with `baton resume {}`", r.run_id)?;
         }
     }
     Ok(ExitCode::SUCCESS)

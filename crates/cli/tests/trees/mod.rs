@@ -799,11 +799,14 @@ fn a_classified_job_runs_against_a_local_openai_compatible_server_and_replays_fr
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_child_that_does_not_end_within_the_settle_timeout_is_recorded_unsettled() {
-    let dir = scratch("tree-unsettled");
-    let db = dir.join("runs.db");
-    let (job, _) = slow_tree(&dir, &db);
+/// A running tree (`slow_tree`) whose leaf's driver is stopped (SIGSTOP) and then
+/// cancelled from another process whose settle timeout is 1 s: the job process, the root,
+/// the middle run and the leaf, and how long the cancel took.
+fn a_cancel_past_a_stopped_driver(
+    dir: &Path,
+    db: &Path,
+) -> (std::process::Child, [String; 3], Duration) {
+    let (job, _) = slow_tree(dir, db);
     let settle = dir.join("settle.toml");
     std::fs::write(
         &settle,
@@ -811,17 +814,17 @@ fn a_child_that_does_not_end_within_the_settle_timeout_is_recorded_unsettled() {
     )
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    let (root, middle, leaf) = loop {
+    let runs = loop {
         assert!(Instant::now() < deadline, "the tree never reached its third run");
         if db.exists() {
-            let listed = baton_db(&db, &["runs", "--tree", "--json"]);
+            let listed = baton_db(db, &["runs", "--tree", "--json"]);
             let list: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
             if let Some(runs) = list.as_array()
                 && runs.len() == 3
                 && runs[2]["status"] == "running"
             {
                 let id = |i: usize| runs[i]["run_id"].as_str().unwrap().to_owned();
-                break (id(0), id(1), id(2));
+                break [id(0), id(1), id(2)];
             }
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -831,10 +834,19 @@ fn a_child_that_does_not_end_within_the_settle_timeout_is_recorded_unsettled() {
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
     let asked = Instant::now();
     let cancel =
-        baton_in(&dir, &db).arg("--config").arg(&settle).args(["cancel", &root]).output().unwrap();
+        baton_in(dir, db).arg("--config").arg(&settle).args(["cancel", &runs[0]]).output().unwrap();
     let waited = asked.elapsed();
-    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
     assert_eq!(cancel.status.code(), Some(0), "{}", text(&cancel.stderr));
+    (job, runs, waited)
+}
+
+#[test]
+fn a_child_that_does_not_end_within_the_settle_timeout_is_recorded_unsettled() {
+    let dir = scratch("tree-unsettled");
+    let db = dir.join("runs.db");
+    let (job, [root, middle, leaf], waited) = a_cancel_past_a_stopped_driver(&dir, &db);
+    let pid = job.id().to_string();
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
     assert!(waited < Duration::from_secs(10), "the cancel waited {waited:?}");
     assert!(waited >= Duration::from_secs(1), "it waited the settle timeout: {waited:?}");
     // The middle run ended without its child's result and says so; the root settled it.
@@ -857,6 +869,31 @@ fn a_child_that_does_not_end_within_the_settle_timeout_is_recorded_unsettled() {
     assert!(list.as_array().unwrap().iter().all(|r| r["status"] == "cancelled"), "{list}");
     let events = tree_events(&db, &root);
     assert_eq!(events.iter().filter(|e| e["kind"] == "child_run_settled").count(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_run_left_behind_by_its_ended_parents_resumes_on_its_own() {
+    let dir = scratch("tree-orphan");
+    let db = dir.join("runs.db");
+    let (mut job, [_, _, leaf], _) = a_cancel_past_a_stopped_driver(&dir, &db);
+    // Its driver dies instead: the leaf, cancelled, is left with nobody to end it.
+    job.kill().unwrap();
+    let _ = job.wait();
+    let listed = text(&baton_db(&db, &["runs"]).stdout);
+    assert!(listed.contains(&format!("continue it with `baton resume {leaf}`")), "{listed}");
+    // Its parents have ended: it is continued from itself, and ends as it was asked.
+    let resumed = baton_db(&db, &["resume", &leaf]);
+    assert_eq!(
+        resumed.status.code(),
+        Some(5),
+        "{}{}",
+        text(&resumed.stdout),
+        text(&resumed.stderr)
+    );
+    let listed = baton_db(&db, &["runs", "--json"]);
+    let list: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert!(list.as_array().unwrap().iter().all(|r| r["status"] == "cancelled"), "{list}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
