@@ -143,7 +143,7 @@ impl Engine {
     ) -> Result<String, Error> {
         let run_id = Self::new_run_id();
         self.keep_texts(scenario).await?;
-        let (_, info) = self.new_workspace(scenario, &run_id).await?.unzip();
+        let (_, info) = self.new_workspace(scenario, &run_id, false).await?.unzip();
         let start = crate::job::Start {
             input: input.to_owned(),
             metadata,
@@ -198,7 +198,8 @@ impl Engine {
         if start.parent.is_none() {
             self.keep_texts(scenario).await?;
         }
-        let (workspace, info) = self.new_workspace(scenario, run_id).await?.unzip();
+        let child = start.parent.is_some();
+        let (workspace, info) = self.new_workspace(scenario, run_id, child).await?.unzip();
         let selected = start.selected.clone();
         let (record, started) = self.new_run(scenario, run_id, start, info);
         let mut state = RunState::default();
@@ -228,10 +229,15 @@ impl Engine {
     /// Opens a new run's workspace when its scenario edits or reads one, and snapshots it
     /// as the run's base. An engine set up without workspaces runs a scenario that only
     /// reads files (its verifiers) in the runtime's directory, which its embedder chose.
+    ///
+    /// A child run always gets a directory of its own, never the one the user named for the
+    /// job: a run's result (a model's answer) chooses which scenario a chain goes to, and it
+    /// must not turn a job that reads the user's directory into one that edits it.
     async fn new_workspace(
         &self,
         scenario: &Scenario,
         run_id: &str,
+        child: bool,
     ) -> Result<Option<(Arc<dyn Workspace>, WorkspaceInfo)>, Error> {
         if !needs_workspace(scenario) {
             return Ok(None);
@@ -244,7 +250,7 @@ impl Engine {
         };
         let request = WorkspaceRequest {
             run_id: run_id.to_owned(),
-            dir: setup.dir.clone(),
+            dir: if child { None } else { setup.dir.clone() },
             seed: scenario.workspace_seed.clone(),
         };
         let opener = Arc::clone(&setup.opener);

@@ -1030,3 +1030,48 @@ fn a_chain_made_after_the_scenarios_changed_uses_them_and_a_broken_change_keeps_
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The model is an attacker: a review of the user's directory whose answer names a route
+/// to a scenario that writes files must not get to write there.
+#[test]
+fn attack_a_chain_never_edits_the_directory_the_user_named_for_the_job() {
+    let dir = scratch("tree-attack-workspace");
+    let db = dir.join("runs.db");
+    let scenarios = dir.join("scenarios");
+    std::fs::create_dir_all(&scenarios).unwrap();
+    std::fs::write(
+        scenarios.join("review.yaml"),
+        "id: review\nversion: 1\nlevels:\n  - id: look\n    kind: prompt\n    prompt: {inline: \"Review {{ input }}\"}\n    response: json\n    verifiers: [{name: present, uses: command, params: {argv: ['test', '-f', 'main.py']}}]\n    terminal: true\n",
+    )
+    .unwrap();
+    std::fs::write(
+        scenarios.join("writer.yaml"),
+        "id: writer\nversion: 1\nintent_routes: [writer]\nlevels:\n  - id: edit\n    kind: tool_loop\n    prompt: {inline: \"Edit {{ input }}\"}\n",
+    )
+    .unwrap();
+    let project = dir.join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("main.py"), "print('mine')\n").unwrap();
+    let script = dir.join("script.yaml");
+    std::fs::write(
+        &script,
+        "scenarios:\n  review:\n    levels:\n      look: [{text: '{\"ok\": true, \"chosen_intent_route\": \"writer\"}'}]\n  writer:\n    levels:\n      edit:\n        - tool_calls:\n            - {name: write_file, arguments: {path: main.py, content: \"print('pwned')\\n\"}}\n            - {name: write_file, arguments: {path: pwned.txt, content: gotcha}}\n        - tool_calls: [{name: finish, arguments: {summary: done}}]\n",
+    )
+    .unwrap();
+    let out = baton_in(&dir, &db)
+        .args(["run", "review", "--input", "the project", "--json"])
+        .args(["--script", script.to_str().unwrap(), "--workspace", project.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let job = result(&out);
+    // The control: the chain was made and the writer wrote — in a directory of its own.
+    let tree = job["tree"].as_array().unwrap();
+    assert_eq!(tree[1]["scenario_id"], "writer");
+    let own = dir.join("workspaces").join(tree[1]["run_id"].as_str().unwrap());
+    assert_eq!(std::fs::read_to_string(own.join("pwned.txt")).unwrap(), "gotcha");
+    // The canary: the user's directory is as it was.
+    assert_eq!(std::fs::read_to_string(project.join("main.py")).unwrap(), "print('mine')\n");
+    assert!(!project.join("pwned.txt").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
