@@ -359,6 +359,17 @@ impl Engine {
         route: &str,
         reason: Option<String>,
     ) -> Result<Vec<NewEvent>, Error> {
+        // A route is an id; what a model wrote there beyond that is not recorded whole.
+        let cut_route: String;
+        let route = if route.chars().count() > crate::limits::ROUTE_CHARS_MAX {
+            cut_route = format!(
+                "{}…",
+                route.chars().take(crate::limits::ROUTE_CHARS_MAX).collect::<String>()
+            );
+            cut_route.as_str()
+        } else {
+            route
+        };
         let Some(jobs) = self.jobs() else {
             let message = format!(
                 "level `{level_id}` names intent route `{route}`, and this engine starts no child runs; the run ends with its own result"

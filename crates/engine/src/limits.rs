@@ -53,3 +53,7 @@ pub const SETTLE_TIMEOUT_S_DEFAULT: f64 = 15.0;
 pub const SETTLE_TIMEOUT_S_MAX: f64 = 120.0;
 /// The link name of a chained child run.
 pub const CHAIN_LINK: &str = "chain";
+/// Longest intent route a chain takes from a level's output, in characters: routes are
+/// scenario ids and route names; a longer one (a model's answer can hold anything) is cut
+/// before it is recorded, and names no scenario.
+pub const ROUTE_CHARS_MAX: usize = 128;

@@ -54,6 +54,19 @@ const MIGRATIONS: &[Migration] = &[
 /// holder removes it when it lets go).
 const LOCK_TRIES_MAX: usize = 8;
 
+/// Most tries to prepare a database that another process is preparing at the same moment
+/// (about 10 s in all, waits growing by 10 ms).
+const OPEN_BUSY_TRIES_MAX: u32 = 44;
+
+/// Whether SQLite refused for a lock another connection holds.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
 /// Most requests taken into one group commit.
 const GROUP_MAX: usize = 256;
 
@@ -197,7 +210,27 @@ impl SqliteStore {
     fn start(path: PathBuf, flags: OpenFlags) -> Result<Self, Error> {
         let conn = Connection::open_with_flags(&path, flags)
             .map_err(|e| Error::Backend(open_failure(&path, &e)))?;
-        prepare(&conn).map_err(|e| Error::Backend(open_failure(&path, &e)))?;
+        // Processes opening one new database at once: switching it to WAL can be refused at
+        // once ("database is locked") while another does the same, whatever the busy
+        // timeout; try again, a bounded number of times.
+        let mut tries = 0;
+        loop {
+            match prepare(&conn) {
+                Ok(()) => break,
+                Err(e) if is_busy(&e) && tries < OPEN_BUSY_TRIES_MAX => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10 * u64::from(tries)));
+                }
+                Err(e) => {
+                    let tried = if tries > 0 {
+                        format!(" (tried {} times)", tries + 1)
+                    } else {
+                        String::new()
+                    };
+                    return Err(Error::Backend(format!("{}{tried}", open_failure(&path, &e))));
+                }
+            }
+        }
         let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
         let failpoint = Failpoints {
             abort_after: number("BATON_FAILPOINT_ABORT_AFTER_EVENT"),

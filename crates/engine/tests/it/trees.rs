@@ -282,3 +282,29 @@ async fn cancelling_a_parent_with_two_running_children_settles_both_within_the_t
         .collect();
     assert_eq!(settled, [baton_engine::event::FinalStatus::Cancelled; 2]);
 }
+
+#[tokio::test]
+async fn a_route_longer_than_any_id_is_cut_before_it_is_recorded_and_goes_to_the_fallback() {
+    let long = "x".repeat(10_000);
+    let script_yaml = format!(
+        "scenarios:\n  ask:\n    levels:\n      route: [{{text: '{{\"chosen_intent_route\": \"{long}\"}}'}}]\n  answer:\n    levels:\n      say: [{{text: 'fallback'}}]\n"
+    );
+    let e = engine_with_jobs(Arc::new(MemoryStore::new()), &script_yaml);
+    let r = registry();
+    let root = Engine::new_run_id();
+    let start = Start { input: "x".to_owned(), ..Start::default() };
+    let outcome = e.run_job(&root, r.get("ask").unwrap(), start).await.unwrap();
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let log = e.store.load(&root, 0).await.unwrap();
+    let chained = log
+        .iter()
+        .find_map(|ev| match &ev.data {
+            EventData::ScenarioChained(c) => Some(c.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(chained.to, "answer");
+    assert!(chained.route.chars().count() <= baton_engine::limits::ROUTE_CHARS_MAX + 1);
+    assert!(chained.warning.unwrap().len() < 2_000);
+    assert_eq!(e.state(&root).await.unwrap().final_output.as_deref(), Some("fallback"));
+}
