@@ -709,8 +709,10 @@ async fn existing_run(
     let state = engine.state(run_id).await?;
     let outcome = if state.status.is_final() {
         Outcome::Finished(state.status)
-    } else if state.status == Status::Paused || state.status == Status::Waiting {
+    } else if state.status == Status::Paused {
         Outcome::Paused
+    } else if state.status == Status::Waiting {
+        Outcome::Waiting
     } else if store.is_held(run_id).await? {
         Outcome::Interrupted("it is being driven by another process".to_owned())
     } else {
@@ -792,7 +794,7 @@ pub(crate) async fn resume(
     );
     // Show the decision or answer that led here, then what follows.
     let mut follow = Vec::new();
-    for (id, depth) in tree(engine.store.as_ref(), &root).await? {
+    for (id, depth) in tree_of(engine.store.as_ref(), &root, true).await? {
         let last = engine.store.run(&id).await?.map_or(0, |r| r.last_seq);
         let after = if id == run_id { last.saturating_sub(1) } else { last };
         follow.push(Followed::new(&id, after, depth));
@@ -821,10 +823,23 @@ async fn root_of(store: &Arc<dyn EventStore>, run_id: &str) -> anyhow::Result<St
 /// A run and every run below it that exists, parents before children, with their depth
 /// under `root`.
 async fn tree(store: &dyn EventStore, root: &str) -> anyhow::Result<Vec<(String, usize)>> {
+    tree_of(store, root, false).await
+}
+
+/// [`tree`], with `recorded` also the children a parent recorded that do not exist yet
+/// (a follower waits for them).
+async fn tree_of(
+    store: &dyn EventStore,
+    root: &str,
+    recorded: bool,
+) -> anyhow::Result<Vec<(String, usize)>> {
     let mut out = Vec::new();
     let mut pending = vec![(root.to_owned(), 0usize)];
     while let Some((id, depth)) = pending.pop() {
         if store.run(&id).await?.is_none() {
+            if recorded && depth > 0 {
+                out.push((id, depth));
+            }
             continue;
         }
         let state = baton_engine::fold(&store.load(&id, 0).await?);
@@ -982,6 +997,15 @@ async fn report(
                 outln!("  {line}")?;
             }
         }
+    } else if *outcome == Outcome::Waiting {
+        let children: Vec<String> = state
+            .open_children()
+            .map(|c| format!("{} ({})", c.started.child_run_id, c.started.scenario_id))
+            .collect();
+        outln!(
+            "waiting: run {run_id} waits for the runs it started: {}; see them with `baton runs --tree`, continue with `baton resume {run_id}`",
+            escape::one_line(&children.join(", "))
+        )?;
     } else if let Outcome::Interrupted(reason) = outcome {
         outln!(
             "interrupted: run {run_id} stopped without ending ({}); nothing is lost — continue it with `baton resume {run_id}`",
@@ -1440,21 +1464,29 @@ pub(crate) async fn runs(
 ) -> anyhow::Result<ExitCode> {
     let store = open_existing_store(place)?;
     // A run is interrupted when its status is running and nobody holds it.
-    let stored = if status == Some(INTERRUPTED) { Some(Status::Running.as_str()) } else { status };
+    // (A waiting run nobody drives is interrupted too: it is found among all of them.)
+    let stored = if status == Some(INTERRUPTED) { None } else { status };
     let mut list = Vec::new();
     for mut record in store.runs(stored).await? {
         if record.status == Status::Running.as_str() && !store.is_held(&record.run_id).await? {
             record.status = INTERRUPTED.to_owned();
         }
-        if status.is_none_or(|s| s == record.status) {
+        let maybe_interrupted =
+            status == Some(INTERRUPTED) && record.status == Status::Waiting.as_str();
+        if status.is_none_or(|s| s == record.status) || maybe_interrupted {
             list.push(record);
         }
     }
     let list = if tree { as_tree(list) } else { list.into_iter().map(|r| (r, 0)).collect() };
     let mut rows = Vec::with_capacity(list.len());
-    for (record, depth) in list {
+    for (mut record, depth) in list {
         let events = store.load(&record.run_id, 0).await?;
         let state = baton_engine::state::fold(&events);
+        if record.status == Status::Waiting.as_str()
+            && !tree_is_live(store.as_ref(), &state).await?
+        {
+            record.status = INTERRUPTED.to_owned();
+        }
         let paused = record.status == Status::Paused.as_str();
         let mut waiting = if paused { waiting_on(&events) } else { Vec::new() };
         // A run waiting for its children waits on each of them.
@@ -1470,6 +1502,9 @@ pub(crate) async fn runs(
         } else {
             Vec::new()
         };
+        if status.is_some_and(|s| s != record.status) {
+            continue;
+        }
         rows.push((record, depth, state.totals, waiting, requests));
     }
     if json {
@@ -1533,6 +1568,34 @@ pub(crate) async fn runs(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a waiting run's tree is going on: one of its open children is driven, waits
+/// for a person, or waits for children of its own that are. A waiting run whose children
+/// are missing, ended or undriven waits for nothing: its driver died.
+async fn tree_is_live(
+    store: &dyn EventStore,
+    state: &baton_engine::RunState,
+) -> anyhow::Result<bool> {
+    let mut pending: Vec<String> =
+        state.open_children().map(|c| c.started.child_run_id.clone()).collect();
+    // Bounded by the chain's depth and the children a run records.
+    let mut looked = 0;
+    while let Some(id) = pending.pop() {
+        looked += 1;
+        if looked > 1_000 {
+            return Ok(true);
+        }
+        let Some(record) = store.run(&id).await? else { continue };
+        if record.status == Status::Paused.as_str() || store.is_held(&id).await? {
+            return Ok(true);
+        }
+        if record.status == Status::Waiting.as_str() {
+            let child = baton_engine::state::fold(&store.load(&id, 0).await?);
+            pending.extend(child.open_children().map(|c| c.started.child_run_id.clone()));
+        }
+    }
+    Ok(false)
 }
 
 /// Runs ordered as trees: each run whose parent is not listed, newest first, then the

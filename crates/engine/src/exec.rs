@@ -194,6 +194,16 @@ impl Engine {
             drop(_driving);
             return self.drive(run_id, scenario).await;
         }
+        // Under the child's hold, the parent is asked again: a parent that is being
+        // cancelled, has ended, or no longer waits for this child starts nothing (the end of
+        // a parent takes this hold before it records a child as never created).
+        if let Some(link) = &start.parent {
+            let parent = self.state(&link.parent_run_id).await?;
+            let open = parent.open_children().any(|c| c.started.child_run_id == run_id);
+            if parent.cancel_requested.is_some() || parent.status.is_final() || !open {
+                return Ok(Outcome::Finished(Status::Cancelled));
+            }
+        }
         // A child's version was kept when its parent chained to it.
         if start.parent.is_none() {
             self.keep_texts(scenario).await?;
@@ -426,6 +436,13 @@ impl Engine {
                 Step::Chain { level_id, route, reason } => {
                     let events = self.chain(run_id, &w.state, &level_id, &route, reason).await?;
                     w.stage(events);
+                    // No scenario to chain to was loaded: the run waits for its next driver.
+                    if let Some(interrupted) = &w.state.interrupted {
+                        let reason = interrupted.reason.clone();
+                        if w.flush().await? {
+                            return Ok(Outcome::Interrupted(reason));
+                        }
+                    }
                 }
                 Step::Children { .. } => {
                     // Children that have ended are settled here, in the same commit as
@@ -1186,6 +1203,14 @@ impl<'a> Writer<'a> {
             if self.status() == Status::Paused {
                 if self.flush().await? {
                     return Ok(Outcome::Paused);
+                }
+                continue;
+            }
+            // A run waiting for its children has nothing of its own in flight: the child
+            // being driven is the one the stop interrupts.
+            if self.state.open_children().next().is_some() {
+                if self.flush().await? {
+                    return Ok(Outcome::Interrupted(reason));
                 }
                 continue;
             }

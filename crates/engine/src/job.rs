@@ -94,6 +94,10 @@ struct Reload {
     tenant: Option<(String, Vec<baton_scenario::registry::Override>)>,
 }
 
+/// `run_interrupted.cause` when a chain found no scenario to go to (the scenarios did not
+/// load, or the fallback is not among them).
+pub const CAUSE_SCENARIOS: &str = "scenarios";
+
 /// Longest text of a reload's diagnostics kept in the warning that records them.
 const RELOAD_DIAGNOSTICS_BYTES_MAX: usize = 8 * 1024;
 
@@ -396,8 +400,15 @@ impl Engine {
         let registry = jobs.registry();
         let (target, warning) = match chain_target(&registry, &jobs.selection, route) {
             Ok(found) => found,
+            // Not even the fallback is loaded (the directory did not load, or names none):
+            // that is the configuration's fault, not the job's — it stops without ending,
+            // and the next driver, once the scenarios load, chains it.
             Err(message) => {
-                events.extend(self.end_unchained(state, message));
+                let reason = format!(
+                    "no scenario to chain to: {message}; fix the scenarios or `[selection] fallback`, then `baton resume`"
+                );
+                let event = crate::runner::interrupted(CAUSE_SCENARIOS, reason);
+                events.push(NewEvent::run(EventData::RunInterrupted(event)));
                 return Ok(events);
             }
         };
@@ -560,7 +571,16 @@ impl Engine {
         let timeout = self.jobs().map_or(Duration::from_secs(15), |j| j.settle_timeout);
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let state = self.state(run_id).await?;
+            let state = match self.state(run_id).await {
+                Ok(state) => state,
+                // Another process holds it to create it: the job goes on there.
+                Err(Error::Store(store::Error::NotFound(_))) => {
+                    return Ok(Outcome::Interrupted(format!(
+                        "run {run_id} is being started by another process"
+                    )));
+                }
+                Err(e) => return Err(e),
+            };
             if state.status.is_final() {
                 return Ok(Outcome::Finished(state.status));
             }
@@ -703,11 +723,27 @@ impl Engine {
         for (id, link) in &ids {
             if self.store.run(id).await?.is_none() {
                 // Under the child's own hold no creator is half-way: a child still missing
-                // now is never created (a creator checks its parent first).
-                let _creating = self.store.hold(id).await?;
-                if self.store.run(id).await?.is_none() {
-                    never_created.push((id.clone(), link.clone()));
-                    continue;
+                // now is never created (a creator asks its parent again under that hold).
+                match self.store.hold(id).await {
+                    Ok(_creating) => {
+                        if self.store.run(id).await?.is_none() {
+                            never_created.push((id.clone(), link.clone()));
+                            continue;
+                        }
+                    }
+                    // A creator is at work: wait (within the deadline) until the child is
+                    // stored, then cancel it like any other.
+                    Err(store::Error::Busy(_)) => {
+                        while self.store.run(id).await?.is_none()
+                            && tokio::time::Instant::now() < deadline
+                        {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        if self.store.run(id).await?.is_none() {
+                            continue;
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
                 }
             }
             let reason = Some(format!("its parent run {run_id} is ending"));

@@ -131,6 +131,7 @@ fn end_or_chain(state: &RunState, status: FinalStatus, reason: Option<String>) -
         return finish(state, status, reason);
     };
     if state.depth() + 1 > CHAIN_DEPTH_MAX {
+        let route: String = route.chars().take(crate::limits::ROUTE_CHARS_MAX).collect();
         let reason = format!(
             "chain_depth_limit: the result of level `{level_id}` chains to route `{route}`, one hop past the limit of {CHAIN_DEPTH_MAX} (this run is hop {})",
             state.depth()

@@ -55,8 +55,11 @@ const MIGRATIONS: &[Migration] = &[
 const LOCK_TRIES_MAX: usize = 8;
 
 /// Most tries to prepare a database that another process is preparing at the same moment
-/// (about 10 s in all, waits growing by 10 ms).
+/// (waits growing by 10 ms), all within [`OPEN_BUSY_WAIT`].
 const OPEN_BUSY_TRIES_MAX: u32 = 44;
+
+/// The most opening a database waits for other processes' locks, every try together.
+const OPEN_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether SQLite refused for a lock another connection holds.
 fn is_busy(e: &rusqlite::Error) -> bool {
@@ -213,11 +216,18 @@ impl SqliteStore {
         // Processes opening one new database at once: switching it to WAL can be refused at
         // once ("database is locked") while another does the same, whatever the busy
         // timeout; try again, a bounded number of times.
+        let deadline = std::time::Instant::now() + OPEN_BUSY_WAIT;
         let mut tries = 0;
         loop {
-            match prepare(&conn) {
+            // Each try waits on the lock no longer than what is left of the one deadline.
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match prepare(&conn, left.max(std::time::Duration::from_millis(10))) {
                 Ok(()) => break,
-                Err(e) if is_busy(&e) && tries < OPEN_BUSY_TRIES_MAX => {
+                Err(e)
+                    if is_busy(&e)
+                        && tries < OPEN_BUSY_TRIES_MAX
+                        && std::time::Instant::now() < deadline =>
+                {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(10 * u64::from(tries)));
                 }
@@ -231,6 +241,9 @@ impl SqliteStore {
                 }
             }
         }
+        // From here on, a writer waits for another's lock up to the usual 10 s.
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(|e| Error::Backend(open_failure(&path, &e)))?;
         let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
         let failpoint = Failpoints {
             abort_after: number("BATON_FAILPOINT_ABORT_AFTER_EVENT"),
@@ -384,10 +397,10 @@ pub fn backup(src: &Path, dest: &Path) -> Result<(), Error> {
     }
 }
 
-fn prepare(conn: &Connection) -> rusqlite::Result<()> {
+fn prepare(conn: &Connection, busy: std::time::Duration) -> rusqlite::Result<()> {
     // First, so that a second process opening the same new database waits for the first
     // (switching to WAL and migrating both lock it) instead of failing at once.
-    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.busy_timeout(busy)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;

@@ -1075,3 +1075,83 @@ fn attack_a_chain_never_edits_the_directory_the_user_named_for_the_job() {
     assert!(!project.join("pwned.txt").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Copies a directory tree (the bundled scenarios, for a test that breaks them).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_chain_with_no_scenarios_to_go_to_waits_for_them_instead_of_ending_the_job() {
+    let dir = scratch("tree-no-scenarios");
+    let db = dir.join("runs.db");
+    copy_tree(&repo().join("scenarios"), &dir.join("scenarios"));
+    let script = repo().join("scenarios/scripts/intent_classifier_unsure.yaml");
+    let baton = |args: &[&str]| baton_in(&dir, &db).args(args).output().unwrap();
+    let out =
+        baton(&["run", "--kind", "task", "--input", "x", "--script", script.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let root = roots(&db).pop().unwrap();
+    // The directory breaks while the job waits for its answer.
+    std::fs::write(dir.join("scenarios/broken.yaml"), "id: broken\nversion: one\n").unwrap();
+    let answered = baton(&["answer", &root, "--answer", "\"research_brief\""]);
+    assert_eq!(
+        answered.status.code(),
+        Some(6),
+        "{}{}",
+        text(&answered.stdout),
+        text(&answered.stderr)
+    );
+    assert!(
+        text(&answered.stdout).contains("no scenario to chain to"),
+        "{}",
+        text(&answered.stdout)
+    );
+    // Nothing ended: fixed, the job chains as it would have.
+    std::fs::remove_file(dir.join("scenarios/broken.yaml")).unwrap();
+    let resumed = baton(&["resume", &root]);
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{}{}",
+        text(&resumed.stdout),
+        text(&resumed.stderr)
+    );
+    assert!(text(&resumed.stdout).contains("intent_classifier → research_brief"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tree_whose_driver_died_is_listed_interrupted_from_its_first_run_down() {
+    let dir = scratch("tree-driver-died");
+    let db = dir.join("runs.db");
+    let (mut job, _) = slow_tree(&dir, &db);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "the tree never reached its third run");
+        if db.exists() {
+            let listed = baton_db(&db, &["runs", "--tree", "--json"]);
+            let list: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
+            if list.as_array().is_some_and(|r| r.len() == 3 && r[2]["status"] == "running") {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    job.kill().unwrap();
+    let _ = job.wait();
+    let listed = baton_db(&db, &["runs", "--status", "interrupted", "--json"]);
+    let list: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 3, "{list}");
+    assert!(list.as_array().unwrap().iter().all(|r| r["continue_with"].is_string()), "{list}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
