@@ -184,11 +184,19 @@ pub(crate) async fn import(place: &Place, dir: &Path) -> anyhow::Result<ExitCode
         }
     };
     let base = registry(place)?;
+    let store: Arc<dyn EventStore> = open_store(place)?;
+    // Each tenant's files are checked with the overrides it has stored already, as they
+    // will be merged.
     for (tenant, list) in &tenants {
         check_tenant(tenant)?;
-        check(&base, tenant, list)?;
+        let mut all: Vec<Override> = stored(store.as_ref(), tenant)
+            .await?
+            .into_iter()
+            .filter(|o| !list.iter().any(|n| n.scenario_id == o.scenario_id))
+            .collect();
+        all.extend(list.iter().cloned());
+        check(&base, tenant, &all)?;
     }
-    let store: Arc<dyn EventStore> = open_store(place)?;
     let mut count = 0;
     for (tenant, list) in &tenants {
         for o in list {
