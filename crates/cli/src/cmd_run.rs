@@ -1153,10 +1153,13 @@ async fn follow(
                 Err(baton_engine::store::Error::NotFound(_)) => Vec::new(),
                 Err(e) => return Err(e.into()),
             };
-            // A run followed from its end (it had ended before) has no end left to emit.
+            // A run followed from its end (it had ended before) has no end left to emit —
+            // once the record says it ended with nothing past what was read (it may have
+            // ended between the read above and this look).
             if events.is_empty()
                 && let Some(record) = store.run(&runs[i].run_id).await?
                 && is_final(&record.status)
+                && record.last_seq <= runs[i].after
             {
                 runs[i].done = true;
             }

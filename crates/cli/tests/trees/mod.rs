@@ -416,27 +416,34 @@ fn slow_tree(dir: &Path, db: &Path) -> (std::process::Child, PathBuf) {
     (child, config)
 }
 
+/// Waits (at most 30 s) until a `slow_tree` job's third run is running: the root, the
+/// middle run and the leaf.
+fn third_run_running(db: &Path) -> [String; 3] {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "the tree never reached its third run");
+        if db.exists() {
+            let listed = baton_db(db, &["runs", "--tree", "--json"]);
+            let list: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
+            if let Some(runs) = list.as_array()
+                && runs.len() == 3
+                && runs[2]["status"] == "running"
+            {
+                let id = |i: usize| runs[i]["run_id"].as_str().unwrap().to_owned();
+                return [id(0), id(1), id(2)];
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn cancelling_the_root_of_a_running_tree_settles_every_run_below_it() {
     let dir = scratch("tree-cancel");
     let db = dir.join("runs.db");
     let (job, config) = slow_tree(&dir, &db);
     // Wait until the slowest run (two hops down) is running.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let root = loop {
-        assert!(Instant::now() < deadline, "the tree never reached its third run");
-        if db.exists() {
-            let listed = baton_db(&db, &["runs", "--tree", "--json"]);
-            let list: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
-            if let Some(runs) = list.as_array()
-                && runs.len() == 3
-                && runs[2]["status"] == "running"
-            {
-                break runs[0]["run_id"].as_str().unwrap().to_owned();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let [root, _, _] = third_run_running(&db);
     let asked = Instant::now();
     let cancel = baton_in(&dir, &db)
         .arg("--config")
@@ -813,22 +820,7 @@ fn a_cancel_past_a_stopped_driver(
         "[selection]\ndefault = \"echo\"\nfallback = \"echo\"\n\n[jobs]\nsettle_timeout_s = 1\n",
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let runs = loop {
-        assert!(Instant::now() < deadline, "the tree never reached its third run");
-        if db.exists() {
-            let listed = baton_db(db, &["runs", "--tree", "--json"]);
-            let list: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
-            if let Some(runs) = list.as_array()
-                && runs.len() == 3
-                && runs[2]["status"] == "running"
-            {
-                let id = |i: usize| runs[i]["run_id"].as_str().unwrap().to_owned();
-                break [id(0), id(1), id(2)];
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let runs = third_run_running(db);
     // The process driving the leaf stops answering: it holds the leaf, and ends nothing.
     let pid = job.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
@@ -1135,18 +1127,7 @@ fn a_tree_whose_driver_died_is_listed_interrupted_from_its_first_run_down() {
     let dir = scratch("tree-driver-died");
     let db = dir.join("runs.db");
     let (mut job, _) = slow_tree(&dir, &db);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "the tree never reached its third run");
-        if db.exists() {
-            let listed = baton_db(&db, &["runs", "--tree", "--json"]);
-            let list: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
-            if list.as_array().is_some_and(|r| r.len() == 3 && r[2]["status"] == "running") {
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    third_run_running(&db);
     job.kill().unwrap();
     let _ = job.wait();
     let listed = baton_db(&db, &["runs", "--status", "interrupted", "--json"]);
