@@ -698,13 +698,25 @@ impl Engine {
         let state = self.state(parent_run_id).await?;
         for settled in self.ended_children(&state).await? {
             let id = settled.child_run_id.clone();
-            self.append_external(parent_run_id, |state, _, _| {
-                let open = state.open_children().any(|c| c.started.child_run_id == id);
-                Ok(open.then(|| (NewEvent::run(EventData::ChildRunSettled(settled.clone())), ())))
-            })
-            .await?;
+            self.close_child(parent_run_id, &id, EventData::ChildRunSettled(settled)).await?;
         }
         Ok(self.state(parent_run_id).await?.open_children().next().is_none())
+    }
+
+    /// Appends `closing` (a child's settlement or unsettlement) to the parent, exactly once:
+    /// only while the parent's log, as it is at the append, still has the child open.
+    async fn close_child(
+        &self,
+        parent_run_id: &str,
+        child: &str,
+        closing: EventData,
+    ) -> Result<(), Error> {
+        self.append_external(parent_run_id, |state, _, _| {
+            let open = state.open_children().any(|c| c.started.child_run_id == child);
+            Ok(open.then(|| (NewEvent::run(closing.clone()), ())))
+        })
+        .await?;
+        Ok(())
     }
 
     /// The end of a parent with open children: each is cancelled (its tree with it) and
@@ -763,12 +775,7 @@ impl Engine {
                 status: "not created".to_owned(),
                 waited_ms: 0,
             };
-            self.append_external(run_id, |state, _, _| {
-                let still = state.open_children().any(|c| c.started.child_run_id == id);
-                Ok(still
-                    .then(|| (NewEvent::run(EventData::ChildRunUnsettled(unsettled.clone())), ())))
-            })
-            .await?;
+            self.close_child(run_id, &id, EventData::ChildRunUnsettled(unsettled)).await?;
         }
         // Wait for the children other processes are ending.
         loop {
@@ -796,13 +803,7 @@ impl Engine {
                         status: status.map_or("not created", Status::as_str).to_owned(),
                         waited_ms,
                     };
-                    self.append_external(run_id, |state, _, _| {
-                        let still = state.open_children().any(|c| &c.started.child_run_id == id);
-                        Ok(still.then(|| {
-                            (NewEvent::run(EventData::ChildRunUnsettled(unsettled.clone())), ())
-                        }))
-                    })
-                    .await?;
+                    self.close_child(run_id, id, EventData::ChildRunUnsettled(unsettled)).await?;
                 }
                 return Ok(());
             }
