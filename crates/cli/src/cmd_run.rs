@@ -18,6 +18,7 @@ use baton_engine::redact::Redactor;
 use baton_engine::runner::Runtime;
 use baton_engine::store::EventStore;
 use baton_engine::verifier::Verifiers;
+use baton_engine::wave_drive::WaveSettings;
 use baton_engine::workspace::WorkspaceSetup;
 use baton_engine::{Engine, Outcome, Status};
 use baton_jail::{Jail, Unavailable};
@@ -385,7 +386,7 @@ fn engine(
 
 /// The configuration's `[selection]` and `[jobs]` settings: the file's when there is one
 /// (a file that does not load is an error, never skipped), the defaults otherwise.
-fn job_settings(place: &Place) -> anyhow::Result<(Selection, Option<f64>)> {
+fn job_settings(place: &Place) -> anyhow::Result<(Selection, Option<f64>, Option<u32>)> {
     let config = match config_file(place.config.as_deref()) {
         Some(path) => Config::from_file(&path)?,
         None => Config::default(),
@@ -398,7 +399,17 @@ fn job_settings(place: &Place) -> anyhow::Result<(Selection, Option<f64>)> {
         classifier: s.classifier.unwrap_or(d.classifier),
         classify_kinds: s.classify_kinds.unwrap_or(d.classify_kinds),
     };
-    Ok((selection, config.jobs.settle_timeout_s))
+    // Checked when the file was read: 1 through 10.
+    let parallel = config.waves.max_parallel.and_then(|n| u32::try_from(n).ok());
+    Ok((selection, config.jobs.settle_timeout_s, parallel))
+}
+
+/// How this command drives waves: `baton wave run` dispatches manual waves too, under an
+/// override of their parallelism that is not stored.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WaveDrive {
+    pub active: bool,
+    pub max_parallel: Option<u32>,
 }
 
 /// What the engine needs to start child runs: the scenarios (a chain goes to one of them),
@@ -407,11 +418,17 @@ fn jobs(
     place: &Place,
     registry: Arc<Registry>,
     settle_timeout_s: Option<f64>,
+    waves: WaveDrive,
 ) -> anyhow::Result<Jobs> {
-    let (selection, configured) = job_settings(place)?;
+    let (selection, configured, parallel) = job_settings(place)?;
     let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s.or(configured))
         .map_err(|e| anyhow::anyhow!("--settle-timeout-s: {e}"))?;
-    Ok(Jobs::new(registry, selection, place.scenarios.clone(), settle_timeout))
+    let settings = WaveSettings {
+        max_parallel: parallel.unwrap_or(WaveSettings::default().max_parallel),
+        drive_max_parallel: waves.max_parallel,
+        active: waves.active,
+    };
+    Ok(Jobs::new(registry, selection, place.scenarios.clone(), settle_timeout).with_waves(settings))
 }
 
 /// [`jobs`] that reload the scenarios directory when its files change (a job may run for
@@ -422,8 +439,9 @@ async fn reloading_jobs(
     registry: Arc<Registry>,
     settle_timeout_s: Option<f64>,
     tenant: Option<&str>,
+    waves: WaveDrive,
 ) -> anyhow::Result<Arc<Jobs>> {
-    let jobs = jobs(place, registry, settle_timeout_s)?;
+    let jobs = jobs(place, registry, settle_timeout_s, waves)?;
     let Ok((handle, _)) = baton_scenario::RegistryHandle::open(vec![place.scenarios.clone()])
     else {
         return Ok(Arc::new(jobs));
@@ -545,6 +563,9 @@ pub(crate) struct RunArgs {
     pub workspace: Option<PathBuf>,
     /// Name the completed run's result with this branch of the workspace repository.
     pub branch: Option<String>,
+    /// Run this scenario instead of selecting one (a standalone wave's, made by `baton
+    /// wave plan`).
+    pub given: Option<Arc<Scenario>>,
 }
 
 pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -603,14 +624,20 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         _ => registry(place)?,
     };
     let registry = Arc::new(registry);
-    let (selection, _) = job_settings(place)?;
-    // A scenario typed on the command line that matches nothing is an error: a typo must
-    // not start a paid default.
-    let (scenario, selected) = baton_engine::job::select(&registry, &selection, &job, true)
-        .map_err(|e| anyhow::anyhow!("{e} (in {})", place.scenarios.display()))?;
-    if let Some(warning) = &selected.warning {
-        eprintln!("baton: warning: {}", escape::one_line(warning));
-    }
+    let (selection, _, _) = job_settings(place)?;
+    let (scenario, selected) = match args.given {
+        Some(scenario) => (scenario, None),
+        None => {
+            // A scenario typed on the command line that matches nothing is an error: a
+            // typo must not start a paid default.
+            let (scenario, selected) = baton_engine::job::select(&registry, &selection, &job, true)
+                .map_err(|e| anyhow::anyhow!("{e} (in {})", place.scenarios.display()))?;
+            if let Some(warning) = &selected.warning {
+                eprintln!("baton: warning: {}", escape::one_line(warning));
+            }
+            (scenario, Some(selected))
+        }
+    };
     if args.branch.is_some() && !baton_engine::exec::owns_workspace(&scenario) {
         bail!(
             "--branch names the result in the run's workspace, and scenario `{}` has no tool_loop level (no workspace); leave --branch out",
@@ -646,6 +673,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         Arc::clone(&registry),
         args.settle_timeout_s,
         args.tenant.as_deref(),
+        WaveDrive::default(),
     )
     .await?;
     let engine = engine(
@@ -665,7 +693,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         input: args.input,
         metadata,
         model_source: source,
-        selected: Some(selected),
+        selected,
         tree_max_cost_usd: args.max_cost_usd,
         budget: None,
         parent: None,
@@ -733,6 +761,7 @@ pub(crate) async fn resume(
     script: Option<&Path>,
     json: bool,
     upgrade: bool,
+    waves: WaveDrive,
 ) -> anyhow::Result<ExitCode> {
     let store = open_existing_store(place)?;
     let probe = probe_engine(place, &store, &Registry::default());
@@ -781,6 +810,7 @@ pub(crate) async fn resume(
         Arc::clone(&registry),
         None,
         root_state.tenant.as_deref(),
+        waves,
     )
     .await?;
     let engine = engine(
@@ -916,11 +946,11 @@ async fn drive(
     // so it is printed only once the store holds the run.
     let printer = (!json).then(|| {
         let mut unannounced = start.is_some().then(|| run_id.to_owned());
-        Printer::spawn(Arc::clone(&engine.store), follow, move |_, depth, e| {
+        Printer::spawn(Arc::clone(&engine.store), follow, move |id, depth, e| {
             if let Some(id) = unannounced.take() {
                 outln!("run {id}")?;
             }
-            print_nested(e, depth, None)
+            print_timeline(e, depth, id)
         })
     });
     let signals = tokio::spawn(stop_on_signal(engine.stop.clone()));
@@ -997,6 +1027,18 @@ async fn report(
                 outln!("  {line}")?;
             }
         }
+    } else if *outcome == Outcome::Waiting
+        && let Some(w) = baton_engine::wave_actions::wave_under_way(&state)
+        && state.open_children().next().is_none()
+    {
+        let c = w.counts();
+        outln!(
+            "waiting: wave {run_id} (level `{}`) waits for outside agents: {} planned, {} in flight, {} settled; dispatch with `baton wave dispatch {run_id}`, record with `baton wave record {run_id}`, or run its workers with `baton wave run {run_id}`",
+            escape::one_line(&w.level_id),
+            c.planned,
+            c.in_flight,
+            c.assignments - c.planned - c.in_flight
+        )?;
     } else if *outcome == Outcome::Waiting {
         let children: Vec<String> = state
             .open_children()
@@ -1094,17 +1136,24 @@ fn print_event(e: &Event, as_json: bool) -> std::io::Result<()> {
 
 /// An event of a run `depth` levels below the job's first: a timeline line indented by
 /// its depth, or — with `run_id` — a JSON line naming its run.
-fn print_nested(e: &Event, depth: usize, run_id: Option<&str>) -> std::io::Result<()> {
-    if let Some(run_id) = run_id {
-        let mut line: Value = serde_json::from_str(&timeline::json_line(e)).unwrap_or_default();
-        if let Value::Object(map) = &mut line {
-            map.insert("run_id".to_owned(), json!(run_id));
-        }
-        outln!("{line}")?;
-    } else if let Some(line) = timeline::line(e) {
-        outln!("{}{}", "    ".repeat(depth), timeline::styled(&line))?;
+/// A timeline line at its depth in the tree; a nested run's lines begin with the start of
+/// its id, since the runs of a wave print side by side.
+fn print_timeline(e: &Event, depth: usize, run_id: &str) -> std::io::Result<()> {
+    let Some(line) = timeline::line(e) else { return Ok(()) };
+    if depth == 0 {
+        return outln!("{}", timeline::styled(&line));
     }
-    Ok(())
+    let short: String = run_id.chars().take(8).collect();
+    outln!("{}{short} {}", "    ".repeat(depth), timeline::styled(&line))
+}
+
+/// An event as a JSON line naming its run.
+fn print_json_line(e: &Event, run_id: &str) -> std::io::Result<()> {
+    let mut line: Value = serde_json::from_str(&timeline::json_line(e)).unwrap_or_default();
+    if let Value::Object(map) = &mut line {
+        map.insert("run_id".to_owned(), json!(run_id));
+    }
+    outln!("{line}")
 }
 
 /// A run whose events a follower emits, from `after` on.
@@ -1214,7 +1263,7 @@ async fn follow(
 }
 
 /// Whether a listed status is a run's end.
-fn is_final(status: &str) -> bool {
+pub(crate) fn is_final(status: &str) -> bool {
     [Status::Completed, Status::Aborted, Status::Cancelled, Status::Failed]
         .iter()
         .any(|s| s.as_str() == status)
@@ -1289,6 +1338,22 @@ fn decision_engine(place: &Place) -> anyhow::Result<Engine> {
     Ok(probe_engine(place, &store, &Registry::default()))
 }
 
+/// An engine for actions on a wave: the existing store, and the configuration's wave
+/// settings (its default `max_parallel`).
+pub(crate) fn wave_engine(place: &Place) -> anyhow::Result<Engine> {
+    let store = open_existing_store(place)?;
+    let jobs = jobs(place, Arc::new(Registry::default()), None, WaveDrive::default())?;
+    Ok(engine(
+        store,
+        Arc::new(ScriptedModel::default()),
+        &Registry::default(),
+        workspace_setup(place, None, None),
+        redactor(place),
+        jail(place),
+        Some(Arc::new(jobs)),
+    ))
+}
+
 /// Continues a run after a decision or an answer was recorded, on the scenario version it
 /// started with; when that cannot be loaded here, says why and how to continue it (exit 0:
 /// what was asked is recorded).
@@ -1306,7 +1371,7 @@ async fn continue_run(
         );
         return Ok(ExitCode::SUCCESS);
     }
-    resume(place, run_id, script, false, false).await
+    resume(place, run_id, script, false, false, WaveDrive::default()).await
 }
 
 pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow::Result<ExitCode> {
@@ -1374,7 +1439,7 @@ pub(crate) async fn cancel(
         workspace_setup(place, None, None),
         redactor(place),
         jail(place),
-        jobs(place, Arc::new(Registry::default()), None).ok().map(Arc::new),
+        jobs(place, Arc::new(Registry::default()), None, WaveDrive::default()).ok().map(Arc::new),
     );
     let Some(record) = store.run(run_id).await? else {
         bail!("no run {run_id} in {}", place.db.display());
@@ -1670,7 +1735,7 @@ pub(crate) async fn events(
         }
         let runs = vec![Followed::new(run_id, 0, 0)];
         follow(store.as_ref(), runs, true, Some(stopped), |id, depth, e| {
-            print_nested(e, depth, json.then_some(id))
+            if json { print_json_line(e, id) } else { print_timeline(e, depth, id) }
         })
         .await?;
         return Ok(ExitCode::SUCCESS);

@@ -11,6 +11,7 @@ mod cmd_run;
 mod cmd_tenant;
 mod cmd_validate;
 mod cmd_verify;
+mod cmd_wave;
 mod escape;
 mod limits;
 mod out;
@@ -145,6 +146,11 @@ enum Command {
     /// Work with cassettes (recorded model answers).
     #[command(subcommand)]
     Cassette(CassetteCommand),
+    /// Waves: batches of assignments run by workers with bounded parallelism (a `wave`
+    /// level, or a standalone wave planned here). A WAVE is a run id, or `current` (the
+    /// newest run with a wave under way).
+    #[command(subcommand)]
+    Wave(WaveCommand),
     /// Tenants' overrides of scenarios, kept in the database (checked before they are
     /// stored; `baton run --tenant T` runs the merged scenarios).
     #[command(subcommand)]
@@ -324,6 +330,136 @@ enum CassetteCommand {
     },
 }
 
+/// Wave commands.
+#[derive(Debug, Subcommand)]
+enum WaveCommand {
+    /// Plan a standalone wave from a task list and print its run id (the wave's name). Its
+    /// assignments are dispatched by outside agents (`dispatch`, `record`) or, with
+    /// --worker, by `baton wave run`.
+    Plan {
+        /// A JSON file: `{"tasks": [{"id", "title", "description"?, "priority"?}],
+        /// "context"?: TEXT, "max_parallel"?: N}` (or `assignments` for `tasks`).
+        #[arg(long, value_name = "FILE.json")]
+        tasks: PathBuf,
+        /// The scenario each assignment runs as a child run of, under `baton wave run`.
+        #[arg(long, value_name = "SCENARIO")]
+        worker: Option<String>,
+        /// Most workers at once, 1 to 10, stored on the wave (default: the task list's,
+        /// else `[waves] max_parallel` in baton.toml, else 3).
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        max_parallel: Option<i64>,
+        /// Longest time one worker may take, in seconds (0.001 to 2147483.647; default 600).
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+        timeout_s: Option<f64>,
+        /// Most assignments the plan may hold (1 to 200; default 50).
+        #[arg(long, value_name = "N")]
+        max_assignments: Option<u32>,
+        /// Text every worker receives beside its assignment.
+        #[arg(long)]
+        context: Option<String>,
+        /// Answer the workers' model calls from this script.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give a planned assignment to a worker you run yourself (within the wave's
+    /// max_parallel); record its outcome with `record` before its timeout.
+    Dispatch {
+        wave: String,
+        #[arg(long, value_name = "ID", conflicts_with = "task")]
+        assignment: Option<String>,
+        /// The assignment of this task id.
+        #[arg(long, value_name = "ID")]
+        task: Option<String>,
+        /// Your worker's run id (1 to 128 characters).
+        #[arg(long, value_name = "ID")]
+        worker_run: String,
+        #[arg(long, value_parser = parse_by)]
+        by: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Record the outcome of an assignment you dispatched, exactly once (refused for one
+    /// already settled, one a `baton wave run` worker owns, and one past its timeout,
+    /// which is recorded failed instead).
+    Record {
+        wave: String,
+        #[arg(long, value_name = "ID", conflicts_with = "task")]
+        assignment: Option<String>,
+        #[arg(long, value_name = "ID")]
+        task: Option<String>,
+        /// completed, partial, blocked, failed or cancelled.
+        #[arg(long)]
+        outcome: String,
+        #[arg(long)]
+        summary: Option<String>,
+        /// What blocks the work (repeatable).
+        #[arg(long = "blocker")]
+        blockers: Vec<String>,
+        #[arg(long, value_parser = parse_by)]
+        by: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the controller's decision: dispatch, wait, complete, replan, escalate or
+    /// cancelled (assignments past their timeout are recorded failed first).
+    Decide {
+        wave: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a wave whose decision is an end (complete, replan or escalate), then continue
+    /// its run to its end.
+    Complete {
+        wave: String,
+        #[arg(long, value_parser = parse_by)]
+        by: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a wave: every unsettled worker is cancelled and waited for (up to the settle
+    /// timeout), then the wave ends cancelled with what settled.
+    Cancel {
+        wave: String,
+        #[arg(long, value_parser = parse_by)]
+        by: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Dispatch the wave's planned assignments to its worker scenario from this process,
+    /// at most --max-parallel at once (this drive only; the stored value is unchanged),
+    /// and drive them to the wave's end.
+    Run {
+        wave: String,
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        max_parallel: Option<i64>,
+        #[arg(long)]
+        script: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a wave as a table: each assignment's stage, outcome, worker run and cost.
+    Get {
+        wave: String,
+        /// Print the table again whenever it changes, until the wave's run ends.
+        #[arg(long)]
+        watch: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List waves, newest first.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Summarise the orchestration state: waves under way, assignments by outcome, cost.
+    Summary {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 /// Tenant commands.
 #[derive(Debug, Subcommand)]
 enum TenantCommand {
@@ -448,10 +584,77 @@ fn main() -> ExitCode {
                         record,
                         workspace,
                         branch,
+                        given: None,
                     },
                 ))
             })
         }
+        Command::Wave(w) => runtime.block_on(async {
+            match w {
+                WaveCommand::Plan {
+                    tasks,
+                    worker,
+                    max_parallel,
+                    timeout_s,
+                    max_assignments,
+                    context,
+                    script,
+                    json,
+                } => {
+                    let args = cmd_wave::PlanArgs {
+                        tasks,
+                        worker,
+                        max_parallel,
+                        timeout_s,
+                        max_assignments,
+                        context,
+                        script,
+                        json,
+                    };
+                    cmd_wave::plan(&place, args).await
+                }
+                WaveCommand::Dispatch { wave, assignment, task, worker_run, by, json } => {
+                    cmd_wave::dispatch(&place, &wave, (assignment, task), worker_run, by, json)
+                        .await
+                }
+                WaveCommand::Record {
+                    wave,
+                    assignment,
+                    task,
+                    outcome,
+                    summary,
+                    blockers,
+                    by,
+                    json,
+                } => {
+                    let args = cmd_wave::RecordArgs {
+                        assignment,
+                        task,
+                        outcome,
+                        summary,
+                        blockers,
+                        by,
+                        json,
+                    };
+                    cmd_wave::record(&place, &wave, args).await
+                }
+                WaveCommand::Decide { wave, json } => cmd_wave::decide(&place, &wave, json).await,
+                WaveCommand::Complete { wave, by, json } => {
+                    cmd_wave::complete(&place, &wave, by, json).await
+                }
+                WaveCommand::Cancel { wave, by, reason } => {
+                    cmd_wave::cancel(&place, &wave, by, reason).await
+                }
+                WaveCommand::Run { wave, max_parallel, script, json } => {
+                    cmd_wave::run(&place, &wave, max_parallel, script.as_deref(), json).await
+                }
+                WaveCommand::Get { wave, watch, json } => {
+                    cmd_wave::get(&place, &wave, json, watch).await
+                }
+                WaveCommand::List { json } => cmd_wave::list(&place, json).await,
+                WaveCommand::Summary { json } => cmd_wave::summary(&place, json).await,
+            }
+        }),
         Command::Tenant(t) => runtime.block_on(async {
             match t {
                 TenantCommand::Set { tenant, scenario, file } => {
@@ -470,9 +673,14 @@ fn main() -> ExitCode {
         Command::Cassette(CassetteCommand::Export { run, out }) => {
             runtime.block_on(cmd_run::export_cassette(&place, &run, out.as_deref()))
         }
-        Command::Resume { run, script, json, upgrade } => {
-            runtime.block_on(cmd_run::resume(&place, &run, script.as_deref(), json, upgrade))
-        }
+        Command::Resume { run, script, json, upgrade } => runtime.block_on(cmd_run::resume(
+            &place,
+            &run,
+            script.as_deref(),
+            json,
+            upgrade,
+            cmd_run::WaveDrive::default(),
+        )),
         Command::Approve { run, request, reject, comment, by, data, script, no_resume } => runtime
             .block_on(cmd_run::approve(
                 &place,

@@ -243,6 +243,47 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             "unsettled {} {} still {} after {} ms: the run ends without its result",
             c.link, c.child_run_id, c.status, c.waited_ms
         ),
+        EventData::WavePlanned(p) => format!(
+            "wave      {level}: {} assignments planned (worker {}, max_parallel {}, timeout {} ms, {})",
+            p.assignments.len(),
+            p.worker.as_deref().unwrap_or("outside"),
+            p.max_parallel.map_or_else(|| "default".to_owned(), |n| n.to_string()),
+            p.timeout_ms,
+            p.dispatch
+        ),
+        EventData::WaveDispatched(d) => format!(
+            "dispatch  {level}: {} → {}{}",
+            d.assignment_id,
+            d.worker_run,
+            d.by.as_ref().map_or(String::new(), |b| format!(" by {b}"))
+        ),
+        EventData::WaveRecorded(r) => format!(
+            "record    {level}: {} {}{} — {}",
+            r.assignment_id,
+            r.outcome.as_str(),
+            r.reason.as_ref().map_or(String::new(), |why| format!(" ({why})")),
+            preview(&r.summary, 80)
+        ),
+        EventData::WaveDecided(d) => {
+            let c = &d.counts;
+            format!(
+                "decide    {level}: {}{} — {} planned, {} in flight, {} completed, {} partial, {} blocked, {} failed, {} cancelled{}",
+                d.decision.as_str(),
+                if d.closes { " (ends the wave)" } else { "" },
+                c.planned,
+                c.in_flight,
+                c.completed,
+                c.partial,
+                c.blocked,
+                c.failed,
+                c.cancelled,
+                if d.dispatched.is_empty() {
+                    String::new()
+                } else {
+                    format!("; dispatches {}", d.dispatched.join(", "))
+                }
+            )
+        }
         EventData::PromptSent(_)
         | EventData::VerifierStarted(_)
         | EventData::BudgetConsumed(_)

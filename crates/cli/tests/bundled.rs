@@ -34,21 +34,24 @@ fn scratch(name: &str) -> PathBuf {
 /// `baton --db DB ARGS` from `cwd`, with no provider key of the machine and the test
 /// venv (mypy, pyflakes for `code_build_strict`) first on PATH.
 fn baton_in(cwd: &Path, db: &Path, args: &[&str]) -> Output {
+    baton_cmd(cwd, db).args(args).output().unwrap()
+}
+
+/// The command [`baton_in`] runs, before its arguments.
+fn baton_cmd(cwd: &Path, db: &Path) -> Command {
     let venv = repo().join(".peers/venv/bin");
     let path = format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default());
-    Command::new(env!("CARGO_BIN_EXE_baton"))
-        .env("BATON_BWRAP", repo().join(".peers/bubblewrap/usr/bin/bwrap"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
+    c.env("BATON_BWRAP", repo().join(".peers/bubblewrap/usr/bin/bwrap"))
         .args(["--db", db.to_str().unwrap(), "--scenarios"])
         .arg(repo().join("scenarios"))
-        .args(args)
         .current_dir(cwd)
         .env("PATH", path)
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
-        .env_remove("BATON_CONFIG")
-        .output()
-        .unwrap()
+        .env_remove("BATON_CONFIG");
+    c
 }
 
 fn events_of(cwd: &Path, db: &Path, run: &str) -> Vec<Value> {
@@ -64,6 +67,8 @@ enum Decide {
     Reject(&'static str),
     /// The answer to an `ask_user` question, as JSON.
     Answer(&'static str),
+    /// Cancel the wave once two of its workers run (the run is started in the background).
+    CancelWave,
 }
 
 /// One run of a bundled scenario on a script, the decisions its pauses get in order, and
@@ -96,6 +101,17 @@ const RUNS: &[Run] = &[
     run("document_writing", "document_writing", &[], "completed"),
     run("document_writing", "document_writing_fix", &[], "completed"),
     run("document_writing", "document_writing_unverified", &[], "completed"),
+    run("feature_wave", "feature_wave", &[], "completed"),
+    run("feature_wave", "feature_wave_replan", &[], "completed"),
+    run("feature_wave", "feature_wave_failing", &[], "failed"),
+    run("feature_wave", "feature_wave_escalate", &[Decide::Approve], "completed"),
+    run(
+        "feature_wave",
+        "feature_wave_escalate",
+        &[Decide::Reject("no secret this week")],
+        "failed",
+    ),
+    run("feature_wave", "feature_wave_cancel", &[Decide::CancelWave], "cancelled"),
     run("intent_classifier", "intent_classifier", &[], "completed"),
     run(
         "intent_classifier",
@@ -145,6 +161,9 @@ fn exit_status(code: Option<i32>) -> &'static str {
 fn drive(dir: &Path, db: &Path, r: &Run) -> String {
     let script = repo().join(format!("scenarios/scripts/{}.yaml", r.script));
     let what = format!("{} on {}", r.scenario, r.script);
+    if matches!(r.decisions, [Decide::CancelWave]) {
+        return cancel_mid_wave(dir, db, r, &script, &what);
+    }
     let out = baton_in(
         dir,
         db,
@@ -172,6 +191,7 @@ fn drive(dir: &Path, db: &Path, r: &Run) -> String {
                 &["approve", &run, "--reject", "--comment", comment, "--by", "tester"],
             ),
             Decide::Answer(answer) => baton_in(dir, db, &["answer", &run, "--answer", answer]),
+            Decide::CancelWave => unreachable!("a cancelled wave is driven by cancel_mid_wave"),
         };
         status = exit_status(out.status.code());
         assert_ne!(status, "crashed", "{what}: {}{}", text(&out.stdout), text(&out.stderr));
@@ -181,6 +201,57 @@ fn drive(dir: &Path, db: &Path, r: &Run) -> String {
     let last = events.last().unwrap();
     assert_eq!(last["kind"], "scenario_finished", "{what}");
     assert_eq!(last["data"]["status"], r.status, "{what}");
+    run
+}
+
+/// Starts the run in the background, cancels its wave once two workers run, and checks
+/// that every worker settled cancelled within the settle timeout.
+fn cancel_mid_wave(dir: &Path, db: &Path, r: &Run, script: &Path, what: &str) -> String {
+    let child = baton_cmd(dir, db)
+        .args([
+            "run",
+            r.scenario,
+            "--script",
+            script.to_str().unwrap(),
+            "--input",
+            "a request",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let run = loop {
+        assert!(std::time::Instant::now() < deadline, "{what}: two workers never ran");
+        let out = baton_in(dir, db, &["wave", "get", "current", "--json"]);
+        if let Ok(view) = serde_json::from_slice::<Value>(&out.stdout)
+            && view["counts"]["in_flight"] == 2
+            && view["assignments"][1]["worker_run"].is_string()
+        {
+            break view["run_id"].as_str().unwrap().to_owned();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let asked = std::time::Instant::now();
+    let cancel = baton_in(dir, db, &["wave", "cancel", &run, "--by", "tester"]);
+    assert_eq!(cancel.status.code(), Some(0), "{what}: {}", text(&cancel.stderr));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(exit_status(out.status.code()), "cancelled", "{what}: {}", text(&out.stderr));
+    assert!(
+        asked.elapsed() < std::time::Duration::from_secs(15),
+        "{what}: took {:?}",
+        asked.elapsed()
+    );
+    let view: Value =
+        serde_json::from_slice(&baton_in(dir, db, &["wave", "get", &run, "--json"]).stdout)
+            .unwrap();
+    assert_eq!(view["decision"], "cancelled", "{what}: {view}");
+    assert_eq!(
+        view["counts"]["cancelled"], 2,
+        "{what}: both running workers settled cancelled: {view}"
+    );
+    assert_eq!(view["counts"]["planned"], 1, "{what}: {view}");
     run
 }
 

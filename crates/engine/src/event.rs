@@ -104,6 +104,10 @@ pub enum EventData {
     ChildRunSettled(ChildRunSettled),
     ChildRunUnsettled(ChildRunUnsettled),
     ScratchpadWritten(ScratchpadWritten),
+    WavePlanned(WavePlanned),
+    WaveDispatched(WaveDispatched),
+    WaveRecorded(WaveRecorded),
+    WaveDecided(WaveDecided),
 }
 
 impl EventData {
@@ -147,6 +151,10 @@ impl EventData {
             EventData::ChildRunSettled(_) => "child_run_settled",
             EventData::ChildRunUnsettled(_) => "child_run_unsettled",
             EventData::ScratchpadWritten(_) => "scratchpad_written",
+            EventData::WavePlanned(_) => "wave_planned",
+            EventData::WaveDispatched(_) => "wave_dispatched",
+            EventData::WaveRecorded(_) => "wave_recorded",
+            EventData::WaveDecided(_) => "wave_decided",
         }
     }
 
@@ -241,6 +249,10 @@ impl EventData {
             "child_run_settled" => ChildRunSettled,
             "child_run_unsettled" => ChildRunUnsettled,
             "scratchpad_written" => ScratchpadWritten,
+            "wave_planned" => WavePlanned,
+            "wave_dispatched" => WaveDispatched,
+            "wave_recorded" => WaveRecorded,
+            "wave_decided" => WaveDecided,
         }
     }
 }
@@ -897,4 +909,176 @@ pub struct ChildRunUnsettled {
     /// The child's status when the parent stopped waiting.
     pub status: String,
     pub waited_ms: u64,
+}
+
+/// One assignment of a wave: a task for one worker.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// `assign-001`, `assign-002` … in the plan's order.
+    pub id: String,
+    /// The task brief's own id.
+    pub task_id: String,
+    pub title: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
+}
+
+/// A wave's assignments, planned when its level starts and before any worker exists.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WavePlanned {
+    pub assignments: Vec<Assignment>,
+    /// Text every worker receives beside its assignment.
+    pub context: Option<String>,
+    /// The wave's own parallelism (the level's, else the plan's); without it, the
+    /// engine's default applies when workers are dispatched.
+    pub max_parallel: Option<u32>,
+    /// Longest time one worker may take.
+    pub timeout_ms: u64,
+    /// The scenario workers run; none when workers run outside Baton.
+    pub worker: Option<String>,
+    /// `auto` or `manual`.
+    pub dispatch: String,
+}
+
+/// An assignment went to a worker: a child run Baton starts (`child_run_id`, recorded in
+/// the same commit as its `child_run_started`), or a worker an outside agent runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WaveDispatched {
+    pub assignment_id: String,
+    /// The worker's run: the child run's id, or the outside worker's.
+    pub worker_run: String,
+    /// Set when Baton runs the worker as a child run (the active dispatcher owns it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+/// How an assignment ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerOutcome {
+    Completed,
+    Partial,
+    Blocked,
+    Failed,
+    Cancelled,
+}
+
+impl WorkerOutcome {
+    pub const ALL: [WorkerOutcome; 5] = [
+        WorkerOutcome::Completed,
+        WorkerOutcome::Partial,
+        WorkerOutcome::Blocked,
+        WorkerOutcome::Failed,
+        WorkerOutcome::Cancelled,
+    ];
+
+    /// The outcome as written.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WorkerOutcome::Completed => "completed",
+            WorkerOutcome::Partial => "partial",
+            WorkerOutcome::Blocked => "blocked",
+            WorkerOutcome::Failed => "failed",
+            WorkerOutcome::Cancelled => "cancelled",
+        }
+    }
+
+    /// The outcome named `name`, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.as_str() == name)
+    }
+
+    /// Whether no further assignment is admitted after this outcome.
+    pub fn stops_admission(self) -> bool {
+        matches!(self, WorkerOutcome::Blocked | WorkerOutcome::Failed | WorkerOutcome::Cancelled)
+    }
+}
+
+/// An assignment's outcome, recorded exactly once: by an outside agent (`baton wave
+/// record`), or by Baton when its worker overran the timeout. A child run's own result
+/// settles its assignment through `child_run_settled` instead.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WaveRecorded {
+    pub assignment_id: String,
+    pub outcome: WorkerOutcome,
+    pub summary: String,
+    #[serde(default)]
+    pub blockers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// Why Baton recorded it (`timeout`), when Baton did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What a wave does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaveDecision {
+    Dispatch,
+    Wait,
+    Complete,
+    Replan,
+    Escalate,
+    Cancelled,
+}
+
+impl WaveDecision {
+    /// The decision as written.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WaveDecision::Dispatch => "dispatch",
+            WaveDecision::Wait => "wait",
+            WaveDecision::Complete => "complete",
+            WaveDecision::Replan => "replan",
+            WaveDecision::Escalate => "escalate",
+            WaveDecision::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the decision ends the wave.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            WaveDecision::Complete
+                | WaveDecision::Replan
+                | WaveDecision::Escalate
+                | WaveDecision::Cancelled
+        )
+    }
+}
+
+/// Assignments counted by where they stand.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaveCounts {
+    pub assignments: u32,
+    pub planned: u32,
+    pub in_flight: u32,
+    pub completed: u32,
+    pub partial: u32,
+    pub blocked: u32,
+    pub failed: u32,
+    pub cancelled: u32,
+}
+
+/// A decision of the wave's controller, with the counts it read: recorded when it
+/// dispatches, and when it ends the wave (`closes`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WaveDecided {
+    pub decision: WaveDecision,
+    pub counts: WaveCounts,
+    /// The parallelism it admitted under (0 when it admitted nothing).
+    pub max_parallel: u32,
+    /// The assignments it dispatched.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dispatched: Vec<String>,
+    /// The wave ends with this decision.
+    #[serde(default)]
+    pub closes: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }

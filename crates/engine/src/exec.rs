@@ -470,6 +470,36 @@ impl Engine {
                     }
                     return Ok(Outcome::Waiting);
                 }
+                Step::Wave { level } => {
+                    // Workers that ended are settled first, in the same commit as what
+                    // the wave does next (the flush is conditional on the log).
+                    let ended = self.ended_children(&w.state).await?;
+                    if !ended.is_empty() {
+                        w.stage(
+                            ended
+                                .into_iter()
+                                .map(|c| NewEvent::run(EventData::ChildRunSettled(c)))
+                                .collect(),
+                        );
+                        continue;
+                    }
+                    let level_id = scenario.levels[level].id.clone();
+                    let dispatch = self.wave_dispatch(run_id, &w.state, &level_id).await?;
+                    if !dispatch.is_empty() {
+                        w.stage(dispatch);
+                        continue;
+                    }
+                    if !w.flush().await? {
+                        continue;
+                    }
+                    if let Some(record) = self.store.run(run_id).await?
+                        && record.status != Status::Waiting.as_str()
+                        && !w.write(Vec::new()).await?
+                    {
+                        continue;
+                    }
+                    return Ok(Outcome::Waiting);
+                }
                 Step::Run { level, attempt } => {
                     // The previous level's results, and the start of this one, become
                     // durable before this level does anything.

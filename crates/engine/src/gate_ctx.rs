@@ -102,6 +102,27 @@ impl Context for GateContext<'_> {
                 .get(&seg[1])
                 .and_then(|v| walk(v, &seg[2..]))
                 .map_or(Val::Undefined, json_val),
+            Root::Wave => {
+                let Some(wave) = s.waves.get(self.source) else { return Val::Undefined };
+                let Some(decided) = wave.closed.as_ref().or(wave.decided.as_ref()) else {
+                    return Val::Undefined;
+                };
+                let c = wave.counts();
+                match seg[1].as_str() {
+                    "decision" => Val::Str(decided.decision.as_str()),
+                    "assignments" => num(c.assignments),
+                    "completed" => num(c.completed),
+                    "partial" => num(c.partial),
+                    "blocked" => num(c.blocked),
+                    "failed" => num(c.failed),
+                    "cancelled" => num(c.cancelled),
+                    "planned" => num(c.planned),
+                    "in_flight" => num(c.in_flight),
+                    "cost_usd" => num(wave.spent().0),
+                    "tokens" => count(wave.spent().1),
+                    _ => Val::Undefined,
+                }
+            }
             // Only an MCP verifier's condition reads `result`.
             Root::Result => Val::Undefined,
             Root::Input => {

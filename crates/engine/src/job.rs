@@ -84,6 +84,8 @@ pub struct Jobs {
     pub scenarios_dir: PathBuf,
     /// How long the end of a parent waits for its cancelled children to settle.
     pub settle_timeout: Duration,
+    /// How waves are dispatched.
+    pub waves: crate::wave_drive::WaveSettings,
 }
 
 /// How [`Jobs`] reloads: the directory's handle, and the tenant's overrides to merge over
@@ -115,7 +117,15 @@ impl Jobs {
             selection,
             scenarios_dir,
             settle_timeout,
+            waves: crate::wave_drive::WaveSettings::default(),
         }
+    }
+
+    /// Dispatches waves with these settings.
+    #[must_use]
+    pub fn with_waves(mut self, waves: crate::wave_drive::WaveSettings) -> Self {
+        self.waves = waves;
+        self
     }
 
     /// Reloads the scenarios through `handle` when their files change (merging a tenant's
@@ -544,9 +554,33 @@ impl Engine {
                 return Ok(outcome);
             }
             let state = self.state(run_id).await?;
-            if state.cancel_requested.is_some() {
+            if state.cancel_requested.is_some()
+                && crate::wave_drive::wave_in_flight(&state).is_none()
+            {
                 self.stop_children(run_id, &state).await?;
                 continue;
+            }
+            if state.open_children().next().is_none() {
+                // Nothing of its own to drive: a manual wave waits for outside agents.
+                return Ok(Outcome::Waiting);
+            }
+            if crate::wave_drive::wave_in_flight(&state).is_some() {
+                if state.cancel_requested.is_some() {
+                    // Workers this process drives end by the cancel; then the rest are
+                    // stopped and waited for like any child.
+                    if let Some(outcome) = self.wave_window(run_id, scenario, state).await? {
+                        return Ok(outcome);
+                    }
+                    let state = self.state(run_id).await?;
+                    if state.open_children().next().is_some() {
+                        self.stop_children(run_id, &state).await?;
+                    }
+                    continue;
+                }
+                match self.wave_window(run_id, scenario, state).await? {
+                    Some(outcome) => return Ok(outcome),
+                    None => continue,
+                }
             }
             let mut waits = None;
             for child in state.open_children() {
@@ -593,7 +627,7 @@ impl Engine {
 
     /// Creates a child from its parent's record when it does not exist yet, then drives
     /// its tree.
-    async fn drive_child(
+    pub(crate) async fn drive_child(
         &self,
         parent_run_id: &str,
         parent: &RunState,

@@ -49,3 +49,49 @@ pub async fn join_limited<F: Future>(futures: Vec<F>, limit: usize) -> Vec<F::Ou
     })
     .await
 }
+
+/// Futures polled together in one task, each taken out as it finishes, in the order they
+/// finish; more can be added between takes (a sliding window).
+pub struct Pool<F: Future> {
+    active: Vec<Pin<Box<F>>>,
+}
+
+impl<F: Future> std::fmt::Debug for Pool<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("active", &self.active.len()).finish()
+    }
+}
+
+impl<F: Future> Default for Pool<F> {
+    fn default() -> Self {
+        Pool { active: Vec::new() }
+    }
+}
+
+impl<F: Future> Pool<F> {
+    /// Adds a future; it is first polled by the next [`Pool::next`].
+    pub fn push(&mut self, future: F) {
+        self.active.push(Box::pin(future));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    /// The output of the first future to finish; `None` when the pool is empty.
+    pub async fn next(&mut self) -> Option<F::Output> {
+        if self.active.is_empty() {
+            return None;
+        }
+        std::future::poll_fn(|cx| {
+            for k in 0..self.active.len() {
+                if let Poll::Ready(out) = self.active[k].as_mut().poll(cx) {
+                    self.active.remove(k);
+                    return Poll::Ready(Some(out));
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}

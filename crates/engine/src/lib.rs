@@ -30,6 +30,9 @@ pub mod store;
 pub mod tool_loop;
 pub mod verdict;
 pub mod verifier;
+pub mod wave;
+pub mod wave_actions;
+pub mod wave_drive;
 pub mod workspace;
 
 pub use exec::{Decision, Engine, Outcome};

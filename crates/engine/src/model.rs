@@ -200,7 +200,8 @@ pub trait ModelProvider: Send + Sync + std::fmt::Debug {
 ///
 /// A script answers one scenario per level (`levels:`), or a whole job — every scenario
 /// its runs go through — per scenario and level (`scenarios: {ID: {levels: …, default:
-/// …}}`); a scenario's own entries come first, then the top-level ones, then the
+/// …, cases: [{when: TEXT, levels: …}]}}`); the first case whose text the prompt holds
+/// comes first, then the scenario's own entries, then the top-level ones, then the
 /// scenario's `default`, then the top-level `default`.
 #[derive(Clone, Debug, Default)]
 pub struct ScriptedModel {
@@ -214,6 +215,16 @@ pub struct ScriptedModel {
 struct ScriptedScenario {
     levels: BTreeMap<String, Vec<ScriptedResponse>>,
     default: Option<ScriptedResponse>,
+    /// Answers for the calls whose prompt holds a text (a wave's workers of one scenario
+    /// told apart by their assignment), tried before the scenario's own.
+    cases: Vec<ScriptedCase>,
+}
+
+/// Answers for the calls whose prompt contains `when`.
+#[derive(Clone, Debug, Default)]
+struct ScriptedCase {
+    when: String,
+    levels: BTreeMap<String, Vec<ScriptedResponse>>,
 }
 
 /// One scripted answer.
@@ -290,6 +301,16 @@ struct RawScenarioScript {
     levels: BTreeMap<String, Located<Vec<Located<ScriptedResponse>>>>,
     #[serde(default)]
     default: Option<Located<ScriptedResponse>>,
+    /// Answers for calls whose prompt contains a text, tried first, in order.
+    #[serde(default)]
+    cases: Vec<RawCase>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCase {
+    when: Located<String>,
+    levels: RawLevels,
 }
 
 type RawLevels = BTreeMap<String, Located<Vec<Located<ScriptedResponse>>>>;
@@ -395,6 +416,20 @@ impl ScriptedModel {
                 &scenario.levels,
                 scenario.default.as_ref(),
             )?;
+            for case in &scenario.cases {
+                if case.when.value.is_empty() {
+                    return Err(format!(
+                        "{file}:{}:{}: scenario `{id}`, a case's `when` must not be empty",
+                        case.when.pos.line, case.when.pos.col
+                    ));
+                }
+                check_levels(
+                    file,
+                    &format!("scenario `{id}`, case `{}`, ", case.when.value),
+                    &case.levels,
+                    None,
+                )?;
+            }
         }
         Ok(ScriptedModel {
             levels: unlocate(raw.levels),
@@ -404,7 +439,12 @@ impl ScriptedModel {
                 .into_iter()
                 .map(|(id, s)| {
                     let levels = unlocate(s.levels);
-                    (id, ScriptedScenario { levels, default: s.default.map(|r| r.value) })
+                    let cases = s
+                        .cases
+                        .into_iter()
+                        .map(|c| ScriptedCase { when: c.when.value, levels: unlocate(c.levels) })
+                        .collect();
+                    (id, ScriptedScenario { levels, default: s.default.map(|r| r.value), cases })
                 })
                 .collect(),
         })
@@ -416,6 +456,14 @@ impl ScriptedModel {
             list.get(index).or_else(|| list.last())
         }
         let own = self.scenarios.get(&request.scenario_id);
+        if let Some(list) = own.and_then(|s| {
+            s.cases
+                .iter()
+                .filter(|c| request.prompt.contains(&c.when))
+                .find_map(|c| c.levels.get(&request.level_id))
+        }) {
+            return nth(list, index);
+        }
         if let Some(list) = own.and_then(|s| s.levels.get(&request.level_id)) {
             return nth(list, index);
         }

@@ -7,13 +7,14 @@
 //! [`Step::Run`], for a runner to perform.
 
 use baton_scenario::Scenario;
-use baton_scenario::model::{END, FAIL, LevelIdx, Target};
+use baton_scenario::limits::WAVE_PARALLEL_MAX;
+use baton_scenario::model::{END, FAIL, LevelIdx, LevelKind, Target, WaveDispatch, WaveSpec};
 use serde_json::{Map, Value, json};
 
 use crate::event::{
     ApprovalDecided, BudgetCaps, BudgetExceeded, ChildRunSettled, EventData, FinalStatus,
     GateDecision, LevelFinished, LevelStarted, LevelTimedOut, NewEvent, Reading, RunResumed,
-    ScenarioFinished, Totals, Warning,
+    ScenarioFinished, Totals, Warning, WaveDecided, WaveDecision,
 };
 use crate::fan_in::{self, ChildState};
 use crate::gate_ctx::GateContext;
@@ -37,6 +38,10 @@ pub enum Step {
     /// The run waits for its open child runs; with `stop`, the run is ending (a cancel) and
     /// they are cancelled first and waited for up to the settle timeout.
     Children { stop: bool },
+    /// A wave level is under way: the executor settles the workers that ended, dispatches
+    /// what [`crate::wave::WaveState::admissible`] admits under the parallelism in force,
+    /// and the run waits for its workers (or, for a manual wave, for outside agents).
+    Wave { level: LevelIdx },
     /// The run has ended (or never started); nothing to do.
     Done,
 }
@@ -53,7 +58,7 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
         }
         return Step::Append(cancelled(state));
     }
-    if open_children {
+    if open_children && !(wave_in_flight(scenario, state) && state.aborted_reason.is_none()) {
         return Step::Children { stop: false };
     }
     // A chained job ends as the run it chained to ended.
@@ -178,6 +183,9 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
         return finish(state, FinalStatus::Failed, Some(format!("unknown_level:{id}")));
     };
     let attempt = state.level(id).map_or(1, |l| l.attempts);
+    if let LevelKind::Wave(spec) = &scenario.levels[index].kind {
+        return wave_step(scenario, state, index, attempt, spec);
+    }
     // A decision in the log finishes its approval level without any effect; a fan-out's
     // approval children finish one by one, in the order they asked.
     if let Some((pending, decision)) = state
@@ -223,6 +231,86 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
         )]);
     }
     Step::Run { level: index, attempt }
+}
+
+/// Whether the level in flight is a wave.
+fn wave_in_flight(scenario: &Scenario, state: &RunState) -> bool {
+    state
+        .in_flight
+        .as_ref()
+        .and_then(|id| scenario.level(id))
+        .is_some_and(|l| matches!(l.kind, LevelKind::Wave(_)))
+}
+
+/// The next step of a wave level in flight: plan it (or fail it, before any worker, when
+/// its plan does not read), end it once its controller decides an end (an outside agent
+/// ends a manual wave with `baton wave complete`), else let the executor dispatch and wait.
+fn wave_step(
+    scenario: &Scenario,
+    state: &RunState,
+    index: LevelIdx,
+    attempt: u32,
+    spec: &WaveSpec,
+) -> Step {
+    let level = &scenario.levels[index];
+    let Some(wave) = state.waves.get(&level.id) else {
+        let event = match crate::wave::plan(spec, state) {
+            Ok(planned) => EventData::WavePlanned(planned),
+            Err(error) => EventData::LevelFinished(LevelFinished {
+                ok: false,
+                error: Some(format!("wave_plan: {error}")),
+                ..skipped_with(false)
+            }),
+        };
+        return Step::Append(vec![NewEvent::level(&level.id, attempt, event)]);
+    };
+    if let Some(closed) = &wave.closed {
+        return Step::Append(vec![wave_finished(level, attempt, wave, closed.decision)]);
+    }
+    // Capacity does not enter an end: only a wave with nothing planned or in flight, or
+    // one stopped by a bad outcome, ends.
+    let decision = wave.decide(false, WAVE_PARALLEL_MAX);
+    if decision.is_final() && spec.dispatch == WaveDispatch::Auto {
+        let decided = WaveDecided {
+            decision,
+            counts: wave.counts(),
+            max_parallel: 0,
+            dispatched: Vec::new(),
+            closes: true,
+            by: None,
+        };
+        return Step::Append(vec![
+            NewEvent::level(&level.id, attempt, EventData::WaveDecided(decided)),
+            wave_finished(level, attempt, wave, decision),
+        ]);
+    }
+    Step::Wave { level: index }
+}
+
+/// The end of a wave's attempt: its summary is its output, PASS when it completed.
+fn wave_finished(
+    level: &baton_scenario::model::Level,
+    attempt: u32,
+    wave: &crate::wave::WaveState,
+    decision: WaveDecision,
+) -> NewEvent {
+    let summary = wave.summary(decision);
+    let (cost_usd, tokens) = wave.spent();
+    let verdict = if decision == WaveDecision::Complete { "PASS" } else { "FAIL" };
+    NewEvent::level(
+        &level.id,
+        attempt,
+        EventData::LevelFinished(LevelFinished {
+            ok: true,
+            verdict: Some(verdict.to_owned()),
+            output: summary.to_string(),
+            parsed: Some(summary),
+            cost_usd,
+            tokens,
+            terminal: level.terminal,
+            ..skipped_with(false)
+        }),
+    )
 }
 
 /// The result of an approval level, from its decision: the decision's fields and the
@@ -386,7 +474,24 @@ pub fn over_caps(b: BudgetCaps, t: Totals) -> Option<BudgetExceeded> {
 /// The end of a run whose cancel was requested. It reads nothing from the scenario, so a
 /// run can be ended after its scenario files changed or went away.
 pub fn cancelled(state: &RunState) -> Vec<NewEvent> {
-    end(state, FinalStatus::Cancelled, Some("cancelled_by_user".to_owned()))
+    let mut events = Vec::new();
+    // A wave cut by the cancel records its end with what settled.
+    if let Some(id) = &state.in_flight
+        && let Some(wave) = state.waves.get(id)
+        && wave.closed.is_none()
+    {
+        let decided = WaveDecided {
+            decision: WaveDecision::Cancelled,
+            counts: wave.counts(),
+            max_parallel: 0,
+            dispatched: Vec::new(),
+            closes: true,
+            by: state.cancel_requested.as_ref().and_then(|c| c.by.clone()),
+        };
+        events.push(NewEvent::level(id, wave.attempt, EventData::WaveDecided(decided)));
+    }
+    events.extend(end(state, FinalStatus::Cancelled, Some("cancelled_by_user".to_owned())));
+    events
 }
 
 fn finish(state: &RunState, status: FinalStatus, reason: Option<String>) -> Step {
@@ -422,9 +527,14 @@ fn last_output(state: &RunState) -> Option<String> {
 }
 
 fn skipped() -> LevelFinished {
+    skipped_with(true)
+}
+
+/// An empty result, skipped or not.
+fn skipped_with(skipped: bool) -> LevelFinished {
     LevelFinished {
         ok: true,
-        skipped: true,
+        skipped,
         verdict: None,
         output: String::new(),
         parsed: None,

@@ -210,6 +210,8 @@ pub struct RunState {
     pub children: Vec<ChildRun>,
     /// The tenant whose overrides the run's scenario was merged with.
     pub tenant: Option<String>,
+    /// Each wave level's current attempt, by level id.
+    pub waves: BTreeMap<String, crate::wave::WaveState>,
 }
 
 impl Default for RunState {
@@ -260,6 +262,7 @@ impl Default for RunState {
             chained: None,
             children: Vec::new(),
             tenant: None,
+            waves: BTreeMap::new(),
         }
     }
 }
@@ -363,6 +366,31 @@ impl RunState {
                 self.tenant.clone_from(&s.tenant);
             }
             EventData::ScenarioSelected(s) => self.selected = Some(s.clone()),
+            EventData::WavePlanned(p) => {
+                let attempt = event.attempt.unwrap_or(1);
+                self.waves.insert(
+                    level_id.to_owned(),
+                    crate::wave::WaveState::new(level_id, attempt, p.clone()),
+                );
+            }
+            EventData::WaveDispatched(d) => {
+                if let Some(wave) = self.waves.get_mut(level_id) {
+                    wave.apply_dispatched(d, event.at);
+                }
+            }
+            EventData::WaveRecorded(r) => {
+                if let Some(wave) = self.waves.get_mut(level_id) {
+                    wave.apply_recorded(r);
+                }
+            }
+            EventData::WaveDecided(d) => {
+                if let Some(wave) = self.waves.get_mut(level_id) {
+                    if d.closes && wave.closed.is_none() {
+                        wave.closed = Some(d.clone());
+                    }
+                    wave.decided = Some(d.clone());
+                }
+            }
             EventData::ScratchpadWritten(w) => {
                 crate::scratchpad::apply(&mut self.scratchpad, &w.key, &w.value);
             }
@@ -377,6 +405,11 @@ impl RunState {
                 {
                     child.settled = Some(c.clone());
                 }
+                if c.link.starts_with(crate::wave::LINK_PREFIX) {
+                    for wave in self.waves.values_mut() {
+                        wave.apply_child_settled(c);
+                    }
+                }
                 if self.status == Status::Waiting && self.open_children().next().is_none() {
                     self.status = Status::Running;
                 }
@@ -386,6 +419,11 @@ impl RunState {
                     self.children.iter_mut().find(|k| k.started.child_run_id == c.child_run_id)
                 {
                     child.unsettled = Some(c.clone());
+                }
+                if c.link.starts_with(crate::wave::LINK_PREFIX) {
+                    for wave in self.waves.values_mut() {
+                        wave.apply_child_unsettled(&c.child_run_id);
+                    }
                 }
                 if self.status == Status::Waiting && self.open_children().next().is_none() {
                     self.status = Status::Running;
@@ -404,6 +442,9 @@ impl RunState {
                 level.parent.clone_from(&s.parent);
                 level.kind.clone_from(&s.kind);
                 level.started_seq = event.seq;
+                if s.kind == "wave" {
+                    self.waves.remove(level_id);
+                }
                 if s.parent.is_none() {
                     self.in_flight = Some(level_id.to_owned());
                     self.next = None;

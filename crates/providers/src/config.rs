@@ -175,6 +175,16 @@ pub struct JobsConfig {
     pub settle_timeout_s: Option<f64>,
 }
 
+/// Waves (`[waves]`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WavesConfig {
+    /// Most workers of a wave running at once, for waves that set none: an integer from
+    /// 1 through 10 (default 3).
+    #[serde(default)]
+    pub max_parallel: Option<i64>,
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -189,6 +199,8 @@ pub struct Config {
     pub selection: SelectionConfig,
     #[serde(default)]
     pub jobs: JobsConfig,
+    #[serde(default)]
+    pub waves: WavesConfig,
 }
 
 /// Largest `baton.toml` read, in bytes.
@@ -280,6 +292,13 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        if let Some(n) = self.waves.max_parallel
+            && !(1..=10).contains(&n)
+        {
+            return Err(format!(
+                "[waves] max_parallel must be an integer from 1 through 10, not {n}"
+            ));
+        }
         if let Some(s) = self.jobs.settle_timeout_s
             && (!s.is_finite() || s <= 0.0 || s > 120.0)
         {

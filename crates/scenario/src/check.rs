@@ -18,7 +18,7 @@ use crate::limits;
 use crate::model::{
     Aggregator, Budget, END, Edge, FAIL, FanIn, Level, LevelIdx, LevelKind, Mode, ModelConstraint,
     OnFail, RegressionThresholds, Response, RetryPolicy, Scenario, Target, Template, Tier, Uses,
-    VerifierSpec,
+    VerifierSpec, WaveDispatch, WaveSource, WaveSpec,
 };
 use crate::node::Node;
 use crate::raw::{
@@ -469,7 +469,7 @@ impl Checker<'_> {
         // for a person or the span of a fan-out.
         let default_timeout = match kind {
             RawKind::Prompt | RawKind::ToolLoop | RawKind::Verifier => defaults.timeout_s,
-            RawKind::FanOut | RawKind::HumanApproval => None,
+            RawKind::FanOut | RawKind::HumanApproval | RawKind::Wave => None,
         };
         let timeout_s = self
             .positive(raw.timeout_s.as_ref(), "timeout_s", limits::TIMEOUT_S_MAX)
@@ -517,6 +517,7 @@ impl Checker<'_> {
                 Some(LevelKind::Verifier)
             }
             RawKind::FanOut => self.fan_out(raw, index),
+            RawKind::Wave => self.wave(raw, index),
             RawKind::HumanApproval => {
                 let prompt = raw.prompt.as_ref().and_then(|p| self.prompt(p, &raw.id.value));
                 let approver_role = raw.approver_role.as_ref().map_or_else(
@@ -575,8 +576,8 @@ impl Checker<'_> {
 
     /// Refuses settings that the level's kind does not use.
     fn fields_for_kind(&mut self, raw: &Located<RawLevel>, kind: RawKind) {
-        use RawKind::{FanOut, HumanApproval, Prompt, ToolLoop, Verifier};
-        let present: [(&str, Option<Pos>, &[RawKind]); 10] = [
+        use RawKind::{FanOut, HumanApproval, Prompt, ToolLoop, Verifier, Wave};
+        let present: [(&str, Option<Pos>, &[RawKind]); 12] = [
             ("prompt", raw.prompt.as_ref().map(|v| v.pos), &[Prompt, ToolLoop, HumanApproval]),
             ("response", raw.response.as_ref().map(|v| v.pos), &[Prompt]),
             ("model", raw.model.as_ref().map(|v| v.pos), &[Prompt, ToolLoop, Verifier]),
@@ -587,6 +588,12 @@ impl Checker<'_> {
             ("max_iterations", raw.max_iterations.as_ref().map(|v| v.pos), &[ToolLoop]),
             ("approver_role", raw.approver_role.as_ref().map(|v| v.pos), &[HumanApproval]),
             ("output_schema", raw.output_schema.as_ref().map(|v| v.pos), &[HumanApproval]),
+            ("wave", raw.wave.as_ref().map(|v| v.pos), &[Wave]),
+            (
+                "timeout_s",
+                raw.timeout_s.as_ref().map(|v| v.pos),
+                &[Prompt, ToolLoop, Verifier, FanOut, HumanApproval],
+            ),
         ];
         for (field, pos, kinds) in present {
             let Some(pos) = pos else { continue };
@@ -1112,6 +1119,122 @@ impl Checker<'_> {
         })
     }
 
+    fn wave(
+        &mut self,
+        raw: &Located<RawLevel>,
+        index: &HashMap<String, LevelIdx>,
+    ) -> Option<LevelKind> {
+        let Some(wave) = &raw.wave else {
+            self.error(
+                "missing-field",
+                raw.pos,
+                format!("wave level `{}` needs a `wave:` mapping", raw.id.value),
+            )
+            .help =
+                Some("for example `wave: {worker: code_build, assignments_from: plan}`".to_owned());
+            return None;
+        };
+        let w = &wave.value;
+        let errors_before = self.diags.error_count();
+        let dispatch = match w.dispatch.as_ref().map(|d| d.value) {
+            Some(crate::raw::RawDispatch::Manual) => WaveDispatch::Manual,
+            None | Some(crate::raw::RawDispatch::Auto) => WaveDispatch::Auto,
+        };
+        let worker = w.worker.as_ref().map(|id| {
+            self.id(id, "worker scenario");
+            id.value.clone()
+        });
+        if worker.is_none() && dispatch == WaveDispatch::Auto {
+            self.error(
+                "missing-field",
+                wave.pos,
+                format!(
+                    "wave level `{}` names no `worker` scenario to run its assignments",
+                    raw.id.value
+                ),
+            )
+            .help = Some(
+                "add `worker: <scenario id>`, or `dispatch: manual` for workers run outside Baton"
+                    .to_owned(),
+            );
+        }
+        let source = match &w.assignments_from {
+            None => WaveSource::Input,
+            Some(from) if from.value == "input" => WaveSource::Input,
+            Some(from) => {
+                if from.value == raw.id.value {
+                    self.error(
+                        "invalid-value",
+                        from.pos,
+                        "a wave cannot take its assignments from itself",
+                    );
+                } else if !index.contains_key(&from.value) {
+                    let help =
+                        crate::suggest::closest(&from.value, index.keys().map(String::as_str))
+                            .map(|near| format!("did you mean `{near}`?"))
+                            .unwrap_or_else(|| {
+                                "name `input` or a level of this scenario".to_owned()
+                            });
+                    self.error(
+                        "unknown-level",
+                        from.pos,
+                        format!("`assignments_from` names no level `{}`", from.value),
+                    )
+                    .help = Some(help);
+                }
+                WaveSource::Level(from.value.clone())
+            }
+        };
+        let max_parallel = w.max_parallel.as_ref().and_then(|m| {
+            let max = limits::WAVE_PARALLEL_MAX;
+            match u32::try_from(m.value) {
+                Ok(v) if (1..=max).contains(&v) => Some(v),
+                _ => {
+                    self.error(
+                        "out-of-range",
+                        m.pos,
+                        format!("`max_parallel` of a wave must be an integer from 1 through {max}, found {}", m.value),
+                    );
+                    None
+                }
+            }
+        });
+        let timeout_ms = match &w.timeout_s {
+            None => limits::WAVE_TIMEOUT_MS_DEFAULT,
+            Some(t) => match wave_timeout_ms(t.value) {
+                Some(ms) => ms,
+                None => {
+                    self.error(
+                        "out-of-range",
+                        t.pos,
+                        format!(
+                            "`timeout_s` of a wave worker must be from 0.001 through {} seconds (1 to {} ms), found {}",
+                            limits::WAVE_TIMEOUT_MS_MAX as f64 / 1000.0,
+                            limits::WAVE_TIMEOUT_MS_MAX,
+                            t.value
+                        ),
+                    );
+                    0
+                }
+            },
+        };
+        let max_assignments = self
+            .bounded(w.max_assignments.as_ref(), "max_assignments", limits::WAVE_ASSIGNMENTS_MAX)
+            .unwrap_or(limits::WAVE_ASSIGNMENTS_DEFAULT);
+        if self.diags.error_count() > errors_before {
+            return None;
+        }
+        Some(LevelKind::Wave(WaveSpec {
+            worker,
+            source,
+            max_parallel,
+            timeout_ms,
+            max_assignments,
+            dispatch,
+            context: w.context.as_ref().map(|c| c.value.clone()),
+        }))
+    }
+
     fn edges(
         &mut self,
         raw: &RawScenario,
@@ -1148,6 +1271,7 @@ impl Checker<'_> {
                         verifiers: Some(verifiers),
                         source_level: Some(&source.id.value),
                         result: false,
+                        wave: Some(source.kind.value == RawKind::Wave),
                     };
                     match self.gate(w, &scope) {
                         Some(g) => Some(g),
@@ -1460,4 +1584,15 @@ fn params_of(uses: Uses) -> &'static [Param] {
         Uses::Gitleaks => GITLEAKS,
         Uses::Mcp => MCP,
     }
+}
+
+/// A wave worker's timeout given in seconds, as whole milliseconds: `None` unless it is
+/// 1 ms to [`limits::WAVE_TIMEOUT_MS_MAX`] ms once rounded.
+pub fn wave_timeout_ms(seconds: f64) -> Option<u64> {
+    if !seconds.is_finite() {
+        return None;
+    }
+    let ms = (seconds * 1000.0).round();
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    ((1.0..=limits::WAVE_TIMEOUT_MS_MAX as f64).contains(&ms)).then_some(ms as u64)
 }

@@ -32,6 +32,18 @@ pub const NUMBER_MAGNITUDE_MAX: f64 = 9_007_199_254_740_992.0;
 pub const NUMBER_DIGITS_MAX: usize = 17;
 /// Upper bound of `max_parallel` on a fan-out or wave level.
 pub const PARALLEL_MAX: u32 = 64;
+/// Upper bound of a wave's `max_parallel` (the reference's 1 through 10).
+pub const WAVE_PARALLEL_MAX: u32 = 10;
+/// A wave's `max_parallel` when neither the wave nor baton.toml sets one.
+pub const WAVE_PARALLEL_DEFAULT: u32 = 3;
+/// Upper bound of a wave worker's timeout, in milliseconds (2^31 - 1).
+pub const WAVE_TIMEOUT_MS_MAX: u64 = 2_147_483_647;
+/// A wave worker's timeout when none is set: 600 000 ms.
+pub const WAVE_TIMEOUT_MS_DEFAULT: u64 = 600_000;
+/// Upper bound of a wave's `max_assignments`.
+pub const WAVE_ASSIGNMENTS_MAX: u32 = 200;
+/// A wave's `max_assignments` when none is set.
+pub const WAVE_ASSIGNMENTS_DEFAULT: u32 = 50;
 /// Upper bound of `max_iterations` on a tool-loop level.
 pub const ITERATIONS_MAX: u32 = 500;
 /// Default `max_iterations` of a tool-loop level.

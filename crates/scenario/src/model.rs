@@ -136,6 +136,7 @@ impl Level {
             LevelKind::Verifier => "verifier",
             LevelKind::FanOut { .. } => "fan_out",
             LevelKind::HumanApproval { .. } => "human_approval",
+            LevelKind::Wave(_) => "wave",
         }
     }
 
@@ -168,6 +169,41 @@ pub enum LevelKind {
         approver_role: String,
         output_schema: JsonSchema,
     },
+    Wave(WaveSpec),
+}
+
+/// A checked `wave` level.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WaveSpec {
+    /// The scenario each assignment runs as a child run of; none for a manual wave whose
+    /// workers are run outside.
+    pub worker: Option<String>,
+    pub source: WaveSource,
+    /// The wave's own parallelism, when the level sets it.
+    pub max_parallel: Option<u32>,
+    /// Longest time one worker may take.
+    pub timeout_ms: u64,
+    pub max_assignments: u32,
+    pub dispatch: WaveDispatch,
+    pub context: Option<String>,
+}
+
+/// Where a wave's assignments come from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaveSource {
+    /// The run's input, read as JSON.
+    Input,
+    /// The parsed JSON answer of this level.
+    Level(String),
+}
+
+/// Who dispatches a wave's assignments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaveDispatch {
+    Auto,
+    Manual,
 }
 
 /// A prompt template, parsed at load time.

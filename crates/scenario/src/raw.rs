@@ -122,6 +122,9 @@ pub enum RawKind {
     FanOut,
     /// Pause until a person approves or rejects.
     HumanApproval,
+    /// Run a batch of assignments, each as a child run of a worker scenario, with bounded
+    /// parallelism, and decide what comes next (complete, replan, escalate).
+    Wave,
 }
 
 impl RawKind {
@@ -133,6 +136,7 @@ impl RawKind {
             RawKind::Verifier => "verifier",
             RawKind::FanOut => "fan_out",
             RawKind::HumanApproval => "human_approval",
+            RawKind::Wave => "wave",
         }
     }
 }
@@ -187,6 +191,10 @@ pub struct RawLevel {
     /// the default is `{approved: boolean, comment: string}`.
     #[serde(default)]
     pub output_schema: Option<Located<RawSchema>>,
+    /// What a `wave` level runs: its worker, where its assignments come from, its
+    /// parallelism and per-worker timeout.
+    #[serde(default)]
+    pub wave: Option<Located<RawWave>>,
     /// This level's output is the run's final output.
     #[serde(default)]
     pub terminal: Option<Located<bool>>,
@@ -196,6 +204,54 @@ pub struct RawLevel {
     /// Free-form data about the level.
     #[serde(default)]
     pub metadata: Option<Located<Map>>,
+}
+
+/// The settings of a `wave` level.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawWave {
+    /// The scenario each assignment runs as a child run of (its own log, budget and, for a
+    /// scenario that edits files, its own workspace). Required unless `dispatch: manual`.
+    #[serde(default)]
+    pub worker: Option<Located<String>>,
+    /// Where the assignments come from: `input` (the default: the run's input, as JSON) or
+    /// the id of a `prompt` level with `response: json` whose answer holds them. Either is
+    /// `{assignments: [...]}` or `{tasks: [...]}` (each `{id, title, description?,
+    /// priority?}`), or a bare list of tasks, with an optional shared `context` and
+    /// `max_parallel`.
+    #[serde(default)]
+    pub assignments_from: Option<Located<String>>,
+    /// Most workers running at once, 1 to 10. Without it: the plan's own value, else
+    /// `[waves] max_parallel` in baton.toml, else 3.
+    #[serde(default)]
+    pub max_parallel: Option<Located<i64>>,
+    /// Longest time one worker may take, in seconds (0.001 to 2147483.647; default 600).
+    /// A worker past it is cancelled and its assignment fails.
+    #[serde(default)]
+    pub timeout_s: Option<Located<f64>>,
+    /// Most assignments one plan may hold (1 to 200; default 50): a longer plan fails the
+    /// level before any worker starts.
+    #[serde(default)]
+    pub max_assignments: Option<Located<u32>>,
+    /// `auto` (the default): the run's driver dispatches workers itself. `manual`: an
+    /// outside agent dispatches assignments and records their outcomes (`baton wave
+    /// dispatch|record`); `baton wave run` dispatches them actively.
+    #[serde(default)]
+    pub dispatch: Option<Located<RawDispatch>>,
+    /// Text every worker receives beside its own assignment (the plan's `context` comes
+    /// after it).
+    #[serde(default)]
+    pub context: Option<Located<String>>,
+}
+
+/// Who dispatches a wave's assignments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawDispatch {
+    /// The run's driver.
+    Auto,
+    /// An outside agent, or `baton wave run`.
+    Manual,
 }
 
 /// Where a level's prompt comes from.

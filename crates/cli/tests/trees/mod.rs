@@ -65,7 +65,7 @@ fn a_task_job_goes_through_the_classifier_and_chains_to_the_scenario_it_chose() 
     for line in [
         "selected  intent_classifier (job kind task: the classifier picks)",
         "chained   intent_classifier → quick_qa (route `qa` from classify, hop 1)",
-        "    #1    started   quick_qa",
+        "#1    started   quick_qa",
         "settled   chain",
     ] {
         assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");

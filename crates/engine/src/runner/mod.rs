@@ -240,6 +240,11 @@ impl LevelRun {
             )))],
             LevelKind::FanOut { .. } => Box::pin(self.fan_out()).await,
             LevelKind::ToolLoop { .. } => self.tool_loop().await,
+            // The planner and the executor drive a wave; it never comes to a runner.
+            LevelKind::Wave(_) => vec![self.event(EventData::LevelFinished(error_finish(
+                format!("wave level `{}` is driven by the executor, not run as a step", level.id),
+                0,
+            )))],
         }
     }
 }

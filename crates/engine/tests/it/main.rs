@@ -120,6 +120,7 @@ mod runs;
 mod tool_loop;
 mod trees;
 mod verifiers;
+mod waves;
 
 use std::path::PathBuf;
 use std::sync::Arc;

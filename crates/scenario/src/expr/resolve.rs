@@ -3,7 +3,7 @@
 //! Roots: `verdict`, `escalate_now`, `confidence`, `attempt`,
 //! `verifier.<name>.<field>` (a verifier declared on the edge's source level),
 //! `level.<id>.<field>` (a level of the scenario), `scratchpad.<key…>`, `input[.<…>]`,
-//! `metadata.<…>`. Known fields have a [`Type`]; scratchpad, input, metadata, `parsed.…`
+//! `metadata.<…>`, `wave.<field>` (the result of the edge's source level, a wave). Known fields have a [`Type`]; scratchpad, input, metadata, `parsed.…`
 //! and `details.…` are dynamic. `defined(path)` is a boolean over any path but a list
 //! (a list is never a defined value). Comparing incompatible types, ordering booleans, testing a
 //! verdict against anything but 'PASS' or 'FAIL', or using a number or string as a
@@ -58,6 +58,8 @@ pub enum Root {
     /// `result.<…>`: the structured result of an MCP tool call, in an `mcp` verifier's
     /// `condition` only.
     Result,
+    /// `wave.<field>`: the decision and counts of the edge's source level, a wave.
+    Wave,
 }
 
 const ROOTS: &[&str] = &[
@@ -70,6 +72,22 @@ const ROOTS: &[&str] = &[
     "scratchpad",
     "input",
     "metadata",
+    "wave",
+];
+
+/// What `wave.<field>` reads: the wave's decision and its assignments counted by state.
+const WAVE_FIELDS: &[(&str, Type)] = &[
+    ("decision", Type::Str),
+    ("assignments", Type::Num),
+    ("completed", Type::Num),
+    ("partial", Type::Num),
+    ("blocked", Type::Num),
+    ("failed", Type::Num),
+    ("cancelled", Type::Num),
+    ("planned", Type::Num),
+    ("in_flight", Type::Num),
+    ("cost_usd", Type::Num),
+    ("tokens", Type::Num),
 ];
 
 const VERIFIER_FIELDS: &[(&str, Type)] = &[
@@ -112,6 +130,9 @@ pub struct Scope<'a> {
     /// Whether `result.<…>` may be read: an `mcp` verifier's condition on the tool's
     /// structured result.
     pub result: bool,
+    /// Whether the edge's source level is a wave (`wave.<…>` reads it); `None` leaves it
+    /// unchecked.
+    pub wave: Option<bool>,
 }
 
 impl Scope<'_> {
@@ -420,6 +441,16 @@ fn resolve_path(
         }
         "input" => {
             Ok(PathRef { root: Root::Input, segments: segments.to_vec(), ty: Type::Dynamic })
+        }
+        "wave" => {
+            if scope.wave == Some(false) {
+                let on = scope.source_level.map_or(String::new(), |l| format!(" `{l}`"));
+                return Err(err(
+                    format!("`wave.<…>` reads a wave's result, and level{on} is not a wave"),
+                    Some("put this gate on an edge leaving a `wave` level".to_owned()),
+                ));
+            }
+            typed_field(segments, 1, WAVE_FIELDS, Root::Wave, span)
         }
         "result" if scope.result => {
             Ok(PathRef { root: Root::Result, segments: segments.to_vec(), ty: Type::Dynamic })

@@ -40,7 +40,7 @@ fn bundled_scenarios_validate_without_errors_or_warnings() {
     // Each kind is exercised by some bundled scenario.
     let kinds: std::collections::BTreeSet<&str> =
         r.scenarios().flat_map(|s| s.levels.iter().map(baton_scenario::Level::kind_name)).collect();
-    assert_eq!(kinds.len(), 5, "{kinds:?}");
+    assert_eq!(kinds.len(), 6, "{kinds:?}");
     let research = r.get("research_brief").unwrap();
     assert!(research.levels.iter().any(|l| matches!(l.kind, LevelKind::FanOut { .. })));
 }

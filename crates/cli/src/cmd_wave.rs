@@ -1,0 +1,539 @@
+//! `baton wave …`: standalone waves and the actions outside agents take on any wave.
+//!
+//! `plan` makes a run of a one-level wave scenario (manual dispatch) from a task list;
+//! `dispatch` and `record` let an agent run workers itself; `run` makes this process the
+//! wave's active dispatcher; `decide`, `complete`, `cancel`, `get`, `list` and `summary`
+//! read and end waves. A wave is named by its run id, or `current`: the newest run with a
+//! wave under way. Every action goes through the engine's typed wave actions
+//! (`baton_engine::wave_actions`), each a conditional append.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use baton_engine::event::WorkerOutcome;
+use baton_engine::wave::WaveState;
+use baton_engine::wave_actions::{self, Target, WaveAction, WaveReply};
+use baton_engine::{Engine, RunState};
+use baton_scenario::{Registry, Scenario, Texts};
+use serde_json::{Value, json};
+
+use crate::cmd_run::{self, Place, WaveDrive};
+use crate::escape::one_line;
+use crate::out::outln;
+
+/// Largest task list `plan` reads, in bytes.
+const TASKS_BYTES_MAX: u64 = 1024 * 1024;
+/// Most runs `list`, `summary` and `current` look through, newest first.
+const RUNS_SCANNED_MAX: usize = 500;
+
+/// Options of `baton wave plan`.
+#[derive(Debug)]
+pub(crate) struct PlanArgs {
+    pub tasks: PathBuf,
+    pub worker: Option<String>,
+    pub max_parallel: Option<i64>,
+    pub timeout_s: Option<f64>,
+    pub max_assignments: Option<u32>,
+    pub context: Option<String>,
+    pub script: Option<PathBuf>,
+    pub json: bool,
+}
+
+/// The one-level scenario of a standalone wave: manual dispatch, its end by its decision.
+fn wave_scenario(place: &Place, args: &PlanArgs) -> anyhow::Result<Arc<Scenario>> {
+    let mut settings = vec!["dispatch: manual".to_owned()];
+    if let Some(worker) = &args.worker {
+        settings.push(format!("worker: {}", serde_json::to_string(worker)?));
+    }
+    if let Some(n) = args.max_parallel {
+        let n =
+            baton_engine::wave::check_parallel(n, "--max-parallel").map_err(anyhow::Error::msg)?;
+        settings.push(format!("max_parallel: {n}"));
+    }
+    if let Some(s) = args.timeout_s {
+        let ms = baton_scenario::check::wave_timeout_ms(s).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--timeout-s must be from 0.001 through 2147483.647 seconds (1 to 2147483647 ms), not {s}"
+            )
+        })?;
+        settings.push(format!("timeout_s: {}", ms as f64 / 1000.0));
+    }
+    if let Some(n) = args.max_assignments {
+        settings.push(format!("max_assignments: {n}"));
+    }
+    if let Some(c) = &args.context {
+        settings.push(format!("context: {}", serde_json::to_string(c)?));
+    }
+    let yaml = format!(
+        "id: wave\nversion: 1\ndescription: A standalone wave, planned with `baton wave plan`.\nlevels:\n  - id: wave\n    kind: wave\n    terminal: true\n    wave: {{{}}}\nedges:\n  - {{from: wave, to: __end__, when: \"wave.decision == 'complete'\"}}\n  - {{from: wave, to: __fail__}}\n",
+        settings.join(", ")
+    );
+    let texts = Texts { canonical: yaml, files: BTreeMap::new() };
+    Registry::load_texts("wave (baton wave plan)", &place.scenarios, &texts).map_err(|e| {
+        anyhow::anyhow!("the wave's settings do not make a wave: {}", e.diagnostics.render())
+    })
+}
+
+/// `baton wave plan`: a new run of a standalone wave; its assignments are planned (or the
+/// plan refused) before anything else happens.
+pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCode> {
+    let tasks = baton_scenario::capped::read_text(&args.tasks, TASKS_BYTES_MAX)
+        .map_err(|e| anyhow::anyhow!("--tasks: {e}"))?;
+    let parsed: Value = serde_json::from_str(&tasks).with_context(|| {
+        format!(
+            "--tasks {}: not JSON; give {{\"tasks\": [{{\"id\": …, \"title\": …}}], \"context\": …}}",
+            args.tasks.display()
+        )
+    })?;
+    if let Some(worker) = &args.worker {
+        let registry = cmd_run::registry(place)?;
+        if registry.get(worker).is_none() {
+            let ids: Vec<&str> = registry.scenarios().map(|s| s.id.as_str()).collect();
+            bail!(
+                "--worker: no scenario `{worker}` in {} (known: {})",
+                place.scenarios.display(),
+                ids.join(", ")
+            );
+        }
+    }
+    let scenario = wave_scenario(place, &args)?;
+    cmd_run::run(
+        place,
+        cmd_run::RunArgs {
+            job: baton_engine::job::JobRequest::default(),
+            max_cost_usd: None,
+            settle_timeout_s: None,
+            idempotency_key: None,
+            tenant: None,
+            input: parsed.to_string(),
+            meta: Vec::new(),
+            script: args.script,
+            json: args.json,
+            cassette: None,
+            record: None,
+            workspace: None,
+            branch: None,
+            given: Some(scenario),
+        },
+    )
+    .await
+}
+
+/// An engine for wave actions: the store, and the configuration's wave settings.
+fn action_engine(place: &Place) -> anyhow::Result<Engine> {
+    cmd_run::wave_engine(place)
+}
+
+/// The run a wave name stands for: `current` is the newest run with a wave under way.
+async fn resolve(engine: &Engine, wave: &str) -> anyhow::Result<String> {
+    if wave != "current" {
+        if engine.store.run(wave).await?.is_none() {
+            bail!(
+                "no run {wave}; name a wave by its run id (see `baton wave list`) or say `current`"
+            );
+        }
+        return Ok(wave.to_owned());
+    }
+    for record in engine.store.runs(None).await?.into_iter().take(RUNS_SCANNED_MAX) {
+        if cmd_run::is_final(&record.status) {
+            continue;
+        }
+        let state = engine.state(&record.run_id).await?;
+        if wave_actions::wave_under_way(&state).is_some() {
+            return Ok(record.run_id);
+        }
+    }
+    bail!("no wave is under way (`current` names the newest run whose wave has not ended)")
+}
+
+fn target(assignment: Option<String>, task: Option<String>) -> anyhow::Result<Target> {
+    match (assignment, task) {
+        (Some(a), None) => Ok(Target::Assignment(a)),
+        (None, Some(t)) => Ok(Target::Task(t)),
+        _ => bail!("name the assignment with --assignment ID or its task with --task ID"),
+    }
+}
+
+fn print_reply(reply: &WaveReply, what: &str, json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string_pretty(reply)?)?;
+        return Ok(());
+    }
+    let c = &reply.counts;
+    outln!(
+        "{what}wave {} (level `{}`): decision {} — {} planned, {} in flight, {} completed, {} partial, {} blocked, {} failed, {} cancelled (max_parallel {})",
+        reply.run_id,
+        one_line(&reply.level_id),
+        reply.decision.as_str(),
+        c.planned,
+        c.in_flight,
+        c.completed,
+        c.partial,
+        c.blocked,
+        c.failed,
+        c.cancelled,
+        reply.max_parallel
+    )?;
+    Ok(())
+}
+
+/// `baton wave dispatch`.
+pub(crate) async fn dispatch(
+    place: &Place,
+    wave: &str,
+    target_: (Option<String>, Option<String>),
+    worker_run: String,
+    by: Option<String>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let target = target(target_.0, target_.1)?;
+    let engine = action_engine(place)?;
+    let run_id = resolve(&engine, wave).await?;
+    let reply = engine.wave_act(&run_id, WaveAction::Dispatch { target, worker_run, by }).await?;
+    let id = reply.assignment_id.clone().unwrap_or_default();
+    print_reply(&reply, &format!("dispatched {id}: "), json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Options of `baton wave record`.
+#[derive(Debug)]
+pub(crate) struct RecordArgs {
+    pub assignment: Option<String>,
+    pub task: Option<String>,
+    pub outcome: String,
+    pub summary: Option<String>,
+    pub blockers: Vec<String>,
+    pub by: Option<String>,
+    pub json: bool,
+}
+
+/// `baton wave record`.
+pub(crate) async fn record(
+    place: &Place,
+    wave: &str,
+    args: RecordArgs,
+) -> anyhow::Result<ExitCode> {
+    let target = target(args.assignment, args.task)?;
+    let Some(outcome) = WorkerOutcome::parse(&args.outcome) else {
+        bail!(
+            "--outcome must be one of completed, partial, blocked, failed, cancelled, not {:?}",
+            args.outcome
+        );
+    };
+    let engine = action_engine(place)?;
+    let run_id = resolve(&engine, wave).await?;
+    let action = WaveAction::Record {
+        target,
+        outcome,
+        summary: args.summary.unwrap_or_default(),
+        blockers: args.blockers,
+        by: args.by,
+    };
+    let reply = engine.wave_act(&run_id, action).await?;
+    let id = reply.assignment_id.clone().unwrap_or_default();
+    print_reply(&reply, &format!("recorded {id} {}: ", outcome.as_str()), args.json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `baton wave decide`.
+pub(crate) async fn decide(place: &Place, wave: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let engine = action_engine(place)?;
+    let run_id = resolve(&engine, wave).await?;
+    let reply = engine.wave_act(&run_id, WaveAction::Decide).await?;
+    print_reply(&reply, "", json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `baton wave complete`: records the end, then drives the run to it.
+pub(crate) async fn complete(
+    place: &Place,
+    wave: &str,
+    by: Option<String>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let engine = action_engine(place)?;
+    let run_id = resolve(&engine, wave).await?;
+    let reply = engine.wave_act(&run_id, WaveAction::Complete { by }).await?;
+    if !json {
+        print_reply(&reply, "ended ", false)?;
+    }
+    cmd_run::resume(place, &run_id, None, json, false, WaveDrive::default()).await
+}
+
+/// `baton wave run`: this process dispatches the wave's planned assignments to its worker
+/// scenario and drives them to the wave's end.
+pub(crate) async fn run(
+    place: &Place,
+    wave: &str,
+    max_parallel: Option<i64>,
+    script: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let max_parallel = max_parallel
+        .map(|n| baton_engine::wave::check_parallel(n, "--max-parallel"))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let engine = action_engine(place)?;
+    let run_id = resolve(&engine, wave).await?;
+    let state = engine.state(&run_id).await?;
+    let Some(w) = wave_actions::wave_under_way(&state) else {
+        bail!("run {run_id} has no wave under way");
+    };
+    if w.plan.worker.is_none() {
+        bail!(
+            "wave {run_id} names no worker scenario, so only outside agents can run it (`baton wave dispatch|record`); plan a wave with --worker to run it here"
+        );
+    }
+    let drive = WaveDrive { active: true, max_parallel };
+    cmd_run::resume(place, &run_id, script, json, false, drive).await
+}
+
+/// `baton wave cancel`: cancels the wave's run and its workers, and waits (up to the
+/// settle timeout) for the run to end.
+pub(crate) async fn cancel(
+    place: &Place,
+    wave: &str,
+    by: Option<String>,
+    reason: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let engine = action_engine(place)?;
+    let run_id = resolve(&engine, wave).await?;
+    let code = cmd_run::cancel(place, &run_id, by, reason).await?;
+    let deadline = std::time::Instant::now()
+        + engine
+            .runtime
+            .jobs
+            .as_ref()
+            .map_or(std::time::Duration::from_secs(15), |j| j.settle_timeout)
+        + std::time::Duration::from_secs(5);
+    loop {
+        let state = engine.state(&run_id).await?;
+        if state.status.is_final() {
+            if let Some(w) = wave_actions::latest_wave(&state) {
+                let c = w.counts();
+                outln!(
+                    "wave {run_id} is {}: {} completed, {} partial, {} blocked, {} failed, {} cancelled, {} never started, {} unsettled",
+                    state.status.as_str(),
+                    c.completed,
+                    c.partial,
+                    c.blocked,
+                    c.failed,
+                    c.cancelled,
+                    c.planned,
+                    w.assignments.iter().filter(|a| a.unsettled).count()
+                )?;
+            }
+            return Ok(code);
+        }
+        if std::time::Instant::now() > deadline {
+            outln!(
+                "wave {run_id}: the cancel is recorded; the process driving it has not ended it yet (see `baton wave get {run_id}`)"
+            )?;
+            return Ok(code);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// One wave as JSON: its run, level, plan, decision, counts and assignments.
+fn wave_json(run_id: &str, state: &RunState, w: &WaveState, parallel: u32) -> Value {
+    let decision = w
+        .closed
+        .as_ref()
+        .map_or_else(|| w.decide(state.cancel_requested.is_some(), parallel), |d| d.decision);
+    let mut summary = w.summary(decision);
+    if let Some(obj) = summary.as_object_mut() {
+        obj.insert("run_id".to_owned(), json!(run_id));
+        obj.insert("run_status".to_owned(), json!(state.status.as_str()));
+        obj.insert("level_id".to_owned(), json!(w.level_id));
+        obj.insert("attempt".to_owned(), json!(w.attempt));
+        obj.insert("worker".to_owned(), json!(w.plan.worker));
+        obj.insert("dispatch".to_owned(), json!(w.plan.dispatch));
+        obj.insert("max_parallel".to_owned(), json!(parallel));
+        obj.insert("timeout_ms".to_owned(), json!(w.plan.timeout_ms));
+        obj.insert("ended".to_owned(), json!(w.closed.is_some()));
+    }
+    summary
+}
+
+/// The table of a wave: one line per assignment.
+fn print_table(view: &Value) -> anyhow::Result<()> {
+    let s = |v: &Value| v.as_str().map(one_line).unwrap_or_else(|| "-".to_owned());
+    let c = &view["counts"];
+    outln!(
+        "wave {} (level `{}`, run {}): decision {}{} — worker {}, max_parallel {}, timeout {} ms; {} planned, {} in flight, {} completed, {} partial, {} blocked, {} failed, {} cancelled; ${:.4}, {} tokens",
+        s(&view["run_id"]),
+        s(&view["level_id"]),
+        s(&view["run_status"]),
+        s(&view["decision"]),
+        if view["ended"] == json!(true) { " (ended)" } else { "" },
+        view["worker"].as_str().map_or_else(|| "outside".to_owned(), one_line),
+        view["max_parallel"],
+        view["timeout_ms"],
+        c["planned"],
+        c["in_flight"],
+        c["completed"],
+        c["partial"],
+        c["blocked"],
+        c["failed"],
+        c["cancelled"],
+        view["cost_usd"].as_f64().unwrap_or(0.0),
+        view["tokens"]
+    )?;
+    outln!(
+        "  {:<11} {:<14} {:<10} {:<9} {:<36} {:>9}  title",
+        "assignment",
+        "task",
+        "stage",
+        "outcome",
+        "worker run",
+        "cost"
+    )?;
+    for a in view["assignments"].as_array().into_iter().flatten() {
+        outln!(
+            "  {:<11} {:<14} {:<10} {:<9} {:<36} {:>9}  {}",
+            s(&a["id"]),
+            s(&a["task_id"]),
+            s(&a["stage"]),
+            s(&a["outcome"]),
+            s(&a["worker_run"]),
+            format!("${:.4}", a["cost_usd"].as_f64().unwrap_or(0.0)),
+            s(&a["title"])
+        )?;
+    }
+    Ok(())
+}
+
+/// `baton wave get`: the wave's table (with `--watch`, again whenever it changes, until
+/// its run ends).
+pub(crate) async fn get(
+    place: &Place,
+    wave: &str,
+    json: bool,
+    watch: bool,
+) -> anyhow::Result<ExitCode> {
+    let engine = action_engine(place)?;
+    let run_id = resolve(&engine, wave).await?;
+    let parallel_of = |w: &WaveState| engine.wave_settings().parallel_for(w);
+    let mut shown = None;
+    loop {
+        let state = engine.state(&run_id).await?;
+        let Some(w) = wave_actions::latest_wave(&state) else {
+            bail!("run {run_id} has run no wave");
+        };
+        if shown != Some(state.last_seq) {
+            shown = Some(state.last_seq);
+            let view = wave_json(&run_id, &state, w, parallel_of(w));
+            if json {
+                outln!("{}", serde_json::to_string(&view)?)?;
+            } else {
+                print_table(&view)?;
+            }
+        }
+        if !watch || state.status.is_final() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// The runs that ran a wave, newest first, with their latest wave.
+async fn waves(engine: &Engine) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for record in engine.store.runs(None).await?.into_iter().take(RUNS_SCANNED_MAX) {
+        let state = engine.state(&record.run_id).await?;
+        if let Some(w) = wave_actions::latest_wave(&state) {
+            out.push(wave_json(&record.run_id, &state, w, engine.wave_settings().parallel_for(w)));
+        }
+    }
+    Ok(out)
+}
+
+/// `baton wave list`: waves, newest first.
+pub(crate) async fn list(place: &Place, json: bool) -> anyhow::Result<ExitCode> {
+    let engine = action_engine(place)?;
+    let all = waves(&engine).await?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&all)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if all.is_empty() {
+        outln!("no waves")?;
+    }
+    for v in &all {
+        let c = &v["counts"];
+        outln!(
+            "{}  {:<10} {:<9} level {}: {} assignments — {} completed, {} partial, {} blocked, {} failed, {} cancelled, {} planned",
+            one_line(v["run_id"].as_str().unwrap_or_default()),
+            one_line(v["run_status"].as_str().unwrap_or_default()),
+            one_line(v["decision"].as_str().unwrap_or_default()),
+            one_line(v["level_id"].as_str().unwrap_or_default()),
+            c["assignments"],
+            c["completed"],
+            c["partial"],
+            c["blocked"],
+            c["failed"],
+            c["cancelled"],
+            c["planned"]
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `baton wave summary`: the orchestration state — waves under way and ended, their
+/// assignments counted by outcome, and what they spent.
+pub(crate) async fn summary(place: &Place, json: bool) -> anyhow::Result<ExitCode> {
+    let engine = action_engine(place)?;
+    let all = waves(&engine).await?;
+    let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut cost = 0.0;
+    let mut under_way = 0;
+    for v in &all {
+        if v["ended"] != json!(true)
+            && !cmd_run::is_final(v["run_status"].as_str().unwrap_or_default())
+        {
+            under_way += 1;
+        }
+        for key in [
+            "assignments",
+            "planned",
+            "in_flight",
+            "completed",
+            "partial",
+            "blocked",
+            "failed",
+            "cancelled",
+        ] {
+            *totals.entry(key).or_default() += v["counts"][key].as_u64().unwrap_or(0);
+        }
+        cost += v["cost_usd"].as_f64().unwrap_or(0.0);
+    }
+    let summary = json!({
+        "waves": all.len(),
+        "under_way": under_way,
+        "assignments": totals,
+        "cost_usd": cost,
+    });
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&summary)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let t = |k: &str| totals.get(k).copied().unwrap_or(0);
+    outln!(
+        "{} waves ({} under way): {} assignments — {} completed, {} partial, {} blocked, {} failed, {} cancelled, {} planned, {} in flight; ${cost:.4}",
+        all.len(),
+        under_way,
+        t("assignments"),
+        t("completed"),
+        t("partial"),
+        t("blocked"),
+        t("failed"),
+        t("cancelled"),
+        t("planned"),
+        t("in_flight")
+    )?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,796 @@
+//! Waves (CEREBEL, reference 003): a batch of assignments, each run by a worker, with
+//! bounded parallelism and a controller that decides what comes next.
+//!
+//! Everything here is pure: a wave's state is folded from its run's log (`wave_planned`,
+//! `wave_dispatched`, `wave_recorded`, `wave_decided`, and the `child_run_settled` of
+//! the workers Baton runs as child runs), and every decision is a function of that state.
+//! The executor dispatches what [`WaveState::admissible`] admits (`job.rs` drives the
+//! workers); outside agents dispatch and record through [`crate::wave_actions`].
+//!
+//! Decisions, in precedence order (the reference leaves it open):
+//! 1. `cancelled` — the wave's run was cancelled;
+//! 2. once any assignment is `blocked`, `failed` or `cancelled`, nothing more is admitted:
+//!    `wait` while a worker is in flight, then `escalate` if any is blocked, else `replan`;
+//! 3. `dispatch` — planned assignments and a free slot under `max_parallel`;
+//! 4. `wait` — workers in flight and nothing to admit;
+//! 5. `complete` — every assignment `completed` or `partial`.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use baton_scenario::limits::{WAVE_ASSIGNMENTS_MAX, WAVE_PARALLEL_MAX};
+use baton_scenario::model::{WaveDispatch, WaveSource, WaveSpec};
+
+use crate::event::{
+    Assignment, ChildRunSettled, FinalStatus, WaveCounts, WaveDecided, WaveDecision,
+    WaveDispatched, WavePlanned, WaveRecorded, WorkerOutcome,
+};
+use crate::state::RunState;
+
+/// Longest task title, in characters.
+pub const TITLE_CHARS_MAX: usize = 500;
+/// Longest task description or wave context, in bytes.
+pub const TEXT_BYTES_MAX: usize = 20 * 1024;
+/// Longest task id, in characters.
+pub const TASK_ID_CHARS_MAX: usize = 64;
+/// Longest summary kept from a worker report, in bytes.
+pub const SUMMARY_BYTES_MAX: usize = 4 * 1024;
+/// Most blockers kept from a worker report, and the longest of each, in bytes.
+pub const BLOCKERS_MAX: usize = 20;
+pub const BLOCKER_BYTES_MAX: usize = 1024;
+/// Longest id of an outside worker's run.
+pub const WORKER_RUN_CHARS_MAX: usize = 128;
+
+/// The prefix of a wave worker's link in its parent: `wave:<level>:<attempt>:<assignment>`.
+pub const LINK_PREFIX: &str = "wave:";
+
+/// A worker's link in its parent, which names its child run.
+pub fn link(level_id: &str, attempt: u32, assignment_id: &str) -> String {
+    format!("{LINK_PREFIX}{level_id}:{attempt}:{assignment_id}")
+}
+
+/// An assignment's worker, once dispatched.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Dispatch {
+    pub worker_run: String,
+    /// The child run Baton runs it as, when it does.
+    pub child_run_id: Option<String>,
+    pub by: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+/// An assignment's outcome, as recorded or as its worker's run ended.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Settlement {
+    pub outcome: WorkerOutcome,
+    pub summary: String,
+    pub blockers: Vec<String>,
+    pub by: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// One assignment, where it stands.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AssignmentState {
+    pub assignment: Assignment,
+    pub dispatched: Option<Dispatch>,
+    pub settled: Option<Settlement>,
+    /// The worker's child run has not ended yet (a timed-out worker is settled before its
+    /// run has stopped).
+    pub child_open: bool,
+    /// The child run's parent stopped waiting for it (`child_run_unsettled`).
+    pub unsettled: bool,
+    pub cost_usd: f64,
+    pub tokens: u64,
+}
+
+impl AssignmentState {
+    /// `planned`, `dispatched` or `settled`.
+    pub fn stage(&self) -> &'static str {
+        match (&self.dispatched, &self.settled) {
+            (_, Some(_)) => "settled",
+            (Some(_), None) => "dispatched",
+            (None, None) => "planned",
+        }
+    }
+
+    /// A worker runs for it: dispatched and not settled, or settled while its child run
+    /// still ends.
+    pub fn in_flight(&self) -> bool {
+        (self.dispatched.is_some() && self.settled.is_none() && !self.unsettled) || self.child_open
+    }
+}
+
+/// A wave level's current attempt, folded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WaveState {
+    pub level_id: String,
+    pub attempt: u32,
+    pub plan: WavePlanned,
+    pub assignments: Vec<AssignmentState>,
+    /// The last decision recorded.
+    pub decided: Option<WaveDecided>,
+    /// The decision that ended the wave, once one did.
+    pub closed: Option<WaveDecided>,
+}
+
+impl WaveState {
+    /// A wave just planned.
+    pub fn new(level_id: &str, attempt: u32, plan: WavePlanned) -> Self {
+        let assignments = plan
+            .assignments
+            .iter()
+            .map(|a| AssignmentState {
+                assignment: a.clone(),
+                dispatched: None,
+                settled: None,
+                child_open: false,
+                unsettled: false,
+                cost_usd: 0.0,
+                tokens: 0,
+            })
+            .collect();
+        WaveState {
+            level_id: level_id.to_owned(),
+            attempt,
+            plan,
+            assignments,
+            decided: None,
+            closed: None,
+        }
+    }
+
+    /// The assignment with this id.
+    pub fn assignment(&self, id: &str) -> Option<&AssignmentState> {
+        self.assignments.iter().find(|a| a.assignment.id == id)
+    }
+
+    /// Folds a dispatch.
+    pub fn apply_dispatched(&mut self, d: &WaveDispatched, at: DateTime<Utc>) {
+        if let Some(a) = self.assignments.iter_mut().find(|a| a.assignment.id == d.assignment_id)
+            && a.dispatched.is_none()
+        {
+            a.child_open = d.child_run_id.is_some();
+            a.dispatched = Some(Dispatch {
+                worker_run: d.worker_run.clone(),
+                child_run_id: d.child_run_id.clone(),
+                by: d.by.clone(),
+                at,
+            });
+        }
+    }
+
+    /// Folds a recorded outcome; the first one stands.
+    pub fn apply_recorded(&mut self, r: &WaveRecorded) {
+        if let Some(a) = self.assignments.iter_mut().find(|a| a.assignment.id == r.assignment_id)
+            && a.settled.is_none()
+        {
+            a.settled = Some(Settlement {
+                outcome: r.outcome,
+                summary: r.summary.clone(),
+                blockers: r.blockers.clone(),
+                by: r.by.clone(),
+                reason: r.reason.clone(),
+            });
+        }
+    }
+
+    /// Folds a worker child run's settlement: its assignment takes the run's result unless
+    /// an outcome was recorded first.
+    pub fn apply_child_settled(&mut self, c: &ChildRunSettled) {
+        let Some(a) = self.assignments.iter_mut().find(|a| {
+            a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref()) == Some(&c.child_run_id)
+        }) else {
+            return;
+        };
+        a.child_open = false;
+        a.cost_usd = c.tree_totals.cost_usd;
+        a.tokens = c.tree_totals.tokens;
+        if a.settled.is_none() {
+            a.settled = Some(settlement_of(c));
+        }
+    }
+
+    /// Folds a worker child run its parent stopped waiting for.
+    pub fn apply_child_unsettled(&mut self, child_run_id: &str) {
+        if let Some(a) = self.assignments.iter_mut().find(|a| {
+            a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref()) == Some(child_run_id)
+        }) {
+            a.child_open = false;
+            a.unsettled = a.settled.is_none();
+        }
+    }
+
+    /// The assignments counted by where they stand.
+    pub fn counts(&self) -> WaveCounts {
+        let mut c = WaveCounts {
+            assignments: u32::try_from(self.assignments.len()).unwrap_or(u32::MAX),
+            ..WaveCounts::default()
+        };
+        for a in &self.assignments {
+            if a.in_flight() {
+                c.in_flight += 1;
+            }
+            match &a.settled {
+                None if a.dispatched.is_none() => c.planned += 1,
+                None => {}
+                Some(s) => match s.outcome {
+                    WorkerOutcome::Completed => c.completed += 1,
+                    WorkerOutcome::Partial => c.partial += 1,
+                    WorkerOutcome::Blocked => c.blocked += 1,
+                    WorkerOutcome::Failed => c.failed += 1,
+                    WorkerOutcome::Cancelled => c.cancelled += 1,
+                },
+            }
+        }
+        c
+    }
+
+    /// The controller's decision (see the module's precedence), under `max_parallel`.
+    pub fn decide(&self, cancelled: bool, max_parallel: u32) -> WaveDecision {
+        if cancelled {
+            return WaveDecision::Cancelled;
+        }
+        let c = self.counts();
+        if c.blocked + c.failed + c.cancelled > 0 {
+            return if c.in_flight > 0 {
+                WaveDecision::Wait
+            } else if c.blocked > 0 {
+                WaveDecision::Escalate
+            } else {
+                WaveDecision::Replan
+            };
+        }
+        if c.planned > 0 && c.in_flight < max_parallel {
+            return WaveDecision::Dispatch;
+        }
+        if c.in_flight > 0 || c.planned > 0 {
+            return WaveDecision::Wait;
+        }
+        WaveDecision::Complete
+    }
+
+    /// The planned assignments that may be dispatched now under `max_parallel`, in plan
+    /// order.
+    pub fn admissible(&self, max_parallel: u32) -> Vec<&Assignment> {
+        if self.decide(false, max_parallel) != WaveDecision::Dispatch {
+            return Vec::new();
+        }
+        let free = max_parallel.saturating_sub(self.counts().in_flight) as usize;
+        self.assignments
+            .iter()
+            .filter(|a| a.dispatched.is_none() && a.settled.is_none())
+            .take(free)
+            .map(|a| &a.assignment)
+            .collect()
+    }
+
+    /// What the wave spent, all assignments together.
+    pub fn spent(&self) -> (f64, u64) {
+        self.assignments.iter().fold((0.0, 0), |(c, t), a| (c + a.cost_usd, t + a.tokens))
+    }
+
+    /// The wave's summary: counts, spend, and each assignment's stage, outcome and worker.
+    pub fn summary(&self, decision: WaveDecision) -> Value {
+        let counts = self.counts();
+        let (cost_usd, tokens) = self.spent();
+        let assignments: Vec<Value> = self
+            .assignments
+            .iter()
+            .map(|a| {
+                json!({
+                    "id": a.assignment.id,
+                    "task_id": a.assignment.task_id,
+                    "title": a.assignment.title,
+                    "stage": a.stage(),
+                    "outcome": a.settled.as_ref().map(|s| s.outcome.as_str()),
+                    "summary": a.settled.as_ref().map(|s| s.summary.as_str()),
+                    "blockers": a.settled.as_ref().map(|s| s.blockers.clone()).unwrap_or_default(),
+                    "worker_run": a.dispatched.as_ref().map(|d| d.worker_run.as_str()),
+                    "cost_usd": a.cost_usd,
+                    "tokens": a.tokens,
+                })
+            })
+            .collect();
+        json!({
+            "decision": decision.as_str(),
+            "counts": counts,
+            "cost_usd": cost_usd,
+            "tokens": tokens,
+            "assignments": assignments,
+        })
+    }
+}
+
+/// The settlement a worker's run gives its assignment: the worker report ending its
+/// output when it completed, else its status (completed → completed, failed or aborted →
+/// failed, cancelled → cancelled). A report that is there but does not read fails it.
+pub fn settlement_of(c: &ChildRunSettled) -> Settlement {
+    let by_status = |outcome: WorkerOutcome, summary: String| Settlement {
+        outcome,
+        summary,
+        blockers: Vec::new(),
+        by: None,
+        reason: None,
+    };
+    let ended = format!(
+        "the worker run ended {}{}",
+        c.status.as_str(),
+        c.aborted_reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()
+    );
+    match c.status {
+        FinalStatus::Completed => match c.final_output.as_deref().and_then(report_of) {
+            Some(Ok(report)) => report,
+            Some(Err(why)) => Settlement {
+                outcome: WorkerOutcome::Failed,
+                summary: format!("the worker report does not read: {why}"),
+                blockers: Vec::new(),
+                by: None,
+                reason: Some("report".to_owned()),
+            },
+            None => by_status(WorkerOutcome::Completed, ended),
+        },
+        FinalStatus::Failed | FinalStatus::Aborted => by_status(WorkerOutcome::Failed, ended),
+        FinalStatus::Cancelled => by_status(WorkerOutcome::Cancelled, ended),
+    }
+}
+
+/// The worker report that ends `output`: the last fenced block tagged `worker_report`, else
+/// a JSON object that the output ends with and that has an `outcome`. `None` when there is
+/// none; an error when one is there but is not a report (`{outcome, summary, blockers}`
+/// with a known outcome).
+pub fn report_of(output: &str) -> Option<Result<Settlement, String>> {
+    let text = tagged_block(output, "worker_report").or_else(|| trailing_object(output))?;
+    let value: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => return Some(Err(format!("not JSON: {e}"))),
+    };
+    Some(read_report(&value))
+}
+
+/// Reads a worker report's fields.
+pub fn read_report(value: &Value) -> Result<Settlement, String> {
+    let Some(obj) = value.as_object() else {
+        return Err("a worker report is a JSON object".to_owned());
+    };
+    let outcome = match obj.get("outcome") {
+        Some(Value::String(s)) => WorkerOutcome::parse(s).ok_or_else(|| {
+            format!(
+                "unknown outcome `{}` (one of completed, partial, blocked, failed, cancelled)",
+                cut(s, 64)
+            )
+        })?,
+        Some(_) => return Err("`outcome` must be a string".to_owned()),
+        None => return Err("it has no `outcome`".to_owned()),
+    };
+    let summary = match obj.get("summary") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => cut(s, SUMMARY_BYTES_MAX),
+        Some(_) => return Err("`summary` must be a string".to_owned()),
+    };
+    let blockers = match obj.get("blockers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => {
+            let mut out = Vec::new();
+            for item in items.iter().take(BLOCKERS_MAX) {
+                match item {
+                    Value::String(s) => out.push(cut(s, BLOCKER_BYTES_MAX)),
+                    _ => return Err("`blockers` must be a list of strings".to_owned()),
+                }
+            }
+            out
+        }
+        Some(_) => return Err("`blockers` must be a list of strings".to_owned()),
+    };
+    Ok(Settlement { outcome, summary, blockers, by: None, reason: None })
+}
+
+/// The body of the last fenced block whose info string is `tag`.
+fn tagged_block<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
+    let opening = format!("```{tag}");
+    let mut found = None;
+    let mut rest = text;
+    let mut offset = 0;
+    while let Some(i) = rest.find(&opening) {
+        let start = offset + i;
+        let at_line_start = start == 0 || text[..start].ends_with('\n');
+        let after = &text[start + opening.len()..];
+        let Some(nl) = after.find('\n') else { break };
+        let body_start = start + opening.len() + nl + 1;
+        if at_line_start && after[..nl].trim().is_empty() {
+            let body = &text[body_start..];
+            let end = body.find("\n```").map_or(body.len(), |e| e + 1);
+            found = Some(&body[..end]);
+        }
+        offset = body_start;
+        rest = &text[body_start..];
+    }
+    found
+}
+
+/// The JSON object the text ends with, from the last line that opens one, when it has an
+/// `outcome`.
+fn trailing_object(text: &str) -> Option<&str> {
+    let trimmed = text.trim_end();
+    if !trimmed.ends_with('}') {
+        return None;
+    }
+    let mut starts: Vec<usize> = trimmed.match_indices('{').map(|(i, _)| i).collect();
+    starts.reverse();
+    for start in starts {
+        if start != 0 && !trimmed[..start].ends_with('\n') {
+            continue;
+        }
+        let candidate = &trimmed[start..];
+        if serde_json::from_str::<Value>(candidate).is_ok_and(|v| v.get("outcome").is_some()) {
+            return Some(candidate);
+        }
+    }
+    None
+}
+
+/// `text` cut to `max` bytes at a character's edge.
+pub(crate) fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Plans a wave from its source (the run's input, or an earlier level's parsed answer):
+/// `{tasks: [...]}` or `{assignments: [...]}` or a bare list, each task `{id, title,
+/// description?, priority?}`, with an optional `context` and `max_parallel`. Every problem
+/// is an error naming its JSON pointer, before any worker exists.
+pub fn plan(spec: &WaveSpec, state: &RunState) -> Result<WavePlanned, String> {
+    let (data, whence) = match &spec.source {
+        WaveSource::Input => match &state.input_json {
+            Some(v) => (v, "the run's input".to_owned()),
+            None => {
+                return Err(
+                    "the run's input is not JSON; a wave reads its tasks from it (`{\"tasks\": [{\"id\": …, \"title\": …}]}`)"
+                        .to_owned(),
+                );
+            }
+        },
+        WaveSource::Level(id) => match state.level(id).and_then(|l| l.parsed.as_ref()) {
+            Some(v) => (v, format!("the answer of level `{id}`")),
+            None => {
+                return Err(format!(
+                    "level `{id}` gave no JSON answer to plan the wave from (it must be a prompt level with `response: json` that ran before the wave)"
+                ));
+            }
+        },
+    };
+    let at = |pointer: &str, message: &str| format!("{whence} at `{pointer}`: {message}");
+    let (tasks, key, object) = match data {
+        Value::Array(items) => (items, "", None),
+        Value::Object(obj) => {
+            let (key, items) = match (obj.get("tasks"), obj.get("assignments")) {
+                (Some(_), Some(_)) => {
+                    return Err(at("", "give `tasks` or `assignments`, not both"));
+                }
+                (Some(t), None) => ("/tasks", t),
+                (None, Some(a)) => ("/assignments", a),
+                (None, None) => return Err(at("", "no `tasks` (or `assignments`) list")),
+            };
+            let Value::Array(items) = items else {
+                return Err(at(key, "must be a list of tasks"));
+            };
+            (items, key, Some(obj))
+        }
+        _ => return Err(at("", "must be an object with `tasks`, or a list of tasks")),
+    };
+    if tasks.is_empty() {
+        return Err(at(key, "a wave needs at least one assignment"));
+    }
+    let max = spec.max_assignments.min(WAVE_ASSIGNMENTS_MAX) as usize;
+    if tasks.len() > max {
+        return Err(at(
+            key,
+            &format!(
+                "{} assignments, more than the wave's `max_assignments` of {max}",
+                tasks.len()
+            ),
+        ));
+    }
+    let mut assignments: Vec<Assignment> = Vec::with_capacity(tasks.len());
+    for (n, task) in tasks.iter().enumerate() {
+        let here = format!("{key}/{n}");
+        let Some(t) = task.as_object() else {
+            return Err(at(&here, "a task is an object `{id, title, description?, priority?}`"));
+        };
+        if let Some(unknown) = t.keys().find(|k| {
+            !["id", "title", "description", "priority", "objective"].contains(&k.as_str())
+        }) {
+            return Err(at(
+                &format!("{here}/{unknown}"),
+                "unknown field (a task has id, title, description, priority)",
+            ));
+        }
+        let text =
+            |field: &str, required: bool, max_bytes: usize| -> Result<Option<String>, String> {
+                match t.get(field) {
+                    None | Some(Value::Null) if !required => Ok(None),
+                    Some(Value::String(s)) if !s.trim().is_empty() && s.len() <= max_bytes => {
+                        Ok(Some(s.trim().to_owned()))
+                    }
+                    Some(Value::String(s)) if s.len() > max_bytes => Err(at(
+                        &format!("{here}/{field}"),
+                        &format!("longer than {max_bytes} bytes"),
+                    )),
+                    _ => Err(at(&format!("{here}/{field}"), "must be a non-empty string")),
+                }
+            };
+        let task_id = match t.get("id") {
+            Some(Value::Number(num)) => num.to_string(),
+            _ => text("id", true, TASK_ID_CHARS_MAX * 4)?.unwrap_or_default(),
+        };
+        if task_id.chars().count() > TASK_ID_CHARS_MAX || task_id.chars().any(char::is_control) {
+            return Err(at(
+                &format!("{here}/id"),
+                &format!(
+                    "a task id is at most {TASK_ID_CHARS_MAX} characters, without control characters"
+                ),
+            ));
+        }
+        if assignments.iter().any(|a| a.task_id == task_id) {
+            return Err(at(&format!("{here}/id"), &format!("task id `{task_id}` is given twice")));
+        }
+        let title = match text("title", t.get("objective").is_none(), TITLE_CHARS_MAX * 4)? {
+            Some(title) => title,
+            None => text("objective", true, TITLE_CHARS_MAX * 4)?.unwrap_or_default(),
+        };
+        if title.chars().count() > TITLE_CHARS_MAX {
+            return Err(at(
+                &format!("{here}/title"),
+                &format!("longer than {TITLE_CHARS_MAX} characters"),
+            ));
+        }
+        let description = text("description", false, TEXT_BYTES_MAX)?;
+        let priority = text("priority", false, 16)?;
+        if let Some(p) = &priority
+            && !["high", "medium", "low"].contains(&p.as_str())
+        {
+            return Err(at(&format!("{here}/priority"), "one of high, medium, low"));
+        }
+        assignments.push(Assignment {
+            id: format!("assign-{:03}", n + 1),
+            task_id,
+            title,
+            description,
+            priority,
+        });
+    }
+    let plan_context = match object.and_then(|o| o.get("context")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.len() <= TEXT_BYTES_MAX => Some(s.clone()),
+        Some(Value::String(_)) => {
+            return Err(at("/context", &format!("longer than {TEXT_BYTES_MAX} bytes")));
+        }
+        Some(_) => return Err(at("/context", "must be a string")),
+    };
+    let context = match (&spec.context, plan_context) {
+        (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
+        (a, b) => a.clone().or(b),
+    };
+    let plan_parallel = match object.and_then(|o| o.get("max_parallel")) {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if (1..=WAVE_PARALLEL_MAX).contains(&n) => Some(n),
+            _ => {
+                return Err(at(
+                    "/max_parallel",
+                    &format!("must be an integer from 1 through {WAVE_PARALLEL_MAX}, not {v}"),
+                ));
+            }
+        },
+    };
+    Ok(WavePlanned {
+        assignments,
+        context,
+        max_parallel: spec.max_parallel.or(plan_parallel),
+        timeout_ms: spec.timeout_ms,
+        worker: spec.worker.clone(),
+        dispatch: match spec.dispatch {
+            WaveDispatch::Auto => "auto",
+            WaveDispatch::Manual => "manual",
+        }
+        .to_owned(),
+    })
+}
+
+/// What a worker's child run starts from: its assignment as text, and its ids as metadata
+/// (`wave_assignment_id`, `wave_task_id`, `wave_level`).
+pub fn worker_input(wave: &WaveState, a: &Assignment) -> (String, Map<String, Value>) {
+    let mut input = format!("# Assignment {}: {}\n", a.id, a.title);
+    if let Some(d) = &a.description {
+        input.push('\n');
+        input.push_str(d);
+        input.push('\n');
+    }
+    if let Some(p) = &a.priority {
+        input.push_str(&format!("\nPriority: {p}\n"));
+    }
+    if let Some(c) = &wave.plan.context {
+        input.push_str("\n## Context\n\n");
+        input.push_str(c);
+        input.push('\n');
+    }
+    input.push_str(
+        "\nEnd your final answer with a worker report: a ```worker_report fenced block holding {\"outcome\": \"completed|partial|blocked|failed\", \"summary\": \"…\", \"blockers\": [\"…\"]}.\n",
+    );
+    let mut metadata = Map::new();
+    metadata.insert("wave_assignment_id".to_owned(), Value::String(a.id.clone()));
+    metadata.insert("wave_task_id".to_owned(), Value::String(a.task_id.clone()));
+    metadata.insert("wave_level".to_owned(), Value::String(wave.level_id.clone()));
+    (input, metadata)
+}
+
+/// Checks a wave's parallelism given by a person or a setting: 1 through 10.
+pub fn check_parallel(value: i64, whence: &str) -> Result<u32, String> {
+    u32::try_from(value)
+        .ok()
+        .filter(|v| (1..=WAVE_PARALLEL_MAX).contains(v))
+        .ok_or_else(|| {
+            format!("{whence}: `max_parallel` must be an integer from 1 through {WAVE_PARALLEL_MAX}, not {value}")
+        })
+}
+
+/// Checks an outside worker's run id: not empty, at most [`WORKER_RUN_CHARS_MAX`]
+/// characters, no control characters.
+pub fn check_worker_run(id: &str) -> Result<(), String> {
+    if id.trim().is_empty()
+        || id.chars().count() > WORKER_RUN_CHARS_MAX
+        || id.chars().any(char::is_control)
+    {
+        return Err(format!(
+            "a worker run id is 1 to {WORKER_RUN_CHARS_MAX} characters without control characters"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wave(n: usize) -> WaveState {
+        let assignments = (1..=n)
+            .map(|i| Assignment {
+                id: format!("assign-{i:03}"),
+                task_id: format!("t{i}"),
+                title: format!("task {i}"),
+                description: None,
+                priority: None,
+            })
+            .collect();
+        let plan = WavePlanned {
+            assignments,
+            context: None,
+            max_parallel: Some(2),
+            timeout_ms: 1000,
+            worker: Some("w".to_owned()),
+            dispatch: "auto".to_owned(),
+        };
+        WaveState::new("wave", 1, plan)
+    }
+
+    fn dispatch(w: &mut WaveState, id: &str) {
+        let d = WaveDispatched {
+            assignment_id: id.to_owned(),
+            worker_run: format!("run-{id}"),
+            child_run_id: None,
+            by: None,
+        };
+        w.apply_dispatched(&d, Utc::now());
+    }
+
+    fn record(w: &mut WaveState, id: &str, outcome: WorkerOutcome) {
+        w.apply_recorded(&WaveRecorded {
+            assignment_id: id.to_owned(),
+            outcome,
+            summary: String::new(),
+            blockers: Vec::new(),
+            by: None,
+            reason: None,
+        });
+    }
+
+    #[test]
+    fn the_window_admits_up_to_max_parallel_and_slides() {
+        let mut w = wave(4);
+        let first: Vec<String> = w.admissible(2).iter().map(|a| a.id.clone()).collect();
+        assert_eq!(first, ["assign-001", "assign-002"]);
+        dispatch(&mut w, "assign-001");
+        dispatch(&mut w, "assign-002");
+        assert_eq!(w.decide(false, 2), WaveDecision::Wait);
+        assert!(w.admissible(2).is_empty());
+        record(&mut w, "assign-001", WorkerOutcome::Completed);
+        assert_eq!(w.decide(false, 2), WaveDecision::Dispatch);
+        let next: Vec<String> = w.admissible(2).iter().map(|a| a.id.clone()).collect();
+        assert_eq!(next, ["assign-003"]);
+    }
+
+    #[test]
+    fn a_failure_stops_admission_and_waits_for_the_flight_before_replanning() {
+        let mut w = wave(4);
+        dispatch(&mut w, "assign-001");
+        dispatch(&mut w, "assign-002");
+        record(&mut w, "assign-001", WorkerOutcome::Failed);
+        assert_eq!(w.decide(false, 2), WaveDecision::Wait);
+        assert!(w.admissible(2).is_empty());
+        record(&mut w, "assign-002", WorkerOutcome::Completed);
+        assert_eq!(w.decide(false, 2), WaveDecision::Replan);
+        assert_eq!(w.counts().planned, 2);
+    }
+
+    #[test]
+    fn blocked_outranks_failed_and_cancel_outranks_everything() {
+        let mut w = wave(3);
+        for id in ["assign-001", "assign-002", "assign-003"] {
+            dispatch(&mut w, id);
+        }
+        record(&mut w, "assign-001", WorkerOutcome::Failed);
+        record(&mut w, "assign-002", WorkerOutcome::Blocked);
+        assert_eq!(w.decide(false, 3), WaveDecision::Wait);
+        record(&mut w, "assign-003", WorkerOutcome::Partial);
+        assert_eq!(w.decide(false, 3), WaveDecision::Escalate);
+        assert_eq!(w.decide(true, 3), WaveDecision::Cancelled);
+    }
+
+    #[test]
+    fn all_completed_or_partial_completes_and_a_record_counts_once() {
+        let mut w = wave(2);
+        dispatch(&mut w, "assign-001");
+        dispatch(&mut w, "assign-002");
+        record(&mut w, "assign-001", WorkerOutcome::Completed);
+        record(&mut w, "assign-001", WorkerOutcome::Failed);
+        record(&mut w, "assign-002", WorkerOutcome::Partial);
+        assert_eq!(w.decide(false, 2), WaveDecision::Complete);
+        let c = w.counts();
+        assert_eq!((c.completed, c.partial, c.failed), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_report_is_read_from_a_tagged_block_or_a_trailing_object() {
+        let fenced = "done\n```worker_report\n{\"outcome\": \"blocked\", \"summary\": \"s\", \"blockers\": [\"no key\"]}\n```\n```control\n{\"verdict\": \"PASS\"}\n```\n";
+        let r = report_of(fenced).expect("a report").expect("it reads");
+        assert_eq!((r.outcome, r.blockers.len()), (WorkerOutcome::Blocked, 1));
+        let trailing = "All good.\n{\"outcome\": \"partial\", \"summary\": \"half\"}\n";
+        assert_eq!(
+            report_of(trailing).expect("a report").expect("reads").outcome,
+            WorkerOutcome::Partial
+        );
+        assert!(report_of("no report here").is_none());
+        let bad = "```worker_report\n{\"outcome\": \"finished\"}\n```";
+        assert!(report_of(bad).expect("a report").is_err());
+        let broken = "```worker_report\n{\"outcome\": \n```";
+        assert!(report_of(broken).expect("a report").is_err());
+    }
+
+    #[test]
+    fn a_child_maps_its_status_when_it_has_no_report() {
+        let mut c = ChildRunSettled {
+            child_run_id: "c".to_owned(),
+            link: "l".to_owned(),
+            status: FinalStatus::Aborted,
+            aborted_reason: Some("cost".to_owned()),
+            final_output: Some("{\"outcome\": \"completed\"}".to_owned()),
+            totals: crate::event::Totals::default(),
+            tree_totals: crate::event::Totals::default(),
+        };
+        assert_eq!(settlement_of(&c).outcome, WorkerOutcome::Failed);
+        c.status = FinalStatus::Cancelled;
+        assert_eq!(settlement_of(&c).outcome, WorkerOutcome::Cancelled);
+        c.status = FinalStatus::Completed;
+        c.final_output = Some("plain text".to_owned());
+        assert_eq!(settlement_of(&c).outcome, WorkerOutcome::Completed);
+        c.final_output = Some("```worker_report\nnot json\n```".to_owned());
+        assert_eq!(settlement_of(&c).outcome, WorkerOutcome::Failed);
+    }
+}

@@ -1,0 +1,285 @@
+//! What outside agents do to a wave, as one typed set of actions: dispatch an assignment
+//! to a worker they run, record its outcome, ask for the controller's decision, and close
+//! the wave. The CLI's `baton wave …`, the server and the MCP tools all go through
+//! [`Engine::wave_act`].
+//!
+//! Every action is a conditional append on the wave's run (`append_external`): it re-reads
+//! the log and re-checks that what it changes is still open in the same step as the
+//! append, so of two agents recording one assignment, exactly one wins.
+
+use serde::Serialize;
+
+use crate::event::{
+    EventData, NewEvent, WaveCounts, WaveDecided, WaveDecision, WaveDispatched, WaveRecorded,
+    WorkerOutcome,
+};
+use crate::exec::{Engine, Error};
+use crate::state::RunState;
+use crate::wave::{self, WaveState};
+
+/// Which assignment an action is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// By its id (`assign-001`).
+    Assignment(String),
+    /// By its task's id.
+    Task(String),
+}
+
+/// An action on a wave.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WaveAction {
+    /// An outside agent gives a planned assignment to a worker it runs (`worker_run`).
+    Dispatch { target: Target, worker_run: String, by: Option<String> },
+    /// An outside agent records the outcome of an assignment it dispatched.
+    Record {
+        target: Target,
+        outcome: WorkerOutcome,
+        summary: String,
+        blockers: Vec<String>,
+        by: Option<String>,
+    },
+    /// The controller's decision now (assignments past their timeout are recorded failed
+    /// first).
+    Decide,
+    /// Ends a wave whose decision is an end (complete, replan or escalate).
+    Complete { by: Option<String> },
+}
+
+/// What an action did.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WaveReply {
+    pub run_id: String,
+    pub level_id: String,
+    /// The assignment acted on, when the action had one.
+    pub assignment_id: Option<String>,
+    pub decision: WaveDecision,
+    pub counts: WaveCounts,
+    /// The parallelism the decision was made under.
+    pub max_parallel: u32,
+}
+
+/// The wave a run is at: its level in flight, when that is a wave that has not ended.
+pub fn wave_under_way(state: &RunState) -> Option<&WaveState> {
+    crate::wave_drive::wave_in_flight(state).filter(|w| w.closed.is_none())
+}
+
+/// The wave a run ran last (under way or ended), for reading.
+pub fn latest_wave(state: &RunState) -> Option<&WaveState> {
+    wave_under_way(state).or_else(|| {
+        state.waves.values().max_by_key(|w| state.level(&w.level_id).map_or(0, |l| l.started_seq))
+    })
+}
+
+fn find<'a>(wave: &'a WaveState, target: &Target) -> Result<&'a wave::AssignmentState, String> {
+    let found = match target {
+        Target::Assignment(id) => wave.assignments.iter().find(|a| &a.assignment.id == id),
+        Target::Task(id) => wave.assignments.iter().find(|a| &a.assignment.task_id == id),
+    };
+    found.ok_or_else(|| {
+        let ids: Vec<&str> = wave.assignments.iter().map(|a| a.assignment.id.as_str()).collect();
+        match target {
+            Target::Assignment(id) => {
+                format!("the wave has no assignment `{id}` (assignments: {})", ids.join(", "))
+            }
+            Target::Task(id) => format!("no assignment of the wave is for task `{id}`"),
+        }
+    })
+}
+
+/// What an append decided: the reply, or a refusal recorded as a failure (a record past
+/// the assignment's deadline).
+enum Done {
+    Reply(Option<String>),
+    Expired(String),
+}
+
+impl Engine {
+    /// Takes `action` on the wave `run_id` is at.
+    pub async fn wave_act(&self, run_id: &str, action: WaveAction) -> Result<WaveReply, Error> {
+        let refused = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
+        if matches!(action, WaveAction::Decide | WaveAction::Complete { .. }) {
+            self.expire_outside_workers(run_id).await?;
+        }
+        let settings = self.wave_settings();
+        let done = self
+            .append_external(run_id, |state, _, now| {
+                let Some(w) = wave_under_way(state) else {
+                    return Err(refused(match latest_wave(state) {
+                        Some(w) => format!(
+                            "its wave (level `{}`) has ended{}",
+                            w.level_id,
+                            w.closed.as_ref().map_or(String::new(), |d| format!(" ({})", d.decision.as_str()))
+                        ),
+                        None => "it has no wave under way".to_owned(),
+                    }));
+                };
+                if state.cancel_requested.is_some() {
+                    return Err(refused("its wave is being cancelled".to_owned()));
+                }
+                let parallel = settings.parallel_for(w);
+                let level = |data: EventData| NewEvent::level(&w.level_id, w.attempt, data);
+                match &action {
+                    WaveAction::Decide => Ok(None),
+                    WaveAction::Dispatch { target, worker_run, by } => {
+                        wave::check_worker_run(worker_run).map_err(refused)?;
+                        let a = find(w, target).map_err(refused)?;
+                        let id = &a.assignment.id;
+                        if a.dispatched.is_some() || a.settled.is_some() {
+                            return Err(refused(format!("assignment `{id}` is already {}", a.stage())));
+                        }
+                        if !w.admissible(parallel).iter().any(|p| &p.id == id) {
+                            return Err(refused(format!(
+                                "assignment `{id}` cannot be dispatched now: the decision is `{}` ({} in flight of at most {parallel})",
+                                w.decide(false, parallel).as_str(),
+                                w.counts().in_flight
+                            )));
+                        }
+                        let event = level(EventData::WaveDispatched(WaveDispatched {
+                            assignment_id: id.clone(),
+                            worker_run: worker_run.clone(),
+                            child_run_id: None,
+                            by: by.clone(),
+                        }));
+                        Ok(Some((event, Done::Reply(Some(id.clone())))))
+                    }
+                    WaveAction::Record { target, outcome, summary, blockers, by } => {
+                        let a = find(w, target).map_err(refused)?;
+                        let id = &a.assignment.id;
+                        if let Some(s) = &a.settled {
+                            return Err(refused(format!(
+                                "assignment `{id}` is already settled ({}{})",
+                                s.outcome.as_str(),
+                                s.by.as_ref().map_or(String::new(), |b| format!(", by {b}"))
+                            )));
+                        }
+                        let Some(d) = &a.dispatched else {
+                            return Err(refused(format!(
+                                "assignment `{id}` has not been dispatched; dispatch it first (`baton wave dispatch`)"
+                            )));
+                        };
+                        if let Some(child) = &d.child_run_id {
+                            return Err(refused(format!(
+                                "assignment `{id}` is owned by the active dispatcher: its worker is child run {child}, which settles it"
+                            )));
+                        }
+                        let deadline = d.at
+                            + chrono::Duration::milliseconds(
+                                i64::try_from(w.plan.timeout_ms).unwrap_or(i64::MAX),
+                            );
+                        if now > deadline {
+                            let event = level(EventData::WaveRecorded(timed_out(id, w.plan.timeout_ms)));
+                            return Ok(Some((event, Done::Expired(id.clone()))));
+                        }
+                        let event = level(EventData::WaveRecorded(WaveRecorded {
+                            assignment_id: id.clone(),
+                            outcome: *outcome,
+                            summary: wave::cut(summary, wave::SUMMARY_BYTES_MAX),
+                            blockers: blockers
+                                .iter()
+                                .take(wave::BLOCKERS_MAX)
+                                .map(|b| wave::cut(b, wave::BLOCKER_BYTES_MAX))
+                                .collect(),
+                            by: by.clone(),
+                            reason: None,
+                        }));
+                        Ok(Some((event, Done::Reply(Some(id.clone())))))
+                    }
+                    WaveAction::Complete { by } => {
+                        let decision = w.decide(false, parallel);
+                        if !decision.is_final() {
+                            let c = w.counts();
+                            return Err(refused(format!(
+                                "the wave cannot end yet: its decision is `{}` ({} planned, {} in flight)",
+                                decision.as_str(),
+                                c.planned,
+                                c.in_flight
+                            )));
+                        }
+                        let event = level(EventData::WaveDecided(WaveDecided {
+                            decision,
+                            counts: w.counts(),
+                            max_parallel: parallel,
+                            dispatched: Vec::new(),
+                            closes: true,
+                            by: by.clone(),
+                        }));
+                        Ok(Some((event, Done::Reply(None))))
+                    }
+                }
+            })
+            .await?;
+        let assignment_id = match done {
+            Some(Done::Expired(id)) => {
+                return Err(refused(format!(
+                    "assignment `{id}` is past its deadline; it was recorded failed (timeout), not as given"
+                )));
+            }
+            Some(Done::Reply(id)) => id,
+            None => None,
+        };
+        let state = self.state(run_id).await?;
+        let Some(w) = latest_wave(&state) else {
+            return Err(refused("it has no wave".to_owned()));
+        };
+        let parallel = settings.parallel_for(w);
+        Ok(WaveReply {
+            run_id: run_id.to_owned(),
+            level_id: w.level_id.clone(),
+            assignment_id,
+            decision: w.closed.as_ref().map_or_else(
+                || w.decide(state.cancel_requested.is_some(), parallel),
+                |d| d.decision,
+            ),
+            counts: w.counts(),
+            max_parallel: parallel,
+        })
+    }
+
+    /// Records failed (timeout) every assignment an outside agent dispatched whose
+    /// deadline has passed, each exactly once.
+    async fn expire_outside_workers(&self, run_id: &str) -> Result<(), Error> {
+        loop {
+            let recorded = self
+                .append_external(run_id, |state, _, now| {
+                    let Some(w) = wave_under_way(state) else { return Ok(None) };
+                    let overdue = w.assignments.iter().find(|a| {
+                        a.settled.is_none()
+                            && a.dispatched.as_ref().is_some_and(|d| {
+                                d.child_run_id.is_none()
+                                    && now
+                                        > d.at
+                                            + chrono::Duration::milliseconds(
+                                                i64::try_from(w.plan.timeout_ms)
+                                                    .unwrap_or(i64::MAX),
+                                            )
+                            })
+                    });
+                    Ok(overdue.map(|a| {
+                        let event = NewEvent::level(
+                            &w.level_id,
+                            w.attempt,
+                            EventData::WaveRecorded(timed_out(&a.assignment.id, w.plan.timeout_ms)),
+                        );
+                        (event, ())
+                    }))
+                })
+                .await?;
+            if recorded.is_none() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// An assignment recorded failed for overrunning its timeout.
+fn timed_out(assignment_id: &str, timeout_ms: u64) -> WaveRecorded {
+    WaveRecorded {
+        assignment_id: assignment_id.to_owned(),
+        outcome: WorkerOutcome::Failed,
+        summary: format!("no outcome was recorded within the worker timeout of {timeout_ms} ms"),
+        blockers: Vec::new(),
+        by: None,
+        reason: Some("timeout".to_owned()),
+    }
+}

@@ -1,0 +1,331 @@
+//! The active wave dispatcher: admits a wave's planned assignments as child runs of its
+//! worker scenario, drives them concurrently in a sliding window, times out the ones that
+//! overrun, and settles each in the wave's run exactly once.
+//!
+//! A dispatch is one commit of the wave's run: `wave_decided` (dispatch, with the counts it
+//! read) and, per admitted assignment, `child_run_started` (before the worker exists) and
+//! `wave_dispatched`. A worker that ends is settled by the next drive of the wave's run,
+//! in the same commit as the next admission. After a crash the next driver reconciles:
+//! a worker recorded but not created is created, one not finished is driven on, one
+//! finished is settled; a settled assignment is never run again.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_scenario::Scenario;
+use baton_scenario::limits::WAVE_PARALLEL_DEFAULT;
+
+use crate::event::{
+    ChildRunStarted, EventData, LevelFinished, NewEvent, WaveDecided, WaveDecision, WaveDispatched,
+    WaveRecorded, WorkerOutcome,
+};
+use crate::exec::{Engine, Error, Outcome};
+use crate::state::{ChildRun, RunState};
+use crate::store;
+use crate::wave::{self, WaveState};
+
+/// How waves are dispatched by an engine: the configured parallelism, a one-drive
+/// override, and whether manual waves are dispatched actively (`baton wave run`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaveSettings {
+    /// `[waves] max_parallel` in baton.toml: for waves that set none (default 3).
+    pub max_parallel: u32,
+    /// This drive's override (`baton wave run --max-parallel N`); never stored.
+    pub drive_max_parallel: Option<u32>,
+    /// Dispatch manual waves too (the active dispatcher of `baton wave run`).
+    pub active: bool,
+}
+
+impl Default for WaveSettings {
+    fn default() -> Self {
+        WaveSettings {
+            max_parallel: WAVE_PARALLEL_DEFAULT,
+            drive_max_parallel: None,
+            active: false,
+        }
+    }
+}
+
+impl WaveSettings {
+    /// The parallelism a wave runs under in this drive: the override, else the wave's own,
+    /// else the configured default.
+    pub fn parallel_for(&self, wave: &WaveState) -> u32 {
+        self.drive_max_parallel.or(wave.plan.max_parallel).unwrap_or(self.max_parallel)
+    }
+}
+
+/// The wave of the level in flight, if the level in flight is a wave.
+pub fn wave_in_flight(state: &RunState) -> Option<&WaveState> {
+    state.in_flight.as_ref().and_then(|id| state.waves.get(id))
+}
+
+impl Engine {
+    /// How this engine dispatches waves.
+    pub fn wave_settings(&self) -> WaveSettings {
+        self.runtime.jobs.as_ref().map(|j| j.waves).unwrap_or_default()
+    }
+
+    /// The events that dispatch what the wave of `level_id` admits now: none when nothing
+    /// is admitted (or, for a manual wave, when this drive is not its active dispatcher).
+    /// A worker scenario that is not loaded fails the level before any worker starts, and
+    /// fails the admitted assignments once some have.
+    pub(crate) async fn wave_dispatch(
+        &self,
+        run_id: &str,
+        state: &RunState,
+        level_id: &str,
+    ) -> Result<Vec<NewEvent>, Error> {
+        let Some(w) = state.waves.get(level_id) else { return Ok(Vec::new()) };
+        let settings = self.wave_settings();
+        if w.plan.dispatch == "manual" && !settings.active {
+            return Ok(Vec::new());
+        }
+        let parallel = settings.parallel_for(w);
+        let admitted: Vec<_> = w.admissible(parallel).into_iter().cloned().collect();
+        if admitted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let none_yet = w.assignments.iter().all(|a| a.dispatched.is_none());
+        let registry = self.runtime.jobs.as_ref().map(|j| j.registry());
+        let worker = w.plan.worker.as_ref().and_then(|id| registry.as_ref()?.get(id).cloned());
+        let Some(worker) = worker else {
+            let why = match (&w.plan.worker, &registry) {
+                (None, _) => "the wave names no worker scenario; dispatch its assignments with `baton wave dispatch` and record them with `baton wave record`".to_owned(),
+                (Some(id), None) => format!("worker scenario `{id}`: this engine starts no child runs"),
+                (Some(id), Some(r)) => format!(
+                    "worker scenario `{id}` is not among the scenarios ({})",
+                    r.scenarios().map(|s| s.id.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            };
+            if none_yet {
+                return Ok(vec![NewEvent::level(
+                    level_id,
+                    w.attempt,
+                    EventData::LevelFinished(LevelFinished {
+                        ok: false,
+                        skipped: false,
+                        verdict: None,
+                        output: String::new(),
+                        parsed: None,
+                        confidence: None,
+                        scratchpad: serde_json::Map::new(),
+                        conflict: None,
+                        error: Some(format!("wave_worker: {why}")),
+                        cost_usd: 0.0,
+                        tokens: 0,
+                        duration_ms: 0,
+                        terminal: false,
+                        touched_paths: Vec::new(),
+                        snapshot: None,
+                    }),
+                )]);
+            }
+            return Ok(admitted
+                .iter()
+                .map(|a| {
+                    NewEvent::level(
+                        level_id,
+                        w.attempt,
+                        EventData::WaveRecorded(WaveRecorded {
+                            assignment_id: a.id.clone(),
+                            outcome: WorkerOutcome::Failed,
+                            summary: format!("not dispatched: {why}"),
+                            blockers: Vec::new(),
+                            by: None,
+                            reason: Some("worker".to_owned()),
+                        }),
+                    )
+                })
+                .collect());
+        };
+        self.keep_texts(&worker).await?;
+        let counts = w.counts();
+        // What the tree may still spend is shared among the assignments not yet started.
+        let share = state.tree_cost_left().map(|left| left / f64::from(counts.planned.max(1)));
+        let mut events = vec![NewEvent::level(
+            level_id,
+            w.attempt,
+            EventData::WaveDecided(WaveDecided {
+                decision: WaveDecision::Dispatch,
+                counts,
+                max_parallel: parallel,
+                dispatched: admitted.iter().map(|a| a.id.clone()).collect(),
+                closes: false,
+                by: None,
+            }),
+        )];
+        for a in &admitted {
+            let link = wave::link(level_id, w.attempt, &a.id);
+            let child_run_id = crate::job::child_run_id(run_id, &link);
+            let (input, mut metadata) = wave::worker_input(w, a);
+            metadata.insert("wave_run".to_owned(), serde_json::Value::String(run_id.to_owned()));
+            events.push(NewEvent::run(EventData::ChildRunStarted(ChildRunStarted {
+                child_run_id: child_run_id.clone(),
+                link,
+                scenario_id: worker.id.clone(),
+                scenario_version: worker.version,
+                checksum: worker.checksum.clone(),
+                input,
+                metadata,
+                budget: crate::job::caps(&worker, share),
+                depth: state.depth() + 1,
+            })));
+            events.push(NewEvent::level(
+                level_id,
+                w.attempt,
+                EventData::WaveDispatched(WaveDispatched {
+                    assignment_id: a.id.clone(),
+                    worker_run: child_run_id.clone(),
+                    child_run_id: Some(child_run_id),
+                    by: None,
+                }),
+            ));
+        }
+        Ok(events)
+    }
+
+    /// Drives a wave's open workers concurrently until none is left to drive here: each
+    /// that ends brings the wave's run back (settling it and admitting the next), so the
+    /// window slides. `Some` when the job waits on a worker (a person, an interruption);
+    /// `None` when the wave's run should be driven again. Once the wave's run is cancelled,
+    /// workers still running after the settle timeout are left to its end, which records
+    /// them unsettled.
+    pub(crate) async fn wave_window(
+        &self,
+        run_id: &str,
+        scenario: &Arc<Scenario>,
+        state: RunState,
+    ) -> Result<Option<Outcome>, Error> {
+        let settle =
+            self.runtime.jobs.as_ref().map_or(Duration::from_secs(15), |j| j.settle_timeout);
+        let mut state = Arc::new(state);
+        let mut running = crate::join::Pool::default();
+        let mut driving: HashSet<String> = HashSet::new();
+        let mut waits: Option<Outcome> = None;
+        let mut cancel_deadline: Option<tokio::time::Instant> = None;
+        loop {
+            if state.cancel_requested.is_some() && cancel_deadline.is_none() {
+                cancel_deadline = Some(tokio::time::Instant::now() + settle);
+            }
+            for child in state.open_children() {
+                if driving.insert(child.started.child_run_id.clone()) {
+                    running.push(self.drive_worker(run_id, Arc::clone(&state), child.clone()));
+                }
+            }
+            let next = match cancel_deadline {
+                Some(deadline) => match tokio::time::timeout_at(deadline, running.next()).await {
+                    Ok(next) => next,
+                    // The settle timeout passed: the wave's end records the rest unsettled.
+                    Err(_) => return Ok(None),
+                },
+                None => running.next().await,
+            };
+            let Some(result) = next else { return Ok(waits) };
+            match result {
+                Ok(Outcome::Finished(_)) => {}
+                Ok(other) => {
+                    waits.get_or_insert(other);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            // A worker ended: the wave's run settles it and admits the next.
+            match self.drive(run_id, scenario).await {
+                Ok(_) | Err(Error::Store(store::Error::Busy(_))) => {}
+                Err(e) => return Err(e),
+            }
+            state = Arc::new(self.state(run_id).await?);
+        }
+    }
+
+    /// Drives one worker to its end; past its assignment's timeout (counted from its
+    /// dispatch) its assignment is recorded failed and its run cancelled, and its drive
+    /// goes on until the cancel ends it.
+    async fn drive_worker(
+        &self,
+        run_id: &str,
+        parent: Arc<RunState>,
+        child: ChildRun,
+    ) -> Result<Outcome, Error> {
+        let found = parent.waves.values().find_map(|w| {
+            w.assignments.iter().find_map(|a| {
+                let d = a.dispatched.as_ref()?;
+                (d.child_run_id.as_deref() == Some(&child.started.child_run_id)).then(|| {
+                    (
+                        w.level_id.clone(),
+                        w.attempt,
+                        a.assignment.id.clone(),
+                        d.at,
+                        w.plan.timeout_ms,
+                        a.settled.is_some(),
+                    )
+                })
+            })
+        });
+        let drive = self.drive_child(run_id, &parent, &child);
+        let Some((level_id, attempt, assignment_id, at, timeout_ms, settled)) = found else {
+            return drive.await;
+        };
+        if settled {
+            // Already settled (its timeout passed): it only has to end.
+            return drive.await;
+        }
+        let deadline =
+            at + chrono::Duration::milliseconds(i64::try_from(timeout_ms).unwrap_or(i64::MAX));
+        let left = (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
+        tokio::pin!(drive);
+        tokio::select! {
+            outcome = &mut drive => outcome,
+            () = tokio::time::sleep(left) => {
+                self.time_out_worker(run_id, &level_id, attempt, &assignment_id, &child.started.child_run_id, timeout_ms)
+                    .await?;
+                drive.await
+            }
+        }
+    }
+
+    /// Records an assignment failed for overrunning its timeout (exactly once, while it is
+    /// unsettled) and cancels its worker's run.
+    pub(crate) async fn time_out_worker(
+        &self,
+        run_id: &str,
+        level_id: &str,
+        attempt: u32,
+        assignment_id: &str,
+        child_run_id: &str,
+        timeout_ms: u64,
+    ) -> Result<(), Error> {
+        let recorded = WaveRecorded {
+            assignment_id: assignment_id.to_owned(),
+            outcome: WorkerOutcome::Failed,
+            summary: format!("the worker overran its timeout of {timeout_ms} ms and was cancelled"),
+            blockers: Vec::new(),
+            by: None,
+            reason: Some("timeout".to_owned()),
+        };
+        self.append_external(run_id, |state, _, _| {
+            let open = state
+                .waves
+                .get(level_id)
+                .filter(|w| w.attempt == attempt)
+                .and_then(|w| w.assignment(assignment_id))
+                .is_some_and(|a| a.settled.is_none());
+            Ok(open.then(|| {
+                (NewEvent::level(level_id, attempt, EventData::WaveRecorded(recorded.clone())), ())
+            }))
+        })
+        .await?;
+        match self
+            .cancel_tree(
+                child_run_id,
+                Some("wave".to_owned()),
+                Some(format!("timeout: {timeout_ms} ms")),
+            )
+            .await
+        {
+            Ok(()) | Err(Error::Refused { .. } | Error::Store(store::Error::NotFound(_))) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
