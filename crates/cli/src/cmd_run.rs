@@ -654,13 +654,21 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         );
     }
     check_jail(place, &scenario)?;
-    let (model, source) = choose_model(
+    let chosen = choose_model(
         args.script.as_deref(),
         place.config.as_deref(),
         args.cassette.as_deref(),
         args.record.as_deref(),
         &scenario,
-    )?;
+    );
+    let (model, source) = match chosen {
+        // A standalone wave calls no model until `baton wave run` runs its workers, with
+        // the model that command is given.
+        Err(_) if calls_no_model(&scenario) && args.script.is_none() && args.cassette.is_none() => {
+            (Arc::new(ScriptedModel::default()) as Arc<dyn ModelProvider>, None)
+        }
+        other => other?,
+    };
     let store = open_store(place)?;
     if let Some(key) = &args.idempotency_key
         && let Some(existing) = store.run_by_key(key).await?
@@ -802,7 +810,14 @@ pub(crate) async fn resume(
         (run_scenario(place, &probe, &root_state, &root).await?, root_state)
     };
     let model =
-        recorded_model(root_state.model_source.as_deref(), script, place.config.as_deref())?;
+        match recorded_model(root_state.model_source.as_deref(), script, place.config.as_deref()) {
+            // A run of manual waves calls no model; `baton wave run` needs one for its
+            // workers.
+            Err(_) if calls_no_model(&root_scenario) && !waves.active => {
+                Arc::new(ScriptedModel::default()) as Arc<dyn ModelProvider>
+            }
+            other => other?,
+        };
     let registry = Arc::new(registry);
     let jobs = reloading_jobs(
         place,
@@ -830,6 +845,14 @@ pub(crate) async fn resume(
         follow.push(Followed::new(&id, after, depth));
     }
     drive(&engine, &root, &root_scenario, json, follow, None).await
+}
+
+/// Whether a run of `scenario` never calls a model itself: its levels are all waves whose
+/// assignments outside agents dispatch (a standalone wave's).
+fn calls_no_model(scenario: &Scenario) -> bool {
+    scenario.levels.iter().all(|l| {
+        matches!(&l.kind, baton_scenario::LevelKind::Wave(w) if w.dispatch == baton_scenario::model::WaveDispatch::Manual)
+    })
 }
 
 /// Where a run of a tree is continued from: its highest ancestor that has not ended (the
@@ -1032,8 +1055,19 @@ async fn report(
         && state.open_children().next().is_none()
     {
         let c = w.counts();
+        let decision = w.decide(false, engine.wave_settings().parallel_for(w));
+        let next = if decision.is_final() {
+            format!(
+                "its decision is `{}`: end it with `baton wave complete {run_id}`",
+                decision.as_str()
+            )
+        } else {
+            format!(
+                "dispatch with `baton wave dispatch {run_id}`, record with `baton wave record {run_id}`, or run its workers with `baton wave run {run_id}`"
+            )
+        };
         outln!(
-            "waiting: wave {run_id} (level `{}`) waits for outside agents: {} planned, {} in flight, {} settled; dispatch with `baton wave dispatch {run_id}`, record with `baton wave record {run_id}`, or run its workers with `baton wave run {run_id}`",
+            "waiting: wave {run_id} (level `{}`) waits for outside agents: {} planned, {} in flight, {} settled; {next}",
             escape::one_line(&w.level_id),
             c.planned,
             c.in_flight,

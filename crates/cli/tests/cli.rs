@@ -12,6 +12,7 @@ mod reads;
 mod timeouts;
 mod trees;
 mod untrusted;
+mod waves;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

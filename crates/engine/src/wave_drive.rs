@@ -82,6 +82,23 @@ impl Engine {
             return Ok(Vec::new());
         }
         let parallel = settings.parallel_for(w);
+        // The active dispatcher of a manual wave ends it once its decision is an end, as
+        // the driver of an automatic one does.
+        let decision = w.decide(false, parallel);
+        if w.plan.dispatch == "manual" && decision.is_final() {
+            return Ok(vec![NewEvent::level(
+                level_id,
+                w.attempt,
+                EventData::WaveDecided(WaveDecided {
+                    decision,
+                    counts: w.counts(),
+                    max_parallel: parallel,
+                    dispatched: Vec::new(),
+                    closes: true,
+                    by: Some("baton wave run".to_owned()),
+                }),
+            )]);
+        }
         let admitted: Vec<_> = w.admissible(parallel).into_iter().cloned().collect();
         if admitted.is_empty() {
             return Ok(Vec::new());

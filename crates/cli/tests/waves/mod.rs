@@ -1,0 +1,622 @@
+//! Waves through the binary and the real SQLite store: a sliding window of worker runs
+//! under `max_parallel` (asserted from the logs' timestamps), replan and escalate, outside
+//! agents dispatching and recording from other processes (exactly once, behind a barrier,
+//! within the worker timeout), invalid settings refused before any worker starts, the
+//! active dispatcher's assignments closed to outside records, and a SIGKILL after every
+//! event of a wave resumed without running any assignment twice.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use super::{baton_command, baton_in, bwrap, scratch, text};
+
+const WORKER: &str = "id: worker\nversion: 1\nlevels:\n  - id: work\n    kind: prompt\n    prompt: {inline: \"Work on {{ input }}\"}\n    terminal: true\n";
+
+/// A wave of `worker`s from the run's input, at most two at once; its decision routes.
+fn waver(extra: &str) -> String {
+    waver_with(&format!("max_parallel: 2{extra}"))
+}
+
+/// `waver` with these wave settings beside its worker.
+fn waver_with(settings: &str) -> String {
+    format!(
+        "id: waver\nversion: 1\nlevels:\n  - id: build\n    kind: wave\n    terminal: true\n    wave: {{worker: worker, {settings}}}\nedges:\n  - {{from: build, to: __end__, when: \"wave.decision == 'complete'\"}}\n  - {{from: build, to: __fail__}}\n"
+    )
+}
+
+/// A test's directory with `worker` and `waver` scenarios, and its database.
+fn setup(name: &str, wave_extra: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(name);
+    std::fs::create_dir_all(dir.join("scenarios")).unwrap();
+    std::fs::write(dir.join("scenarios/worker.yaml"), WORKER).unwrap();
+    std::fs::write(dir.join("scenarios/waver.yaml"), waver(wave_extra)).unwrap();
+    let db = dir.join("runs.db");
+    (dir, db)
+}
+
+/// A script: every worker answers a completed report after `delay_ms`; the workers whose
+/// prompt holds a `when` text answer with that case's outcome instead.
+fn script(dir: &Path, delay_ms: u64, cases: &[(&str, &str, u64)]) -> PathBuf {
+    let report = |outcome: &str| {
+        format!(
+            "```worker_report\n{{\"outcome\": \"{outcome}\", \"summary\": \"{outcome} here\", \"blockers\": [\"b1\"]}}\n```\n"
+        )
+    };
+    let mut yaml = format!(
+        "scenarios:\n  worker:\n    levels:\n      work: [{{text: {:?}, delay_ms: {delay_ms}, cost_usd: 0.01}}]\n    cases:",
+        report("completed")
+    );
+    if cases.is_empty() {
+        yaml.push_str(" []\n");
+    }
+    for (when, outcome, delay) in cases {
+        yaml.push_str(&format!(
+            "\n      - when: {when:?}\n        levels:\n          work: [{{text: {:?}, delay_ms: {delay}}}]\n",
+            report(outcome)
+        ));
+    }
+    let path = dir.join(format!("script-{}.yaml", unique()));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// A number no other call in this process got, for file names.
+fn unique() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+}
+
+fn tasks(n: usize) -> String {
+    let tasks: Vec<String> =
+        (1..=n).map(|i| format!("{{\"id\": \"t{i}\", \"title\": \"task {i}\"}}")).collect();
+    format!("{{\"tasks\": [{}], \"context\": \"Goal: a todo API\"}}", tasks.join(", "))
+}
+
+fn baton(dir: &Path, db: &Path, args: &[&str]) -> Output {
+    baton_in(dir, db).args(args).output().unwrap()
+}
+
+/// `run waver --input INPUT --script SCRIPT --json`.
+fn run_waver(dir: &Path, db: &Path, input: &str, script: &Path) -> (Option<i32>, Value) {
+    let out = baton(
+        dir,
+        db,
+        &["run", "waver", "--input", input, "--script", script.to_str().unwrap(), "--json"],
+    );
+    let result = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("not JSON: {}{}", text(&out.stdout), text(&out.stderr)));
+    (out.status.code(), result)
+}
+
+/// Every event of a run's tree, each naming its run.
+fn tree_events(dir: &Path, db: &Path, run: &str) -> Vec<Value> {
+    let out = baton(dir, db, &["events", run, "--tree", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Each worker run's span, from its first event to its last.
+fn spans(events: &[Value], root: &str) -> BTreeMap<String, (DateTime<Utc>, DateTime<Utc>)> {
+    let mut out: BTreeMap<String, (DateTime<Utc>, DateTime<Utc>)> = BTreeMap::new();
+    for e in events {
+        let run = e["run_id"].as_str().unwrap();
+        if run == root {
+            continue;
+        }
+        let at: DateTime<Utc> = e["at"].as_str().unwrap().parse().unwrap();
+        let span = out.entry(run.to_owned()).or_insert((at, at));
+        span.0 = span.0.min(at);
+        span.1 = span.1.max(at);
+    }
+    out
+}
+
+/// The most spans open at one moment.
+fn most_at_once(spans: &BTreeMap<String, (DateTime<Utc>, DateTime<Utc>)>) -> usize {
+    spans
+        .values()
+        .map(|(s, _)| spans.values().filter(|(a, b)| a <= s && s < b).count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// `wave get WAVE --json`.
+fn view(dir: &Path, db: &Path, wave: &str) -> Value {
+    let out = baton(dir, db, &["wave", "get", wave, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn six_assignments_run_two_at_a_time_and_outcomes_lead_to_replan_and_escalate() {
+    let (dir, db) = setup("wave-window", "");
+    // All six complete: never more than two workers at once, and two at once at some point.
+    let all_done = script(&dir, 300, &[]);
+    let (code, result) = run_waver(&dir, &db, &tasks(6), &all_done);
+    assert_eq!(code, Some(0), "{result}");
+    let root = result["run_id"].as_str().unwrap();
+    let events = tree_events(&dir, &db, root);
+    let s = spans(&events, root);
+    assert_eq!(s.len(), 6, "each assignment ran once");
+    assert_eq!(most_at_once(&s), 2, "{s:?}");
+    let v = view(&dir, &db, root);
+    assert_eq!(
+        (v["decision"].as_str(), v["counts"]["completed"].as_u64()),
+        (Some("complete"), Some(6))
+    );
+    assert!((v["cost_usd"].as_f64().unwrap() - 0.06).abs() < 1e-9, "{v}");
+    // The second fails fast while the first still runs: nothing is admitted after it, the
+    // first settles, and the wave replans.
+    let failing = script(&dir, 600, &[("assign-002", "failed", 10)]);
+    let (code, result) = run_waver(&dir, &db, &tasks(6), &failing);
+    assert_eq!(code, Some(1), "{result}");
+    let v = view(&dir, &db, result["run_id"].as_str().unwrap());
+    assert_eq!(v["decision"], "replan", "{v}");
+    let c = &v["counts"];
+    assert_eq!(
+        (c["failed"].as_u64(), c["completed"].as_u64(), c["planned"].as_u64()),
+        (Some(1), Some(1), Some(4)),
+        "{v}"
+    );
+    // A blocked report escalates, with its blockers.
+    let blocked = script(&dir, 10, &[("assign-001", "blocked", 10)]);
+    let (_, result) = run_waver(&dir, &db, &tasks(2), &blocked);
+    let v = view(&dir, &db, result["run_id"].as_str().unwrap());
+    assert_eq!(v["decision"], "escalate", "{v}");
+    assert_eq!(v["assignments"][0]["blockers"][0], "b1");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The wave a `wave plan` printed (`run ID`), with its exit code.
+fn plan(dir: &Path, db: &Path, tasks_json: &str, extra: &[&str]) -> (Option<i32>, String, String) {
+    let file = dir.join(format!("tasks-{}.json", unique()));
+    std::fs::write(&file, tasks_json).unwrap();
+    let mut args = vec!["wave", "plan", "--tasks", file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = baton(dir, db, &args);
+    let stdout = text(&out.stdout);
+    let run = stdout.lines().find_map(|l| l.strip_prefix("run ")).unwrap_or_default().to_owned();
+    (out.status.code(), run, format!("{stdout}{}", text(&out.stderr)))
+}
+
+#[test]
+fn outside_agents_dispatch_and_record_a_manual_wave_from_other_processes() {
+    let (dir, db) = setup("wave-manual", "");
+    let (code, wave, out) = plan(&dir, &db, &tasks(3), &["--max-parallel", "2"]);
+    assert_eq!(code, Some(3), "a planned wave waits for its agents: {out}");
+    assert!(out.contains("waits for outside agents"), "{out}");
+    let ok = |args: &[&str]| {
+        let out = baton(&dir, &db, args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    let refused = |args: &[&str], says: &str| {
+        let out = baton(&dir, &db, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?} was not refused: {}", text(&out.stdout));
+        assert!(text(&out.stderr).contains(says), "{args:?}: {}", text(&out.stderr));
+    };
+    ok(&[
+        "wave",
+        "dispatch",
+        "current",
+        "--assignment",
+        "assign-001",
+        "--worker-run",
+        "ext-1",
+        "--by",
+        "agent-a",
+    ]);
+    ok(&["wave", "dispatch", &wave, "--task", "t2", "--worker-run", "ext-2"]);
+    // Two in flight of at most two: the third waits for a slot.
+    refused(
+        &["wave", "dispatch", &wave, "--assignment", "assign-003", "--worker-run", "ext-3"],
+        "cannot be dispatched now",
+    );
+    refused(
+        &["wave", "record", &wave, "--assignment", "assign-003", "--outcome", "completed"],
+        "has not been dispatched",
+    );
+    refused(&["wave", "complete", &wave], "cannot end yet");
+    ok(&[
+        "wave",
+        "record",
+        &wave,
+        "--task",
+        "t1",
+        "--outcome",
+        "completed",
+        "--summary",
+        "listed",
+        "--by",
+        "agent-b",
+    ]);
+    refused(
+        &["wave", "record", &wave, "--assignment", "assign-001", "--outcome", "failed"],
+        "already settled (completed, by agent-b)",
+    );
+    refused(
+        &["wave", "record", &wave, "--assignment", "assign-002", "--outcome", "done"],
+        "--outcome must be one of",
+    );
+    assert!(ok(&["wave", "decide", &wave]).contains("decision dispatch"));
+    ok(&["wave", "dispatch", &wave, "--assignment", "assign-003", "--worker-run", "ext-3"]);
+    ok(&["wave", "record", &wave, "--assignment", "assign-002", "--outcome", "partial"]);
+    assert!(ok(&["wave", "decide", &wave]).contains("decision wait"));
+    ok(&["wave", "record", &wave, "--assignment", "assign-003", "--outcome", "completed"]);
+    assert!(ok(&["wave", "decide", &wave, "--json"]).contains("\"decision\": \"complete\""));
+    let listed = ok(&["wave", "list"]);
+    assert!(listed.contains(&wave) && listed.contains("complete"), "{listed}");
+    // Completing ends the wave and its run.
+    let out = baton(&dir, &db, &["wave", "complete", &wave, "--by", "agent-a"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let v = view(&dir, &db, &wave);
+    assert_eq!(
+        (v["ended"].as_bool(), v["run_status"].as_str()),
+        (Some(true), Some("completed")),
+        "{v}"
+    );
+    assert_eq!(v["assignments"][0]["worker_run"], "ext-1");
+    refused(
+        &["wave", "record", &wave, "--assignment", "assign-001", "--outcome", "failed"],
+        "has ended",
+    );
+    let summary = ok(&["wave", "summary", "--json"]);
+    let summary: Value = serde_json::from_str(&summary).unwrap();
+    assert_eq!(summary["assignments"]["completed"], 2);
+    assert_eq!(summary["assignments"]["partial"], 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn racing_records_settle_an_assignment_once() {
+    let (dir, db) = setup("wave-race", "");
+    let (_, wave, out) = plan(&dir, &db, &tasks(5), &["--max-parallel", "5"]);
+    assert!(!wave.is_empty(), "{out}");
+    // Every assignment is out before the first record: a failure stops dispatches.
+    for n in 1..=5 {
+        let id = format!("assign-{n:03}");
+        let d = baton(
+            &dir,
+            &db,
+            &["wave", "dispatch", &wave, "--assignment", &id, "--worker-run", &format!("w{n}")],
+        );
+        assert_eq!(d.status.code(), Some(0), "{}", text(&d.stderr));
+    }
+    for n in 1..=5 {
+        let id = format!("assign-{n:03}");
+        let barrier = dir.join(format!("barrier-{n}"));
+        std::fs::create_dir_all(&barrier).unwrap();
+        let racer = |outcome: &str, by: &str| {
+            baton_in(&dir, &db)
+                .args([
+                    "wave",
+                    "record",
+                    &wave,
+                    "--assignment",
+                    &id,
+                    "--outcome",
+                    outcome,
+                    "--by",
+                    by,
+                ])
+                .env("BATON_TEST_DECISION_BARRIER", &barrier)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let racers = [racer("completed", "ann"), racer("failed", "bob")];
+        // Both read the log and found the assignment open before either may write.
+        let started = Instant::now();
+        while std::fs::read_dir(&barrier).unwrap().count() < 2 {
+            assert!(started.elapsed() < Duration::from_secs(30), "the racers never met");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::fs::write(barrier.join("go"), b"").unwrap();
+        let outs: Vec<Output> = racers.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+        let won: Vec<usize> = (0..2).filter(|i| outs[*i].status.code() == Some(0)).collect();
+        assert_eq!(
+            won.len(),
+            1,
+            "exactly one record wins: {:?}",
+            outs.iter().map(|o| text(&o.stderr)).collect::<Vec<_>>()
+        );
+        let lost = &outs[1 - won[0]];
+        assert!(text(&lost.stderr).contains("already settled"), "{}", text(&lost.stderr));
+        let v = view(&dir, &db, &wave);
+        let expected = if won[0] == 0 { "completed" } else { "failed" };
+        assert_eq!(v["assignments"][n - 1]["outcome"], expected, "{v}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_record_after_the_worker_timeout_is_refused_and_the_assignment_fails() {
+    let (dir, db) = setup("wave-deadline", "");
+    let (_, wave, out) = plan(&dir, &db, &tasks(2), &["--timeout-s", "0.4"]);
+    assert!(!wave.is_empty(), "{out}");
+    let d = baton(
+        &dir,
+        &db,
+        &["wave", "dispatch", &wave, "--assignment", "assign-001", "--worker-run", "slow"],
+    );
+    assert_eq!(d.status.code(), Some(0), "{}", text(&d.stderr));
+    std::thread::sleep(Duration::from_millis(800));
+    let late = baton(
+        &dir,
+        &db,
+        &["wave", "record", &wave, "--assignment", "assign-001", "--outcome", "completed"],
+    );
+    assert_eq!(late.status.code(), Some(1));
+    assert!(text(&late.stderr).contains("past its deadline"), "{}", text(&late.stderr));
+    let v = view(&dir, &db, &wave);
+    assert_eq!(v["assignments"][0]["outcome"], "failed", "{v}");
+    assert!(v["assignments"][0]["summary"].as_str().unwrap().contains("400 ms"), "{v}");
+    // The failure stops admissions: the decision is replan.
+    let decided = baton(&dir, &db, &["wave", "decide", &wave, "--json"]);
+    assert!(
+        text(&decided.stdout).contains("\"decision\": \"replan\""),
+        "{}",
+        text(&decided.stdout)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn invalid_parallelism_and_timeouts_are_refused_before_any_worker_starts() {
+    let (dir, db) = setup("wave-invalid", "");
+    let no_runs = |db: &Path| {
+        !db.exists() || {
+            let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+                .arg("--db")
+                .arg(db)
+                .args(["runs", "--json"])
+                .output()
+                .unwrap();
+            serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().is_empty()
+        }
+    };
+    for (flag, value, says) in [
+        ("--max-parallel", "0", "from 1 through 10, not 0"),
+        ("--max-parallel", "11", "from 1 through 10, not 11"),
+        ("--timeout-s", "0", "1 to 2147483647 ms"),
+        ("--timeout-s", "2147483.648", "1 to 2147483647 ms"),
+    ] {
+        let (code, _, out) = plan(&dir, &db, &tasks(2), &[flag, value]);
+        assert_eq!(code, Some(1), "{flag} {value}: {out}");
+        assert!(out.contains(says), "{flag} {value}: {out}");
+        assert!(no_runs(&db), "{flag} {value} left a run");
+    }
+    // In a scenario, the same values are load errors.
+    for (extra, says) in [
+        ("max_parallel: 0", "from 1 through 10, found 0"),
+        ("max_parallel: 11", "from 1 through 10, found 11"),
+        ("timeout_s: 0", "found 0"),
+        ("timeout_s: 2147483.648", "found 2147483.648"),
+    ] {
+        std::fs::write(dir.join("scenarios/waver.yaml"), waver_with(extra)).unwrap();
+        let out = baton(&dir, &db, &["validate"]);
+        assert_eq!(out.status.code(), Some(1), "{extra}");
+        assert!(text(&out.stderr).contains(says), "{extra}: {}", text(&out.stderr));
+    }
+    std::fs::write(dir.join("scenarios/waver.yaml"), waver("")).unwrap();
+    // In baton.toml, an error before anything is created.
+    let config = dir.join("baton.toml");
+    std::fs::write(&config, "[waves]\nmax_parallel = 11\n").unwrap();
+    let slow = script(&dir, 10, &[]);
+    let out = baton_in(&dir, &db)
+        .arg("--config")
+        .arg(&config)
+        .args(["run", "waver", "--input", &tasks(2), "--script", slow.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr)
+            .contains("[waves] max_parallel must be an integer from 1 through 10, not 11"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(no_runs(&db));
+    std::fs::remove_file(&config).unwrap();
+    // In the plan's own data: the wave's level fails before any worker starts.
+    let (code, result) = run_waver(
+        &dir,
+        &db,
+        "{\"tasks\": [{\"id\": \"a\", \"title\": \"x\"}], \"max_parallel\": 0}",
+        &slow,
+    );
+    assert_eq!(code, Some(1), "{result}");
+    assert!(result["aborted_reason"].as_str().unwrap().contains("/max_parallel"), "{result}");
+    assert_eq!(result["tree"].as_array().unwrap().len(), 1, "no worker run: {result}");
+    // A one-drive override out of range, likewise.
+    let (_, wave, _) = plan(&dir, &db, &tasks(2), &["--worker", "worker"]);
+    for n in ["0", "11"] {
+        let out = baton(&dir, &db, &["wave", "run", &wave, "--max-parallel", n]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(text(&out.stderr).contains("from 1 through 10"), "{}", text(&out.stderr));
+    }
+    assert_eq!(view(&dir, &db, &wave)["counts"]["planned"], 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_active_dispatcher_runs_a_planned_wave_and_outside_records_of_its_workers_are_refused() {
+    let (dir, db) = setup("wave-active", "");
+    let (_, wave, out) = plan(&dir, &db, &tasks(3), &["--worker", "worker", "--max-parallel", "2"]);
+    assert!(!wave.is_empty(), "{out}");
+    let slow = script(&dir, 1500, &[]);
+    // One worker at a time in this drive, whatever the wave stores.
+    let mut runner = baton_in(&dir, &db)
+        .args(["wave", "run", &wave, "--max-parallel", "1", "--script", slow.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        assert!(started.elapsed() < Duration::from_secs(30), "no worker ever ran");
+        let v = view(&dir, &db, &wave);
+        if v["counts"]["in_flight"] == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = baton(
+        &dir,
+        &db,
+        &["wave", "record", &wave, "--assignment", "assign-001", "--outcome", "completed"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("owned by the active dispatcher"), "{}", text(&out.stderr));
+    let status = runner.wait().unwrap();
+    let stdout = text(
+        &runner
+            .stdout
+            .take()
+            .map(|mut s| {
+                let mut b = Vec::new();
+                std::io::Read::read_to_end(&mut s, &mut b).unwrap();
+                b
+            })
+            .unwrap_or_default(),
+    );
+    assert_eq!(status.code(), Some(0), "{stdout}");
+    let v = view(&dir, &db, &wave);
+    assert_eq!(
+        (v["decision"].as_str(), v["counts"]["completed"].as_u64()),
+        (Some("complete"), Some(3)),
+        "{v}"
+    );
+    assert_eq!(v["max_parallel"], 2, "the override is not stored");
+    let events = tree_events(&dir, &db, &wave);
+    assert_eq!(most_at_once(&spans(&events, &wave)), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The tree's logs with what differs between equal runs taken out, per run: the root's
+/// events sorted (its workers settle in either order), each worker's in order, by link.
+fn normalised(dir: &Path, db: &Path, root: &str) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
+    let events = tree_events(dir, db, root);
+    let mut links: BTreeMap<String, String> = BTreeMap::new();
+    for e in &events {
+        if e["kind"] == "child_run_started" {
+            links.insert(
+                e["data"]["child_run_id"].as_str().unwrap().to_owned(),
+                e["data"]["link"].as_str().unwrap().to_owned(),
+            );
+        }
+    }
+    let describe = |e: &Value| {
+        let kind = e["kind"].as_str().unwrap();
+        match kind {
+            "wave_decided" => format!("{kind}:{}:{}", e["data"]["decision"], e["data"]["closes"]),
+            "wave_dispatched" | "wave_recorded" => format!("{kind}:{}", e["data"]["assignment_id"]),
+            "child_run_started" | "child_run_settled" => {
+                format!("{kind}:{}:{}", e["data"]["link"], e["data"]["status"])
+            }
+            "level_started" | "level_finished" => format!("{kind}:{}", e["level_id"]),
+            _ => kind.to_owned(),
+        }
+    };
+    let mut root_kinds = Vec::new();
+    let mut workers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in &events {
+        let run = e["run_id"].as_str().unwrap();
+        // Interruptions depend on where the kill landed; what they lead to does not.
+        if matches!(e["kind"].as_str(), Some("run_interrupted" | "run_resumed" | "warning")) {
+            continue;
+        }
+        if run == root {
+            // How many dispatch decisions it took depends on when workers ended.
+            if e["kind"] == "wave_decided" && e["data"]["decision"] == "dispatch" {
+                continue;
+            }
+            root_kinds.push(describe(e));
+        } else {
+            workers.entry(links[run].clone()).or_default().push(describe(e));
+        }
+    }
+    root_kinds.sort();
+    (root_kinds, workers)
+}
+
+fn roots(db: &Path) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("--db")
+        .arg(db)
+        .args(["runs", "--json"])
+        .output()
+        .unwrap();
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    list.as_array()
+        .map(|runs| {
+            runs.iter()
+                .filter(|r| r.get("parent_run_id").is_none())
+                .map(|r| r["run_id"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Kill the process right after the N-th event it wrote, whichever run of the wave it
+/// belongs to, for every N; resume from a new process; the wave ends as one never killed,
+/// each assignment started and settled once and each worker run begun once.
+#[test]
+fn killed_after_any_event_of_a_wave_it_resumes_without_running_an_assignment_twice() {
+    let (dir, _) = setup("wave-kill", "");
+    let fast = script(&dir, 0, &[]);
+    let input = tasks(3);
+    let start = ["run", "waver", "--input", input.as_str(), "--script", fast.to_str().unwrap()];
+    let reference_db = dir.join("ref.db");
+    let out = baton(&dir, &reference_db, &start);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let root = roots(&reference_db).pop().unwrap();
+    let reference = normalised(&dir, &reference_db, &root);
+    let total = tree_events(&dir, &reference_db, &root).len();
+    let mut kills = 0;
+    for n in 1..=total {
+        let db = dir.join(format!("kill-{n}.db"));
+        let killed = baton_command()
+            .arg("--scenarios")
+            .arg(dir.join("scenarios"))
+            .arg("--db")
+            .arg(&db)
+            .current_dir(&dir)
+            .args(start)
+            .env("BATON_BWRAP", bwrap())
+            .env("BATON_FAILPOINT_ABORT_AFTER_WRITES", n.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        kills += usize::from(killed.code().is_none());
+        let Some(root) = roots(&db).pop() else { panic!("no wave after a kill at {n}") };
+        let resumed = baton(&dir, &db, &["resume", &root]);
+        assert_eq!(
+            resumed.status.code(),
+            Some(0),
+            "kill at {n}: {}{}",
+            text(&resumed.stdout),
+            text(&resumed.stderr)
+        );
+        let got = normalised(&dir, &db, &root);
+        assert_eq!(got, reference, "killed after the wave's event {n}, the resumed tree differs");
+        let events = tree_events(&dir, &db, &root);
+        let begun = events.iter().filter(|e| e["kind"] == "scenario_started").count();
+        assert_eq!(begun, 4, "kill at {n}: the wave and three workers, each begun once");
+    }
+    assert!(kills > 10, "the failpoint killed the first process only {kills} times");
+    let _ = std::fs::remove_dir_all(&dir);
+}
