@@ -10,7 +10,9 @@
 //! memory each paused run holds), `reopen` (a run of 10 000 events reopened from the
 //! store and planned), `chain3` (a job of three runs, each a one-level scenario whose
 //! JSON answer chains the job to the next, as child runs: what a hop costs beside a level),
-//! and `jail` (what the jail adds to each program a verifier starts).
+//! `wave` (a wave of 8 assignments, at most 3 at once, each a one-level worker run: the
+//! CPU and commits per assignment beyond what the same worker costs run alone), and `jail`
+//! (what the jail adds to each program a verifier starts).
 
 #![allow(clippy::cast_precision_loss)]
 
@@ -281,6 +283,9 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
 
 /// One measurement of a workload.
 async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    if args.workload == "wave" {
+        return wave_overhead(args).await;
+    }
     let yaml = match args.workload.as_str() {
         "linear5" => LINEAR5,
         "gate_loop" => GATE_LOOP,
@@ -289,7 +294,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "chain3" => CHAIN3[0].1,
         other => {
             bail!(
-                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen, chain3 or jail"
+                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen, chain3, wave or jail"
             )
         }
     };
@@ -422,6 +427,110 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "store_bytes_per_run": store_bytes as f64 / runs.max(1) as f64,
         "commits_per_level": (sqlite.is_some()).then(|| commits as f64 / levels.max(1) as f64),
         "fsyncs_per_level": (sqlite.is_some()).then(|| syncs as f64 / levels.max(1) as f64),
+    });
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(report)
+}
+
+/// The `wave` workload's worker: one prompt level.
+const WAVE_WORKER: &str = "id: w1\nversion: 1\nlevels:\n  - {id: say, kind: prompt, prompt: {inline: 'Say {{ input }}'}, terminal: true}\n";
+/// The `wave` workload's wave: its assignments from the input, at most 3 workers at once.
+const WAVE: &str = "id: wv\nversion: 1\nlevels:\n  - {id: build, kind: wave, terminal: true, wave: {worker: w1, max_parallel: 3}}\nedges:\n  - {from: build, to: __end__, when: \"wave.decision == 'complete'\"}\n  - {from: build, to: __fail__}\n";
+/// Assignments in each `wave` job.
+const WAVE_ASSIGNMENTS: usize = 8;
+
+/// `wave`: what a wave adds to each assignment beyond its worker's own run. The same
+/// worker scenario runs `runs` times alone, then `runs / 8` waves of 8 run it as child runs;
+/// the difference per assignment, in CPU and in commits, is the orchestration's overhead.
+async fn wave_overhead(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let tmp = std::env::temp_dir().join(format!("baton-bench-{}", uuid_like()));
+    let dir = tmp.join("scenarios");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("w1.yaml"), WAVE_WORKER)?;
+    std::fs::write(dir.join("wv.yaml"), WAVE)?;
+    let loaded =
+        Registry::load(&[&dir]).map_err(|e| anyhow::anyhow!("{}", e.diagnostics.render()))?;
+    let registry = Arc::new(loaded.registry);
+    let (worker, wave) = match (registry.get("w1"), registry.get("wv")) {
+        (Some(w), Some(v)) => (Arc::clone(w), Arc::clone(v)),
+        _ => bail!("the wave workload's scenarios did not load"),
+    };
+    let selection = baton_engine::job::Selection {
+        default: "wv".to_owned(),
+        fallback: "w1".to_owned(),
+        classifier: "wv".to_owned(),
+        classify_kinds: Vec::new(),
+    };
+    let jobs = Arc::new(Jobs::new(Arc::clone(&registry), selection, dir, Duration::from_secs(15)));
+    let (store, sqlite): (Arc<dyn EventStore>, Option<SqliteStore>) = match args.store.as_str() {
+        "memory" => (Arc::new(MemoryStore::new()), None),
+        "sqlite" => {
+            let path = args.db.clone().unwrap_or_else(|| tmp.join("bench.db"));
+            let s = SqliteStore::open(&path)?;
+            (Arc::new(s.clone()), Some(s))
+        }
+        other => bail!("unknown store `{other}`: use memory or sqlite"),
+    };
+    let e = engine_with(Arc::clone(&store), Some(jobs));
+    let tasks: Vec<String> = (1..=WAVE_ASSIGNMENTS)
+        .map(|i| format!("{{\"id\": \"t{i}\", \"title\": \"task {i}\"}}"))
+        .collect();
+    let input = format!("{{\"tasks\": [{}]}}", tasks.join(", "));
+    let commits = || sqlite.as_ref().map_or(0, SqliteStore::commits);
+    // The worker alone.
+    let workers = args.runs.max(1);
+    let (cpu0, commits0) = (cpu_time(), commits());
+    for _ in 0..workers {
+        let run = Engine::new_run_id();
+        let outcome = e.run(&run, &worker, &input, Map::new(), None).await?;
+        if outcome != Outcome::Finished(Status::Completed) {
+            bail!("a worker run ended {outcome:?}");
+        }
+    }
+    let alone_cpu = cpu_time().saturating_sub(cpu0).as_secs_f64() / workers as f64;
+    let alone_commits = (commits() - commits0) as f64 / workers as f64;
+    // The same worker, as the assignments of waves.
+    let waves = workers.div_ceil(WAVE_ASSIGNMENTS).max(1);
+    let (cpu0, commits0) = (cpu_time(), commits());
+    let wall = Instant::now();
+    let mut latencies = Vec::with_capacity(waves);
+    for _ in 0..waves {
+        let started = Instant::now();
+        let run = Engine::new_run_id();
+        let start = Start { input: input.clone(), ..Start::default() };
+        let outcome = e.run_job(&run, &wave, start).await?;
+        if outcome != Outcome::Finished(Status::Completed) {
+            let reason = e.state(&run).await?.finished.and_then(|f| f.aborted_reason);
+            bail!("a bench wave ended {outcome:?}: {}", reason.unwrap_or_default());
+        }
+        let done = e.state(&run).await?.waves.get("build").map_or(0, |w| w.counts().completed);
+        if done as usize != WAVE_ASSIGNMENTS {
+            bail!("a bench wave completed {done} assignments, not {WAVE_ASSIGNMENTS}");
+        }
+        latencies.push(started.elapsed());
+    }
+    let wall = wall.elapsed();
+    let assignments = (waves * WAVE_ASSIGNMENTS) as f64;
+    let wave_cpu = cpu_time().saturating_sub(cpu0).as_secs_f64() / assignments;
+    let wave_commits = (commits() - commits0) as f64 / assignments;
+    latencies.sort_unstable();
+    let report = json!({
+        "workload": "wave",
+        "store": args.store,
+        "runs": waves,
+        "assignments_per_wave": WAVE_ASSIGNMENTS,
+        "max_parallel": 3,
+        "worker_runs_alone": workers,
+        "wall_s": wall.as_secs_f64(),
+        "wave_latency_p50_ms": percentile(&latencies, 50.0).as_secs_f64() * 1e3,
+        "wave_latency_p99_ms": percentile(&latencies, 99.0).as_secs_f64() * 1e3,
+        "cpu_us_per_assignment": wave_cpu * 1e6,
+        "cpu_us_per_worker_alone": alone_cpu * 1e6,
+        "overhead_cpu_us_per_assignment": (wave_cpu - alone_cpu) * 1e6,
+        "commits_per_assignment": sqlite.is_some().then_some(wave_commits),
+        "commits_per_worker_alone": sqlite.is_some().then_some(alone_commits),
+        "overhead_commits_per_assignment": sqlite.is_some().then_some(wave_commits - alone_commits),
+        "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
     });
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(report)

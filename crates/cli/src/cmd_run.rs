@@ -336,7 +336,11 @@ fn check_jail(place: &Place, scenario: &Scenario) -> anyhow::Result<()> {
         .levels
         .iter()
         .flat_map(|l| &l.verifiers)
-        .any(|v| baton_engine::verifier::runs_programs(v.uses));
+        .any(|v| baton_engine::verifier::runs_programs(v.uses))
+        || scenario
+            .levels
+            .iter()
+            .any(|l| matches!(&l.kind, baton_scenario::LevelKind::Wave(w) if w.command.is_some()));
     if !runs_programs {
         return Ok(());
     }
@@ -707,6 +711,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         parent: None,
         idempotency_key: args.idempotency_key.clone(),
         tenant: args.tenant.clone(),
+        parent_seq: None,
     };
     let follow = vec![Followed::new(&run_id, 0, 0)];
     match drive(&engine, &run_id, &scenario, args.json, follow, Some(first)).await {
@@ -847,11 +852,12 @@ pub(crate) async fn resume(
     drive(&engine, &root, &root_scenario, json, follow, None).await
 }
 
-/// Whether a run of `scenario` never calls a model itself: its levels are all waves whose
-/// assignments outside agents dispatch (a standalone wave's).
+/// Whether a run of `scenario` never calls a model: its levels are all waves whose
+/// assignments outside agents dispatch (a standalone wave's) or programs run.
 fn calls_no_model(scenario: &Scenario) -> bool {
     scenario.levels.iter().all(|l| {
-        matches!(&l.kind, baton_scenario::LevelKind::Wave(w) if w.dispatch == baton_scenario::model::WaveDispatch::Manual)
+        matches!(&l.kind, baton_scenario::LevelKind::Wave(w)
+            if w.dispatch == baton_scenario::model::WaveDispatch::Manual || w.command.is_some())
     })
 }
 

@@ -1455,6 +1455,8 @@ fn the_readme_documents_every_key_of_baton_toml_and_its_examples_parse() {
         "classify_kinds",
         "[jobs]",
         "settle_timeout_s",
+        "[waves]",
+        "max_parallel",
     ] {
         assert!(section.contains(&format!("`{key}")) || section.contains(key), "{key}");
     }

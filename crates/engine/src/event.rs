@@ -938,6 +938,9 @@ pub struct WavePlanned {
     pub timeout_ms: u64,
     /// The scenario workers run; none when workers run outside Baton.
     pub worker: Option<String>,
+    /// The program workers run instead of a scenario (its argv).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
     /// `auto` or `manual`.
     pub dispatch: String,
 }

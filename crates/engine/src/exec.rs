@@ -96,6 +96,9 @@ pub struct Engine {
     /// Stops every drive of this engine (SIGINT, SIGTERM): the step running is cut and
     /// awaited, its processes killed, and the run recorded as interrupted, to be resumed.
     pub stop: CancelToken,
+    /// The scenario versions this engine has kept in its store (`keep_texts` writes each
+    /// once per engine).
+    kept: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 /// Compiled templates by scenario checksum, for the whole process: a checksum covers every
@@ -106,7 +109,7 @@ static RENDERERS: std::sync::OnceLock<Mutex<HashMap<String, Arc<Renderer>>>> =
 impl Engine {
     /// An engine over a store, with a runtime and a clock.
     pub fn new(store: Arc<dyn EventStore>, runtime: Arc<Runtime>, clock: Arc<dyn Clock>) -> Self {
-        Engine { store, runtime, clock, stop: CancelToken::new() }
+        Engine { store, runtime, clock, stop: CancelToken::new(), kept: Arc::default() }
     }
 
     /// The scenario's compiled templates, compiled once per process.
@@ -198,9 +201,15 @@ impl Engine {
         // cancelled, has ended, or no longer waits for this child starts nothing (the end of
         // a parent takes this hold before it records a child as never created).
         if let Some(link) = &start.parent {
-            let parent = self.state(&link.parent_run_id).await?;
-            let open = parent.open_children().any(|c| c.started.child_run_id == run_id);
-            if parent.cancel_requested.is_some() || parent.status.is_final() || !open {
+            let closed = match start.parent_seq {
+                Some(seq) => self.closed_since(&link.parent_run_id, run_id, seq).await?,
+                None => {
+                    let parent = self.state(&link.parent_run_id).await?;
+                    let open = parent.open_children().any(|c| c.started.child_run_id == run_id);
+                    parent.cancel_requested.is_some() || parent.status.is_final() || !open
+                }
+            };
+            if closed {
                 return Ok(Outcome::Finished(Status::Cancelled));
             }
         }
@@ -229,6 +238,41 @@ impl Engine {
         }
         w.stage(workspace_notices(workspace.as_ref()));
         self.drive_writer(&mut w, scenario, workspace).await
+    }
+
+    /// Whether this engine kept the texts of the version `checksum` in its store already.
+    pub(crate) fn kept_here(&self, checksum: &str) -> bool {
+        match self.kept.lock() {
+            Ok(g) => g.contains(checksum),
+            Err(poisoned) => poisoned.into_inner().contains(checksum),
+        }
+    }
+
+    /// Notes that the texts of `checksum` are in this engine's store.
+    pub(crate) fn mark_kept(&self, checksum: &str) {
+        match self.kept.lock() {
+            Ok(mut g) => g.insert(checksum.to_owned()),
+            Err(poisoned) => poisoned.into_inner().insert(checksum.to_owned()),
+        };
+    }
+
+    /// Whether a parent stopped wanting its child since the child's `child_run_started` at
+    /// `seq`: it ended, was cancelled, or closed the child. Reads only the parent's events
+    /// after `seq` (checked from that event's hash on).
+    async fn closed_since(
+        &self,
+        parent_run_id: &str,
+        child: &str,
+        seq: u64,
+    ) -> Result<bool, Error> {
+        // Its end, if it ended, is among them: it was open when it started the child.
+        let after = self.store.load(parent_run_id, seq).await?;
+        Ok(after.iter().any(|e| match &e.data {
+            EventData::CancelRequested(_) | EventData::ScenarioFinished(_) => true,
+            EventData::ChildRunSettled(c) => c.child_run_id == child,
+            EventData::ChildRunUnsettled(c) => c.child_run_id == child,
+            _ => false,
+        }))
     }
 
     /// A fresh run id (UUID v7: sortable by creation time).
@@ -340,9 +384,7 @@ impl Engine {
 
     /// The run's state, folded from its log.
     pub async fn state(&self, run_id: &str) -> Result<RunState, Error> {
-        if self.store.run(run_id).await?.is_none() {
-            return Err(store::Error::NotFound(run_id.to_owned()).into());
-        }
+        // A run that does not exist is `NotFound` from the load (every store's conformance).
         Ok(fold(&self.store.load(run_id, 0).await?))
     }
 
@@ -356,8 +398,30 @@ impl Engine {
     ///
     /// One process drives a run at a time: another driver gets [`store::Error::Busy`].
     pub async fn drive(&self, run_id: &str, scenario: &Arc<Scenario>) -> Result<Outcome, Error> {
+        self.drive_to_state(run_id, scenario, None).await.map(|(outcome, _)| outcome)
+    }
+
+    /// [`Engine::drive`], also giving the run's state as the drive left it. With `known`
+    /// (a state this process folded from the run's checked log, as a wave's dispatcher
+    /// keeps it), only the events after it are loaded — checked from its last event's
+    /// hash on — and folded onto it.
+    pub(crate) async fn drive_to_state(
+        &self,
+        run_id: &str,
+        scenario: &Arc<Scenario>,
+        known: Option<&RunState>,
+    ) -> Result<(Outcome, Arc<RunState>), Error> {
         let _driving = self.store.hold(run_id).await?;
-        let state = self.state(run_id).await?;
+        let state = match known {
+            Some(known) if known.last_seq > 0 => {
+                let mut state = known.clone();
+                for e in self.store.load(run_id, known.last_seq).await? {
+                    state.apply(&e);
+                }
+                state
+            }
+            _ => self.state(run_id).await?,
+        };
         if state.scenario_id != scenario.id {
             return Err(Error::WrongScenario {
                 run_id: run_id.to_owned(),
@@ -376,7 +440,8 @@ impl Engine {
         let workspace = self.recorded_workspace(scenario, run_id, &state).await?;
         let mut w = Writer::over_stored(self, run_id, state);
         w.stage(workspace_notices(workspace.as_ref()));
-        self.drive_writer(&mut w, scenario, workspace).await
+        let outcome = self.drive_writer(&mut w, scenario, workspace).await?;
+        Ok((outcome, Arc::clone(&w.state)))
     }
 
     async fn drive_writer(
@@ -388,6 +453,9 @@ impl Engine {
         let renderer = Self::renderer(scenario)?;
         let run_id = w.run_id;
         let run_id_arc: Arc<str> = Arc::from(run_id);
+        // A wave's workers are asked whether they ended once per drive: its dispatcher
+        // drives it again whenever one does.
+        let mut workers_asked = false;
         loop {
             if let Some(reason) = stopped(self, &w.state) {
                 return w.interrupt(reason).await;
@@ -473,15 +541,14 @@ impl Engine {
                 Step::Wave { level } => {
                     // Workers that ended are settled first, in the same commit as what
                     // the wave does next (the flush is conditional on the log).
-                    let ended = self.ended_children(&w.state).await?;
-                    if !ended.is_empty() {
-                        w.stage(
-                            ended
-                                .into_iter()
-                                .map(|c| NewEvent::run(EventData::ChildRunSettled(c)))
-                                .collect(),
-                        );
-                        continue;
+                    if !workers_asked {
+                        workers_asked = true;
+                        let ended = self.ended_children(&w.state).await?;
+                        if !ended.is_empty() {
+                            let settled = self.wave_settlements(&w.state, ended).await?;
+                            w.stage(settled);
+                            continue;
+                        }
                     }
                     let level_id = scenario.levels[level].id.clone();
                     let dispatch = self.wave_dispatch(run_id, &w.state, &level_id).await?;
@@ -489,10 +556,13 @@ impl Engine {
                         w.stage(dispatch);
                         continue;
                     }
+                    let stored = w.stored_seq;
                     if !w.flush().await? {
                         continue;
                     }
-                    if let Some(record) = self.store.run(run_id).await?
+                    // A flush that wrote recorded the status with its events.
+                    if w.stored_seq == stored
+                        && let Some(record) = self.store.run(run_id).await?
                         && record.status != Status::Waiting.as_str()
                         && !w.write(Vec::new()).await?
                     {

@@ -338,6 +338,9 @@ pub struct Start {
     /// The tenant whose overrides the scenarios were merged with (a child's is its
     /// parent's).
     pub tenant: Option<String>,
+    /// For a child: the parent's `child_run_started` seq, after which its creator asks
+    /// whether the parent still wants it (none: the parent's whole log is read).
+    pub parent_seq: Option<u64>,
 }
 
 /// The caps of a new run of `scenario`: its scenario's, narrowed by a tree cap.
@@ -655,8 +658,9 @@ impl Engine {
         };
         let outcome = match existing {
             Some(_) => Box::pin(self.drive_tree(&c.child_run_id, &scenario)).await,
-            // A parent that is ending starts no child.
-            None if self.state(parent_run_id).await?.cancel_requested.is_some() => {
+            // A parent that is ending starts no child (asked again under the child's
+            // hold by the creator).
+            None if parent.cancel_requested.is_some() => {
                 return Ok(Outcome::Finished(Status::Cancelled));
             }
             None => {
@@ -686,6 +690,7 @@ impl Engine {
                     }),
                     idempotency_key: None,
                     tenant: parent.tenant.clone(),
+                    parent_seq: (child.started_seq > 0).then_some(child.started_seq),
                 };
                 Box::pin(self.tree_loop(&c.child_run_id, &scenario, Some(start))).await
             }
@@ -706,12 +711,31 @@ impl Engine {
         parent: &RunState,
     ) -> Result<Vec<ChildRunSettled>, Error> {
         let mut out = Vec::new();
-        for child in parent.open_children() {
+        let open: Vec<&ChildRun> = parent.open_children().collect();
+        if open.is_empty() {
+            return Ok(out);
+        }
+        let ids: Vec<String> = open.iter().map(|c| c.started.child_run_id.clone()).collect();
+        let records = self.store.runs_named(&ids).await?;
+        for (child, record) in open.into_iter().zip(records) {
             let id = &child.started.child_run_id;
-            if self.store.run(id).await?.is_none() {
+            // The run list says whether it ended; only then is its end read: the last
+            // event of an ended run is its `scenario_finished`.
+            let Some(record) = record else { continue };
+            if !Status::from_name(&record.status).is_some_and(Status::is_final) {
                 continue;
             }
-            let Some(finished) = self.state(id).await?.finished else { continue };
+            let last = self.store.load(id, record.last_seq.saturating_sub(1)).await?;
+            let finished = match last.into_iter().rev().find_map(|e| match e.data {
+                EventData::ScenarioFinished(f) => Some(f),
+                _ => None,
+            }) {
+                Some(f) => f,
+                None => match self.state(id).await?.finished {
+                    Some(f) => f,
+                    None => continue,
+                },
+            };
             out.push(ChildRunSettled {
                 child_run_id: id.clone(),
                 link: child.started.link.clone(),

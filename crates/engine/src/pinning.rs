@@ -27,13 +27,19 @@ impl Engine {
     /// Keeps `scenario`'s texts in the store under its checksum unless they are kept
     /// already; true when this call wrote them.
     pub async fn keep_texts(&self, scenario: &Scenario) -> Result<bool, Error> {
+        if self.kept_here(&scenario.checksum) {
+            return Ok(false);
+        }
         let texts = serde_json::to_string(&*scenario.texts).map_err(|e| {
             store::Error::Backend(format!(
                 "cannot encode the texts of scenario `{}` version {}: {e}",
                 scenario.id, scenario.checksum
             ))
         })?;
-        Ok(self.store.put_scenario_texts(&scenario.checksum, &scenario.id, &texts).await?)
+        let written =
+            self.store.put_scenario_texts(&scenario.checksum, &scenario.id, &texts).await?;
+        self.mark_kept(&scenario.checksum);
+        Ok(written)
     }
 
     /// The texts kept for the version with this checksum, if the store has them (a run

@@ -54,6 +54,23 @@ impl Status {
         }
     }
 
+    /// The status written as `name`, if it is one.
+    pub fn from_name(name: &str) -> Option<Status> {
+        [
+            Status::New,
+            Status::Running,
+            Status::Paused,
+            Status::Waiting,
+            Status::Interrupted,
+            Status::Completed,
+            Status::Aborted,
+            Status::Cancelled,
+            Status::Failed,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
+
     /// Whether the run has ended.
     pub fn is_final(self) -> bool {
         matches!(self, Status::Completed | Status::Aborted | Status::Cancelled | Status::Failed)
@@ -126,6 +143,8 @@ pub struct PendingApproval {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ChildRun {
     pub started: ChildRunStarted,
+    /// The seq of its `child_run_started` in the parent's log.
+    pub started_seq: u64,
     /// Its result, once the parent took it.
     pub settled: Option<ChildRunSettled>,
     /// The parent stopped waiting for it before it ended.
@@ -396,7 +415,12 @@ impl RunState {
             }
             EventData::ScenarioChained(c) => self.chained = Some(c.clone()),
             EventData::ChildRunStarted(c) => {
-                self.children.push(ChildRun { started: c.clone(), settled: None, unsettled: None });
+                self.children.push(ChildRun {
+                    started: c.clone(),
+                    started_seq: event.seq,
+                    settled: None,
+                    unsettled: None,
+                });
                 self.status = Status::Waiting;
             }
             EventData::ChildRunSettled(c) => {

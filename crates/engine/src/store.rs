@@ -182,6 +182,21 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Every run, newest first, optionally only those with one status.
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>>;
 
+    /// The records of these runs, in order (`None` for one that does not exist), in one
+    /// round trip where the store can (a wave asks after all its workers at once).
+    fn runs_named<'a>(
+        &'a self,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<RunRecord>>, Error>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                out.push(self.run(id).await?);
+            }
+            Ok(out)
+        })
+    }
+
     /// Leases the oldest runnable run (status `running`) that nobody holds — or whose
     /// lease expired before `now` — to `worker` until `until`. `None` when there is none.
     /// This is how several workers share runs: a dead worker's lease runs out and another
@@ -1062,6 +1077,9 @@ pub mod conformance {
             Err(Error::NotFound(_))
         ));
         assert!(store.run(id).await.expect("run").is_none());
+        // A load of a run that does not exist says so: the engine reads a run's state by
+        // loading it, without asking for it first.
+        assert!(matches!(store.load(id, 0).await, Err(Error::NotFound(_))));
     }
 
     async fn runs_are_listed_by_status(store: &dyn EventStore, prefix: &str) {

@@ -596,6 +596,7 @@ pub fn plan(spec: &WaveSpec, state: &RunState) -> Result<WavePlanned, String> {
         max_parallel: spec.max_parallel.or(plan_parallel),
         timeout_ms: spec.timeout_ms,
         worker: spec.worker.clone(),
+        command: spec.command.clone(),
         dispatch: match spec.dispatch {
             WaveDispatch::Auto => "auto",
             WaveDispatch::Manual => "manual",
@@ -675,6 +676,7 @@ mod tests {
             max_parallel: Some(2),
             timeout_ms: 1000,
             worker: Some("w".to_owned()),
+            command: None,
             dispatch: "auto".to_owned(),
         };
         WaveState::new("wave", 1, plan)

@@ -17,8 +17,8 @@ use baton_scenario::Scenario;
 use baton_scenario::limits::WAVE_PARALLEL_DEFAULT;
 
 use crate::event::{
-    ChildRunStarted, EventData, LevelFinished, NewEvent, WaveDecided, WaveDecision, WaveDispatched,
-    WaveRecorded, WorkerOutcome,
+    Assignment, ChildRunSettled, ChildRunStarted, EventData, FinalStatus, LevelFinished, NewEvent,
+    WaveDecided, WaveDecision, WaveDispatched, WaveRecorded, WorkerOutcome,
 };
 use crate::exec::{Engine, Error, Outcome};
 use crate::state::{ChildRun, RunState};
@@ -105,9 +105,18 @@ impl Engine {
         }
         let none_yet = w.assignments.iter().all(|a| a.dispatched.is_none());
         let registry = self.runtime.jobs.as_ref().map(|j| j.registry());
+        if let Some(argv) = &w.plan.command
+            && self.runtime.jobs.is_some()
+        {
+            return self.dispatch_commands(run_id, state, w, &admitted, argv, parallel).await;
+        }
         let worker = w.plan.worker.as_ref().and_then(|id| registry.as_ref()?.get(id).cloned());
         let Some(worker) = worker else {
             let why = match (&w.plan.worker, &registry) {
+                (None, _) if w.plan.command.is_some() => {
+                    "the wave's command workers run as child runs, and this engine starts none"
+                        .to_owned()
+                }
                 (None, _) => "the wave names no worker scenario; dispatch its assignments with `baton wave dispatch` and record them with `baton wave record`".to_owned(),
                 (Some(id), None) => format!("worker scenario `{id}`: this engine starts no child runs"),
                 (Some(id), Some(r)) => format!(
@@ -157,47 +166,72 @@ impl Engine {
                 .collect());
         };
         self.keep_texts(&worker).await?;
-        let counts = w.counts();
-        // What the tree may still spend is shared among the assignments not yet started.
-        let share = state.tree_cost_left().map(|left| left / f64::from(counts.planned.max(1)));
-        let mut events = vec![NewEvent::level(
-            level_id,
-            w.attempt,
-            EventData::WaveDecided(WaveDecided {
-                decision: WaveDecision::Dispatch,
-                counts,
-                max_parallel: parallel,
-                dispatched: admitted.iter().map(|a| a.id.clone()).collect(),
-                closes: false,
-                by: None,
-            }),
-        )];
-        for a in &admitted {
-            let link = wave::link(level_id, w.attempt, &a.id);
-            let child_run_id = crate::job::child_run_id(run_id, &link);
-            let (input, mut metadata) = wave::worker_input(w, a);
-            metadata.insert("wave_run".to_owned(), serde_json::Value::String(run_id.to_owned()));
-            events.push(NewEvent::run(EventData::ChildRunStarted(ChildRunStarted {
-                child_run_id: child_run_id.clone(),
-                link,
-                scenario_id: worker.id.clone(),
-                scenario_version: worker.version,
-                checksum: worker.checksum.clone(),
-                input,
-                metadata,
-                budget: crate::job::caps(&worker, share),
-                depth: state.depth() + 1,
-            })));
-            events.push(NewEvent::level(
-                level_id,
-                w.attempt,
-                EventData::WaveDispatched(WaveDispatched {
-                    assignment_id: a.id.clone(),
-                    worker_run: child_run_id.clone(),
-                    child_run_id: Some(child_run_id),
-                    by: None,
-                }),
-            ));
+        let workers: Vec<(Assignment, Arc<Scenario>)> =
+            admitted.into_iter().map(|a| (a, Arc::clone(&worker))).collect();
+        Ok(dispatch_events(run_id, state, w, &workers, parallel))
+    }
+
+    /// Dispatches command workers: each assignment runs as a child run of a one-level
+    /// scenario made for it, whose `command` verifier runs the wave's program in the jail,
+    /// in the child's own workspace, with the assignment as JSON for its last argument.
+    async fn dispatch_commands(
+        &self,
+        run_id: &str,
+        state: &RunState,
+        w: &WaveState,
+        admitted: &[Assignment],
+        argv: &[String],
+        parallel: u32,
+    ) -> Result<Vec<NewEvent>, Error> {
+        let root = self.runtime.jobs.as_ref().map(|j| j.scenarios_dir.clone()).unwrap_or_default();
+        let mut workers = Vec::with_capacity(admitted.len());
+        for a in admitted {
+            let scenario = command_worker(w, a, argv, &root)
+                .map_err(|message| Error::Refused { run_id: run_id.to_owned(), message })?;
+            self.keep_texts(&scenario).await?;
+            workers.push((a.clone(), scenario));
+        }
+        Ok(dispatch_events(run_id, state, w, &workers, parallel))
+    }
+
+    /// The settlements of a wave's workers that ended: each worker's `child_run_settled`,
+    /// after — for a command worker that completed — the outcome its program's report gave
+    /// (`wave_recorded`; no report, or one that does not read, fails the assignment).
+    pub(crate) async fn wave_settlements(
+        &self,
+        state: &RunState,
+        ended: Vec<ChildRunSettled>,
+    ) -> Result<Vec<NewEvent>, Error> {
+        let mut events = Vec::with_capacity(ended.len());
+        for c in ended {
+            let command_wave = state.waves.values().find(|w| {
+                w.plan.command.is_some()
+                    && w.assignments.iter().any(|a| {
+                        a.settled.is_none()
+                            && a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref())
+                                == Some(c.child_run_id.as_str())
+                    })
+            });
+            if let Some(w) = command_wave
+                && c.status == FinalStatus::Completed
+                && let Some(a) = w.assignments.iter().find(|a| {
+                    a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref())
+                        == Some(c.child_run_id.as_str())
+                })
+            {
+                let log = self.store.load(&c.child_run_id, 0).await?;
+                let ran = log.iter().rev().find_map(|e| match &e.data {
+                    EventData::VerifierFinished(v) if v.name == COMMAND_VERIFIER => Some(v),
+                    _ => None,
+                });
+                let recorded = command_report(&a.assignment.id, ran);
+                events.push(NewEvent::level(
+                    &w.level_id,
+                    w.attempt,
+                    EventData::WaveRecorded(recorded),
+                ));
+            }
+            events.push(NewEvent::run(EventData::ChildRunSettled(c)));
         }
         Ok(events)
     }
@@ -248,11 +282,12 @@ impl Engine {
                 Err(e) => return Err(e),
             }
             // A worker ended: the wave's run settles it and admits the next.
-            match self.drive(run_id, scenario).await {
-                Ok(_) | Err(Error::Store(store::Error::Busy(_))) => {}
+            state = match self.drive_to_state(run_id, scenario, Some(&state)).await {
+                Ok((_, driven)) => driven,
+                // Another process holds it (a canceller ending it): read what it wrote.
+                Err(Error::Store(store::Error::Busy(_))) => Arc::new(self.state(run_id).await?),
                 Err(e) => return Err(e),
-            }
-            state = Arc::new(self.state(run_id).await?);
+            };
         }
     }
 
@@ -343,6 +378,132 @@ impl Engine {
         {
             Ok(()) | Err(Error::Refused { .. } | Error::Store(store::Error::NotFound(_))) => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// The name of the verifier a command worker's scenario runs its program as.
+const COMMAND_VERIFIER: &str = "worker";
+
+/// One commit's worth of dispatch: the decision, then per worker `child_run_started` and
+/// `wave_dispatched`.
+fn dispatch_events(
+    run_id: &str,
+    state: &RunState,
+    w: &WaveState,
+    workers: &[(Assignment, Arc<Scenario>)],
+    parallel: u32,
+) -> Vec<NewEvent> {
+    let counts = w.counts();
+    // What the tree may still spend is shared among the assignments not yet started.
+    let share = state.tree_cost_left().map(|left| left / f64::from(counts.planned.max(1)));
+    let mut events = vec![NewEvent::level(
+        &w.level_id,
+        w.attempt,
+        EventData::WaveDecided(WaveDecided {
+            decision: WaveDecision::Dispatch,
+            counts,
+            max_parallel: parallel,
+            dispatched: workers.iter().map(|(a, _)| a.id.clone()).collect(),
+            closes: false,
+            by: None,
+        }),
+    )];
+    for (a, worker) in workers {
+        let link = wave::link(&w.level_id, w.attempt, &a.id);
+        let child_run_id = crate::job::child_run_id(run_id, &link);
+        let (input, mut metadata) = wave::worker_input(w, a);
+        metadata.insert("wave_run".to_owned(), serde_json::Value::String(run_id.to_owned()));
+        events.push(NewEvent::run(EventData::ChildRunStarted(ChildRunStarted {
+            child_run_id: child_run_id.clone(),
+            link,
+            scenario_id: worker.id.clone(),
+            scenario_version: worker.version,
+            checksum: worker.checksum.clone(),
+            input,
+            metadata,
+            budget: crate::job::caps(worker, share),
+            depth: state.depth() + 1,
+        })));
+        events.push(NewEvent::level(
+            &w.level_id,
+            w.attempt,
+            EventData::WaveDispatched(WaveDispatched {
+                assignment_id: a.id.clone(),
+                worker_run: child_run_id.clone(),
+                child_run_id: Some(child_run_id),
+                by: None,
+            }),
+        ));
+    }
+    events
+}
+
+/// The one-level scenario a command worker runs: a `verifier` level whose `command`
+/// verifier runs `argv` plus the assignment as JSON, within the wave's worker timeout.
+fn command_worker(
+    w: &WaveState,
+    a: &Assignment,
+    argv: &[String],
+    root: &std::path::Path,
+) -> Result<Arc<Scenario>, String> {
+    let assignment = serde_json::json!({
+        "id": a.id,
+        "task_id": a.task_id,
+        "title": a.title,
+        "description": a.description,
+        "priority": a.priority,
+        "context": w.plan.context,
+    });
+    let mut full: Vec<String> = argv.to_vec();
+    full.push(assignment.to_string());
+    #[allow(clippy::cast_precision_loss)]
+    let timeout_s = (w.plan.timeout_ms as f64 / 1000.0).min(baton_scenario::limits::TIMEOUT_S_MAX);
+    let argv_json = serde_json::to_string(&full).map_err(|e| e.to_string())?;
+    let yaml = format!(
+        "id: wave_command\nversion: 1\ndescription: One assignment of a wave, run as a program.\nlevels:\n  - id: run\n    kind: verifier\n    terminal: true\n    timeout_s: {timeout_s}\n    verifiers:\n      - {{name: {COMMAND_VERIFIER}, uses: command, timeout_s: {timeout_s}, params: {{argv: {argv_json}}}}}\n"
+    );
+    let texts = baton_scenario::Texts { canonical: yaml, files: std::collections::BTreeMap::new() };
+    baton_scenario::Registry::load_texts("wave command worker", root, &texts).map_err(|e| {
+        format!("the wave's command does not make a worker: {}", e.diagnostics.render())
+    })
+}
+
+/// The outcome a command worker's program reported at the end of its standard output;
+/// none, or one that does not read, fails the assignment with what the program did.
+fn command_report(
+    assignment_id: &str,
+    ran: Option<&crate::event::VerifierFinished>,
+) -> WaveRecorded {
+    let failed = |summary: String| WaveRecorded {
+        assignment_id: assignment_id.to_owned(),
+        outcome: WorkerOutcome::Failed,
+        summary,
+        blockers: Vec::new(),
+        by: None,
+        reason: Some("report".to_owned()),
+    };
+    let Some(ran) = ran else {
+        return failed("the worker's program did not run".to_owned());
+    };
+    let stdout = ran.details.get("stdout_tail").and_then(serde_json::Value::as_str).unwrap_or("");
+    match wave::report_of(stdout) {
+        Some(Ok(report)) => WaveRecorded {
+            assignment_id: assignment_id.to_owned(),
+            outcome: report.outcome,
+            summary: report.summary,
+            blockers: report.blockers,
+            by: None,
+            reason: None,
+        },
+        Some(Err(why)) => failed(format!("the worker report does not read: {why}")),
+        None => {
+            let what = if ran.reasons.is_empty() {
+                "it exited 0".to_owned()
+            } else {
+                wave::cut(&ran.reasons.join("; "), wave::SUMMARY_BYTES_MAX)
+            };
+            failed(format!("the worker's program printed no worker report ({what})"))
         }
     }
 }

@@ -1144,19 +1144,33 @@ impl Checker<'_> {
             self.id(id, "worker scenario");
             id.value.clone()
         });
-        if worker.is_none() && dispatch == WaveDispatch::Auto {
+        let command = w.command.as_ref().map(|c| {
+            if c.value.is_empty() || c.value[0].trim().is_empty() {
+                self.error(
+                    "invalid-value",
+                    c.pos,
+                    "`command` must name the program to run (its argv)",
+                );
+            }
+            c.value.clone()
+        });
+        if let (Some(_), Some(c)) = (&worker, &w.command) {
+            self.error(
+                "invalid-value",
+                c.pos,
+                format!(
+                    "wave level `{}` names both a `worker` scenario and a `command`; keep one",
+                    raw.id.value
+                ),
+            );
+        }
+        if worker.is_none() && command.is_none() && dispatch == WaveDispatch::Auto {
             self.error(
                 "missing-field",
                 wave.pos,
-                format!(
-                    "wave level `{}` names no `worker` scenario to run its assignments",
-                    raw.id.value
-                ),
+                format!("wave level `{}` names no `worker` scenario (or `command`) to run its assignments", raw.id.value),
             )
-            .help = Some(
-                "add `worker: <scenario id>`, or `dispatch: manual` for workers run outside Baton"
-                    .to_owned(),
-            );
+            .help = Some("add `worker: <scenario id>` or `command: [program, args…]`, or `dispatch: manual` for workers run outside Baton".to_owned());
         }
         let source = match &w.assignments_from {
             None => WaveSource::Input,
@@ -1226,6 +1240,7 @@ impl Checker<'_> {
         }
         Some(LevelKind::Wave(WaveSpec {
             worker,
+            command,
             source,
             max_parallel,
             timeout_ms,

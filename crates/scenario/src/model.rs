@@ -178,6 +178,8 @@ pub struct WaveSpec {
     /// The scenario each assignment runs as a child run of; none for a manual wave whose
     /// workers are run outside.
     pub worker: Option<String>,
+    /// The program each assignment runs as instead, its argv.
+    pub command: Option<Vec<String>>,
     pub source: WaveSource,
     /// The wave's own parallelism, when the level sets it.
     pub max_parallel: Option<u32>,

@@ -214,6 +214,13 @@ pub struct RawWave {
     /// scenario that edits files, its own workspace). Required unless `dispatch: manual`.
     #[serde(default)]
     pub worker: Option<Located<String>>,
+    /// A program each assignment runs as instead of a worker scenario: its argv (no shell),
+    /// run in the jail in a workspace of its own, with the assignment as JSON for its last
+    /// argument (`{id, task_id, title, description, priority, context}`). Its standard
+    /// output must end with a worker report (`{"outcome", "summary", "blockers"}`); without
+    /// one the assignment fails.
+    #[serde(default)]
+    pub command: Option<Located<Vec<String>>>,
     /// Where the assignments come from: `input` (the default: the run's input, as JSON) or
     /// the id of a `prompt` level with `response: json` whose answer holds them. Either is
     /// `{assignments: [...]}` or `{tasks: [...]}` (each `{id, title, description?,

@@ -85,6 +85,7 @@ enum Request {
     Load { run_id: String, after: u64, reply: Reply<Vec<Event>> },
     Verify { run_id: String, reply: Reply<Verified> },
     Run { run_id: String, reply: Reply<Option<RunRecord>> },
+    RunsNamed { ids: Vec<String>, reply: Reply<Vec<Option<RunRecord>>> },
     RunByKey { key: String, reply: Reply<Option<RunRecord>> },
     PutOverride { o: TenantOverride, reply: Reply<()> },
     Overrides { tenant: Option<String>, reply: Reply<Vec<TenantOverride>> },
@@ -669,11 +670,31 @@ fn parse_time(s: &str) -> Result<DateTime<Utc>, Error> {
         .map_err(|e| Error::Backend(format!("bad time {s:?}: {e}")))
 }
 
+/// `query_row` through the connection's statement cache: the hot statements are parsed once
+/// per connection.
+fn cached_row<T, P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, f)
+}
+
+/// `execute` through the connection's statement cache.
+fn cached_exec<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
 fn create(conn: &Connection, run: &RunRecord) -> Result<(), Error> {
-    let exists: Option<i64> = conn
-        .query_row("SELECT 1 FROM runs WHERE run_id = ?1", [&run.run_id], |r| r.get(0))
-        .optional()
-        .map_err(backend)?;
+    let exists: Option<i64> =
+        cached_row(conn, "SELECT 1 FROM runs WHERE run_id = ?1", [&run.run_id], |r| r.get(0))
+            .optional()
+            .map_err(backend)?;
     if exists.is_some() {
         return Err(Error::Exists(run.run_id.clone()));
     }
@@ -682,7 +703,7 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Error> {
     {
         return Err(Error::KeyTaken { key: key.clone(), run_id: owner.run_id });
     }
-    conn.execute(
+    cached_exec(conn,
         "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10)",
         params![run.run_id, run.scenario_id, run.status, time(run.created_at), time(run.updated_at), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, run.idempotency_key, run.tenant],
     )
@@ -728,7 +749,7 @@ fn append(
     }
     let new_last = i64::try_from(expected - 1 + events.len() as u64).unwrap_or(i64::MAX);
     let updated = events.last().map_or_else(Utc::now, |e| e.at);
-    conn.execute(
+    cached_exec(conn,
         "UPDATE runs SET last_seq = ?2, status = ?3, updated_at = ?4, head_hash = ?5 WHERE run_id = ?1",
         params![run_id, new_last, status, time(updated), prev.as_slice()],
     )
@@ -740,8 +761,8 @@ fn append(
 /// checked against the stored hash of that last event (a whole-log check is `load`'s job;
 /// this one costs one row).
 fn end_of_log(conn: &Connection, run_id: &str) -> Result<Verified, Error> {
-    let row = conn
-        .query_row("SELECT last_seq, head_hash FROM runs WHERE run_id = ?1", [run_id], |r| {
+    let row =
+        cached_row(conn, "SELECT last_seq, head_hash FROM runs WHERE run_id = ?1", [run_id], |r| {
             Ok((
                 named::<i64>(r, 0, "last_seq", "an integer"),
                 named::<Option<Vec<u8>>>(r, 1, "head_hash", "a blob"),
@@ -762,7 +783,8 @@ fn end_of_log(conn: &Connection, run_id: &str) -> Result<Verified, Error> {
     let stored: Option<Hash> = if last == 0 {
         Some(GENESIS)
     } else {
-        conn.query_row(
+        cached_row(
+            conn,
             "SELECT hash FROM events WHERE run_id = ?1 AND seq = ?2",
             params![run_id, i64::try_from(last).unwrap_or(i64::MAX)],
             |r| r.get::<_, Option<Vec<u8>>>(0),
@@ -859,6 +881,9 @@ fn read(conn: &Connection, r: Request) {
         }
         Request::Run { run_id, reply } => {
             let _ = reply.send(run(conn, &run_id));
+        }
+        Request::RunsNamed { ids, reply } => {
+            let _ = reply.send(ids.iter().map(|id| run(conn, id)).collect());
         }
         Request::RunByKey { key, reply } => {
             let _ = reply.send(run_by_key(conn, &key));
@@ -1061,7 +1086,8 @@ fn run_with_head(
     conn: &Connection,
     run_id: &str,
 ) -> Result<Option<(RunRecord, Option<Hash>)>, Error> {
-    conn.query_row(
+    cached_row(
+        conn,
         &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
         [run_id],
         to_record,
@@ -1100,7 +1126,8 @@ fn overrides(conn: &Connection, tenant: Option<&str>) -> Result<Vec<TenantOverri
 }
 
 fn run_by_key(conn: &Connection, key: &str) -> Result<Option<RunRecord>, Error> {
-    conn.query_row(
+    cached_row(
+        conn,
         &format!("SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = ?1"),
         [key],
         to_record,
@@ -1160,6 +1187,13 @@ impl EventStore for SqliteStore {
 
     fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(self.ask(|reply| Request::RunByKey { key: key.to_owned(), reply }))
+    }
+
+    fn runs_named<'a>(
+        &'a self,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<RunRecord>>, Error>> {
+        Box::pin(self.ask(|reply| Request::RunsNamed { ids: ids.to_vec(), reply }))
     }
 
     fn put_tenant_override<'a>(

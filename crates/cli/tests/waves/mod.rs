@@ -620,3 +620,40 @@ fn killed_after_any_event_of_a_wave_it_resumes_without_running_an_assignment_twi
     assert!(kills > 10, "the failpoint killed the first process only {kills} times");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn command_workers_run_jailed_programs_whose_reports_settle_their_assignments() {
+    let (dir, db) = setup("wave-command", "");
+    // The program gets its assignment as JSON for its last argument (`$0` of `sh -c`).
+    let program = r#"case "$0" in *quiet*) echo "no report here";; *blocked*) printf '%s\n' '{"outcome": "blocked", "summary": "no key", "blockers": ["the signing key"]}';; *) echo "built"; printf '%s\n' '{"outcome": "completed", "summary": "done"}';; esac"#;
+    let argv = serde_json::to_string(&["sh", "-c", program]).unwrap();
+    std::fs::write(
+        dir.join("scenarios/cmdwave.yaml"),
+        format!(
+            "id: cmdwave\nversion: 1\nlevels:\n  - id: build\n    kind: wave\n    terminal: true\n    wave: {{command: {argv}, max_parallel: 3, timeout_s: 60}}\nedges:\n  - {{from: build, to: __end__, when: \"wave.decision == 'complete'\"}}\n  - {{from: build, to: __fail__}}\n"
+        ),
+    )
+    .unwrap();
+    let input = "{\"tasks\": [{\"id\": \"a\", \"title\": \"fine work\"}, {\"id\": \"b\", \"title\": \"quiet work\"}, {\"id\": \"c\", \"title\": \"blocked work\"}]}";
+    let out = baton(&dir, &db, &["run", "cmdwave", "--input", input, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let wave = result["run_id"].as_str().unwrap();
+    let v = view(&dir, &db, wave);
+    let outcome = |i: usize| v["assignments"][i]["outcome"].as_str().unwrap().to_owned();
+    assert_eq!([outcome(0), outcome(1), outcome(2)], ["completed", "failed", "blocked"], "{v}");
+    assert!(
+        v["assignments"][1]["summary"].as_str().unwrap().contains("printed no worker report"),
+        "{v}"
+    );
+    assert_eq!(v["assignments"][2]["blockers"][0], "the signing key");
+    assert_eq!(v["decision"], "escalate", "blocked outranks failed: {v}");
+    // Each program ran through the jail, in its worker run's own workspace.
+    let events = tree_events(&dir, &db, wave);
+    let ran: Vec<&Value> = events.iter().filter(|e| e["kind"] == "verifier_finished").collect();
+    assert_eq!(ran.len(), 3);
+    for e in ran {
+        assert_ne!(e["data"]["details"]["jail"], "off", "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
