@@ -1597,6 +1597,16 @@ pub(crate) async fn runs(
         }
         let paused = record.status == Status::Paused.as_str();
         let mut waiting = if paused { waiting_on(&events) } else { Vec::new() };
+        if let Some(w) = manual_wave(&state) {
+            let c = w.counts();
+            waiting.push(Waiting {
+                level_id: format!(
+                    "{} ({} planned, {} in flight)",
+                    w.level_id, c.planned, c.in_flight
+                ),
+                wants: "outside agents",
+            });
+        }
         // A run waiting for its children waits on each of them.
         for child in state.open_children() {
             waiting.push(Waiting {
@@ -1685,6 +1695,10 @@ async fn tree_is_live(
     store: &dyn EventStore,
     state: &baton_engine::RunState,
 ) -> anyhow::Result<bool> {
+    // A manual wave waits for outside agents, not for a driver.
+    if manual_wave(state).is_some() {
+        return Ok(true);
+    }
     let mut pending: Vec<String> =
         state.open_children().map(|c| c.started.child_run_id.clone()).collect();
     // Bounded by the chain's depth and the children a run records.
@@ -1704,6 +1718,11 @@ async fn tree_is_live(
         }
     }
     Ok(false)
+}
+
+/// The manual wave a run is at, if it waits for outside agents.
+fn manual_wave(state: &baton_engine::RunState) -> Option<&baton_engine::wave::WaveState> {
+    baton_engine::wave_actions::wave_under_way(state).filter(|w| w.plan.dispatch == "manual")
 }
 
 /// Runs ordered as trees: each run whose parent is not listed, newest first, then the

@@ -13,11 +13,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use baton_engine::Engine;
 use baton_engine::event::WorkerOutcome;
 use baton_engine::wave::WaveState;
 use baton_engine::wave_actions::{self, Target, WaveAction, WaveReply};
-use baton_engine::{Engine, RunState};
-use baton_scenario::{Registry, Scenario, Texts};
+use baton_scenario::Scenario;
 use serde_json::{Value, json};
 
 use crate::cmd_run::{self, Place, WaveDrive};
@@ -42,39 +42,32 @@ pub(crate) struct PlanArgs {
     pub json: bool,
 }
 
-/// The one-level scenario of a standalone wave: manual dispatch, its end by its decision.
+/// The one-level scenario of a standalone wave, from the command's settings (checked
+/// here first, so the message names the flag).
 fn wave_scenario(place: &Place, args: &PlanArgs) -> anyhow::Result<Arc<Scenario>> {
-    let mut settings = vec!["dispatch: manual".to_owned()];
-    if let Some(worker) = &args.worker {
-        settings.push(format!("worker: {}", serde_json::to_string(worker)?));
-    }
-    if let Some(n) = args.max_parallel {
-        let n =
-            baton_engine::wave::check_parallel(n, "--max-parallel").map_err(anyhow::Error::msg)?;
-        settings.push(format!("max_parallel: {n}"));
-    }
-    if let Some(s) = args.timeout_s {
-        let ms = baton_scenario::check::wave_timeout_ms(s).ok_or_else(|| {
-            anyhow::anyhow!(
-                "--timeout-s must be from 0.001 through 2147483.647 seconds (1 to 2147483647 ms), not {s}"
-            )
-        })?;
-        settings.push(format!("timeout_s: {}", ms as f64 / 1000.0));
-    }
-    if let Some(n) = args.max_assignments {
-        settings.push(format!("max_assignments: {n}"));
-    }
-    if let Some(c) = &args.context {
-        settings.push(format!("context: {}", serde_json::to_string(c)?));
-    }
-    let yaml = format!(
-        "id: wave\nversion: 1\ndescription: A standalone wave, planned with `baton wave plan`.\nlevels:\n  - id: wave\n    kind: wave\n    terminal: true\n    wave: {{{}}}\nedges:\n  - {{from: wave, to: __end__, when: \"wave.decision == 'complete'\"}}\n  - {{from: wave, to: __fail__}}\n",
-        settings.join(", ")
-    );
-    let texts = Texts { canonical: yaml, files: BTreeMap::new() };
-    Registry::load_texts("wave (baton wave plan)", &place.scenarios, &texts).map_err(|e| {
-        anyhow::anyhow!("the wave's settings do not make a wave: {}", e.diagnostics.render())
-    })
+    let max_parallel = args
+        .max_parallel
+        .map(|n| baton_engine::wave::check_parallel(n, "--max-parallel"))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let timeout_ms = args
+        .timeout_s
+        .map(|s| {
+            baton_scenario::check::wave_timeout_ms(s).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--timeout-s must be from 0.001 through 2147483.647 seconds (1 to 2147483647 ms), not {s}"
+                )
+            })
+        })
+        .transpose()?;
+    let standalone = wave_actions::Standalone {
+        worker: args.worker.clone(),
+        max_parallel,
+        timeout_ms,
+        max_assignments: args.max_assignments,
+        context: args.context.clone(),
+    };
+    wave_actions::standalone_scenario(&standalone, &place.scenarios).map_err(anyhow::Error::msg)
 }
 
 /// `baton wave plan`: a new run of a standalone wave; its assignments are planned (or the
@@ -338,27 +331,6 @@ pub(crate) async fn cancel(
     }
 }
 
-/// One wave as JSON: its run, level, plan, decision, counts and assignments.
-fn wave_json(run_id: &str, state: &RunState, w: &WaveState, parallel: u32) -> Value {
-    let decision = w
-        .closed
-        .as_ref()
-        .map_or_else(|| w.decide(state.cancel_requested.is_some(), parallel), |d| d.decision);
-    let mut summary = w.summary(decision);
-    if let Some(obj) = summary.as_object_mut() {
-        obj.insert("run_id".to_owned(), json!(run_id));
-        obj.insert("run_status".to_owned(), json!(state.status.as_str()));
-        obj.insert("level_id".to_owned(), json!(w.level_id));
-        obj.insert("attempt".to_owned(), json!(w.attempt));
-        obj.insert("worker".to_owned(), json!(w.plan.worker));
-        obj.insert("dispatch".to_owned(), json!(w.plan.dispatch));
-        obj.insert("max_parallel".to_owned(), json!(parallel));
-        obj.insert("timeout_ms".to_owned(), json!(w.plan.timeout_ms));
-        obj.insert("ended".to_owned(), json!(w.closed.is_some()));
-    }
-    summary
-}
-
 /// The table of a wave: one line per assignment.
 fn print_table(view: &Value) -> anyhow::Result<()> {
     let s = |v: &Value| v.as_str().map(one_line).unwrap_or_else(|| "-".to_owned());
@@ -370,7 +342,11 @@ fn print_table(view: &Value) -> anyhow::Result<()> {
         s(&view["run_status"]),
         s(&view["decision"]),
         if view["ended"] == json!(true) { " (ended)" } else { "" },
-        view["worker"].as_str().map_or_else(|| "outside".to_owned(), one_line),
+        match (view["worker"].as_str(), view["command"][0].as_str()) {
+            (Some(w), _) => one_line(w),
+            (None, Some(program)) => format!("command {}", one_line(program)),
+            (None, None) => "outside".to_owned(),
+        },
         view["max_parallel"],
         view["timeout_ms"],
         c["planned"],
@@ -426,7 +402,7 @@ pub(crate) async fn get(
         };
         if shown != Some(state.last_seq) {
             shown = Some(state.last_seq);
-            let view = wave_json(&run_id, &state, w, parallel_of(w));
+            let view = wave_actions::view(&run_id, &state, w, parallel_of(w));
             if json {
                 outln!("{}", serde_json::to_string(&view)?)?;
             } else {
@@ -446,7 +422,12 @@ async fn waves(engine: &Engine) -> anyhow::Result<Vec<Value>> {
     for record in engine.store.runs(None).await?.into_iter().take(RUNS_SCANNED_MAX) {
         let state = engine.state(&record.run_id).await?;
         if let Some(w) = wave_actions::latest_wave(&state) {
-            out.push(wave_json(&record.run_id, &state, w, engine.wave_settings().parallel_for(w)));
+            out.push(wave_actions::view(
+                &record.run_id,
+                &state,
+                w,
+                engine.wave_settings().parallel_for(w),
+            ));
         }
     }
     Ok(out)

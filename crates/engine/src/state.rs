@@ -323,6 +323,14 @@ impl RunState {
         self.parent.as_ref().map_or(0, |p| p.depth)
     }
 
+    /// Whether the run is at a manual wave that has not ended: it waits for outside agents.
+    pub fn waits_for_outside(&self) -> bool {
+        self.in_flight
+            .as_ref()
+            .and_then(|id| self.waves.get(id))
+            .is_some_and(|w| w.plan.dispatch == "manual" && w.closed.is_none())
+    }
+
     /// The child runs the run still waits for.
     pub fn open_children(&self) -> impl Iterator<Item = &ChildRun> {
         self.children.iter().filter(|c| c.open())
@@ -391,6 +399,10 @@ impl RunState {
                     level_id.to_owned(),
                     crate::wave::WaveState::new(level_id, attempt, p.clone()),
                 );
+                // A manual wave waits for outside agents from its start.
+                if p.dispatch == "manual" {
+                    self.status = Status::Waiting;
+                }
             }
             EventData::WaveDispatched(d) => {
                 if let Some(wave) = self.waves.get_mut(level_id) {
@@ -408,6 +420,12 @@ impl RunState {
                         wave.closed = Some(d.clone());
                     }
                     wave.decided = Some(d.clone());
+                }
+                if d.closes
+                    && self.status == Status::Waiting
+                    && self.open_children().next().is_none()
+                {
+                    self.status = Status::Running;
                 }
             }
             EventData::ScratchpadWritten(w) => {
@@ -434,7 +452,10 @@ impl RunState {
                         wave.apply_child_settled(c);
                     }
                 }
-                if self.status == Status::Waiting && self.open_children().next().is_none() {
+                if self.status == Status::Waiting
+                    && self.open_children().next().is_none()
+                    && !self.waits_for_outside()
+                {
                     self.status = Status::Running;
                 }
             }

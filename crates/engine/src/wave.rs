@@ -275,6 +275,8 @@ impl WaveState {
     pub fn summary(&self, decision: WaveDecision) -> Value {
         let counts = self.counts();
         let (cost_usd, tokens) = self.spent();
+        // Sums of binary fractions: shown to the nano-dollar, not to the float's last bit.
+        let usd = |x: f64| (x * 1e9).round() / 1e9;
         let assignments: Vec<Value> = self
             .assignments
             .iter()
@@ -288,7 +290,7 @@ impl WaveState {
                     "summary": a.settled.as_ref().map(|s| s.summary.as_str()),
                     "blockers": a.settled.as_ref().map(|s| s.blockers.clone()).unwrap_or_default(),
                     "worker_run": a.dispatched.as_ref().map(|d| d.worker_run.as_str()),
-                    "cost_usd": a.cost_usd,
+                    "cost_usd": usd(a.cost_usd),
                     "tokens": a.tokens,
                 })
             })
@@ -296,7 +298,7 @@ impl WaveState {
         json!({
             "decision": decision.as_str(),
             "counts": counts,
-            "cost_usd": cost_usd,
+            "cost_usd": usd(cost_usd),
             "tokens": tokens,
             "assignments": assignments,
         })

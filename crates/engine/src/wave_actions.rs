@@ -7,7 +7,11 @@
 //! the log and re-checks that what it changes is still open in the same step as the
 //! append, so of two agents recording one assignment, exactly one wins.
 
+use std::sync::Arc;
+
+use baton_scenario::Scenario;
 use serde::Serialize;
+use serde_json::{Value, json};
 
 use crate::event::{
     EventData, NewEvent, WaveCounts, WaveDecided, WaveDecision, WaveDispatched, WaveRecorded,
@@ -282,4 +286,71 @@ fn timed_out(assignment_id: &str, timeout_ms: u64) -> WaveRecorded {
         by: None,
         reason: Some("timeout".to_owned()),
     }
+}
+
+/// The settings of a standalone wave (`baton wave plan`), already checked.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Standalone {
+    pub worker: Option<String>,
+    pub max_parallel: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    pub max_assignments: Option<u32>,
+    pub context: Option<String>,
+}
+
+/// The one-level scenario of a standalone wave: `dispatch: manual`, ended by its decision
+/// (`complete` to `__end__`, any other end to `__fail__`). `root` is the scenarios
+/// directory.
+pub fn standalone_scenario(
+    settings: &Standalone,
+    root: &std::path::Path,
+) -> Result<Arc<Scenario>, String> {
+    let mut fields = vec!["dispatch: manual".to_owned()];
+    let quoted = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    if let Some(worker) = &settings.worker {
+        fields.push(format!("worker: {}", quoted(worker)));
+    }
+    if let Some(n) = settings.max_parallel {
+        fields.push(format!("max_parallel: {n}"));
+    }
+    if let Some(ms) = settings.timeout_ms {
+        #[allow(clippy::cast_precision_loss)]
+        fields.push(format!("timeout_s: {}", ms as f64 / 1000.0));
+    }
+    if let Some(n) = settings.max_assignments {
+        fields.push(format!("max_assignments: {n}"));
+    }
+    if let Some(c) = &settings.context {
+        fields.push(format!("context: {}", quoted(c)));
+    }
+    let yaml = format!(
+        "id: wave\nversion: 1\ndescription: A standalone wave, planned with `baton wave plan`.\nlevels:\n  - id: wave\n    kind: wave\n    terminal: true\n    wave: {{{}}}\nedges:\n  - {{from: wave, to: __end__, when: \"wave.decision == 'complete'\"}}\n  - {{from: wave, to: __fail__}}\n",
+        fields.join(", ")
+    );
+    let texts = baton_scenario::Texts { canonical: yaml, files: std::collections::BTreeMap::new() };
+    baton_scenario::Registry::load_texts("wave (baton wave plan)", root, &texts)
+        .map_err(|e| format!("the wave's settings do not make a wave: {}", e.diagnostics.render()))
+}
+
+/// A wave as its readers see it (`baton wave get`, the server, the MCP tools): its run,
+/// level, plan, decision (`parallel` in force), counts, spend and every assignment.
+pub fn view(run_id: &str, state: &RunState, w: &WaveState, parallel: u32) -> Value {
+    let decision = w
+        .closed
+        .as_ref()
+        .map_or_else(|| w.decide(state.cancel_requested.is_some(), parallel), |d| d.decision);
+    let mut summary = w.summary(decision);
+    if let Some(obj) = summary.as_object_mut() {
+        obj.insert("run_id".to_owned(), json!(run_id));
+        obj.insert("run_status".to_owned(), json!(state.status.as_str()));
+        obj.insert("level_id".to_owned(), json!(w.level_id));
+        obj.insert("attempt".to_owned(), json!(w.attempt));
+        obj.insert("worker".to_owned(), json!(w.plan.worker));
+        obj.insert("command".to_owned(), json!(w.plan.command));
+        obj.insert("dispatch".to_owned(), json!(w.plan.dispatch));
+        obj.insert("max_parallel".to_owned(), json!(parallel));
+        obj.insert("timeout_ms".to_owned(), json!(w.plan.timeout_ms));
+        obj.insert("ended".to_owned(), json!(w.closed.is_some()));
+    }
+    summary
 }

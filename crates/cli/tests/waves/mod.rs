@@ -190,6 +190,11 @@ fn outside_agents_dispatch_and_record_a_manual_wave_from_other_processes() {
     let (code, wave, out) = plan(&dir, &db, &tasks(3), &["--max-parallel", "2"]);
     assert_eq!(code, Some(3), "a planned wave waits for its agents: {out}");
     assert!(out.contains("waits for outside agents"), "{out}");
+    // Listed as waiting for outside agents, not as a run whose driver died.
+    let listed = baton(&dir, &db, &["runs", "--json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["status"], "waiting", "{listed}");
+    assert!(listed[0].to_string().contains("outside agents"), "{listed}");
     let ok = |args: &[&str]| {
         let out = baton(&dir, &db, args);
         assert_eq!(
