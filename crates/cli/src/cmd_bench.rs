@@ -324,15 +324,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     } else {
         None
     };
-    let (store, sqlite): (Arc<dyn EventStore>, Option<SqliteStore>) = match args.store.as_str() {
-        "memory" => (Arc::new(MemoryStore::new()), None),
-        "sqlite" => {
-            let path = args.db.clone().unwrap_or_else(|| tmp.join("bench.db"));
-            let s = SqliteStore::open(&path)?;
-            (Arc::new(s.clone()), Some(s))
-        }
-        other => bail!("unknown store `{other}`: use memory or sqlite"),
-    };
+    let (store, sqlite) = bench_store(args, &tmp)?;
     if args.workload == "reopen" {
         return reopen(store, &scenario).await;
     }
@@ -432,6 +424,22 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     Ok(report)
 }
 
+/// The store a measurement runs on (`--store`), and the SQLite one for its counters.
+fn bench_store(
+    args: &BenchArgs,
+    tmp: &Path,
+) -> anyhow::Result<(Arc<dyn EventStore>, Option<SqliteStore>)> {
+    Ok(match args.store.as_str() {
+        "memory" => (Arc::new(MemoryStore::new()), None),
+        "sqlite" => {
+            let path = args.db.clone().unwrap_or_else(|| tmp.join("bench.db"));
+            let s = SqliteStore::open(&path)?;
+            (Arc::new(s.clone()), Some(s))
+        }
+        other => bail!("unknown store `{other}`: use memory or sqlite"),
+    })
+}
+
 /// The `wave` workload's worker: one prompt level.
 const WAVE_WORKER: &str = "id: w1\nversion: 1\nlevels:\n  - {id: say, kind: prompt, prompt: {inline: 'Say {{ input }}'}, terminal: true}\n";
 /// The `wave` workload's wave: its assignments from the input, at most 3 workers at once.
@@ -462,15 +470,7 @@ async fn wave_overhead(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         classify_kinds: Vec::new(),
     };
     let jobs = Arc::new(Jobs::new(Arc::clone(&registry), selection, dir, Duration::from_secs(15)));
-    let (store, sqlite): (Arc<dyn EventStore>, Option<SqliteStore>) = match args.store.as_str() {
-        "memory" => (Arc::new(MemoryStore::new()), None),
-        "sqlite" => {
-            let path = args.db.clone().unwrap_or_else(|| tmp.join("bench.db"));
-            let s = SqliteStore::open(&path)?;
-            (Arc::new(s.clone()), Some(s))
-        }
-        other => bail!("unknown store `{other}`: use memory or sqlite"),
-    };
+    let (store, sqlite) = bench_store(args, &tmp)?;
     let e = engine_with(Arc::clone(&store), Some(jobs));
     let tasks: Vec<String> = (1..=WAVE_ASSIGNMENTS)
         .map(|i| format!("{{\"id\": \"t{i}\", \"title\": \"task {i}\"}}"))

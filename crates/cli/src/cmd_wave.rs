@@ -155,19 +155,12 @@ fn print_reply(reply: &WaveReply, what: &str, json: bool) -> anyhow::Result<()> 
         outln!("{}", serde_json::to_string_pretty(reply)?)?;
         return Ok(());
     }
-    let c = &reply.counts;
     outln!(
-        "{what}wave {} (level `{}`): decision {} — {} planned, {} in flight, {} completed, {} partial, {} blocked, {} failed, {} cancelled (max_parallel {})",
+        "{what}wave {} (level `{}`): decision {} — {} (max_parallel {})",
         reply.run_id,
         one_line(&reply.level_id),
         reply.decision.as_str(),
-        c.planned,
-        c.in_flight,
-        c.completed,
-        c.partial,
-        c.blocked,
-        c.failed,
-        c.cancelled,
+        reply.counts,
         reply.max_parallel
     )?;
     Ok(())

@@ -265,18 +265,11 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             preview(&r.summary, 80)
         ),
         EventData::WaveDecided(d) => {
-            let c = &d.counts;
             format!(
-                "decide    {level}: {}{} — {} planned, {} in flight, {} completed, {} partial, {} blocked, {} failed, {} cancelled{}",
+                "decide    {level}: {}{} — {}{}",
                 d.decision.as_str(),
                 if d.closes { " (ends the wave)" } else { "" },
-                c.planned,
-                c.in_flight,
-                c.completed,
-                c.partial,
-                c.blocked,
-                c.failed,
-                c.cancelled,
+                d.counts,
                 if d.dispatched.is_empty() {
                     String::new()
                 } else {

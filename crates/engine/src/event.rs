@@ -1068,6 +1068,23 @@ pub struct WaveCounts {
     pub cancelled: u32,
 }
 
+impl std::fmt::Display for WaveCounts {
+    /// `2 planned, 1 in flight, 3 completed, 0 partial, 0 blocked, 1 failed, 0 cancelled`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} planned, {} in flight, {} completed, {} partial, {} blocked, {} failed, {} cancelled",
+            self.planned,
+            self.in_flight,
+            self.completed,
+            self.partial,
+            self.blocked,
+            self.failed,
+            self.cancelled
+        )
+    }
+}
+
 /// A decision of the wave's controller, with the counts it read: recorded when it
 /// dispatches, and when it ends the wave (`closes`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

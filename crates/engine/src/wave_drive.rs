@@ -17,8 +17,8 @@ use baton_scenario::Scenario;
 use baton_scenario::limits::WAVE_PARALLEL_DEFAULT;
 
 use crate::event::{
-    Assignment, ChildRunSettled, ChildRunStarted, EventData, FinalStatus, LevelFinished, NewEvent,
-    WaveDecided, WaveDecision, WaveDispatched, WaveRecorded, WorkerOutcome,
+    Assignment, ChildRunSettled, ChildRunStarted, EventData, FinalStatus, NewEvent, WaveDecided,
+    WaveDecision, WaveDispatched, WaveRecorded, WorkerOutcome,
 };
 use crate::exec::{Engine, Error, Outcome};
 use crate::state::{ChildRun, RunState};
@@ -128,23 +128,10 @@ impl Engine {
                 return Ok(vec![NewEvent::level(
                     level_id,
                     w.attempt,
-                    EventData::LevelFinished(LevelFinished {
-                        ok: false,
-                        skipped: false,
-                        verdict: None,
-                        output: String::new(),
-                        parsed: None,
-                        confidence: None,
-                        scratchpad: serde_json::Map::new(),
-                        conflict: None,
-                        error: Some(format!("wave_worker: {why}")),
-                        cost_usd: 0.0,
-                        tokens: 0,
-                        duration_ms: 0,
-                        terminal: false,
-                        touched_paths: Vec::new(),
-                        snapshot: None,
-                    }),
+                    EventData::LevelFinished(crate::runner::error_finish(
+                        format!("wave_worker: {why}"),
+                        0,
+                    )),
                 )]);
             }
             return Ok(admitted

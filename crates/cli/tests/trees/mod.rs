@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::{baton_db, baton_in, bwrap, repo, scratch, text};
 
 /// The first run of each job in the database (runs without a parent), newest first.
-fn roots(db: &Path) -> Vec<String> {
+pub(super) fn roots(db: &Path) -> Vec<String> {
     let out = baton_db(db, &["runs", "--json"]);
     let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     list.as_array()

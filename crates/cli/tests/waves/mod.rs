@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use super::trees::roots;
 use super::{baton_command, baton_in, bwrap, scratch, text};
 
 const WORKER: &str = "id: worker\nversion: 1\nlevels:\n  - id: work\n    kind: prompt\n    prompt: {inline: \"Work on {{ input }}\"}\n    terminal: true\n";
@@ -555,24 +556,6 @@ fn normalised(dir: &Path, db: &Path, root: &str) -> (Vec<String>, BTreeMap<Strin
     }
     root_kinds.sort();
     (root_kinds, workers)
-}
-
-fn roots(db: &Path) -> Vec<String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
-        .arg("--db")
-        .arg(db)
-        .args(["runs", "--json"])
-        .output()
-        .unwrap();
-    let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    list.as_array()
-        .map(|runs| {
-            runs.iter()
-                .filter(|r| r.get("parent_run_id").is_none())
-                .map(|r| r["run_id"].as_str().unwrap().to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Kill the process right after the N-th event it wrote, whichever run of the wave it
