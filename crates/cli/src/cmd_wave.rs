@@ -285,9 +285,15 @@ pub(crate) async fn cancel(
     by: Option<String>,
     reason: Option<String>,
 ) -> anyhow::Result<ExitCode> {
+    for (flag, value) in [("--by", &by), ("--reason", &reason)] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            bail!("{flag} is empty; give a value or leave the flag out");
+        }
+    }
     let engine = action_engine(place)?;
     let run_id = resolve(&engine, wave).await?;
-    let code = cmd_run::cancel(place, &run_id, by, reason).await?;
+    engine.wave_act(&run_id, WaveAction::Cancel { by, reason }).await?;
+    outln!("cancel recorded for wave {run_id} and its workers")?;
     let deadline = std::time::Instant::now()
         + engine
             .runtime
@@ -312,13 +318,13 @@ pub(crate) async fn cancel(
                     w.assignments.iter().filter(|a| a.unsettled).count()
                 )?;
             }
-            return Ok(code);
+            return Ok(ExitCode::SUCCESS);
         }
         if std::time::Instant::now() > deadline {
             outln!(
                 "wave {run_id}: the cancel is recorded; the process driving it has not ended it yet (see `baton wave get {run_id}`)"
             )?;
-            return Ok(code);
+            return Ok(ExitCode::SUCCESS);
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }

@@ -48,6 +48,10 @@ pub enum WaveAction {
     Decide,
     /// Ends a wave whose decision is an end (complete, replan or escalate).
     Complete { by: Option<String> },
+    /// Cancels the wave's run and every worker below it; a run nobody drives ends here,
+    /// after its workers settled (up to the settle timeout), one being driven at its
+    /// driver's next check.
+    Cancel { by: Option<String>, reason: Option<String> },
 }
 
 /// What an action did.
@@ -102,6 +106,18 @@ impl Engine {
     /// Takes `action` on the wave `run_id` is at.
     pub async fn wave_act(&self, run_id: &str, action: WaveAction) -> Result<WaveReply, Error> {
         let refused = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
+        if let WaveAction::Cancel { by, reason } = &action {
+            let state = self.state(run_id).await?;
+            if wave_under_way(&state).is_none() {
+                return Err(refused("it has no wave under way".to_owned()));
+            }
+            self.cancel_tree(run_id, by.clone(), reason.clone()).await?;
+            match self.end_cancelled_tree(run_id).await {
+                Ok(_) | Err(Error::Store(crate::store::Error::Busy(_))) => {}
+                Err(e) => return Err(e),
+            }
+            return self.wave_reply(run_id, None).await;
+        }
         if matches!(action, WaveAction::Decide | WaveAction::Complete { .. }) {
             self.expire_outside_workers(run_id).await?;
         }
@@ -124,7 +140,7 @@ impl Engine {
                 let parallel = settings.parallel_for(w);
                 let level = |data: EventData| NewEvent::level(&w.level_id, w.attempt, data);
                 match &action {
-                    WaveAction::Decide => Ok(None),
+                    WaveAction::Decide | WaveAction::Cancel { .. } => Ok(None),
                     WaveAction::Dispatch { target, worker_run, by } => {
                         wave::check_worker_run(worker_run).map_err(refused)?;
                         let a = find(w, target).map_err(refused)?;
@@ -222,6 +238,17 @@ impl Engine {
             Some(Done::Reply(id)) => id,
             None => None,
         };
+        self.wave_reply(run_id, assignment_id).await
+    }
+
+    /// Where the wave `run_id` ran last stands now.
+    async fn wave_reply(
+        &self,
+        run_id: &str,
+        assignment_id: Option<String>,
+    ) -> Result<WaveReply, Error> {
+        let refused = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
+        let settings = self.wave_settings();
         let state = self.state(run_id).await?;
         let Some(w) = latest_wave(&state) else {
             return Err(refused("it has no wave".to_owned()));

@@ -470,6 +470,13 @@ fn the_active_dispatcher_runs_a_planned_wave_and_outside_records_of_its_workers_
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The table, live: printed again as the wave moves, until its run ends.
+    let watcher = baton_in(&dir, &db)
+        .args(["wave", "get", &wave, "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let started = Instant::now();
     loop {
         assert!(started.elapsed() < Duration::from_secs(30), "no worker ever ran");
@@ -506,6 +513,15 @@ fn the_active_dispatcher_runs_a_planned_wave_and_outside_records_of_its_workers_
         "{v}"
     );
     assert_eq!(v["max_parallel"], 2, "the override is not stored");
+    let watched = watcher.wait_with_output().unwrap();
+    assert_eq!(watched.status.code(), Some(0), "{}", text(&watched.stderr));
+    let tables: Vec<String> = text(&watched.stdout)
+        .lines()
+        .filter(|l| l.starts_with("wave "))
+        .map(str::to_owned)
+        .collect();
+    assert!(tables.len() >= 3, "the table was printed as the wave moved: {tables:?}");
+    assert!(tables.last().unwrap().contains("decision complete (ended)"), "{tables:?}");
     let events = tree_events(&dir, &db, &wave);
     assert_eq!(most_at_once(&spans(&events, &wave)), 1);
     let _ = std::fs::remove_dir_all(&dir);
@@ -643,5 +659,38 @@ fn command_workers_run_jailed_programs_whose_reports_settle_their_assignments() 
     for e in ran {
         assert_ne!(e["data"]["details"]["jail"], "off", "{e}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cancelling_a_manual_wave_nobody_drives_ends_it_with_what_settled() {
+    let (dir, db) = setup("wave-cancel-manual", "");
+    let (_, wave, out) = plan(&dir, &db, &tasks(3), &[]);
+    assert!(!wave.is_empty(), "{out}");
+    for (args, code) in [
+        (vec!["wave", "dispatch", &wave, "--assignment", "assign-001", "--worker-run", "w1"], 0),
+        (vec!["wave", "record", &wave, "--assignment", "assign-001", "--outcome", "completed"], 0),
+        (vec!["wave", "dispatch", &wave, "--assignment", "assign-002", "--worker-run", "w2"], 0),
+        (vec!["wave", "cancel", "current", "--by", "ops", "--reason", "changed plans"], 0),
+    ] {
+        let out = baton(&dir, &db, &args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out.stderr));
+    }
+    let v = view(&dir, &db, &wave);
+    assert_eq!(
+        (v["decision"].as_str(), v["run_status"].as_str()),
+        (Some("cancelled"), Some("cancelled")),
+        "{v}"
+    );
+    let c = &v["counts"];
+    assert_eq!((c["completed"].as_u64(), c["planned"].as_u64()), (Some(1), Some(1)), "{v}");
+    // Nothing more is taken once it has ended.
+    let out = baton(
+        &dir,
+        &db,
+        &["wave", "record", &wave, "--assignment", "assign-002", "--outcome", "completed"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("has ended"), "{}", text(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
