@@ -15,7 +15,6 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use baton_engine::Engine;
 use baton_engine::event::WorkerOutcome;
-use baton_engine::wave::WaveState;
 use baton_engine::wave_actions::{self, Target, WaveAction, WaveReply};
 use baton_scenario::Scenario;
 use serde_json::{Value, json};
@@ -392,16 +391,17 @@ pub(crate) async fn get(
 ) -> anyhow::Result<ExitCode> {
     let engine = action_engine(place)?;
     let run_id = resolve(&engine, wave).await?;
-    let parallel_of = |w: &WaveState| engine.wave_settings().parallel_for(w);
     let mut shown = None;
     loop {
         let state = engine.state(&run_id).await?;
-        let Some(w) = wave_actions::latest_wave(&state) else {
+        if wave_actions::latest_wave(&state).is_none() {
             bail!("run {run_id} has run no wave");
-        };
+        }
         if shown != Some(state.last_seq) {
             shown = Some(state.last_seq);
-            let view = wave_actions::view(&run_id, &state, w, parallel_of(w));
+            let Some(view) = engine.wave_view(&run_id).await? else {
+                bail!("run {run_id} has run no wave");
+            };
             if json {
                 outln!("{}", serde_json::to_string(&view)?)?;
             } else {

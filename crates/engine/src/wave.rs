@@ -285,7 +285,7 @@ impl WaveState {
                     "id": a.assignment.id,
                     "task_id": a.assignment.task_id,
                     "title": a.assignment.title,
-                    "stage": a.stage(),
+                    "stage": if a.unsettled { "unsettled" } else { a.stage() },
                     "outcome": a.settled.as_ref().map(|s| s.outcome.as_str()),
                     "summary": a.settled.as_ref().map(|s| s.summary.as_str()),
                     "blockers": a.settled.as_ref().map(|s| s.blockers.clone()).unwrap_or_default(),

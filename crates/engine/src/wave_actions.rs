@@ -315,6 +315,43 @@ fn timed_out(assignment_id: &str, timeout_ms: u64) -> WaveRecorded {
     }
 }
 
+impl Engine {
+    /// [`view`] of the wave `run_id` ran last, with its unsettled workers reconciled: a
+    /// worker its wave stopped waiting for (`child_run_unsettled`, the settle timeout of a
+    /// cancel passed) that has ended since shows the outcome its run gives, marked
+    /// `reconciled`; the wave's ended log is not written.
+    pub async fn wave_view(&self, run_id: &str) -> Result<Option<Value>, Error> {
+        let state = self.state(run_id).await?;
+        let Some(w) = latest_wave(&state) else { return Ok(None) };
+        let mut view = view(run_id, &state, w, self.wave_settings().parallel_for(w));
+        for (i, a) in w.assignments.iter().enumerate() {
+            let Some(child) = a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref()) else {
+                continue;
+            };
+            if !a.unsettled {
+                continue;
+            }
+            let ended = self.state(child).await.ok().and_then(|s| s.finished);
+            let Some(finished) = ended else { continue };
+            let settled = crate::wave::settlement_of(&crate::event::ChildRunSettled {
+                child_run_id: child.to_owned(),
+                link: String::new(),
+                status: finished.status,
+                aborted_reason: finished.aborted_reason,
+                final_output: finished.final_output,
+                totals: finished.totals,
+                tree_totals: finished.tree_totals.unwrap_or(finished.totals),
+            });
+            if let Some(entry) = view["assignments"].get_mut(i).and_then(Value::as_object_mut) {
+                entry.insert("outcome".to_owned(), json!(settled.outcome.as_str()));
+                entry.insert("summary".to_owned(), json!(settled.summary));
+                entry.insert("reconciled".to_owned(), json!(true));
+            }
+        }
+        Ok(Some(view))
+    }
+}
+
 /// The settings of a standalone wave (`baton wave plan`), already checked.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Standalone {

@@ -694,3 +694,71 @@ fn cancelling_a_manual_wave_nobody_drives_ends_it_with_what_settled() {
     assert!(text(&out.stderr).contains("has ended"), "{}", text(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A worker still running past the settle timeout of its wave's cancel stays linked,
+/// recorded unsettled; once it has ended, the wave's view shows the outcome its run gave.
+#[test]
+fn a_worker_that_outlives_the_cancels_settle_timeout_is_reconciled_once_it_ends() {
+    let (dir, db) = setup("wave-unsettled", "");
+    let slow = script(&dir, 30_000, &[]);
+    let job = baton_in(&dir, &db)
+        .args(["run", "waver", "--input", &tasks(2), "--script", slow.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let wave = loop {
+        assert!(started.elapsed() < Duration::from_secs(30), "the workers never ran");
+        if db.exists() {
+            let out = baton(&dir, &db, &["wave", "get", "current", "--json"]);
+            // Both workers in flight, and stored (a new run is stored with its first
+            // commit): a cancel reaches them.
+            let listed = baton(&dir, &db, &["runs", "--json"]);
+            let stored = serde_json::from_slice::<Value>(&listed.stdout)
+                .ok()
+                .and_then(|l| l.as_array().map(Vec::len))
+                .unwrap_or(0);
+            if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout)
+                && v["counts"]["in_flight"] == 2
+                && stored == 3
+            {
+                break v["run_id"].as_str().unwrap().to_owned();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The process driving the workers stops answering: it holds them and ends nothing.
+    let pid = job.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let settle = dir.join("settle.toml");
+    std::fs::write(&settle, "[jobs]\nsettle_timeout_s = 1\n").unwrap();
+    let cancel = baton_in(&dir, &db)
+        .arg("--config")
+        .arg(&settle)
+        .args(["wave", "cancel", &wave])
+        .output()
+        .unwrap();
+    assert_eq!(cancel.status.code(), Some(0), "{}", text(&cancel.stderr));
+    let v = view(&dir, &db, &wave);
+    assert_eq!(
+        (v["decision"].as_str(), v["run_status"].as_str()),
+        (Some("cancelled"), Some("cancelled")),
+        "{v}"
+    );
+    assert_eq!(v["assignments"][0]["stage"], "unsettled", "{v}");
+    assert!(v["assignments"][0]["outcome"].is_null(), "{v}");
+    // Woken, the workers' driver finds the cancel and ends them.
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    let out = job.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}{}", text(&out.stdout), text(&out.stderr));
+    let v = view(&dir, &db, &wave);
+    for a in v["assignments"].as_array().unwrap() {
+        assert_eq!(
+            (a["outcome"].as_str(), a["reconciled"].as_bool()),
+            (Some("cancelled"), Some(true)),
+            "{v}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
