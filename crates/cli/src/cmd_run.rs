@@ -1455,6 +1455,16 @@ pub(crate) async fn answer(
     continue_run(place, run_id, script).await
 }
 
+/// Refuses a `--by` or `--reason` given empty.
+pub(crate) fn check_who_and_why(by: Option<&str>, reason: Option<&str>) -> anyhow::Result<()> {
+    for (flag, value) in [("--by", by), ("--reason", reason)] {
+        if value.is_some_and(|v| v.trim().is_empty()) {
+            bail!("{flag} is empty; give a value or leave the flag out");
+        }
+    }
+    Ok(())
+}
+
 /// Records a cancel and ends the run here when nobody drives it. Needs no scenario: the
 /// end of a cancelled run reads nothing from it, so a broken or changed scenarios
 /// directory never keeps a run from being stopped.
@@ -1464,11 +1474,7 @@ pub(crate) async fn cancel(
     by: Option<String>,
     reason: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    for (flag, value) in [("--by", &by), ("--reason", &reason)] {
-        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
-            bail!("{flag} is empty; give a value or leave the flag out");
-        }
-    }
+    check_who_and_why(by.as_deref(), reason.as_deref())?;
     let store = open_existing_store(place)?;
     // The settle timeout of the configuration when it loads; a broken configuration never
     // keeps a run from being stopped.
@@ -1722,7 +1728,7 @@ async fn tree_is_live(
 
 /// The manual wave a run is at, if it waits for outside agents.
 fn manual_wave(state: &baton_engine::RunState) -> Option<&baton_engine::wave::WaveState> {
-    baton_engine::wave_actions::wave_under_way(state).filter(|w| w.plan.dispatch == "manual")
+    baton_engine::wave_actions::wave_under_way(state).filter(|w| w.plan.is_manual())
 }
 
 /// Runs ordered as trees: each run whose parent is not listed, newest first, then the

@@ -284,11 +284,7 @@ pub(crate) async fn cancel(
     by: Option<String>,
     reason: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    for (flag, value) in [("--by", &by), ("--reason", &reason)] {
-        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
-            bail!("{flag} is empty; give a value or leave the flag out");
-        }
-    }
+    cmd_run::check_who_and_why(by.as_deref(), reason.as_deref())?;
     let engine = action_engine(place)?;
     let run_id = resolve(&engine, wave).await?;
     engine.wave_act(&run_id, WaveAction::Cancel { by, reason }).await?;

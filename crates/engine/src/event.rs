@@ -945,6 +945,13 @@ pub struct WavePlanned {
     pub dispatch: String,
 }
 
+impl WavePlanned {
+    /// Whether outside agents dispatch the wave (`dispatch: manual`).
+    pub fn is_manual(&self) -> bool {
+        self.dispatch == "manual"
+    }
+}
+
 /// An assignment went to a worker: a child run Baton starts (`child_run_id`, recorded in
 /// the same commit as its `child_run_started`), or a worker an outside agent runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -328,7 +328,7 @@ impl RunState {
         self.in_flight
             .as_ref()
             .and_then(|id| self.waves.get(id))
-            .is_some_and(|w| w.plan.dispatch == "manual" && w.closed.is_none())
+            .is_some_and(|w| w.plan.is_manual() && w.closed.is_none())
     }
 
     /// The child runs the run still waits for.
@@ -400,7 +400,7 @@ impl RunState {
                     crate::wave::WaveState::new(level_id, attempt, p.clone()),
                 );
                 // A manual wave waits for outside agents from its start.
-                if p.dispatch == "manual" {
+                if p.is_manual() {
                     self.status = Status::Waiting;
                 }
             }

@@ -86,6 +86,11 @@ pub struct AssignmentState {
 }
 
 impl AssignmentState {
+    /// The child run its worker is, when Baton runs it.
+    pub fn worker_child(&self) -> Option<&str> {
+        self.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref())
+    }
+
     /// `planned`, `dispatched` or `settled`.
     pub fn stage(&self) -> &'static str {
         match (&self.dispatched, &self.settled) {
@@ -146,6 +151,15 @@ impl WaveState {
         self.assignments.iter().find(|a| a.assignment.id == id)
     }
 
+    /// The assignment whose worker is the child run `child_run_id`.
+    pub fn by_child(&self, child_run_id: &str) -> Option<&AssignmentState> {
+        self.assignments.iter().find(|a| a.worker_child() == Some(child_run_id))
+    }
+
+    fn by_child_mut(&mut self, child_run_id: &str) -> Option<&mut AssignmentState> {
+        self.assignments.iter_mut().find(|a| a.worker_child() == Some(child_run_id))
+    }
+
     /// Folds a dispatch.
     pub fn apply_dispatched(&mut self, d: &WaveDispatched, at: DateTime<Utc>) {
         if let Some(a) = self.assignments.iter_mut().find(|a| a.assignment.id == d.assignment_id)
@@ -179,11 +193,7 @@ impl WaveState {
     /// Folds a worker child run's settlement: its assignment takes the run's result unless
     /// an outcome was recorded first.
     pub fn apply_child_settled(&mut self, c: &ChildRunSettled) {
-        let Some(a) = self.assignments.iter_mut().find(|a| {
-            a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref()) == Some(&c.child_run_id)
-        }) else {
-            return;
-        };
+        let Some(a) = self.by_child_mut(&c.child_run_id) else { return };
         a.child_open = false;
         a.cost_usd = c.tree_totals.cost_usd;
         a.tokens = c.tree_totals.tokens;
@@ -194,9 +204,7 @@ impl WaveState {
 
     /// Folds a worker child run its parent stopped waiting for.
     pub fn apply_child_unsettled(&mut self, child_run_id: &str) {
-        if let Some(a) = self.assignments.iter_mut().find(|a| {
-            a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref()) == Some(child_run_id)
-        }) {
+        if let Some(a) = self.by_child_mut(child_run_id) {
             a.child_open = false;
             a.unsettled = a.settled.is_none();
         }

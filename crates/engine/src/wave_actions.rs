@@ -325,7 +325,7 @@ impl Engine {
         let Some(w) = latest_wave(&state) else { return Ok(None) };
         let mut view = view(run_id, &state, w, self.wave_settings().parallel_for(w));
         for (i, a) in w.assignments.iter().enumerate() {
-            let Some(child) = a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref()) else {
+            let Some(child) = a.worker_child() else {
                 continue;
             };
             if !a.unsettled {

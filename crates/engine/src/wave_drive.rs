@@ -78,14 +78,14 @@ impl Engine {
     ) -> Result<Vec<NewEvent>, Error> {
         let Some(w) = state.waves.get(level_id) else { return Ok(Vec::new()) };
         let settings = self.wave_settings();
-        if w.plan.dispatch == "manual" && !settings.active {
+        if w.plan.is_manual() && !settings.active {
             return Ok(Vec::new());
         }
         let parallel = settings.parallel_for(w);
         // The active dispatcher of a manual wave ends it once its decision is an end, as
         // the driver of an automatic one does.
         let decision = w.decide(false, parallel);
-        if w.plan.dispatch == "manual" && decision.is_final() {
+        if w.plan.is_manual() && decision.is_final() {
             return Ok(vec![NewEvent::level(
                 level_id,
                 w.attempt,
@@ -191,20 +191,12 @@ impl Engine {
     ) -> Result<Vec<NewEvent>, Error> {
         let mut events = Vec::with_capacity(ended.len());
         for c in ended {
-            let command_wave = state.waves.values().find(|w| {
-                w.plan.command.is_some()
-                    && w.assignments.iter().any(|a| {
-                        a.settled.is_none()
-                            && a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref())
-                                == Some(c.child_run_id.as_str())
-                    })
+            let command_worker = state.waves.values().find_map(|w| {
+                let a = w.by_child(&c.child_run_id).filter(|a| a.settled.is_none())?;
+                w.plan.command.is_some().then_some((w, a))
             });
-            if let Some(w) = command_wave
+            if let Some((w, a)) = command_worker
                 && c.status == FinalStatus::Completed
-                && let Some(a) = w.assignments.iter().find(|a| {
-                    a.dispatched.as_ref().and_then(|d| d.child_run_id.as_deref())
-                        == Some(c.child_run_id.as_str())
-                })
             {
                 let log = self.store.load(&c.child_run_id, 0).await?;
                 let ran = log.iter().rev().find_map(|e| match &e.data {
@@ -288,19 +280,10 @@ impl Engine {
         child: ChildRun,
     ) -> Result<Outcome, Error> {
         let found = parent.waves.values().find_map(|w| {
-            w.assignments.iter().find_map(|a| {
-                let d = a.dispatched.as_ref()?;
-                (d.child_run_id.as_deref() == Some(&child.started.child_run_id)).then(|| {
-                    (
-                        w.level_id.clone(),
-                        w.attempt,
-                        a.assignment.id.clone(),
-                        d.at,
-                        w.plan.timeout_ms,
-                        a.settled.is_some(),
-                    )
-                })
-            })
+            let a = w.by_child(&child.started.child_run_id)?;
+            let at = a.dispatched.as_ref()?.at;
+            let id = a.assignment.id.clone();
+            Some((w.level_id.clone(), w.attempt, id, at, w.plan.timeout_ms, a.settled.is_some()))
         });
         let drive = self.drive_child(run_id, &parent, &child);
         let Some((level_id, attempt, assignment_id, at, timeout_ms, settled)) = found else {
