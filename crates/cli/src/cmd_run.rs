@@ -79,7 +79,7 @@ fn store_error(e: baton_engine::store::Error) -> anyhow::Error {
 ///
 /// With `check`, every level of that scenario that calls a model must be satisfiable by the
 /// configured providers before anything runs (a script answers every level).
-fn load_model(
+pub(crate) fn load_model(
     script: Option<&Path>,
     config: Option<&Path>,
     check: Option<&Scenario>,
@@ -149,7 +149,7 @@ fn replaying(
 
 /// The model a run uses, given the run's options: a cassette to replay, or a model (scripted
 /// or configured), optionally recorded into a cassette.
-fn choose_model(
+pub(crate) fn choose_model(
     script: Option<&Path>,
     config: Option<&Path>,
     replay_from: Option<&Path>,
@@ -190,7 +190,11 @@ fn recorded_model(
 /// Where runs get their workspaces: `DIR` from `--workspace`, else one directory per run
 /// under `workspaces/` beside the database; their snapshots under `--snapshots`, else
 /// `snapshots/` beside the database.
-fn workspace_setup(place: &Place, dir: Option<PathBuf>, branch: Option<String>) -> WorkspaceSetup {
+pub(crate) fn workspace_setup(
+    place: &Place,
+    dir: Option<PathBuf>,
+    branch: Option<String>,
+) -> WorkspaceSetup {
     let data = place.db.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
     let root = absolute(data.join("workspaces"));
@@ -222,7 +226,7 @@ const WELL_KNOWN_KEY_VARIABLES: [&str; 2] = ["ANTHROPIC_API_KEY", "OPENAI_API_KE
 /// whichever model this run uses (a verifier's program can print the environment it was
 /// started from). A configuration that does not load adds nothing here; the command that
 /// needs its models reports why.
-fn redactor(place: &Place) -> Redactor {
+pub(crate) fn redactor(place: &Place) -> Redactor {
     let mut names: Vec<String> = WELL_KNOWN_KEY_VARIABLES.iter().map(|&n| n.to_owned()).collect();
     let file = place.config.clone().unwrap_or_else(|| PathBuf::from("baton.toml"));
     if let Ok(config) = Config::from_file(&file) {
@@ -331,7 +335,7 @@ fn protected(place: &Place) -> Vec<PathBuf> {
 
 /// Before a run starts programs: refused when the jail cannot be set up, and said out
 /// loud when it is off.
-fn check_jail(place: &Place, scenario: &Scenario) -> anyhow::Result<()> {
+pub(crate) fn check_jail(place: &Place, scenario: &Scenario) -> anyhow::Result<()> {
     let runs_programs = scenario
         .levels
         .iter()
@@ -365,6 +369,21 @@ fn engine(
     jail: Arc<Jail>,
     jobs: Option<Arc<Jobs>>,
 ) -> Engine {
+    engine_trusting(store, model, registry, workspaces, redactor, jail, jobs, None)
+}
+
+/// [`engine`], with a `trust_validation` replay's recorded verifier outcomes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn engine_trusting(
+    store: Arc<dyn EventStore>,
+    model: Arc<dyn ModelProvider>,
+    registry: &Registry,
+    workspaces: WorkspaceSetup,
+    redactor: Redactor,
+    jail: Arc<Jail>,
+    jobs: Option<Arc<Jobs>>,
+    trusted: Option<Arc<baton_engine::replay::Trusted>>,
+) -> Engine {
     let catalog: Vec<Value> = registry
         .scenarios()
         .filter(|s| s.classifier_eligible())
@@ -372,6 +391,9 @@ fn engine(
         .collect();
     let mut verifiers = Verifiers::builtin();
     baton_verifiers::register(&mut verifiers);
+    if let Some(trusted) = trusted {
+        verifiers = verifiers.trusting(trusted);
+    }
     Engine::new(
         store,
         Arc::new(Runtime {
@@ -418,7 +440,7 @@ pub(crate) struct WaveDrive {
 
 /// What the engine needs to start child runs: the scenarios (a chain goes to one of them),
 /// how jobs select, and the settle timeout (`--settle-timeout-s`, else the configuration's).
-fn jobs(
+pub(crate) fn jobs(
     place: &Place,
     registry: Arc<Registry>,
     settle_timeout_s: Option<f64>,
@@ -467,7 +489,11 @@ pub(crate) fn registry(place: &Place) -> anyhow::Result<Registry> {
     }
 }
 
-fn find_scenario(registry: &Registry, which: &str, place: &Place) -> anyhow::Result<Arc<Scenario>> {
+pub(crate) fn find_scenario(
+    registry: &Registry,
+    which: &str,
+    place: &Place,
+) -> anyhow::Result<Arc<Scenario>> {
     if let Some(s) = registry.get(which) {
         return Ok(Arc::clone(s));
     }
@@ -551,6 +577,8 @@ pub(crate) struct RunArgs {
     pub job: JobRequest,
     /// The job's cost cap, all its runs together.
     pub max_cost_usd: Option<f64>,
+    /// Refuse to start when the scenario's forecast p90 cost is over this.
+    pub max_forecast_usd: Option<f64>,
     pub settle_timeout_s: Option<f64>,
     pub idempotency_key: Option<String>,
     /// Run the scenarios with this tenant's overrides merged in.
@@ -658,6 +686,9 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         );
     }
     check_jail(place, &scenario)?;
+    if let Some(max) = args.max_forecast_usd {
+        crate::cmd_forecast::guard(place, &scenario, max).await?;
+    }
     let chosen = choose_model(
         args.script.as_deref(),
         place.config.as_deref(),
@@ -712,6 +743,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         idempotency_key: args.idempotency_key.clone(),
         tenant: args.tenant.clone(),
         parent_seq: None,
+        replay: None,
     };
     let follow = vec![Followed::new(&run_id, 0, 0)];
     match drive(&engine, &run_id, &scenario, args.json, follow, Some(first)).await {
@@ -962,7 +994,7 @@ async fn run_scenario(
     Ok(scenario)
 }
 
-async fn drive(
+pub(crate) async fn drive(
     engine: &Engine,
     run_id: &str,
     scenario: &Arc<Scenario>,

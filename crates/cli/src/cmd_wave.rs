@@ -97,6 +97,7 @@ pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCo
         cmd_run::RunArgs {
             job: baton_engine::job::JobRequest::default(),
             max_cost_usd: None,
+            max_forecast_usd: None,
             settle_timeout_s: None,
             idempotency_key: None,
             tenant: None,

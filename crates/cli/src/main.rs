@@ -5,14 +5,18 @@
 
 mod cmd_bench;
 mod cmd_expr;
+mod cmd_forecast;
+mod cmd_fork;
 mod cmd_gc;
 mod cmd_graph;
+mod cmd_replay;
 mod cmd_run;
 mod cmd_tenant;
 mod cmd_validate;
 mod cmd_verify;
 mod cmd_wave;
 mod escape;
+mod fixture;
 mod limits;
 mod out;
 mod timeline;
@@ -100,6 +104,11 @@ enum Command {
         /// own scenario's budget).
         #[arg(long, value_name = "USD")]
         max_cost_usd: Option<f64>,
+        /// Refuse to start the job when the forecast of its scenario (`baton forecast`:
+        /// the store's last jobs and the scenario's fixtures) costs more than this at p90,
+        /// or has no p90 (fewer than 10 recorded jobs).
+        #[arg(long, value_name = "USD")]
+        max_forecast_usd: Option<f64>,
         /// How long the end of a run waits for its cancelled child runs to settle, in
         /// seconds (default 15, at most 120; `[jobs] settle_timeout_s` in baton.toml).
         #[arg(long, value_name = "SECONDS")]
@@ -146,6 +155,112 @@ enum Command {
     /// Work with cassettes (recorded model answers).
     #[command(subcommand)]
     Cassette(CassetteCommand),
+    /// Re-execute a recorded job from its own log: model answers come from the log, the
+    /// outside decisions are made again at the same pauses, and verifiers run again (or,
+    /// with --trust-validation, their recorded outcomes are taken). Reports whether the new
+    /// log matches the old one event by event (times, durations, heartbeats and ids that
+    /// come from time aside). Exit 0 when it matches, 1 when it does not.
+    Replay {
+        /// The job's root run (in --db); the replay is a new job in the same database.
+        #[arg(required_unless_present = "fixture", conflicts_with = "fixture")]
+        run: Option<String>,
+        /// Replay a fixture directory instead, in a scratch database.
+        #[arg(long, value_name = "DIR")]
+        fixture: Option<PathBuf>,
+        /// Take the verifiers' recorded outcomes instead of running them again.
+        #[arg(long)]
+        trust_validation: bool,
+        /// Run this scenario file's version instead of the one the run recorded.
+        #[arg(long, value_name = "FILE")]
+        from_scenario: Option<PathBuf>,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a new run from another run's log up to event SEQ (a level boundary or a
+    /// pause; without --at, list them), with edits recorded as its first own event, and
+    /// drive it on: its workspace is its own, restored to the snapshot SEQ had reached.
+    /// Answers come from --script, --cassette or the configured providers.
+    Fork {
+        run: String,
+        /// The last event the fork keeps.
+        #[arg(long, value_name = "SEQ")]
+        at: Option<u64>,
+        /// A new input.
+        #[arg(long)]
+        input: Option<String>,
+        /// Go on with this scenario file's version (it must have every level the kept
+        /// events ran).
+        #[arg(long, value_name = "FILE")]
+        scenario_file: Option<PathBuf>,
+        /// Set a scratchpad note: `scratchpad.KEY=VALUE` (VALUE as JSON, else text;
+        /// repeatable).
+        #[arg(long, value_name = "scratchpad.KEY=VALUE")]
+        set: Vec<String>,
+        /// Answer model calls from this script.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Answer model calls from this cassette.
+        #[arg(long, conflicts_with = "script")]
+        cassette: Option<PathBuf>,
+        /// Print events as JSON lines and the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What a job of SCENARIO costs, from recorded jobs (the store's last ended jobs, or
+    /// fixtures): cost, tokens and duration at p50, p90 and max, per level and in total,
+    /// and how often a job crossed the scenario's budget. A p90 needs 10 jobs.
+    Forecast {
+        scenario: String,
+        /// Count the recorded jobs whose input is about as long as this one (half to
+        /// twice), when there are 10 of them.
+        #[arg(long)]
+        input: Option<String>,
+        /// Read the fixtures of DIR (default: SCENARIOS/fixtures/SCENARIO) instead of the
+        /// store.
+        #[arg(long, value_name = "DIR", num_args = 0..=1, conflicts_with = "runs")]
+        fixtures: Option<Option<PathBuf>>,
+        /// How many of the store's last ended jobs to read (default 50).
+        #[arg(long, value_name = "N")]
+        runs: Option<usize>,
+        /// Print the forecast as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Where two jobs' level paths, verdicts, outputs, costs and logs diverge.
+    Diff {
+        a: String,
+        b: String,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Golden fixtures: recorded jobs under SCENARIOS/fixtures/SCENARIO/CASE/ that
+    /// `baton test` replays.
+    #[command(subcommand)]
+    Fixture(FixtureCommand),
+    /// Replay every fixture (of the scenarios named, else all) against the current scenario
+    /// files and report per case what changed: status, level path, verdicts, verifier
+    /// scores, output (a diff), cost and tokens, and every model request the cassette does
+    /// not hold (with a diff of the request). A case fails when it crosses its scenario's
+    /// `regression_thresholds`. Exit 0 when every case passes, 1 otherwise.
+    Test {
+        /// The scenarios whose fixtures to replay (default: all).
+        #[arg(value_name = "SCENARIO")]
+        only: Vec<String>,
+        /// Only the fixtures of this case name.
+        #[arg(long)]
+        case: Option<String>,
+        #[arg(long, value_enum, default_value_t = TestFormat::Text)]
+        format: TestFormat,
+        /// Send requests the cassette does not hold to the configured providers and add
+        /// their answers to the fixture's cassette.
+        #[arg(long)]
+        live: bool,
+        /// Take the verifiers' recorded outcomes instead of running them again.
+        #[arg(long)]
+        trust_validation: bool,
+    },
     /// Waves: batches of assignments run by workers with bounded parallelism (a `wave`
     /// level, or a standalone wave planned here). A WAVE is a run id, or `current` (the
     /// newest run with a wave under way).
@@ -328,6 +443,61 @@ enum CassetteCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+/// Fixture commands.
+#[derive(Debug, Subcommand)]
+enum FixtureCommand {
+    /// Record a fixture: a new job of SCENARIO (answered by --script, else the configured
+    /// providers, with --decide for each pause), or an ended job of the store (--from-run).
+    Record {
+        scenario: String,
+        case: String,
+        /// Take this ended job (its root run) as it is.
+        #[arg(long, value_name = "RUN")]
+        from_run: Option<String>,
+        /// Answer model calls from this script.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// The job's input.
+        #[arg(long)]
+        input: Option<String>,
+        /// Metadata for the job (repeatable).
+        #[arg(long = "meta", value_parser = parse_meta)]
+        meta: Vec<(String, String)>,
+        /// The tenant whose name the job records.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// What each pause gets, in order (repeatable): `approve`, `approve:COMMENT`,
+        /// `reject`, `reject:COMMENT`, `answer:JSON`.
+        #[arg(long)]
+        decide: Vec<String>,
+        /// Replace an existing fixture of that name.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Record fixtures again from their replays on the current scenario files (after a
+    /// reviewed change): job, cassette, log and expected result are rewritten.
+    Accept {
+        /// The scenario whose fixtures to accept (default: every scenario's).
+        scenario: Option<String>,
+        /// Only this case.
+        case: Option<String>,
+        /// Send requests the cassette does not hold to the configured providers.
+        #[arg(long)]
+        live: bool,
+        /// Take the verifiers' recorded outcomes instead of running them again.
+        #[arg(long)]
+        trust_validation: bool,
+    },
+}
+
+/// How `baton test` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TestFormat {
+    Text,
+    Json,
+    Junit,
 }
 
 /// Wave commands.
@@ -546,6 +716,7 @@ fn main() -> ExitCode {
             intent,
             kind,
             max_cost_usd,
+            max_forecast_usd,
             settle_timeout_s,
             idempotency_key,
             tenant,
@@ -573,6 +744,7 @@ fn main() -> ExitCode {
                     cmd_run::RunArgs {
                         job: baton_engine::job::JobRequest { pin: scenario.or(pin), intent, kind },
                         max_cost_usd,
+                        max_forecast_usd,
                         settle_timeout_s,
                         idempotency_key,
                         tenant,
@@ -670,6 +842,86 @@ fn main() -> ExitCode {
                 TenantCommand::Import { dir } => cmd_tenant::import(&place, &dir).await,
             }
         }),
+        Command::Replay { run, fixture, trust_validation, from_scenario, json } => runtime
+            .block_on(cmd_replay::replay(
+                &place,
+                run.as_deref(),
+                fixture.as_deref(),
+                trust_validation,
+                from_scenario.as_deref(),
+                json,
+            )),
+        Command::Fork { run, at, input, scenario_file, set, script, cassette, json } => runtime
+            .block_on(cmd_fork::fork(
+                &place,
+                cmd_fork::ForkArgs { run, at, input, scenario_file, set, script, cassette, json },
+            )),
+        Command::Forecast { scenario, input, fixtures, runs, json } => {
+            let source = match fixtures {
+                Some(dir) => cmd_forecast::Source::Fixtures(dir),
+                None => cmd_forecast::Source::Runs(runs.unwrap_or(cmd_forecast::RUNS_DEFAULT)),
+            };
+            runtime.block_on(cmd_forecast::forecast(
+                &place,
+                &scenario,
+                input.as_deref(),
+                source,
+                json,
+            ))
+        }
+        Command::Diff { a, b, json } => runtime.block_on(cmd_replay::diff(&place, &a, &b, json)),
+        Command::Fixture(FixtureCommand::Record {
+            scenario,
+            case,
+            from_run,
+            script,
+            input,
+            meta,
+            tenant,
+            decide,
+            force,
+        }) => runtime.block_on(cmd_replay::record(
+            &place,
+            cmd_replay::RecordArgs {
+                scenario,
+                case,
+                from_run,
+                script,
+                input,
+                meta,
+                tenant,
+                decide,
+                force,
+            },
+        )),
+        Command::Fixture(FixtureCommand::Accept { scenario, case, live, trust_validation }) => {
+            runtime.block_on(cmd_replay::accept(
+                &place,
+                cmd_replay::TestArgs {
+                    scenarios: scenario.into_iter().collect(),
+                    case,
+                    format: cmd_replay::TestFormat::Text,
+                    live,
+                    trust_validation,
+                },
+            ))
+        }
+        Command::Test { only, case, format, live, trust_validation } => {
+            runtime.block_on(cmd_replay::test(
+                &place,
+                cmd_replay::TestArgs {
+                    scenarios: only,
+                    case,
+                    format: match format {
+                        TestFormat::Text => cmd_replay::TestFormat::Text,
+                        TestFormat::Json => cmd_replay::TestFormat::Json,
+                        TestFormat::Junit => cmd_replay::TestFormat::Junit,
+                    },
+                    live,
+                    trust_validation,
+                },
+            ))
+        }
         Command::Cassette(CassetteCommand::Export { run, out }) => {
             runtime.block_on(cmd_run::export_cassette(&place, &run, out.as_deref()))
         }

@@ -188,6 +188,22 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             }
             line
         }
+        EventData::ModelCallFailed(f) => {
+            format!("model     {level}: call failed ({}) — {}", f.provider, preview(&f.message, 80))
+        }
+        EventData::RunForked(f) => format!(
+            "forked    from run {} at event {}{}{}",
+            f.from_run_id,
+            f.at_seq,
+            if f.input.is_some() { ", new input" } else { "" },
+            f.restored
+                .as_deref()
+                .map(|s| format!(", workspace restored to {}", s.get(..12).unwrap_or(s)))
+                .unwrap_or_default()
+        ),
+        EventData::RunReplayed(r) => {
+            format!("replay    of run {} ({}, from {})", r.of_run_id, r.strategy.as_str(), r.source)
+        }
         EventData::ScenarioSelected(s) => format!(
             "selected  {} ({}{}){}",
             s.scenario_id,

@@ -9,6 +9,7 @@ mod faults;
 mod jail;
 mod pinning;
 mod reads;
+mod replay;
 mod timeouts;
 mod trees;
 mod untrusted;
@@ -610,7 +611,7 @@ fn a_recorded_run_replays_from_its_cassette_and_any_run_exports_one() {
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(replay(&exported)["final_output"], first["final_output"]);
-    // A different request has no recording: a hard error that says where it differs.
+    // A different request has no recording: a hard error with a diff of the request.
     let out = baton(&[
         "--db",
         db,
@@ -624,7 +625,9 @@ fn a_recorded_run_replays_from_its_cassette_and_any_run_exports_one() {
     assert_eq!(out.status.code(), Some(1));
     let o = text(&out.stdout) + &text(&out.stderr);
     assert!(
-        o.contains("no recording for level `answer`") && o.contains("differs at character"),
+        o.contains("no recording for level `answer`")
+            && o.contains("-What is the capital of France?")
+            && o.contains("+What is the capital of Spain?"),
         "{o}"
     );
     let _ = std::fs::remove_dir_all(dir);

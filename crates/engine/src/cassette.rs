@@ -37,6 +37,12 @@ pub struct Entry {
     pub tool_calls: Vec<crate::model::ToolCall>,
     pub usage: Usage,
     pub cost_usd: f64,
+    /// Why the call failed for good, when it did: the replay fails it the same way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The stop reason the answer came with, when it was not a plain end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
 }
 
 /// A cassette file.
@@ -74,11 +80,13 @@ impl Cassette {
     }
 }
 
-/// A cassette built from a run's log: every model response with the prompt that asked for it.
+/// A cassette built from a run's log: every model answer, and every call that failed for
+/// good, with the prompt that asked for it.
 pub fn from_events(events: &[Event]) -> Cassette {
     let mut prompts: BTreeMap<(String, u32, u32), String> = BTreeMap::new();
+    // A level's call index counts its answers in the run, as the engine's does.
     let mut calls: BTreeMap<String, u32> = BTreeMap::new();
-    let mut entries = Vec::new();
+    let mut entries: Vec<Entry> = Vec::new();
     for e in events {
         let level = e.level_id.clone().unwrap_or_default();
         let attempt = e.attempt.unwrap_or(0);
@@ -102,6 +110,28 @@ pub fn from_events(events: &[Event]) -> Cassette {
                 tool_calls: r.tool_calls.clone(),
                 usage: r.usage,
                 cost_usd: r.cost_usd,
+                error: None,
+                stop_reason: None,
+            }),
+            EventData::ModelStopped(stopped) => {
+                if let Some(last) = entries.last_mut().filter(|x| x.level_id == level) {
+                    last.stop_reason = Some(stopped.stop_reason.clone());
+                }
+            }
+            EventData::ModelCallFailed(f) => entries.push(Entry {
+                call_index: f.call_index,
+                request_hash: f.request_hash.clone(),
+                prompt: prompts.remove(&(level.clone(), attempt, f.call)).unwrap_or_default(),
+                turns: Vec::new(),
+                level_id: level,
+                provider: f.provider.clone(),
+                model: String::new(),
+                text: String::new(),
+                tool_calls: Vec::new(),
+                usage: Usage::default(),
+                cost_usd: 0.0,
+                error: Some(f.message.clone()),
+                stop_reason: None,
             }),
             _ => {}
         }
@@ -135,13 +165,9 @@ impl ModelProvider for Recorder {
         cancel: &'a CancelToken,
     ) -> BoxFuture<'a, Result<ModelReply, ModelError>> {
         Box::pin(async move {
-            let reply = self.inner.call(request, cancel).await?;
-            let snapshot = {
-                let mut c = match self.cassette.lock() {
-                    Ok(g) => g,
-                    Err(p) => p.into_inner(),
-                };
-                c.entries.push(Entry {
+            let result = self.inner.call(request, cancel).await;
+            let entry = match &result {
+                Ok(reply) => Entry {
                     request_hash: request.hash(),
                     level_id: request.level_id.clone(),
                     call_index: request.call_index,
@@ -153,14 +179,37 @@ impl ModelProvider for Recorder {
                     tool_calls: reply.tool_calls.clone(),
                     usage: reply.usage,
                     cost_usd: reply.cost_usd,
-                });
+                    error: None,
+                    stop_reason: reply.stop_reason.clone(),
+                },
+                Err(ModelError::Failed { provider, message }) => Entry {
+                    request_hash: request.hash(),
+                    level_id: request.level_id.clone(),
+                    call_index: request.call_index,
+                    prompt: request.prompt.clone(),
+                    turns: request.turns.clone(),
+                    provider: provider.clone(),
+                    model: String::new(),
+                    text: String::new(),
+                    tool_calls: Vec::new(),
+                    usage: Usage::default(),
+                    cost_usd: 0.0,
+                    error: Some(message.clone()),
+                    stop_reason: None,
+                },
+                // A cancel or an outage is no answer: the call is made again later.
+                Err(_) => return result,
+            };
+            let snapshot = {
+                let mut c = lock(&self.cassette);
+                c.entries.push(entry);
                 c.clone()
             };
             snapshot.save(&self.path).map_err(|message| ModelError::Failed {
                 provider: "cassette".to_owned(),
                 message,
             })?;
-            Ok(reply)
+            result
         })
     }
 
@@ -169,66 +218,133 @@ impl ModelProvider for Recorder {
     }
 }
 
-/// Answers from a cassette only; never calls a model. The n-th call of a level gets the
-/// n-th recording of that level, which must be for the same request.
+/// A request the cassette did not hold: where it was asked, and how it differs from the
+/// nearest recording (a line diff of the prompt and turns).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Miss {
+    pub level_id: String,
+    pub call_index: u32,
+    pub request_hash: String,
+    /// The nearest recording's request hash, when the level has any.
+    pub nearest: Option<String>,
+    /// `-` recorded, `+` asked.
+    pub diff: String,
+}
+
+/// Answers from a cassette. The n-th call of a level gets a recording of that level's n-th
+/// call for the same request (a job's runs may each hold one: the request picks). A request
+/// it does not hold is a [`Miss`], kept for [`Replayer::misses`]: an error, or — with
+/// [`Replayer::live`] — a call to the live provider whose answer is recorded
+/// ([`Replayer::recorded`]).
 #[derive(Debug)]
 pub struct Replayer {
     entries: Vec<Entry>,
+    /// Which entries answered already: of two recordings of the same request (a failed
+    /// call made again, two runs of a job asking alike), each answers once, in order.
+    used: Mutex<Vec<bool>>,
+    live: Option<Arc<dyn ModelProvider>>,
+    misses: Mutex<Vec<Miss>>,
+    recorded: Mutex<Vec<Entry>>,
 }
 
 impl Replayer {
     /// A replayer over a cassette.
     pub fn new(cassette: Cassette) -> Self {
-        Replayer { entries: cassette.entries }
+        Replayer {
+            used: Mutex::new(vec![false; cassette.entries.len()]),
+            entries: cassette.entries,
+            live: None,
+            misses: Mutex::new(Vec::new()),
+            recorded: Mutex::new(Vec::new()),
+        }
     }
 
-    fn answer(&self, request: &ModelRequest) -> Result<&Entry, ModelError> {
+    /// Sends the requests the cassette does not hold to `provider`, recording its answers.
+    pub fn live(mut self, provider: Arc<dyn ModelProvider>) -> Self {
+        self.live = Some(provider);
+        self
+    }
+
+    /// The requests the cassette did not hold, in the order they were asked.
+    pub fn misses(&self) -> Vec<Miss> {
+        lock(&self.misses).clone()
+    }
+
+    /// The answers the live provider gave for them.
+    pub fn recorded(&self) -> Vec<Entry> {
+        lock(&self.recorded).clone()
+    }
+
+    /// The recording answering `request`; `take` marks it used.
+    fn answer(&self, request: &ModelRequest, take: bool) -> Result<&Entry, Miss> {
         let hash = request.hash();
-        let slot = self
+        let mut same_call = self
             .entries
             .iter()
-            .find(|e| e.level_id == request.level_id && e.call_index == request.call_index);
-        let fail =
-            |message: String| ModelError::Failed { provider: "cassette".to_owned(), message };
-        match slot {
-            Some(e) if e.request_hash == hash => Ok(e),
-            Some(e) => {
-                let (_, at, recorded, asked) = difference(&e.transcript(), &transcript(request));
-                Err(fail(format!(
-                    "no recording for level `{}`, request {}: call {} was recorded for another request ({}), whose prompt differs at character {at}: recorded {recorded:?}, asked {asked:?}",
-                    request.level_id,
-                    short(&hash),
-                    request.call_index,
-                    short(&e.request_hash)
-                )))
-            }
-            None => {
-                let nearest = self
-                    .entries
-                    .iter()
-                    .filter(|e| e.level_id == request.level_id)
-                    .min_by_key(|e| difference(&e.transcript(), &transcript(request)).0);
-                let hint = match nearest {
-                    Some(e) => {
-                        let (_, at, recorded, asked) =
-                            difference(&e.transcript(), &transcript(request));
-                        format!(
-                            "the nearest recording ({}) differs at character {at}: recorded {recorded:?}, asked {asked:?}",
-                            short(&e.request_hash)
-                        )
-                    }
-                    None => {
-                        format!("the cassette has no recording for level `{}`", request.level_id)
-                    }
-                };
-                Err(fail(format!(
-                    "no recording for level `{}`, request {} (call {}); {hint}",
-                    request.level_id,
-                    short(&hash),
-                    request.call_index
-                )))
+            .filter(|e| e.level_id == request.level_id && e.call_index == request.call_index)
+            .peekable();
+        {
+            let mut used = lock(&self.used);
+            let matching: Vec<usize> = (0..self.entries.len())
+                .filter(|&i| {
+                    let e = &self.entries[i];
+                    e.level_id == request.level_id
+                        && e.call_index == request.call_index
+                        && e.request_hash == hash
+                })
+                .collect();
+            // The first unused recording; when all were used, the first (a request asked
+            // more often than recorded gets the same answer).
+            if let Some(&i) = matching.iter().find(|&&i| !used[i]).or(matching.first()) {
+                used[i] |= take;
+                return Ok(&self.entries[i]);
             }
         }
+        let asked = transcript(request);
+        // The nearest recording: of this call if there is one, else of the level.
+        let nearest = if same_call.peek().is_some() {
+            same_call.min_by_key(|e| difference(&e.transcript(), &asked).0)
+        } else {
+            self.entries
+                .iter()
+                .filter(|e| e.level_id == request.level_id)
+                .min_by_key(|e| difference(&e.transcript(), &asked).0)
+        };
+        Err(Miss {
+            level_id: request.level_id.clone(),
+            call_index: request.call_index,
+            request_hash: hash,
+            nearest: nearest.map(|e| e.request_hash.clone()),
+            diff: nearest
+                .map_or_else(String::new, |e| crate::textdiff::lines(&e.transcript(), &asked)),
+        })
+    }
+}
+
+impl Miss {
+    /// The miss as one error message, with the diff.
+    pub fn message(&self) -> String {
+        let head = format!(
+            "no recording for level `{}`, request {} (call {})",
+            self.level_id,
+            short(&self.request_hash),
+            self.call_index
+        );
+        match &self.nearest {
+            Some(n) => format!(
+                "{head}; the nearest recording ({}) differs (- recorded, + asked):\n{}",
+                short(n),
+                self.diff
+            ),
+            None => format!("{head}; the cassette has no recording for level `{}`", self.level_id),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
     }
 }
 
@@ -255,37 +371,75 @@ fn joined(prompt: &str, turns: &[crate::model::Turn]) -> String {
     format!("{prompt}\n{}", serde_json::to_string(turns).unwrap_or_default())
 }
 
-/// How far apart two prompts are, and where they first differ (with a short excerpt of each).
-fn difference(a: &str, b: &str) -> (usize, usize, String, String) {
+/// How far apart two prompts are (characters after their common start), and where they
+/// first differ.
+fn difference(a: &str, b: &str) -> (usize, usize) {
     let at = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
-    let excerpt = |s: &str| s.chars().skip(at).take(40).collect::<String>();
     let distance = a.chars().count().max(b.chars().count()) - at;
-    (distance, at, excerpt(a), excerpt(b))
+    (distance, at)
 }
 
 impl ModelProvider for Replayer {
     fn call<'a>(
         &'a self,
         request: &'a ModelRequest,
-        _cancel: &'a CancelToken,
+        cancel: &'a CancelToken,
     ) -> BoxFuture<'a, Result<ModelReply, ModelError>> {
         Box::pin(async move {
-            let e = self.answer(request)?;
-            Ok(ModelReply {
-                provider: e.provider.clone(),
-                model: e.model.clone(),
-                text: e.text.clone(),
-                tool_calls: e.tool_calls.clone(),
-                usage: e.usage,
-                cost_usd: e.cost_usd,
-                routing: None,
-                stop_reason: None,
-                failovers: Vec::new(),
-            })
+            let miss = match self.answer(request, true) {
+                Ok(e) => {
+                    if let Some(message) = &e.error {
+                        return Err(ModelError::Failed {
+                            provider: e.provider.clone(),
+                            message: message.clone(),
+                        });
+                    }
+                    return Ok(ModelReply {
+                        provider: e.provider.clone(),
+                        model: e.model.clone(),
+                        text: e.text.clone(),
+                        tool_calls: e.tool_calls.clone(),
+                        usage: e.usage,
+                        cost_usd: e.cost_usd,
+                        routing: None,
+                        stop_reason: e.stop_reason.clone(),
+                        failovers: Vec::new(),
+                    });
+                }
+                Err(miss) => miss,
+            };
+            lock(&self.misses).push(miss.clone());
+            let Some(live) = &self.live else {
+                return Err(ModelError::Failed {
+                    provider: "cassette".to_owned(),
+                    message: miss.message(),
+                });
+            };
+            let reply = live.call(request, cancel).await?;
+            lock(&self.recorded).push(Entry {
+                request_hash: miss.request_hash,
+                level_id: request.level_id.clone(),
+                call_index: request.call_index,
+                prompt: request.prompt.clone(),
+                turns: request.turns.clone(),
+                provider: reply.provider.clone(),
+                model: reply.model.clone(),
+                text: reply.text.clone(),
+                tool_calls: reply.tool_calls.clone(),
+                usage: reply.usage,
+                cost_usd: reply.cost_usd,
+                error: None,
+                stop_reason: reply.stop_reason.clone(),
+            });
+            Ok(reply)
         })
     }
 
     fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64 {
-        self.answer(request).map_or(0.0, |e| e.cost_usd)
+        match (self.answer(request, false), &self.live) {
+            (Ok(e), _) => e.cost_usd,
+            (Err(_), Some(live)) => live.worst_case_cost_usd(request),
+            (Err(_), None) => 0.0,
+        }
     }
 }

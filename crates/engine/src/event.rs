@@ -73,6 +73,7 @@ pub enum EventData {
     RoutingDecision(RoutingDecision),
     ModelResponse(ModelResponse),
     ModelStopped(ModelStopped),
+    ModelCallFailed(ModelCallFailed),
     ModelCallCut(ModelCallCut),
     ProviderFailover(ProviderFailover),
     ProviderRetry(ProviderRetry),
@@ -108,6 +109,8 @@ pub enum EventData {
     WaveDispatched(WaveDispatched),
     WaveRecorded(WaveRecorded),
     WaveDecided(WaveDecided),
+    RunReplayed(RunReplayed),
+    RunForked(RunForked),
 }
 
 impl EventData {
@@ -120,6 +123,7 @@ impl EventData {
             EventData::RoutingDecision(_) => "routing_decision",
             EventData::ModelResponse(_) => "model_response",
             EventData::ModelStopped(_) => "model_stopped",
+            EventData::ModelCallFailed(_) => "model_call_failed",
             EventData::ModelCallCut(_) => "model_call_cut",
             EventData::ProviderFailover(_) => "provider_failover",
             EventData::ProviderRetry(_) => "provider_retry",
@@ -155,6 +159,8 @@ impl EventData {
             EventData::WaveDispatched(_) => "wave_dispatched",
             EventData::WaveRecorded(_) => "wave_recorded",
             EventData::WaveDecided(_) => "wave_decided",
+            EventData::RunReplayed(_) => "run_replayed",
+            EventData::RunForked(_) => "run_forked",
         }
     }
 
@@ -218,6 +224,7 @@ impl EventData {
             "routing_decision" => RoutingDecision,
             "model_response" => ModelResponse,
             "model_stopped" => ModelStopped,
+            "model_call_failed" => ModelCallFailed,
             "model_call_cut" => ModelCallCut,
             "provider_failover" => ProviderFailover,
             "provider_retry" => ProviderRetry,
@@ -253,6 +260,8 @@ impl EventData {
             "wave_dispatched" => WaveDispatched,
             "wave_recorded" => WaveRecorded,
             "wave_decided" => WaveDecided,
+            "run_replayed" => RunReplayed,
+            "run_forked" => RunForked,
         }
     }
 }
@@ -451,6 +460,20 @@ pub struct PromptSent {
     pub prompt: String,
     /// 0 for the first call of the attempt, then one more per model call (repairs, answers).
     pub call: u32,
+}
+
+/// A model call failed for good (`ModelError::Failed`: a refusal, a 4xx, a malformed
+/// answer, a script's injected error): the fact a replay answers that call with, recorded
+/// before the attempt's end. Its message has been through the redactor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCallFailed {
+    /// The call's number in its attempt, as `prompt_sent.call`.
+    pub call: u32,
+    /// The call's index among the level's calls in the run, as the request carried it.
+    pub call_index: u32,
+    pub request_hash: String,
+    pub provider: String,
+    pub message: String,
 }
 
 /// Which model answered a call and why; failovers on the way are listed.
@@ -890,6 +913,53 @@ pub struct ChildRunSettled {
     pub totals: Totals,
     /// The child's tree: its totals with its own children's.
     pub tree_totals: Totals,
+}
+
+/// This run re-executes a recorded run: model answers come from the recording's log, and
+/// its verifiers ran again or had their recorded outcomes trusted. Written once, right
+/// after `scenario_started` (and the job's `scenario_selected`); it is the replay's own
+/// record, left out when its log is compared with the recording's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunReplayed {
+    /// The recorded run (a fixture's, for `baton test`).
+    pub of_run_id: String,
+    pub strategy: crate::replay::Strategy,
+    /// Where the recording was read: `store` (this database) or `fixture:DIR`.
+    pub source: String,
+    /// The checksum of the scenario the recording ran, when the replay runs another
+    /// version (`--from-scenario`, or `baton test` on edited files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_checksum: Option<String>,
+}
+
+/// This run is a fork: its events before this one are another run's first `at_seq`, copied
+/// with their times; this is its first own event, with what the fork changed. Folded, it
+/// replaces the input, writes the scratchpad keys, moves the run to another version of its
+/// scenario, and gives the run a workspace of its own restored to the snapshot the copied
+/// events reached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunForked {
+    pub from_run_id: String,
+    pub at_seq: u64,
+    /// The new input, when the fork changes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// Scratchpad keys the fork sets (null removes one).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub scratchpad: serde_json::Map<String, Value>,
+    /// The scenario version the fork runs on, when it is not the copied run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<ScenarioUpgraded>,
+    /// The fork's own workspace (its `base` the copied run's), when the run has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceInfo>,
+    /// The snapshot the fork's workspace was restored to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<String>,
+    /// Where the fork's model answers come from, when not the configured providers (a
+    /// later process resumes the fork with the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_source: Option<String>,
 }
 
 /// A level wrote a note to the run's scratchpad (a tool loop's `scratchpad_put`, a JSON

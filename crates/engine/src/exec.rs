@@ -220,6 +220,7 @@ impl Engine {
         let child = start.parent.is_some();
         let (workspace, info) = self.new_workspace(scenario, run_id, child).await?.unzip();
         let selected = start.selected.clone();
+        let replay = start.replay.clone();
         let (record, started) = self.new_run(scenario, run_id, start, info);
         let mut state = RunState::default();
         state.apply(&started);
@@ -235,6 +236,9 @@ impl Engine {
         };
         if let Some(selected) = selected {
             w.stage(vec![NewEvent::run(EventData::ScenarioSelected(selected))]);
+        }
+        if let Some(replay) = replay {
+            w.stage(vec![NewEvent::run(EventData::RunReplayed(replay))]);
         }
         w.stage(workspace_notices(workspace.as_ref()));
         self.drive_writer(&mut w, scenario, workspace).await
@@ -287,7 +291,7 @@ impl Engine {
     /// A child run always gets a directory of its own, never the one the user named for the
     /// job: a run's result (a model's answer) chooses which scenario a chain goes to, and it
     /// must not turn a job that reads the user's directory into one that edits it.
-    async fn new_workspace(
+    pub(crate) async fn new_workspace(
         &self,
         scenario: &Scenario,
         run_id: &str,

@@ -86,6 +86,8 @@ pub struct Jobs {
     pub settle_timeout: Duration,
     /// How waves are dispatched.
     pub waves: crate::wave_drive::WaveSettings,
+    /// For a replay: the order the recording settled each wave's workers in.
+    pub settle_order: Option<Arc<crate::replay::SettleOrder>>,
 }
 
 /// How [`Jobs`] reloads: the directory's handle, and the tenant's overrides to merge over
@@ -118,7 +120,15 @@ impl Jobs {
             scenarios_dir,
             settle_timeout,
             waves: crate::wave_drive::WaveSettings::default(),
+            settle_order: None,
         }
+    }
+
+    /// Settles waves' workers in a recording's order (a replay's jobs).
+    #[must_use]
+    pub fn settling_as(mut self, order: Arc<crate::replay::SettleOrder>) -> Self {
+        self.settle_order = Some(order);
+        self
     }
 
     /// Dispatches waves with these settings.
@@ -341,6 +351,8 @@ pub struct Start {
     /// For a child: the parent's `child_run_started` seq, after which its creator asks
     /// whether the parent still wants it (none: the parent's whole log is read).
     pub parent_seq: Option<u64>,
+    /// For a replay's root: what it replays, recorded right after its start.
+    pub replay: Option<crate::event::RunReplayed>,
 }
 
 /// The caps of a new run of `scenario`: its scenario's, narrowed by a tree cap.
@@ -691,6 +703,7 @@ impl Engine {
                     idempotency_key: None,
                     tenant: parent.tenant.clone(),
                     parent_seq: (child.started_seq > 0).then_some(child.started_seq),
+                    replay: None,
                 };
                 Box::pin(self.tree_loop(&c.child_run_id, &scenario, Some(start))).await
             }

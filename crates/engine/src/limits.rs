@@ -57,3 +57,5 @@ pub const CHAIN_LINK: &str = "chain";
 /// scenario ids and route names; a longer one (a model's answer can hold anything) is cut
 /// before it is recorded, and names no scenario.
 pub const ROUTE_CHARS_MAX: usize = 128;
+/// Most runs of one job a replay reads (a wave's 200 workers, each with a chain, fit).
+pub const TREE_RUNS_MAX: usize = 2_000;

@@ -96,7 +96,11 @@ impl Engine {
 }
 
 /// Why `state` cannot move to `scenario`, if it cannot.
-fn check_upgrade(run_id: &str, state: &RunState, scenario: &Scenario) -> Result<(), Error> {
+pub(crate) fn check_upgrade(
+    run_id: &str,
+    state: &RunState,
+    scenario: &Scenario,
+) -> Result<(), Error> {
     let refuse = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
     if let Some(finished) = &state.finished {
         return Err(refuse(format!(

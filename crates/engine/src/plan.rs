@@ -294,7 +294,7 @@ fn wave_finished(
     wave: &crate::wave::WaveState,
     decision: WaveDecision,
 ) -> NewEvent {
-    let summary = wave.summary(decision);
+    let summary = wave.summary(decision, false);
     let (cost_usd, tokens) = wave.spent();
     let verdict = if decision == WaveDecision::Complete { "PASS" } else { "FAIL" };
     NewEvent::level(

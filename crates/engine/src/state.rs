@@ -218,6 +218,10 @@ pub struct RunState {
     pub waiting_since: Option<DateTime<Utc>>,
     /// How the job's scenario was chosen, on a job's first run.
     pub selected: Option<ScenarioSelected>,
+    /// The recorded run this one replays, when it is a replay.
+    pub replay_of: Option<crate::event::RunReplayed>,
+    /// The run and event this one was forked from, when it is a fork.
+    pub forked_from: Option<(String, u64)>,
     /// The run that started this one, for a child run.
     pub parent: Option<ParentLink>,
     /// The last top-level level whose parsed output named `chosen_intent_route`, with the
@@ -276,6 +280,8 @@ impl Default for RunState {
             resumes: 0,
             waiting_since: None,
             selected: None,
+            replay_of: None,
+            forked_from: None,
             parent: None,
             chosen_route: None,
             chained: None,
@@ -393,6 +399,26 @@ impl RunState {
                 self.tenant.clone_from(&s.tenant);
             }
             EventData::ScenarioSelected(s) => self.selected = Some(s.clone()),
+            EventData::RunReplayed(r) => self.replay_of = Some(r.clone()),
+            EventData::RunForked(f) => {
+                if let Some(input) = &f.input {
+                    self.input.clone_from(input);
+                    self.input_json = serde_json::from_str(input).ok();
+                }
+                for (key, value) in &f.scratchpad {
+                    crate::scratchpad::apply(&mut self.scratchpad, key, value);
+                }
+                if let Some(u) = &f.scenario {
+                    self.scenario_version = u.version;
+                    self.checksum.clone_from(&u.checksum);
+                }
+                if let Some(w) = &f.workspace {
+                    self.workspace = Some(w.clone());
+                    self.workspace_head.clone_from(&f.restored);
+                }
+                self.model_source.clone_from(&f.model_source);
+                self.forked_from = Some((f.from_run_id.clone(), f.at_seq));
+            }
             EventData::WavePlanned(p) => {
                 let attempt = event.attempt.unwrap_or(1);
                 self.waves.insert(
@@ -655,6 +681,7 @@ impl RunState {
             EventData::PromptSent(_)
             | EventData::RoutingDecision(_)
             | EventData::ModelStopped(_)
+            | EventData::ModelCallFailed(_)
             | EventData::ProviderFailover(_)
             | EventData::ProviderRetry(_)
             | EventData::VerifierStarted(_)

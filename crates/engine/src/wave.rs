@@ -279,8 +279,11 @@ impl WaveState {
         self.assignments.iter().fold((0.0, 0), |(c, t), a| (c + a.cost_usd, t + a.tokens))
     }
 
-    /// The wave's summary: counts, spend, and each assignment's stage, outcome and worker.
-    pub fn summary(&self, decision: WaveDecision) -> Value {
+    /// The wave's summary: counts, spend, and each assignment's stage and outcome, with
+    /// its worker's run when `workers` (the view). The level's output, which prompts and
+    /// gates read, leaves the workers' runs out: their ids come from time, and a prompt
+    /// holding one could never be answered from a recording.
+    pub fn summary(&self, decision: WaveDecision, workers: bool) -> Value {
         let counts = self.counts();
         let (cost_usd, tokens) = self.spent();
         // Sums of binary fractions: shown to the nano-dollar, not to the float's last bit.
@@ -289,7 +292,7 @@ impl WaveState {
             .assignments
             .iter()
             .map(|a| {
-                json!({
+                let mut v = json!({
                     "id": a.assignment.id,
                     "task_id": a.assignment.task_id,
                     "title": a.assignment.title,
@@ -297,10 +300,16 @@ impl WaveState {
                     "outcome": a.settled.as_ref().map(|s| s.outcome.as_str()),
                     "summary": a.settled.as_ref().map(|s| s.summary.as_str()),
                     "blockers": a.settled.as_ref().map(|s| s.blockers.clone()).unwrap_or_default(),
-                    "worker_run": a.dispatched.as_ref().map(|d| d.worker_run.as_str()),
                     "cost_usd": usd(a.cost_usd),
                     "tokens": a.tokens,
-                })
+                });
+                if workers && let Some(o) = v.as_object_mut() {
+                    o.insert(
+                        "worker_run".to_owned(),
+                        json!(a.dispatched.as_ref().map(|d| d.worker_run.as_str())),
+                    );
+                }
+                v
             })
             .collect();
         json!({

@@ -403,7 +403,7 @@ pub fn view(run_id: &str, state: &RunState, w: &WaveState, parallel: u32) -> Val
         .closed
         .as_ref()
         .map_or_else(|| w.decide(state.cancel_requested.is_some(), parallel), |d| d.decision);
-    let mut summary = w.summary(decision);
+    let mut summary = w.summary(decision, true);
     if let Some(obj) = summary.as_object_mut() {
         obj.insert("run_id".to_owned(), json!(run_id));
         obj.insert("run_status".to_owned(), json!(state.status.as_str()));

@@ -232,15 +232,36 @@ impl Engine {
         let mut state = Arc::new(state);
         let mut running = crate::join::Pool::default();
         let mut driving: HashSet<String> = HashSet::new();
+        let mut finished: HashSet<String> = HashSet::new();
         let mut waits: Option<Outcome> = None;
         let mut cancel_deadline: Option<tokio::time::Instant> = None;
         loop {
             if state.cancel_requested.is_some() && cancel_deadline.is_none() {
                 cancel_deadline = Some(tokio::time::Instant::now() + settle);
             }
+            let order = self.runtime.jobs.as_ref().and_then(|j| j.settle_order.clone());
             for child in state.open_children() {
-                if driving.insert(child.started.child_run_id.clone()) {
-                    running.push(self.drive_worker(run_id, Arc::clone(&state), child.clone()));
+                let id = &child.started.child_run_id;
+                // A replay drives a worker once every group its recording settled before
+                // the worker's own has been settled.
+                if let Some(order) = &order
+                    && let Some(g) = order.group_of(run_id, id)
+                    && (0..g).any(|earlier| {
+                        order.group(run_id, earlier).iter().any(|c| {
+                            state.children.iter().any(|k| {
+                                &k.started.child_run_id == c
+                                    && k.settled.is_none()
+                                    && k.unsettled.is_none()
+                            })
+                        })
+                    })
+                {
+                    continue;
+                }
+                if driving.insert(id.clone()) {
+                    let worker = self.drive_worker(run_id, Arc::clone(&state), child.clone());
+                    let id = id.clone();
+                    running.push(async move { (id, worker.await) });
                 }
             }
             let next = match cancel_deadline {
@@ -252,8 +273,24 @@ impl Engine {
                 None => running.next().await,
             };
             let Some(result) = next else { return Ok(waits) };
+            let (ended, result) = result;
             match result {
-                Ok(Outcome::Finished(_)) => {}
+                Ok(Outcome::Finished(_)) => {
+                    finished.insert(ended.clone());
+                    // A replay settles a recorded group only once all of it has ended.
+                    if let Some(order) = &order
+                        && let Some(g) = order.group_of(run_id, &ended)
+                        && order.group(run_id, g).iter().any(|c| {
+                            !finished.contains(c)
+                                && state
+                                    .children
+                                    .iter()
+                                    .any(|k| &k.started.child_run_id == c && k.settled.is_none())
+                        })
+                    {
+                        continue;
+                    }
+                }
                 Ok(other) => {
                     waits.get_or_insert(other);
                     continue;

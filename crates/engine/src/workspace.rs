@@ -94,6 +94,16 @@ pub trait Workspace: Send + Sync + std::fmt::Debug {
     /// Names a snapshot with a branch of the managed repository.
     fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError>;
 
+    /// Brings the snapshots of another workspace (the run a fork was made from, at
+    /// `from`) into this one and restores `snapshot`, which keeps its id here.
+    fn adopt(&self, from: &Path, snapshot: &str) -> Result<(), WorkspaceError> {
+        let _ = (from, snapshot);
+        Err(WorkspaceError::new(
+            self.root().display().to_string(),
+            "this kind of workspace cannot take another workspace's snapshots, so the run cannot be forked with its files",
+        ))
+    }
+
     /// What opening the workspace had to repair and the run's log should say (a stale
     /// lock removed, git started without dying with its driver), each once: the engine
     /// records them as warnings.

@@ -246,6 +246,16 @@ impl Checker<'_> {
                     r.cost_increase_max.as_ref(),
                     "regression_thresholds.cost_increase_max",
                 ),
+                token_increase_max: self.non_negative(
+                    r.token_increase_max.as_ref(),
+                    "regression_thresholds.token_increase_max",
+                ),
+                path_changes_allowed: r.path_changes_allowed.as_ref().is_some_and(|b| b.value),
+                verdict_changes_allowed: r
+                    .verdict_changes_allowed
+                    .as_ref()
+                    .is_some_and(|b| b.value),
+                output_changes_allowed: r.output_changes_allowed.as_ref().is_some_and(|b| b.value),
             },
             None => RegressionThresholds::default(),
         };

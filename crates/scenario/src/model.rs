@@ -101,12 +101,17 @@ pub struct Budget {
     pub max_level_runs: Option<u32>,
 }
 
-/// Regression limits for replays; `None` is unchecked.
+/// Regression limits for replays of fixtures (`baton test`); a `None` limit is
+/// unchecked, a change not allowed fails.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct RegressionThresholds {
     pub score_drop_max: Option<f64>,
     pub pass_rate_drop_max: Option<f64>,
     pub cost_increase_max: Option<f64>,
+    pub token_increase_max: Option<f64>,
+    pub path_changes_allowed: bool,
+    pub verdict_changes_allowed: bool,
+    pub output_changes_allowed: bool,
 }
 
 /// One checked level.

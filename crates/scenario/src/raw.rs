@@ -560,7 +560,10 @@ pub struct RawEdge {
     pub when: Option<Located<String>>,
 }
 
-/// Limits for the replay regression gate.
+/// Limits for the regression gate: how far a replay of one of the scenario's fixtures
+/// (`baton test`) may move from what the fixture expects before the case fails. A change
+/// of the job's final status always fails; a limit left out is not checked, and a change
+/// not allowed fails.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawRegressionThresholds {
@@ -573,6 +576,18 @@ pub struct RawRegressionThresholds {
     /// Largest allowed cost increase, as a fraction (0.25 = 25 %).
     #[serde(default)]
     pub cost_increase_max: Option<Located<f64>>,
+    /// Largest allowed token increase, as a fraction (0.25 = 25 %).
+    #[serde(default)]
+    pub token_increase_max: Option<Located<f64>>,
+    /// Whether the levels run (in order, with their attempts) may differ. Default false.
+    #[serde(default)]
+    pub path_changes_allowed: Option<Located<bool>>,
+    /// Whether a level's verdict may differ. Default false.
+    #[serde(default)]
+    pub verdict_changes_allowed: Option<Located<bool>>,
+    /// Whether the job's final output may differ. Default false.
+    #[serde(default)]
+    pub output_changes_allowed: Option<Located<bool>>,
 }
 
 /// The JSON Schema of the scenario format, for editors (`baton schema`).

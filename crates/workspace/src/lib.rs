@@ -399,6 +399,19 @@ impl Workspace for LocalWorkspace {
         self.repo.branch(name, snapshot)
     }
 
+    fn adopt(&self, from: &Path, snapshot: &str) -> Result<(), WorkspaceError> {
+        let failed = |e: io::Error| {
+            WorkspaceError::new(
+                self.root.display().to_string(),
+                format!("the forked run's workspace {}: {e}", from.display()),
+            )
+        };
+        let from = std::fs::canonicalize(from).map_err(failed)?;
+        let snapshots = self.repo.home().parent().unwrap_or(Path::new("."));
+        self.repo.adopt_objects(&snapshots.join(snapshot_key(&from)))?;
+        self.repo.restore(snapshot)
+    }
+
     fn take_notices(&self) -> Vec<String> {
         std::mem::take(&mut *self.notices.lock().unwrap_or_else(PoisonError::into_inner))
     }

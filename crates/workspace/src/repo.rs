@@ -75,6 +75,38 @@ const SETPRIV_GIT: [&str; 5] = ["setpriv", "--pdeathsig", "KILL", "--", "git"];
 
 const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 
+/// How deep an objects directory goes (`pack/`, `info/`, `ab/cdef…`).
+const OBJECT_DIRS_DEPTH_MAX: usize = 4;
+
+/// Copies a git objects directory into another, file by file, skipping what exists.
+fn copy_objects(from: &Path, to: &Path, depth: usize) -> io::Result<()> {
+    if depth > OBJECT_DIRS_DEPTH_MAX {
+        return Err(io::Error::other(format!(
+            "{} is nested deeper than an objects directory",
+            from.display()
+        )));
+    }
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_objects(&entry.path(), &target, depth + 1)?;
+        } else if kind.is_file() {
+            if !target.exists() {
+                std::fs::copy(entry.path(), &target)?;
+            }
+        } else {
+            return Err(io::Error::other(format!(
+                "{} is not a regular file or directory",
+                entry.path().display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The most bytes of git's stderr an error keeps.
 const STDERR_BYTES_MAX: usize = 2048;
 
@@ -123,6 +155,11 @@ impl Repo {
             lock: Mutex::new(()),
             jail: Arc::new(Jail::off()),
         }
+    }
+
+    /// The workspace's snapshot directory.
+    pub(crate) fn home(&self) -> &Path {
+        &self.home
     }
 
     /// The same repository, its git run in `jail`.
@@ -309,6 +346,27 @@ impl Repo {
         }
         self.run(clean, "git clean")?;
         Ok(())
+    }
+
+    /// Takes every object of the repository kept in `other_home` (another workspace's:
+    /// the run a fork was made from), so its snapshots keep their ids here. Objects are
+    /// named by their content: copied files are never changed, existing ones never
+    /// replaced, and anything that is not a plain file or directory is refused.
+    pub(crate) fn adopt_objects(&self, other_home: &Path) -> Result<(), WorkspaceError> {
+        let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let from = other_home.join(GIT_DIR).join("objects");
+        if !from.is_dir() {
+            return Err(self.error(format!(
+                "the snapshots of the forked run's workspace are gone ({} is not a directory); the fork cannot restore them",
+                from.display()
+            )));
+        }
+        copy_objects(&from, &self.git_dir.join("objects"), 0).map_err(|e| {
+            self.error(format!(
+                "cannot copy the forked run's snapshots from {}: {e}",
+                from.display()
+            ))
+        })
     }
 
     /// Points the branch `name` at a snapshot, creating or moving it.

@@ -124,7 +124,18 @@ impl Calls<'_> {
             Err(e @ ModelError::Unavailable { .. }) => {
                 return Err(Stop::Interrupted(redactor.redact(&e.to_string()).into_owned()));
             }
-            Err(e) => return Err(Stop::Failed(redactor.redact(&e.to_string()).into_owned())),
+            Err(e) => {
+                if let ModelError::Failed { provider, message } = &e {
+                    events.push(self.run.event(EventData::ModelCallFailed(ModelCallFailed {
+                        call: self.call,
+                        call_index: request.call_index,
+                        request_hash: request.hash(),
+                        provider: redactor.redact(provider).into_owned(),
+                        message: redactor.redact(message).into_owned(),
+                    })));
+                }
+                return Err(Stop::Failed(redactor.redact(&e.to_string()).into_owned()));
+            }
         };
         for mut failover in std::mem::take(&mut reply.failovers) {
             redactor.redact_in_place(&mut failover.reason);

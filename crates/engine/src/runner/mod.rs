@@ -22,8 +22,8 @@ use crate::cancel::CancelToken;
 use crate::clock::elapsed_ms;
 use crate::event::{
     ApprovalRequested, AskUser, BudgetExceeded, EventData, LevelFinished, LevelStarted,
-    LevelTimedOut, ModelResponse, ModelStopped, NewEvent, PromptSent, VerifierFinished,
-    VerifierStarted,
+    LevelTimedOut, ModelCallFailed, ModelResponse, ModelStopped, NewEvent, PromptSent,
+    VerifierFinished, VerifierStarted,
 };
 use crate::fan_in::{self, ChildResult, ChildState};
 use crate::join::join_limited;

@@ -1,0 +1,114 @@
+//! `baton fork RUN --at SEQ`: a new run from another run's log up to an event, with edits,
+//! driven on from there (see the engine's `fork` module).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::bail;
+use baton_engine::Engine;
+use baton_engine::fork::{ForkEdits, fork_points};
+use serde_json::{Map, Value, json};
+
+use crate::cmd_run::{self, Followed, Place, WaveDrive};
+use crate::out::outln;
+
+/// Options of `baton fork`.
+#[derive(Debug)]
+pub(crate) struct ForkArgs {
+    pub run: String,
+    pub at: Option<u64>,
+    pub input: Option<String>,
+    pub scenario_file: Option<PathBuf>,
+    /// `scratchpad.KEY=VALUE` (the value read as JSON, else as a string).
+    pub set: Vec<String>,
+    pub script: Option<PathBuf>,
+    pub cassette: Option<PathBuf>,
+    pub json: bool,
+}
+
+/// `KEY` and value of a `--set scratchpad.KEY=VALUE`.
+fn parse_set(text: &str) -> anyhow::Result<(String, Value)> {
+    let Some((path, value)) = text.split_once('=') else {
+        bail!("--set {text:?}: expected scratchpad.KEY=VALUE");
+    };
+    let Some(key) = path.strip_prefix("scratchpad.") else {
+        bail!("--set {text:?}: only scratchpad keys can be set (scratchpad.KEY=VALUE)");
+    };
+    let value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
+    Ok((key.to_owned(), value))
+}
+
+pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCode> {
+    let mut scratchpad = Map::new();
+    for s in &args.set {
+        let (k, v) = parse_set(s)?;
+        scratchpad.insert(k, v);
+    }
+    let store = cmd_run::open_existing_store(place)?;
+    let registry = Arc::new(cmd_run::registry(place)?);
+    let jobs = Arc::new(cmd_run::jobs(place, Arc::clone(&registry), None, WaveDrive::default())?);
+    let Some(at) = args.at else {
+        // Without --at: where the run can be forked.
+        let events = store.load(&args.run, 0).await?;
+        let points = fork_points(&events);
+        if args.json {
+            outln!("{}", json!({"run_id": args.run, "fork_points": points}))?;
+        } else {
+            outln!("run {} can be forked at these events (`--at SEQ`):", args.run)?;
+            for seq in &points {
+                let e = &events[usize::try_from(*seq - 1).unwrap_or(0)];
+                outln!(
+                    "  {seq:>5}  {}{}",
+                    e.data.kind(),
+                    e.level_id.as_deref().map(|l| format!(" {l}")).unwrap_or_default()
+                )?;
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let probe = cmd_run::engine_trusting(
+        Arc::clone(&store),
+        Arc::new(baton_engine::model::ScriptedModel::default()),
+        &registry,
+        cmd_run::workspace_setup(place, None, None),
+        cmd_run::redactor(place),
+        cmd_run::jail(place),
+        Some(Arc::clone(&jobs)),
+        None,
+    );
+    let original = probe.state(&args.run).await?;
+    let scenario = match &args.scenario_file {
+        Some(file) => {
+            crate::cmd_replay::scenario_file("--scenario-file", file, &original.scenario_id)?
+        }
+        None => probe.scenario_of(&original, &args.run).await?,
+    };
+    cmd_run::check_jail(place, &scenario)?;
+    let (model, source) = cmd_run::choose_model(
+        args.script.as_deref(),
+        place.config.as_deref(),
+        args.cassette.as_deref(),
+        None,
+        &scenario,
+    )?;
+    let engine = cmd_run::engine_trusting(
+        store,
+        model,
+        &registry,
+        cmd_run::workspace_setup(place, None, None),
+        cmd_run::redactor(place),
+        cmd_run::jail(place),
+        Some(jobs),
+        None,
+    );
+    let new_run = Engine::new_run_id();
+    let edits = ForkEdits { input: args.input, scratchpad, model_source: source };
+    engine.fork(&args.run, at, &new_run, &scenario, edits).await?;
+    if !args.json {
+        outln!("run {new_run}")?;
+        outln!("fork of run {} at event {at}", args.run)?;
+    }
+    let follow = vec![Followed::new(&new_run, at + 1, 0)];
+    cmd_run::drive(&engine, &new_run, &scenario, args.json, follow, None).await
+}
