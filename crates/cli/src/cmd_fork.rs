@@ -110,5 +110,6 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         outln!("fork of run {} at event {at}", args.run)?;
     }
     let follow = vec![Followed::new(&new_run, at + 1, 0)];
-    cmd_run::drive(&engine, &new_run, &scenario, args.json, follow, None).await
+    cmd_run::drive(&engine, &new_run, &scenario, args.json, follow, cmd_run::Driving::Continue)
+        .await
 }

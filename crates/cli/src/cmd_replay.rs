@@ -100,6 +100,26 @@ pub(crate) async fn replay_job(
     })
 }
 
+/// The recording a replay run replays, to resume it: its job in this store, or its
+/// fixture's log.
+pub(crate) async fn recording_of(
+    place: &Place,
+    probe: &Engine,
+    replayed: &RunReplayed,
+) -> anyhow::Result<Tree> {
+    match replayed.source.strip_prefix("fixture:") {
+        Some(dir) => Ok(fixture::read(Path::new(dir))
+            .with_context(|| format!("the fixture run {} replays", replayed.of_run_id))?
+            .tree),
+        None if replayed.source == "store" => Ok(probe.recorded_tree(&replayed.of_run_id).await?),
+        None => bail!(
+            "the replay's recording is in {:?}, which this build cannot read (see {})",
+            replayed.source,
+            place.db.display()
+        ),
+    }
+}
+
 fn strategy(trust_validation: bool) -> Strategy {
     if trust_validation { Strategy::TrustValidation } else { Strategy::RerunVerifiers }
 }

@@ -746,7 +746,9 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         replay: None,
     };
     let follow = vec![Followed::new(&run_id, 0, 0)];
-    match drive(&engine, &run_id, &scenario, args.json, follow, Some(first)).await {
+    match drive(&engine, &run_id, &scenario, args.json, follow, Driving::Start(Box::new(first)))
+        .await
+    {
         // Another process started a job with this key between the look above and here.
         Err(e) => match (e.downcast_ref::<baton_engine::exec::Error>(), &args.idempotency_key) {
             (
@@ -846,8 +848,40 @@ pub(crate) async fn resume(
         let root_state = probe.state(&root).await?;
         (run_scenario(place, &probe, &root_state, &root).await?, root_state)
     };
-    let model =
-        match recorded_model(root_state.model_source.as_deref(), script, place.config.as_deref()) {
+    let registry = Arc::new(registry);
+    // A replay goes on as it began: answers from its recording, verifiers as its strategy
+    // says, children settled in the recording's order.
+    let mut how = Driving::Continue;
+    let engine = if let Some(replayed) = &root_state.replay_of {
+        if script.is_some() {
+            bail!(
+                "run {root} replays run {}: it takes its answers from that recording, not from --script",
+                replayed.of_run_id
+            );
+        }
+        let recorded = crate::cmd_replay::recording_of(place, &probe, replayed).await?;
+        let trusted = (replayed.strategy == baton_engine::replay::Strategy::TrustValidation)
+            .then(|| Arc::new(recorded.trusted(&root)));
+        let jobs = jobs(place, Arc::clone(&registry), None, waves)?
+            .settling_as(Arc::new(recorded.settle_order(&root)));
+        let cassette = recorded.cassette();
+        how = Driving::Replay(Box::new(recorded));
+        engine_trusting(
+            store,
+            Arc::new(cassette::Replayer::new(cassette)),
+            &registry,
+            workspace_setup(place, None, None),
+            redactor(place),
+            jail(place),
+            Some(Arc::new(jobs)),
+            trusted,
+        )
+    } else {
+        let model = match recorded_model(
+            root_state.model_source.as_deref(),
+            script,
+            place.config.as_deref(),
+        ) {
             // A run of manual waves calls no model; `baton wave run` needs one for its
             // workers.
             Err(_) if calls_no_model(&root_scenario) && !waves.active => {
@@ -855,25 +889,25 @@ pub(crate) async fn resume(
             }
             other => other?,
         };
-    let registry = Arc::new(registry);
-    let jobs = reloading_jobs(
-        place,
-        store.as_ref(),
-        Arc::clone(&registry),
-        None,
-        root_state.tenant.as_deref(),
-        waves,
-    )
-    .await?;
-    let engine = engine(
-        store,
-        model,
-        &registry,
-        workspace_setup(place, None, None),
-        redactor(place),
-        jail(place),
-        Some(jobs),
-    );
+        let jobs = reloading_jobs(
+            place,
+            store.as_ref(),
+            Arc::clone(&registry),
+            None,
+            root_state.tenant.as_deref(),
+            waves,
+        )
+        .await?;
+        engine(
+            store,
+            model,
+            &registry,
+            workspace_setup(place, None, None),
+            redactor(place),
+            jail(place),
+            Some(jobs),
+        )
+    };
     // Show the decision or answer that led here, then what follows.
     let mut follow = Vec::new();
     for (id, depth) in tree_of(engine.store.as_ref(), &root, true).await? {
@@ -881,7 +915,7 @@ pub(crate) async fn resume(
         let after = if id == run_id { last.saturating_sub(1) } else { last };
         follow.push(Followed::new(&id, after, depth));
     }
-    drive(&engine, &root, &root_scenario, json, follow, None).await
+    drive(&engine, &root, &root_scenario, json, follow, how).await
 }
 
 /// Whether a run of `scenario` never calls a model: its levels are all waves whose
@@ -994,14 +1028,29 @@ async fn run_scenario(
     Ok(scenario)
 }
 
+/// How [`drive`] drives a job.
+#[derive(Debug)]
+pub(crate) enum Driving {
+    /// A new job, from what it starts with.
+    Start(Box<baton_engine::job::Start>),
+    /// A job that exists.
+    Continue,
+    /// A replay that exists: the recording's decisions it has not made yet are made.
+    Replay(Box<baton_engine::replay::Tree>),
+}
+
 pub(crate) async fn drive(
     engine: &Engine,
     run_id: &str,
     scenario: &Arc<Scenario>,
     json: bool,
     follow: Vec<Followed>,
-    start: Option<baton_engine::job::Start>,
+    how: Driving,
 ) -> anyhow::Result<ExitCode> {
+    let start = match &how {
+        Driving::Start(s) => Some(s),
+        _ => None,
+    };
     // Print events as they land — the runs the job starts too, nested under the event
     // that started each — from another task reading the store; a new run's id heads them,
     // so it is printed only once the store holds the run.
@@ -1015,9 +1064,10 @@ pub(crate) async fn drive(
         })
     });
     let signals = tokio::spawn(stop_on_signal(engine.stop.clone()));
-    let outcome = match start {
-        Some(s) => engine.run_job(run_id, scenario, s).await,
-        None => engine.drive_tree(run_id, scenario).await,
+    let outcome = match how {
+        Driving::Start(s) => engine.run_job(run_id, scenario, *s).await,
+        Driving::Continue => engine.drive_tree(run_id, scenario).await,
+        Driving::Replay(recorded) => engine.resume_replay(run_id, scenario, &recorded).await,
     };
     signals.abort();
     // The engine has returned: everything it wrote is in the store, and the printer reads

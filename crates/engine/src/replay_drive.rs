@@ -90,9 +90,46 @@ impl Engine {
         if let Some(why) = recorded.unreplayable() {
             return Err(refuse(why));
         }
+        let outcome = self.run_job(new_root, scenario, start).await?;
+        self.make_decisions(new_root, scenario, recorded, outcome, 0).await
+    }
+
+    /// Drives on a replay that stopped (a crash, a signal): the recorded decisions it has
+    /// not made yet are made when it pauses for them.
+    pub async fn resume_replay(
+        &self,
+        root: &str,
+        scenario: &Arc<Scenario>,
+        recorded: &Tree,
+    ) -> Result<Outcome, Error> {
+        let mut made = 0;
+        for run in &self.recorded_tree(root).await?.runs {
+            made += run
+                .events
+                .iter()
+                .filter(|e| match &e.data {
+                    EventData::ApprovalDecided(d) => !d.timed_out,
+                    EventData::UserAnswered(_) => true,
+                    _ => false,
+                })
+                .count();
+        }
+        let outcome = self.drive_tree(root, scenario).await?;
+        self.make_decisions(root, scenario, recorded, outcome, made).await
+    }
+
+    /// Makes the recording's decisions after the first `made`, one at each pause.
+    async fn make_decisions(
+        &self,
+        new_root: &str,
+        scenario: &Arc<Scenario>,
+        recorded: &Tree,
+        mut outcome: Outcome,
+        made: usize,
+    ) -> Result<Outcome, Error> {
+        let refuse = |message: String| Error::Refused { run_id: new_root.to_owned(), message };
         let ids = recorded.new_ids(new_root);
-        let mut decisions = recorded.decisions().into_iter();
-        let mut outcome = self.run_job(new_root, scenario, start).await?;
+        let mut decisions = recorded.decisions().into_iter().skip(made);
         while outcome == Outcome::Paused {
             let Some(decision) = decisions.next() else { break };
             let links = match &decision {

@@ -701,3 +701,78 @@ fn a_forecast_gives_the_recorded_runs_own_figures_and_guards_a_run() {
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_replay_killed_after_any_event_resumes_and_makes_the_rest_of_the_recorded_decisions() {
+    let dir = scratch("replay-kill");
+    copy_scenarios(&dir);
+    let db = dir.join("runs.db");
+    let script = dir.join("scenarios/scripts/release_notes.yaml");
+    let out = run(
+        &dir,
+        &db,
+        &[
+            "run",
+            "release_notes",
+            "--script",
+            script.to_str().unwrap(),
+            "--input",
+            "a request",
+            "--json",
+        ],
+    );
+    let recorded: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let original = recorded["run_id"].as_str().unwrap().to_owned();
+    for d in [&["--reject", "--comment", "name the CSV export first"][..], &[][..]] {
+        let mut args = vec!["approve", original.as_str(), "--by", "tester"];
+        args.extend_from_slice(d);
+        let out = run(&dir, &db, &args);
+        assert!(out.status.code().is_some_and(|c| c == 0 || c == 3), "{}", both(&out));
+    }
+    let log = events(&dir, &db, &original);
+    // The replay's events are the recording's with `run_replayed` after the first two: a
+    // kill after the first event of each kind, and after every fourth.
+    let mut kills: Vec<usize> = (2..=log.len() + 1).filter(|n| n % 4 == 0).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, e) in log.iter().enumerate() {
+        if seen.insert(e["kind"].as_str().unwrap().to_owned()) {
+            kills.push(if i < 2 { i + 1 } else { i + 2 });
+        }
+    }
+    kills.push(3);
+    kills.sort_unstable();
+    kills.dedup();
+    for n in kills.into_iter().filter(|n| *n >= 2) {
+        let killed = run_env(
+            &dir,
+            &db,
+            &["replay", &original],
+            ("BATON_FAILPOINT_ABORT_AFTER_EVENT", &n.to_string()),
+        );
+        let list = run(&dir, &db, &["runs", "--json"]);
+        let runs: Value = serde_json::from_slice(&list.stdout).unwrap();
+        let replay = runs
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["run_id"] != original.as_str())
+            .map(|r| r["run_id"].as_str().unwrap().to_owned())
+            .max()
+            .unwrap_or_else(|| panic!("no replay after a kill at {n}: {}", both(&killed)));
+        if killed.status.code() != Some(0) {
+            let out = run(&dir, &db, &["resume", &replay]);
+            assert_eq!(out.status.code(), Some(0), "kill at {n}: {}", both(&out));
+        }
+        let diff = run(&dir, &db, &["diff", &original, &replay, "--json"]);
+        let d: Value = serde_json::from_slice(&diff.stdout).unwrap();
+        assert_eq!(d["first_divergence"], Value::Array(Vec::new()), "kill at {n}: {d:#}");
+        assert_eq!(d["same"], true, "kill at {n}: {d:#}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn run_env(dir: &Path, db: &Path, args: &[&str], env: (&str, &str)) -> Output {
+    let venv = repo().join(".peers/venv/bin");
+    let path = format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default());
+    baton_in(dir, db).env("PATH", path).env(env.0, env.1).args(args).output().unwrap()
+}
