@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::bail;
 use baton_engine::forecast::{Figures, Forecast, JobSpend, P90_SAMPLE_MIN};
@@ -72,16 +71,7 @@ async fn sample(
                 .collect();
             records.sort_by_key(|r| std::cmp::Reverse(r.created_at));
             records.truncate(*n);
-            let probe = cmd_run::engine_trusting(
-                Arc::clone(&store),
-                Arc::new(baton_engine::model::ScriptedModel::default()),
-                &baton_scenario::Registry::default(),
-                cmd_run::workspace_setup(place, None, None),
-                cmd_run::redactor(place),
-                cmd_run::jail(place),
-                None,
-                None,
-            );
+            let probe = cmd_run::probe_engine(place, &store, &baton_scenario::Registry::default());
             let mut jobs = Vec::new();
             for r in records {
                 let tree = probe.recorded_tree(&r.run_id).await?;

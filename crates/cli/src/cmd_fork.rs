@@ -67,16 +67,7 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let probe = cmd_run::engine_trusting(
-        Arc::clone(&store),
-        Arc::new(baton_engine::model::ScriptedModel::default()),
-        &registry,
-        cmd_run::workspace_setup(place, None, None),
-        cmd_run::redactor(place),
-        cmd_run::jail(place),
-        Some(Arc::clone(&jobs)),
-        None,
-    );
+    let probe = cmd_run::probe_engine(place, &store, &registry);
     let original = probe.state(&args.run).await?;
     let scenario = match &args.scenario_file {
         Some(file) => {

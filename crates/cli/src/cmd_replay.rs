@@ -134,16 +134,7 @@ async fn replay_scenario(
 ) -> anyhow::Result<Arc<Scenario>> {
     let Some(root) = recorded.root() else { bail!("the recording holds no run") };
     let store = cmd_run::open_existing_store(place)?;
-    let probe = cmd_run::engine_trusting(
-        Arc::clone(&store),
-        Arc::new(baton_engine::model::ScriptedModel::default()),
-        registry,
-        cmd_run::workspace_setup(place, None, None),
-        cmd_run::redactor(place),
-        cmd_run::jail(place),
-        Some(Arc::new(cmd_run::jobs(place, Arc::clone(registry), None, WaveDrive::default())?)),
-        None,
-    );
+    let probe = cmd_run::probe_engine(place, &store, registry);
     let state = probe.state(&root.run_id).await?;
     match from_scenario {
         Some(file) => scenario_file("--from-scenario", file, &state.scenario_id),
@@ -174,7 +165,7 @@ pub(crate) async fn replay(
     let (recorded, source, scenario, scratch) = match (run, fixture_dir) {
         (Some(run), None) => {
             let store = cmd_run::open_existing_store(place)?;
-            let probe = probe(place, &store, &registry);
+            let probe = cmd_run::probe_engine(place, &store, &registry);
             let recorded = probe.recorded_tree(run).await?;
             if let Some(parent) =
                 recorded.root().and_then(|r| first_state(r).and_then(|s| s.parent.clone()))
@@ -292,23 +283,6 @@ fn status_of(outcome: &Outcome) -> String {
     }
 }
 
-fn probe(
-    place: &Place,
-    store: &Arc<dyn baton_engine::store::EventStore>,
-    registry: &Registry,
-) -> Engine {
-    cmd_run::engine_trusting(
-        Arc::clone(store),
-        Arc::new(baton_engine::model::ScriptedModel::default()),
-        registry,
-        cmd_run::workspace_setup(place, None, None),
-        cmd_run::redactor(place),
-        cmd_run::jail(place),
-        None,
-        None,
-    )
-}
-
 /// `baton diff RUN_A RUN_B`: where two jobs' paths, verdicts, outputs and costs diverge.
 pub(crate) async fn diff(
     place: &Place,
@@ -317,7 +291,7 @@ pub(crate) async fn diff(
     json: bool,
 ) -> anyhow::Result<std::process::ExitCode> {
     let store = cmd_run::open_existing_store(place)?;
-    let probe = probe(place, &store, &Registry::default());
+    let probe = cmd_run::probe_engine(place, &store, &Registry::default());
     let (ta, tb) = (probe.recorded_tree(a).await?, probe.recorded_tree(b).await?);
     let (sa, sb) = (Summary::of(&ta), Summary::of(&tb));
     // Every difference, none of them judged: a diff is a report, not a gate.
@@ -496,7 +470,7 @@ pub(crate) async fn record(
         None => record_new(place, &registry, &scenario, &args).await?,
     };
     let store = cmd_run::open_existing_store(place)?;
-    let probe = probe(place, &store, &registry);
+    let probe = cmd_run::probe_engine(place, &store, &registry);
     let tree = probe.recorded_tree(&run_id).await?;
     let state = probe.state(&run_id).await?;
     if state.scenario_id != args.scenario {

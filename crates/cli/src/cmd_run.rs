@@ -206,7 +206,11 @@ pub(crate) fn workspace_setup(
 
 /// An engine for reading, deciding and finishing runs: its model answers nothing (a run
 /// resumes with the model it recorded), its workspaces are the run's own.
-fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Registry) -> Engine {
+pub(crate) fn probe_engine(
+    place: &Place,
+    store: &Arc<dyn EventStore>,
+    registry: &Registry,
+) -> Engine {
     engine(
         Arc::clone(store),
         Arc::new(ScriptedModel::default()),

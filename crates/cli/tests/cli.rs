@@ -451,6 +451,16 @@ impl Drop for Fakellm {
     }
 }
 
+impl Fakellm {
+    /// A `baton.toml` whose default model is this server's `fake-model` (priced).
+    fn config(&self) -> String {
+        format!(
+            "[routing]\ndefault = \"free:local/fake-model\"\n\n[[providers]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\ntier = \"free\"\n[[providers.models]]\nname = \"fake-model\"\ninput_usd_per_mtok = 0.5\noutput_usd_per_mtok = 1.0\n",
+            self.1
+        )
+    }
+}
+
 fn fakellm(rules: &std::path::Path) -> Fakellm {
     let bin = repo().join(".peers/venv/bin/fakellm");
     assert!(
@@ -484,14 +494,7 @@ fn a_bundled_scenario_runs_against_a_local_openai_compatible_server_through_bato
     )
     .unwrap();
     let server = fakellm(&dir.join("rules.yaml"));
-    std::fs::write(
-        dir.join("baton.toml"),
-        format!(
-            "[routing]\ndefault = \"free:local/fake-model\"\n\n[[providers]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\ntier = \"free\"\n[[providers.models]]\nname = \"fake-model\"\ninput_usd_per_mtok = 0.5\noutput_usd_per_mtok = 1.0\n",
-            server.1
-        ),
-    )
-    .unwrap();
+    std::fs::write(dir.join("baton.toml"), server.config()).unwrap();
     let db = dir.join("runs.db");
     let config = dir.join("baton.toml");
     let cassette = dir.join("live.json");

@@ -45,6 +45,41 @@ pub struct Entry {
     pub stop_reason: Option<String>,
 }
 
+impl Entry {
+    /// The recording of `reply`, the answer to `request`.
+    pub fn of(request: &ModelRequest, reply: &ModelReply) -> Entry {
+        Entry {
+            model: reply.model.clone(),
+            text: reply.text.clone(),
+            tool_calls: reply.tool_calls.clone(),
+            usage: reply.usage,
+            cost_usd: reply.cost_usd,
+            error: None,
+            stop_reason: reply.stop_reason.clone(),
+            ..Entry::failed(request, &reply.provider, "")
+        }
+    }
+
+    /// The recording of a call to `provider` that failed for good with `message`.
+    pub fn failed(request: &ModelRequest, provider: &str, message: &str) -> Entry {
+        Entry {
+            request_hash: request.hash(),
+            level_id: request.level_id.clone(),
+            call_index: request.call_index,
+            prompt: request.prompt.clone(),
+            turns: request.turns.clone(),
+            provider: provider.to_owned(),
+            model: String::new(),
+            text: String::new(),
+            tool_calls: Vec::new(),
+            usage: Usage::default(),
+            cost_usd: 0.0,
+            error: Some(message.to_owned()),
+            stop_reason: None,
+        }
+    }
+}
+
 /// A cassette file.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Cassette {
@@ -167,36 +202,10 @@ impl ModelProvider for Recorder {
         Box::pin(async move {
             let result = self.inner.call(request, cancel).await;
             let entry = match &result {
-                Ok(reply) => Entry {
-                    request_hash: request.hash(),
-                    level_id: request.level_id.clone(),
-                    call_index: request.call_index,
-                    prompt: request.prompt.clone(),
-                    turns: request.turns.clone(),
-                    provider: reply.provider.clone(),
-                    model: reply.model.clone(),
-                    text: reply.text.clone(),
-                    tool_calls: reply.tool_calls.clone(),
-                    usage: reply.usage,
-                    cost_usd: reply.cost_usd,
-                    error: None,
-                    stop_reason: reply.stop_reason.clone(),
-                },
-                Err(ModelError::Failed { provider, message }) => Entry {
-                    request_hash: request.hash(),
-                    level_id: request.level_id.clone(),
-                    call_index: request.call_index,
-                    prompt: request.prompt.clone(),
-                    turns: request.turns.clone(),
-                    provider: provider.clone(),
-                    model: String::new(),
-                    text: String::new(),
-                    tool_calls: Vec::new(),
-                    usage: Usage::default(),
-                    cost_usd: 0.0,
-                    error: Some(message.clone()),
-                    stop_reason: None,
-                },
+                Ok(reply) => Entry::of(request, reply),
+                Err(ModelError::Failed { provider, message }) => {
+                    Entry::failed(request, provider, message)
+                }
                 // A cancel or an outage is no answer: the call is made again later.
                 Err(_) => return result,
             };
@@ -416,21 +425,7 @@ impl ModelProvider for Replayer {
                 });
             };
             let reply = live.call(request, cancel).await?;
-            lock(&self.recorded).push(Entry {
-                request_hash: miss.request_hash,
-                level_id: request.level_id.clone(),
-                call_index: request.call_index,
-                prompt: request.prompt.clone(),
-                turns: request.turns.clone(),
-                provider: reply.provider.clone(),
-                model: reply.model.clone(),
-                text: reply.text.clone(),
-                tool_calls: reply.tool_calls.clone(),
-                usage: reply.usage,
-                cost_usd: reply.cost_usd,
-                error: None,
-                stop_reason: reply.stop_reason.clone(),
-            });
+            lock(&self.recorded).push(Entry::of(request, &reply));
             Ok(reply)
         })
     }

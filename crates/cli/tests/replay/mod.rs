@@ -37,6 +37,26 @@ fn run(dir: &Path, db: &Path, args: &[&str]) -> Output {
     baton_in(dir, db).env("PATH", path).args(args).output().unwrap()
 }
 
+/// `baton run SCENARIO --script SCRIPT --input INPUT --json`.
+fn start(dir: &Path, db: &Path, scenario: &str, script: &Path, input: &str) -> Output {
+    let script = script.to_str().unwrap();
+    run(dir, db, &["run", scenario, "--script", script, "--input", input, "--json"])
+}
+
+/// [`start`], which must exit 0, with its result.
+fn start_json(dir: &Path, db: &Path, scenario: &str, script: &Path, input: &str) -> Value {
+    let out = start(dir, db, scenario, script, input);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", both(&out)))
+}
+
+/// `run`, which must exit 0, with its JSON output.
+fn run_json(dir: &Path, db: &Path, args: &[&str]) -> Value {
+    let out = run(dir, db, args);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", both(&out)))
+}
+
 fn both(out: &Output) -> String {
     text(&out.stdout) + &text(&out.stderr)
 }
@@ -234,14 +254,7 @@ fn live_rerecords_a_changed_request_against_fakellm_and_accept_makes_it_the_expe
     )
     .unwrap();
     let server = fakellm(&dir.join("rules.yaml"));
-    std::fs::write(
-        dir.join("baton.toml"),
-        format!(
-            "[routing]\ndefault = \"free:local/fake-model\"\n\n[[providers]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\ntier = \"free\"\n[[providers.models]]\nname = \"fake-model\"\ninput_usd_per_mtok = 0.5\noutput_usd_per_mtok = 1.0\n",
-            server.1
-        ),
-    )
-    .unwrap();
+    std::fs::write(dir.join("baton.toml"), server.config()).unwrap();
     let offline = run(&dir, &db, &["test", "quick_qa", "--case", "complete"]);
     assert_eq!(offline.status.code(), Some(1), "{}", both(&offline));
     let cassette = dir.join("scenarios/fixtures/quick_qa/complete/cassette.json");
@@ -312,21 +325,7 @@ fn a_fork_at_every_level_boundary_of_code_build_finishes_with_the_right_workspac
     copy_scenarios(&dir);
     let db = dir.join("runs.db");
     let script = dir.join("scenarios/scripts/code_build_fix.yaml");
-    let out = run(
-        &dir,
-        &db,
-        &[
-            "run",
-            "code_build",
-            "--script",
-            script.to_str().unwrap(),
-            "--input",
-            "a request",
-            "--json",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    let original: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let original = start_json(&dir, &db, "code_build", &script, "a request");
     let original_id = original["run_id"].as_str().unwrap().to_owned();
     let original_events = events(&dir, &db, &original_id);
     let workspace_of = |events: &[Value]| -> PathBuf {
@@ -425,14 +424,10 @@ fn a_fork_with_a_new_input_and_a_scratchpad_note_records_them_first() {
     copy_scenarios(&dir);
     let db = dir.join("runs.db");
     let script = dir.join("scenarios/scripts/quick_qa.yaml");
-    let out = run(
-        &dir,
-        &db,
-        &["run", "quick_qa", "--script", script.to_str().unwrap(), "--input", "first", "--json"],
-    );
+    let out = start(&dir, &db, "quick_qa", &script, "first");
     let original: Value = serde_json::from_slice(&out.stdout).unwrap();
     let id = original["run_id"].as_str().unwrap();
-    let out = run(
+    let fork = run_json(
         &dir,
         &db,
         &[
@@ -449,8 +444,6 @@ fn a_fork_with_a_new_input_and_a_scratchpad_note_records_them_first() {
             "--json",
         ],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    let fork: Value = serde_json::from_slice(&out.stdout).unwrap();
     let fork_events = events(&dir, &db, fork["run_id"].as_str().unwrap());
     let forked = &fork_events[2];
     assert_eq!(forked["kind"], "run_forked");
@@ -493,19 +486,7 @@ fn diff_says_where_two_jobs_diverge() {
     let db = dir.join("runs.db");
     let script = dir.join("scenarios/scripts/release_notes.yaml");
     let start = || {
-        let out = run(
-            &dir,
-            &db,
-            &[
-                "run",
-                "release_notes",
-                "--script",
-                script.to_str().unwrap(),
-                "--input",
-                "a request",
-                "--json",
-            ],
-        );
+        let out = start(&dir, &db, "release_notes", &script, "a request");
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         v["run_id"].as_str().unwrap().to_owned()
     };
@@ -514,9 +495,7 @@ fn diff_says_where_two_jobs_diverge() {
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     let out = run(&dir, &db, &["approve", &b, "--reject", "--comment", "again", "--by", "tester"]);
     assert!(out.status.code().is_some());
-    let out = run(&dir, &db, &["diff", &a, &b, "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = run_json(&dir, &db, &["diff", &a, &b, "--json"]);
     assert_eq!(d["same"], false);
     let whats: Vec<&str> =
         d["changes"].as_array().unwrap().iter().map(|c| c["what"].as_str().unwrap()).collect();
@@ -534,25 +513,9 @@ fn a_store_run_replays_in_place_and_a_changed_scenario_is_reported_where_it_dive
     copy_scenarios(&dir);
     let db = dir.join("runs.db");
     let script = dir.join("scenarios/scripts/research_brief.yaml");
-    let out = run(
-        &dir,
-        &db,
-        &[
-            "run",
-            "research_brief",
-            "--script",
-            script.to_str().unwrap(),
-            "--input",
-            "a request",
-            "--json",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = start_json(&dir, &db, "research_brief", &script, "a request");
     let id = v["run_id"].as_str().unwrap();
-    let out = run(&dir, &db, &["replay", id, "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = run_json(&dir, &db, &["replay", id, "--json"]);
     assert_eq!(r["matches"], true, "{r:#}");
     // The replay is a run of the database, and says what it replays.
     let replay_events = events(&dir, &db, r["replay_run_id"].as_str().unwrap());
@@ -600,21 +563,7 @@ fn a_forecast_gives_the_recorded_runs_own_figures_and_guards_a_run() {
             ),
         )
         .unwrap();
-        let out = run(
-            &dir,
-            &db,
-            &[
-                "run",
-                "priced",
-                "--script",
-                script.to_str().unwrap(),
-                "--input",
-                &format!("job {i}"),
-                "--json",
-            ],
-        );
-        assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = start_json(&dir, &db, "priced", &script, &format!("job {i}"));
         costs.push(v["totals"]["cost_usd"].as_f64().unwrap());
         if i == 9 {
             // Nine runs: no p90, and it says how many it has.
@@ -643,9 +592,7 @@ fn a_forecast_gives_the_recorded_runs_own_figures_and_guards_a_run() {
             assert!(text(&out.stderr).contains("has 9 recorded job(s)"), "{}", both(&out));
         }
     }
-    let out = run(&dir, &db, &["forecast", "priced", "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
-    let f: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = run_json(&dir, &db, &["forecast", "priced", "--json"]);
     let mut sorted = costs.clone();
     sorted.sort_by(f64::total_cmp);
     let rank = |p: usize| sorted[(p * sorted.len()).div_ceil(100) - 1];
@@ -666,38 +613,19 @@ fn a_forecast_gives_the_recorded_runs_own_figures_and_guards_a_run() {
     assert_eq!(cap["crossed"], over, "{cap}");
     // The guard: under the p90 refused, over it started.
     let script = dir.join("s1.yaml");
-    let low = format!("{}", rank(90) / 2.0);
-    let out = run(
-        &dir,
-        &db,
-        &[
-            "run",
-            "priced",
-            "--max-forecast-usd",
-            &low,
-            "--script",
-            script.to_str().unwrap(),
-            "--input",
-            "x",
-        ],
-    );
+    let guarded = |limit: f64| {
+        let limit = limit.to_string();
+        let script = script.to_str().unwrap();
+        run(
+            &dir,
+            &db,
+            &["run", "priced", "--max-forecast-usd", &limit, "--script", script, "--input", "x"],
+        )
+    };
+    let out = guarded(rank(90) / 2.0);
     assert_eq!(out.status.code(), Some(1), "{}", both(&out));
     assert!(text(&out.stderr).contains("at p90"), "{}", both(&out));
-    let high = format!("{}", rank(90) * 2.0);
-    let out = run(
-        &dir,
-        &db,
-        &[
-            "run",
-            "priced",
-            "--max-forecast-usd",
-            &high,
-            "--script",
-            script.to_str().unwrap(),
-            "--input",
-            "x",
-        ],
-    );
+    let out = guarded(rank(90) * 2.0);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -708,19 +636,7 @@ fn a_replay_killed_after_any_event_resumes_and_makes_the_rest_of_the_recorded_de
     copy_scenarios(&dir);
     let db = dir.join("runs.db");
     let script = dir.join("scenarios/scripts/release_notes.yaml");
-    let out = run(
-        &dir,
-        &db,
-        &[
-            "run",
-            "release_notes",
-            "--script",
-            script.to_str().unwrap(),
-            "--input",
-            "a request",
-            "--json",
-        ],
-    );
+    let out = start(&dir, &db, "release_notes", &script, "a request");
     let recorded: Value = serde_json::from_slice(&out.stdout).unwrap();
     let original = recorded["run_id"].as_str().unwrap().to_owned();
     for d in [&["--reject", "--comment", "name the CSV export first"][..], &[][..]] {
