@@ -5,9 +5,10 @@
 //! the store, or a fixture) on an engine whose model answers from the recording's cassette
 //! (with `--live`, a request the cassette does not hold goes to the configured providers
 //! and is recorded) and whose verifiers run again or, with `--trust-validation`, return
-//! their recorded outcomes. `baton test` replays each fixture in a scratch database of its
-//! own and judges the result against the fixture's expected summary under the scenario's
-//! `regression_thresholds`; every text a model wrote is escaped before it is printed.
+//! their recorded outcomes. `baton test` replays the fixtures into one scratch database
+//! (removed when done) and judges each result against its fixture's expected summary
+//! under the scenario's `regression_thresholds`; every text a model wrote is escaped
+//! before it is printed.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,11 @@ pub(crate) async fn replay_job(
     from: ReplaySource<'_>,
 ) -> anyhow::Result<Replayed> {
     let Some(root) = from.recorded.root() else { bail!("the recording holds no run") };
+    // Verifiers that run again run in the jail: a replay that cannot set it up is refused
+    // before it starts, as a run is.
+    if from.strategy == Strategy::RerunVerifiers {
+        cmd_run::check_jail(place, &scenario)?;
+    }
     let mut replayer = Replayer::new(from.cassette);
     if let Some(live) = from.live {
         replayer = replayer.live(live);
