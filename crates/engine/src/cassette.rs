@@ -351,10 +351,7 @@ impl Miss {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn short(hash: &str) -> &str {

@@ -293,10 +293,7 @@ impl Trusted {
         attempt: u32,
         name: &str,
     ) -> Option<VerifierFinished> {
-        let mut by = match self.by.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut by = self.by.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let key = (run_id.to_owned(), level_id.to_owned(), attempt, name.to_owned());
         by.get_mut(&key).and_then(VecDeque::pop_front)
     }
@@ -345,6 +342,11 @@ impl Ids {
         }
         names.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
         Ids { names }
+    }
+
+    /// Reads `id` as `name` too, before every other id (it is not inside one).
+    fn read_as(&mut self, id: String, name: String) {
+        self.names.insert(0, (id, name));
     }
 
     fn rename(&self, text: &str) -> String {
@@ -416,7 +418,7 @@ pub fn compare(recorded: &Tree, replay: &Tree) -> Vec<Mismatch> {
             _ => None,
         });
         if let (Some(recorded), Some(own)) = (declared, own) {
-            new_ids.names.insert(0, (own, recorded));
+            new_ids.read_as(own, recorded);
         }
     }
     let kept = |run: &TreeRun, ids: &Ids| -> Vec<(u64, Value)> {

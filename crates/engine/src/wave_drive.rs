@@ -233,13 +233,14 @@ impl Engine {
         let mut running = crate::join::Pool::default();
         let mut driving: HashSet<String> = HashSet::new();
         let mut finished: HashSet<String> = HashSet::new();
+        // A replay's recorded settle order (none outside replays).
+        let order = self.runtime.jobs.as_ref().and_then(|j| j.settle_order.clone());
         let mut waits: Option<Outcome> = None;
         let mut cancel_deadline: Option<tokio::time::Instant> = None;
         loop {
             if state.cancel_requested.is_some() && cancel_deadline.is_none() {
                 cancel_deadline = Some(tokio::time::Instant::now() + settle);
             }
-            let order = self.runtime.jobs.as_ref().and_then(|j| j.settle_order.clone());
             for child in state.open_children() {
                 let id = &child.started.child_run_id;
                 // A replay drives a worker once every group its recording settled before
