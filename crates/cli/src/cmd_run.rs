@@ -51,8 +51,12 @@ pub(crate) struct Place {
 
 /// The run database, created when absent: for commands that start runs.
 pub(crate) fn open_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
-    let store = SqliteStore::open(&place.db).map_err(store_error)?;
-    Ok(Arc::new(store))
+    Ok(Arc::new(sqlite_store(place)?))
+}
+
+/// The run database as the SQLite store itself (its tokens too), created when absent.
+pub(crate) fn sqlite_store(place: &Place) -> anyhow::Result<SqliteStore> {
+    SqliteStore::open(&place.db).map_err(store_error)
 }
 
 /// The run database, which must exist: for commands that read runs or change existing
@@ -167,7 +171,7 @@ pub(crate) fn choose_model(
 }
 
 /// The model a run recorded as its source, for resuming it.
-fn recorded_model(
+pub(crate) fn recorded_model(
     source: Option<&str>,
     script: Option<&Path>,
     config: Option<&Path>,
@@ -364,7 +368,7 @@ pub(crate) fn check_jail(place: &Place, scenario: &Scenario) -> anyhow::Result<(
     Ok(())
 }
 
-fn engine(
+pub(crate) fn engine(
     store: Arc<dyn EventStore>,
     model: Arc<dyn ModelProvider>,
     registry: &Registry,
@@ -416,7 +420,7 @@ pub(crate) fn engine_trusting(
 
 /// The configuration's `[selection]` and `[jobs]` settings: the file's when there is one
 /// (a file that does not load is an error, never skipped), the defaults otherwise.
-fn job_settings(place: &Place) -> anyhow::Result<(Selection, Option<f64>, Option<u32>)> {
+pub(crate) fn job_settings(place: &Place) -> anyhow::Result<(Selection, Option<f64>, Option<u32>)> {
     let config = match config_file(place.config.as_deref()) {
         Some(path) => Config::from_file(&path)?,
         None => Config::default(),

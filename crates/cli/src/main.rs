@@ -11,6 +11,7 @@ mod cmd_gc;
 mod cmd_graph;
 mod cmd_replay;
 mod cmd_run;
+mod cmd_serve;
 mod cmd_tenant;
 mod cmd_validate;
 mod cmd_verify;
@@ -270,6 +271,46 @@ enum Command {
     /// stored; `baton run --tenant T` runs the merged scenarios).
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// Serve the HTTP API (with live event streams) and drive runs: started through it,
+    /// continued after a decision, taken up after a restart. Prints `listening on URL`.
+    Serve {
+        /// The address to listen on (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Serve without tokens, every caller an admin of runs of no tenant (loopback only).
+        #[arg(long)]
+        no_auth: bool,
+        /// Runs driven at once.
+        #[arg(long, default_value_t = 16)]
+        workers: usize,
+        /// The largest request body, in bytes (larger ones get 413).
+        #[arg(long, default_value_t = 1 << 20)]
+        body_max_bytes: usize,
+        /// Runs a tenant may start per minute (more get 429).
+        #[arg(long, default_value_t = 600_000)]
+        starts_per_minute: u32,
+        /// Event streams open at once per token (more get 429).
+        #[arg(long, default_value_t = 64)]
+        streams_per_token: usize,
+        /// Another HOST:PORT requests may name (a loopback server answers only to its
+        /// loopback names otherwise).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// Runs started through the API answer from this script.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Drives of a run stopped by a transient failure (every model unavailable, the
+        /// workspace busy), at most; past them it stays interrupted.
+        #[arg(long, default_value_t = 5)]
+        retries_max: u32,
+        /// The wait before the first of them, in milliseconds; each next one waits twice
+        /// as long.
+        #[arg(long, default_value_t = 1000)]
+        retry_first_ms: u64,
+    },
+    /// Bearer tokens of `baton serve`, each for one tenant with one role.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Continue a run (after a crash, or after a decision or answer).
     Resume {
         run: String,
@@ -630,6 +671,32 @@ enum WaveCommand {
     },
 }
 
+/// Token commands.
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Make a token for TENANT and print it (once; the database keeps only its SHA-256).
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// viewer (reads), operator (also starts, decides, cancels) or admin.
+        #[arg(long, default_value = "operator")]
+        role: String,
+        /// Who holds it: decisions made with it are recorded by this name (default: the
+        /// tenant).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List tokens (never the tokens themselves).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by its id (`tok_…`).
+    Revoke { id: String },
+}
+
 /// Tenant commands.
 #[derive(Debug, Subcommand)]
 enum TenantCommand {
@@ -825,6 +892,43 @@ fn main() -> ExitCode {
                 }
                 WaveCommand::List { json } => cmd_wave::list(&place, json).await,
                 WaveCommand::Summary { json } => cmd_wave::summary(&place, json).await,
+            }
+        }),
+        Command::Serve {
+            listen,
+            no_auth,
+            workers,
+            body_max_bytes,
+            starts_per_minute,
+            streams_per_token,
+            hosts,
+            script,
+            retries_max,
+            retry_first_ms,
+        } => runtime.block_on(cmd_serve::serve(
+            &place,
+            cmd_serve::ServeArgs {
+                listen,
+                no_auth,
+                workers,
+                body_bytes_max: body_max_bytes,
+                starts_per_minute,
+                streams_per_token,
+                hosts,
+                script,
+                retries_max,
+                retry_first: std::time::Duration::from_millis(retry_first_ms),
+            },
+        )),
+        Command::Token(t) => runtime.block_on(async {
+            match t {
+                TokenCommand::Create { tenant, role, name } => {
+                    cmd_serve::create_token(&place, &tenant, &role, name.as_deref()).await
+                }
+                TokenCommand::List { tenant, json } => {
+                    cmd_serve::list_tokens(&place, tenant.as_deref(), json).await
+                }
+                TokenCommand::Revoke { id } => cmd_serve::revoke_token(&place, &id).await,
             }
         }),
         Command::Tenant(t) => runtime.block_on(async {

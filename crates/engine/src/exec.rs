@@ -219,6 +219,42 @@ impl Engine {
         }
         let child = start.parent.is_some();
         let (workspace, info) = self.new_workspace(scenario, run_id, child).await?.unzip();
+        let mut w = self.creating(scenario, run_id, start, info, workspace.as_ref());
+        self.drive_writer(&mut w, scenario, workspace).await
+    }
+
+    /// Creates a job's first run — its start, how its scenario was chosen, its workspace's
+    /// notices — in one transaction, without driving it; [`Engine::drive_tree`] drives it
+    /// (a server answers a start once the run is durable, and its workers drive it).
+    pub async fn create_job(
+        &self,
+        run_id: &str,
+        scenario: &Arc<Scenario>,
+        start: crate::job::Start,
+    ) -> Result<(), Error> {
+        if start.parent.is_some() {
+            return Err(Error::Refused {
+                run_id: run_id.to_owned(),
+                message: "a child run is created by its parent's driver".to_owned(),
+            });
+        }
+        let _holding = self.store.hold(run_id).await?;
+        self.keep_texts(scenario).await?;
+        let (workspace, info) = self.new_workspace(scenario, run_id, false).await?.unzip();
+        let mut w = self.creating(scenario, run_id, start, info, workspace.as_ref());
+        w.flush().await?;
+        Ok(())
+    }
+
+    /// A writer that creates a new run with its first events.
+    fn creating<'a>(
+        &'a self,
+        scenario: &Scenario,
+        run_id: &'a str,
+        start: crate::job::Start,
+        info: Option<WorkspaceInfo>,
+        workspace: Option<&Arc<dyn Workspace>>,
+    ) -> Writer<'a> {
         let selected = start.selected.clone();
         let replay = start.replay.clone();
         let (record, started) = self.new_run(scenario, run_id, start, info);
@@ -240,8 +276,8 @@ impl Engine {
         if let Some(replay) = replay {
             w.stage(vec![NewEvent::run(EventData::RunReplayed(replay))]);
         }
-        w.stage(workspace_notices(workspace.as_ref()));
-        self.drive_writer(&mut w, scenario, workspace).await
+        w.stage(workspace_notices(workspace));
+        w
     }
 
     /// Whether this engine kept the texts of the version `checksum` in its store already.

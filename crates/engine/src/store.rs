@@ -54,6 +54,32 @@ pub struct TenantOverride {
     pub updated_at: DateTime<Utc>,
 }
 
+/// Which runs a page of the run list holds: newest first, filtered, after a cursor.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunQuery {
+    /// Only runs of this tenant (`Some(None)`: only runs of no tenant).
+    pub tenant: Option<Option<String>>,
+    /// Only runs with this stored status.
+    pub status: Option<String>,
+    pub scenario_id: Option<String>,
+    /// Only the first runs of jobs (no child runs).
+    pub roots_only: bool,
+    /// Only runs listed after this one (the last run of the previous page).
+    pub after_run: Option<String>,
+    /// At most this many runs.
+    pub limit: usize,
+}
+
+impl RunQuery {
+    /// Whether a run belongs on a page of this query (the cursor aside).
+    pub fn admits(&self, r: &RunRecord) -> bool {
+        self.tenant.as_ref().is_none_or(|t| r.tenant == *t)
+            && self.status.as_ref().is_none_or(|s| r.status == *s)
+            && self.scenario_id.as_ref().is_none_or(|s| r.scenario_id == *s)
+            && (!self.roots_only || r.parent_run_id.is_none())
+    }
+}
+
 /// What can go wrong in a store.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum Error {
@@ -181,6 +207,21 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
 
     /// Every run, newest first, optionally only those with one status.
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>>;
+
+    /// A page of the run list. The default reads every run; stores with an index do better.
+    fn runs_page<'a>(
+        &'a self,
+        query: &'a RunQuery,
+    ) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        Box::pin(async move {
+            let all = self.runs(query.status.as_deref()).await?;
+            let start = match &query.after_run {
+                Some(id) => all.iter().position(|r| r.run_id == *id).map_or(all.len(), |i| i + 1),
+                None => 0,
+            };
+            Ok(all.into_iter().skip(start).filter(|r| query.admits(r)).take(query.limit).collect())
+        })
+    }
 
     /// The records of these runs, in order (`None` for one that does not exist), in one
     /// round trip where the store can (a wave asks after all its workers at once).
@@ -704,6 +745,64 @@ pub mod conformance {
         scenario_texts_are_kept_once(store, prefix).await;
         runs_keep_their_links_and_keys(store, prefix).await;
         tenant_overrides_are_kept_per_tenant_and_scenario(store, prefix).await;
+        runs_are_paged_newest_first_by_tenant(store, prefix).await;
+    }
+
+    /// Pages of one tenant's runs follow each other newest first with no run twice or
+    /// missing; filters by scenario and roots hold; other tenants' runs never appear.
+    async fn runs_are_paged_newest_first_by_tenant(store: &dyn EventStore, prefix: &str) {
+        let tenant = format!("{prefix}-pages");
+        let base = Utc.timestamp_opt(1_750_000_000, 0).single().unwrap_or_default();
+        let mut made = Vec::new();
+        for i in 0..5i64 {
+            let mut r = record(&format!("{prefix}-page-{i}"));
+            r.created_at = base + chrono::Duration::seconds(i);
+            r.tenant = Some(tenant.clone());
+            if i == 3 {
+                r.scenario_id = "other".to_owned();
+                r.parent_run_id = Some(format!("{prefix}-page-0"));
+                r.root_run_id = Some(format!("{prefix}-page-0"));
+            }
+            store.create_run(&r, events(1, 1)).await.expect("create a run");
+            made.push(r.run_id);
+        }
+        let mut intruder = record(&format!("{prefix}-page-x"));
+        intruder.created_at = base + chrono::Duration::seconds(2);
+        intruder.tenant = Some(format!("{prefix}-others"));
+        store.create_run(&intruder, events(1, 1)).await.expect("create another tenant's run");
+        let mut query = super::RunQuery {
+            tenant: Some(Some(tenant.clone())),
+            limit: 2,
+            ..super::RunQuery::default()
+        };
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let page = store.runs_page(&query).await.expect("a page");
+            assert!(page.len() <= 2, "a page holds at most its limit");
+            let Some(last) = page.last() else { break };
+            query.after_run = Some(last.run_id.clone());
+            seen.extend(page.into_iter().map(|r| r.run_id));
+        }
+        made.reverse();
+        assert_eq!(seen, made, "pages of tenant {tenant}, newest first");
+        let only = |q: super::RunQuery| async move {
+            let page = store.runs_page(&q).await.expect("a page");
+            page.into_iter().map(|r| r.run_id).collect::<Vec<_>>()
+        };
+        let scenario = super::RunQuery {
+            tenant: Some(Some(tenant.clone())),
+            scenario_id: Some("other".to_owned()),
+            limit: 10,
+            ..super::RunQuery::default()
+        };
+        assert_eq!(only(scenario).await, vec![format!("{prefix}-page-3")]);
+        let roots = super::RunQuery {
+            tenant: Some(Some(tenant.clone())),
+            roots_only: true,
+            limit: 10,
+            ..super::RunQuery::default()
+        };
+        assert_eq!(only(roots).await.len(), 4, "the child run is not a root");
     }
 
     /// A child's record names its parent and root and a tenant; an idempotency key names

@@ -179,6 +179,35 @@ impl Registry {
         }
     }
 
+    /// Checks one scenario file's text as if it were a file of the scenarios directory
+    /// `root` (its templates, rubrics and schemas read from there, confined to it) — a file
+    /// posted to the server, say. Returns the scenario and its warnings, or every problem;
+    /// `name` names the text in messages.
+    pub fn check_text(
+        name: &str,
+        root: &Path,
+        text: &str,
+    ) -> Result<(Arc<Scenario>, Diagnostics), LoadError> {
+        let mut sources = Sources::new();
+        let mut diags = Diagnostics::new();
+        let source = sources.add(name, text.to_owned());
+        let node = match Node::parse(text, source) {
+            Ok(node) => Some(node),
+            Err(d) => {
+                diags.push(d);
+                None
+            }
+        };
+        let mut files = Files::new(root.to_path_buf());
+        let scenario =
+            node.and_then(|node| check::check(&node, name, &mut files, &mut sources, &mut diags));
+        diags.locate(&sources);
+        match scenario {
+            Some(scenario) if !diags.has_errors() => Ok((Arc::new(scenario), diags)),
+            _ => Err(LoadError { diagnostics: diags }),
+        }
+    }
+
     /// Builds the route index; two scenarios claiming one route is an error.
     fn index_routes(&mut self, sources: &Sources, diags: &mut Diagnostics) {
         self.routes.clear();

@@ -4,5 +4,7 @@
 //! suite. The kernel never names a concrete store; the CLI wires one in.
 
 pub mod sqlite;
+pub mod tokens;
 
 pub use sqlite::{SqliteStore, backup};
+pub use tokens::{Role, TokenRecord, TokenStore};

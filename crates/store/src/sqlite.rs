@@ -28,12 +28,14 @@ use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{
-    Error, EventStore, RunGuard, RunRecord, TenantOverride, Verified, check_numbering,
+    Error, EventStore, RunGuard, RunQuery, RunRecord, TenantOverride, Verified, check_numbering,
 };
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::types::{FromSql, Type};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use tokio::sync::oneshot;
+
+use crate::tokens::{Role, TokenRecord, TokenStore};
 
 /// One version of the schema: SQL, then (optionally) code that fills what SQL cannot.
 struct Migration {
@@ -48,6 +50,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration { sql: include_str!("../migrations/0003_chain.sql"), then: Some(hash_existing_runs) },
     Migration { sql: include_str!("../migrations/0004_scenario_texts.sql"), then: None },
     Migration { sql: include_str!("../migrations/0005_run_trees.sql"), then: None },
+    Migration { sql: include_str!("../migrations/0006_tokens.sql"), then: None },
 ];
 
 /// Tries to take a run's lock file when the file keeps being replaced under us (each
@@ -95,6 +98,16 @@ enum Request {
     Checkpoint(Reply<()>),
     PutTexts { checksum: String, scenario_id: String, texts: String, reply: Reply<bool> },
     Texts { checksum: String, reply: Reply<Option<String>> },
+    RunsPage { query: RunQuery, reply: Reply<Vec<RunRecord>> },
+    Token(TokenOp),
+}
+
+/// A read or change of the tokens table, done by the connection's thread.
+enum TokenOp {
+    Put(TokenRecord, Reply<()>),
+    ByHash(String, Reply<Option<TokenRecord>>),
+    List(Option<String>, Reply<Vec<TokenRecord>>),
+    Revoke(String, DateTime<Utc>, Reply<bool>),
 }
 
 /// A change to a lease, done by the writer thread.
@@ -915,6 +928,10 @@ fn read(conn: &Connection, r: Request) {
         Request::Runs { status, reply } => {
             let _ = reply.send(runs(conn, status.as_deref()));
         }
+        Request::RunsPage { query, reply } => {
+            let _ = reply.send(runs_page(conn, &query));
+        }
+        Request::Token(op) => token_op(conn, op),
         Request::PutTexts { checksum, scenario_id, texts, reply } => {
             // One statement, committed on its own; the first copy of a checksum stays.
             let written = conn
@@ -1138,6 +1155,121 @@ fn run_by_key(conn: &Connection, key: &str) -> Result<Option<RunRecord>, Error> 
     .map(|found| found.map(|(r, _)| r))
 }
 
+/// A page of the run list, newest first after the cursor run (by its creation time, then
+/// id, as the list is ordered).
+fn runs_page(conn: &Connection, q: &RunQuery) -> Result<Vec<RunRecord>, Error> {
+    let (tenant_filtered, tenant) = match &q.tenant {
+        Some(t) => (true, t.as_deref()),
+        None => (false, None),
+    };
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs
+             WHERE (?1 = 0 OR tenant IS ?2)
+               AND (?3 IS NULL OR status = ?3)
+               AND (?4 IS NULL OR scenario_id = ?4)
+               AND (?5 = 0 OR parent_run_id IS NULL)
+               AND (?6 IS NULL OR (created_at, run_id) <
+                    (SELECT created_at, run_id FROM runs WHERE run_id = ?6))
+             ORDER BY created_at DESC, run_id DESC LIMIT ?7"
+        ))
+        .map_err(backend)?;
+    let limit = i64::try_from(q.limit).unwrap_or(i64::MAX);
+    let rows = stmt
+        .query_map(
+            params![
+                tenant_filtered,
+                tenant,
+                q.status,
+                q.scenario_id,
+                q.roots_only,
+                q.after_run,
+                limit
+            ],
+            to_record,
+        )
+        .map_err(backend)?;
+    rows.map(|r| r.map_err(backend).and_then(|r| r.map(|(r, _)| r))).collect()
+}
+
+fn token_op(conn: &Connection, op: TokenOp) {
+    const COLUMNS: &str = "id, sha256, tenant, role, name, created_at, revoked_at";
+    let read = |r: &Row<'_>| -> rusqlite::Result<Result<TokenRecord, Error>> {
+        let (id, sha256, tenant, role, name, created, revoked): (
+            String,
+            String,
+            String,
+            String,
+            String,
+            String,
+            Option<String>,
+        ) = (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?);
+        let build = || -> Result<TokenRecord, Error> {
+            let role = Role::parse(&role).ok_or_else(|| {
+                Error::Backend(format!("token {id} has the unknown role {role:?}"))
+            })?;
+            Ok(TokenRecord {
+                id: id.clone(),
+                sha256,
+                tenant,
+                role,
+                name,
+                created_at: parse_time(&created)?,
+                revoked_at: revoked.as_deref().map(parse_time).transpose()?,
+            })
+        };
+        Ok(build())
+    };
+    match op {
+        TokenOp::Put(t, reply) => {
+            let put = conn
+                .execute(
+                    &format!(
+                        "INSERT INTO tokens ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)"
+                    ),
+                    params![t.id, t.sha256, t.tenant, t.role.as_str(), t.name, time(t.created_at)],
+                )
+                .map(|_| ())
+                .map_err(|e| Error::Backend(format!("cannot keep token {}: {e}", t.id)));
+            let _ = reply.send(put);
+        }
+        TokenOp::ByHash(hash, reply) => {
+            let found = cached_row(
+                conn,
+                &format!("SELECT {COLUMNS} FROM tokens WHERE sha256 = ?1"),
+                [&hash],
+                read,
+            )
+            .optional()
+            .map_err(backend)
+            .and_then(Option::transpose);
+            let _ = reply.send(found);
+        }
+        TokenOp::List(tenant, reply) => {
+            let list = (|| {
+                let mut stmt = conn
+                    .prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM tokens WHERE (?1 IS NULL OR tenant = ?1) ORDER BY created_at, id"
+                    ))
+                    .map_err(backend)?;
+                let rows = stmt.query_map(params![tenant], read).map_err(backend)?;
+                rows.map(|r| r.map_err(backend).and_then(|r| r)).collect()
+            })();
+            let _ = reply.send(list);
+        }
+        TokenOp::Revoke(id, at, reply) => {
+            let revoked = conn
+                .execute(
+                    "UPDATE tokens SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+                    params![id, time(at)],
+                )
+                .map(|n| n == 1)
+                .map_err(backend);
+            let _ = reply.send(revoked);
+        }
+    }
+}
+
 fn runs(conn: &Connection, status: Option<&str>) -> Result<Vec<RunRecord>, Error> {
     let mut stmt = conn
         .prepare_cached(&format!(
@@ -1296,6 +1428,13 @@ impl EventStore for SqliteStore {
         Box::pin(self.ask(move |reply| Request::Runs { status: status.map(str::to_owned), reply }))
     }
 
+    fn runs_page<'a>(
+        &'a self,
+        query: &'a RunQuery,
+    ) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        Box::pin(self.ask(move |reply| Request::RunsPage { query: query.clone(), reply }))
+    }
+
     /// Whether `<database>.locks/<run id>` is locked: no file means nobody holds the run;
     /// else the lock is tried (never waited for) and, when taken, given up at once, the
     /// file left in place.
@@ -1340,5 +1479,35 @@ impl EventStore for SqliteStore {
                 path.display()
             )))
         })
+    }
+}
+
+impl TokenStore for SqliteStore {
+    fn put_token<'a>(&'a self, token: &'a TokenRecord) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.ask(move |reply| Request::Token(TokenOp::Put(token.clone(), reply))))
+    }
+
+    fn token_by_hash<'a>(
+        &'a self,
+        sha256: &'a str,
+    ) -> BoxFuture<'a, Result<Option<TokenRecord>, Error>> {
+        Box::pin(self.ask(move |reply| Request::Token(TokenOp::ByHash(sha256.to_owned(), reply))))
+    }
+
+    fn tokens<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<TokenRecord>, Error>> {
+        Box::pin(
+            self.ask(move |reply| Request::Token(TokenOp::List(tenant.map(str::to_owned), reply))),
+        )
+    }
+
+    fn revoke_token<'a>(
+        &'a self,
+        id: &'a str,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.ask(move |reply| Request::Token(TokenOp::Revoke(id.to_owned(), at, reply))))
     }
 }

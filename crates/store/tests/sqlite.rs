@@ -147,6 +147,10 @@ async fn a_column_that_cannot_be_read_is_named_with_its_run_and_event() {
 
 /// Undoes migration 0005 (run trees, tenants, idempotency keys) in a database, as if it
 /// were written before it.
+/// Back to schema 5: no tokens, no tenant index.
+const UNDO_0006: &str = "DROP INDEX runs_by_tenant; DROP TABLE tokens;
+    DELETE FROM schema_version WHERE version >= 6;";
+
 const UNDO_0005: &str = "DROP INDEX runs_by_root; DROP INDEX runs_by_idempotency_key;
     ALTER TABLE runs DROP COLUMN parent_run_id; ALTER TABLE runs DROP COLUMN root_run_id;
     ALTER TABLE runs DROP COLUMN idempotency_key; ALTER TABLE runs DROP COLUMN tenant;
@@ -159,6 +163,7 @@ async fn migration_0005_opens_a_database_from_before_run_trees() {
     store.create_run(&record("old"), warnings(1, 2)).await.unwrap();
     drop(store);
     let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(UNDO_0006).unwrap();
     conn.execute_batch(UNDO_0005).unwrap();
     drop(conn);
     let store = SqliteStore::open(&db).unwrap();
@@ -185,6 +190,7 @@ async fn migration_0003_chains_the_runs_already_stored() {
     drop(store);
     // Back to schema 2: no hashes (and none of the later tables).
     let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(UNDO_0006).unwrap();
     conn.execute_batch(UNDO_0005).unwrap();
     conn.execute_batch(
         "ALTER TABLE events DROP COLUMN hash; ALTER TABLE runs DROP COLUMN head_hash;
@@ -210,6 +216,7 @@ async fn migration_0004_keeps_scenario_texts_in_a_database_from_before() {
     drop(store);
     // Back to schema 3: no scenario texts.
     let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(UNDO_0006).unwrap();
     conn.execute_batch(UNDO_0005).unwrap();
     conn.execute_batch("DROP TABLE scenario_texts; DELETE FROM schema_version WHERE version = 4;")
         .unwrap();
@@ -320,4 +327,44 @@ fn processes_opening_a_new_database_at_once_migrate_it_once() {
         assert_eq!(versions, distinct, "each migration recorded once");
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// Tokens are kept by hash, found by it, listed per tenant, revoked once, and kept across
+/// a reopen; a second token with the same id is refused.
+#[tokio::test]
+async fn tokens_are_kept_by_hash_and_revoked_once() {
+    use baton_store::{Role, TokenRecord, TokenStore};
+    let (dir, db) = fresh_db("tokens");
+    let at = chrono::Utc::now();
+    let token = |id: &str, tenant: &str, hash: &str| TokenRecord {
+        id: id.to_owned(),
+        sha256: hash.to_owned(),
+        tenant: tenant.to_owned(),
+        role: Role::Operator,
+        name: format!("{id}-holder"),
+        created_at: at,
+        revoked_at: None,
+    };
+    {
+        let store = SqliteStore::open(&db).unwrap();
+        store.put_token(&token("tok_a", "acme", "aa")).await.unwrap();
+        store.put_token(&token("tok_b", "other", "bb")).await.unwrap();
+        assert!(store.put_token(&token("tok_a", "acme", "cc")).await.is_err(), "ids are unique");
+        let found = store.token_by_hash("aa").await.unwrap().expect("by hash");
+        assert_eq!(
+            (found.id.as_str(), found.role, found.name.as_str()),
+            ("tok_a", Role::Operator, "tok_a-holder")
+        );
+        assert_eq!(store.token_by_hash("zz").await.unwrap(), None);
+        let acme = store.tokens(Some("acme")).await.unwrap();
+        assert_eq!(acme.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["tok_a"]);
+        assert_eq!(store.tokens(None).await.unwrap().len(), 2);
+        assert!(store.revoke_token("tok_a", at).await.unwrap());
+        assert!(!store.revoke_token("tok_a", at).await.unwrap(), "revoked once");
+        assert!(!store.revoke_token("tok_nope", at).await.unwrap());
+    }
+    let store = SqliteStore::open_existing(&db).unwrap();
+    let revoked = store.token_by_hash("aa").await.unwrap().expect("kept");
+    assert!(revoked.revoked_at.is_some());
+    let _ = std::fs::remove_dir_all(dir);
 }

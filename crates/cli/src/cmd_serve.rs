@@ -1,0 +1,314 @@
+//! `baton serve` (the server of `baton-server`, wired like the CLI wires its runs) and
+//! `baton token create|list|revoke`.
+
+#![allow(clippy::print_stderr)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use anyhow::bail;
+use baton_engine::Engine;
+use baton_engine::cancel::CancelToken;
+use baton_engine::job::{Jobs, Selection};
+use baton_engine::model::{ModelProvider, ScriptedModel};
+use baton_engine::redact::Redactor;
+use baton_engine::store::EventStore;
+use baton_engine::wave_drive::WaveSettings;
+use baton_scenario::{Registry, RegistryHandle, Scenario};
+use baton_server::{Answers, Parts, Settings, Wiring};
+use baton_store::{Role, SqliteStore, TokenStore};
+
+use crate::cmd_run::{self, Place};
+use crate::escape;
+use crate::out::outln;
+
+/// What `baton serve` was asked.
+#[derive(Debug)]
+pub(crate) struct ServeArgs {
+    pub listen: SocketAddr,
+    pub no_auth: bool,
+    pub workers: usize,
+    pub body_bytes_max: usize,
+    pub starts_per_minute: u32,
+    pub streams_per_token: usize,
+    pub hosts: Vec<String>,
+    /// Runs started through the API answer from this script (a scripted model).
+    pub script: Option<PathBuf>,
+    pub retries_max: u32,
+    pub retry_first: std::time::Duration,
+}
+
+/// The CLI's wiring of engines for the server: the same models, jail, workspaces and
+/// verifiers as `baton run` and `baton resume`.
+struct CliWiring {
+    place: Place,
+    /// The model runs the API starts use, and where it came from; or why there is none.
+    start: Result<(Arc<dyn ModelProvider>, Option<String>), String>,
+    /// Models of other sources runs recorded, loaded once each.
+    recorded: Mutex<HashMap<Option<String>, Arc<dyn ModelProvider>>>,
+    selection: Selection,
+    settle_timeout: std::time::Duration,
+    waves: WaveSettings,
+    redactor: Redactor,
+}
+
+impl CliWiring {
+    fn model(&self, answers: Answers<'_>) -> Result<Arc<dyn ModelProvider>, String> {
+        let source = match answers {
+            Answers::Nothing => return Ok(Arc::new(ScriptedModel::default())),
+            Answers::Recorded(source) => source,
+        };
+        if let Ok((model, started)) = &self.start
+            && started.as_deref() == source
+        {
+            return Ok(Arc::clone(model));
+        }
+        let key = source.map(str::to_owned);
+        let mut recorded = self.recorded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(m) = recorded.get(&key) {
+            return Ok(Arc::clone(m));
+        }
+        let model = cmd_run::recorded_model(source, None, self.place.config.as_deref())
+            .map_err(|e| format!("{e:#}"))?;
+        recorded.insert(key, Arc::clone(&model));
+        Ok(model)
+    }
+}
+
+impl Wiring for CliWiring {
+    fn engine(
+        &self,
+        store: Arc<dyn EventStore>,
+        answers: Answers<'_>,
+        registry: Arc<Registry>,
+    ) -> Result<Engine, String> {
+        let model = self.model(answers)?;
+        let jobs = Jobs::new(
+            Arc::clone(&registry),
+            self.selection.clone(),
+            self.place.scenarios.clone(),
+            self.settle_timeout,
+        )
+        .with_waves(self.waves);
+        Ok(cmd_run::engine(
+            store,
+            model,
+            &registry,
+            cmd_run::workspace_setup(&self.place, None, None),
+            self.redactor.clone(),
+            cmd_run::jail(&self.place),
+            Some(Arc::new(jobs)),
+        ))
+    }
+
+    fn model_source(&self) -> Option<String> {
+        self.start.as_ref().ok().and_then(|(_, source)| source.clone())
+    }
+
+    fn check(&self, scenario: &Scenario) -> Result<(), String> {
+        if let Err(why) = &self.start {
+            return Err(why.clone());
+        }
+        cmd_run::check_jail(&self.place, scenario).map_err(|e| format!("{e:#}"))
+    }
+
+    fn selection(&self) -> Selection {
+        self.selection.clone()
+    }
+}
+
+pub(crate) async fn serve(place: &Place, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    if args.no_auth && !args.listen.ip().is_loopback() {
+        bail!(
+            "--no-auth serves anyone who can reach {}; it is allowed only with a loopback --listen (127.0.0.1:PORT, [::1]:PORT)",
+            args.listen
+        );
+    }
+    if args.workers == 0 || args.workers > 1024 {
+        bail!("--workers must be 1 to 1024, not {}", args.workers);
+    }
+    let (registry, warnings) = match RegistryHandle::open(vec![place.scenarios.clone()]) {
+        Ok(opened) => opened,
+        Err(e) => {
+            eprint!("{}", e.diagnostics.render());
+            bail!("the scenarios in {} do not load", place.scenarios.display());
+        }
+    };
+    if warnings.iter().next().is_some() {
+        eprint!("{}", warnings.render());
+    }
+    let (selection, settle_timeout_s, parallel) = cmd_run::job_settings(place)?;
+    let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s)
+        .map_err(|e| anyhow::anyhow!("settle_timeout_s: {e}"))?;
+    let start = cmd_run::load_model(args.script.as_deref(), place.config.as_deref(), None)
+        .map_err(|e| format!("{e:#}"));
+    if let Err(why) = &start {
+        eprintln!("baton serve: warning: runs cannot be started until this is fixed: {why}");
+    }
+    let sqlite = Arc::new(cmd_run::sqlite_store(place)?);
+    let store: Arc<dyn EventStore> = Arc::clone(&sqlite) as Arc<dyn EventStore>;
+    let tokens: Arc<dyn TokenStore> = sqlite;
+    let wiring = CliWiring {
+        place: place.clone(),
+        start,
+        recorded: Mutex::default(),
+        selection,
+        settle_timeout,
+        waves: WaveSettings {
+            max_parallel: parallel.unwrap_or(WaveSettings::default().max_parallel),
+            ..WaveSettings::default()
+        },
+        redactor: cmd_run::redactor(place),
+    };
+    let settings = Settings {
+        listen: args.listen,
+        no_auth: args.no_auth,
+        workers: args.workers,
+        body_bytes_max: args.body_bytes_max,
+        starts_per_minute: args.starts_per_minute,
+        streams_per_token: args.streams_per_token,
+        hosts: args.hosts,
+        retries_max: args.retries_max,
+        retry_first: args.retry_first,
+        ..Settings::default()
+    };
+    let parts = Parts {
+        store,
+        tokens,
+        registry,
+        scenarios_dir: place.scenarios.clone(),
+        wiring: Arc::new(wiring),
+    };
+    let stop = CancelToken::new();
+    tokio::spawn(stop_on_signal(stop.clone()));
+    let no_auth = args.no_auth;
+    baton_server::serve(settings, parts, stop, |bound| {
+        if no_auth {
+            eprintln!(
+                "baton serve: WARNING: --no-auth: every request is served without a token, as an admin; anyone who can reach {bound} can start and decide runs"
+            );
+        }
+        // Tests and scripts read the address from here (with --listen 127.0.0.1:0).
+        let _ = outln!("listening on http://{bound}");
+        let _ = crate::out::flush();
+    })
+    .await
+    .map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "baton serve: stopped; runs that were being driven are recorded interrupted and taken up at the next start"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn stop_on_signal(stop: CancelToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) =
+        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        return;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    eprintln!(
+        "baton serve: stopping — no new requests; running steps are cut and their runs recorded interrupted (again to exit at once)"
+    );
+    stop.cancel();
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    eprintln!("baton serve: exiting at once; every run stays resumable");
+    std::process::exit(130);
+}
+
+/// `baton token create`: prints the token once, and its id.
+pub(crate) async fn create_token(
+    place: &Place,
+    tenant: &str,
+    role: &str,
+    name: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    crate::cmd_tenant::check_tenant(tenant)?;
+    let Some(role) = Role::parse(role) else {
+        bail!("--role {} is none of viewer, operator, admin", escape::one_line(role));
+    };
+    let name = name.unwrap_or(tenant);
+    if name.trim().is_empty() || name.chars().count() > baton_server::auth::NAME_CHARS_MAX {
+        bail!(
+            "--name must be 1 to {} characters and not blank",
+            baton_server::auth::NAME_CHARS_MAX
+        );
+    }
+    let store = cmd_run::sqlite_store(place)?;
+    let (token, record) = baton_server::auth::new_token(tenant, role, name, chrono::Utc::now());
+    store.put_token(&record).await?;
+    eprintln!(
+        "token {} for tenant {tenant}, role {}, named {}; it is shown once — keep it",
+        record.id,
+        role.as_str(),
+        escape::one_line(name)
+    );
+    outln!("{token}")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `baton token list`.
+pub(crate) async fn list_tokens(
+    place: &Place,
+    tenant: Option<&str>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let store = existing(place)?;
+    let list = store.tokens(tenant).await?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&list)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if list.is_empty() {
+        outln!("no tokens")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!("{:<17} {:<20} {:<9} {:<20} {:<20} revoked", "id", "tenant", "role", "name", "created")?;
+    for t in list {
+        let line = format!(
+            "{:<17} {:<20} {:<9} {:<20} {:<20} {}",
+            t.id,
+            t.tenant,
+            t.role.as_str(),
+            t.name,
+            t.created_at.format("%Y-%m-%d %H:%M:%S"),
+            t.revoked_at.map_or(String::new(), |at| at.format("%Y-%m-%d %H:%M:%S").to_string())
+        );
+        outln!("{}", escape::one_line(&line))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `baton token revoke`.
+pub(crate) async fn revoke_token(place: &Place, id: &str) -> anyhow::Result<ExitCode> {
+    let store = existing(place)?;
+    if !store.revoke_token(id, chrono::Utc::now()).await? {
+        bail!(
+            "no token {} that is not revoked already in {}; `baton token list` shows them",
+            escape::one_line(id),
+            place.db.display()
+        );
+    }
+    outln!(
+        "revoked token {id}; a server refuses it within {} s",
+        baton_server::auth::TOKEN_CACHE_FOR.as_secs()
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn existing(place: &Place) -> anyhow::Result<SqliteStore> {
+    if !place.db.exists() {
+        bail!("no database at {}; pass --db", place.db.display());
+    }
+    SqliteStore::open_existing(&place.db).map_err(|e| anyhow::anyhow!("{e}"))
+}

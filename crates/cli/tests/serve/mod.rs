@@ -1,0 +1,707 @@
+//! `baton serve` through its real binary, over real TCP, on a real SQLite file: a job
+//! started through the API, watched as a live event stream (resumed with `Last-Event-ID`),
+//! approved with a token whose principal is recorded, and completed by the server's workers;
+//! tenant isolation over every run operation of `/openapi.json`; roles, revoked tokens,
+//! Host and Origin; the limits (413, 429); approval deadlines recorded by the server;
+//! bounded retries of transient stops; racing approvals recorded once; scenario files
+//! reloaded while serving; and a server stopped or SIGKILLed with runs in flight whose
+//! runs the next start completes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::{baton_in, repo, scratch, text};
+
+/// A running `baton serve`, killed when dropped.
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Copies the bundled scenarios into a test's directory.
+fn with_scenarios(name: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(name);
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(repo().join("scenarios"))
+        .arg(dir.join("scenarios"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let db = dir.join("runs.db");
+    (dir, db)
+}
+
+/// Starts `baton serve` on a free port of 127.0.0.1 and waits until it listens.
+fn serve(dir: &Path, db: &Path, extra: &[&str]) -> Served {
+    let mut child = baton_in(dir, db)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("serve.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let Some(addr) = line.trim().strip_prefix("listening on http://") else {
+        let _ = child.kill();
+        panic!(
+            "baton serve did not start: {line:?}\n{}",
+            std::fs::read_to_string(dir.join("serve.err")).unwrap_or_default()
+        );
+    };
+    Served { addr: addr.to_owned(), child }
+}
+
+/// A token made with `baton token create`.
+fn token(dir: &Path, db: &Path, tenant: &str, role: &str, name: &str) -> String {
+    let out = baton_in(dir, db)
+        .args(["token", "create", "--tenant", tenant, "--role", role, "--name", name])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let t = text(&out.stdout).trim().to_owned();
+    assert!(t.starts_with("baton_") && t.len() == 70, "{t}");
+    t
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+impl std::fmt::Debug for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status, self.body)
+    }
+}
+
+/// One HTTP/1.1 request on its own connection.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+            req.push_str("Content-Type: application/json\r\n");
+        }
+        req.push_str(&format!("Content-Length: {}\r\n", b.len()));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    if let Some(b) = body {
+        // A server that refuses a body early may close before it is all sent.
+        let _ = s.write_all(b.as_bytes());
+    }
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let (head, rest) = split_head(&raw);
+    let (status, headers) = parse_head(&head);
+    let chunked = headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    let body = if chunked { dechunk(rest).0 } else { rest.to_vec() };
+    Reply { status, headers, body: String::from_utf8_lossy(&body).into_owned() }
+}
+
+fn split_head(raw: &[u8]) -> (String, &[u8]) {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete head");
+    (String::from_utf8_lossy(&raw[..end]).into_owned(), &raw[end + 4..])
+}
+
+fn parse_head(head: &str) -> (u16, Vec<(String, String)>) {
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    (status, headers)
+}
+
+/// The chunks of a chunked body that are complete, and how many bytes they took.
+fn dechunk(mut raw: &[u8]) -> (Vec<u8>, usize) {
+    let mut out = Vec::new();
+    let mut used = 0;
+    while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&raw[..eol]).trim(), 16).unwrap();
+        if size == 0 || raw.len() < eol + 2 + size + 2 {
+            break;
+        }
+        out.extend_from_slice(&raw[eol + 2..eol + 2 + size]);
+        raw = &raw[eol + 2 + size + 2..];
+        used += eol + 2 + size + 2;
+    }
+    (out, used)
+}
+
+/// A live event stream.
+struct Stream {
+    socket: TcpStream,
+    raw: Vec<u8>,
+    text: String,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct Sse {
+    id: u64,
+    kind: String,
+    data: Value,
+}
+
+/// Opens `GET path` as an event stream; the reply's status when it is not one.
+fn stream(addr: &str, path: &str, headers: &[(&str, &str)]) -> Result<Stream, Reply> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the server closed before its head");
+        raw.extend_from_slice(&buf[..n]);
+    }
+    let (head, rest) = split_head(&raw);
+    let (status, headers) = parse_head(&head);
+    let rest = rest.to_vec();
+    if status != 200 {
+        drop(s);
+        let (body, _) = dechunk(&rest);
+        return Err(Reply { status, headers, body: String::from_utf8_lossy(&body).into_owned() });
+    }
+    Ok(Stream { socket: s, raw: rest, text: String::new(), closed: false })
+}
+
+impl Stream {
+    /// The next event (keep-alive comments skipped), or None once the server closed it.
+    fn next(&mut self) -> Option<Sse> {
+        loop {
+            if let Some(end) = self.text.find("\n\n") {
+                let block: String = self.text.drain(..end + 2).collect();
+                let (mut id, mut kind, mut data) = (None, String::new(), String::new());
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = v.trim().parse().ok();
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        kind = v.trim().to_owned();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if let Some(id) = id {
+                    return Some(Sse { id, kind, data: serde_json::from_str(&data).unwrap() });
+                }
+                continue;
+            }
+            if self.closed {
+                return None;
+            }
+            let (decoded, used) = dechunk(&self.raw);
+            self.raw.drain(..used);
+            self.text.push_str(&String::from_utf8_lossy(&decoded));
+            if !decoded.is_empty() {
+                continue;
+            }
+            if self.raw.starts_with(b"0\r\n") {
+                self.closed = true;
+                continue;
+            }
+            let mut buf = [0u8; 8192];
+            match self.socket.read(&mut buf) {
+                Ok(0) | Err(_) => self.closed = true,
+                Ok(n) => self.raw.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    /// Events until (and with) the first of `kind`.
+    fn until(&mut self, kind: &str) -> Vec<Sse> {
+        let mut out = Vec::new();
+        while let Some(e) = self.next() {
+            let last = e.kind == kind;
+            out.push(e);
+            if last {
+                return out;
+            }
+        }
+        panic!("the stream ended before a {kind} event: {out:?}");
+    }
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// Polls a run until `done` says so (at most 60 s).
+fn wait_for(addr: &str, auth: &str, run: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = http(addr, "GET", &format!("/runs/{run}"), &[("Authorization", auth)], None);
+        assert_eq!(r.status, 200, "{r:?}");
+        let v = r.json();
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "run {run} never got {what}: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn start(addr: &str, auth: &str, body: &Value) -> Reply {
+    http(addr, "POST", "/runs", &[("Authorization", auth)], Some(&body.to_string()))
+}
+
+fn release_notes_script() -> String {
+    repo().join("scenarios/scripts/release_notes.yaml").display().to_string()
+}
+
+#[test]
+fn a_job_started_through_the_api_is_watched_live_approved_with_a_token_and_completed() {
+    let (dir, db) = with_scenarios("serve-job");
+    let ann = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let server = serve(&dir, &db, &["--script", &release_notes_script()]);
+    let addr = server.addr.as_str();
+    let started = start(addr, &ann, &json!({"scenario": "release_notes", "input": "x"}));
+    assert_eq!(started.status, 201, "{started:?}");
+    let run = started.json()["run_id"].as_str().unwrap().to_owned();
+    // The run is in the store when the start answers: it is listed at once.
+    let listed = http(addr, "GET", "/runs", &[("Authorization", &ann)], None).json();
+    assert!(listed["runs"].as_array().unwrap().iter().any(|r| r["run_id"] == run.as_str()));
+
+    let mut live =
+        stream(addr, &format!("/runs/{run}/events"), &[("Authorization", &ann)]).unwrap();
+    let first = live.until("approval_requested");
+    assert_eq!(first[0].id, 1, "a stream with no Last-Event-ID starts at the first event");
+    assert!(first.windows(2).all(|w| w[1].id == w[0].id + 1), "in order, none missing");
+    let paused = wait_for(addr, &ann, &run, "paused", |v| v["status"] == "paused");
+    let request = paused["waiting_on"][0]["request_id"].as_str().unwrap().to_owned();
+    assert_eq!(paused["waiting_on"][0]["for"], "approval");
+
+    let approved = http(
+        addr,
+        "POST",
+        &format!("/runs/{run}/approve"),
+        &[("Authorization", &ann)],
+        Some(&json!({"request_id": request, "comment": "ship it"}).to_string()),
+    );
+    assert_eq!(approved.status, 200, "{approved:?}");
+    assert_eq!(approved.json()["by"], "ann", "the token's principal is recorded");
+    // The same stream goes on with the decision and everything after it, to the end.
+    let rest = live.until("scenario_finished");
+    assert_eq!(rest[0].id, first.last().unwrap().id + 1, "none missing across the wait");
+    assert!(rest.windows(2).all(|w| w[1].id == w[0].id + 1));
+    let decided = rest.iter().find(|e| e.kind == "approval_decided").expect("the decision");
+    assert_eq!(decided.data["data"]["by"], "ann");
+    assert!(live.next().is_none(), "the stream ends with the run");
+    let done = wait_for(addr, &ann, &run, "completed", |v| v["status"] == "completed");
+    assert!(done["output"].as_str().is_some_and(|o| !o.is_empty()), "{done}");
+
+    // A reconnect with Last-Event-ID resumes exactly after that event.
+    let mut again = stream(
+        addr,
+        &format!("/runs/{run}/events"),
+        &[("Authorization", &ann), ("Last-Event-ID", "5")],
+    )
+    .unwrap();
+    let resumed = again.until("scenario_finished");
+    assert_eq!(resumed[0].id, 6);
+    assert_eq!(resumed.last().unwrap().id, done["last_seq"].as_u64().unwrap());
+    // The JSON form pages the same log.
+    let page =
+        http(addr, "GET", &format!("/runs/{run}/events?after=5"), &[("Authorization", &ann)], None);
+    assert_eq!(page.json()["events"][0]["seq"], 6);
+    // The CLI reads the same database: the decision is there, by ann.
+    let events = baton_in(&dir, &db).args(["events", &run, "--json"]).output().unwrap();
+    assert!(text(&events.stdout).contains("\"by\":\"ann\""), "{}", text(&events.stdout));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn another_tenants_run_is_a_404_on_every_operation_of_the_document() {
+    let (dir, db) = with_scenarios("serve-tenants");
+    let a = bearer(&token(&dir, &db, "tenant-a", "admin", "alice"));
+    let b = bearer(&token(&dir, &db, "tenant-b", "admin", "bob"));
+    let b_viewer = bearer(&token(&dir, &db, "tenant-b", "viewer", "vic"));
+    let server = serve(&dir, &db, &["--script", &release_notes_script()]);
+    let addr = server.addr.as_str();
+    let run = start(addr, &a, &json!({"scenario": "release_notes", "input": "x"})).json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_for(addr, &a, &run, "paused", |v| v["status"] == "paused");
+
+    let doc = http(addr, "GET", "/openapi.json", &[], None).json();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    let mut checked = 0;
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, _) in ops.as_object().unwrap() {
+            if !path.contains("{id}") || !path.starts_with("/runs") {
+                continue;
+            }
+            let concrete = path.replace("{id}", &run);
+            let body = (method == "post").then_some("{}");
+            let r = http(addr, &method.to_uppercase(), &concrete, &[("Authorization", &b)], body);
+            assert_eq!(r.status, 404, "{method} {path} as tenant-b: {r:?}");
+            assert_eq!(r.header("content-type"), Some("application/problem+json"));
+            assert!(!r.body.contains("release_notes"), "nothing of the run leaks: {r:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "every run operation was tried ({checked})");
+    let b_runs = http(addr, "GET", "/runs", &[("Authorization", &b)], None).json();
+    assert_eq!(b_runs["runs"], json!([]), "tenant-b lists none of tenant-a's runs");
+    // Still paused: nothing tenant-b did reached it.
+    let still = wait_for(addr, &a, &run, "paused", |v| v["status"] == "paused");
+    assert_eq!(still["tenant"], "tenant-a");
+
+    // Roles: a viewer reads but does not start.
+    let refused = start(addr, &b_viewer, &json!({"scenario": "release_notes", "input": "x"}));
+    assert_eq!(refused.status, 403, "{refused:?}");
+    assert!(refused.json()["detail"].as_str().unwrap().contains("role viewer"));
+    // No token, an unknown one, a revoked one.
+    assert_eq!(http(addr, "GET", "/runs", &[], None).status, 401);
+    assert_eq!(
+        http(addr, "GET", "/runs", &[("Authorization", "Bearer baton_nope")], None).status,
+        401
+    );
+    let list = baton_in(&dir, &db).args(["token", "list", "--json"]).output().unwrap();
+    let tokens: Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert!(!text(&list.stdout).contains("baton_"), "a listing never shows a token");
+    let vic = tokens.as_array().unwrap().iter().find(|t| t["name"] == "vic").unwrap();
+    let revoke = baton_in(&dir, &db)
+        .args(["token", "revoke", vic["id"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(revoke.status.code(), Some(0), "{}", text(&revoke.stderr));
+    std::thread::sleep(Duration::from_millis(2100));
+    let r = http(addr, "GET", "/runs", &[("Authorization", &b_viewer)], None);
+    assert_eq!(r.status, 401, "{r:?}");
+    assert!(r.json()["detail"].as_str().unwrap().contains("revoked"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn other_hosts_other_origins_large_bodies_and_fast_starts_are_refused() {
+    let (dir, db) = with_scenarios("serve-limits");
+    let t = token(&dir, &db, "acme", "operator", "ann");
+    let auth = bearer(&t);
+    // Runs that take a while: a stream on one stays open.
+    std::fs::write(dir.join("slow.yaml"), SLOW).unwrap();
+    let quick = dir.join("slow.yaml").display().to_string();
+    let server = serve(
+        &dir,
+        &db,
+        &[
+            "--script",
+            &quick,
+            "--body-max-bytes",
+            "2048",
+            "--starts-per-minute",
+            "2",
+            "--streams-per-token",
+            "1",
+        ],
+    );
+    let addr = server.addr.as_str();
+    // DNS rebinding: a name that points at 127.0.0.1 is not this server's name.
+    let rebound = http(
+        addr,
+        "GET",
+        "/runs",
+        &[("Host", "attacker.example:80"), ("Authorization", &auth)],
+        None,
+    );
+    assert_eq!(rebound.status, 403, "{rebound:?}");
+    // CSRF: a page of another origin cannot start runs, whatever it holds.
+    let body = json!({"scenario": "quick_qa", "input": "q"}).to_string();
+    let csrf = http(
+        addr,
+        "POST",
+        "/runs",
+        &[("Origin", "http://attacker.example"), ("Authorization", &auth)],
+        Some(&body),
+    );
+    assert_eq!(csrf.status, 403, "{csrf:?}");
+    let own = format!("http://{addr}");
+    let same =
+        http(addr, "POST", "/runs", &[("Origin", &own), ("Authorization", &auth)], Some(&body));
+    assert_eq!(same.status, 201, "the server's own pages may: {same:?}");
+    // 413 with a problem body.
+    let big = json!({"scenario": "quick_qa", "input": "x".repeat(4096)}).to_string();
+    let r = http(addr, "POST", "/runs", &[("Authorization", &auth)], Some(&big));
+    assert_eq!(r.status, 413, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert!(r.json()["detail"].as_str().unwrap().contains("2048 bytes"), "{r:?}");
+    // 429 past the start rate, with Retry-After.
+    assert_eq!(start(addr, &auth, &json!({"scenario": "quick_qa", "input": "q"})).status, 201);
+    let r = start(addr, &auth, &json!({"scenario": "quick_qa", "input": "q"}));
+    assert_eq!(r.status, 429, "{r:?}");
+    assert!(r.header("retry-after").is_some_and(|s| s.parse::<u64>().unwrap() >= 1));
+    assert!(r.json()["detail"].as_str().unwrap().contains("2 runs a minute"));
+    // Malformed and unknown fields are the caller's error, said as such.
+    let r = http(addr, "POST", "/runs", &[("Authorization", &auth)], Some("{\"scenaro\": 1}"));
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.json()["detail"].as_str().unwrap().contains("unknown field `scenaro`"), "{r:?}");
+    let r = http(addr, "GET", "/runs?limit=9999", &[("Authorization", &auth)], None);
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    // 429 past the streams a token may hold.
+    let run = same.json()["run_id"].as_str().unwrap().to_owned();
+    let path = format!("/runs/{run}/events");
+    let held = stream(addr, &path, &[("Authorization", &auth), ("Last-Event-ID", "1000000")]);
+    assert!(held.is_ok());
+    let second = stream(addr, &path, &[("Authorization", &auth)]).err().expect("a second stream");
+    assert_eq!(second.status, 429, "{second:?}");
+    drop(held);
+    // --no-auth only on loopback.
+    let out =
+        baton_in(&dir, &db).args(["serve", "--listen", "0.0.0.0:0", "--no-auth"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("loopback"), "{}", text(&out.stderr));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn racing_approvals_through_the_api_and_the_cli_record_one() {
+    let (dir, db) = with_scenarios("serve-race");
+    let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let server = serve(&dir, &db, &["--script", &release_notes_script()]);
+    let addr = server.addr.clone();
+    for round in 0..3 {
+        let run = start(&addr, &auth, &json!({"scenario": "release_notes", "input": "x"})).json()
+            ["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        wait_for(&addr, &auth, &run, "paused", |v| v["status"] == "paused");
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(3));
+        let mut api = Vec::new();
+        for _ in 0..2 {
+            let (addr, auth, run, barrier) =
+                (addr.clone(), auth.clone(), run.clone(), std::sync::Arc::clone(&barrier));
+            api.push(std::thread::spawn(move || {
+                barrier.wait();
+                http(
+                    &addr,
+                    "POST",
+                    &format!("/runs/{run}/approve"),
+                    &[("Authorization", &auth)],
+                    None,
+                )
+                .status
+            }));
+        }
+        let cli = {
+            let (dir, db, run, barrier) =
+                (dir.clone(), db.clone(), run.clone(), std::sync::Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                let mut c = baton_in(&dir, &db);
+                c.args(["approve", &run, "--by", "cli", "--no-resume"]);
+                barrier.wait();
+                c.output().unwrap().status.code()
+            })
+        };
+        let statuses: Vec<u16> = api.into_iter().map(|h| h.join().unwrap()).collect();
+        let cli_ok = cli.join().unwrap() == Some(0);
+        let wins = statuses.iter().filter(|s| **s == 200).count() + usize::from(cli_ok);
+        assert_eq!(wins, 1, "round {round}: api {statuses:?}, cli ok {cli_ok}");
+        assert!(statuses.iter().all(|s| *s == 200 || *s == 409), "{statuses:?}");
+        let done = wait_for(&addr, &auth, &run, "completed", |v| v["status"] == "completed");
+        let events =
+            http(&addr, "GET", &format!("/runs/{run}/events"), &[("Authorization", &auth)], None)
+                .json();
+        let decided = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "approval_decided")
+            .count();
+        assert_eq!(decided, 1, "{done}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+const TIMED: &str = "id: timed\nversion: 1\nlevels:\n  - id: ask\n    kind: human_approval\n    approver_role: lead\n    timeout_s: 1\n    prompt: {inline: \"Go on with {{ input }}?\"}\n  - id: after\n    kind: prompt\n    prompt: {inline: \"Finish {{ input }}\"}\n    terminal: true\nedges:\n  - {from: ask, to: after, when: \"level.ask.approved\"}\n  - {from: ask, to: __fail__}\n";
+
+const FLAKY: &str = "levels:\n  answer:\n    - unavailable: every provider is down\n";
+
+#[test]
+fn deadlines_pass_retries_stop_at_their_bound_and_new_scenario_files_are_served() {
+    let (dir, db) = with_scenarios("serve-workers");
+    std::fs::write(dir.join("flaky.yaml"), FLAKY).unwrap();
+    let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let server = serve(
+        &dir,
+        &db,
+        &[
+            "--script",
+            dir.join("flaky.yaml").to_str().unwrap(),
+            "--retries-max",
+            "2",
+            "--retry-first-ms",
+            "100",
+        ],
+    );
+    let addr = server.addr.as_str();
+    // A scenario file added while serving is served within the refresh.
+    std::fs::write(dir.join("scenarios/timed.yaml"), TIMED).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !http(addr, "GET", "/scenarios", &[("Authorization", &auth)], None)
+        .body
+        .contains("\"timed\"")
+    {
+        assert!(Instant::now() < deadline, "the new scenario file was never served");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A broken file keeps the last scenarios that loaded.
+    std::fs::write(dir.join("scenarios/broken.yaml"), "id: [").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        http(addr, "GET", "/scenarios", &[("Authorization", &auth)], None)
+            .body
+            .contains("\"timed\"")
+    );
+    std::fs::remove_file(dir.join("scenarios/broken.yaml")).unwrap();
+
+    // Nobody decides: the server records the timeout when the deadline passes.
+    let run = start(addr, &auth, &json!({"scenario": "timed", "input": "x"})).json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let failed = wait_for(addr, &auth, &run, "its timeout", |v| v["status"] == "failed");
+    let events =
+        http(addr, "GET", &format!("/runs/{run}/events"), &[("Authorization", &auth)], None).json();
+    assert!(
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "approval_decided" && e["data"]["timed_out"] == true),
+        "{failed}"
+    );
+
+    // Every model down: driven again twice after waits, then left interrupted.
+    let run = start(addr, &auth, &json!({"scenario": "quick_qa", "input": "q"})).json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events =
+            http(addr, "GET", &format!("/runs/{run}/events"), &[("Authorization", &auth)], None)
+                .json();
+        let stops = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "run_interrupted")
+            .count();
+        if stops == 3 {
+            break;
+        }
+        assert!(stops < 3 && Instant::now() < deadline, "{stops} stops");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let v = wait_for(addr, &auth, &run, "interrupted", |v| v["status"] == "interrupted");
+    assert!(v["reason"].as_str().unwrap().contains("every provider is down"), "{v}");
+    let events =
+        http(addr, "GET", &format!("/runs/{run}/events"), &[("Authorization", &auth)], None).json();
+    let stops = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "run_interrupted")
+        .count();
+    assert_eq!(stops, 3, "no drive past the bound");
+    let err = std::fs::read_to_string(dir.join("serve.err")).unwrap();
+    assert!(err.contains("stays interrupted"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+const SLOW: &str = "levels:\n  answer:\n    - text: '{\"answer\": \"Paris\", \"confidence\": 0.97, \"sources\": []}'\n      delay_ms: 3000\n";
+
+#[test]
+fn a_server_killed_or_stopped_with_runs_in_flight_loses_none() {
+    let (dir, db) = with_scenarios("serve-kill");
+    std::fs::write(dir.join("slow.yaml"), SLOW).unwrap();
+    let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let slow = dir.join("slow.yaml").display().to_string();
+    let mut runs = Vec::new();
+    for how in ["SIGKILL", "SIGTERM"] {
+        let mut server = serve(&dir, &db, &["--script", &slow, "--workers", "8"]);
+        let addr = server.addr.clone();
+        let mut these = Vec::new();
+        for i in 0..12 {
+            let r = start(&addr, &auth, &json!({"scenario": "quick_qa", "input": format!("q{i}")}));
+            assert_eq!(r.status, 201, "{r:?}");
+            these.push(r.json()["run_id"].as_str().unwrap().to_owned());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        if how == "SIGKILL" {
+            server.child.kill().unwrap();
+        } else {
+            let pid = server.child.id().to_string();
+            assert!(
+                std::process::Command::new("kill")
+                    .args(["-TERM", &pid])
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        }
+        let status = server.child.wait().unwrap();
+        assert!(how == "SIGKILL" || status.success(), "{how}: {status:?}");
+        runs.extend(these);
+    }
+    // Every run is in the store, none ended: the next server takes them all up.
+    let server = serve(&dir, &db, &["--script", &slow, "--workers", "24"]);
+    for run in &runs {
+        let v = wait_for(&server.addr, &auth, run, "completed", |v| v["status"] == "completed");
+        assert_eq!(v["output"].as_str().map(|o| o.contains("Paris")), Some(true), "{v}");
+    }
+    let err = std::fs::read_to_string(dir.join("serve.err")).unwrap();
+    assert!(err.contains("taking up"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,909 @@
+//! The HTTP API: the application's state, the router with its checks (Host, Origin, auth),
+//! and the handlers for scenarios and runs. Every handler that names a run answers 404 for a
+//! run of another tenant, exactly as for a run that does not exist.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use baton_engine::cancel::CancelToken;
+use baton_engine::event::EventData;
+use baton_engine::job::{JobRequest, Start};
+use baton_engine::store::{EventStore, RunQuery, RunRecord};
+use baton_engine::{Engine, RunState, Status};
+use baton_scenario::registry::Override;
+use baton_scenario::{Registry, RegistryHandle};
+use baton_store::Role;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::auth::{Caller, Hosts, Tokens};
+use crate::limits::{StartRate, Streams};
+use crate::notify::Notifying;
+use crate::problem::Problem;
+use crate::workers::Workers;
+use crate::{Answers, Parts, Settings, Wiring};
+
+/// The longest page of the run list.
+pub(crate) const PAGE_MAX: usize = 500;
+/// The longest input, metadata value or idempotency key a start takes, in bytes.
+const KEY_BYTES_MAX: usize = 256;
+
+/// Everything the handlers and workers share.
+pub(crate) struct App {
+    pub(crate) settings: Settings,
+    pub(crate) store: Arc<dyn EventStore>,
+    pub(crate) tokens: Tokens,
+    pub(crate) registry: Arc<RegistryHandle>,
+    pub(crate) scenarios_dir: PathBuf,
+    pub(crate) wiring: Arc<dyn Wiring>,
+    pub(crate) workers: Workers,
+    pub(crate) hosts: Hosts,
+    pub(crate) starts: StartRate,
+    pub(crate) streams: Streams,
+    pub(crate) stop: CancelToken,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+impl App {
+    pub(crate) fn new(
+        settings: Settings,
+        parts: Parts,
+        bound: std::net::SocketAddr,
+        stop: CancelToken,
+    ) -> Arc<Self> {
+        Arc::new(App {
+            hosts: Hosts::new(bound, &settings.hosts),
+            starts: StartRate::new(settings.starts_per_minute),
+            streams: Streams::new(settings.streams_per_token),
+            workers: Workers::new(settings.workers),
+            store: Arc::new(Notifying::new(parts.store)),
+            tokens: Tokens::new(parts.tokens),
+            registry: Arc::new(parts.registry),
+            scenarios_dir: parts.scenarios_dir,
+            wiring: parts.wiring,
+            settings,
+            stop,
+        })
+    }
+
+    /// A run's state, folded from its log (checked as it is loaded).
+    pub(crate) async fn state(&self, run_id: &str) -> Result<RunState, baton_engine::exec::Error> {
+        Ok(baton_engine::fold(&self.store.load(run_id, 0).await?))
+    }
+
+    /// The scenarios a tenant's runs see: the directory's, with its overrides merged in.
+    pub(crate) async fn registry_for(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Arc<Registry>, Problem> {
+        let base = self.registry.current();
+        let Some(tenant) = tenant else { return Ok(base) };
+        let stored = self.store.tenant_overrides(Some(tenant)).await?;
+        if stored.is_empty() {
+            return Ok(base);
+        }
+        let overrides: Vec<Override> = stored
+            .into_iter()
+            .map(|o| Override {
+                name: format!("tenant {} override of {} (stored)", o.tenant, o.scenario_id),
+                scenario_id: o.scenario_id,
+                yaml: o.yaml,
+            })
+            .collect();
+        match base.with_overrides(tenant, &overrides) {
+            Ok(loaded) => Ok(Arc::new(loaded.registry)),
+            Err(e) => Err(Problem::conflict(format!(
+                "tenant `{tenant}`'s overrides do not load over the current scenarios ({}); fix them with `baton tenant set {tenant} SCENARIO FILE` or remove one with `baton tenant rm`",
+                e.diagnostics.render().trim()
+            ))),
+        }
+    }
+
+    /// An engine for decisions and cancels (no model is called).
+    fn deciding(&self) -> Result<Engine, Problem> {
+        self.wiring
+            .engine(Arc::clone(&self.store), Answers::Nothing, self.registry.current())
+            .map_err(Problem::internal)
+    }
+
+    /// A run the caller may see, or 404 as if it did not exist.
+    pub(crate) async fn visible_run(
+        &self,
+        caller: &Caller,
+        run_id: &str,
+    ) -> Result<RunRecord, Problem> {
+        match self.store.run(run_id).await? {
+            Some(r) if caller.sees(r.tenant.as_deref()) => Ok(r),
+            _ => Err(Problem::not_found(format!("no run {run_id}"))),
+        }
+    }
+}
+
+/// Looks at the scenarios directory for changes every `refresh_every`, keeping the last
+/// registry that loaded when a change does not.
+#[allow(clippy::print_stderr)]
+pub(crate) async fn refresh_registry(app: Arc<App>) {
+    loop {
+        tokio::time::sleep(app.settings.refresh_every).await;
+        let handle = Arc::clone(&app.registry);
+        let refreshed = tokio::task::spawn_blocking(move || handle.refresh_if_changed()).await;
+        if let Ok(Some(Err(e))) = refreshed {
+            eprintln!(
+                "baton serve: the scenarios changed and do not load; the last ones that did stay in use:\n{}",
+                e.diagnostics.render()
+            );
+        }
+    }
+}
+
+pub(crate) fn router(app: Arc<App>) -> Router {
+    let authed = Router::new()
+        .route("/scenarios", get(list_scenarios))
+        .route("/scenarios/validate", post(validate_scenario))
+        .route("/scenarios/{id}", get(get_scenario))
+        .route("/scenarios/{id}/graph", get(scenario_graph))
+        .route("/runs", get(list_runs).post(start_run))
+        .route("/runs/{id}", get(get_run))
+        .route("/runs/{id}/events", get(crate::events::run_events))
+        .route("/runs/{id}/approve", post(approve_run))
+        .route("/runs/{id}/reject", post(reject_run))
+        .route("/runs/{id}/answer", post(answer_run))
+        .route("/runs/{id}/cancel", post(cancel_run))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authenticate));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi))
+        .merge(authed)
+        .layer(DefaultBodyLimit::max(app.settings.body_bytes_max))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), check_host))
+        .with_state(app)
+}
+
+/// A request body, read (within the size limit) but parsed only once the handler has
+/// checked the caller may act on what it names: another tenant's run is a 404 whatever the
+/// body holds. Every refusal is a problem+json.
+pub(crate) struct Body(axum::body::Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        let limit = req.extensions().get::<BodyLimit>().map(|l| l.0);
+        match axum::body::Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                match limit {
+                    Some(n) => format!(
+                        "the request body is larger than {n} bytes, the most this server takes (--body-max-bytes)"
+                    ),
+                    None => "the request body is larger than this server takes (--body-max-bytes)"
+                        .to_owned(),
+                },
+            )),
+            Err(e) => Err(Problem::new(e.status(), e.body_text())),
+        }
+    }
+}
+
+impl Body {
+    /// The body as JSON of `T`; an empty body is `T::default()` when `optional`.
+    pub(crate) fn parse<T: serde::de::DeserializeOwned + Default>(
+        &self,
+        optional: bool,
+    ) -> Result<T, Problem> {
+        if optional && self.0.iter().all(u8::is_ascii_whitespace) {
+            return Ok(T::default());
+        }
+        serde_json::from_slice(&self.0).map_err(|e| {
+            Problem::bad_request(format!(
+                "the request body is not what this takes: {e} (line {}, column {}); /openapi.json describes it",
+                e.line(),
+                e.column()
+            ))
+        })
+    }
+
+    /// The body as text.
+    pub(crate) fn text(&self) -> Result<String, Problem> {
+        String::from_utf8(self.0.to_vec())
+            .map_err(|_| Problem::bad_request("the request body is not UTF-8 text"))
+    }
+}
+
+/// The body size limit, for the 413's message.
+#[derive(Clone, Copy, Debug)]
+struct BodyLimit(usize);
+
+/// Refuses requests naming another host or coming from another origin's page.
+async fn check_host(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
+    request.extensions_mut().insert(BodyLimit(app.settings.body_bytes_max));
+    match app.hosts.check(request.method(), request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(p) => p.into_response(),
+    }
+}
+
+/// Finds the caller (a token, or `local` without auth) and hands it to the handler.
+async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
+    let caller = if app.settings.no_auth {
+        Ok(Caller::local())
+    } else {
+        app.tokens.caller(request.headers()).await
+    };
+    match caller {
+        Ok(c) => {
+            request.extensions_mut().insert(c);
+            next.run(request).await
+        }
+        Err(p) => p.into_response(),
+    }
+}
+
+/// Whether the server answers.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "The server answers", body = String)))]
+pub(crate) async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "The OpenAPI 3.1 document of this API")))]
+pub(crate) async fn openapi() -> Json<Value> {
+    Json(crate::openapi::document())
+}
+
+// ---- scenarios ----
+
+/// A scenario as the list shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ScenarioSummary {
+    pub id: String,
+    pub version: u32,
+    pub display_name: String,
+    pub description: String,
+    /// The sha256 of the scenario and every file it reads.
+    pub checksum: String,
+    pub intent_routes: Vec<String>,
+    pub levels: usize,
+}
+
+/// One level of a scenario.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct LevelSummary {
+    pub id: String,
+    pub kind: String,
+}
+
+/// A scenario with its levels and graph.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ScenarioDetail {
+    #[serde(flatten)]
+    pub summary: ScenarioSummary,
+    pub levels_in_order: Vec<LevelSummary>,
+    pub graph: Graph,
+}
+
+/// A scenario's graph, as Mermaid and as Graphviz dot.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Graph {
+    pub mermaid: String,
+    pub dot: String,
+}
+
+fn summary(s: &baton_scenario::Scenario) -> ScenarioSummary {
+    ScenarioSummary {
+        id: s.id.clone(),
+        version: s.version,
+        display_name: s.display_name.clone(),
+        description: s.description.clone(),
+        checksum: s.checksum.clone(),
+        intent_routes: s.intent_routes.clone(),
+        levels: s.levels.len(),
+    }
+}
+
+/// The scenarios the caller's runs may start, with the tenant's overrides merged in.
+#[utoipa::path(get, path = "/scenarios", responses(
+    (status = 200, body = [ScenarioSummary]),
+    (status = 401, body = Problem)))]
+pub(crate) async fn list_scenarios(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<ScenarioSummary>>, Problem> {
+    let registry = app.registry_for(caller.tenant.as_deref()).await?;
+    Ok(Json(registry.scenarios().map(|s| summary(s)).collect()))
+}
+
+fn find(registry: &Registry, id: &str) -> Result<Arc<baton_scenario::Scenario>, Problem> {
+    registry.get(id).cloned().ok_or_else(|| Problem::not_found(format!("no scenario `{id}`")))
+}
+
+/// One scenario: its levels and graph.
+#[utoipa::path(get, path = "/scenarios/{id}", params(("id" = String, Path, description = "The scenario id")), responses(
+    (status = 200, body = ScenarioDetail),
+    (status = 404, body = Problem)))]
+pub(crate) async fn get_scenario(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<ScenarioDetail>, Problem> {
+    let registry = app.registry_for(caller.tenant.as_deref()).await?;
+    let s = find(&registry, &id)?;
+    Ok(Json(ScenarioDetail {
+        summary: summary(&s),
+        levels_in_order: s
+            .levels
+            .iter()
+            .map(|l| LevelSummary { id: l.id.clone(), kind: l.kind_name().to_owned() })
+            .collect(),
+        graph: Graph {
+            mermaid: baton_scenario::graph::mermaid(&s),
+            dot: baton_scenario::graph::dot(&s),
+        },
+    }))
+}
+
+/// A scenario's graph.
+#[utoipa::path(get, path = "/scenarios/{id}/graph", params(("id" = String, Path, description = "The scenario id")), responses(
+    (status = 200, body = Graph),
+    (status = 404, body = Problem)))]
+pub(crate) async fn scenario_graph(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Graph>, Problem> {
+    let registry = app.registry_for(caller.tenant.as_deref()).await?;
+    let s = find(&registry, &id)?;
+    Ok(Json(Graph {
+        mermaid: baton_scenario::graph::mermaid(&s),
+        dot: baton_scenario::graph::dot(&s),
+    }))
+}
+
+/// What `validate` found in a posted scenario file.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Validation {
+    /// True when the file has no error (it may have warnings).
+    pub ok: bool,
+    pub scenario_id: Option<String>,
+    /// Every problem, with file, line, column, the line's text and a hint.
+    #[schema(value_type = Vec<Object>)]
+    pub diagnostics: Vec<Value>,
+}
+
+/// Checks a scenario file (the request body, YAML) as if it were in the scenarios
+/// directory: its templates and rubrics are read from there.
+#[utoipa::path(post, path = "/scenarios/validate", request_body(content = String, content_type = "application/yaml"), responses(
+    (status = 200, body = Validation),
+    (status = 413, body = Problem)))]
+pub(crate) async fn validate_scenario(
+    State(app): State<Arc<App>>,
+    Extension(_caller): Extension<Caller>,
+    body: Body,
+) -> Result<Json<Validation>, Problem> {
+    let body = body.text()?;
+    let dir = app.scenarios_dir.clone();
+    let checked =
+        tokio::task::spawn_blocking(move || Registry::check_text("posted.yaml", &dir, &body))
+            .await
+            .map_err(|e| Problem::internal(format!("the check stopped: {e}")))?;
+    let (ok, scenario_id, diagnostics) = match checked {
+        Ok((s, warnings)) => (true, Some(s.id.clone()), warnings),
+        Err(e) => (false, None, e.diagnostics),
+    };
+    let diagnostics = diagnostics.iter().filter_map(|d| serde_json::to_value(d).ok()).collect();
+    Ok(Json(Validation { ok, scenario_id, diagnostics }))
+}
+
+// ---- runs ----
+
+/// A job to start: what it asks for (a pinned scenario, an intent route, a kind, or the
+/// default), its input and metadata.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StartRun {
+    /// Run exactly this scenario.
+    pub scenario: Option<String>,
+    /// An intent route, looked up case-insensitively.
+    pub intent: Option<String>,
+    /// The job's kind (`task`, `question`, …), for the classifier.
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub input: String,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub metadata: Map<String, Value>,
+    /// A second start with this key gets the first one's run.
+    pub idempotency_key: Option<String>,
+    /// The job's cost cap, all its runs together.
+    pub max_cost_usd: Option<f64>,
+}
+
+/// A level a run waits on, and for what.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Waiting {
+    pub level_id: String,
+    /// `approval`, `answer` or `child run`.
+    #[serde(rename = "for")]
+    pub wants: String,
+    /// The approval request or question id.
+    pub request_id: Option<String>,
+    /// What the person is asked.
+    #[schema(value_type = Object)]
+    pub question: Value,
+    /// The JSON Schema an answer or an approver's data must meet.
+    #[schema(value_type = Object)]
+    pub schema: Value,
+    pub deadline: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// A run with its totals and what it waits on.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct RunView {
+    pub run_id: String,
+    pub scenario_id: String,
+    /// `running`, `paused`, `waiting`, `interrupted`, `completed`, `aborted`, `cancelled`
+    /// or `failed`.
+    pub status: String,
+    pub tenant: Option<String>,
+    pub parent_run_id: Option<String>,
+    pub root_run_id: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    /// The seq of its last event.
+    pub last_seq: u64,
+    pub cost_usd: f64,
+    pub tokens: u64,
+    pub duration_ms: u64,
+    /// The level running now, if any.
+    pub level: Option<String>,
+    pub verdict: Option<String>,
+    pub waiting_on: Vec<Waiting>,
+    /// The runs it started, in the order it started them.
+    pub children: Vec<String>,
+    /// Its final output, once it ended.
+    pub output: Option<String>,
+    pub reason: Option<String>,
+}
+
+async fn view(app: &App, record: RunRecord) -> Result<RunView, Problem> {
+    let state = app.state(&record.run_id).await?;
+    let mut status = record.status.clone();
+    if status == Status::Running.as_str() && !app.store.is_held(&record.run_id).await? {
+        status = Status::Interrupted.as_str().to_owned();
+    }
+    let mut waiting_on: Vec<Waiting> = state
+        .open_approvals()
+        .map(|p| Waiting {
+            level_id: p.level_id.clone(),
+            wants: "approval".to_owned(),
+            request_id: Some(p.request.request_id.clone()),
+            question: Value::String(p.request.question.clone()),
+            schema: p.request.schema.clone(),
+            deadline: p.request.deadline,
+        })
+        .collect();
+    if let Some(ask) = &state.pending_ask {
+        waiting_on.push(Waiting {
+            level_id: state.in_flight.clone().unwrap_or_default(),
+            wants: "answer".to_owned(),
+            request_id: Some(ask.call_id.clone()),
+            question: ask.question.clone(),
+            schema: Value::Null,
+            deadline: None,
+        });
+    }
+    for child in state.open_children() {
+        waiting_on.push(Waiting {
+            level_id: child.started.child_run_id.clone(),
+            wants: "child run".to_owned(),
+            request_id: None,
+            question: Value::Null,
+            schema: Value::Null,
+            deadline: None,
+        });
+    }
+    Ok(RunView {
+        run_id: record.run_id,
+        scenario_id: record.scenario_id,
+        status,
+        tenant: record.tenant,
+        parent_run_id: record.parent_run_id,
+        root_run_id: record.root_run_id,
+        idempotency_key: record.idempotency_key,
+        created_at: record.created_at,
+        updated_at: record.updated_at,
+        last_seq: record.last_seq,
+        cost_usd: state.totals.cost_usd,
+        tokens: state.totals.tokens,
+        duration_ms: state.totals.duration_ms,
+        level: state.in_flight.clone(),
+        verdict: state.verdict.clone(),
+        waiting_on,
+        children: state.children.iter().map(|c| c.started.child_run_id.clone()).collect(),
+        output: state.final_output.clone(),
+        reason: state
+            .aborted_reason
+            .clone()
+            .or_else(|| state.interrupted.as_ref().map(|i| i.reason.clone())),
+    })
+}
+
+/// The run a start made (or found under its idempotency key).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Started {
+    pub run_id: String,
+    pub scenario_id: String,
+    /// How the scenario was chosen: `pin`, `intent`, `classifier`, `default`, `fallback`.
+    pub selected_by: Option<String>,
+    /// Said when the job fell back to another scenario than it asked for.
+    pub warning: Option<String>,
+    /// True when the idempotency key named a run started before: no new run was started.
+    pub existing: bool,
+}
+
+fn check_start(body: &StartRun) -> Result<(), Problem> {
+    for (field, value) in
+        [("scenario", &body.scenario), ("intent", &body.intent), ("kind", &body.kind)]
+    {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            return Err(Problem::bad_request(format!(
+                "{field} is empty; give a value or leave it out"
+            )));
+        }
+    }
+    if let Some(usd) = body.max_cost_usd
+        && (!usd.is_finite() || usd <= 0.0)
+    {
+        return Err(Problem::bad_request(format!(
+            "max_cost_usd must be a positive amount of US dollars, not {usd}"
+        )));
+    }
+    if let Some(key) = &body.idempotency_key
+        && (key.trim().is_empty() || key.len() > KEY_BYTES_MAX)
+    {
+        return Err(Problem::bad_request(format!(
+            "idempotency_key must be 1 to {KEY_BYTES_MAX} bytes and not blank"
+        )));
+    }
+    Ok(())
+}
+
+/// Starts a job: the run is in the store when this answers, and the server's workers drive
+/// it. The scenario is chosen like `baton run` chooses it; an unknown scenario falls back
+/// with a warning, as for every program that starts jobs.
+#[utoipa::path(post, path = "/runs", request_body = StartRun, responses(
+    (status = 201, body = Started, description = "The run was created and is being driven"),
+    (status = 200, body = Started, description = "The idempotency key named an earlier run"),
+    (status = 400, body = Problem), (status = 409, body = Problem), (status = 413, body = Problem),
+    (status = 429, body = Problem)))]
+pub(crate) async fn start_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    body: Body,
+) -> Result<(StatusCode, Json<Started>), Problem> {
+    caller.require(Role::Operator)?;
+    let body: StartRun = body.parse(false)?;
+    check_start(&body)?;
+    if let Some(key) = &body.idempotency_key
+        && let Some(existing) = app.store.run_by_key(key).await?
+    {
+        return existing_run(&caller, existing, key);
+    }
+    app.starts.take(caller.tenant.as_deref().unwrap_or("local"))?;
+    let registry = app.registry_for(caller.tenant.as_deref()).await?;
+    let job = JobRequest { pin: body.scenario, intent: body.intent, kind: body.kind };
+    let (scenario, selected) =
+        baton_engine::job::select(&registry, &app.wiring.selection(), &job, false)
+            .map_err(Problem::conflict)?;
+    app.wiring.check(&scenario).map_err(Problem::conflict)?;
+    let model_source = app.wiring.model_source();
+    let engine = app
+        .wiring
+        .engine(Arc::clone(&app.store), Answers::Recorded(model_source.as_deref()), registry)
+        .map_err(Problem::internal)?;
+    let run_id = Engine::new_run_id();
+    let started = Started {
+        run_id: run_id.clone(),
+        scenario_id: scenario.id.clone(),
+        selected_by: Some(selected.how.clone()),
+        warning: selected.warning.clone(),
+        existing: false,
+    };
+    let start = Start {
+        input: body.input,
+        metadata: body.metadata,
+        model_source,
+        selected: Some(selected),
+        tree_max_cost_usd: body.max_cost_usd,
+        idempotency_key: body.idempotency_key.clone(),
+        tenant: caller.tenant.clone(),
+        ..Start::default()
+    };
+    match engine.create_job(&run_id, &scenario, start).await {
+        Ok(()) => {}
+        // Another start with this key got in between the look above and here.
+        Err(baton_engine::exec::Error::Store(baton_engine::store::Error::KeyTaken {
+            run_id: first,
+            key,
+        })) => {
+            let Some(existing) = app.store.run(&first).await? else {
+                return Err(Problem::conflict(format!("idempotency key {key:?} is taken")));
+            };
+            return existing_run(&caller, existing, &key);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    app.workers.drive(&app, &run_id);
+    Ok((StatusCode::CREATED, Json(started)))
+}
+
+fn existing_run(
+    caller: &Caller,
+    existing: RunRecord,
+    key: &str,
+) -> Result<(StatusCode, Json<Started>), Problem> {
+    if !caller.sees(existing.tenant.as_deref()) {
+        return Err(Problem::conflict(format!("idempotency key {key:?} is taken; choose another")));
+    }
+    Ok((
+        StatusCode::OK,
+        Json(Started {
+            run_id: existing.run_id,
+            scenario_id: existing.scenario_id,
+            selected_by: None,
+            warning: None,
+            existing: true,
+        }),
+    ))
+}
+
+/// Filters and the cursor of the run list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ListRuns {
+    /// Only runs with this status.
+    pub status: Option<String>,
+    /// Only runs of this scenario.
+    pub scenario: Option<String>,
+    /// Only the first runs of jobs.
+    #[serde(default)]
+    pub roots: bool,
+    /// The `next` of the previous page.
+    pub after: Option<String>,
+    /// At most this many (default 50, at most 500).
+    pub limit: Option<usize>,
+}
+
+/// A page of runs, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct RunPage {
+    pub runs: Vec<RunView>,
+    /// The cursor of the next page (`after=`), when there may be one.
+    pub next: Option<String>,
+}
+
+/// The caller's runs, newest first, a page at a time.
+#[utoipa::path(get, path = "/runs", params(ListRuns), responses(
+    (status = 200, body = RunPage), (status = 400, body = Problem)))]
+pub(crate) async fn list_runs(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    q: Result<Query<ListRuns>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<RunPage>, Problem> {
+    let Query(q) = q.map_err(|e| Problem::bad_request(e.body_text()))?;
+    let limit = q.limit.unwrap_or(50);
+    if limit == 0 || limit > PAGE_MAX {
+        return Err(Problem::bad_request(format!("limit must be 1 to {PAGE_MAX}, not {limit}")));
+    }
+    if let Some(s) = &q.status
+        && Status::from_name(s).is_none()
+    {
+        return Err(Problem::bad_request(format!(
+            "status {s:?} is none of running, paused, waiting, interrupted, completed, aborted, cancelled, failed"
+        )));
+    }
+    // Interrupted is not stored: it is a running run nobody holds.
+    let interrupted = q.status.as_deref() == Some(Status::Interrupted.as_str());
+    let stored =
+        if interrupted { Some(Status::Running.as_str().to_owned()) } else { q.status.clone() };
+    let query = RunQuery {
+        tenant: Some(caller.tenant.clone()),
+        status: stored,
+        scenario_id: q.scenario.clone(),
+        roots_only: q.roots,
+        after_run: q.after.clone(),
+        limit,
+    };
+    let page = app.store.runs_page(&query).await?;
+    let next = (page.len() == limit).then(|| page.last().map(|r| r.run_id.clone())).flatten();
+    let mut runs = Vec::with_capacity(page.len());
+    for record in page {
+        let v = view(&app, record).await?;
+        if q.status.as_deref().is_none_or(|s| s == v.status) {
+            runs.push(v);
+        }
+    }
+    Ok(Json(RunPage { runs, next }))
+}
+
+/// One run, with its totals, what it waits on and its output.
+#[utoipa::path(get, path = "/runs/{id}", params(("id" = String, Path, description = "The run id")), responses(
+    (status = 200, body = RunView), (status = 404, body = Problem)))]
+pub(crate) async fn get_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, Problem> {
+    let record = app.visible_run(&caller, &id).await?;
+    Ok(Json(view(&app, record).await?))
+}
+
+/// An approval or a rejection.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Decide {
+    /// The request decided; may be left out when exactly one is open.
+    pub request_id: Option<String>,
+    pub comment: Option<String>,
+    /// The approver's data for the level's `output_schema`.
+    #[schema(value_type = Option<Object>)]
+    pub data: Option<Value>,
+}
+
+/// What was recorded.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Decided {
+    pub run_id: String,
+    pub request_id: String,
+    pub approved: bool,
+    /// The principal it was recorded by (the token's name).
+    pub by: String,
+}
+
+async fn decide(
+    app: Arc<App>,
+    caller: Caller,
+    run_id: String,
+    body: Body,
+    approved: bool,
+) -> Result<Json<Decided>, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(&caller, &run_id).await?;
+    let body: Decide = body.parse(true)?;
+    let engine = app.deciding()?;
+    let decided = engine
+        .decide(
+            &run_id,
+            baton_engine::Decision {
+                request_id: body.request_id,
+                approved,
+                comment: body.comment,
+                by: Some(caller.name.clone()),
+                data: body.data,
+            },
+        )
+        .await?;
+    app.workers.drive(&app, &run_id);
+    Ok(Json(Decided { run_id, request_id: decided.request_id, approved, by: caller.name }))
+}
+
+/// Approves a paused run's request (exactly once: a second decision is refused) and
+/// continues the run.
+#[utoipa::path(post, path = "/runs/{id}/approve", params(("id" = String, Path, description = "The run id")), request_body = Option<Decide>, responses(
+    (status = 200, body = Decided), (status = 404, body = Problem), (status = 409, body = Problem),
+    (status = 422, body = Problem)))]
+pub(crate) async fn approve_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Json<Decided>, Problem> {
+    decide(app, caller, id, body, true).await
+}
+
+/// Rejects a paused run's request and continues the run.
+#[utoipa::path(post, path = "/runs/{id}/reject", params(("id" = String, Path, description = "The run id")), request_body = Option<Decide>, responses(
+    (status = 200, body = Decided), (status = 404, body = Problem), (status = 409, body = Problem)))]
+pub(crate) async fn reject_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Json<Decided>, Problem> {
+    decide(app, caller, id, body, false).await
+}
+
+/// An answer to a run's question.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AnswerBody {
+    /// The answer, as JSON (checked against the question's schema).
+    #[schema(value_type = Object)]
+    pub answer: Option<Value>,
+}
+
+/// Answers a run's question (exactly once) and continues the run.
+#[utoipa::path(post, path = "/runs/{id}/answer", params(("id" = String, Path, description = "The run id")), request_body = AnswerBody, responses(
+    (status = 200, body = RunView), (status = 404, body = Problem), (status = 409, body = Problem)))]
+pub(crate) async fn answer_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Json<RunView>, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(&caller, &id).await?;
+    let body: AnswerBody = body.parse(false)?;
+    let Some(answer) = body.answer else {
+        return Err(Problem::bad_request("the body needs `answer`: the answer as JSON"));
+    };
+    app.deciding()?.answer(&id, answer).await?;
+    app.workers.drive(&app, &id);
+    let record = app.visible_run(&caller, &id).await?;
+    Ok(Json(view(&app, record).await?))
+}
+
+/// A cancel.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CancelBody {
+    pub reason: Option<String>,
+}
+
+/// Cancels a run and every run below it: recorded at once; a run this server or another
+/// process drives stops at its next check, one nobody drives is ended here.
+#[utoipa::path(post, path = "/runs/{id}/cancel", params(("id" = String, Path, description = "The run id")), request_body = Option<CancelBody>, responses(
+    (status = 200, body = RunView), (status = 404, body = Problem), (status = 409, body = Problem)))]
+pub(crate) async fn cancel_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Json<RunView>, Problem> {
+    caller.require(Role::Operator)?;
+    let record = app.visible_run(&caller, &id).await?;
+    let reason = body.parse::<CancelBody>(true)?.reason;
+    if reason.as_deref().is_some_and(|r| r.trim().is_empty()) {
+        return Err(Problem::bad_request("reason is empty; give one or leave it out"));
+    }
+    let engine = app.deciding()?;
+    engine.cancel_tree(&id, Some(caller.name.clone()), reason).await?;
+    match engine.end_cancelled_tree(&id).await {
+        Ok(_) | Err(baton_engine::exec::Error::Store(baton_engine::store::Error::Busy(_))) => {}
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(parent) = &record.parent_run_id {
+        engine.settle_children(parent).await?;
+        app.workers.drive(&app, parent);
+    }
+    let record = app.visible_run(&caller, &id).await?;
+    Ok(Json(view(&app, record).await?))
+}
+
+/// The events of a log as JSON values, with the run they belong to.
+pub(crate) fn event_json(run_id: &str, e: &baton_engine::event::Event) -> Value {
+    let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut v {
+        map.insert("run_id".to_owned(), Value::String(run_id.to_owned()));
+    }
+    v
+}
+
+/// Whether an event ends its run's log.
+pub(crate) fn ends(e: &baton_engine::event::Event) -> bool {
+    matches!(e.data, EventData::ScenarioFinished(_))
+}

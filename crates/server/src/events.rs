@@ -1,0 +1,149 @@
+//! A run's events: as JSON (a page after a seq), or as a live stream of Server-Sent Events
+//! when the request accepts `text/event-stream`. Each SSE event's id is the event's seq, so
+//! a client that reconnects with `Last-Event-ID` resumes exactly after the last event it
+//! got; its type is the event's kind and its data the event as JSON (with `run_id`). The
+//! stream ends after the run's `scenario_finished`, and when the server stops; quiet
+//! streams get a keep-alive comment.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use baton_engine::Status;
+use baton_engine::event::Event;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::api::{App, ends, event_json};
+use crate::auth::Caller;
+use crate::limits::StreamPlace;
+use crate::problem::Problem;
+
+/// The most events one JSON answer holds.
+pub(crate) const EVENTS_PAGE_MAX: usize = 5_000;
+/// How long a stream waits for the store before it looks again.
+const WAIT_EACH: Duration = Duration::from_secs(30);
+
+/// Where to start.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct After {
+    /// Only events after this seq (a stream's `Last-Event-ID` wins over it).
+    pub after: Option<u64>,
+}
+
+/// A page of a run's events.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct EventPage {
+    #[schema(value_type = Vec<Object>)]
+    pub events: Vec<Value>,
+    /// The `after` of the next page, when this one is full.
+    pub next_after: Option<u64>,
+}
+
+/// A run's events after a seq: JSON, or a live SSE stream with `Accept: text/event-stream`.
+#[utoipa::path(get, path = "/runs/{id}/events", params(("id" = String, Path, description = "The run id"), After), responses(
+    (status = 200, body = EventPage, description = "JSON, or with Accept: text/event-stream a stream of events whose ids are their seqs"),
+    (status = 404, body = Problem), (status = 429, body = Problem)))]
+pub(crate) async fn run_events(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    q: Result<Query<After>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    app.visible_run(&caller, &id).await?;
+    let Query(q) = q.map_err(|e| Problem::bad_request(e.body_text()))?;
+    let wants_stream = headers
+        .get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("text/event-stream"));
+    if !wants_stream {
+        let events = app.store.load(&id, q.after.unwrap_or(0)).await?;
+        let full = events.len() > EVENTS_PAGE_MAX;
+        let page: Vec<&Event> = events.iter().take(EVENTS_PAGE_MAX).collect();
+        let next_after = full.then(|| page.last().map(|e| e.seq)).flatten();
+        let events = page.into_iter().map(|e| event_json(&id, e)).collect();
+        return Ok(Json(EventPage { events, next_after }).into_response());
+    }
+    let last = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.trim().parse::<u64>().map_err(|_| {
+                Problem::bad_request(format!("Last-Event-ID {v:?} is not an event seq"))
+            })
+        })
+        .transpose()?;
+    let place = app.streams.open(&caller.token_id)?;
+    let follower = Follower {
+        app: Arc::clone(&app),
+        run_id: id,
+        after: last.or(q.after).unwrap_or(0),
+        buffer: VecDeque::new(),
+        done: false,
+        _place: place,
+    };
+    let stream = futures_util::stream::unfold(follower, Follower::next);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(app.settings.keep_alive))
+        .into_response())
+}
+
+/// One stream's place in a run's log.
+struct Follower {
+    app: Arc<App>,
+    run_id: String,
+    after: u64,
+    buffer: VecDeque<Event>,
+    done: bool,
+    _place: StreamPlace,
+}
+
+impl Follower {
+    async fn next(mut self) -> Option<(Result<SseEvent, Infallible>, Self)> {
+        loop {
+            if let Some(e) = self.buffer.pop_front() {
+                self.after = e.seq;
+                if ends(&e) {
+                    self.done = true;
+                }
+                let data = event_json(&self.run_id, &e).to_string();
+                let sse = SseEvent::default().id(e.seq.to_string()).event(e.data.kind()).data(data);
+                return Some((Ok(sse), self));
+            }
+            if self.done || self.app.stop.is_cancelled() {
+                return None;
+            }
+            match self.app.store.load(&self.run_id, self.after).await {
+                Ok(events) if !events.is_empty() => {
+                    self.buffer.extend(events);
+                    continue;
+                }
+                Ok(_) => {}
+                // A log that cannot be read ends the stream; the client sees why by asking
+                // for the run.
+                Err(_) => return None,
+            }
+            // A run that ended without a `scenario_finished` after `after` has nothing more.
+            if let Ok(Some(r)) = self.app.store.run(&self.run_id).await
+                && Status::from_name(&r.status).is_some_and(Status::is_final)
+                && r.last_seq <= self.after
+            {
+                return None;
+            }
+            let store = Arc::clone(&self.app.store);
+            tokio::select! {
+                _ = store.wait_for_events(&self.run_id, self.after, WAIT_EACH) => {}
+                () = self.app.stop.cancelled() => return None,
+            }
+        }
+    }
+}

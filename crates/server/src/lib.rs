@@ -1,0 +1,162 @@
+//! `baton serve`: Baton as a service, in the same binary.
+//!
+//! One process holds the HTTP API (JSON, problem+json errors, an OpenAPI 3.1 document
+//! generated from the handlers and types), live event streams (Server-Sent Events resumable
+//! with `Last-Event-ID`), bearer-token auth scoped to a tenant, limits, and the embedded
+//! workers that drive runs: every run the API starts, every run whose approval or answer
+//! arrived, every run left interrupted when the server last stopped, and every approval
+//! whose deadline passed.
+//!
+//! The server talks to the kernel through [`baton_engine::Engine`] and to the database
+//! through the store's traits; how engines are wired (models, the jail, workspaces,
+//! verifiers) belongs to the embedder, which hands in a [`Wiring`].
+//!
+//! Modules: `auth` (tokens, the caller, Host and Origin), `problem` (errors), `api` (the
+//! handlers), `events` (SSE), `workers` (driving), `limits` (rates and connection counts),
+//! `notify` (a store decorator that wakes event streams when this process appends),
+//! `openapi` (the document).
+
+mod api;
+pub mod auth;
+mod events;
+mod limits;
+mod notify;
+mod openapi;
+mod problem;
+mod workers;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_engine::Engine;
+use baton_engine::cancel::CancelToken;
+use baton_engine::job::Selection;
+use baton_engine::store::EventStore;
+use baton_scenario::{Registry, RegistryHandle, Scenario};
+use baton_store::TokenStore;
+
+pub use openapi::document as openapi_document;
+pub use problem::Problem;
+
+/// Where a run's model answers come from, for [`Wiring::engine`].
+#[derive(Clone, Copy, Debug)]
+pub enum Answers<'a> {
+    /// The run calls no model here (decisions, cancels, reads).
+    Nothing,
+    /// What the run recorded as its model source (`None`: the configured providers).
+    Recorded(Option<&'a str>),
+}
+
+/// What the embedder wires: engines over the server's store, and what runs need to start.
+pub trait Wiring: Send + Sync + 'static {
+    /// An engine over `store` whose runs take their answers as `answers` says, whose chains
+    /// go to the scenarios of `registry`.
+    fn engine(
+        &self,
+        store: Arc<dyn EventStore>,
+        answers: Answers<'_>,
+        registry: Arc<Registry>,
+    ) -> Result<Engine, String>;
+    /// The model source recorded on the runs the API starts (`None`: the configured
+    /// providers).
+    fn model_source(&self) -> Option<String>;
+    /// Why runs of `scenario` cannot run here (the jail, the providers), if they cannot.
+    fn check(&self, scenario: &Scenario) -> Result<(), String>;
+    /// How jobs choose their scenario.
+    fn selection(&self) -> Selection;
+}
+
+/// How the server runs: what it listens on and its limits.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    /// No tokens: every caller acts as an admin of runs of no tenant. Only on loopback.
+    pub no_auth: bool,
+    /// Runs driven at once.
+    pub workers: usize,
+    /// The largest request body, in bytes.
+    pub body_bytes_max: usize,
+    /// Runs a tenant may start per minute.
+    pub starts_per_minute: u32,
+    /// Event streams open at once per token.
+    pub streams_per_token: usize,
+    /// Host names (with port) requests may name besides the listen address's.
+    pub hosts: Vec<String>,
+    /// Drives of a run stopped by a transient failure: at most this many, the first after
+    /// `retry_first`, each wait doubled.
+    pub retries_max: u32,
+    pub retry_first: Duration,
+    /// How often the scenarios directory is looked at for changes.
+    pub refresh_every: Duration,
+    /// How long an event stream stays quiet before a keep-alive comment.
+    pub keep_alive: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            no_auth: false,
+            workers: 16,
+            body_bytes_max: 1 << 20,
+            starts_per_minute: 600_000,
+            streams_per_token: 64,
+            hosts: Vec::new(),
+            retries_max: 5,
+            retry_first: Duration::from_secs(1),
+            refresh_every: Duration::from_secs(1),
+            keep_alive: Duration::from_secs(15),
+        }
+    }
+}
+
+/// What the server serves from.
+pub struct Parts {
+    pub store: Arc<dyn EventStore>,
+    pub tokens: Arc<dyn TokenStore>,
+    pub registry: RegistryHandle,
+    /// The scenarios directory (where a posted file's templates are read from).
+    pub scenarios_dir: std::path::PathBuf,
+    pub wiring: Arc<dyn Wiring>,
+}
+
+impl std::fmt::Debug for Parts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parts").field("scenarios_dir", &self.scenarios_dir).finish_non_exhaustive()
+    }
+}
+
+/// Serves until `stop` is cancelled: then stops accepting, stops every drive (their runs
+/// are recorded interrupted, to be continued by the next server or `baton resume`) and
+/// returns once they have stopped.
+pub async fn serve(
+    settings: Settings,
+    parts: Parts,
+    stop: CancelToken,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), String> {
+    if settings.no_auth && !settings.listen.ip().is_loopback() {
+        return Err(format!(
+            "--no-auth serves anyone who can reach {}; it is allowed only on a loopback address (127.0.0.1, ::1)",
+            settings.listen
+        ));
+    }
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
+    let bound = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
+    let app = api::App::new(settings, parts, bound, stop.clone());
+    app.workers.recover(&app).await;
+    let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
+    let router = api::router(Arc::clone(&app));
+    ready(bound);
+    let shutdown = {
+        let stop = stop.clone();
+        async move { stop.cancelled().await }
+    };
+    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+    refresh.abort();
+    app.workers.drain().await;
+    served.map_err(|e| format!("the server stopped: {e}"))
+}

@@ -1,0 +1,209 @@
+//! A store that wakes the event streams of this process when it appends: [`Notifying`]
+//! wraps the server's store, passes every call through, and after each create or append
+//! wakes whoever waits on that run's events, so a stream delivers an event as soon as it is
+//! committed. Appends by other processes (the CLI on the same database) are still seen: a
+//! waiter looks at the store again at least every [`POLL_EVERY`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_engine::event::Event;
+use baton_engine::model::BoxFuture;
+use baton_engine::store::{
+    Error, EventStore, RunGuard, RunQuery, RunRecord, TenantOverride, Verified,
+};
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
+
+/// How often a waiter looks at the store when nothing in this process woke it.
+pub(crate) const POLL_EVERY: Duration = Duration::from_millis(250);
+
+/// The server's store, waking waiters on its runs' events.
+#[derive(Debug)]
+pub(crate) struct Notifying {
+    inner: Arc<dyn EventStore>,
+    waiting: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl Notifying {
+    pub(crate) fn new(inner: Arc<dyn EventStore>) -> Self {
+        Notifying { inner, waiting: Mutex::default() }
+    }
+
+    fn wake(&self, run_id: &str) {
+        let waiting = self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = waiting.get(run_id) {
+            n.notify_waiters();
+        }
+    }
+
+    fn notifier(&self, run_id: &str) -> Arc<Notify> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Notifiers nobody holds any more are dropped as new ones are made.
+        if waiting.len() > 1024 {
+            waiting.retain(|_, n| Arc::strong_count(n) > 1);
+        }
+        Arc::clone(waiting.entry(run_id.to_owned()).or_default())
+    }
+}
+
+impl EventStore for Notifying {
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.inner.create_run(run, events).await?;
+            self.wake(&run.run_id);
+            Ok(())
+        })
+    }
+
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected_seq: u64,
+        events: Vec<Event>,
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.inner.append(run_id, expected_seq, events, status).await?;
+            self.wake(run_id);
+            Ok(())
+        })
+    }
+
+    fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
+        self.inner.load(run_id, after)
+    }
+
+    fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>> {
+        self.inner.verify(run_id)
+    }
+
+    fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        self.inner.run(run_id)
+    }
+
+    fn put_tenant_override<'a>(
+        &'a self,
+        o: &'a TenantOverride,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.put_tenant_override(o)
+    }
+
+    fn tenant_overrides<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<TenantOverride>, Error>> {
+        self.inner.tenant_overrides(tenant)
+    }
+
+    fn remove_tenant_override<'a>(
+        &'a self,
+        tenant: &'a str,
+        scenario_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.remove_tenant_override(tenant, scenario_id)
+    }
+
+    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        self.inner.run_by_key(key)
+    }
+
+    fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        self.inner.runs(status)
+    }
+
+    fn runs_page<'a>(
+        &'a self,
+        query: &'a RunQuery,
+    ) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        self.inner.runs_page(query)
+    }
+
+    fn runs_named<'a>(
+        &'a self,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<RunRecord>>, Error>> {
+        self.inner.runs_named(ids)
+    }
+
+    fn claim<'a>(
+        &'a self,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        self.inner.claim(worker, now, until)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        run_id: &'a str,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.renew(run_id, worker, now, until)
+    }
+
+    fn release<'a>(&'a self, run_id: &'a str, worker: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.release(run_id, worker)
+    }
+
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
+        self.inner.hold(run_id)
+    }
+
+    fn is_held<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.is_held(run_id)
+    }
+
+    fn put_scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+        scenario_id: &'a str,
+        texts: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.put_scenario_texts(checksum, scenario_id, texts)
+    }
+
+    fn scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        self.inner.scenario_texts(checksum)
+    }
+
+    /// Waits for this process's appends to the run, looking at the store at least every
+    /// [`POLL_EVERY`] for other processes'.
+    fn wait_for_events<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let notify = self.notifier(run_id);
+            loop {
+                // Registered before the look, so an append between the two is not missed.
+                let woken = notify.notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
+                if self.inner.run(run_id).await?.is_some_and(|r| r.last_seq > after) {
+                    return Ok(true);
+                }
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return Ok(false);
+                }
+                let until = deadline.min(now + POLL_EVERY);
+                let _ = tokio::time::timeout_at(until, woken).await;
+            }
+        })
+    }
+}

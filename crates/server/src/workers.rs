@@ -1,0 +1,311 @@
+//! The embedded workers: they drive jobs, at most [`crate::Settings::workers`] at once.
+//!
+//! A job is driven from its first run that has not ended (the tree's root, as `baton
+//! resume` does) until it ends, waits for a person or for outside agents, or stops. A job
+//! asked to be driven while it is being driven is driven once more after (an approval that
+//! arrived during the drive is not missed). A drive stopped by a transient failure
+//! (`provider_unavailable`, `workspace`) is tried again after a wait that doubles, at most
+//! [`crate::Settings::retries_max`] times; each stop is a `run_interrupted` in the run's log
+//! and a line on the server's stderr, and past the bound the run stays interrupted with its
+//! reason. A run that pauses for an approval with a deadline is driven again when the
+//! deadline passes, which records the timeout.
+//!
+//! When the server starts, every run left `running` that no process holds, every waiting
+//! job nobody drives, and every paused run's approval deadline are taken up again; when it
+//! stops, the drives are cut through the engines' stop token, which records each run as
+//! interrupted (cause `signal`), to be taken up by the next start.
+
+#![allow(clippy::print_stderr)]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_engine::exec::Error;
+use baton_engine::store::EventStore;
+use baton_engine::{Outcome, Status};
+use tokio::sync::{Notify, Semaphore};
+
+use crate::Answers;
+use crate::api::App;
+
+/// How long a stopping server waits for its drives to stop.
+const DRAIN_FOR: Duration = Duration::from_secs(60);
+
+/// The drives of this server.
+#[derive(Debug)]
+pub(crate) struct Workers {
+    slots: Arc<Semaphore>,
+    /// Jobs being driven or waiting for a slot, by root run; `true` when asked again
+    /// meanwhile.
+    active: Mutex<HashMap<String, bool>>,
+    /// Jobs waiting for a slot.
+    queued: AtomicUsize,
+    changed: Notify,
+    /// Approval deadlines already waited for, by run and request.
+    timers: Mutex<HashSet<(String, String)>>,
+}
+
+impl Workers {
+    pub(crate) fn new(slots: usize) -> Self {
+        Workers {
+            slots: Arc::new(Semaphore::new(slots.max(1))),
+            active: Mutex::default(),
+            queued: AtomicUsize::new(0),
+            changed: Notify::new(),
+            timers: Mutex::default(),
+        }
+    }
+
+    /// Jobs being driven or waiting to be.
+    pub(crate) fn active(&self) -> usize {
+        self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    /// Drives the job `run_id` belongs to, now or once a worker is free.
+    pub(crate) fn drive(&self, app: &Arc<App>, run_id: &str) {
+        if app.stop.is_cancelled() {
+            return;
+        }
+        {
+            let mut active = self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(again) = active.get_mut(run_id) {
+                *again = true;
+                return;
+            }
+            active.insert(run_id.to_owned(), false);
+        }
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        let app = Arc::clone(app);
+        let run_id = run_id.to_owned();
+        tokio::spawn(async move {
+            let permit = Arc::clone(&app.workers.slots).acquire_owned().await;
+            app.workers.queued.fetch_sub(1, Ordering::Relaxed);
+            if permit.is_ok() {
+                loop {
+                    drive_with_retries(&app, &run_id).await;
+                    let mut active = app
+                        .workers
+                        .active
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    match active.get_mut(&run_id) {
+                        Some(again) if *again && !app.stop.is_cancelled() => *again = false,
+                        _ => {
+                            active.remove(&run_id);
+                            break;
+                        }
+                    }
+                }
+            } else {
+                app.workers
+                    .active
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&run_id);
+            }
+            app.workers.changed.notify_waiters();
+        });
+    }
+
+    /// Takes up what the last server left: runs `running` that nobody holds, waiting jobs
+    /// nobody drives, paused runs' approval deadlines.
+    pub(crate) async fn recover(&self, app: &Arc<App>) {
+        let store = &app.store;
+        let mut roots = HashSet::new();
+        for status in [Status::Running, Status::Interrupted, Status::Waiting, Status::Paused] {
+            let runs = match store.runs(Some(status.as_str())).await {
+                Ok(runs) => runs,
+                Err(e) => {
+                    eprintln!("baton serve: cannot list {} runs to take up: {e}", status.as_str());
+                    continue;
+                }
+            };
+            for r in runs {
+                if status == Status::Paused {
+                    if let Ok(state) = app.state(&r.run_id).await {
+                        self.watch_deadlines(app, &r.run_id, &state);
+                    }
+                    continue;
+                }
+                if store.is_held(&r.run_id).await.unwrap_or(true) {
+                    continue;
+                }
+                match root_of(store.as_ref(), &r.run_id).await {
+                    Ok(root) if roots.insert(root.clone()) => self.drive(app, &root),
+                    Ok(_) => {}
+                    Err(e) => eprintln!("baton serve: run {}: {e}", r.run_id),
+                }
+            }
+        }
+        if !roots.is_empty() {
+            eprintln!("baton serve: taking up {} job(s) the last server left", roots.len());
+        }
+    }
+
+    /// Drives the run again when an open approval's deadline passes.
+    pub(crate) fn watch_deadlines(
+        &self,
+        app: &Arc<App>,
+        run_id: &str,
+        state: &baton_engine::RunState,
+    ) {
+        for open in state.open_approvals() {
+            let Some(deadline) = open.request.deadline else { continue };
+            let key = (run_id.to_owned(), open.request.request_id.clone());
+            if !self
+                .timers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(key.clone())
+            {
+                continue;
+            }
+            let app = Arc::clone(app);
+            let run_id = run_id.to_owned();
+            tokio::spawn(async move {
+                let wait = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
+                // A moment past it, so the driver's clock reads it past too.
+                let wait = wait + Duration::from_millis(50);
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {
+                        app.workers.timers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
+                        if let Ok(root) = root_of(app.store.as_ref(), &run_id).await {
+                            app.workers.drive(&app, &root);
+                        }
+                    }
+                    () = app.stop.cancelled() => {}
+                }
+            });
+        }
+    }
+
+    /// Waits until every drive has stopped (the stop token cut them), at most [`DRAIN_FOR`].
+    pub(crate) async fn drain(&self) {
+        let deadline = tokio::time::Instant::now() + DRAIN_FOR;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let left = self.active();
+            if left == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                eprintln!(
+                    "baton serve: {left} drive(s) did not stop within {} s; their runs are taken up by the next start",
+                    DRAIN_FOR.as_secs()
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Drives a job, again after transient stops, within the retry bound.
+async fn drive_with_retries(app: &Arc<App>, run_id: &str) {
+    let settings = &app.settings;
+    let mut wait = settings.retry_first;
+    for attempt in 0..=settings.retries_max {
+        let outcome = drive_once(app, run_id).await;
+        let reason = match outcome {
+            Ok(Outcome::Interrupted(reason)) if !app.stop.is_cancelled() => reason,
+            Ok(Outcome::Paused) => {
+                if let Ok(state) = app.state(run_id).await {
+                    app.workers.watch_deadlines(app, run_id, &state);
+                }
+                // A child that pauses pauses the job: its deadlines are watched too.
+                watch_tree_deadlines(app, run_id).await;
+                return;
+            }
+            // Ended, waits for outside agents, or another process drives it (that one
+            // finishes it).
+            Ok(_) | Err(Error::Store(baton_engine::store::Error::Busy(_))) => return,
+            Err(e) => {
+                eprintln!("baton serve: run {run_id} was not driven: {e}");
+                return;
+            }
+        };
+        if attempt == settings.retries_max {
+            eprintln!(
+                "baton serve: run {run_id} stopped again ({reason}); it was driven {} times and stays interrupted — continue it with `baton resume {run_id}` once the cause is fixed",
+                attempt + 1
+            );
+            return;
+        }
+        eprintln!(
+            "baton serve: run {run_id} stopped ({reason}); trying again in {} ms ({} of {})",
+            wait.as_millis(),
+            attempt + 1,
+            settings.retries_max
+        );
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = app.stop.cancelled() => return,
+        }
+        wait = wait.saturating_mul(2);
+    }
+}
+
+/// Watches the approval deadlines of every paused run of a job.
+async fn watch_tree_deadlines(app: &Arc<App>, root: &str) {
+    let mut pending = vec![root.to_owned()];
+    let mut looked = 0;
+    while let Some(id) = pending.pop() {
+        looked += 1;
+        if looked > baton_engine::limits::TREE_RUNS_MAX {
+            return;
+        }
+        let Ok(state) = app.state(&id).await else { continue };
+        if state.status == Status::Paused {
+            app.workers.watch_deadlines(app, &id, &state);
+        }
+        pending.extend(state.open_children().map(|c| c.started.child_run_id.clone()));
+    }
+}
+
+/// One drive of the job `run_id` belongs to.
+async fn drive_once(app: &Arc<App>, run_id: &str) -> Result<Outcome, Error> {
+    let root = root_of(app.store.as_ref(), run_id).await?;
+    let state = app.state(&root).await?;
+    if state.status.is_final() {
+        return Ok(Outcome::Finished(state.status));
+    }
+    if state.replay_of.is_some() {
+        return Err(Error::Refused {
+            run_id: root,
+            message: "it replays a recording; continue it with `baton resume`".to_owned(),
+        });
+    }
+    let registry = app
+        .registry_for(state.tenant.as_deref())
+        .await
+        .map_err(|p| Error::Refused { run_id: root.clone(), message: p.detail })?;
+    let refused = |message: String| Error::Refused { run_id: root.clone(), message };
+    let mut engine = app
+        .wiring
+        .engine(Arc::clone(&app.store), Answers::Recorded(state.model_source.as_deref()), registry)
+        .map_err(refused)?;
+    engine.stop = app.stop.clone();
+    let scenario = engine.scenario_of(&state, &root).await?;
+    app.wiring.check(&scenario).map_err(refused)?;
+    engine.drive_tree(&root, &scenario).await
+}
+
+/// The run a job is driven from: the highest run above `run_id` that has not ended.
+pub(crate) async fn root_of(store: &dyn EventStore, run_id: &str) -> Result<String, Error> {
+    let mut top = run_id.to_owned();
+    // Bounded by the chain's depth; the bound guards against a damaged record.
+    for _ in 0..=baton_engine::limits::CHAIN_DEPTH_MAX + 1 {
+        let Some(record) = store.run(&top).await? else {
+            return Err(Error::Store(baton_engine::store::Error::NotFound(top)));
+        };
+        let Some(parent) = record.parent_run_id else { break };
+        match store.run(&parent).await? {
+            Some(p) if !Status::from_name(&p.status).is_some_and(Status::is_final) => top = parent,
+            _ => break,
+        }
+    }
+    Ok(top)
+}
