@@ -25,6 +25,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Caller, Hosts, Tokens};
 use crate::limits::{StartRate, Streams};
+use crate::metrics::Metrics;
 use crate::notify::Notifying;
 use crate::problem::Problem;
 use crate::workers::Workers;
@@ -48,6 +49,7 @@ pub(crate) struct App {
     pub(crate) starts: StartRate,
     pub(crate) streams: Streams,
     pub(crate) stop: CancelToken,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for App {
@@ -63,12 +65,14 @@ impl App {
         bound: std::net::SocketAddr,
         stop: CancelToken,
     ) -> Arc<Self> {
+        let metrics = Arc::new(Metrics::new());
         Arc::new(App {
             hosts: Hosts::new(bound, &settings.hosts),
             starts: StartRate::new(settings.starts_per_minute),
             streams: Streams::new(settings.streams_per_token),
             workers: Workers::new(settings.workers),
-            store: Arc::new(Notifying::new(parts.store)),
+            store: Arc::new(Notifying::new(parts.store, Arc::clone(&metrics))),
+            metrics,
             tokens: Tokens::new(parts.tokens),
             registry: Arc::new(parts.registry),
             scenarios_dir: parts.scenarios_dir,
@@ -161,14 +165,54 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/runs/{id}/reject", post(reject_run))
         .route("/runs/{id}/answer", post(answer_run))
         .route("/runs/{id}/cancel", post(cancel_run))
+        .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
+        .route("/session", get(get_session).post(open_session).delete(close_session))
+        .route("/", get(crate::ui::index))
+        .route("/ui/{file}", get(crate::ui::asset))
         .merge(authed)
         .layer(DefaultBodyLimit::max(app.settings.body_bytes_max))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), check_host))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), count_answers))
         .with_state(app)
+}
+
+/// Counts every answer by method, route (its pattern, never a run id) and status.
+async fn count_answers(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let method = request.method().as_str().to_owned();
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(request).await;
+    app.metrics.answered(&method, &route, response.status().as_u16());
+    response
+}
+
+/// The server's metrics in the Prometheus (OpenMetrics) text format: runs, levels, model
+/// calls, tokens and cost, retries and failovers, verifiers, approval idle time, stops,
+/// the queue, the store's commit latency and the HTTP answers. Server-wide, so it takes an
+/// admin token.
+#[utoipa::path(get, path = "/metrics", responses(
+    (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
+    (status = 403, body = Problem)))]
+pub(crate) async fn metrics(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, Problem> {
+    caller.require(Role::Admin)?;
+    let text = app.metrics.render(app.workers.queue_depth(), app.workers.active());
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 /// A request body, read (within the size limit) but parsed only once the handler has
@@ -252,6 +296,82 @@ async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: N
     }
 }
 
+/// Who the session is.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Session {
+    /// False when the request carries no valid token or session cookie.
+    pub signed_in: bool,
+    pub tenant: Option<String>,
+    pub role: Option<String>,
+    pub name: Option<String>,
+    /// False when the server runs without auth (no cookie is needed).
+    pub auth: bool,
+}
+
+impl Session {
+    fn of(caller: Caller, auth: bool) -> Self {
+        Session {
+            signed_in: true,
+            tenant: caller.tenant,
+            role: Some(caller.role.as_str().to_owned()),
+            name: Some(caller.name),
+            auth,
+        }
+    }
+}
+
+/// Who the request's token or session cookie is (never a 401: the UI asks this first).
+#[utoipa::path(get, path = "/session", responses((status = 200, body = Session)))]
+pub(crate) async fn get_session(
+    State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+) -> Json<Session> {
+    if app.settings.no_auth {
+        return Json(Session::of(Caller::local(), false));
+    }
+    match app.tokens.caller(&headers).await {
+        Ok(c) => Json(Session::of(c, true)),
+        Err(_) => {
+            Json(Session { signed_in: false, tenant: None, role: None, name: None, auth: true })
+        }
+    }
+}
+
+/// Trades the bearer token of the request for an HttpOnly, SameSite=Strict session cookie:
+/// how the web UI authenticates (a browser's EventSource cannot send headers, and a token
+/// never goes in a URL).
+#[utoipa::path(post, path = "/session", responses(
+    (status = 200, body = Session), (status = 401, body = Problem)))]
+pub(crate) async fn open_session(
+    State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, Problem> {
+    if app.settings.no_auth {
+        return Ok(Json(Session::of(Caller::local(), false)).into_response());
+    }
+    let bearer = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("Bearer "))
+        .map(|t| t.trim().to_owned());
+    // Without a bearer token, the session cookie's holder is told who they are.
+    let body = Session::of(app.tokens.caller(&headers).await?, true);
+    let Some(bearer) = bearer else { return Ok(Json(body).into_response()) };
+    let cookie = format!(
+        "{}={bearer}; HttpOnly; SameSite=Strict; Path=/; Max-Age=43200",
+        crate::auth::SESSION_COOKIE
+    );
+    Ok(([(axum::http::header::SET_COOKIE, cookie)], Json(body)).into_response())
+}
+
+/// Ends the browser's session (clears its cookie).
+#[utoipa::path(delete, path = "/session", responses((status = 204)))]
+pub(crate) async fn close_session() -> Response {
+    let cookie =
+        format!("{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0", crate::auth::SESSION_COOKIE);
+    (StatusCode::NO_CONTENT, [(axum::http::header::SET_COOKIE, cookie)]).into_response()
+}
+
 /// Whether the server answers.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "The server answers", body = String)))]
 pub(crate) async fn healthz() -> &'static str {
@@ -292,7 +412,20 @@ pub(crate) struct ScenarioDetail {
     #[serde(flatten)]
     pub summary: ScenarioSummary,
     pub levels_in_order: Vec<LevelSummary>,
+    /// The level a run starts at.
+    pub entry: String,
+    /// Every edge, in the order they are tried: `to` is a level, `__end__` or `__fail__`.
+    pub edges: Vec<EdgeSummary>,
     pub graph: Graph,
+}
+
+/// One edge of a scenario.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct EdgeSummary {
+    pub from: String,
+    pub to: String,
+    /// Its gate, as written (none: always taken).
+    pub when: Option<String>,
 }
 
 /// A scenario's graph, as Mermaid and as Graphviz dot.
@@ -347,6 +480,22 @@ pub(crate) async fn get_scenario(
             .levels
             .iter()
             .map(|l| LevelSummary { id: l.id.clone(), kind: l.kind_name().to_owned() })
+            .collect(),
+        entry: s.levels.get(s.entry).map(|l| l.id.clone()).unwrap_or_default(),
+        edges: s
+            .edges
+            .iter()
+            .map(|e| EdgeSummary {
+                from: s.levels.get(e.from).map(|l| l.id.clone()).unwrap_or_default(),
+                to: match e.to {
+                    baton_scenario::model::Target::Level(i) => {
+                        s.levels.get(i).map(|l| l.id.clone()).unwrap_or_default()
+                    }
+                    baton_scenario::model::Target::End => "__end__".to_owned(),
+                    baton_scenario::model::Target::Fail => "__fail__".to_owned(),
+                },
+                when: e.when.as_ref().map(ToString::to_string),
+            })
             .collect(),
         graph: Graph {
             mermaid: baton_scenario::graph::mermaid(&s),

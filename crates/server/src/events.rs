@@ -37,6 +37,10 @@ const WAIT_EACH: Duration = Duration::from_secs(30);
 pub(crate) struct After {
     /// Only events after this seq (a stream's `Last-Event-ID` wins over it).
     pub after: Option<u64>,
+    /// A stream of the run and every run below it (a job's tree); its event ids are
+    /// places in every run of the tree (`12(5,3(2))`).
+    #[serde(default)]
+    pub tree: bool,
 }
 
 /// A page of a run's events.
@@ -65,6 +69,33 @@ pub(crate) async fn run_events(
         .get(header::ACCEPT)
         .and_then(|a| a.to_str().ok())
         .is_some_and(|a| a.contains("text/event-stream"));
+    if q.tree {
+        if !wants_stream {
+            return Err(Problem::bad_request(
+                "tree=true is a live stream: ask for it with Accept: text/event-stream",
+            ));
+        }
+        let from = headers
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                crate::tree_events::Place::decode(v, baton_engine::limits::TREE_RUNS_MAX).map_err(
+                    |why| {
+                        Problem::bad_request(format!(
+                            "Last-Event-ID {v:?} is no place in a tree: {why}"
+                        ))
+                    },
+                )
+            })
+            .transpose()?;
+        let place = app.streams.open(&caller.token_id)?;
+        let follower =
+            crate::tree_events::TreeFollower::new(Arc::clone(&app), &id, from, place).await?;
+        let stream = futures_util::stream::unfold(follower, crate::tree_events::TreeFollower::next);
+        return Ok(Sse::new(stream)
+            .keep_alive(KeepAlive::new().interval(app.settings.keep_alive))
+            .into_response());
+    }
     if !wants_stream {
         let events = app.store.load(&id, q.after.unwrap_or(0)).await?;
         let full = events.len() > EVENTS_PAGE_MAX;

@@ -12,17 +12,21 @@
 //! verifiers) belongs to the embedder, which hands in a [`Wiring`].
 //!
 //! Modules: `auth` (tokens, the caller, Host and Origin), `problem` (errors), `api` (the
-//! handlers), `events` (SSE), `workers` (driving), `limits` (rates and connection counts),
-//! `notify` (a store decorator that wakes event streams when this process appends),
-//! `openapi` (the document).
+//! handlers), `events` (SSE), `tree_events` (a job's tree as one stream), `workers` (driving), `limits` (rates and connection counts),
+//! `notify` (a store decorator that wakes event streams when this process appends and
+//! counts what it appends), `metrics` (Prometheus),
+//! `openapi` (the document), `ui` (the web UI's files, built into the binary).
 
 mod api;
 pub mod auth;
 mod events;
 mod limits;
+mod metrics;
 mod notify;
 mod openapi;
 mod problem;
+mod tree_events;
+mod ui;
 mod workers;
 
 use std::net::SocketAddr;

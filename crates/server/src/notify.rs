@@ -2,11 +2,13 @@
 //! wraps the server's store, passes every call through, and after each create or append
 //! wakes whoever waits on that run's events, so a stream delivers an event as soon as it is
 //! committed. Appends by other processes (the CLI on the same database) are still seen: a
-//! waiter looks at the store again at least every [`POLL_EVERY`].
+//! waiter looks at the store again at least every [`POLL_EVERY`]. It also counts every
+//! batch it appends in the [`Metrics`] (read from the events, counted once stored) and times
+//! the store's commits.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_engine::event::Event;
 use baton_engine::model::BoxFuture;
@@ -16,6 +18,8 @@ use baton_engine::store::{
 use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 
+use crate::metrics::{Metrics, Seen};
+
 /// How often a waiter looks at the store when nothing in this process woke it.
 pub(crate) const POLL_EVERY: Duration = Duration::from_millis(250);
 
@@ -24,11 +28,23 @@ pub(crate) const POLL_EVERY: Duration = Duration::from_millis(250);
 pub(crate) struct Notifying {
     inner: Arc<dyn EventStore>,
     waiting: Mutex<HashMap<String, Arc<Notify>>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Notifying {
-    pub(crate) fn new(inner: Arc<dyn EventStore>) -> Self {
-        Notifying { inner, waiting: Mutex::default() }
+    pub(crate) fn new(inner: Arc<dyn EventStore>, metrics: Arc<Metrics>) -> Self {
+        Notifying { inner, waiting: Mutex::default(), metrics }
+    }
+
+    /// Counts a stored batch in the metrics.
+    async fn counted(&self, run_id: &str, seen: Vec<Seen>, took: std::time::Duration) {
+        self.metrics.committed(took);
+        let scenario = if self.metrics.wants_scenario(&seen, run_id) {
+            self.inner.run(run_id).await.ok().flatten().map(|r| r.scenario_id)
+        } else {
+            None
+        };
+        self.metrics.count(seen, scenario.as_deref());
     }
 
     fn wake(&self, run_id: &str) {
@@ -55,8 +71,11 @@ impl EventStore for Notifying {
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
+            let seen = self.metrics.read(&run.run_id, &events);
+            let began = Instant::now();
             self.inner.create_run(run, events).await?;
             self.wake(&run.run_id);
+            self.counted(&run.run_id, seen, began.elapsed()).await;
             Ok(())
         })
     }
@@ -69,8 +88,11 @@ impl EventStore for Notifying {
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
+            let seen = self.metrics.read(run_id, &events);
+            let began = Instant::now();
             self.inner.append(run_id, expected_seq, events, status).await?;
             self.wake(run_id);
+            self.counted(run_id, seen, began.elapsed()).await;
             Ok(())
         })
     }

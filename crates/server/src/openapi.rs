@@ -23,6 +23,10 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         crate::api::reject_run,
         crate::api::answer_run,
         crate::api::cancel_run,
+        crate::api::metrics,
+        crate::api::get_session,
+        crate::api::open_session,
+        crate::api::close_session,
     ),
     modifiers(&Bearer),
     security(("bearer" = []))

@@ -58,6 +58,11 @@ impl Workers {
         }
     }
 
+    /// Jobs waiting for a worker.
+    pub(crate) fn queue_depth(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
     /// Jobs being driven or waiting to be.
     pub(crate) fn active(&self) -> usize {
         self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()

@@ -705,3 +705,312 @@ fn a_server_killed_or_stopped_with_runs_in_flight_loses_none() {
     assert!(err.contains("taking up"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A Prometheus server (Debian's, from scripts/install-prometheus), killed when dropped.
+struct Prometheus {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts Prometheus scraping `target`'s `/metrics` every second with `token`.
+fn prometheus(dir: &Path, target: &str, token: &str) -> Prometheus {
+    let config = format!(
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n  - job_name: baton\n    scrape_interval: 1s\n    authorization: {{type: Bearer, credentials: {token}}}\n    static_configs: [{{targets: ['{target}']}}]\n"
+    );
+    std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let child = std::process::Command::new(repo().join(".peers/prometheus/usr/bin/prometheus"))
+        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+        .arg(format!("--web.listen-address={addr}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.err")).unwrap())
+        .spawn()
+        .expect("Prometheus (scripts/install-prometheus)");
+    Prometheus { child, addr }
+}
+
+/// The value of the one sample `query` selects in Prometheus, once it has one.
+fn scraped(p: &Prometheus, dir: &Path, query: &str, done: impl Fn(f64) -> bool) -> f64 {
+    let path = format!(
+        "/api/v1/query?query={}",
+        query
+            .replace('{', "%7B")
+            .replace('}', "%7D")
+            .replace('"', "%22")
+            .replace('=', "%3D")
+            .replace(',', "%2C")
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(s) = TcpStream::connect(&p.addr) {
+            drop(s);
+            let r = http(&p.addr, "GET", &path, &[], None);
+            if r.status == 200 {
+                let v = r.json();
+                let value =
+                    v["data"]["result"][0]["value"][1].as_str().and_then(|s| s.parse::<f64>().ok());
+                if let Some(x) = value.filter(|x| done(*x)) {
+                    return x;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never had {query}:\n{}",
+            std::fs::read_to_string(dir.join("prometheus.err")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn a_real_prometheus_scrapes_what_the_runs_did() {
+    let (dir, db) = with_scenarios("serve-metrics");
+    let admin = token(&dir, &db, "acme", "admin", "ops");
+    let ann = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let server = serve(&dir, &db, &["--script", &release_notes_script()]);
+    let addr = server.addr.as_str();
+    let refused = http(addr, "GET", "/metrics", &[("Authorization", &ann)], None);
+    assert_eq!(refused.status, 403, "server-wide metrics take an admin token: {refused:?}");
+    let run =
+        start(addr, &ann, &json!({"scenario": "release_notes", "input": "x"})).json()["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    wait_for(addr, &ann, &run, "paused", |v| v["status"] == "paused");
+    let approve =
+        http(addr, "POST", &format!("/runs/{run}/approve"), &[("Authorization", &ann)], None);
+    assert_eq!(approve.status, 200);
+    let done = wait_for(addr, &ann, &run, "completed", |v| v["status"] == "completed");
+    let text = http(addr, "GET", "/metrics", &[("Authorization", &bearer(&admin))], None);
+    assert!(text.header("content-type").unwrap().starts_with("application/openmetrics-text"));
+    assert!(text.body.ends_with("# EOF\n"), "{}", text.body);
+
+    let p = prometheus(&dir, addr, &admin);
+    let finished = scraped(
+        &p,
+        &dir,
+        r#"baton_runs_finished_total{scenario="release_notes",status="completed"}"#,
+        |x| x >= 1.0,
+    );
+    assert_eq!(finished, 1.0);
+    let started =
+        scraped(&p, &dir, r#"baton_runs_started_total{scenario="release_notes"}"#, |_| true);
+    assert_eq!(started, 1.0);
+    // The run made five model calls (two drafts, two reviews, the publish): so do the
+    // metrics, with their tokens and cost.
+    let calls = scraped(&p, &dir, "sum(baton_model_calls_total)", |_| true);
+    let logged =
+        http(addr, "GET", &format!("/runs/{run}/events"), &[("Authorization", &ann)], None).json();
+    let responses = logged["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "model_response")
+        .count();
+    assert_eq!(calls, responses as f64);
+    let tokens = scraped(&p, &dir, "sum(baton_model_tokens_total)", |_| true);
+    assert_eq!(tokens, done["tokens"].as_f64().unwrap());
+    let cost = scraped(&p, &dir, "sum(baton_model_cost_usd_total)", |_| true);
+    assert!((cost - done["cost_usd"].as_f64().unwrap()).abs() < 1e-9, "{cost} vs {done}");
+    assert!(
+        scraped(&p, &dir, r#"baton_level_duration_seconds_count{kind="prompt"}"#, |_| true) >= 5.0
+    );
+    assert_eq!(scraped(&p, &dir, "baton_approval_idle_seconds_count", |_| true), 1.0);
+    assert!(scraped(&p, &dir, "baton_store_commit_seconds_count", |_| true) >= 2.0);
+    assert!(
+        scraped(
+            &p,
+            &dir,
+            r#"baton_http_requests_total{route="/runs",method="POST",status="201"}"#,
+            |_| true
+        ) >= 1.0
+    );
+    assert_eq!(scraped(&p, &dir, "baton_queue_depth", |_| true), 0.0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Every event of a tree stream as (run, seq, id).
+fn tree_stream(
+    addr: &str,
+    auth: &str,
+    root: &str,
+    last: Option<&str>,
+) -> Vec<(String, u64, String)> {
+    let mut headers = vec![("Authorization", auth)];
+    if let Some(l) = last {
+        headers.push(("Last-Event-ID", l));
+    }
+    let mut s = stream_ids(addr, &format!("/runs/{root}/events?tree=true"), &headers);
+    let mut out = Vec::new();
+    while let Some((id, data)) = s.next_raw() {
+        out.push((data["run_id"].as_str().unwrap().to_owned(), data["seq"].as_u64().unwrap(), id));
+    }
+    out
+}
+
+/// [`stream`] for ids that are not numbers.
+fn stream_ids(addr: &str, path: &str, headers: &[(&str, &str)]) -> Stream {
+    stream(addr, path, headers).unwrap_or_else(|r| panic!("{path}: {r:?}"))
+}
+
+impl Stream {
+    /// The next event's id and data, whatever its id looks like.
+    fn next_raw(&mut self) -> Option<(String, Value)> {
+        loop {
+            if let Some(end) = self.text.find("\n\n") {
+                let block: String = self.text.drain(..end + 2).collect();
+                let id =
+                    block.lines().find_map(|l| l.strip_prefix("id:")).map(|v| v.trim().to_owned());
+                let data: String = block
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim_start)
+                    .collect();
+                if let Some(id) = id {
+                    return Some((id, serde_json::from_str(&data).unwrap()));
+                }
+                continue;
+            }
+            if self.closed {
+                return None;
+            }
+            let (decoded, used) = dechunk(&self.raw);
+            self.raw.drain(..used);
+            self.text.push_str(&String::from_utf8_lossy(&decoded));
+            if !decoded.is_empty() {
+                continue;
+            }
+            if self.raw.starts_with(b"0\r\n") {
+                self.closed = true;
+                continue;
+            }
+            let mut buf = [0u8; 8192];
+            match self.socket.read(&mut buf) {
+                Ok(0) | Err(_) => self.closed = true,
+                Ok(n) => self.raw.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_jobs_tree_is_one_stream_that_resumes_exactly_from_any_of_its_ids() {
+    let (dir, db) = with_scenarios("serve-tree");
+    let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let script = repo().join("scenarios/scripts/intent_classifier.yaml").display().to_string();
+    let server = serve(&dir, &db, &["--script", &script]);
+    let addr = server.addr.as_str();
+    let started =
+        start(addr, &auth, &json!({"kind": "task", "input": "What is the capital of France?"}));
+    assert_eq!(started.status, 201, "{started:?}");
+    let root = started.json()["run_id"].as_str().unwrap().to_owned();
+    let all = tree_stream(addr, &auth, &root, None);
+    // Both runs, each whole and in order, the child's first event after its parent
+    // recorded starting it.
+    let runs: Vec<String> = {
+        let mut r: Vec<String> = all.iter().map(|(run, ..)| run.clone()).collect();
+        r.dedup();
+        let mut seen = std::collections::BTreeSet::new();
+        r.into_iter().filter(|x| seen.insert(x.clone())).collect()
+    };
+    assert_eq!(runs.len(), 2, "the classifier's run and the one it chained to: {all:?}");
+    for run in &runs {
+        let seqs: Vec<u64> = all.iter().filter(|(r, ..)| r == run).map(|(_, s, _)| *s).collect();
+        let v = wait_for(addr, &auth, run, "its end", |v| v["status"] == "completed");
+        assert_eq!(seqs, (1..=v["last_seq"].as_u64().unwrap()).collect::<Vec<_>>(), "run {run}");
+    }
+    let child_first = all.iter().position(|(r, ..)| *r != root).unwrap();
+    let root_log =
+        http(addr, "GET", &format!("/runs/{root}/events"), &[("Authorization", &auth)], None)
+            .json();
+    let started_at = root_log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "child_run_started")
+        .unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    let parent_before: Vec<u64> =
+        all[..child_first].iter().filter(|(r, ..)| *r == root).map(|(_, s, _)| *s).collect();
+    assert!(parent_before.contains(&started_at), "{all:?}");
+    // A reconnect from any id gets exactly what followed it.
+    for cut in [0, child_first - 1, child_first, child_first + 1, all.len() - 2] {
+        let resumed = tree_stream(addr, &auth, &root, Some(&all[cut].2));
+        // What followed the id in each run (runs interleave as they were committed).
+        let mut expected: Vec<(String, u64)> =
+            all[cut + 1..].iter().map(|(r, s, _)| (r.clone(), *s)).collect();
+        let mut got: Vec<(String, u64)> = resumed.iter().map(|(r, s, _)| (r.clone(), *s)).collect();
+        assert!(got.windows(2).all(|w| w[0].0 != w[1].0 || w[1].1 == w[0].1 + 1), "{got:?}");
+        expected.sort();
+        got.sort();
+        assert_eq!(got, expected, "resumed from {}", all[cut].2);
+    }
+    // A place the tree never had is refused, not guessed.
+    let bad = stream(
+        addr,
+        &format!("/runs/{root}/events?tree=true"),
+        &[("Authorization", &auth), ("Last-Event-ID", "3(1,1,1)")],
+    );
+    assert_eq!(bad.err().map(|r| r.status), Some(400));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_web_ui_in_chromium_watches_a_run_live_and_approves_it_from_the_inbox() {
+    let (dir, db) = with_scenarios("serve-ui");
+    let t = token(&dir, &db, "acme", "operator", "ann");
+    let server = serve(&dir, &db, &["--script", &release_notes_script()]);
+    // Kept as the test's artifacts: a screenshot of each page.
+    let shots = repo().join("target/ui-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let out = std::process::Command::new("node")
+        .arg(repo().join("crates/cli/tests/ui/browser.mjs"))
+        .arg(format!("http://{}", server.addr))
+        .arg(&t)
+        .arg(&shots)
+        .arg(repo().join(".peers/npm"))
+        .output()
+        .expect("node (and scripts/test's Chromium and playwright-core)");
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let seen: Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(seen["errors"], json!([]), "the page logged no error: {seen}");
+    assert!(seen["bad_login"].as_str().unwrap().contains("not known"), "{seen}");
+    assert_eq!(seen["cookie_visible_to_scripts"], false, "the session cookie is HttpOnly");
+    assert_eq!(seen["cookie"], json!({"httpOnly": true, "sameSite": "Strict"}));
+    assert_eq!(seen["graph_current"], "sign_off", "{seen}");
+    let visited: Vec<&str> =
+        seen["visited"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(["draft", "review", "sign_off"].iter().all(|l| visited.contains(l)), "{seen}");
+    assert!(seen["after"].as_u64() > seen["before"].as_u64(), "the timeline grew: {seen}");
+    assert_eq!(seen["reloaded"], false, "without a reload");
+    let decision = seen["decision"].as_str().unwrap();
+    assert!(decision.contains("approved by ann") && decision.contains("ship it"), "{decision}");
+    assert_eq!(seen["output_headings"], json!(["New", "Improved", "Fixed"]), "{seen}");
+    assert!(seen["cost_rows"].as_u64().unwrap() >= 4, "{seen}");
+    let diagnostics = seen["diagnostics"].to_string();
+    assert!(diagnostics.contains("bogus"), "{diagnostics}");
+    assert!(seen["scenario_levels"].as_u64().unwrap() >= 5, "{seen}");
+    for page in ["runs", "run-paused", "inbox", "run-completed", "scenarios", "scenario"] {
+        let shot = shots.join(format!("{page}.png"));
+        assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000), "{}", shot.display());
+    }
+    // The UI's pages carry a policy that runs no inline script and loads nothing from elsewhere.
+    let index = http(&server.addr, "GET", "/", &[], None);
+    let policy = index.header("content-security-policy").unwrap();
+    assert!(policy.contains("script-src 'self'") && !policy.contains("unsafe-inline"), "{policy}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,394 @@
+//! Prometheus metrics (`GET /metrics`, OpenMetrics text, names prefixed `baton_`), read off
+//! the events this server appends — the log is the one source of what happened, so the
+//! metrics never disagree with it — plus what only the server knows: its queue, its
+//! drives, the store's commit latency and its HTTP answers.
+//!
+//! A batch of events is read before it is appended ([`Metrics::read`], borrowing it) and
+//! counted only once the store took it ([`Metrics::count`]).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use baton_engine::event::{Event, EventData};
+use chrono::{DateTime, Utc};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScenarioLabel {
+    scenario: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FinishedLabels {
+    scenario: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    provider: String,
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    provider: String,
+    model: String,
+    direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerifierLabels {
+    verifier: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TriggerLabel {
+    trigger: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    method: String,
+    route: String,
+    status: String,
+}
+
+fn seconds_buckets() -> Histogram {
+    // 1 ms to about 9 h.
+    Histogram::new(exponential_buckets(0.001, 2.5, 18))
+}
+
+fn latency_buckets() -> Histogram {
+    // 50 µs to about 3 s.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
+}
+
+/// Every metric of the server.
+pub(crate) struct Metrics {
+    registry: Registry,
+    runs_started: Family<ScenarioLabel, Counter>,
+    runs_finished: Family<FinishedLabels, Counter>,
+    level_seconds: Family<KindLabel, Histogram, fn() -> Histogram>,
+    model_calls: Family<ModelLabels, Counter>,
+    model_failures: Family<ModelLabels, Counter>,
+    model_tokens: Family<TokenLabels, Counter>,
+    model_cost: Family<ModelLabels, Counter<f64, AtomicU64>>,
+    retries: Family<ModelLabels, Counter>,
+    failovers: Family<ModelLabels, Counter>,
+    verifiers: Family<VerifierLabels, Counter>,
+    approval_idle: Histogram,
+    stops: Family<TriggerLabel, Counter>,
+    queue_depth: Gauge,
+    drives: Gauge,
+    commit_seconds: Histogram,
+    http: Family<HttpLabels, Counter>,
+    /// What later events need from earlier ones of the same run: a level's kind, when an
+    /// approval was asked, the run's scenario.
+    open: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    level_kinds: HashMap<(String, String), String>,
+    asked: HashMap<(String, String), DateTime<Utc>>,
+    scenarios: HashMap<String, String>,
+}
+
+/// One fact a batch holds, counted once the batch is stored.
+#[derive(Debug)]
+pub(crate) enum Seen {
+    Started(String),
+    Finished { run_id: String, status: String },
+    Level { kind: String, seconds: f64 },
+    Model { provider: String, model: String, input: u64, output: u64, cost: f64 },
+    ModelFailed { provider: String, model: String },
+    Retry { provider: String, model: String },
+    Failover { provider: String, model: String },
+    Verifier { name: String, passed: bool },
+    ApprovalIdle(f64),
+    Stop(String),
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::with_prefix("baton");
+        let m = Metrics {
+            runs_started: Family::default(),
+            runs_finished: Family::default(),
+            level_seconds: Family::new_with_constructor(seconds_buckets),
+            model_calls: Family::default(),
+            model_failures: Family::default(),
+            model_tokens: Family::default(),
+            model_cost: Family::default(),
+            retries: Family::default(),
+            failovers: Family::default(),
+            verifiers: Family::default(),
+            approval_idle: seconds_buckets(),
+            stops: Family::default(),
+            queue_depth: Gauge::default(),
+            drives: Gauge::default(),
+            commit_seconds: latency_buckets(),
+            http: Family::default(),
+            open: Mutex::default(),
+            registry: Registry::default(),
+        };
+        registry.register("runs_started", "Runs started, by scenario", m.runs_started.clone());
+        registry.register(
+            "runs_finished",
+            "Runs ended, by scenario and final status",
+            m.runs_finished.clone(),
+        );
+        registry.register_with_unit(
+            "level_duration",
+            "How long each level attempt took, by level kind",
+            prometheus_client::registry::Unit::Seconds,
+            m.level_seconds.clone(),
+        );
+        registry.register(
+            "model_calls",
+            "Model answers, by provider and model",
+            m.model_calls.clone(),
+        );
+        registry.register(
+            "model_call_failures",
+            "Model calls that failed for good, by provider and model",
+            m.model_failures.clone(),
+        );
+        registry.register(
+            "model_tokens",
+            "Tokens of model answers, by provider, model and direction",
+            m.model_tokens.clone(),
+        );
+        registry.register(
+            "model_cost_usd",
+            "What model answers cost in US dollars, by provider and model",
+            m.model_cost.clone(),
+        );
+        registry.register(
+            "provider_retries",
+            "Model calls retried, by provider and model",
+            m.retries.clone(),
+        );
+        registry.register(
+            "provider_failovers",
+            "Model calls that went to another provider, by the one that failed",
+            m.failovers.clone(),
+        );
+        registry.register(
+            "verifier_outcomes",
+            "Verifier results, by verifier and outcome",
+            m.verifiers.clone(),
+        );
+        registry.register_with_unit(
+            "approval_idle",
+            "How long approvals waited for a person",
+            prometheus_client::registry::Unit::Seconds,
+            m.approval_idle.clone(),
+        );
+        registry.register(
+            "run_stops",
+            "Cancels, timeouts, budget stops and interruptions, by trigger",
+            m.stops.clone(),
+        );
+        registry.register("queue_depth", "Jobs waiting for a worker", m.queue_depth.clone());
+        registry.register("drives_active", "Jobs being driven or waiting to be", m.drives.clone());
+        registry.register_with_unit(
+            "store_commit",
+            "How long the store took to append a batch of events",
+            prometheus_client::registry::Unit::Seconds,
+            m.commit_seconds.clone(),
+        );
+        registry.register(
+            "http_requests",
+            "HTTP answers, by method, route and status",
+            m.http.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// What a batch of a run's events will count once stored.
+    pub(crate) fn read(&self, run_id: &str, events: &[Event]) -> Vec<Seen> {
+        let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = Vec::new();
+        for e in events {
+            let level = || (run_id.to_owned(), e.level_id.clone().unwrap_or_default());
+            match &e.data {
+                EventData::ScenarioStarted(s) => {
+                    open.scenarios.insert(run_id.to_owned(), s.scenario_id.clone());
+                    seen.push(Seen::Started(s.scenario_id.clone()));
+                }
+                EventData::ScenarioFinished(f) => {
+                    let status = serde_json::to_value(f.status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    seen.push(Seen::Finished { run_id: run_id.to_owned(), status });
+                }
+                EventData::LevelStarted(s) => {
+                    open.level_kinds.insert(level(), s.kind.clone());
+                }
+                EventData::LevelFinished(f) => {
+                    let kind =
+                        open.level_kinds.remove(&level()).unwrap_or_else(|| "unknown".to_owned());
+                    seen.push(Seen::Level { kind, seconds: f.duration_ms as f64 / 1000.0 });
+                }
+                EventData::ModelResponse(r) => seen.push(Seen::Model {
+                    provider: r.provider.clone(),
+                    model: r.model.clone(),
+                    input: r.usage.input_tokens,
+                    output: r.usage.output_tokens,
+                    cost: r.cost_usd,
+                }),
+                EventData::ModelCallFailed(f) => seen
+                    .push(Seen::ModelFailed { provider: f.provider.clone(), model: String::new() }),
+                EventData::ProviderRetry(r) => {
+                    seen.push(Seen::Retry { provider: r.provider.clone(), model: r.model.clone() });
+                }
+                EventData::ProviderFailover(f) => {
+                    seen.push(Seen::Failover {
+                        provider: f.provider.clone(),
+                        model: f.model.clone(),
+                    });
+                }
+                EventData::VerifierFinished(v) => {
+                    seen.push(Seen::Verifier { name: v.name.clone(), passed: v.passed });
+                }
+                EventData::ApprovalRequested(a) => {
+                    open.asked.insert((run_id.to_owned(), a.request_id.clone()), e.at);
+                }
+                EventData::ApprovalDecided(d) => {
+                    if let Some(asked) =
+                        open.asked.remove(&(run_id.to_owned(), d.request_id.clone()))
+                    {
+                        let idle = (e.at - asked).to_std().unwrap_or_default();
+                        seen.push(Seen::ApprovalIdle(idle.as_secs_f64()));
+                    }
+                }
+                EventData::CancelRequested(c) => seen.push(Seen::Stop(
+                    if c.by.is_some() { "cancel_by_person" } else { "cancel" }.to_owned(),
+                )),
+                EventData::LevelTimedOut(_) => seen.push(Seen::Stop("level_timeout".to_owned())),
+                EventData::BudgetExceeded(_) => seen.push(Seen::Stop("budget".to_owned())),
+                EventData::RunInterrupted(i) => {
+                    seen.push(Seen::Stop(format!("interrupted_{}", i.cause)));
+                }
+                _ => {}
+            }
+        }
+        seen
+    }
+
+    /// Whether counting `seen` needs the run's scenario from the store: it ends a run this
+    /// process did not see start.
+    pub(crate) fn wants_scenario(&self, seen: &[Seen], run_id: &str) -> bool {
+        seen.iter().any(|s| matches!(s, Seen::Finished { .. }))
+            && !self
+                .open
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .scenarios
+                .contains_key(run_id)
+    }
+
+    /// Counts what a stored batch held; `scenario` names the run's scenario when this
+    /// process did not see it start.
+    pub(crate) fn count(&self, seen: Vec<Seen>, scenario: Option<&str>) {
+        for s in seen {
+            match s {
+                Seen::Started(scenario) => {
+                    self.runs_started.get_or_create(&ScenarioLabel { scenario }).inc();
+                }
+                Seen::Finished { run_id, status } => {
+                    let known = self
+                        .open
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .scenarios
+                        .remove(&run_id);
+                    let scenario =
+                        known.or_else(|| scenario.map(str::to_owned)).unwrap_or_default();
+                    self.runs_finished.get_or_create(&FinishedLabels { scenario, status }).inc();
+                }
+                Seen::Level { kind, seconds } => {
+                    self.level_seconds.get_or_create(&KindLabel { kind }).observe(seconds);
+                }
+                Seen::Model { provider, model, input, output, cost } => {
+                    let labels = ModelLabels { provider: provider.clone(), model: model.clone() };
+                    self.model_calls.get_or_create(&labels).inc();
+                    self.model_cost.get_or_create(&labels).inc_by(cost);
+                    for (direction, n) in [("input", input), ("output", output)] {
+                        let t = TokenLabels {
+                            provider: provider.clone(),
+                            model: model.clone(),
+                            direction: direction.to_owned(),
+                        };
+                        self.model_tokens.get_or_create(&t).inc_by(n);
+                    }
+                }
+                Seen::ModelFailed { provider, model } => {
+                    self.model_failures.get_or_create(&ModelLabels { provider, model }).inc();
+                }
+                Seen::Retry { provider, model } => {
+                    self.retries.get_or_create(&ModelLabels { provider, model }).inc();
+                }
+                Seen::Failover { provider, model } => {
+                    self.failovers.get_or_create(&ModelLabels { provider, model }).inc();
+                }
+                Seen::Verifier { name, passed } => {
+                    let outcome = if passed { "passed" } else { "failed" }.to_owned();
+                    self.verifiers.get_or_create(&VerifierLabels { verifier: name, outcome }).inc();
+                }
+                Seen::ApprovalIdle(s) => self.approval_idle.observe(s),
+                Seen::Stop(trigger) => {
+                    self.stops.get_or_create(&TriggerLabel { trigger }).inc();
+                }
+            }
+        }
+    }
+
+    /// How long an append took.
+    pub(crate) fn committed(&self, took: Duration) {
+        self.commit_seconds.observe(took.as_secs_f64());
+    }
+
+    /// One HTTP answer.
+    pub(crate) fn answered(&self, method: &str, route: &str, status: u16) {
+        let labels = HttpLabels {
+            method: method.to_owned(),
+            route: route.to_owned(),
+            status: status.to_string(),
+        };
+        self.http.get_or_create(&labels).inc();
+    }
+
+    /// The metrics as OpenMetrics text, with the workers' gauges as they are now.
+    pub(crate) fn render(&self, queue_depth: usize, drives: usize) -> String {
+        self.queue_depth.set(i64::try_from(queue_depth).unwrap_or(i64::MAX));
+        self.drives.set(i64::try_from(drives).unwrap_or(i64::MAX));
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
