@@ -12,7 +12,8 @@
 //! JSON answer chains the job to the next, as child runs: what a hop costs beside a level),
 //! `wave` (a wave of 8 assignments, at most 3 at once, each a one-level worker run: the
 //! CPU and commits per assignment beyond what the same worker costs run alone), and `jail`
-//! (what the jail adds to each program a verifier starts).
+//! (what the jail adds to each program a verifier starts), and `http` (`baton serve` from
+//! outside: starts per second and event-stream delivery, in `bench_http.rs`).
 
 #![allow(clippy::cast_precision_loss)]
 
@@ -250,6 +251,9 @@ async fn one_run(
 }
 
 pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if args.workload == "http" {
+        return crate::bench_http::bench(args.runs, args.concurrency, args.json).await;
+    }
     if args.workload == "jail" {
         let report = jail_cost(&args).await?;
         print_report(&report, args.json)?;
@@ -294,7 +298,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "chain3" => CHAIN3[0].1,
         other => {
             bail!(
-                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen, chain3, wave or jail"
+                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen, chain3, wave, jail or http"
             )
         }
     };

@@ -3,6 +3,7 @@
 //! Each subcommand lives in its own module and returns an exit code; `main` only parses
 //! arguments and maps errors to exit codes (0 success, 1 the input is invalid, 2 usage).
 
+mod bench_http;
 mod cmd_bench;
 mod cmd_expr;
 mod cmd_forecast;

@@ -669,11 +669,12 @@ fn a_server_killed_or_stopped_with_runs_in_flight_loses_none() {
     let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
     let slow = dir.join("slow.yaml").display().to_string();
     let mut runs = Vec::new();
-    for how in ["SIGKILL", "SIGTERM"] {
-        let mut server = serve(&dir, &db, &["--script", &slow, "--workers", "8"]);
+    // A hundred runs in flight when the server is killed; a dozen when it is stopped.
+    for (how, count) in [("SIGKILL", 100), ("SIGTERM", 12)] {
+        let mut server = serve(&dir, &db, &["--script", &slow, "--workers", "32"]);
         let addr = server.addr.clone();
         let mut these = Vec::new();
-        for i in 0..12 {
+        for i in 0..count {
             let r = start(&addr, &auth, &json!({"scenario": "quick_qa", "input": format!("q{i}")}));
             assert_eq!(r.status, 201, "{r:?}");
             these.push(r.json()["run_id"].as_str().unwrap().to_owned());
@@ -696,7 +697,8 @@ fn a_server_killed_or_stopped_with_runs_in_flight_loses_none() {
         runs.extend(these);
     }
     // Every run is in the store, none ended: the next server takes them all up.
-    let server = serve(&dir, &db, &["--script", &slow, "--workers", "24"]);
+    let server = serve(&dir, &db, &["--script", &slow, "--workers", "64"]);
+    assert_eq!(runs.len(), 112);
     for run in &runs {
         let v = wait_for(&server.addr, &auth, run, "completed", |v| v["status"] == "completed");
         assert_eq!(v["output"].as_str().map(|o| o.contains("Paris")), Some(true), "{v}");
