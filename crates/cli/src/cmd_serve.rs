@@ -39,6 +39,7 @@ pub(crate) struct ServeArgs {
     pub script: Option<PathBuf>,
     pub retries_max: u32,
     pub retry_first: std::time::Duration,
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The CLI's wiring of engines for the server: the same models, jail, workspaces and
@@ -173,6 +174,7 @@ pub(crate) async fn serve(place: &Place, args: ServeArgs) -> anyhow::Result<Exit
         hosts: args.hosts,
         retries_max: args.retries_max,
         retry_first: args.retry_first,
+        otlp_endpoint: args.otlp_endpoint,
         ..Settings::default()
     };
     let parts = Parts {

@@ -308,6 +308,10 @@ enum Command {
         /// as long.
         #[arg(long, default_value_t = 1000)]
         retry_first_ms: u64,
+        /// Send OpenTelemetry traces (a span per run, level, model call, tool call and
+        /// verifier) to this OTLP/HTTP collector (`http://127.0.0.1:4318`).
+        #[arg(long, env = "BATON_OTLP_ENDPOINT")]
+        otlp_endpoint: Option<String>,
     },
     /// Bearer tokens of `baton serve`, each for one tenant with one role.
     #[command(subcommand)]
@@ -906,6 +910,7 @@ fn main() -> ExitCode {
             script,
             retries_max,
             retry_first_ms,
+            otlp_endpoint,
         } => runtime.block_on(cmd_serve::serve(
             &place,
             cmd_serve::ServeArgs {
@@ -919,6 +924,7 @@ fn main() -> ExitCode {
                 script,
                 retries_max,
                 retry_first: std::time::Duration::from_millis(retry_first_ms),
+                otlp_endpoint,
             },
         )),
         Command::Token(t) => runtime.block_on(async {

@@ -64,6 +64,7 @@ impl App {
         parts: Parts,
         bound: std::net::SocketAddr,
         stop: CancelToken,
+        tracer: Option<Arc<crate::traces::Tracer>>,
     ) -> Arc<Self> {
         let metrics = Arc::new(Metrics::new());
         Arc::new(App {
@@ -71,7 +72,7 @@ impl App {
             starts: StartRate::new(settings.starts_per_minute),
             streams: Streams::new(settings.streams_per_token),
             workers: Workers::new(settings.workers),
-            store: Arc::new(Notifying::new(parts.store, Arc::clone(&metrics))),
+            store: Arc::new(Notifying::new(parts.store, Arc::clone(&metrics), tracer)),
             metrics,
             tokens: Tokens::new(parts.tokens),
             registry: Arc::new(parts.registry),

@@ -15,7 +15,7 @@
 //! handlers), `events` (SSE), `tree_events` (a job's tree as one stream), `workers` (driving), `limits` (rates and connection counts),
 //! `notify` (a store decorator that wakes event streams when this process appends and
 //! counts what it appends), `metrics` (Prometheus),
-//! `openapi` (the document), `ui` (the web UI's files, built into the binary).
+//! `traces` (OpenTelemetry spans over OTLP), `openapi` (the document), `ui` (the web UI's files, built into the binary).
 
 mod api;
 pub mod auth;
@@ -25,6 +25,7 @@ mod metrics;
 mod notify;
 mod openapi;
 mod problem;
+mod traces;
 mod tree_events;
 mod ui;
 mod workers;
@@ -95,6 +96,8 @@ pub struct Settings {
     pub refresh_every: Duration,
     /// How long an event stream stays quiet before a keep-alive comment.
     pub keep_alive: Duration,
+    /// Where to send OpenTelemetry traces (OTLP/HTTP, `http://HOST:PORT`); none: no traces.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for Settings {
@@ -111,6 +114,7 @@ impl Default for Settings {
             retry_first: Duration::from_secs(1),
             refresh_every: Duration::from_secs(1),
             keep_alive: Duration::from_secs(15),
+            otlp_endpoint: None,
         }
     }
 }
@@ -150,7 +154,14 @@ pub async fn serve(
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
     let bound = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
-    let app = api::App::new(settings, parts, bound, stop.clone());
+    let (tracer, exporter) = match &settings.otlp_endpoint {
+        Some(endpoint) => {
+            let (tracer, export) = traces::Tracer::new(endpoint, stop.clone())?;
+            (Some(Arc::new(tracer)), Some(tokio::spawn(export)))
+        }
+        None => (None, None),
+    };
+    let app = api::App::new(settings, parts, bound, stop.clone(), tracer);
     app.workers.recover(&app).await;
     let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
     let router = api::router(Arc::clone(&app));
@@ -162,5 +173,9 @@ pub async fn serve(
     let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
     refresh.abort();
     app.workers.drain().await;
+    // The spans of the last drives are posted before the server returns.
+    if let Some(exporter) = exporter {
+        let _ = tokio::time::timeout(Duration::from_secs(15), exporter).await;
+    }
     served.map_err(|e| format!("the server stopped: {e}"))
 }

@@ -4,7 +4,7 @@
 //! committed. Appends by other processes (the CLI on the same database) are still seen: a
 //! waiter looks at the store again at least every [`POLL_EVERY`]. It also counts every
 //! batch it appends in the [`Metrics`] (read from the events, counted once stored) and times
-//! the store's commits.
+//! the store's commits; with tracing on, it hands every stored batch to the [`Tracer`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 
 use crate::metrics::{Metrics, Seen};
+use crate::traces::Tracer;
 
 /// How often a waiter looks at the store when nothing in this process woke it.
 pub(crate) const POLL_EVERY: Duration = Duration::from_millis(250);
@@ -29,11 +30,33 @@ pub(crate) struct Notifying {
     inner: Arc<dyn EventStore>,
     waiting: Mutex<HashMap<String, Arc<Notify>>>,
     metrics: Arc<Metrics>,
+    tracer: Option<Arc<Tracer>>,
 }
 
 impl Notifying {
-    pub(crate) fn new(inner: Arc<dyn EventStore>, metrics: Arc<Metrics>) -> Self {
-        Notifying { inner, waiting: Mutex::default(), metrics }
+    pub(crate) fn new(
+        inner: Arc<dyn EventStore>,
+        metrics: Arc<Metrics>,
+        tracer: Option<Arc<Tracer>>,
+    ) -> Self {
+        Notifying { inner, waiting: Mutex::default(), metrics, tracer }
+    }
+
+    /// Hands a stored batch to the tracer, first telling it the run's job and scenario
+    /// when this process did not see the run start.
+    async fn traced(&self, run_id: &str, events: Option<Vec<Event>>) {
+        let (Some(tracer), Some(events)) = (&self.tracer, events) else { return };
+        let starts = events
+            .iter()
+            .any(|e| matches!(e.data, baton_engine::event::EventData::ScenarioStarted(_)));
+        if !starts
+            && !tracer.knows(run_id)
+            && let Ok(Some(r)) = self.inner.run(run_id).await
+        {
+            let root = r.root_run_id.as_deref().unwrap_or(run_id);
+            tracer.learn(run_id, root, &r.scenario_id, r.parent_run_id.as_deref());
+        }
+        tracer.record(run_id, &events);
     }
 
     /// Counts a stored batch in the metrics.
@@ -72,10 +95,12 @@ impl EventStore for Notifying {
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let seen = self.metrics.read(&run.run_id, &events);
+            let traced = self.tracer.is_some().then(|| events.clone());
             let began = Instant::now();
             self.inner.create_run(run, events).await?;
             self.wake(&run.run_id);
             self.counted(&run.run_id, seen, began.elapsed()).await;
+            self.traced(&run.run_id, traced).await;
             Ok(())
         })
     }
@@ -89,10 +114,12 @@ impl EventStore for Notifying {
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let seen = self.metrics.read(run_id, &events);
+            let traced = self.tracer.is_some().then(|| events.clone());
             let began = Instant::now();
             self.inner.append(run_id, expected_seq, events, status).await?;
             self.wake(run_id);
             self.counted(run_id, seen, began.elapsed()).await;
+            self.traced(run_id, traced).await;
             Ok(())
         })
     }

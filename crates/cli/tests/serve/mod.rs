@@ -1016,3 +1016,148 @@ fn the_web_ui_in_chromium_watches_a_run_live_and_approves_it_from_the_inbox() {
     assert!(policy.contains("script-src 'self'") && !policy.contains("unsafe-inline"), "{policy}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The OTLP receiver (`otlp_receiver.py`, on the official protobuf definitions), killed
+/// when dropped; its spans are written to `spans`.
+struct Receiver {
+    child: Child,
+    port: String,
+    spans: PathBuf,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn receiver(dir: &Path) -> Receiver {
+    let spans = dir.join("spans.jsonl");
+    let mut child = std::process::Command::new(repo().join(".peers/venv/bin/python"))
+        .arg(repo().join("crates/cli/tests/serve/otlp_receiver.py"))
+        .arg(&spans)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("receiver.err")).unwrap())
+        .spawn()
+        .expect("python with opentelemetry-proto (scripts/test)");
+    let mut port = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut port).unwrap();
+    Receiver { child, port: port.trim().to_owned(), spans }
+}
+
+#[test]
+fn traces_of_a_chained_job_reach_an_otlp_receiver_as_one_trace() {
+    let (dir, db) = with_scenarios("serve-traces");
+    let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    // The classifier chains to code_build, whose tool loop writes a program its verifier builds.
+    let code_build =
+        std::fs::read_to_string(repo().join("scenarios/scripts/code_build.yaml")).unwrap();
+    let script = dir.join("job.yaml");
+    std::fs::write(
+        &script,
+        format!(
+            "{code_build}\nscenarios:\n  intent_classifier:\n    levels:\n      classify:\n        - text: '{{\"chosen_intent_route\": \"project\", \"confidence\": 0.9, \"reason\": \"wants a program\", \"candidates\": [{{\"intent_route\": \"project\", \"score\": 0.9}}]}}'\n"
+        ),
+    )
+    .unwrap();
+    let r = receiver(&dir);
+    let endpoint = format!("http://127.0.0.1:{}", r.port);
+    let server =
+        serve(&dir, &db, &["--script", script.to_str().unwrap(), "--otlp-endpoint", &endpoint]);
+    let addr = server.addr.as_str();
+    let root =
+        start(addr, &auth, &json!({"kind": "task", "input": "a greet CLI"})).json()["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    let done = wait_for(addr, &auth, &root, "completed", |v| v["status"] == "completed");
+    let child = done["children"][0].as_str().unwrap().to_owned();
+    // Spans are posted at least every second.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let spans: Vec<Value> = loop {
+        let text = std::fs::read_to_string(&r.spans).unwrap_or_default();
+        let spans: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        if spans
+            .iter()
+            .filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with("run ")))
+            .count()
+            == 2
+        {
+            break spans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runs' spans never arrived: {text}\n{}",
+            std::fs::read_to_string(dir.join("receiver.err")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let by_name = |prefix: &str| -> Vec<&Value> {
+        spans.iter().filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with(prefix))).collect()
+    };
+    // One trace for the whole job, from Baton.
+    let trace = spans[0]["trace_id"].as_str().unwrap();
+    assert!(
+        spans
+            .iter()
+            .all(|s| s["trace_id"] == trace && s["service"] == "baton" && s["scope"] == "baton")
+    );
+    let run_span = |run: &str| {
+        by_name("run ").into_iter().find(|s| s["attributes"]["baton.run_id"] == run).unwrap()
+    };
+    let (root_span, child_span) = (run_span(&root), run_span(&child));
+    assert_eq!(root_span["parent"], "", "the job's first run is the trace's root");
+    assert_eq!(
+        child_span["parent"], root_span["span_id"],
+        "the chained run hangs under its parent"
+    );
+    assert_eq!(child_span["attributes"]["baton.scenario"], "code_build");
+    assert_eq!(child_span["attributes"]["baton.status"], "completed");
+    // Levels under their run, model calls, tool calls and verifiers under their level.
+    let levels = by_name("level ");
+    let ids: std::collections::HashSet<&str> =
+        levels.iter().map(|s| s["span_id"].as_str().unwrap()).collect();
+    assert!(
+        levels
+            .iter()
+            .all(|l| l["parent"] == root_span["span_id"] || l["parent"] == child_span["span_id"])
+    );
+    for kind in ["model ", "tool ", "verifier "] {
+        let found = by_name(kind);
+        assert!(!found.is_empty(), "no {kind}span in {spans:?}");
+        assert!(
+            found.iter().all(|s| ids.contains(s["parent"].as_str().unwrap())),
+            "{kind}spans hang under levels"
+        );
+    }
+    let model_calls = by_name("model ").len();
+    let logged: usize = [&root, &child]
+        .iter()
+        .map(|run| {
+            let events = http(
+                addr,
+                "GET",
+                &format!("/runs/{run}/events"),
+                &[("Authorization", &auth)],
+                None,
+            )
+            .json();
+            events["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["kind"] == "model_response")
+                .count()
+        })
+        .sum();
+    assert_eq!(model_calls, logged, "a span per model call");
+    let build = by_name("verifier build");
+    assert!(build.iter().any(|v| v["attributes"]["baton.passed"] == true), "{build:?}");
+    assert!(
+        spans
+            .iter()
+            .all(|s| s["end"].as_u64() >= s["start"].as_u64() && s["start"].as_u64() > Some(0))
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
