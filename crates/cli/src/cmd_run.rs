@@ -707,7 +707,11 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     let (model, source) = match chosen {
         // A standalone wave calls no model until `baton wave run` runs its workers, with
         // the model that command is given.
-        Err(_) if calls_no_model(&scenario) && args.script.is_none() && args.cassette.is_none() => {
+        Err(_)
+            if baton_engine::exec::calls_no_model(&scenario)
+                && args.script.is_none()
+                && args.cassette.is_none() =>
+        {
             (Arc::new(ScriptedModel::default()) as Arc<dyn ModelProvider>, None)
         }
         other => other?,
@@ -892,7 +896,7 @@ pub(crate) async fn resume(
         ) {
             // A run of manual waves calls no model; `baton wave run` needs one for its
             // workers.
-            Err(_) if calls_no_model(&root_scenario) && !waves.active => {
+            Err(_) if baton_engine::exec::calls_no_model(&root_scenario) && !waves.active => {
                 Arc::new(ScriptedModel::default()) as Arc<dyn ModelProvider>
             }
             other => other?,
@@ -924,15 +928,6 @@ pub(crate) async fn resume(
         follow.push(Followed::new(&id, after, depth));
     }
     drive(&engine, &root, &root_scenario, json, follow, how).await
-}
-
-/// Whether a run of `scenario` never calls a model: its levels are all waves whose
-/// assignments outside agents dispatch (a standalone wave's) or programs run.
-fn calls_no_model(scenario: &Scenario) -> bool {
-    scenario.levels.iter().all(|l| {
-        matches!(&l.kind, baton_scenario::LevelKind::Wave(w)
-            if w.dispatch == baton_scenario::model::WaveDispatch::Manual || w.command.is_some())
-    })
 }
 
 /// Where a run of a tree is continued from: its highest ancestor that has not ended (the

@@ -1181,6 +1181,15 @@ fn workspace_notices(workspace: Option<&Arc<dyn Workspace>>) -> Vec<NewEvent> {
         .collect()
 }
 
+/// Whether a run of `scenario` never calls a model: its levels are all waves whose
+/// assignments outside agents dispatch (a standalone wave's) or programs run.
+pub fn calls_no_model(scenario: &Scenario) -> bool {
+    scenario.levels.iter().all(|l| {
+        matches!(&l.kind, LevelKind::Wave(w)
+            if w.dispatch == baton_scenario::model::WaveDispatch::Manual || w.command.is_some())
+    })
+}
+
 /// Whether runs of the scenario edit a workspace of their own: it has a tool-loop level.
 pub fn owns_workspace(scenario: &Scenario) -> bool {
     scenario.levels.iter().any(|l| matches!(l.kind, LevelKind::ToolLoop { .. }))

@@ -117,7 +117,7 @@ impl App {
     }
 
     /// An engine for decisions and cancels (no model is called).
-    fn deciding(&self) -> Result<Engine, Problem> {
+    pub(crate) fn deciding(&self) -> Result<Engine, Problem> {
         self.wiring
             .engine(Arc::clone(&self.store), Answers::Nothing, self.registry.current())
             .map_err(Problem::internal)
@@ -166,6 +166,14 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/runs/{id}/reject", post(reject_run))
         .route("/runs/{id}/answer", post(answer_run))
         .route("/runs/{id}/cancel", post(cancel_run))
+        .route("/runs/{id}/wave", get(crate::api_more::get_wave))
+        .route("/runs/{id}/wave/{action}", post(crate::api_more::act_on_wave))
+        .route("/tenant/overrides", get(crate::api_more::list_overrides))
+        .route(
+            "/tenant/overrides/{scenario}",
+            axum::routing::put(crate::api_more::put_override)
+                .delete(crate::api_more::delete_override),
+        )
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authenticate));
     Router::new()
@@ -759,12 +767,16 @@ pub(crate) async fn start_run(
     let (scenario, selected) =
         baton_engine::job::select(&registry, &app.wiring.selection(), &job, false)
             .map_err(Problem::conflict)?;
-    app.wiring.check(&scenario).map_err(Problem::conflict)?;
+    app.wiring.check_start(&scenario).map_err(Problem::conflict)?;
     let model_source = app.wiring.model_source();
-    let engine = app
-        .wiring
-        .engine(Arc::clone(&app.store), Answers::Recorded(model_source.as_deref()), registry)
-        .map_err(Problem::internal)?;
+    // A scenario that calls no model (a wave of outside agents) starts without one.
+    let answers = if baton_engine::exec::calls_no_model(&scenario) {
+        Answers::Nothing
+    } else {
+        Answers::Recorded(model_source.as_deref())
+    };
+    let engine =
+        app.wiring.engine(Arc::clone(&app.store), answers, registry).map_err(Problem::internal)?;
     let run_id = Engine::new_run_id();
     let started = Started {
         run_id: run_id.clone(),

@@ -18,6 +18,7 @@
 //! `traces` (OpenTelemetry spans over OTLP), `openapi` (the document), `ui` (the web UI's files, built into the binary).
 
 mod api;
+mod api_more;
 pub mod auth;
 mod events;
 mod limits;
@@ -66,8 +67,11 @@ pub trait Wiring: Send + Sync + 'static {
     /// The model source recorded on the runs the API starts (`None`: the configured
     /// providers).
     fn model_source(&self) -> Option<String>;
-    /// Why runs of `scenario` cannot run here (the jail, the providers), if they cannot.
+    /// Why runs of `scenario` cannot be driven here (the jail), if they cannot.
     fn check(&self, scenario: &Scenario) -> Result<(), String>;
+    /// Why new runs of `scenario` cannot start here (no model for the runs the API starts,
+    /// the jail), if they cannot.
+    fn check_start(&self, scenario: &Scenario) -> Result<(), String>;
     /// How jobs choose their scenario.
     fn selection(&self) -> Selection;
 }

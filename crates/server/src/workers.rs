@@ -288,10 +288,23 @@ async fn drive_once(app: &Arc<App>, run_id: &str) -> Result<Outcome, Error> {
         .await
         .map_err(|p| Error::Refused { run_id: root.clone(), message: p.detail })?;
     let refused = |message: String| Error::Refused { run_id: root.clone(), message };
-    let mut engine = app
-        .wiring
-        .engine(Arc::clone(&app.store), Answers::Recorded(state.model_source.as_deref()), registry)
-        .map_err(refused)?;
+    let answers = Answers::Recorded(state.model_source.as_deref());
+    let mut engine = match app.wiring.engine(Arc::clone(&app.store), answers, Arc::clone(&registry))
+    {
+        Ok(engine) => engine,
+        // A run that calls no model (a wave of outside agents or programs) needs none.
+        Err(why) => {
+            let engine = app
+                .wiring
+                .engine(Arc::clone(&app.store), Answers::Nothing, registry)
+                .map_err(refused)?;
+            let scenario = engine.scenario_of(&state, &root).await?;
+            if !baton_engine::exec::calls_no_model(&scenario) {
+                return Err(refused(why));
+            }
+            engine
+        }
+    };
     engine.stop = app.stop.clone();
     let scenario = engine.scenario_of(&state, &root).await?;
     app.wiring.check(&scenario).map_err(refused)?;

@@ -1161,3 +1161,118 @@ fn traces_of_a_chained_job_reach_an_otlp_receiver_as_one_trace() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn outside_agents_run_a_manual_wave_through_the_api() {
+    let (dir, db) = with_scenarios("serve-wave");
+    std::fs::write(
+        dir.join("tasks.json"),
+        r#"{"tasks": [{"id": "t1", "title": "task 1"}, {"id": "t2", "title": "task 2"}], "context": "Goal: a todo API"}"#,
+    )
+    .unwrap();
+    let planned = baton_in(&dir, &db)
+        .args([
+            "wave",
+            "plan",
+            "--tasks",
+            dir.join("tasks.json").to_str().unwrap(),
+            "--max-parallel",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        planned.status.code(),
+        Some(3),
+        "{}{}",
+        text(&planned.stdout),
+        text(&planned.stderr)
+    );
+    let run =
+        text(&planned.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned();
+    // Without auth, every caller acts on runs of no tenant, as `local`.
+    let server = serve(&dir, &db, &["--no-auth"]);
+    let addr = server.addr.as_str();
+    let act = |action: &str, body: Value| {
+        http(addr, "POST", &format!("/runs/{run}/wave/{action}"), &[], Some(&body.to_string()))
+    };
+    let wave = http(addr, "GET", &format!("/runs/{run}/wave"), &[], None);
+    assert_eq!(wave.status, 200, "{wave:?}");
+    for (i, task) in ["t1", "t2"].iter().enumerate() {
+        let d = act("dispatch", json!({"task": task, "worker_run": format!("agent-{i}")}));
+        assert_eq!(d.status, 200, "{d:?}");
+        let assignment = d.json()["assignment_id"].as_str().unwrap().to_owned();
+        // One at a time: the other cannot be dispatched while this one is out.
+        if i == 0 {
+            let busy = act("dispatch", json!({"task": "t2", "worker_run": "agent-x"}));
+            assert_eq!(busy.status, 409, "{busy:?}");
+        }
+        let r = act(
+            "record",
+            json!({"assignment": assignment, "outcome": "completed", "summary": format!("{task} done")}),
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+        let again = act("record", json!({"assignment": assignment, "outcome": "failed"}));
+        assert_eq!(again.status, 409, "an assignment is settled once: {again:?}");
+    }
+    let bad = act("record", json!({"task": "t1", "outcome": "splendid"}));
+    assert_eq!(bad.status, 400, "{bad:?}");
+    assert_eq!(act("explode", json!({})).status, 404);
+    let decided = act("decide", json!({}));
+    assert_eq!(decided.json()["decision"], "complete", "{decided:?}");
+    assert_eq!(act("complete", json!({})).status, 200);
+    let done = wait_for(addr, "", &run, "completed", |v| v["status"] == "completed");
+    let events = http(addr, "GET", &format!("/runs/{run}/events"), &[], None).json();
+    let recorded: Vec<&Value> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "wave_recorded")
+        .collect();
+    assert_eq!(recorded.len(), 2, "{done}");
+    assert!(recorded.iter().all(|e| e["data"]["by"] == "local"), "{recorded:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_tenants_overrides_are_checked_stored_and_seen_by_that_tenant_only() {
+    let (dir, db) = with_scenarios("serve-overrides");
+    let admin = bearer(&token(&dir, &db, "acme", "admin", "ada"));
+    let operator = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let other = bearer(&token(&dir, &db, "globex", "admin", "gus"));
+    let server = serve(&dir, &db, &[]);
+    let addr = server.addr.as_str();
+    let put = |auth: &str, yaml: &str| {
+        http(
+            addr,
+            "PUT",
+            "/tenant/overrides/release_notes",
+            &[("Authorization", auth), ("Content-Type", "application/yaml")],
+            Some(yaml),
+        )
+    };
+    assert_eq!(put(&operator, "display_name: Acme notes\n").status, 403, "an admin's change");
+    let broken = put(&admin, "levels: 7\n");
+    assert_eq!(broken.status, 422, "{broken:?}");
+    assert!(broken.json()["detail"].as_str().unwrap().contains("does not load"), "{broken:?}");
+    let stored = put(&admin, "display_name: Acme notes\n");
+    assert_eq!(stored.status, 200, "{stored:?}");
+    let listed =
+        http(addr, "GET", "/tenant/overrides", &[("Authorization", &operator)], None).json();
+    assert_eq!(listed[0]["scenario_id"], "release_notes");
+    let name = |auth: &str| {
+        http(addr, "GET", "/scenarios/release_notes", &[("Authorization", auth)], None).json()["display_name"].clone()
+    };
+    assert_eq!(name(&operator), "Acme notes", "the tenant's runs see its override");
+    assert_ne!(name(&other), "Acme notes", "another tenant's do not");
+    assert_eq!(
+        http(addr, "GET", "/tenant/overrides", &[("Authorization", &other)], None).json(),
+        json!([])
+    );
+    let path = "/tenant/overrides/release_notes";
+    assert_eq!(http(addr, "DELETE", path, &[("Authorization", &other)], None).status, 404);
+    assert_eq!(http(addr, "DELETE", path, &[("Authorization", &admin)], None).status, 204);
+    assert_eq!(http(addr, "DELETE", path, &[("Authorization", &admin)], None).status, 404);
+    assert_ne!(name(&operator), "Acme notes");
+    let _ = std::fs::remove_dir_all(dir);
+}
