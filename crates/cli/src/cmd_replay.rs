@@ -167,6 +167,54 @@ pub(crate) async fn replay(
     from_scenario: Option<&Path>,
     json: bool,
 ) -> anyhow::Result<std::process::ExitCode> {
+    let done = replay_report(place, run, fixture_dir, trust_validation, from_scenario).await?;
+    if json {
+        outln!("{}", done.line)?;
+    } else {
+        outln!(
+            "replay {} of {} ({}): {}",
+            done.line["replay_run_id"].as_str().unwrap_or_default(),
+            done.line["recorded_run_id"].as_str().unwrap_or("?"),
+            strategy(trust_validation).as_str(),
+            done.line["status"].as_str().unwrap_or_default()
+        )?;
+        if done.scratch {
+            outln!("(replayed in a scratch database, removed when done)")?;
+        }
+        if done.mismatches.is_empty() {
+            outln!(
+                "the replay matches the recording event by event: {} run(s), {} events (times, durations, heartbeats and ids that come from time aside)",
+                done.line["runs"],
+                done.line["events"]
+            )?;
+        } else {
+            outln!("the replay differs from the recording:")?;
+            print_mismatches(&done.mismatches)?;
+        }
+        for miss in &done.misses {
+            outln!("{}", terminal_safe(&miss.message(), Layout::Block))?;
+        }
+    }
+    Ok(std::process::ExitCode::from(if done.mismatches.is_empty() { 0 } else { 1 }))
+}
+
+/// A replay done: what `replay --json` prints, and what its text says beside.
+pub(crate) struct ReplayReport {
+    pub line: Value,
+    mismatches: Vec<Mismatch>,
+    misses: Vec<Miss>,
+    scratch: bool,
+}
+
+/// Replays a stored job (`run`) or a fixture, on the scenario version it recorded or
+/// `from_scenario`, and compares the two logs.
+pub(crate) async fn replay_report(
+    place: &Place,
+    run: Option<&str>,
+    fixture_dir: Option<&Path>,
+    trust_validation: bool,
+    from_scenario: Option<&Path>,
+) -> anyhow::Result<ReplayReport> {
     let registry = Arc::new(cmd_run::registry(place)?);
     let (recorded, source, scenario, scratch) = match (run, fixture_dir) {
         (Some(run), None) => {
@@ -217,46 +265,20 @@ pub(crate) async fn replay(
     .await?;
     let mismatches = replay::compare(&recorded, &done.tree);
     let events: usize = done.tree.runs.iter().map(|r| r.events.len()).sum();
-    let status = status_of(&done.outcome);
-    if json {
-        let line = json!({
-            "replay_run_id": done.new_root,
-            "recorded_run_id": recorded.root().map(|r| r.run_id.clone()),
-            "strategy": strategy(trust_validation).as_str(),
-            "status": status,
-            "matches": mismatches.is_empty(),
-            "runs": done.tree.runs.len(),
-            "events": events,
-            "mismatches": mismatches,
-            "misses": done.misses,
-            "ignored": {"kinds": replay::IGNORED_KINDS, "keys": replay::IGNORED_KEYS},
-            "seconds": started.elapsed().as_secs_f64(),
-        });
-        outln!("{line}")?;
-    } else {
-        outln!(
-            "replay {} of {} ({}): {status}",
-            done.new_root,
-            recorded.root().map_or("?", |r| r.run_id.as_str()),
-            strategy(trust_validation).as_str()
-        )?;
-        if scratch.is_some() {
-            outln!("(replayed in a scratch database, removed when done)")?;
-        }
-        if mismatches.is_empty() {
-            outln!(
-                "the replay matches the recording event by event: {} run(s), {events} events (times, durations, heartbeats and ids that come from time aside)",
-                done.tree.runs.len()
-            )?;
-        } else {
-            outln!("the replay differs from the recording:")?;
-            print_mismatches(&mismatches)?;
-        }
-        for miss in &done.misses {
-            outln!("{}", terminal_safe(&miss.message(), Layout::Block))?;
-        }
-    }
-    Ok(std::process::ExitCode::from(if mismatches.is_empty() { 0 } else { 1 }))
+    let line = json!({
+        "replay_run_id": done.new_root,
+        "recorded_run_id": recorded.root().map(|r| r.run_id.clone()),
+        "strategy": strategy(trust_validation).as_str(),
+        "status": status_of(&done.outcome),
+        "matches": mismatches.is_empty(),
+        "runs": done.tree.runs.len(),
+        "events": events,
+        "mismatches": mismatches,
+        "misses": done.misses,
+        "ignored": {"kinds": replay::IGNORED_KINDS, "keys": replay::IGNORED_KEYS},
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    Ok(ReplayReport { line, mismatches, misses: done.misses, scratch: scratch.is_some() })
 }
 
 fn first_state(run: &replay::TreeRun) -> Option<baton_engine::state::RunState> {

@@ -125,6 +125,25 @@ impl Wiring for CliWiring {
     fn selection(&self) -> Selection {
         self.selection.clone()
     }
+
+    fn replay<'a>(
+        &'a self,
+        run_id: &'a str,
+        trust_validation: bool,
+    ) -> baton_engine::model::BoxFuture<'a, Result<serde_json::Value, String>> {
+        Box::pin(async move {
+            crate::cmd_replay::replay_report(
+                &self.place,
+                Some(run_id),
+                None,
+                trust_validation,
+                None,
+            )
+            .await
+            .map(|r| r.line)
+            .map_err(|e| format!("{e:#}"))
+        })
+    }
 }
 
 pub(crate) async fn serve(place: &Place, args: ServeArgs) -> anyhow::Result<ExitCode> {

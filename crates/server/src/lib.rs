@@ -74,6 +74,14 @@ pub trait Wiring: Send + Sync + 'static {
     fn check_start(&self, scenario: &Scenario) -> Result<(), String>;
     /// How jobs choose their scenario.
     fn selection(&self) -> Selection;
+    /// Replays the recorded job whose first run is `run_id` (answers from its log, its
+    /// decisions made again, verifiers run again or trusted) and says how the new log
+    /// compares, as `baton replay RUN --json` prints it.
+    fn replay<'a>(
+        &'a self,
+        run_id: &'a str,
+        trust_validation: bool,
+    ) -> baton_engine::model::BoxFuture<'a, Result<serde_json::Value, String>>;
 }
 
 /// How the server runs: what it listens on and its limits.

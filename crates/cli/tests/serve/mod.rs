@@ -1276,3 +1276,80 @@ fn a_tenants_overrides_are_checked_stored_and_seen_by_that_tenant_only() {
     assert_ne!(name(&operator), "Acme notes");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_run_is_replayed_and_forked_through_the_api() {
+    let (dir, db) = with_scenarios("serve-fork");
+    let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let server = serve(&dir, &db, &["--script", &release_notes_script()]);
+    let addr = server.addr.as_str();
+    let run =
+        start(addr, &auth, &json!({"scenario": "release_notes", "input": "x"})).json()["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    let paused = wait_for(addr, &auth, &run, "paused", |v| v["status"] == "paused");
+    let pause_seq = paused["last_seq"].as_u64().unwrap();
+    let approve =
+        http(addr, "POST", &format!("/runs/{run}/approve"), &[("Authorization", &auth)], None);
+    assert_eq!(approve.status, 200);
+    wait_for(addr, &auth, &run, "completed", |v| v["status"] == "completed");
+    // A replay makes no model call and matches the recording, the approval made again.
+    for trust in [false, true] {
+        let r = http(
+            addr,
+            "POST",
+            &format!("/runs/{run}/replay"),
+            &[("Authorization", &auth)],
+            Some(&json!({"trust_validation": trust}).to_string()),
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+        let report = r.json();
+        assert_eq!(report["matches"], true, "{report}");
+        assert_eq!(report["status"], "completed", "{report}");
+        let replayed = report["replay_run_id"].as_str().unwrap();
+        assert_eq!(wait_for(addr, &auth, replayed, "its end", |_| true)["tenant"], "acme");
+    }
+    // A fork at the pause goes on in the server and waits for its own approval.
+    let points =
+        http(addr, "GET", &format!("/runs/{run}/fork-points"), &[("Authorization", &auth)], None)
+            .json();
+    assert!(
+        points["fork_points"].as_array().unwrap().iter().any(|p| p.as_u64() == Some(pause_seq)),
+        "{points}"
+    );
+    let log =
+        http(addr, "GET", &format!("/runs/{run}/events"), &[("Authorization", &auth)], None).json();
+    let mid_level = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "prompt_sent")
+        .unwrap()["seq"]
+        .clone();
+    let inside = http(
+        addr,
+        "POST",
+        &format!("/runs/{run}/fork"),
+        &[("Authorization", &auth)],
+        Some(&json!({"at": mid_level}).to_string()),
+    );
+    assert_eq!(inside.status, 409, "not a fork point: {inside:?}");
+    let forked = http(
+        addr,
+        "POST",
+        &format!("/runs/{run}/fork"),
+        &[("Authorization", &auth)],
+        Some(&json!({"at": pause_seq, "scratchpad": {"note": "forked"}}).to_string()),
+    );
+    assert_eq!(forked.status, 201, "{forked:?}");
+    let fork = forked.json()["run_id"].as_str().unwrap().to_owned();
+    let waiting = wait_for(addr, &auth, &fork, "paused", |v| v["status"] == "paused");
+    assert_eq!(waiting["tenant"], "acme");
+    let approve =
+        http(addr, "POST", &format!("/runs/{fork}/approve"), &[("Authorization", &auth)], None);
+    assert_eq!(approve.status, 200, "{approve:?}");
+    let done = wait_for(addr, &auth, &fork, "completed", |v| v["status"] == "completed");
+    assert!(done["output"].as_str().unwrap().contains("## New"), "{done}");
+    let _ = std::fs::remove_dir_all(dir);
+}
