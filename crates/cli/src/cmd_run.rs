@@ -595,6 +595,8 @@ pub(crate) struct RunArgs {
     pub meta: Vec<(String, String)>,
     pub script: Option<PathBuf>,
     pub json: bool,
+    /// Show the text of model answers as it streams in.
+    pub stream: bool,
     /// Replay model answers from this cassette instead of calling any model.
     pub cassette: Option<PathBuf>,
     /// Record every model answer into this cassette.
@@ -731,7 +733,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         WaveDrive::default(),
     )
     .await?;
-    let engine = engine(
+    let mut engine = engine(
         store,
         model,
         &registry,
@@ -740,6 +742,9 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         jail(place),
         Some(jobs),
     );
+    if args.stream {
+        engine.live = Some(timeline::live_sink());
+    }
     // The id is printed by the timeline once the store holds the run (see `drive`): a run
     // that fails before its first commit (its workspace cannot be opened, say) was never
     // created, and its id would name nothing.

@@ -105,6 +105,7 @@ pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCo
             meta: Vec::new(),
             script: args.script,
             json: args.json,
+            stream: false,
             cassette: None,
             record: None,
             workspace: None,

@@ -138,6 +138,9 @@ enum Command {
         /// Print the result as JSON instead of a timeline.
         #[arg(long)]
         json: bool,
+        /// Show the text of model answers in the timeline as it streams in.
+        #[arg(long, conflicts_with = "json")]
+        stream: bool,
         /// Replay model answers from this cassette; no model is called.
         #[arg(long, conflicts_with = "script")]
         cassette: Option<PathBuf>,
@@ -797,6 +800,7 @@ fn main() -> ExitCode {
             meta,
             script,
             json,
+            stream,
             cassette,
             record,
             workspace,
@@ -824,6 +828,7 @@ fn main() -> ExitCode {
                         meta,
                         script,
                         json,
+                        stream,
                         cassette,
                         record,
                         workspace,

@@ -303,6 +303,19 @@ pub(crate) fn line(e: &Event) -> Option<String> {
     Some(format!("#{:<4} {}", e.seq, escape::one_line(&text)))
 }
 
+/// Where `run --stream` sends the text of model answers as it arrives: a line per piece,
+/// `      ⋯ LEVEL TEXT`, its control characters escaped like every line's (written from the
+/// task reading the answer; a reader that went away stops the lines, not the run).
+pub(crate) fn live_sink() -> baton_engine::cancel::LiveSink {
+    baton_engine::cancel::LiveSink(std::sync::Arc::new(|t: baton_engine::cancel::LiveText| {
+        let _ = crate::out::outln!(
+            "      ⋯ {} {}",
+            escape::one_line(&t.level_id),
+            escape::one_line(&t.text)
+        );
+    }))
+}
+
 fn preview(text: &str, max: usize) -> String {
     let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if one_line.chars().count() <= max {

@@ -1370,6 +1370,23 @@ fn run_and_approve_print_every_event_once() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn run_stream_shows_model_text_as_it_arrives_and_escaped() {
+    let dir = scratch("stream");
+    let db = dir.join("runs.db");
+    let args = ["run", "release_notes", "--script", "scenarios/scripts/release_notes.yaml"];
+    let out = baton_db(&db, &[&args[..], &["--input", "x", "--stream"]].concat());
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let live: Vec<&str> = stdout.lines().filter(|l| l.trim_start().starts_with("⋯ ")).collect();
+    assert!(live.iter().any(|l| l.contains("⋯ draft New: export to CSV.")), "{stdout}");
+    // A newline of the model's text is shown as an escape, never as a raw line break.
+    assert!(live.iter().any(|l| l.contains("⋯ review") && l.contains("\\n")), "{stdout}");
+    let quiet = baton_db(&db, &[&args[..], &["--input", "x"]].concat());
+    assert!(!text(&quiet.stdout).contains('⋯'), "without --stream, no live text");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The fenced ```toml blocks of a Markdown text.
 fn toml_blocks(markdown: &str) -> Vec<String> {
     let mut blocks = Vec::new();

@@ -34,6 +34,29 @@ pub struct Progress {
     /// Why the step stopped for a reason that says nothing about the run (a transient
     /// workspace failure): the driver keeps none of the step's work and stops.
     interruption: std::sync::Mutex<Option<WorkspaceError>>,
+    /// Where the text of model answers goes as it streams in (the run it belongs to, and
+    /// the embedder's sink), when the engine was given one.
+    live: std::sync::OnceLock<(Arc<str>, LiveSink)>,
+}
+
+/// A piece of a model's answer as it streams in: never recorded (the whole answer is, in
+/// `model_response`), shown live by embedders that ask for it (`Engine::live`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveText {
+    pub run_id: Arc<str>,
+    pub level_id: String,
+    pub call: u32,
+    pub text: String,
+}
+
+/// Where [`LiveText`] goes: called on the task that reads the answer, so it must not block.
+#[derive(Clone)]
+pub struct LiveSink(pub Arc<dyn Fn(LiveText) + Send + Sync>);
+
+impl std::fmt::Debug for LiveSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LiveSink")
+    }
 }
 
 /// Reports of the model client about one call (of a level, by call index), kept until the
@@ -65,6 +88,26 @@ impl<T> PerCall<T> {
 }
 
 impl Progress {
+    /// Sends the text of model answers this step receives to `sink`, for `run_id` (once per
+    /// step; later calls are ignored).
+    pub fn stream_to(&self, run_id: Arc<str>, sink: LiveSink) {
+        let _ = self.live.set((run_id, sink));
+    }
+
+    /// A piece of the answer to call `call` of level `level_id`, as it arrived.
+    pub fn text(&self, level_id: &str, call: u32, text: &str) {
+        if let Some((run_id, sink)) = self.live.get()
+            && !text.is_empty()
+        {
+            (sink.0)(LiveText {
+                run_id: Arc::clone(run_id),
+                level_id: level_id.to_owned(),
+                call,
+                text: text.to_owned(),
+            });
+        }
+    }
+
     /// Counts bytes of a model answer received.
     pub fn streamed(&self, bytes: usize) {
         self.streamed_bytes.fetch_add(bytes as u64, Ordering::Relaxed);

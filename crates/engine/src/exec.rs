@@ -99,6 +99,9 @@ pub struct Engine {
     /// The scenario versions this engine has kept in its store (`keep_texts` writes each
     /// once per engine).
     kept: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Where the text of model answers goes as it streams in (`baton serve`'s streams,
+    /// `baton run --stream`); none: nowhere.
+    pub live: Option<crate::cancel::LiveSink>,
 }
 
 /// Compiled templates by scenario checksum, for the whole process: a checksum covers every
@@ -109,7 +112,7 @@ static RENDERERS: std::sync::OnceLock<Mutex<HashMap<String, Arc<Renderer>>>> =
 impl Engine {
     /// An engine over a store, with a runtime and a clock.
     pub fn new(store: Arc<dyn EventStore>, runtime: Arc<Runtime>, clock: Arc<dyn Clock>) -> Self {
-        Engine { store, runtime, clock, stop: CancelToken::new(), kept: Arc::default() }
+        Engine { store, runtime, clock, stop: CancelToken::new(), kept: Arc::default(), live: None }
     }
 
     /// The scenario's compiled templates, compiled once per process.
@@ -617,6 +620,9 @@ impl Engine {
                         continue;
                     }
                     let cancel = CancelToken::new();
+                    if let Some(live) = &self.live {
+                        cancel.progress().stream_to(Arc::clone(&run_id_arc), live.clone());
+                    }
                     // The step stops when the run's working time would cross
                     // `max_duration_s`; a cancel of the run stops it too.
                     let over_time = cancel.child();

@@ -519,6 +519,7 @@ impl ModelProvider for ScriptedModel {
                 });
             }
             let text = response.text.clone().unwrap_or_default();
+            cancel.progress().text(&request.level_id, request.call_index, &text);
             let usage = response.usage.map_or_else(
                 || Usage {
                     input_tokens: (request.input_chars().div_ceil(limits::CHARS_PER_TOKEN)) as u64,

@@ -114,6 +114,11 @@ impl Assembler {
         self.text.len()
     }
 
+    /// The answer's text received so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
     /// An empty assembler.
     pub fn new() -> Self {
         Self::default()

@@ -379,6 +379,7 @@ impl Client {
         let mut oa = openai::Assembler::new();
         let mut an = anthropic::Assembler::new();
         let mut read = 0usize;
+        let mut shown = 0usize;
         loop {
             let wait = silence();
             let chunk = match tokio::time::timeout(wait, response.chunk()).await {
@@ -401,11 +402,16 @@ impl Client {
                     Kind::Anthropic => an.push(&e).map_err(&stream_error)?,
                 }
             }
-            let chars = match provider.kind {
-                Kind::Openai => oa.received_chars(),
-                Kind::Anthropic => an.received_chars(),
+            let text = match provider.kind {
+                Kind::Openai => oa.text(),
+                Kind::Anthropic => an.text(),
             };
-            received.chars.store(chars as u64, Ordering::Relaxed);
+            // What came since the last chunk, for embedders that show answers live.
+            if let Some(new) = text.get(shown..) {
+                progress.text(&request.level_id, request.call_index, new);
+            }
+            shown = text.len();
+            received.chars.store(text.len() as u64, Ordering::Relaxed);
         }
         let reply = match provider.kind {
             Kind::Openai => oa.finish(),

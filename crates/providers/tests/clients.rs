@@ -196,6 +196,21 @@ async fn streamed_text_and_tool_calls_from_fakellm_over_both_apis() {
             "{allow}"
         );
     }
+    // The text comes to the step's live sink as it streams in, over both wire formats.
+    for allow in ["free:local/*", "paid:claude/*"] {
+        let pieces = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let live = CancelToken::new();
+        let sink = Arc::clone(&pieces);
+        live.progress().stream_to(
+            Arc::from("run-1"),
+            baton_engine::cancel::LiveSink(Arc::new(move |t| sink.lock().unwrap().push(t))),
+        );
+        let reply = providers.call(&request("hello there", allow, false), &live).await.unwrap();
+        let pieces = pieces.lock().unwrap();
+        let joined: String = pieces.iter().map(|t| t.text.as_str()).collect();
+        assert_eq!(joined, reply.text, "{allow}");
+        assert!(pieces.iter().all(|t| &*t.run_id == "run-1" && !t.text.is_empty()), "{allow}");
+    }
     let reply = providers.call(&request("hello", "paid:claude/*", false), &cancel).await.unwrap();
     assert_eq!(reply.provider, "claude");
     assert_eq!(reply.model, "claude-test");

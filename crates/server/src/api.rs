@@ -50,6 +50,9 @@ pub(crate) struct App {
     pub(crate) streams: Streams,
     pub(crate) stop: CancelToken,
     pub(crate) metrics: Arc<Metrics>,
+    /// The text of model answers as it streams in, for the event streams open now (never
+    /// stored: the whole answer is in the log).
+    pub(crate) live: tokio::sync::broadcast::Sender<Arc<baton_engine::cancel::LiveText>>,
 }
 
 impl std::fmt::Debug for App {
@@ -80,7 +83,17 @@ impl App {
             wiring: parts.wiring,
             settings,
             stop,
+            live: tokio::sync::broadcast::channel(4096).0,
         })
+    }
+
+    /// Where this server's engines send the text of model answers as it streams in.
+    pub(crate) fn live_sink(&self) -> baton_engine::cancel::LiveSink {
+        let live = self.live.clone();
+        baton_engine::cancel::LiveSink(Arc::new(move |t| {
+            // Nobody listening is no error.
+            let _ = live.send(Arc::new(t));
+        }))
     }
 
     /// A run's state, folded from its log (checked as it is loaded).

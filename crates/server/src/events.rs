@@ -3,7 +3,8 @@
 //! a client that reconnects with `Last-Event-ID` resumes exactly after the last event it
 //! got; its type is the event's kind and its data the event as JSON (with `run_id`). The
 //! stream ends after the run's `scenario_finished`, and when the server stops; quiet
-//! streams get a keep-alive comment.
+//! streams get a keep-alive comment. Between the log's events, a stream carries the text of
+//! model answers as it arrives (`model_delta`, with no id: it is not in the log).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -16,6 +17,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use baton_engine::Status;
+use baton_engine::cancel::LiveText;
 use baton_engine::event::Event;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -115,6 +117,7 @@ pub(crate) async fn run_events(
         .transpose()?;
     let place = app.streams.open(&caller.token_id)?;
     let follower = Follower {
+        live: app.live.subscribe(),
         app: Arc::clone(&app),
         run_id: id,
         after: last.or(q.after).unwrap_or(0),
@@ -130,6 +133,7 @@ pub(crate) async fn run_events(
 
 /// One stream's place in a run's log.
 struct Follower {
+    live: tokio::sync::broadcast::Receiver<Arc<LiveText>>,
     app: Arc<App>,
     run_id: String,
     after: u64,
@@ -171,10 +175,43 @@ impl Follower {
                 return None;
             }
             let store = Arc::clone(&self.app.store);
-            tokio::select! {
-                _ = store.wait_for_events(&self.run_id, self.after, WAIT_EACH) => {}
-                () = self.app.stop.cancelled() => return None,
+            let stop = self.app.stop.clone();
+            let woke = tokio::select! {
+                _ = store.wait_for_events(&self.run_id, self.after, WAIT_EACH) => Woke::Events,
+                got = self.live.recv() => match got {
+                    Ok(t) => Woke::Text(t),
+                    // Pieces missed by a slow stream are only missed live: the answer is
+                    // in the log.
+                    Err(_) => Woke::Events,
+                },
+                () = stop.cancelled() => Woke::Stop,
+            };
+            match woke {
+                Woke::Text(t) if *t.run_id == *self.run_id => {
+                    return Some((Ok(live_event(&t)), self));
+                }
+                Woke::Stop => return None,
+                Woke::Text(_) | Woke::Events => {}
             }
         }
     }
+}
+
+/// What a stream woke for.
+pub(crate) enum Woke {
+    Events,
+    Text(Arc<LiveText>),
+    Stop,
+}
+
+/// A piece of a model's answer as an SSE event: type `model_delta`, no id (it is not an
+/// event of the log, so a reconnect does not resume from it).
+pub(crate) fn live_event(t: &LiveText) -> SseEvent {
+    let data = serde_json::json!({
+        "run_id": &*t.run_id,
+        "level_id": t.level_id,
+        "call": t.call,
+        "text": t.text,
+    });
+    SseEvent::default().event("model_delta").data(data.to_string())
 }

@@ -7,7 +7,8 @@
 //! `12(5,3(2))` is root event 12 delivered, its first child's event 5, its second child's
 //! event 3 and that one's first child's event 2. A child's place never moves (a log is only
 //! appended to), so an id stays valid however the tree grows. The run and seq of the event
-//! itself are in its data.
+//! itself are in its data. The text of model answers of the tree's runs comes between them
+//! as it arrives (`model_delta`, no id).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,6 +107,7 @@ struct Node {
 
 /// A tree stream's state.
 pub(crate) struct TreeFollower {
+    live: tokio::sync::broadcast::Receiver<Arc<baton_engine::cancel::LiveText>>,
     app: Arc<App>,
     nodes: Vec<Node>,
     buffer: std::collections::VecDeque<(usize, Event)>,
@@ -122,6 +124,7 @@ impl TreeFollower {
         place: StreamPlace,
     ) -> Result<Self, Problem> {
         let mut follower = TreeFollower {
+            live: app.live.subscribe(),
             app,
             nodes: vec![Node {
                 run_id: root.to_owned(),
@@ -270,9 +273,23 @@ impl TreeFollower {
                     async move { store.wait_for_events(&run_id, after, WAIT_EACH).await }
                 })
                 .collect();
-            tokio::select! {
-                _ = waits.next() => {}
-                () = app.stop.cancelled() => return None,
+            let woke = tokio::select! {
+                _ = waits.next() => crate::events::Woke::Events,
+                got = self.live.recv() => match got {
+                    Ok(t) => crate::events::Woke::Text(t),
+                    Err(_) => crate::events::Woke::Events,
+                },
+                () = app.stop.cancelled() => crate::events::Woke::Stop,
+            };
+            drop(waits);
+            match woke {
+                crate::events::Woke::Text(t)
+                    if self.nodes.iter().any(|n| !n.ended && *n.run_id == *t.run_id) =>
+                {
+                    return Some((Ok(crate::events::live_event(&t)), self));
+                }
+                crate::events::Woke::Stop => return None,
+                _ => {}
             }
         }
     }

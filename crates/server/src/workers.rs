@@ -306,6 +306,7 @@ async fn drive_once(app: &Arc<App>, run_id: &str) -> Result<Outcome, Error> {
         }
     };
     engine.stop = app.stop.clone();
+    engine.live = Some(app.live_sink());
     let scenario = engine.scenario_of(&state, &root).await?;
     app.wiring.check(&scenario).map_err(refused)?;
     engine.drive_tree(&root, &scenario).await

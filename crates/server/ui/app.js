@@ -325,6 +325,18 @@ async function runView(id) {
       renderHead();
     }
   };
+  // The text of model answers as it streams in, shown under the timeline until the answer
+  // is logged.
+  const streaming = {};
+  let deltas = 0;
+  source.addEventListener('model_delta', (msg) => {
+    const t = JSON.parse(msg.data);
+    const key = `${t.run_id}|${t.level_id}|${t.call}`;
+    streaming[key] = (streaming[key] || '') + t.text;
+    deltas += 1;
+    timeline.dataset.deltas = String(deltas);
+    progress.textContent = `${t.run_id === id ? '' : `${shortId(t.run_id)} `}${t.level_id} ▸ ${streaming[key].slice(-300)}`;
+  });
   source.onmessage = onEvent;
   for (const kind of ['scenario_started', 'scenario_selected', 'level_started', 'level_finished', 'prompt_sent', 'model_response', 'model_call_failed', 'tool_call', 'tool_result', 'verifier_started', 'verifier_finished', 'gate_decision', 'budget_consumed', 'approval_requested', 'approval_decided', 'ask_user', 'user_answered', 'child_run_started', 'child_run_settled', 'cancel_requested', 'run_interrupted', 'run_resumed', 'scenario_finished', 'heartbeat', 'warning', 'level_timed_out', 'budget_exceeded', 'scratchpad_written', 'file_created', 'wave_planned', 'wave_dispatched', 'wave_recorded', 'wave_decided', 'provider_retry', 'provider_failover', 'model_call_cut', 'snapshot_taken']) {
     source.addEventListener(kind, onEvent);

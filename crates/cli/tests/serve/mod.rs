@@ -176,6 +176,8 @@ struct Stream {
     raw: Vec<u8>,
     text: String,
     closed: bool,
+    /// The `model_delta` events seen (they carry no id).
+    deltas: Vec<Value>,
 }
 
 #[derive(Debug)]
@@ -210,7 +212,7 @@ fn stream(addr: &str, path: &str, headers: &[(&str, &str)]) -> Result<Stream, Re
         let (body, _) = dechunk(&rest);
         return Err(Reply { status, headers, body: String::from_utf8_lossy(&body).into_owned() });
     }
-    Ok(Stream { socket: s, raw: rest, text: String::new(), closed: false })
+    Ok(Stream { socket: s, raw: rest, text: String::new(), closed: false, deltas: Vec::new() })
 }
 
 impl Stream {
@@ -231,6 +233,9 @@ impl Stream {
                 }
                 if let Some(id) = id {
                     return Some(Sse { id, kind, data: serde_json::from_str(&data).unwrap() });
+                }
+                if kind == "model_delta" {
+                    self.deltas.push(serde_json::from_str(&data).unwrap());
                 }
                 continue;
             }
@@ -334,6 +339,17 @@ fn a_job_started_through_the_api_is_watched_live_approved_with_a_token_and_compl
     let decided = rest.iter().find(|e| e.kind == "approval_decided").expect("the decision");
     assert_eq!(decided.data["data"]["by"], "ann");
     assert!(live.next().is_none(), "the stream ends with the run");
+    // The publish level answered while the stream was open: its text came live, piece by
+    // piece, before the logged answer, and the pieces make the answer.
+    let published: String = live
+        .deltas
+        .iter()
+        .filter(|d| d["level_id"] == "publish")
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    let logged =
+        rest.iter().find(|e| e.kind == "model_response" && e.data["level_id"] == "publish");
+    assert_eq!(Some(published.as_str()), logged.and_then(|e| e.data["data"]["text"].as_str()));
     let done = wait_for(addr, &ann, &run, "completed", |v| v["status"] == "completed");
     assert!(done["output"].as_str().is_some_and(|o| !o.is_empty()), "{done}");
 
@@ -999,6 +1015,7 @@ fn the_web_ui_in_chromium_watches_a_run_live_and_approves_it_from_the_inbox() {
     assert!(["draft", "review", "sign_off"].iter().all(|l| visited.contains(l)), "{seen}");
     assert!(seen["after"].as_u64() > seen["before"].as_u64(), "the timeline grew: {seen}");
     assert_eq!(seen["reloaded"], false, "without a reload");
+    assert!(seen["deltas"].as_u64() >= Some(1), "model text streamed to the page: {seen}");
     let decision = seen["decision"].as_str().unwrap();
     assert!(decision.contains("approved by ann") && decision.contains("ship it"), "{decision}");
     assert_eq!(seen["output_headings"], json!(["New", "Improved", "Fixed"]), "{seen}");

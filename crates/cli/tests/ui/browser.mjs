@@ -77,6 +77,8 @@ try {
   await page.waitForSelector('h1 .status-completed', { timeout: 30000 });
   await page.waitForSelector('#output .output h2', { timeout: 30000 });
   seen.after = await page.$$eval('#timeline li', (lis) => lis.length);
+  // The publish level's answer streamed in while the page watched.
+  seen.deltas = Number(await page.getAttribute('#timeline', 'data-deltas') || 0);
   seen.before = before;
   seen.reloaded = navigations.length > 0;
   seen.decision = await page.textContent('#timeline li.ev-approval_decided');
