@@ -1192,6 +1192,22 @@ async fn report(
 /// Stops the engine's drives at the first SIGINT or SIGTERM: the running step is cut and
 /// awaited (its processes killed), and the run is recorded as interrupted, to be resumed.
 async fn stop_on_signal(stop: baton_engine::cancel::CancelToken) {
+    stop_on_signals(
+        stop,
+        "baton: stopping — the running step is cut and the run recorded as interrupted (press Ctrl-C again to exit at once)",
+        "baton: exiting at once; the run stays resumable",
+    )
+    .await;
+}
+
+/// Cancels `stop` at the first SIGINT or SIGTERM, saying `stopping`; a second exits at once,
+/// saying `exiting` — the jails die with this process (their first process is tied to
+/// it), and runs are left as they are, resumable.
+pub(crate) async fn stop_on_signals(
+    stop: baton_engine::cancel::CancelToken,
+    stopping: &str,
+    exiting: &str,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut interrupt), Ok(mut terminate)) =
         (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
@@ -1202,17 +1218,13 @@ async fn stop_on_signal(stop: baton_engine::cancel::CancelToken) {
         _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
     }
-    eprintln!(
-        "baton: stopping — the running step is cut and the run recorded as interrupted (press Ctrl-C again to exit at once)"
-    );
+    eprintln!("{stopping}");
     stop.cancel();
-    // A second signal exits now: the jails die with this process (their first process
-    // is tied to it), and the run is left as it is — `baton resume` continues it.
     tokio::select! {
         _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
     }
-    eprintln!("baton: exiting at once; the run stays resumable");
+    eprintln!("{exiting}");
     std::process::exit(130);
 }
 

@@ -231,26 +231,12 @@ pub(crate) async fn serve(place: &Place, args: ServeArgs) -> anyhow::Result<Exit
 }
 
 async fn stop_on_signal(stop: CancelToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) =
-        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-    else {
-        return;
-    };
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-    }
-    eprintln!(
-        "baton serve: stopping — no new requests; running steps are cut and their runs recorded interrupted (again to exit at once)"
-    );
-    stop.cancel();
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-    }
-    eprintln!("baton serve: exiting at once; every run stays resumable");
-    std::process::exit(130);
+    cmd_run::stop_on_signals(
+        stop,
+        "baton serve: stopping — no new requests; running steps are cut and their runs recorded interrupted (again to exit at once)",
+        "baton serve: exiting at once; every run stays resumable",
+    )
+    .await;
 }
 
 /// `baton token create`: prints the token once, and its id.

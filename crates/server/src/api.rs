@@ -460,6 +460,12 @@ pub(crate) struct Graph {
     pub dot: String,
 }
 
+impl Graph {
+    fn of(s: &baton_scenario::Scenario) -> Self {
+        Graph { mermaid: baton_scenario::graph::mermaid(s), dot: baton_scenario::graph::dot(s) }
+    }
+}
+
 fn summary(s: &baton_scenario::Scenario) -> ScenarioSummary {
     ScenarioSummary {
         id: s.id.clone(),
@@ -522,10 +528,7 @@ pub(crate) async fn get_scenario(
                 when: e.when.as_ref().map(ToString::to_string),
             })
             .collect(),
-        graph: Graph {
-            mermaid: baton_scenario::graph::mermaid(&s),
-            dot: baton_scenario::graph::dot(&s),
-        },
+        graph: Graph::of(&s),
     }))
 }
 
@@ -540,10 +543,7 @@ pub(crate) async fn scenario_graph(
 ) -> Result<Json<Graph>, Problem> {
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
     let s = find(&registry, &id)?;
-    Ok(Json(Graph {
-        mermaid: baton_scenario::graph::mermaid(&s),
-        dot: baton_scenario::graph::dot(&s),
-    }))
+    Ok(Json(Graph::of(&s)))
 }
 
 /// What `validate` found in a posted scenario file.

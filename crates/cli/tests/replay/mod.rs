@@ -21,7 +21,7 @@ fn baton_repo(db: &Path, args: &[&str]) -> Output {
 }
 
 /// A copy of the bundled scenarios (fixtures included) in `dir/scenarios`, to edit.
-fn copy_scenarios(dir: &Path) {
+pub(super) fn copy_scenarios(dir: &Path) {
     let status = std::process::Command::new("cp")
         .arg("-r")
         .arg(repo().join("scenarios"))

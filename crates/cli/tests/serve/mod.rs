@@ -33,13 +33,7 @@ impl Drop for Served {
 /// Copies the bundled scenarios into a test's directory.
 fn with_scenarios(name: &str) -> (PathBuf, PathBuf) {
     let dir = scratch(name);
-    let status = std::process::Command::new("cp")
-        .arg("-r")
-        .arg(repo().join("scenarios"))
-        .arg(dir.join("scenarios"))
-        .status()
-        .unwrap();
-    assert!(status.success());
+    super::replay::copy_scenarios(&dir);
     let db = dir.join("runs.db");
     (dir, db)
 }
@@ -216,48 +210,11 @@ fn stream(addr: &str, path: &str, headers: &[(&str, &str)]) -> Result<Stream, Re
 }
 
 impl Stream {
-    /// The next event (keep-alive comments skipped), or None once the server closed it.
+    /// The next event of the log (keep-alive comments skipped, `model_delta`s kept aside),
+    /// or None once the server closed the stream.
     fn next(&mut self) -> Option<Sse> {
-        loop {
-            if let Some(end) = self.text.find("\n\n") {
-                let block: String = self.text.drain(..end + 2).collect();
-                let (mut id, mut kind, mut data) = (None, String::new(), String::new());
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        id = v.trim().parse().ok();
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        kind = v.trim().to_owned();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.trim_start());
-                    }
-                }
-                if let Some(id) = id {
-                    return Some(Sse { id, kind, data: serde_json::from_str(&data).unwrap() });
-                }
-                if kind == "model_delta" {
-                    self.deltas.push(serde_json::from_str(&data).unwrap());
-                }
-                continue;
-            }
-            if self.closed {
-                return None;
-            }
-            let (decoded, used) = dechunk(&self.raw);
-            self.raw.drain(..used);
-            self.text.push_str(&String::from_utf8_lossy(&decoded));
-            if !decoded.is_empty() {
-                continue;
-            }
-            if self.raw.starts_with(b"0\r\n") {
-                self.closed = true;
-                continue;
-            }
-            let mut buf = [0u8; 8192];
-            match self.socket.read(&mut buf) {
-                Ok(0) | Err(_) => self.closed = true,
-                Ok(n) => self.raw.extend_from_slice(&buf[..n]),
-            }
-        }
+        let (id, kind, data) = self.next_raw()?;
+        Some(Sse { id: id.parse().unwrap(), kind, data })
     }
 
     /// Events until (and with) the first of `kind`.
@@ -873,7 +830,7 @@ fn tree_stream(
     }
     let mut s = stream_ids(addr, &format!("/runs/{root}/events?tree=true"), &headers);
     let mut out = Vec::new();
-    while let Some((id, data)) = s.next_raw() {
+    while let Some((id, _, data)) = s.next_raw() {
         out.push((data["run_id"].as_str().unwrap().to_owned(), data["seq"].as_u64().unwrap(), id));
     }
     out
@@ -885,20 +842,27 @@ fn stream_ids(addr: &str, path: &str, headers: &[(&str, &str)]) -> Stream {
 }
 
 impl Stream {
-    /// The next event's id and data, whatever its id looks like.
-    fn next_raw(&mut self) -> Option<(String, Value)> {
+    /// The next event with an id — its id (whatever it looks like), type and data — or
+    /// None once the server closed the stream; `model_delta`s (no id) are kept aside.
+    fn next_raw(&mut self) -> Option<(String, String, Value)> {
         loop {
             if let Some(end) = self.text.find("\n\n") {
                 let block: String = self.text.drain(..end + 2).collect();
-                let id =
-                    block.lines().find_map(|l| l.strip_prefix("id:")).map(|v| v.trim().to_owned());
+                let field = |name: &str| {
+                    block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned())
+                };
                 let data: String = block
                     .lines()
                     .filter_map(|l| l.strip_prefix("data:"))
                     .map(str::trim_start)
                     .collect();
-                if let Some(id) = id {
-                    return Some((id, serde_json::from_str(&data).unwrap()));
+                let kind = field("event:").unwrap_or_default();
+                match field("id:") {
+                    Some(id) => return Some((id, kind, serde_json::from_str(&data).unwrap())),
+                    None if kind == "model_delta" => {
+                        self.deltas.push(serde_json::from_str(&data).unwrap());
+                    }
+                    None => {}
                 }
                 continue;
             }
@@ -1068,16 +1032,7 @@ fn traces_of_a_chained_job_reach_an_otlp_receiver_as_one_trace() {
     let (dir, db) = with_scenarios("serve-traces");
     let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
     // The classifier chains to code_build, whose tool loop writes a program its verifier builds.
-    let code_build =
-        std::fs::read_to_string(repo().join("scenarios/scripts/code_build.yaml")).unwrap();
-    let script = dir.join("job.yaml");
-    std::fs::write(
-        &script,
-        format!(
-            "{code_build}\nscenarios:\n  intent_classifier:\n    levels:\n      classify:\n        - text: '{{\"chosen_intent_route\": \"project\", \"confidence\": 0.9, \"reason\": \"wants a program\", \"candidates\": [{{\"intent_route\": \"project\", \"score\": 0.9}}]}}'\n"
-        ),
-    )
-    .unwrap();
+    let script = super::trees::classifier_to_code_build(&dir);
     let r = receiver(&dir);
     let endpoint = format!("http://127.0.0.1:{}", r.port);
     let server =

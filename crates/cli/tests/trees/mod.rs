@@ -101,12 +101,10 @@ fn a_task_job_goes_through_the_classifier_and_chains_to_the_scenario_it_chose() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_classified_task_chains_into_code_build_which_writes_and_builds_its_program() {
-    let dir = scratch("tree-build");
-    let db = dir.join("runs.db");
-    // code_build's answers at the top level, the classifier's under its scenario: a job's
-    // script answers every scenario its runs go through.
+/// A job's script in `dir` whose classifier routes to `project` (code_build): code_build's
+/// answers at the top level, the classifier's under its scenario — a job's script answers
+/// every scenario its runs go through.
+pub(super) fn classifier_to_code_build(dir: &Path) -> PathBuf {
     let code_build =
         std::fs::read_to_string(repo().join("scenarios/scripts/code_build.yaml")).unwrap();
     let script = dir.join("job.yaml");
@@ -117,6 +115,14 @@ fn a_classified_task_chains_into_code_build_which_writes_and_builds_its_program(
         ),
     )
     .unwrap();
+    script
+}
+
+#[test]
+fn a_classified_task_chains_into_code_build_which_writes_and_builds_its_program() {
+    let dir = scratch("tree-build");
+    let db = dir.join("runs.db");
+    let script = classifier_to_code_build(&dir);
     let out = task_job(&db, "a greet CLI", script.to_str().unwrap(), &["--json"]);
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
     let job = result(&out);
