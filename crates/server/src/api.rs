@@ -676,7 +676,8 @@ async fn view(app: &App, record: RunRecord) -> Result<RunView, Problem> {
             wants: "answer".to_owned(),
             request_id: Some(ask.call_id.clone()),
             question: ask.question.clone(),
-            schema: Value::Null,
+            // A question may say what shape its answer takes.
+            schema: ask.question.get("schema").cloned().unwrap_or(Value::Null),
             deadline: None,
         });
     }

@@ -389,9 +389,19 @@ async function inboxView() {
         let controls;
         if (w.for === 'approval') {
           const comment = el('textarea', { class: 'comment', placeholder: 'comment (optional)' });
-          controls = el('div', {}, comment,
-            el('button', { class: 'approve', onclick: () => act('approve', { request_id: w.request_id, comment: comment.value || null }) }, 'Approve'), ' ',
-            el('button', { class: 'reject secondary', onclick: () => act('reject', { request_id: w.request_id, comment: comment.value || null }) }, 'Reject'));
+          // The level's output_schema asks the approver for data beyond the decision.
+          const props = Object.fromEntries(Object.entries((w.schema && w.schema.properties) || {}).filter(([k]) => k !== 'approved' && k !== 'comment'));
+          const extra = Object.keys(props).length
+            ? schemaForm({ type: 'object', properties: props, required: ((w.schema && w.schema.required) || []).filter((k) => k in props) })
+            : null;
+          const decide = (path) => {
+            let data = null;
+            if (extra) { try { data = extra.value(); } catch (e) { err.textContent = `not JSON: ${e.message}`; return; } }
+            act(path, { request_id: w.request_id, comment: comment.value || null, data });
+          };
+          controls = el('div', {}, extra ? extra.node : null, comment,
+            el('button', { class: 'approve', onclick: () => decide('approve') }, 'Approve'), ' ',
+            el('button', { class: 'reject secondary', onclick: () => decide('reject') }, 'Reject'));
         } else {
           const form = schemaForm(w.schema);
           controls = el('div', {}, form.node, el('button', { class: 'answer', onclick: () => {
@@ -402,7 +412,8 @@ async function inboxView() {
         cards.push(el('div', { class: 'card', 'data-run': r.run_id, 'data-request': w.request_id || '' },
           el('h2', {}, el('a', { href: `#/runs/${r.run_id}` }, `${r.scenario_id} · ${shortId(r.run_id)}`), ` · ${w.level_id} · ${w.for}`),
           el('p', { class: 'muted' }, `${money(r.cost_usd)} spent · ${r.tokens} tokens${w.deadline ? ` · decide before ${new Date(w.deadline).toLocaleString()}` : ''}`),
-          el('pre', {}, typeof w.question === 'string' ? w.question : JSON.stringify(w.question, null, 2)),
+          el('pre', {}, typeof w.question === 'string' ? w.question
+            : (w.question && typeof w.question.question === 'string') ? w.question.question : JSON.stringify(w.question, null, 2)),
           controls, err));
       }
     }

@@ -951,11 +951,20 @@ fn a_jobs_tree_is_one_stream_that_resumes_exactly_from_any_of_its_ids() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+const ASKER: &str = "id: asker\nversion: 1\nlevels:\n  - id: ask\n    kind: prompt\n    prompt: {inline: \"Paint {{ input }}\"}\n    terminal: true\n";
+
+const ASKER_SCRIPT: &str = "scenarios:\n  asker:\n    levels:\n      ask:\n        - text: '{\"ask_user\": {\"question\": \"Which colour?\", \"schema\": {\"type\": \"object\", \"properties\": {\"colour\": {\"type\": \"string\", \"enum\": [\"red\", \"blue\"]}}, \"required\": [\"colour\"]}}}'\n        - text: 'PASS: painted it.'\n";
+
 #[test]
 fn the_web_ui_in_chromium_watches_a_run_live_and_approves_it_from_the_inbox() {
     let (dir, db) = with_scenarios("serve-ui");
+    // A scenario whose model asks the user a question with the answer's schema.
+    std::fs::write(dir.join("scenarios/asker.yaml"), ASKER).unwrap();
+    let script = dir.join("ui.yaml");
+    let notes = std::fs::read_to_string(release_notes_script()).unwrap();
+    std::fs::write(&script, format!("{notes}\n{ASKER_SCRIPT}")).unwrap();
     let t = token(&dir, &db, "acme", "operator", "ann");
-    let server = serve(&dir, &db, &["--script", &release_notes_script()]);
+    let server = serve(&dir, &db, &["--script", script.to_str().unwrap()]);
     // Kept as the test's artifacts: a screenshot of each page.
     let shots = repo().join("target/ui-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
@@ -987,6 +996,22 @@ fn the_web_ui_in_chromium_watches_a_run_live_and_approves_it_from_the_inbox() {
     let diagnostics = seen["diagnostics"].to_string();
     assert!(diagnostics.contains("bogus"), "{diagnostics}");
     assert!(seen["scenario_levels"].as_u64().unwrap() >= 5, "{seen}");
+    // The question's form came from its schema, and its answer continued the run.
+    assert_eq!(seen["question"], "Which colour?", "{seen}");
+    let asked = seen["asker"].as_str().unwrap();
+    let answered =
+        wait_for(&server.addr, &bearer(&t), asked, "completed", |v| v["status"] == "completed");
+    let events = http(
+        &server.addr,
+        "GET",
+        &format!("/runs/{asked}/events"),
+        &[("Authorization", &bearer(&t))],
+        None,
+    )
+    .json();
+    let answer =
+        events["events"].as_array().unwrap().iter().find(|e| e["kind"] == "user_answered").unwrap();
+    assert_eq!(answer["data"]["answer"], json!({"colour": "blue"}), "{answered}");
     for page in ["runs", "run-paused", "inbox", "run-completed", "scenarios", "scenario"] {
         let shot = shots.join(format!("{page}.png"));
         assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000), "{}", shot.display());

@@ -86,6 +86,22 @@ try {
   seen.cost_rows = await page.$$eval('#main table tbody tr', (rs) => rs.length);
   await page.screenshot({ path: `${out}/run-completed.png`, fullPage: true });
 
+  // A question, answered through a form made from its schema.
+  const asked = await fetch(`${url}/runs`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ scenario: 'asker', input: 'the shed' }),
+  });
+  seen.asker = (await asked.json()).run_id;
+  await inbox.goto(`${url}/#/inbox`);
+  const question = `.card[data-run="${seen.asker}"]`;
+  await inbox.waitForSelector(`${question} select[name="colour"]`, { timeout: 30000 });
+  seen.question = await inbox.textContent(`${question} pre`);
+  await inbox.selectOption(`${question} select[name="colour"]`, '"blue"');
+  await inbox.screenshot({ path: `${out}/question.png`, fullPage: true });
+  await inbox.click(`${question} button.answer`);
+  await inbox.waitForSelector(question, { state: 'detached', timeout: 30000 });
+
   // Scenarios: the list, one graph, a file checked.
   await page.goto(`${url}/#/scenarios`);
   await page.waitForSelector('#scenarios-table');
