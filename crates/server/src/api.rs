@@ -40,6 +40,8 @@ const KEY_BYTES_MAX: usize = 256;
 pub(crate) struct App {
     pub(crate) settings: Settings,
     pub(crate) store: Arc<dyn EventStore>,
+    /// The same store, for what only the notifying decorator knows (the runs' recent tails).
+    pub(crate) notifying: Arc<Notifying>,
     pub(crate) tokens: Tokens,
     pub(crate) registry: Arc<RegistryHandle>,
     pub(crate) scenarios_dir: PathBuf,
@@ -70,12 +72,14 @@ impl App {
         tracer: Option<Arc<crate::traces::Tracer>>,
     ) -> Arc<Self> {
         let metrics = Arc::new(Metrics::new());
+        let notifying = Arc::new(Notifying::new(parts.store, Arc::clone(&metrics), tracer));
         Arc::new(App {
             hosts: Hosts::new(bound, &settings.hosts),
             starts: StartRate::new(settings.starts_per_minute),
             streams: Streams::new(settings.streams_per_token),
             workers: Workers::new(settings.workers),
-            store: Arc::new(Notifying::new(parts.store, Arc::clone(&metrics), tracer)),
+            store: Arc::clone(&notifying) as Arc<dyn EventStore>,
+            notifying,
             metrics,
             tokens: Tokens::new(parts.tokens),
             registry: Arc::new(parts.registry),
@@ -94,6 +98,19 @@ impl App {
             // Nobody listening is no error.
             let _ = live.send(Arc::new(t));
         }))
+    }
+
+    /// A run's events after `after` for a stream: what this process just appended when it
+    /// holds them, else the store's (checked as they are loaded).
+    pub(crate) async fn events_after(
+        &self,
+        run_id: &str,
+        after: u64,
+    ) -> Result<Vec<baton_engine::event::Event>, baton_engine::store::Error> {
+        match self.notifying.recent(run_id, after) {
+            Some(events) => Ok(events),
+            None => self.store.load(run_id, after).await,
+        }
     }
 
     /// A run's state, folded from its log (checked as it is loaded).

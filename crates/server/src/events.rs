@@ -157,7 +157,7 @@ impl Follower {
             if self.done || self.app.stop.is_cancelled() {
                 return None;
             }
-            match self.app.store.load(&self.run_id, self.after).await {
+            match self.app.events_after(&self.run_id, self.after).await {
                 Ok(events) if !events.is_empty() => {
                     self.buffer.extend(events);
                     continue;
@@ -174,24 +174,29 @@ impl Follower {
             {
                 return None;
             }
-            let store = Arc::clone(&self.app.store);
+            let (store, run_id, after) =
+                (Arc::clone(&self.app.store), self.run_id.clone(), self.after);
             let stop = self.app.stop.clone();
-            let woke = tokio::select! {
-                _ = store.wait_for_events(&self.run_id, self.after, WAIT_EACH) => Woke::Events,
-                got = self.live.recv() => match got {
-                    Ok(t) => Woke::Text(t),
-                    // Pieces missed by a slow stream are only missed live: the answer is
-                    // in the log.
-                    Err(_) => Woke::Events,
-                },
-                () = stop.cancelled() => Woke::Stop,
+            let wait = async move { store.wait_for_events(&run_id, after, WAIT_EACH).await };
+            tokio::pin!(wait);
+            // Other runs' text wakes this stream without a look at the store.
+            let woke = loop {
+                tokio::select! {
+                    _ = &mut wait => break Woke::Events,
+                    got = self.live.recv() => match got {
+                        Ok(t) if *t.run_id == *self.run_id => break Woke::Text(t),
+                        // Another run's text; or pieces missed by a slow stream, which are
+                        // only missed live: the answer is in the log.
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break Woke::Events,
+                    },
+                    () = stop.cancelled() => break Woke::Stop,
+                }
             };
             match woke {
-                Woke::Text(t) if *t.run_id == *self.run_id => {
-                    return Some((Ok(live_event(&t)), self));
-                }
+                Woke::Text(t) => return Some((Ok(live_event(&t)), self)),
                 Woke::Stop => return None,
-                Woke::Text(_) | Woke::Events => {}
+                Woke::Events => {}
             }
         }
     }

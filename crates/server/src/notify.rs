@@ -31,7 +31,14 @@ pub(crate) struct Notifying {
     waiting: Mutex<HashMap<String, Arc<Notify>>>,
     metrics: Arc<Metrics>,
     tracer: Option<Arc<Tracer>>,
+    /// The last events this process appended to each run (a contiguous tail of its log),
+    /// so the streams of a run read what was just committed without asking the store.
+    recent: Mutex<HashMap<String, std::collections::VecDeque<Event>>>,
 }
+
+/// Events kept per run, and runs kept, by [`Notifying::recent`].
+const RECENT_PER_RUN: usize = 256;
+const RECENT_RUNS: usize = 4_096;
 
 impl Notifying {
     pub(crate) fn new(
@@ -39,7 +46,36 @@ impl Notifying {
         metrics: Arc<Metrics>,
         tracer: Option<Arc<Tracer>>,
     ) -> Self {
-        Notifying { inner, waiting: Mutex::default(), metrics, tracer }
+        Notifying { inner, waiting: Mutex::default(), metrics, tracer, recent: Mutex::default() }
+    }
+
+    /// Keeps a stored batch as the tail of its run's log; a batch that does not follow the
+    /// tail (another process appended between) starts the tail again.
+    fn remember(&self, run_id: &str, events: &[Event]) {
+        let Some(first) = events.first() else { return };
+        let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if recent.len() >= RECENT_RUNS && !recent.contains_key(run_id) {
+            recent.clear();
+        }
+        let tail = recent.entry(run_id.to_owned()).or_default();
+        if tail.back().is_some_and(|last| last.seq + 1 != first.seq) {
+            tail.clear();
+        }
+        tail.extend(events.iter().cloned());
+        while tail.len() > RECENT_PER_RUN {
+            tail.pop_front();
+        }
+    }
+
+    /// The run's events after `after` from the tail this process appended, when the tail
+    /// holds the event after `after`; else none (ask the store).
+    pub(crate) fn recent(&self, run_id: &str, after: u64) -> Option<Vec<Event>> {
+        let recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tail = recent.get(run_id)?;
+        let first = tail.front()?.seq;
+        let last = tail.back()?.seq;
+        (first <= after + 1 && last > after)
+            .then(|| tail.iter().filter(|e| e.seq > after).cloned().collect())
     }
 
     /// Hands a stored batch to the tracer, first telling it the run's job and scenario
@@ -96,8 +132,10 @@ impl EventStore for Notifying {
         Box::pin(async move {
             let seen = self.metrics.read(&run.run_id, &events);
             let traced = self.tracer.is_some().then(|| events.clone());
+            let kept = events.clone();
             let began = Instant::now();
             self.inner.create_run(run, events).await?;
+            self.remember(&run.run_id, &kept);
             self.wake(&run.run_id);
             self.counted(&run.run_id, seen, began.elapsed()).await;
             self.traced(&run.run_id, traced).await;
@@ -115,8 +153,10 @@ impl EventStore for Notifying {
         Box::pin(async move {
             let seen = self.metrics.read(run_id, &events);
             let traced = self.tracer.is_some().then(|| events.clone());
+            let kept = events.clone();
             let began = Instant::now();
             self.inner.append(run_id, expected_seq, events, status).await?;
+            self.remember(run_id, &kept);
             self.wake(run_id);
             self.counted(run_id, seen, began.elapsed()).await;
             self.traced(run_id, traced).await;

@@ -234,7 +234,7 @@ impl TreeFollower {
                     continue;
                 }
                 let run_id = self.nodes[index].run_id.clone();
-                match self.app.store.load(&run_id, self.nodes[index].after).await {
+                match self.app.events_after(&run_id, self.nodes[index].after).await {
                     Ok(events) if !events.is_empty() => {
                         found = true;
                         // One run's new events at a time, so a parent's child_run_started
@@ -273,23 +273,29 @@ impl TreeFollower {
                     async move { store.wait_for_events(&run_id, after, WAIT_EACH).await }
                 })
                 .collect();
-            let woke = tokio::select! {
-                _ = waits.next() => crate::events::Woke::Events,
-                got = self.live.recv() => match got {
-                    Ok(t) => crate::events::Woke::Text(t),
-                    Err(_) => crate::events::Woke::Events,
-                },
-                () = app.stop.cancelled() => crate::events::Woke::Stop,
+            // Text of runs outside the tree wakes this stream without a look at the store.
+            let woke = loop {
+                tokio::select! {
+                    _ = waits.next() => break crate::events::Woke::Events,
+                    got = self.live.recv() => match got {
+                        Ok(t) if self.nodes.iter().any(|n| !n.ended && *n.run_id == *t.run_id) => {
+                            break crate::events::Woke::Text(t);
+                        }
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            break crate::events::Woke::Events;
+                        }
+                    },
+                    () = app.stop.cancelled() => break crate::events::Woke::Stop,
+                }
             };
             drop(waits);
             match woke {
-                crate::events::Woke::Text(t)
-                    if self.nodes.iter().any(|n| !n.ended && *n.run_id == *t.run_id) =>
-                {
+                crate::events::Woke::Text(t) => {
                     return Some((Ok(crate::events::live_event(&t)), self));
                 }
                 crate::events::Woke::Stop => return None,
-                _ => {}
+                crate::events::Woke::Events => {}
             }
         }
     }
