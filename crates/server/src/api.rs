@@ -912,10 +912,11 @@ pub(crate) async fn list_runs(
             "status {s:?} is none of running, paused, waiting, interrupted, completed, aborted, cancelled, failed"
         )));
     }
-    // Interrupted is not stored: it is a running run nobody holds.
-    let interrupted = q.status.as_deref() == Some(Status::Interrupted.as_str());
-    let stored =
-        if interrupted { Some(Status::Running.as_str().to_owned()) } else { q.status.clone() };
+    // A run is listed interrupted when it recorded so, or when it is running and nobody
+    // holds it: the page is read by whatever status is stored, and filtered as shown (a page
+    // may then hold fewer runs than its limit; `next` goes on after it).
+    let shown_only = [Status::Interrupted.as_str(), Status::Running.as_str()];
+    let stored = q.status.clone().filter(|s| !shown_only.contains(&s.as_str()));
     let query = RunQuery {
         tenant: Some(caller.tenant.clone()),
         status: stored,

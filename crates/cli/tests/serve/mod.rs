@@ -630,6 +630,14 @@ fn deadlines_pass_retries_stop_at_their_bound_and_new_scenario_files_are_served(
     assert_eq!(stops, 3, "no drive past the bound");
     let err = std::fs::read_to_string(dir.join("serve.err")).unwrap();
     assert!(err.contains("stays interrupted"), "{err}");
+    let listed =
+        http(addr, "GET", "/runs?status=interrupted", &[("Authorization", &auth)], None).json();
+    let ids: Vec<&str> =
+        listed["runs"].as_array().unwrap().iter().filter_map(|r| r["run_id"].as_str()).collect();
+    assert_eq!(ids, [run.as_str()], "listed as interrupted, and only it");
+    let running =
+        http(addr, "GET", "/runs?status=running", &[("Authorization", &auth)], None).json();
+    assert_eq!(running["runs"], json!([]), "{running}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
