@@ -994,7 +994,7 @@ async fn decide(
             },
         )
         .await?;
-    app.workers.drive(&app, &run_id);
+    app.workers.drive_job(&app, &run_id).await;
     Ok(Json(Decided { run_id, request_id: decided.request_id, approved, by: caller.name }))
 }
 
@@ -1049,7 +1049,7 @@ pub(crate) async fn answer_run(
         return Err(Problem::bad_request("the body needs `answer`: the answer as JSON"));
     };
     app.deciding()?.answer(&id, answer).await?;
-    app.workers.drive(&app, &id);
+    app.workers.drive_job(&app, &id).await;
     let record = app.visible_run(&caller, &id).await?;
     Ok(Json(view(&app, record).await?))
 }
@@ -1085,7 +1085,7 @@ pub(crate) async fn cancel_run(
     }
     if let Some(parent) = &record.parent_run_id {
         engine.settle_children(parent).await?;
-        app.workers.drive(&app, parent);
+        app.workers.drive_job(&app, parent).await;
     }
     let record = app.visible_run(&caller, &id).await?;
     Ok(Json(view(&app, record).await?))

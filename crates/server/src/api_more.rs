@@ -140,7 +140,7 @@ pub(crate) async fn act_on_wave(
     let reply = app.deciding()?.wave_act(&id, action).await?;
     if ends {
         // The run goes on to the wave's end in the server.
-        app.workers.drive(&app, &id);
+        app.workers.drive_job(&app, &id).await;
     }
     Ok(Json(reply.into()))
 }

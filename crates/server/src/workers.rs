@@ -68,7 +68,17 @@ impl Workers {
         self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
     }
 
-    /// Drives the job `run_id` belongs to, now or once a worker is free.
+    /// Drives the job a run of it belongs to, by its root (so that a decision on a child
+    /// run during a drive of its job is driven again after, never lost to a second driver
+    /// refused as busy).
+    pub(crate) async fn drive_job(&self, app: &Arc<App>, run_id: &str) {
+        match root_of(app.store.as_ref(), run_id).await {
+            Ok(root) => self.drive(app, &root),
+            Err(e) => eprintln!("baton serve: run {run_id} was not driven: {e}"),
+        }
+    }
+
+    /// Drives the job whose root is `run_id`, now or once a worker is free.
     pub(crate) fn drive(&self, app: &Arc<App>, run_id: &str) {
         if app.stop.is_cancelled() {
             return;

@@ -1358,3 +1358,39 @@ fn a_run_is_replayed_and_forked_through_the_api() {
     assert!(done["output"].as_str().unwrap().contains("## New"), "{done}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn approving_a_chained_runs_request_through_the_api_completes_the_whole_job() {
+    let (dir, db) = with_scenarios("serve-chained-approval");
+    let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    // The classifier routes to release_notes, whose sign-off pauses the chained run.
+    let notes = std::fs::read_to_string(release_notes_script()).unwrap();
+    let script = dir.join("job.yaml");
+    std::fs::write(
+        &script,
+        format!(
+            "{notes}\nscenarios:\n  intent_classifier:\n    levels:\n      classify:\n        - text: '{{\"chosen_intent_route\": \"release_notes\", \"confidence\": 0.9, \"reason\": \"notes\", \"candidates\": [{{\"intent_route\": \"release_notes\", \"score\": 0.9}}]}}'\n"
+        ),
+    )
+    .unwrap();
+    let server = serve(&dir, &db, &["--script", script.to_str().unwrap()]);
+    let addr = server.addr.as_str();
+    let root = start(addr, &auth, &json!({"kind": "task", "input": "notes for this week"})).json()
+        ["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let waiting = wait_for(addr, &auth, &root, "its child", |v| {
+        !v["children"].as_array().unwrap().is_empty()
+    });
+    let child = waiting["children"][0].as_str().unwrap().to_owned();
+    wait_for(addr, &auth, &child, "paused", |v| v["status"] == "paused");
+    let approve =
+        http(addr, "POST", &format!("/runs/{child}/approve"), &[("Authorization", &auth)], None);
+    assert_eq!(approve.status, 200, "{approve:?}");
+    // The decision on the child continues the job from its root: both end.
+    wait_for(addr, &auth, &child, "completed", |v| v["status"] == "completed");
+    let done = wait_for(addr, &auth, &root, "completed", |v| v["status"] == "completed");
+    assert!(done["output"].as_str().unwrap().contains("## New"), "{done}");
+    let _ = std::fs::remove_dir_all(dir);
+}
