@@ -4,7 +4,6 @@
 #![allow(clippy::print_stderr)]
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -24,23 +23,6 @@ use baton_store::{Role, SqliteStore, TokenStore};
 use crate::cmd_run::{self, Place};
 use crate::escape;
 use crate::out::outln;
-
-/// What `baton serve` was asked.
-#[derive(Debug)]
-pub(crate) struct ServeArgs {
-    pub listen: SocketAddr,
-    pub no_auth: bool,
-    pub workers: usize,
-    pub body_bytes_max: usize,
-    pub starts_per_minute: u32,
-    pub streams_per_token: usize,
-    pub hosts: Vec<String>,
-    /// Runs started through the API answer from this script (a scripted model).
-    pub script: Option<PathBuf>,
-    pub retries_max: u32,
-    pub retry_first: std::time::Duration,
-    pub otlp_endpoint: Option<String>,
-}
 
 /// The CLI's wiring of engines for the server: the same models, jail, workspaces and
 /// verifiers as `baton run` and `baton resume`.
@@ -146,7 +128,14 @@ impl Wiring for CliWiring {
     }
 }
 
-pub(crate) async fn serve(place: &Place, args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// `baton serve` with `settings`; runs started through the API answer from `script` (a
+/// scripted model) when one is given, else from the configured providers.
+pub(crate) async fn serve(
+    place: &Place,
+    settings: Settings,
+    script: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let args = &settings;
     if args.no_auth && !args.listen.ip().is_loopback() {
         bail!(
             "--no-auth serves anyone who can reach {}; it is allowed only with a loopback --listen (127.0.0.1:PORT, [::1]:PORT)",
@@ -169,7 +158,7 @@ pub(crate) async fn serve(place: &Place, args: ServeArgs) -> anyhow::Result<Exit
     let (selection, settle_timeout_s, parallel) = cmd_run::job_settings(place)?;
     let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s)
         .map_err(|e| anyhow::anyhow!("settle_timeout_s: {e}"))?;
-    let start = cmd_run::load_model(args.script.as_deref(), place.config.as_deref(), None)
+    let start = cmd_run::load_model(script.as_deref(), place.config.as_deref(), None)
         .map_err(|e| format!("{e:#}"));
     if let Err(why) = &start {
         eprintln!("baton serve: warning: runs cannot be started until this is fixed: {why}");
@@ -189,19 +178,6 @@ pub(crate) async fn serve(place: &Place, args: ServeArgs) -> anyhow::Result<Exit
         },
         redactor: cmd_run::redactor(place),
     };
-    let settings = Settings {
-        listen: args.listen,
-        no_auth: args.no_auth,
-        workers: args.workers,
-        body_bytes_max: args.body_bytes_max,
-        starts_per_minute: args.starts_per_minute,
-        streams_per_token: args.streams_per_token,
-        hosts: args.hosts,
-        retries_max: args.retries_max,
-        retry_first: args.retry_first,
-        otlp_endpoint: args.otlp_endpoint,
-        ..Settings::default()
-    };
     let parts = Parts {
         store,
         tokens,
@@ -211,7 +187,7 @@ pub(crate) async fn serve(place: &Place, args: ServeArgs) -> anyhow::Result<Exit
     };
     let stop = CancelToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));
-    let no_auth = args.no_auth;
+    let no_auth = settings.no_auth;
     baton_server::serve(settings, parts, stop, |bound| {
         if no_auth {
             eprintln!(

@@ -918,7 +918,7 @@ fn main() -> ExitCode {
             otlp_endpoint,
         } => runtime.block_on(cmd_serve::serve(
             &place,
-            cmd_serve::ServeArgs {
+            baton_server::Settings {
                 listen,
                 no_auth,
                 workers,
@@ -926,11 +926,12 @@ fn main() -> ExitCode {
                 starts_per_minute,
                 streams_per_token,
                 hosts,
-                script,
                 retries_max,
                 retry_first: std::time::Duration::from_millis(retry_first_ms),
                 otlp_endpoint,
+                ..baton_server::Settings::default()
             },
+            script,
         )),
         Command::Token(t) => runtime.block_on(async {
             match t {

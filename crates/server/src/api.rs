@@ -2,6 +2,7 @@
 //! and the handlers for scenarios and runs. Every handler that names a run answers 404 for a
 //! run of another tenant, exactly as for a run that does not exist.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -36,6 +37,13 @@ pub(crate) const PAGE_MAX: usize = 500;
 /// The longest input, metadata value or idempotency key a start takes, in bytes.
 const KEY_BYTES_MAX: usize = 256;
 
+/// Tenants whose merged registries are kept at once.
+const MERGED_TENANTS_MAX: usize = 1_024;
+
+/// A tenant's merged registry: the base it was merged over, the overrides' versions, the
+/// result.
+type MergedRegistry = (Arc<Registry>, Vec<(String, chrono::DateTime<chrono::Utc>)>, Arc<Registry>);
+
 /// Everything the handlers and workers share.
 pub(crate) struct App {
     pub(crate) settings: Settings,
@@ -52,6 +60,9 @@ pub(crate) struct App {
     pub(crate) streams: Streams,
     pub(crate) stop: CancelToken,
     pub(crate) metrics: Arc<Metrics>,
+    /// Tenants' merged registries, with the directory's registry and the overrides'
+    /// versions they were merged from.
+    merged: std::sync::Mutex<HashMap<String, MergedRegistry>>,
     /// The text of model answers as it streams in, for the event streams open now (never
     /// stored: the whole answer is in the log).
     pub(crate) live: tokio::sync::broadcast::Sender<Arc<baton_engine::cancel::LiveText>>,
@@ -88,6 +99,7 @@ impl App {
             settings,
             stop,
             live: tokio::sync::broadcast::channel(4096).0,
+            merged: std::sync::Mutex::default(),
         })
     }
 
@@ -118,7 +130,9 @@ impl App {
         Ok(baton_engine::fold(&self.store.load(run_id, 0).await?))
     }
 
-    /// The scenarios a tenant's runs see: the directory's, with its overrides merged in.
+    /// The scenarios a tenant's runs see: the directory's, with its overrides merged in —
+    /// merged once per version of the directory and of the tenant's overrides, not per
+    /// request.
     pub(crate) async fn registry_for(
         &self,
         tenant: Option<&str>,
@@ -129,6 +143,17 @@ impl App {
         if stored.is_empty() {
             return Ok(base);
         }
+        let version: Vec<(String, chrono::DateTime<chrono::Utc>)> =
+            stored.iter().map(|o| (o.scenario_id.clone(), o.updated_at)).collect();
+        {
+            let merged = self.merged.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((b, v, registry)) = merged.get(tenant)
+                && Arc::ptr_eq(b, &base)
+                && *v == version
+            {
+                return Ok(Arc::clone(registry));
+            }
+        }
         let overrides: Vec<Override> = stored
             .into_iter()
             .map(|o| Override {
@@ -138,7 +163,16 @@ impl App {
             })
             .collect();
         match base.with_overrides(tenant, &overrides) {
-            Ok(loaded) => Ok(Arc::new(loaded.registry)),
+            Ok(loaded) => {
+                let registry = Arc::new(loaded.registry);
+                let mut merged =
+                    self.merged.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if merged.len() >= MERGED_TENANTS_MAX {
+                    merged.clear();
+                }
+                merged.insert(tenant.to_owned(), (base, version, Arc::clone(&registry)));
+                Ok(registry)
+            }
             Err(e) => Err(Problem::conflict(format!(
                 "tenant `{tenant}`'s overrides do not load over the current scenarios ({}); fix them with `baton tenant set {tenant} SCENARIO FILE` or remove one with `baton tenant rm`",
                 e.diagnostics.render().trim()
