@@ -4,7 +4,7 @@
 #![allow(clippy::print_stderr)]
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
@@ -128,23 +128,10 @@ impl Wiring for CliWiring {
     }
 }
 
-/// `baton serve` with `settings`; runs started through the API answer from `script` (a
-/// scripted model) when one is given, else from the configured providers.
-pub(crate) async fn serve(
-    place: &Place,
-    settings: Settings,
-    script: Option<PathBuf>,
-) -> anyhow::Result<ExitCode> {
-    let args = &settings;
-    if args.no_auth && !args.listen.ip().is_loopback() {
-        bail!(
-            "--no-auth serves anyone who can reach {}; it is allowed only with a loopback --listen (127.0.0.1:PORT, [::1]:PORT)",
-            args.listen
-        );
-    }
-    if args.workers == 0 || args.workers > 1024 {
-        bail!("--workers must be 1 to 1024, not {}", args.workers);
-    }
+/// What the server (or `baton mcp`) serves from: the scenarios, the store, and the CLI's
+/// wiring; runs it starts answer from `script` (a scripted model) when one is given, else
+/// from the configured providers. `who` names the command in its warnings.
+fn parts(place: &Place, script: Option<&Path>, who: &str) -> anyhow::Result<Parts> {
     let (registry, warnings) = match RegistryHandle::open(vec![place.scenarios.clone()]) {
         Ok(opened) => opened,
         Err(e) => {
@@ -158,10 +145,10 @@ pub(crate) async fn serve(
     let (selection, settle_timeout_s, parallel) = cmd_run::job_settings(place)?;
     let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s)
         .map_err(|e| anyhow::anyhow!("settle_timeout_s: {e}"))?;
-    let start = cmd_run::load_model(script.as_deref(), place.config.as_deref(), None)
-        .map_err(|e| format!("{e:#}"));
+    let start =
+        cmd_run::load_model(script, place.config.as_deref(), None).map_err(|e| format!("{e:#}"));
     if let Err(why) = &start {
-        eprintln!("baton serve: warning: runs cannot be started until this is fixed: {why}");
+        eprintln!("{who}: warning: runs cannot be started until this is fixed: {why}");
     }
     let sqlite = Arc::new(cmd_run::sqlite_store(place)?);
     let store: Arc<dyn EventStore> = Arc::clone(&sqlite) as Arc<dyn EventStore>;
@@ -178,13 +165,31 @@ pub(crate) async fn serve(
         },
         redactor: cmd_run::redactor(place),
     };
-    let parts = Parts {
+    Ok(Parts {
         store,
         tokens,
         registry,
         scenarios_dir: place.scenarios.clone(),
         wiring: Arc::new(wiring),
-    };
+    })
+}
+
+/// `baton serve` with `settings`; runs started through the API answer from `script` (a
+/// scripted model) when one is given, else from the configured providers.
+pub(crate) async fn serve(
+    place: &Place,
+    settings: Settings,
+    script: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let args = &settings;
+    if args.no_auth && !args.listen.ip().is_loopback() {
+        bail!(
+            "--no-auth serves anyone who can reach {}; it is allowed only with a loopback --listen (127.0.0.1:PORT, [::1]:PORT)",
+            args.listen
+        );
+    }
+    check_workers(args.workers)?;
+    let parts = parts(place, script.as_deref(), "baton serve")?;
     let stop = CancelToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));
     let no_auth = settings.no_auth;
@@ -203,6 +208,57 @@ pub(crate) async fn serve(
     eprintln!(
         "baton serve: stopped; runs that were being driven are recorded interrupted and taken up at the next start"
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check_workers(workers: usize) -> anyhow::Result<()> {
+    if workers == 0 || workers > 1024 {
+        bail!("--workers must be 1 to 1024, not {workers}");
+    }
+    Ok(())
+}
+
+/// `baton mcp`: MCP on stdin and stdout for the local user — an admin of `tenant`'s runs
+/// (none: runs of no tenant) whose decisions are recorded as `name`. Nothing but the
+/// protocol goes to stdout; notes go to stderr.
+pub(crate) async fn mcp(
+    place: &Place,
+    tenant: Option<String>,
+    name: Option<String>,
+    workers: usize,
+    script: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    check_workers(workers)?;
+    if let Some(t) = &tenant {
+        crate::cmd_tenant::check_tenant(t)?;
+    }
+    let name = name.unwrap_or_else(|| "mcp".to_owned());
+    if name.trim().is_empty() || name.chars().count() > baton_server::auth::NAME_CHARS_MAX {
+        bail!("--as must be 1 to {} characters and not blank", baton_server::auth::NAME_CHARS_MAX);
+    }
+    let parts = parts(place, script.as_deref(), "baton mcp")?;
+    let caller = baton_server::auth::Caller {
+        tenant,
+        role: Role::Admin,
+        token_id: "local".to_owned(),
+        name,
+    };
+    let stop = CancelToken::new();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            cmd_run::stop_on_signals(
+                stop,
+                "baton mcp: stopping — running steps are cut and their runs recorded interrupted (again to exit at once)",
+                "baton mcp: exiting at once; every run stays resumable",
+            )
+            .await;
+        });
+    }
+    let settings = Settings { workers, ..Settings::default() };
+    baton_server::serve_mcp_stdio(settings, parts, caller, stop)
+        .await
+        .map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)
 }
 

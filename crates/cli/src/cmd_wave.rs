@@ -7,7 +7,6 @@
 //! wave under way. Every action goes through the engine's typed wave actions
 //! (`baton_engine::wave_actions`), each a conditional append.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -131,16 +130,13 @@ async fn resolve(engine: &Engine, wave: &str) -> anyhow::Result<String> {
         }
         return Ok(wave.to_owned());
     }
-    for record in engine.store.runs(None).await?.into_iter().take(RUNS_SCANNED_MAX) {
-        if cmd_run::is_final(&record.status) {
-            continue;
-        }
-        let state = engine.state(&record.run_id).await?;
-        if wave_actions::wave_under_way(&state).is_some() {
-            return Ok(record.run_id);
+    let runs: Vec<_> = engine.store.runs(None).await?.into_iter().take(RUNS_SCANNED_MAX).collect();
+    match engine.current_wave(&runs).await? {
+        Some(run_id) => Ok(run_id),
+        None => {
+            bail!("no wave is under way (`current` names the newest run whose wave has not ended)")
         }
     }
-    bail!("no wave is under way (`current` names the newest run whose wave has not ended)")
 }
 
 fn target(assignment: Option<String>, task: Option<String>) -> anyhow::Result<Target> {
@@ -415,19 +411,8 @@ pub(crate) async fn get(
 
 /// The runs that ran a wave, newest first, with their latest wave.
 async fn waves(engine: &Engine) -> anyhow::Result<Vec<Value>> {
-    let mut out = Vec::new();
-    for record in engine.store.runs(None).await?.into_iter().take(RUNS_SCANNED_MAX) {
-        let state = engine.state(&record.run_id).await?;
-        if let Some(w) = wave_actions::latest_wave(&state) {
-            out.push(wave_actions::view(
-                &record.run_id,
-                &state,
-                w,
-                engine.wave_settings().parallel_for(w),
-            ));
-        }
-    }
-    Ok(out)
+    let runs: Vec<_> = engine.store.runs(None).await?.into_iter().take(RUNS_SCANNED_MAX).collect();
+    Ok(engine.wave_views(&runs).await?)
 }
 
 /// `baton wave list`: waves, newest first.
@@ -466,40 +451,14 @@ pub(crate) async fn list(place: &Place, json: bool) -> anyhow::Result<ExitCode> 
 pub(crate) async fn summary(place: &Place, json: bool) -> anyhow::Result<ExitCode> {
     let engine = action_engine(place)?;
     let all = waves(&engine).await?;
-    let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut cost = 0.0;
-    let mut under_way = 0;
-    for v in &all {
-        if v["ended"] != json!(true)
-            && !cmd_run::is_final(v["run_status"].as_str().unwrap_or_default())
-        {
-            under_way += 1;
-        }
-        for key in [
-            "assignments",
-            "planned",
-            "in_flight",
-            "completed",
-            "partial",
-            "blocked",
-            "failed",
-            "cancelled",
-        ] {
-            *totals.entry(key).or_default() += v["counts"][key].as_u64().unwrap_or(0);
-        }
-        cost += v["cost_usd"].as_f64().unwrap_or(0.0);
-    }
-    let summary = json!({
-        "waves": all.len(),
-        "under_way": under_way,
-        "assignments": totals,
-        "cost_usd": cost,
-    });
+    let summary = wave_actions::summarize(&all);
     if json {
         outln!("{}", serde_json::to_string_pretty(&summary)?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let t = |k: &str| totals.get(k).copied().unwrap_or(0);
+    let t = |k: &str| summary["assignments"][k].as_u64().unwrap_or(0);
+    let cost = summary["cost_usd"].as_f64().unwrap_or(0.0);
+    let under_way = &summary["under_way"];
     outln!(
         "{} waves ({} under way): {} assignments — {} completed, {} partial, {} blocked, {} failed, {} cancelled, {} planned, {} in flight; ${cost:.4}",
         all.len(),

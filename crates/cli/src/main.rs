@@ -316,6 +316,23 @@ enum Command {
         #[arg(long, env = "BATON_OTLP_ENDPOINT")]
         otlp_endpoint: Option<String>,
     },
+    /// Serve MCP on stdin and stdout for an MCP host (an IDE or CLI agent): tools to start
+    /// scenarios, follow runs, decide approvals and drive waves; run timelines as
+    /// resources; the `baton` and `baton:waves` prompts. Runs it starts are driven here.
+    Mcp {
+        /// Act for this tenant's runs (default: runs of no tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The principal decisions and wave records are recorded by (default `mcp`).
+        #[arg(long = "as", value_name = "NAME")]
+        name: Option<String>,
+        /// Runs driven at once.
+        #[arg(long, default_value_t = 16)]
+        workers: usize,
+        /// Runs started through MCP answer from this script.
+        #[arg(long)]
+        script: Option<PathBuf>,
+    },
     /// Bearer tokens of `baton serve`, each for one tenant with one role.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -933,6 +950,9 @@ fn main() -> ExitCode {
             },
             script,
         )),
+        Command::Mcp { tenant, name, workers, script } => {
+            runtime.block_on(cmd_serve::mcp(&place, tenant, name, workers, script))
+        }
         Command::Token(t) => runtime.block_on(async {
             match t {
                 TokenCommand::Create { tenant, role, name } => {

@@ -102,6 +102,9 @@ pub struct Engine {
     /// Where the text of model answers goes as it streams in (`baton serve`'s streams,
     /// `baton run --stream`); none: nowhere.
     pub live: Option<crate::cancel::LiveSink>,
+    /// How this engine dispatches waves, in place of its jobs' settings (a drive that is a
+    /// wave's active dispatcher, with its own parallelism); none: the jobs' settings.
+    pub wave_drive: Option<crate::wave_drive::WaveSettings>,
 }
 
 /// Compiled templates by scenario checksum, for the whole process: a checksum covers every
@@ -112,7 +115,15 @@ static RENDERERS: std::sync::OnceLock<Mutex<HashMap<String, Arc<Renderer>>>> =
 impl Engine {
     /// An engine over a store, with a runtime and a clock.
     pub fn new(store: Arc<dyn EventStore>, runtime: Arc<Runtime>, clock: Arc<dyn Clock>) -> Self {
-        Engine { store, runtime, clock, stop: CancelToken::new(), kept: Arc::default(), live: None }
+        Engine {
+            store,
+            runtime,
+            clock,
+            stop: CancelToken::new(),
+            kept: Arc::default(),
+            live: None,
+            wave_drive: None,
+        }
     }
 
     /// The scenario's compiled templates, compiled once per process.

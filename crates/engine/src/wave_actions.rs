@@ -350,6 +350,71 @@ impl Engine {
         }
         Ok(Some(view))
     }
+
+    /// The wave `current` names among `runs` (newest first): the first run whose wave is
+    /// under way.
+    pub async fn current_wave(
+        &self,
+        runs: &[crate::store::RunRecord],
+    ) -> Result<Option<String>, Error> {
+        for record in runs {
+            if crate::Status::from_name(&record.status).is_some_and(crate::Status::is_final) {
+                continue;
+            }
+            let state = self.state(&record.run_id).await?;
+            if wave_under_way(&state).is_some() {
+                return Ok(Some(record.run_id.clone()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The waves `runs` ran (their latest each), in the order of `runs`, as [`view`] shows
+    /// them.
+    pub async fn wave_views(&self, runs: &[crate::store::RunRecord]) -> Result<Vec<Value>, Error> {
+        let mut out = Vec::new();
+        for record in runs {
+            let state = self.state(&record.run_id).await?;
+            if let Some(w) = latest_wave(&state) {
+                out.push(view(&record.run_id, &state, w, self.wave_settings().parallel_for(w)));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The orchestration state over waves' views: how many waves, how many under way, their
+/// assignments counted by stage and outcome, and what they spent.
+pub fn summarize(views: &[Value]) -> Value {
+    let mut totals: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    let mut cost = 0.0;
+    let mut under_way = 0;
+    for v in views {
+        let run_ended = crate::Status::from_name(v["run_status"].as_str().unwrap_or_default())
+            .is_some_and(crate::Status::is_final);
+        if v["ended"] != json!(true) && !run_ended {
+            under_way += 1;
+        }
+        for key in [
+            "assignments",
+            "planned",
+            "in_flight",
+            "completed",
+            "partial",
+            "blocked",
+            "failed",
+            "cancelled",
+        ] {
+            *totals.entry(key).or_default() += v["counts"][key].as_u64().unwrap_or(0);
+        }
+        cost += v["cost_usd"].as_f64().unwrap_or(0.0);
+    }
+    json!({
+        "waves": views.len(),
+        "under_way": under_way,
+        "assignments": totals,
+        "cost_usd": cost,
+    })
 }
 
 /// The settings of a standalone wave (`baton wave plan`), already checked.

@@ -63,7 +63,7 @@ pub fn wave_in_flight(state: &RunState) -> Option<&WaveState> {
 impl Engine {
     /// How this engine dispatches waves.
     pub fn wave_settings(&self) -> WaveSettings {
-        self.runtime.jobs.as_ref().map(|j| j.waves).unwrap_or_default()
+        self.wave_drive.or_else(|| self.runtime.jobs.as_ref().map(|j| j.waves)).unwrap_or_default()
     }
 
     /// The events that dispatch what the wave of `level_id` admits now: none when nothing

@@ -242,6 +242,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
                 .delete(crate::api_more::delete_override),
         )
         .route("/metrics", get(metrics))
+        .nest_service("/mcp", crate::mcp::http_service(&app))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
@@ -463,7 +464,7 @@ pub(crate) async fn openapi() -> Json<Value> {
 // ---- scenarios ----
 
 /// A scenario as the list shows it.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct ScenarioSummary {
     pub id: String,
     pub version: u32,
@@ -476,14 +477,14 @@ pub(crate) struct ScenarioSummary {
 }
 
 /// One level of a scenario.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct LevelSummary {
     pub id: String,
     pub kind: String,
 }
 
 /// A scenario with its levels and graph.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct ScenarioDetail {
     #[serde(flatten)]
     pub summary: ScenarioSummary,
@@ -496,7 +497,7 @@ pub(crate) struct ScenarioDetail {
 }
 
 /// One edge of a scenario.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct EdgeSummary {
     pub from: String,
     pub to: String,
@@ -505,7 +506,7 @@ pub(crate) struct EdgeSummary {
 }
 
 /// A scenario's graph, as Mermaid and as Graphviz dot.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct Graph {
     pub mermaid: String,
     pub dot: String,
@@ -517,7 +518,7 @@ impl Graph {
     }
 }
 
-fn summary(s: &baton_scenario::Scenario) -> ScenarioSummary {
+pub(crate) fn summary(s: &baton_scenario::Scenario) -> ScenarioSummary {
     ScenarioSummary {
         id: s.id.clone(),
         version: s.version,
@@ -555,9 +556,13 @@ pub(crate) async fn get_scenario(
     Path(id): Path<String>,
 ) -> Result<Json<ScenarioDetail>, Problem> {
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
-    let s = find(&registry, &id)?;
-    Ok(Json(ScenarioDetail {
-        summary: summary(&s),
+    Ok(Json(detail(&*find(&registry, &id)?)))
+}
+
+/// A scenario's summary, levels, edges and graph.
+pub(crate) fn detail(s: &baton_scenario::Scenario) -> ScenarioDetail {
+    ScenarioDetail {
+        summary: summary(s),
         levels_in_order: s
             .levels
             .iter()
@@ -579,8 +584,8 @@ pub(crate) async fn get_scenario(
                 when: e.when.as_ref().map(ToString::to_string),
             })
             .collect(),
-        graph: Graph::of(&s),
-    }))
+        graph: Graph::of(s),
+    }
 }
 
 /// A scenario's graph.
@@ -598,7 +603,7 @@ pub(crate) async fn scenario_graph(
 }
 
 /// What `validate` found in a posted scenario file.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct Validation {
     /// True when the file has no error (it may have warnings).
     pub ok: bool,
@@ -618,7 +623,11 @@ pub(crate) async fn validate_scenario(
     Extension(_caller): Extension<Caller>,
     body: Body,
 ) -> Result<Json<Validation>, Problem> {
-    let body = body.text()?;
+    Ok(Json(validate(&app, body.text()?).await?))
+}
+
+/// Checks a scenario file's text as if it were in the scenarios directory.
+pub(crate) async fn validate(app: &App, body: String) -> Result<Validation, Problem> {
     let dir = app.scenarios_dir.clone();
     let checked =
         tokio::task::spawn_blocking(move || Registry::check_text("posted.yaml", &dir, &body))
@@ -629,7 +638,7 @@ pub(crate) async fn validate_scenario(
         Err(e) => (false, None, e.diagnostics),
     };
     let diagnostics = diagnostics.iter().filter_map(|d| serde_json::to_value(d).ok()).collect();
-    Ok(Json(Validation { ok, scenario_id, diagnostics }))
+    Ok(Validation { ok, scenario_id, diagnostics })
 }
 
 // ---- runs ----
@@ -657,7 +666,7 @@ pub(crate) struct StartRun {
 }
 
 /// A level a run waits on, and for what.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct Waiting {
     pub level_id: String,
     /// `approval`, `answer` or `child run`.
@@ -675,7 +684,7 @@ pub(crate) struct Waiting {
 }
 
 /// A run with its totals and what it waits on.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct RunView {
     pub run_id: String,
     pub scenario_id: String,
@@ -769,7 +778,7 @@ async fn view(app: &App, record: RunRecord) -> Result<RunView, Problem> {
 }
 
 /// The run a start made (or found under its idempotency key).
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct Started {
     pub run_id: String,
     pub scenario_id: String,
@@ -821,20 +830,39 @@ pub(crate) async fn start_run(
     Extension(caller): Extension<Caller>,
     body: Body,
 ) -> Result<(StatusCode, Json<Started>), Problem> {
-    caller.require(Role::Operator)?;
     let body: StartRun = body.parse(false)?;
+    let (created, started) = start(&app, &caller, body, None).await?;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(started)))
+}
+
+/// Starts a job for `caller` (or finds the run its idempotency key names: `false`). The
+/// run is in the store when this returns, and the server's workers drive it. `given`
+/// runs that scenario instead of choosing one (a standalone wave).
+pub(crate) async fn start(
+    app: &Arc<App>,
+    caller: &Caller,
+    body: StartRun,
+    given: Option<Arc<baton_scenario::Scenario>>,
+) -> Result<(bool, Started), Problem> {
+    caller.require(Role::Operator)?;
     check_start(&body)?;
     if let Some(key) = &body.idempotency_key
         && let Some(existing) = app.store.run_by_key(key).await?
     {
-        return existing_run(&caller, existing, key);
+        return existing_run(caller, existing, key);
     }
     app.starts.take(caller.tenant.as_deref().unwrap_or("local"))?;
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
-    let job = JobRequest { pin: body.scenario, intent: body.intent, kind: body.kind };
-    let (scenario, selected) =
-        baton_engine::job::select(&registry, &app.wiring.selection(), &job, false)
-            .map_err(Problem::conflict)?;
+    let (scenario, selected) = match given {
+        Some(s) => (s, None),
+        None => {
+            let job = JobRequest { pin: body.scenario, intent: body.intent, kind: body.kind };
+            let (s, selected) =
+                baton_engine::job::select(&registry, &app.wiring.selection(), &job, false)
+                    .map_err(Problem::conflict)?;
+            (s, Some(selected))
+        }
+    };
     app.wiring.check_start(&scenario).map_err(Problem::conflict)?;
     let model_source = app.wiring.model_source();
     // A scenario that calls no model (a wave of outside agents) starts without one.
@@ -849,15 +877,15 @@ pub(crate) async fn start_run(
     let started = Started {
         run_id: run_id.clone(),
         scenario_id: scenario.id.clone(),
-        selected_by: Some(selected.how.clone()),
-        warning: selected.warning.clone(),
+        selected_by: selected.as_ref().map(|s| s.how.clone()),
+        warning: selected.as_ref().and_then(|s| s.warning.clone()),
         existing: false,
     };
     let start = Start {
         input: body.input,
         metadata: body.metadata,
         model_source,
-        selected: Some(selected),
+        selected,
         tree_max_cost_usd: body.max_cost_usd,
         idempotency_key: body.idempotency_key.clone(),
         tenant: caller.tenant.clone(),
@@ -873,31 +901,31 @@ pub(crate) async fn start_run(
             let Some(existing) = app.store.run(&first).await? else {
                 return Err(Problem::conflict(format!("idempotency key {key:?} is taken")));
             };
-            return existing_run(&caller, existing, &key);
+            return existing_run(caller, existing, &key);
         }
         Err(e) => return Err(e.into()),
     }
-    app.workers.drive(&app, &run_id);
-    Ok((StatusCode::CREATED, Json(started)))
+    app.workers.drive(app, &run_id);
+    Ok((true, started))
 }
 
 fn existing_run(
     caller: &Caller,
     existing: RunRecord,
     key: &str,
-) -> Result<(StatusCode, Json<Started>), Problem> {
+) -> Result<(bool, Started), Problem> {
     if !caller.sees(existing.tenant.as_deref()) {
         return Err(Problem::conflict(format!("idempotency key {key:?} is taken; choose another")));
     }
     Ok((
-        StatusCode::OK,
-        Json(Started {
+        false,
+        Started {
             run_id: existing.run_id,
             scenario_id: existing.scenario_id,
             selected_by: None,
             warning: None,
             existing: true,
-        }),
+        },
     ))
 }
 
@@ -919,7 +947,7 @@ pub(crate) struct ListRuns {
 }
 
 /// A page of runs, newest first.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct RunPage {
     pub runs: Vec<RunView>,
     /// The cursor of the next page (`after=`), when there may be one.
@@ -979,8 +1007,13 @@ pub(crate) async fn get_run(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<RunView>, Problem> {
-    let record = app.visible_run(&caller, &id).await?;
-    Ok(Json(view(&app, record).await?))
+    Ok(Json(run_view(&app, &caller, &id).await?))
+}
+
+/// A run the caller may see, as the API shows it.
+pub(crate) async fn run_view(app: &App, caller: &Caller, id: &str) -> Result<RunView, Problem> {
+    let record = app.visible_run(caller, id).await?;
+    view(app, record).await
 }
 
 /// An approval or a rejection.
@@ -996,7 +1029,7 @@ pub(crate) struct Decide {
 }
 
 /// What was recorded.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct Decided {
     pub run_id: String,
     pub request_id: String,
@@ -1005,20 +1038,32 @@ pub(crate) struct Decided {
     pub by: String,
 }
 
-async fn decide(
+async fn decide_http(
     app: Arc<App>,
     caller: Caller,
     run_id: String,
     body: Body,
     approved: bool,
 ) -> Result<Json<Decided>, Problem> {
-    caller.require(Role::Operator)?;
-    app.visible_run(&caller, &run_id).await?;
     let body: Decide = body.parse(true)?;
+    Ok(Json(decide(&app, &caller, &run_id, body, approved).await?))
+}
+
+/// Approves or rejects a paused run's request, exactly once, recorded by the caller, and
+/// drives its job on.
+pub(crate) async fn decide(
+    app: &Arc<App>,
+    caller: &Caller,
+    run_id: &str,
+    body: Decide,
+    approved: bool,
+) -> Result<Decided, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(caller, run_id).await?;
     let engine = app.deciding()?;
     let decided = engine
         .decide(
-            &run_id,
+            run_id,
             baton_engine::Decision {
                 request_id: body.request_id,
                 approved,
@@ -1028,8 +1073,13 @@ async fn decide(
             },
         )
         .await?;
-    app.workers.drive_job(&app, &run_id).await;
-    Ok(Json(Decided { run_id, request_id: decided.request_id, approved, by: caller.name }))
+    app.workers.drive_job(app, run_id).await;
+    Ok(Decided {
+        run_id: run_id.to_owned(),
+        request_id: decided.request_id,
+        approved,
+        by: caller.name.clone(),
+    })
 }
 
 /// Approves a paused run's request (exactly once: a second decision is refused) and
@@ -1043,7 +1093,7 @@ pub(crate) async fn approve_run(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Json<Decided>, Problem> {
-    decide(app, caller, id, body, true).await
+    decide_http(app, caller, id, body, true).await
 }
 
 /// Rejects a paused run's request and continues the run.
@@ -1055,7 +1105,7 @@ pub(crate) async fn reject_run(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Json<Decided>, Problem> {
-    decide(app, caller, id, body, false).await
+    decide_http(app, caller, id, body, false).await
 }
 
 /// An answer to a run's question.
@@ -1076,16 +1126,25 @@ pub(crate) async fn answer_run(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Json<RunView>, Problem> {
-    caller.require(Role::Operator)?;
-    app.visible_run(&caller, &id).await?;
     let body: AnswerBody = body.parse(false)?;
     let Some(answer) = body.answer else {
         return Err(Problem::bad_request("the body needs `answer`: the answer as JSON"));
     };
-    app.deciding()?.answer(&id, answer).await?;
-    app.workers.drive_job(&app, &id).await;
-    let record = app.visible_run(&caller, &id).await?;
-    Ok(Json(view(&app, record).await?))
+    Ok(Json(answer_run_with(&app, &caller, &id, answer).await?))
+}
+
+/// Answers a run's question (exactly once) and drives its job on.
+pub(crate) async fn answer_run_with(
+    app: &Arc<App>,
+    caller: &Caller,
+    id: &str,
+    answer: Value,
+) -> Result<RunView, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(caller, id).await?;
+    app.deciding()?.answer(id, answer).await?;
+    app.workers.drive_job(app, id).await;
+    run_view(app, caller, id).await
 }
 
 /// A cancel.
@@ -1105,24 +1164,33 @@ pub(crate) async fn cancel_run(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Json<RunView>, Problem> {
-    caller.require(Role::Operator)?;
-    let record = app.visible_run(&caller, &id).await?;
     let reason = body.parse::<CancelBody>(true)?.reason;
+    Ok(Json(cancel(&app, &caller, &id, reason).await?))
+}
+
+/// Cancels a run and every run below it, recorded by the caller.
+pub(crate) async fn cancel(
+    app: &Arc<App>,
+    caller: &Caller,
+    id: &str,
+    reason: Option<String>,
+) -> Result<RunView, Problem> {
+    caller.require(Role::Operator)?;
+    let record = app.visible_run(caller, id).await?;
     if reason.as_deref().is_some_and(|r| r.trim().is_empty()) {
         return Err(Problem::bad_request("reason is empty; give one or leave it out"));
     }
     let engine = app.deciding()?;
-    engine.cancel_tree(&id, Some(caller.name.clone()), reason).await?;
-    match engine.end_cancelled_tree(&id).await {
+    engine.cancel_tree(id, Some(caller.name.clone()), reason).await?;
+    match engine.end_cancelled_tree(id).await {
         Ok(_) | Err(baton_engine::exec::Error::Store(baton_engine::store::Error::Busy(_))) => {}
         Err(e) => return Err(e.into()),
     }
     if let Some(parent) = &record.parent_run_id {
         engine.settle_children(parent).await?;
-        app.workers.drive_job(&app, parent).await;
+        app.workers.drive_job(app, parent).await;
     }
-    let record = app.visible_run(&caller, &id).await?;
-    Ok(Json(view(&app, record).await?))
+    run_view(app, caller, id).await
 }
 
 /// The events of a log as JSON values, with the run they belong to.

@@ -23,7 +23,7 @@ use crate::auth::Caller;
 use crate::problem::Problem;
 
 /// What a wave action did.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
 pub(crate) struct WaveDone {
     pub run_id: String,
     pub level_id: String,
@@ -100,13 +100,25 @@ pub(crate) async fn act_on_wave(
     Path((id, action)): Path<(String, String)>,
     body: Body,
 ) -> Result<Json<WaveDone>, Problem> {
-    caller.require(Role::Operator)?;
-    app.visible_run(&caller, &id).await?;
     let t: WaveTarget = body.parse(true)?;
+    Ok(Json(wave_act(&app, &caller, &id, &action, &t).await?))
+}
+
+/// Takes the wave action named `action` on the wave run `id` is at, recorded by the caller;
+/// a completed wave's run is driven on to its end.
+pub(crate) async fn wave_act(
+    app: &Arc<App>,
+    caller: &Caller,
+    id: &str,
+    action: &str,
+    t: &WaveTarget,
+) -> Result<WaveDone, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(caller, id).await?;
     let by = Some(caller.name.clone());
-    let action = match action.as_str() {
+    let action = match action {
         "dispatch" => WaveAction::Dispatch {
-            target: target(&t)?,
+            target: target(t)?,
             worker_run: t.worker_run.clone().ok_or_else(|| {
                 Problem::bad_request("dispatch needs `worker_run`: the outside agent's run")
             })?,
@@ -120,7 +132,7 @@ pub(crate) async fn act_on_wave(
                 ))
             })?;
             WaveAction::Record {
-                target: target(&t)?,
+                target: target(t)?,
                 outcome,
                 summary: t.summary.clone().unwrap_or_default(),
                 blockers: t.blockers.clone(),
@@ -137,12 +149,12 @@ pub(crate) async fn act_on_wave(
         }
     };
     let ends = matches!(action, WaveAction::Complete { .. });
-    let reply = app.deciding()?.wave_act(&id, action).await?;
+    let reply = app.deciding()?.wave_act(id, action).await?;
     if ends {
         // The run goes on to the wave's end in the server.
-        app.workers.drive_job(&app, &id).await;
+        app.workers.drive_job(app, id).await;
     }
-    Ok(Json(reply.into()))
+    Ok(reply.into())
 }
 
 /// One of the tenant's overrides.

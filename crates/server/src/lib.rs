@@ -13,7 +13,7 @@
 //!
 //! Modules: `auth` (tokens, the caller, Host and Origin), `problem` (errors), `api` (the
 //! handlers), `events` (SSE), `tree_events` (a job's tree as one stream), `workers` (driving), `limits` (rates and connection counts),
-//! `notify` (a store decorator that wakes event streams when this process appends and
+//! `mcp` (the MCP server: tools, resources, prompts, on stdio and at `/mcp`), `notify` (a store decorator that wakes event streams when this process appends and
 //! counts what it appends), `metrics` (Prometheus),
 //! `traces` (OpenTelemetry spans over OTLP), `openapi` (the document), `ui` (the web UI's files, built into the binary).
 
@@ -22,6 +22,7 @@ mod api_more;
 pub mod auth;
 mod events;
 mod limits;
+mod mcp;
 mod metrics;
 mod notify;
 mod openapi;
@@ -190,4 +191,24 @@ pub async fn serve(
         let _ = tokio::time::timeout(Duration::from_secs(15), exporter).await;
     }
     served.map_err(|e| format!("the server stopped: {e}"))
+}
+
+/// Serves MCP on stdin and stdout (`baton mcp`) for `caller`, driving the runs it starts
+/// and every run the last process left, until the host closes stdin or `stop` is cancelled;
+/// then stops the drives (their runs are recorded interrupted, to be taken up by the next
+/// start) and returns once they have stopped.
+pub async fn serve_mcp_stdio(
+    settings: Settings,
+    parts: Parts,
+    caller: auth::Caller,
+    stop: CancelToken,
+) -> Result<(), String> {
+    let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    let app = api::App::new(settings, parts, local, stop.clone(), None);
+    app.workers.recover(&app).await;
+    let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
+    let served = mcp::serve_stdio(Arc::clone(&app), caller, stop).await;
+    refresh.abort();
+    app.workers.drain().await;
+    served
 }

@@ -282,6 +282,24 @@ async fn watch_tree_deadlines(app: &Arc<App>, root: &str) {
 
 /// One drive of the job `run_id` belongs to.
 async fn drive_once(app: &Arc<App>, run_id: &str) -> Result<Outcome, Error> {
+    drive_root(app, run_id, None).await
+}
+
+/// A drive of the job `run_id` belongs to that is the active dispatcher of its manual
+/// waves, under `waves` (a `wave_run` call); `Busy` when another drive holds the job.
+pub(crate) async fn drive_waves(
+    app: &Arc<App>,
+    run_id: &str,
+    waves: baton_engine::wave_drive::WaveSettings,
+) -> Result<Outcome, Error> {
+    drive_root(app, run_id, Some(waves)).await
+}
+
+async fn drive_root(
+    app: &Arc<App>,
+    run_id: &str,
+    waves: Option<baton_engine::wave_drive::WaveSettings>,
+) -> Result<Outcome, Error> {
     let root = root_of(app.store.as_ref(), run_id).await?;
     let state = app.state(&root).await?;
     if state.status.is_final() {
@@ -317,6 +335,7 @@ async fn drive_once(app: &Arc<App>, run_id: &str) -> Result<Outcome, Error> {
     };
     engine.stop = app.stop.clone();
     engine.live = Some(app.live_sink());
+    engine.wave_drive = waves;
     let scenario = engine.scenario_of(&state, &root).await?;
     app.wiring.check(&scenario).map_err(refused)?;
     engine.drive_tree(&root, &scenario).await
