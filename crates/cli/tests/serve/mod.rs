@@ -18,9 +18,9 @@ use serde_json::{Value, json};
 use super::{baton_in, repo, scratch, text};
 
 /// A running `baton serve`, killed when dropped.
-struct Served {
+pub(super) struct Served {
     child: Child,
-    addr: String,
+    pub(super) addr: String,
 }
 
 impl Drop for Served {
@@ -39,7 +39,7 @@ fn with_scenarios(name: &str) -> (PathBuf, PathBuf) {
 }
 
 /// Starts `baton serve` on a free port of 127.0.0.1 and waits until it listens.
-fn serve(dir: &Path, db: &Path, extra: &[&str]) -> Served {
+pub(super) fn serve(dir: &Path, db: &Path, extra: &[&str]) -> Served {
     let mut child = baton_in(dir, db)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
@@ -60,7 +60,7 @@ fn serve(dir: &Path, db: &Path, extra: &[&str]) -> Served {
 }
 
 /// A token made with `baton token create`.
-fn token(dir: &Path, db: &Path, tenant: &str, role: &str, name: &str) -> String {
+pub(super) fn token(dir: &Path, db: &Path, tenant: &str, role: &str, name: &str) -> String {
     let out = baton_in(dir, db)
         .args(["token", "create", "--tenant", tenant, "--role", role, "--name", name])
         .output()
@@ -71,10 +71,10 @@ fn token(dir: &Path, db: &Path, tenant: &str, role: &str, name: &str) -> String 
     t
 }
 
-struct Reply {
-    status: u16,
+pub(super) struct Reply {
+    pub(super) status: u16,
     headers: Vec<(String, String)>,
-    body: String,
+    pub(super) body: String,
 }
 
 impl Reply {
@@ -94,7 +94,7 @@ impl std::fmt::Debug for Reply {
 }
 
 /// One HTTP/1.1 request on its own connection.
-fn http(
+pub(super) fn http(
     addr: &str,
     method: &str,
     path: &str,
