@@ -225,10 +225,13 @@ pub(crate) async fn mcp(
     place: &Place,
     tenant: Option<String>,
     name: Option<String>,
-    workers: usize,
+    settings: Settings,
     script: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    check_workers(workers)?;
+    check_workers(settings.workers)?;
+    if settings.body_bytes_max < 1024 {
+        bail!("--message-max-bytes must be at least 1024, not {}", settings.body_bytes_max);
+    }
     if let Some(t) = &tenant {
         crate::cmd_tenant::check_tenant(t)?;
     }
@@ -255,7 +258,6 @@ pub(crate) async fn mcp(
             .await;
         });
     }
-    let settings = Settings { workers, ..Settings::default() };
     baton_server::serve_mcp_stdio(settings, parts, caller, stop)
         .await
         .map_err(anyhow::Error::msg)?;

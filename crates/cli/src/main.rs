@@ -332,6 +332,9 @@ enum Command {
         /// Runs started through MCP answer from this script.
         #[arg(long)]
         script: Option<PathBuf>,
+        /// The longest message the host may send, in bytes (a longer one ends the session).
+        #[arg(long, default_value_t = 1 << 20)]
+        message_max_bytes: usize,
     },
     /// Bearer tokens of `baton serve`, each for one tenant with one role.
     #[command(subcommand)]
@@ -950,8 +953,14 @@ fn main() -> ExitCode {
             },
             script,
         )),
-        Command::Mcp { tenant, name, workers, script } => {
-            runtime.block_on(cmd_serve::mcp(&place, tenant, name, workers, script))
+        Command::Mcp { tenant, name, workers, script, message_max_bytes } => {
+            let settings = baton_server::Settings {
+                name: "baton mcp",
+                workers,
+                body_bytes_max: message_max_bytes,
+                ..baton_server::Settings::default()
+            };
+            runtime.block_on(cmd_serve::mcp(&place, tenant, name, settings, script))
         }
         Command::Token(t) => runtime.block_on(async {
             match t {

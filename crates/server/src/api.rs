@@ -88,7 +88,7 @@ impl App {
             hosts: Hosts::new(bound, &settings.hosts),
             starts: StartRate::new(settings.starts_per_minute),
             streams: Streams::new(settings.streams_per_token),
-            workers: Workers::new(settings.workers),
+            workers: Workers::new(settings.name, settings.workers),
             store: Arc::clone(&notifying) as Arc<dyn EventStore>,
             notifying,
             metrics,
@@ -210,7 +210,8 @@ pub(crate) async fn refresh_registry(app: Arc<App>) {
         let refreshed = tokio::task::spawn_blocking(move || handle.refresh_if_changed()).await;
         if let Ok(Some(Err(e))) = refreshed {
             eprintln!(
-                "baton serve: the scenarios changed and do not load; the last ones that did stay in use:\n{}",
+                "{}: the scenarios changed and do not load; the last ones that did stay in use:\n{}",
+                app.settings.name,
                 e.diagnostics.render()
             );
         }
@@ -1045,6 +1046,10 @@ async fn decide_http(
     body: Body,
     approved: bool,
 ) -> Result<Json<Decided>, Problem> {
+    // Who may, and whose run, before the body is read: another tenant's run is a 404
+    // whatever the body holds.
+    caller.require(Role::Operator)?;
+    app.visible_run(&caller, &run_id).await?;
     let body: Decide = body.parse(true)?;
     Ok(Json(decide(&app, &caller, &run_id, body, approved).await?))
 }
@@ -1126,6 +1131,8 @@ pub(crate) async fn answer_run(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Json<RunView>, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(&caller, &id).await?;
     let body: AnswerBody = body.parse(false)?;
     let Some(answer) = body.answer else {
         return Err(Problem::bad_request("the body needs `answer`: the answer as JSON"));
@@ -1164,6 +1171,8 @@ pub(crate) async fn cancel_run(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Json<RunView>, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(&caller, &id).await?;
     let reason = body.parse::<CancelBody>(true)?.reason;
     Ok(Json(cancel(&app, &caller, &id, reason).await?))
 }

@@ -100,6 +100,8 @@ pub(crate) async fn act_on_wave(
     Path((id, action)): Path<(String, String)>,
     body: Body,
 ) -> Result<Json<WaveDone>, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(&caller, &id).await?;
     let t: WaveTarget = body.parse(true)?;
     Ok(Json(wave_act(&app, &caller, &id, &action, &t).await?))
 }

@@ -88,6 +88,8 @@ pub trait Wiring: Send + Sync + 'static {
 /// How the server runs: what it listens on and its limits.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// The command serving, for its notes on stderr (`baton serve`, `baton mcp`).
+    pub name: &'static str,
     pub listen: SocketAddr,
     /// No tokens: every caller acts as an admin of runs of no tenant. Only on loopback.
     pub no_auth: bool,
@@ -116,6 +118,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            name: "baton serve",
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             no_auth: false,
             workers: 16,

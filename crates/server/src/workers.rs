@@ -36,6 +36,8 @@ const DRAIN_FOR: Duration = Duration::from_secs(60);
 /// The drives of this server.
 #[derive(Debug)]
 pub(crate) struct Workers {
+    /// The command that drives, for its notes on stderr (`baton serve`, `baton mcp`).
+    name: &'static str,
     slots: Arc<Semaphore>,
     /// Jobs being driven or waiting for a slot, by root run; `true` when asked again
     /// meanwhile.
@@ -48,8 +50,9 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
-    pub(crate) fn new(slots: usize) -> Self {
+    pub(crate) fn new(name: &'static str, slots: usize) -> Self {
         Workers {
+            name,
             slots: Arc::new(Semaphore::new(slots.max(1))),
             active: Mutex::default(),
             queued: AtomicUsize::new(0),
@@ -74,7 +77,7 @@ impl Workers {
     pub(crate) async fn drive_job(&self, app: &Arc<App>, run_id: &str) {
         match root_of(app.store.as_ref(), run_id).await {
             Ok(root) => self.drive(app, &root),
-            Err(e) => eprintln!("baton serve: run {run_id} was not driven: {e}"),
+            Err(e) => eprintln!("{}: run {run_id} was not driven: {e}", self.name),
         }
     }
 
@@ -133,7 +136,11 @@ impl Workers {
             let runs = match store.runs(Some(status.as_str())).await {
                 Ok(runs) => runs,
                 Err(e) => {
-                    eprintln!("baton serve: cannot list {} runs to take up: {e}", status.as_str());
+                    eprintln!(
+                        "{}: cannot list {} runs to take up: {e}",
+                        self.name,
+                        status.as_str()
+                    );
                     continue;
                 }
             };
@@ -150,12 +157,12 @@ impl Workers {
                 match root_of(store.as_ref(), &r.run_id).await {
                     Ok(root) if roots.insert(root.clone()) => self.drive(app, &root),
                     Ok(_) => {}
-                    Err(e) => eprintln!("baton serve: run {}: {e}", r.run_id),
+                    Err(e) => eprintln!("{}: run {}: {e}", self.name, r.run_id),
                 }
             }
         }
         if !roots.is_empty() {
-            eprintln!("baton serve: taking up {} job(s) the last server left", roots.len());
+            eprintln!("{}: taking up {} job(s) the last server left", self.name, roots.len());
         }
     }
 
@@ -209,7 +216,8 @@ impl Workers {
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 eprintln!(
-                    "baton serve: {left} drive(s) did not stop within {} s; their runs are taken up by the next start",
+                    "{}: {left} drive(s) did not stop within {} s; their runs are taken up by the next start",
+                    self.name,
                     DRAIN_FOR.as_secs()
                 );
                 return;
@@ -238,19 +246,21 @@ async fn drive_with_retries(app: &Arc<App>, run_id: &str) {
             // finishes it).
             Ok(_) | Err(Error::Store(baton_engine::store::Error::Busy(_))) => return,
             Err(e) => {
-                eprintln!("baton serve: run {run_id} was not driven: {e}");
+                eprintln!("{}: run {run_id} was not driven: {e}", app.workers.name);
                 return;
             }
         };
         if attempt == settings.retries_max {
             eprintln!(
-                "baton serve: run {run_id} stopped again ({reason}); it was driven {} times and stays interrupted — continue it with `baton resume {run_id}` once the cause is fixed",
+                "{}: run {run_id} stopped again ({reason}); it was driven {} times and stays interrupted — continue it with `baton resume {run_id}` once the cause is fixed",
+                app.workers.name,
                 attempt + 1
             );
             return;
         }
         eprintln!(
-            "baton serve: run {run_id} stopped ({reason}); trying again in {} ms ({} of {})",
+            "{}: run {run_id} stopped ({reason}); trying again in {} ms ({} of {})",
+            app.workers.name,
             wait.as_millis(),
             attempt + 1,
             settings.retries_max

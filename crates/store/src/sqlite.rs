@@ -975,12 +975,21 @@ fn verify(conn: &Connection, run_id: &str) -> Result<Verified, Error> {
     load_checked(conn, run_id, 0).map(|(_, verified)| verified)
 }
 
-/// The run's events after `after`, checked against the chain and the run's record.
+/// The run's events after `after`, checked against the chain and the run's record — both
+/// read in one snapshot: read apart, another process's commit between the two reads would
+/// look like a damaged log.
 fn load_checked(
     conn: &Connection,
     run_id: &str,
     after: u64,
 ) -> Result<(Vec<Event>, Verified), Error> {
+    // A deferred transaction that only reads: its snapshot is taken at the first read and
+    // kept to the last; dropping it ends it. (Inside a caller's transaction, that one's.)
+    let _snapshot = if conn.is_autocommit() {
+        Some(conn.unchecked_transaction().map_err(backend)?)
+    } else {
+        None
+    };
     let Some((record, head)) = run_with_head(conn, run_id)? else {
         return Err(Error::NotFound(run_id.to_owned()));
     };

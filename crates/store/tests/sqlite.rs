@@ -305,6 +305,58 @@ fn a_backup_taken_while_runs_are_appended_verifies() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A reader in another connection (another process, as far as SQLite knows) loads a run
+/// while it is appended to: the run's record and its events are read in one snapshot, so
+/// a commit landing between the two never looks like a damaged log.
+#[test]
+fn a_run_loaded_while_another_connection_appends_to_it_is_never_taken_for_damaged() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let (dir, db) = fresh_db("load-race");
+    let writer_store = SqliteStore::open(&db).unwrap();
+    let reader_store = SqliteStore::open(&db).unwrap();
+    rt.block_on(writer_store.create_run(&record("raced"), warnings(1, 1))).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (store, stop) = (writer_store.clone(), Arc::clone(&stop));
+        rt.spawn(async move {
+            let mut seq = 2;
+            while !stop.load(Ordering::SeqCst) && seq < 3_000 {
+                store.append("raced", seq, warnings(seq, 1), "running").await.unwrap();
+                seq += 1;
+            }
+            seq - 1
+        })
+    };
+    let (mut loads, mut grew) = (0, 0);
+    let mut last = 0;
+    rt.block_on(async {
+        while !writer.is_finished() && loads < 4_000 {
+            let events = reader_store.load("raced", 0).await.unwrap_or_else(|e| {
+                panic!("load {loads} saw a damaged log while another connection appended: {e}")
+            });
+            // From where the last load ended, and the whole chain, the same way.
+            let tail = reader_store.load("raced", last).await.unwrap();
+            assert!(tail.first().is_none_or(|e| e.seq == last + 1));
+            let verified = reader_store.verify("raced").await.unwrap();
+            assert!(verified.last_seq >= events.len() as u64);
+            if events.len() as u64 > last {
+                grew += 1;
+            }
+            last = events.len() as u64;
+            loads += 1;
+        }
+    });
+    stop.store(true, Ordering::SeqCst);
+    let written = rt.block_on(writer).unwrap();
+    assert!(grew > 10, "the reader saw the log grow while it read ({grew} of {loads} loads)");
+    let all = rt.block_on(reader_store.load("raced", 0)).unwrap();
+    assert_eq!(all.len() as u64, written);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn processes_opening_a_new_database_at_once_migrate_it_once() {
     for round in 0..5 {

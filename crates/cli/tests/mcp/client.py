@@ -198,6 +198,22 @@ async def cancel(s):
     resources = await s.list_resources()
     ids = [str(r.uri).split("/")[3] for r in resources.resources if str(r.uri).startswith("baton://runs/")]
     out["runs"] = [structured(await s.call_tool("run_get", {"run_id": i})) for i in ids]
+    # A wave run by a call that is abandoned: with cancel_with_call, the wave is cancelled.
+    plan = structured(await s.call_tool("wave_plan", {"tasks": [{"id": "w1", "title": "slow work"}], "worker": "slow"}))
+    wave_progress = []
+
+    async def on_wave_progress(p, total, message):
+        wave_progress.append(message)
+
+    with anyio.move_on_after(3):
+        await s.call_tool("wave_run", {"cancel_with_call": True}, progress_callback=on_wave_progress)
+    for _ in range(300):
+        wave = structured(await s.call_tool("wave_get", {"wave_id": plan["run_id"]}))
+        if wave["run_status"] == "cancelled":
+            break
+        await anyio.sleep(0.1)
+    out["wave"] = wave
+    out["wave_progress"] = wave_progress
     return out
 
 
@@ -224,10 +240,46 @@ async def tenants(s):
     return out
 
 
+async def modern(server):
+    """The high-level client on the newest protocol it finds (server/discover, 2026-07-28):
+    tools without a session, and a run's timeline heard through subscriptions/listen while
+    another process decides the run."""
+    from mcp import Client
+
+    out = {}
+    async with Client(server, mode="auto") as c:
+        out["protocol"] = c.session.protocol_version
+        out["tools"] = len((await c.list_tools()).tools)
+        started = structured(
+            await c.call_tool("run_start", {"scenario": "release_notes", "input": "v2.6", "wait_s": 60})
+        )
+        run_id = started["run_id"]
+        out["paused"] = started["run"]["status"]
+        uri = f"baton://runs/{run_id}/timeline"
+        heard = []
+        async with c.listen(resource_subscriptions=[uri]) as sub:
+            out["honored"] = list(sub.honored.resource_subscriptions or [])
+            print(json.dumps({"subscribed": run_id}), flush=True)
+            with anyio.move_on_after(60):
+                async for event in sub:
+                    heard.append(str(getattr(event, "uri", event)))
+                    got = structured(await c.call_tool("run_get", {"run_id": run_id}))
+                    if got["status"] == "completed":
+                        break
+        out["heard"] = heard
+        out["status"] = structured(await c.call_tool("run_get", {"run_id": run_id}))["status"]
+        out["run_id"] = run_id
+    return out
+
+
 STEPS = {"tour": tour, "subscribe": subscribe, "wave": wave, "cancel": cancel, "tenants": tenants}
 
 
 async def main():
+    if sys.argv[1] == "modern":
+        out = await modern(StdioServerParameters(command=sys.argv[3], args=sys.argv[4:]))
+        print(json.dumps(out), flush=True)
+        return
     step = STEPS[sys.argv[1]]
     if sys.argv[2] == "stdio":
         params = StdioServerParameters(command=sys.argv[3], args=sys.argv[4:])

@@ -285,31 +285,19 @@ fn an_abandoned_call_cancels_its_run_only_when_started_with_cancel_with_call() {
     // The other was left to run: it finished (its one level takes 8 s) or is still going.
     let without = of("False");
     assert_ne!(without["status"], "cancelled", "{without}");
+    // wave_run abandoned with cancel_with_call: the wave and its worker are cancelled.
+    let wave = &v["wave"];
+    assert_eq!(wave["run_status"], "cancelled", "{wave}");
+    assert_eq!(wave["decision"], "cancelled", "{wave}");
+    assert!(!v["wave_progress"].as_array().unwrap().is_empty(), "{v}");
+    let worker = wave["assignments"][0]["worker_run"].as_str().unwrap();
+    assert!(log(worker).contains("cancel_requested"), "the worker was cancelled too");
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn a_subscribed_timeline_is_told_of_a_decision_another_process_makes() {
-    let (dir, db, script) = setup("mcp-subscribe");
-    let mut child = python()
-        .arg("subscribe")
-        .args(stdio(&dir, &db, &script))
-        .current_dir(&dir)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("client.err")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap_or_else(|e| {
-        panic!("{e}: {}", std::fs::read_to_string(dir.join("client.err")).unwrap_or_default())
-    });
-    let run_id = first["subscribed"].as_str().unwrap().to_owned();
-    // Another process approves the paused run; the MCP server drives it on.
-    let out =
-        baton_in(&dir, &db).args(["approve", &run_id, "--by", "release-manager"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let last: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    assert!(child.wait().unwrap().success());
+    let (last, run_id) = approved_while_subscribed("subscribe", "mcp-subscribe");
     let uri = format!("baton://runs/{run_id}/timeline");
     let updates = last["updates"].as_array().unwrap();
     assert!(!updates.is_empty(), "{last}");
@@ -320,7 +308,49 @@ fn a_subscribed_timeline_is_told_of_a_decision_another_process_makes() {
         timeline.contains("release-manager") && timeline.contains("scenario_finished"),
         "{timeline}"
     );
+}
+
+/// Runs a `client.py` step that prints `{"subscribed": RUN}` once the run is paused and
+/// subscribed to, approves the run from another process, and returns the step's last line.
+fn approved_while_subscribed(step: &str, name: &str) -> (Value, String) {
+    let (dir, db, script) = setup(name);
+    let mut child = python()
+        .arg(step)
+        .args(stdio(&dir, &db, &script))
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("client.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let err = || std::fs::read_to_string(dir.join("client.err")).unwrap_or_default();
+    let first = lines.next().unwrap().unwrap_or_default();
+    let first: Value =
+        serde_json::from_str(&first).unwrap_or_else(|e| panic!("{e}: {first} {}", err()));
+    let run_id = first["subscribed"].as_str().unwrap().to_owned();
+    // Another process approves the paused run and drives it to its end.
+    let out =
+        baton_in(&dir, &db).args(["approve", &run_id, "--by", "release-manager"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let last = lines.next().unwrap().unwrap_or_default();
+    assert!(child.wait().unwrap().success(), "{}", err());
+    let last: Value =
+        serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}: {last} {}", err()));
     let _ = std::fs::remove_dir_all(dir);
+    (last, run_id)
+}
+
+#[test]
+fn the_2026_protocol_client_hears_a_timeline_through_subscriptions_listen() {
+    let (v, run_id) = approved_while_subscribed("modern", "mcp-modern");
+    assert_eq!(v["protocol"], "2026-07-28", "{v}");
+    assert_eq!(v["tools"], TOOLS.len());
+    assert_eq!(v["paused"], "paused");
+    let uri = format!("baton://runs/{run_id}/timeline");
+    assert_eq!(v["honored"], serde_json::json!([uri]), "{v}");
+    let heard = v["heard"].as_array().unwrap();
+    assert!(!heard.is_empty() && heard.iter().all(|h| h == uri.as_str()), "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
 }
 
 #[test]

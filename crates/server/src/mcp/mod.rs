@@ -19,8 +19,8 @@ mod waves;
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
-    GetPromptResponse, Implementation, InitializeResult, ListPromptsResult,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    GetPromptRequestParams, GetPromptResponse, Implementation, InitializeResult, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     ProgressNotificationParam, ProgressToken, ReadResourceRequestParams, ReadResourceResponse,
     ServerCapabilities, SubscribeRequestParams, SubscriptionFilter, UnsubscribeRequestParams,
@@ -34,6 +34,10 @@ use crate::problem::Problem;
 
 /// What the server tells a host when it connects.
 const INSTRUCTIONS: &str = "Baton runs multi-step LLM workflows (scenarios) durably. Use scenarios_list and scenario_describe to find one, run_start to start a job (wait_s to wait for it), run_get / run_events to follow it, run_approve / run_reject / run_answer when it waits for a person, run_cancel to stop it. Waves (wave_plan, wave_dispatch, wave_record, wave_decide, wave_complete, wave_run, wave_get, wave_list, wave_summary, wave_cancel) orchestrate many worker assignments; wave_id \"current\" names the newest wave under way. Read baton://guide for when to use which.";
+
+/// How long a host may keep what never changes while Baton runs (the tools, prompts and
+/// templates, the guide), in milliseconds; what runs change is never kept (`ttlMs` 0).
+pub(crate) const STATIC_TTL_MS: u64 = 3_600_000;
 
 /// Where a request's caller comes from.
 #[derive(Clone, Debug)]
@@ -167,7 +171,9 @@ impl ServerHandler for BatonMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(tools::list().to_vec()))
+        Ok(ListToolsResult::with_all_items(tools::list().to_vec())
+            .with_ttl_ms(STATIC_TTL_MS)
+            .with_cache_scope(CacheScope::Public))
     }
 
     fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {
@@ -248,7 +254,9 @@ impl ServerHandler for BatonMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        Ok(ListPromptsResult::with_all_items(resources::prompts()))
+        Ok(ListPromptsResult::with_all_items(resources::prompts())
+            .with_ttl_ms(STATIC_TTL_MS)
+            .with_cache_scope(CacheScope::Public))
     }
 
     async fn get_prompt(
@@ -304,8 +312,9 @@ pub(crate) async fn serve_stdio(
 ) -> Result<(), String> {
     use rmcp::ServiceExt;
     let handler = BatonMcp::new(Arc::clone(&app), Who::Local(caller));
+    let stdin = LineCapped { inner: tokio::io::stdin(), cap: app.settings.body_bytes_max, line: 0 };
     let running = handler
-        .serve((tokio::io::stdin(), tokio::io::stdout()))
+        .serve((stdin, tokio::io::stdout()))
         .await
         .map_err(|e| format!("the MCP host did not start a session: {e}"))?;
     let ct = running.cancellation_token();
@@ -318,4 +327,47 @@ pub(crate) async fn serve_stdio(
     };
     app.stop.cancel();
     ended
+}
+
+/// Standard input with a bound on each message (a line of newline-delimited JSON): a line
+/// longer than `cap` bytes is an error that ends the session, said on stderr, instead of a
+/// buffer that grows without end.
+struct LineCapped<R> {
+    inner: R,
+    cap: usize,
+    /// Bytes of the current line read so far.
+    line: usize,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LineCapped<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            let fresh = &buf.filled()[before..];
+            let mut line = self.line;
+            for b in fresh {
+                line = if *b == b'\n' { 0 } else { line + 1 };
+                if line > self.cap {
+                    #[allow(clippy::print_stderr)]
+                    {
+                        eprintln!(
+                            "baton mcp: the host sent a message longer than {} bytes; the session ends (raise the bound with `baton mcp --message-max-bytes`)",
+                            self.cap
+                        );
+                    }
+                    return std::task::Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "an MCP message is longer than the bound",
+                    )));
+                }
+            }
+            self.line = line;
+        }
+        polled
+    }
 }

@@ -12,9 +12,9 @@ use std::time::Duration;
 use baton_engine::Status;
 use rmcp::ErrorData;
 use rmcp::model::{
-    GetPromptResult, ListResourceTemplatesResult, ListResourcesResult, Prompt, PromptMessage,
-    ReadResourceResult, Resource, ResourceContents, ResourceTemplate, Role as MessageRole,
-    SubscriptionFilter,
+    CacheScope, GetPromptResult, ListResourceTemplatesResult, ListResourcesResult, Prompt,
+    PromptMessage, ReadResourceResult, Resource, ResourceContents, ResourceTemplate,
+    Role as MessageRole, SubscriptionFilter,
 };
 use rmcp::service::{Peer, RoleServer, SubscriptionContext};
 use serde_json::Value;
@@ -78,7 +78,9 @@ pub(crate) async fn list(app: &App, caller: &Caller) -> Result<ListResourcesResu
                 .with_mime_type("text/markdown"),
         );
     }
-    Ok(ListResourcesResult::with_all_items(resources))
+    Ok(ListResourcesResult::with_all_items(resources)
+        .with_ttl_ms(0)
+        .with_cache_scope(CacheScope::Private))
 }
 
 pub(crate) fn templates() -> ListResourceTemplatesResult {
@@ -89,6 +91,8 @@ pub(crate) fn templates() -> ListResourceTemplatesResult {
             )
             .with_mime_type("text/markdown"),
     ])
+    .with_ttl_ms(super::STATIC_TTL_MS)
+    .with_cache_scope(CacheScope::Public)
 }
 
 /// Reads the guide or a run's timeline.
@@ -100,7 +104,9 @@ pub(crate) async fn read(
     if uri == GUIDE_URI {
         return Ok(ReadResourceResult::new(vec![
             ResourceContents::text(GUIDE, uri).with_mime_type("text/markdown"),
-        ]));
+        ])
+        .with_ttl_ms(super::STATIC_TTL_MS)
+        .with_cache_scope(CacheScope::Public));
     }
     let run_id = run_of(uri).ok_or_else(|| not_found(uri))?;
     let text = timeline(app, caller, run_id)
@@ -108,7 +114,9 @@ pub(crate) async fn read(
         .map_err(|p| if p.status == 404 { not_found(uri) } else { internal(&p) })?;
     Ok(ReadResourceResult::new(vec![
         ResourceContents::text(text, uri).with_mime_type("text/markdown"),
-    ]))
+    ])
+    .with_ttl_ms(0)
+    .with_cache_scope(CacheScope::Private))
 }
 
 /// A value as one short line: JSON, cut to [`EVENT_CHARS_MAX`] characters.

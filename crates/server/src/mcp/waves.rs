@@ -35,6 +35,10 @@ const PLAN_WAIT: Duration = Duration::from_secs(30);
 const RUN_WAIT_S_MAX: f64 = 86_400.0;
 const RUN_WAIT_S_DEFAULT: f64 = 600.0;
 
+fn current() -> String {
+    "current".to_owned()
+}
+
 /// One task of a wave's plan.
 #[derive(Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -71,7 +75,8 @@ pub(crate) struct PlanArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct WaveArgs {
-    /// The wave's run id, or `current`: the newest wave under way.
+    /// The wave's run id, or `current` (the default): the newest wave under way.
+    #[serde(default = "current")]
     pub wave_id: String,
 }
 
@@ -90,7 +95,8 @@ pub(crate) struct Link {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DispatchArgs {
-    /// The wave's run id, or `current`.
+    /// The wave's run id, or `current` (the default): the newest wave under way.
+    #[serde(default = "current")]
     pub wave_id: String,
     /// The assignments given to the caller's workers, each within the wave's max_parallel.
     pub links: Vec<Link>,
@@ -100,7 +106,8 @@ pub(crate) struct DispatchArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RecordArgs {
-    /// The wave's run id, or `current`.
+    /// The wave's run id, or `current` (the default): the newest wave under way.
+    #[serde(default = "current")]
     pub wave_id: String,
     /// The assignment (`assign-001`); or name it by `task_id`.
     pub assignment_id: Option<String>,
@@ -117,7 +124,8 @@ pub(crate) struct RecordArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CancelArgs {
-    /// The wave's run id, or `current`.
+    /// The wave's run id, or `current` (the default): the newest wave under way.
+    #[serde(default = "current")]
     pub wave_id: String,
     /// Why (recorded on the run).
     pub reason: Option<String>,
@@ -127,7 +135,8 @@ pub(crate) struct CancelArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RunArgs {
-    /// The wave's run id, or `current`.
+    /// The wave's run id, or `current` (the default): the newest wave under way.
+    #[serde(default = "current")]
     pub wave_id: String,
     /// Most workers at once for this call only, 1 to 10 (the wave's stored value is
     /// unchanged).
@@ -393,11 +402,14 @@ async fn plan(app: &Arc<App>, caller: &Caller, a: PlanArgs) -> Result<CallToolRe
     let input = json!({ "tasks": a.tasks, "context": a.context });
     let body = StartRun { input: input.to_string(), ..StartRun::default() };
     let (_, started) = api::start(app, caller, body, Some(scenario)).await?;
-    // The server's workers plan it (or refuse the plan, which fails the run).
+    // The server's workers plan it (or refuse the plan, which fails the run), then leave it
+    // waiting for outside agents or for a wave_run, which may then drive it at once.
     let run_id = started.run_id;
     let deadline = Instant::now() + PLAN_WAIT;
     loop {
-        if let Some(view) = app.deciding()?.wave_view(&run_id).await? {
+        if let Some(view) = app.deciding()?.wave_view(&run_id).await?
+            && !app.store.is_held(&run_id).await?
+        {
             return Ok(CallToolResult::structured(view));
         }
         let state = app.state(&run_id).await?;
