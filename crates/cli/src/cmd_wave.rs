@@ -427,20 +427,14 @@ pub(crate) async fn list(place: &Place, json: bool) -> anyhow::Result<ExitCode> 
         outln!("no waves")?;
     }
     for v in &all {
-        let c = &v["counts"];
+        let c = wave_actions::counts_of(v);
         outln!(
-            "{}  {:<10} {:<9} level {}: {} assignments — {} completed, {} partial, {} blocked, {} failed, {} cancelled, {} planned",
+            "{}  {:<10} {:<9} level {}: {} assignments — {c}",
             one_line(v["run_id"].as_str().unwrap_or_default()),
             one_line(v["run_status"].as_str().unwrap_or_default()),
             one_line(v["decision"].as_str().unwrap_or_default()),
             one_line(v["level_id"].as_str().unwrap_or_default()),
-            c["assignments"],
-            c["completed"],
-            c["partial"],
-            c["blocked"],
-            c["failed"],
-            c["cancelled"],
-            c["planned"]
+            c.assignments,
         )?;
     }
     Ok(ExitCode::SUCCESS)

@@ -383,6 +383,11 @@ impl Engine {
     }
 }
 
+/// A wave view's counts, as [`WaveCounts`] prints them (`2 planned, 1 in flight, …`).
+pub fn counts_of(view: &Value) -> WaveCounts {
+    serde_json::from_value(view["counts"].clone()).unwrap_or_default()
+}
+
 /// The orchestration state over waves' views: how many waves, how many under way, their
 /// assignments counted by stage and outcome, and what they spent.
 pub fn summarize(views: &[Value]) -> Value {

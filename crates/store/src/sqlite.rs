@@ -56,6 +56,9 @@ const MIGRATIONS: &[Migration] = &[
 /// Tries to take a run's lock file when the file keeps being replaced under us (each
 /// holder removes it when it lets go).
 const LOCK_TRIES_MAX: usize = 8;
+/// The waits, in milliseconds, for a run's lock held by someone else before it is Busy:
+/// long enough for an `is_held` probe (which holds it shared for a moment) to pass.
+const PROBE_WAITS_MS: [u64; 4] = [1, 2, 4, 8];
 
 /// Most tries to prepare a database that another process is preparing at the same moment
 /// (waits growing by 10 ms), all within [`OPEN_BUSY_WAIT`].
@@ -1470,12 +1473,21 @@ impl EventStore for SqliteStore {
                     .write(true)
                     .open(&path)
                     .map_err(failed)?;
-                match file.try_lock() {
-                    Ok(()) => {}
-                    Err(std::fs::TryLockError::WouldBlock) => {
-                        return Err(Error::Busy(run_id.to_owned()));
+                // A shared lock on the file is a moment's probe (`is_held`: a listing, a
+                // status page), not a driver: it is waited out, a few milliseconds at most;
+                // a driver's exclusive lock outlasts that and is Busy.
+                let mut waits = PROBE_WAITS_MS.iter();
+                loop {
+                    match file.try_lock() {
+                        Ok(()) => break,
+                        Err(std::fs::TryLockError::WouldBlock) => match waits.next() {
+                            Some(ms) => {
+                                tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
+                            }
+                            None => return Err(Error::Busy(run_id.to_owned())),
+                        },
+                        Err(std::fs::TryLockError::Error(e)) => return Err(failed(e)),
                     }
-                    Err(std::fs::TryLockError::Error(e)) => return Err(failed(e)),
                 }
                 let locked = file.metadata().map_err(failed)?;
                 let named = std::fs::metadata(&path).ok();

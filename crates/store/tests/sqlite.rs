@@ -357,6 +357,53 @@ fn a_run_loaded_while_another_connection_appends_to_it_is_never_taken_for_damage
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Probes of whether a run is held (`is_held`: every run listing and status page asks)
+/// never make its driver's lock fail: a driver that starts while a probe looks gets the run.
+#[test]
+fn a_driver_taking_a_run_while_others_probe_it_is_never_refused_as_busy() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let (dir, db) = fresh_db("probe-race");
+    let store = SqliteStore::open(&db).unwrap();
+    rt.block_on(store.create_run(&record("probed"), warnings(1, 1))).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let probes = Arc::new(AtomicU64::new(0));
+    let prober = {
+        let (store, stop, probes) = (store.clone(), Arc::clone(&stop), Arc::clone(&probes));
+        rt.spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let _ = store.is_held("probed").await.unwrap();
+                probes.fetch_add(1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let mut busy = 0;
+    rt.block_on(async {
+        for _ in 0..2_000 {
+            match store.hold("probed").await {
+                Ok(guard) => drop(guard),
+                Err(baton_engine::store::Error::Busy(_)) => busy += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    stop.store(true, Ordering::SeqCst);
+    rt.block_on(prober).unwrap();
+    assert!(probes.load(Ordering::SeqCst) > 100, "the prober ran alongside");
+    assert_eq!(busy, 0, "{busy} of 2000 holds were refused while only probes looked");
+    // A driver that really holds it is still Busy to the next.
+    rt.block_on(async {
+        let held = store.hold("probed").await.unwrap();
+        assert!(matches!(store.hold("probed").await, Err(baton_engine::store::Error::Busy(_))));
+        assert!(store.is_held("probed").await.unwrap());
+        drop(held);
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn processes_opening_a_new_database_at_once_migrate_it_once() {
     for round in 0..5 {

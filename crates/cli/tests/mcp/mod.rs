@@ -473,3 +473,103 @@ fn the_mcp_inspector_cli_lists_and_calls_the_tools_over_stdio_and_http() {
     drop(served);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The run a `baton run` or `baton wave plan` printed (`run ID`).
+fn printed_run(out: &std::process::Output) -> String {
+    text(&out.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().trim().to_owned()
+}
+
+/// Starts `racers` MCP clients (each with its own `baton mcp` process on the database) and
+/// one CLI process for the same decision, lets them all go at once, and returns what each
+/// MCP client got and the CLI's output.
+fn race(
+    dir: &Path,
+    db: &Path,
+    script: &Path,
+    what: &str,
+    cli: &[&str],
+) -> (Vec<Value>, std::process::Output) {
+    let go = dir.join(format!("go-{}", what.replace(' ', "-")));
+    let mut racers = Vec::new();
+    for i in 0..3 {
+        let mut child = python()
+            .arg("race")
+            .args(stdio(dir, db, script))
+            .env("RACE", what)
+            .env("RACE_GO", &go)
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join(format!("racer-{i}.err"))).unwrap())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let ready = lines.next().unwrap().unwrap();
+        assert!(ready.contains("ready"), "{ready}");
+        racers.push((child, lines));
+    }
+    let mut cli_racer = baton_in(dir, db);
+    cli_racer.args(cli);
+    std::fs::write(&go, "").unwrap();
+    let cli_out = cli_racer.output().unwrap();
+    let mut got = Vec::new();
+    for (mut child, mut lines) in racers {
+        let last = lines.next().unwrap().unwrap();
+        assert!(child.wait().unwrap().success());
+        got.push(serde_json::from_str::<Value>(&last).unwrap()["result"].clone());
+    }
+    (got, cli_out)
+}
+
+#[test]
+fn racing_mcp_processes_and_the_cli_make_one_approval_and_one_wave_record() {
+    let (dir, db, script) = setup("mcp-race");
+    // A run paused for its sign-off, started by the CLI.
+    let out = baton_in(&dir, &db)
+        .args(["run", "release_notes", "--input", "v3", "--script", script.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let run_id = printed_run(&out);
+    let (got, cli) = race(
+        &dir,
+        &db,
+        &script,
+        &format!("approve {run_id}"),
+        &["approve", &run_id, "--by", "cli"],
+    );
+    let won =
+        got.iter().filter(|g| g["approved"] == true).count() + usize::from(cli.status.success());
+    assert_eq!(won, 1, "exactly one approval wins: {got:?} / {}", text(&cli.stderr));
+    let log =
+        text(&baton_in(&dir, &db).args(["events", &run_id, "--json"]).output().unwrap().stdout);
+    assert_eq!(log.matches("\"approval_decided\"").count(), 1, "{log}");
+
+    // A manual wave's assignment, recorded by racers.
+    let tasks = dir.join("tasks.json");
+    std::fs::write(&tasks, r#"{"tasks": [{"id": "t1", "title": "one"}]}"#).unwrap();
+    let out = baton_in(&dir, &db)
+        .args(["wave", "plan", "--tasks", tasks.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let wave_id = printed_run(&out);
+    let out = baton_in(&dir, &db)
+        .args(["wave", "dispatch", &wave_id, "--task", "t1", "--worker-run", "ext-1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let (got, cli) = race(
+        &dir,
+        &db,
+        &script,
+        &format!("record {wave_id} t1"),
+        &["wave", "record", &wave_id, "--task", "t1", "--outcome", "failed"],
+    );
+    let won = got.iter().filter(|g| g["assignment_id"] == "assign-001").count()
+        + usize::from(cli.status.success());
+    assert_eq!(won, 1, "exactly one record wins: {got:?} / {}", text(&cli.stderr));
+    let log =
+        text(&baton_in(&dir, &db).args(["events", &wave_id, "--json"]).output().unwrap().stdout);
+    assert_eq!(log.matches("\"wave_recorded\"").count(), 1, "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}

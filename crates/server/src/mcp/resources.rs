@@ -352,6 +352,15 @@ async fn recent(app: &App, caller: &Caller, limit: usize) -> Result<Vec<api::Run
     Ok(views)
 }
 
+/// One run of a summary: id, scenario, status, `more`, cost.
+fn run_line(out: &mut String, r: &api::RunView, more: &str) {
+    let _ = writeln!(
+        out,
+        "- run {} ({}) {}{more}, ${:.4}",
+        r.run_id, r.scenario_id, r.status, r.cost_usd
+    );
+}
+
 async fn summary_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem> {
     let runs = recent(app, caller, LISTED_RUNS).await?;
     let mut out = String::from(
@@ -381,15 +390,8 @@ async fn summary_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem
         .collect();
     let _ = writeln!(out, "\n## Under way ({})", under_way.len());
     for r in &under_way {
-        let _ = writeln!(
-            out,
-            "- run {} ({}) {}{}, ${:.4}",
-            r.run_id,
-            r.scenario_id,
-            r.status,
-            r.level.as_deref().map(|l| format!(" at `{l}`")).unwrap_or_default(),
-            r.cost_usd
-        );
+        let at = r.level.as_deref().map(|l| format!(" at `{l}`")).unwrap_or_default();
+        run_line(&mut out, r, &at);
     }
     let ended: Vec<&api::RunView> = runs
         .iter()
@@ -398,15 +400,8 @@ async fn summary_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem
         .collect();
     let _ = writeln!(out, "\n## Recently ended ({} shown)", ended.len());
     for r in &ended {
-        let _ = writeln!(
-            out,
-            "- run {} ({}) {}{}, ${:.4}",
-            r.run_id,
-            r.scenario_id,
-            r.status,
-            r.verdict.as_deref().map(|v| format!(", verdict {v}")).unwrap_or_default(),
-            r.cost_usd
-        );
+        let verdict = r.verdict.as_deref().map(|v| format!(", verdict {v}")).unwrap_or_default();
+        run_line(&mut out, r, &verdict);
     }
     let records = super::caller_runs(app, caller, LISTED_RUNS).await?;
     let waves = app.deciding()?.wave_views(&records).await?;
@@ -430,22 +425,15 @@ async fn waves_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem> 
         waves.len()
     );
     for v in waves.iter().take(20) {
-        let c = &v["counts"];
+        let c = baton_engine::wave_actions::counts_of(v);
         let _ = writeln!(
             out,
-            "\n## Wave {} ({}, decision {}{})\n{} assignments: {} completed, {} partial, {} blocked, {} failed, {} cancelled, {} in flight, {} planned",
+            "\n## Wave {} ({}, decision {}{})\n{} assignments: {c}",
             v["run_id"].as_str().unwrap_or_default(),
             v["run_status"].as_str().unwrap_or_default(),
             v["decision"].as_str().unwrap_or_default(),
             if v["ended"] == Value::Bool(true) { ", ended" } else { "" },
-            c["assignments"],
-            c["completed"],
-            c["partial"],
-            c["blocked"],
-            c["failed"],
-            c["cancelled"],
-            c["in_flight"],
-            c["planned"]
+            c.assignments,
         );
         for a in v["assignments"].as_array().into_iter().flatten() {
             let _ = writeln!(

@@ -471,25 +471,14 @@ async fn dispatch(
 
 /// How far a wave is, as a monotonic count: each dispatch adds one, each settlement one more.
 fn progress_of(view: &Value) -> (f64, f64, String) {
-    let c = &view["counts"];
-    let n = |k: &str| c[k].as_u64().unwrap_or(0);
-    let settled = n("completed") + n("partial") + n("blocked") + n("failed") + n("cancelled");
-    let total = n("assignments");
-    #[allow(clippy::cast_precision_loss)]
-    let progress = (2 * settled + n("in_flight")) as f64;
+    let c = wave_actions::counts_of(view);
+    let settled = c.completed + c.partial + c.blocked + c.failed + c.cancelled;
     let message = format!(
-        "{settled} of {total} settled ({} completed, {} partial, {} blocked, {} failed, {} cancelled), {} in flight, {} planned; decision {}",
-        n("completed"),
-        n("partial"),
-        n("blocked"),
-        n("failed"),
-        n("cancelled"),
-        n("in_flight"),
-        n("planned"),
+        "{settled} of {} settled ({c}); decision {}",
+        c.assignments,
         view["decision"].as_str().unwrap_or("?")
     );
-    #[allow(clippy::cast_precision_loss)]
-    (progress, (2 * total) as f64, message)
+    (f64::from(2 * settled + c.in_flight), f64::from(2 * c.assignments), message)
 }
 
 async fn run(
