@@ -294,6 +294,21 @@ STEPS = {"race": race, "tour": tour, "subscribe": subscribe, "wave": wave, "canc
 
 
 async def main():
+    if sys.argv[1] == "modern_http":
+        # The 2026-07-28 protocol over HTTP: no session, every request carries the token.
+        from mcp import Client
+
+        url, token = sys.argv[3], sys.argv[4]
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with http:
+            async with Client(streamable_http_client(url, http_client=http), mode="auto") as c:
+                out = {"protocol": c.session.protocol_version}
+                out["start"] = structured(
+                    await c.call_tool("run_start", {"scenario": "quick_qa", "input": "2+2?", "wait_s": 30})
+                )
+                out["other_get"] = structured(await c.call_tool("run_get", {"run_id": sys.argv[5]}))
+        print(json.dumps(out), flush=True)
+        return
     if sys.argv[1] == "modern":
         out = await modern(StdioServerParameters(command=sys.argv[3], args=sys.argv[4:]))
         print(json.dumps(out), flush=True)

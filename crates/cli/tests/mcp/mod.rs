@@ -379,6 +379,14 @@ fn over_streamable_http_each_call_acts_as_its_tokens_tenant_and_role() {
     assert_eq!(mine["start"]["run"]["tenant"], "acme", "{}", mine["start"]);
     assert_eq!(mine["start"]["run"]["status"], "completed", "{}", mine["start"]);
 
+    // The 2026-07-28 protocol, stateless: each request is its token's too.
+    let modern =
+        client("modern_http", &["http".to_owned(), url.clone(), b.clone(), run_id.clone()], &dir);
+    assert_eq!(modern["protocol"], "2026-07-28", "{modern}");
+    assert_eq!(modern["start"]["run"]["tenant"], "globex", "{modern}");
+    assert_eq!(modern["start"]["run"]["status"], "completed", "{modern}");
+    assert!(modern["other_get"]["error"].as_str().unwrap().contains("no run"), "{modern}");
+
     let theirs = client("tenants", &["http".to_owned(), url.clone(), b, run_id.clone()], &dir);
     for key in ["other_get", "other_events", "other_cancel", "other_wave"] {
         let e = theirs[key]["error"].as_str().unwrap_or_default();
