@@ -202,6 +202,47 @@ fn cpu_time() -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
+/// Syncs the floor is measured over, each of one 4 KiB page appended to a file.
+const FSYNC_PROBES: usize = 64;
+
+/// The disk's own floor under a durable figure, measured in the same run beside the
+/// database: how long appending one 4 KiB page and `fdatasync`ing it takes (p50 and p99, in
+/// milliseconds) — no commit can be faster, so a slow disk is told from a slow Baton.
+fn fsync_floor(dir: &Path) -> anyhow::Result<(f64, f64)> {
+    use std::io::Write as _;
+    let path = dir.join(format!("fsync-probe-{}", uuid_like()));
+    let mut file =
+        std::fs::OpenOptions::new().create_new(true).append(true).open(&path).with_context(
+            || format!("cannot measure the disk's fsync floor in {}", dir.display()),
+        )?;
+    let page = [0u8; 4096];
+    let mut took = Vec::with_capacity(FSYNC_PROBES);
+    for _ in 0..FSYNC_PROBES {
+        let t = Instant::now();
+        file.write_all(&page)?;
+        file.sync_data()?;
+        took.push(t.elapsed());
+    }
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    took.sort_unstable();
+    Ok((percentile(&took, 50.0).as_secs_f64() * 1e3, percentile(&took, 99.0).as_secs_f64() * 1e3))
+}
+
+/// What a durable figure stood on, printed beside it: the store's durability setting and
+/// the disk's fsync floor measured now, next to the database.
+fn durability(report: &mut serde_json::Value, sqlite: Option<&SqliteStore>) -> anyhow::Result<()> {
+    let Some(s) = sqlite else { return Ok(()) };
+    let dir = s.path().parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let (p50, p99) = fsync_floor(&dir)?;
+    if let Some(map) = report.as_object_mut() {
+        map.insert("sqlite_synchronous".to_owned(), json!("FULL"));
+        map.insert("fsync_floor_p50_ms".to_owned(), json!(p50));
+        map.insert("fsync_floor_p99_ms".to_owned(), json!(p99));
+    }
+    Ok(())
+}
+
 fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
@@ -406,7 +447,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     };
     let commits = sqlite.as_ref().map_or(0, SqliteStore::commits) - commits0;
     let syncs = sqlite.as_ref().map_or(0, SqliteStore::syncs) - syncs0;
-    let report = json!({
+    let mut report = json!({
         "workload": args.workload,
         "store": args.store,
         "runs": runs,
@@ -424,6 +465,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "commits_per_level": (sqlite.is_some()).then(|| commits as f64 / levels.max(1) as f64),
         "fsyncs_per_level": (sqlite.is_some()).then(|| syncs as f64 / levels.max(1) as f64),
     });
+    durability(&mut report, sqlite.as_ref())?;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(report)
 }
@@ -518,7 +560,7 @@ async fn wave_overhead(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let wave_cpu = cpu_time().saturating_sub(cpu0).as_secs_f64() / assignments;
     let wave_commits = (commits() - commits0) as f64 / assignments;
     latencies.sort_unstable();
-    let report = json!({
+    let mut report = json!({
         "workload": "wave",
         "store": args.store,
         "runs": waves,
@@ -536,6 +578,7 @@ async fn wave_overhead(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "overhead_commits_per_assignment": sqlite.is_some().then_some(wave_commits - alone_commits),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
     });
+    durability(&mut report, sqlite.as_ref())?;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(report)
 }

@@ -1087,6 +1087,45 @@ fn security_review_scans_a_project_with_the_real_scanners_and_never_repeats_a_se
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A durable bench figure comes with what it stood on: the store's durability setting and
+/// the disk's fsync floor, measured in the same run beside the database.
+#[test]
+fn a_sqlite_bench_prints_the_disks_fsync_floor_beside_its_figures() {
+    let dir = scratch("bench-floor");
+    let db = dir.join("bench.db");
+    let out = baton(&[
+        "bench",
+        "--workload",
+        "linear5",
+        "--store",
+        "sqlite",
+        "--bench-db",
+        db.to_str().unwrap(),
+        "--runs",
+        "20",
+        "--concurrency",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["sqlite_synchronous"], "FULL", "{report}");
+    let (p50, p99) = (
+        report["fsync_floor_p50_ms"].as_f64().unwrap(),
+        report["fsync_floor_p99_ms"].as_f64().unwrap(),
+    );
+    assert!(p50 > 0.0 && p99 >= p50, "{report}");
+    assert!(report["levels_per_s"].as_f64().unwrap() > 0.0);
+    // The probe file is gone.
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fsync-probe"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A fresh directory for one test, empty.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("baton-cli-{name}-{}", std::process::id()));
