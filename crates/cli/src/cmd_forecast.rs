@@ -55,10 +55,10 @@ async fn sample(
             if !(1..=RUNS_MAX).contains(n) {
                 bail!("--runs must be 1 to {RUNS_MAX}, not {n}");
             }
-            if !place.db.exists() {
-                return Ok((Vec::new(), format!("the store {} (none yet)", place.db.display())));
+            if !place.db_exists() {
+                return Ok((Vec::new(), format!("the store {} (none yet)", place.db_shown())));
             }
-            let store = cmd_run::open_existing_store(place)?;
+            let store = cmd_run::open_existing_store(place).await?;
             let mut records: Vec<_> = store
                 .runs(None)
                 .await?
@@ -78,7 +78,7 @@ async fn sample(
                 let input = probe.state(&r.run_id).await?.input;
                 jobs.push((input, tree));
             }
-            Ok((jobs, format!("the last ended jobs in {}", place.db.display())))
+            Ok((jobs, format!("the last ended jobs in {}", place.db_shown())))
         }
     }
 }

@@ -45,7 +45,7 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         let (k, v) = parse_set(s)?;
         scratchpad.insert(k, v);
     }
-    let store = cmd_run::open_existing_store(place)?;
+    let store = cmd_run::open_existing_store(place).await?;
     let registry = Arc::new(cmd_run::registry(place)?);
     let jobs = Arc::new(cmd_run::jobs(place, Arc::clone(&registry), None, WaveDrive::default())?);
     let Some(at) = args.at else {

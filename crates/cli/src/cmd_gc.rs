@@ -38,6 +38,11 @@ struct Leftover {
 }
 
 pub(crate) async fn gc(place: &Place, dry_run: bool) -> anyhow::Result<ExitCode> {
+    if place.postgres.is_some() {
+        bail!(
+            "baton gc cleans beside a SQLite database (its lock files tell which runs are driven); it is not offered for a PostgreSQL --db yet"
+        );
+    }
     if !place.db.exists() {
         bail!("no database at {}; pass the --db whose leftovers to remove", place.db.display());
     }

@@ -72,7 +72,7 @@ pub(crate) async fn replay_job(
     let new_root = Engine::new_run_id();
     let trusted = (from.strategy == Strategy::TrustValidation)
         .then(|| Arc::new(from.recorded.trusted(&new_root)));
-    let store = cmd_run::open_store(place)?;
+    let store = cmd_run::open_store(place).await?;
     let jobs = cmd_run::jobs(place, Arc::clone(&registry), None, WaveDrive::default())?
         .settling_as(Arc::new(from.recorded.settle_order(&new_root)));
     let engine = cmd_run::engine_trusting(
@@ -121,7 +121,7 @@ pub(crate) async fn recording_of(
         None => bail!(
             "the replay's recording is in {:?}, which this build cannot read (see {})",
             replayed.source,
-            place.db.display()
+            place.db_shown()
         ),
     }
 }
@@ -139,7 +139,7 @@ async fn replay_scenario(
     from_scenario: Option<&Path>,
 ) -> anyhow::Result<Arc<Scenario>> {
     let Some(root) = recorded.root() else { bail!("the recording holds no run") };
-    let store = cmd_run::open_existing_store(place)?;
+    let store = cmd_run::open_existing_store(place).await?;
     let probe = cmd_run::probe_engine(place, &store, registry);
     let state = probe.state(&root.run_id).await?;
     match from_scenario {
@@ -218,7 +218,7 @@ pub(crate) async fn replay_report(
     let registry = Arc::new(cmd_run::registry(place)?);
     let (recorded, source, scenario, scratch) = match (run, fixture_dir) {
         (Some(run), None) => {
-            let store = cmd_run::open_existing_store(place)?;
+            let store = cmd_run::open_existing_store(place).await?;
             let probe = cmd_run::probe_engine(place, &store, &registry);
             let recorded = probe.recorded_tree(run).await?;
             if let Some(parent) =
@@ -318,7 +318,7 @@ pub(crate) async fn diff(
     b: &str,
     json: bool,
 ) -> anyhow::Result<std::process::ExitCode> {
-    let store = cmd_run::open_existing_store(place)?;
+    let store = cmd_run::open_existing_store(place).await?;
     let probe = cmd_run::probe_engine(place, &store, &Registry::default());
     let (ta, tb) = (probe.recorded_tree(a).await?, probe.recorded_tree(b).await?);
     let (sa, sb) = (Summary::of(&ta), Summary::of(&tb));
@@ -442,7 +442,7 @@ impl Scratch {
     /// `place` with its database (and so its workspaces and snapshots) in the scratch
     /// directory.
     pub(crate) fn place(&self, place: &Place) -> Place {
-        Place { db: self.dir.join("baton.db"), snapshots: None, ..place.clone() }
+        Place { db: self.dir.join("baton.db"), postgres: None, snapshots: None, ..place.clone() }
     }
 }
 
@@ -497,7 +497,7 @@ pub(crate) async fn record(
         }
         None => record_new(place, &registry, &scenario, &args).await?,
     };
-    let store = cmd_run::open_existing_store(place)?;
+    let store = cmd_run::open_existing_store(place).await?;
     let probe = cmd_run::probe_engine(place, &store, &registry);
     let tree = probe.recorded_tree(&run_id).await?;
     let state = probe.state(&run_id).await?;
@@ -558,7 +558,7 @@ async fn record_new(
     cmd_run::check_jail(place, scenario)?;
     let (model, source) =
         cmd_run::load_model(args.script.as_deref(), place.config.as_deref(), Some(scenario))?;
-    let store = cmd_run::open_store(place)?;
+    let store = cmd_run::open_store(place).await?;
     let jobs = cmd_run::jobs(place, Arc::clone(registry), None, WaveDrive::default())?;
     let engine = cmd_run::engine_trusting(
         store,

@@ -25,7 +25,7 @@ use baton_jail::{Jail, Unavailable};
 use baton_providers::client::Providers;
 use baton_providers::config::Config;
 use baton_scenario::{Registry, Scenario};
-use baton_store::SqliteStore;
+use baton_store::{PostgresStore, SqliteStore, Store};
 use baton_workspace::LocalWorkspaces;
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
@@ -38,7 +38,11 @@ use crate::timeline;
 /// Where runs live and where scenarios are read from.
 #[derive(Debug, Clone)]
 pub(crate) struct Place {
+    /// The SQLite database; with a PostgreSQL `--db`, a path in Baton's own directory
+    /// (`--data`) that names no file — workspaces and snapshots live beside it either way.
     pub db: PathBuf,
+    /// The PostgreSQL database `--db` names, when it names one.
+    pub postgres: Option<String>,
     pub scenarios: PathBuf,
     /// The provider configuration given with `--config`.
     pub config: Option<PathBuf>,
@@ -49,24 +53,51 @@ pub(crate) struct Place {
     pub no_jail: bool,
 }
 
-/// The run database, created when absent: for commands that start runs.
-pub(crate) fn open_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
-    Ok(Arc::new(sqlite_store(place)?))
+impl Place {
+    /// The run database as messages name it (a PostgreSQL URL without its password).
+    pub(crate) fn db_shown(&self) -> String {
+        match &self.postgres {
+            Some(url) => baton_store::postgres::shown(url),
+            None => self.db.display().to_string(),
+        }
+    }
+
+    /// Whether the run database exists (a PostgreSQL database always does: its tables are
+    /// made on first use).
+    pub(crate) fn db_exists(&self) -> bool {
+        self.postgres.is_some() || self.db.exists()
+    }
 }
 
-/// The run database as the SQLite store itself (its tokens too), created when absent.
-pub(crate) fn sqlite_store(place: &Place) -> anyhow::Result<SqliteStore> {
-    SqliteStore::open(&place.db).map_err(store_error)
+/// The run database (its runs and its tokens), created when absent.
+pub(crate) async fn open_any(place: &Place) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(match &place.postgres {
+        Some(url) => Arc::new(PostgresStore::connect(url).await.map_err(store_error)?),
+        None => Arc::new(SqliteStore::open(&place.db).map_err(store_error)?),
+    })
+}
+
+/// The run database, created when absent: for commands that start runs.
+pub(crate) async fn open_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
+    Ok(open_any(place).await?)
 }
 
 /// The run database, which must exist: for commands that read runs or change existing
 /// ones. Nothing is created, so a mistyped `--db` leaves no directories or empty database.
-pub(crate) fn open_existing_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
+pub(crate) async fn open_existing_any(place: &Place) -> anyhow::Result<Arc<dyn Store>> {
+    if place.postgres.is_some() {
+        return open_any(place).await;
+    }
     if !place.db.exists() {
         bail!("no database at {}; start a run first or pass --db", place.db.display());
     }
     let store = SqliteStore::open_existing(&place.db).map_err(store_error)?;
     Ok(Arc::new(store))
+}
+
+/// [`open_existing_any`], for its runs.
+pub(crate) async fn open_existing_store(place: &Place) -> anyhow::Result<Arc<dyn EventStore>> {
+    Ok(open_existing_any(place).await?)
 }
 
 /// A store's error as the user reads it: the store names the path and the reason.
@@ -659,8 +690,8 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     // A tenant's overrides are in the database; with no database yet it has none. Nothing
     // is created before every argument and file has been checked.
     let registry = match &args.tenant {
-        Some(tenant) if place.db.exists() => {
-            let store = open_existing_store(place)?;
+        Some(tenant) if place.db_exists() => {
+            let store = open_existing_store(place).await?;
             crate::cmd_tenant::merged(store.as_ref(), registry(place)?, tenant).await?
         }
         _ => registry(place)?,
@@ -718,7 +749,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         }
         other => other?,
     };
-    let store = open_store(place)?;
+    let store = open_store(place).await?;
     if let Some(key) = &args.idempotency_key
         && let Some(existing) = store.run_by_key(key).await?
     {
@@ -827,7 +858,7 @@ pub(crate) async fn resume(
     upgrade: bool,
     waves: WaveDrive,
 ) -> anyhow::Result<ExitCode> {
-    let store = open_existing_store(place)?;
+    let store = open_existing_store(place).await?;
     let probe = probe_engine(place, &store, &Registry::default());
     let state = probe.state(run_id).await.with_context(|| format!("cannot read run {run_id}"))?;
     let (scenario, registry) = if upgrade {
@@ -1475,15 +1506,15 @@ fn read_data(path: &Path) -> anyhow::Result<Value> {
 
 /// An engine that records decisions and answers: it needs no scenario, so it works from a
 /// directory where the scenarios do not load.
-fn decision_engine(place: &Place) -> anyhow::Result<Engine> {
-    let store = open_existing_store(place)?;
+async fn decision_engine(place: &Place) -> anyhow::Result<Engine> {
+    let store = open_existing_store(place).await?;
     Ok(probe_engine(place, &store, &Registry::default()))
 }
 
 /// An engine for actions on a wave: the existing store, and the configuration's wave
 /// settings (its default `max_parallel`).
-pub(crate) fn wave_engine(place: &Place) -> anyhow::Result<Engine> {
-    let store = open_existing_store(place)?;
+pub(crate) async fn wave_engine(place: &Place) -> anyhow::Result<Engine> {
+    let store = open_existing_store(place).await?;
     let jobs = jobs(place, Arc::new(Registry::default()), None, WaveDrive::default())?;
     Ok(engine(
         store,
@@ -1504,7 +1535,7 @@ async fn continue_run(
     run_id: &str,
     script: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
-    let probe = decision_engine(place)?;
+    let probe = decision_engine(place).await?;
     let state = probe.state(run_id).await?;
     if let Err(e) = run_scenario(place, &probe, &state, run_id).await {
         eprintln!(
@@ -1518,7 +1549,7 @@ async fn continue_run(
 
 pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow::Result<ExitCode> {
     let data = d.data.as_deref().map(read_data).transpose()?;
-    let engine = decision_engine(place)?;
+    let engine = decision_engine(place).await?;
     let decision = baton_engine::Decision {
         request_id: d.request,
         approved: !d.reject,
@@ -1548,7 +1579,7 @@ pub(crate) async fn answer(
     let value: Value = serde_json::from_str(answer).with_context(|| {
         format!("--answer must be JSON (a string needs quotes: '\"yes\"'), got {answer}")
     })?;
-    let engine = decision_engine(place)?;
+    let engine = decision_engine(place).await?;
     engine.answer(run_id, value).await?;
     outln!("answered run {run_id}")?;
     if no_resume {
@@ -1577,7 +1608,7 @@ pub(crate) async fn cancel(
     reason: Option<String>,
 ) -> anyhow::Result<ExitCode> {
     check_who_and_why(by.as_deref(), reason.as_deref())?;
-    let store = open_existing_store(place)?;
+    let store = open_existing_store(place).await?;
     // The settle timeout of the configuration when it loads; a broken configuration never
     // keeps a run from being stopped.
     let probe = engine(
@@ -1590,7 +1621,7 @@ pub(crate) async fn cancel(
         jobs(place, Arc::new(Registry::default()), None, WaveDrive::default()).ok().map(Arc::new),
     );
     let Some(record) = store.run(run_id).await? else {
-        bail!("no run {run_id} in {}", place.db.display());
+        bail!("no run {run_id} in {}", place.db_shown());
     };
     // The run and every run below it that has not ended.
     probe.cancel_tree(run_id, by, reason).await?;
@@ -1678,7 +1709,7 @@ pub(crate) async fn runs(
     tree: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let store = open_existing_store(place)?;
+    let store = open_existing_store(place).await?;
     // A run is interrupted when its status is running and nobody holds it.
     // (A waiting run nobody drives is interrupted too: it is found among all of them.)
     let stored = if status == Some(INTERRUPTED) { None } else { status };
@@ -1867,9 +1898,9 @@ pub(crate) async fn export_cassette(
     run_id: &str,
     out: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
-    let store = open_existing_store(place)?;
+    let store = open_existing_store(place).await?;
     if store.run(run_id).await?.is_none() {
-        bail!("no run {run_id} in {}", place.db.display());
+        bail!("no run {run_id} in {}", place.db_shown());
     }
     let cassette = cassette::from_events(&store.load(run_id, 0).await?);
     match out {
@@ -1889,9 +1920,9 @@ pub(crate) async fn events(
     tree: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let store = open_existing_store(place)?;
+    let store = open_existing_store(place).await?;
     if store.run(run_id).await?.is_none() {
-        bail!("no run {run_id} in {}", place.db.display());
+        bail!("no run {run_id} in {}", place.db_shown());
     }
     if tree {
         // Each run's events with those of the runs it started nested under the event that

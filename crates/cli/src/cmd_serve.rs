@@ -18,7 +18,7 @@ use baton_engine::store::EventStore;
 use baton_engine::wave_drive::WaveSettings;
 use baton_scenario::{Registry, RegistryHandle, Scenario};
 use baton_server::{Answers, Parts, Settings, Wiring};
-use baton_store::{Role, SqliteStore, TokenStore};
+use baton_store::{Role, TokenStore};
 
 use crate::cmd_run::{self, Place};
 use crate::escape;
@@ -131,7 +131,7 @@ impl Wiring for CliWiring {
 /// What the server (or `baton mcp`) serves from: the scenarios, the store, and the CLI's
 /// wiring; runs it starts answer from `script` (a scripted model) when one is given, else
 /// from the configured providers. `who` names the command in its warnings.
-fn parts(place: &Place, script: Option<&Path>, who: &str) -> anyhow::Result<Parts> {
+async fn parts(place: &Place, script: Option<&Path>, who: &str) -> anyhow::Result<Parts> {
     let (registry, warnings) = match RegistryHandle::open(vec![place.scenarios.clone()]) {
         Ok(opened) => opened,
         Err(e) => {
@@ -150,9 +150,9 @@ fn parts(place: &Place, script: Option<&Path>, who: &str) -> anyhow::Result<Part
     if let Err(why) = &start {
         eprintln!("{who}: warning: runs cannot be started until this is fixed: {why}");
     }
-    let sqlite = Arc::new(cmd_run::sqlite_store(place)?);
-    let store: Arc<dyn EventStore> = Arc::clone(&sqlite) as Arc<dyn EventStore>;
-    let tokens: Arc<dyn TokenStore> = sqlite;
+    let both = cmd_run::open_any(place).await?;
+    let store: Arc<dyn EventStore> = Arc::clone(&both) as Arc<dyn EventStore>;
+    let tokens: Arc<dyn TokenStore> = both;
     let wiring = CliWiring {
         place: place.clone(),
         start,
@@ -189,7 +189,7 @@ pub(crate) async fn serve(
         );
     }
     check_workers(args.workers)?;
-    let parts = parts(place, script.as_deref(), "baton serve")?;
+    let parts = parts(place, script.as_deref(), "baton serve").await?;
     let stop = CancelToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));
     let no_auth = settings.no_auth;
@@ -239,7 +239,7 @@ pub(crate) async fn mcp(
     if name.trim().is_empty() || name.chars().count() > baton_server::auth::NAME_CHARS_MAX {
         bail!("--as must be 1 to {} characters and not blank", baton_server::auth::NAME_CHARS_MAX);
     }
-    let parts = parts(place, script.as_deref(), "baton mcp")?;
+    let parts = parts(place, script.as_deref(), "baton mcp").await?;
     let caller = baton_server::auth::Caller {
         tenant,
         role: Role::Admin,
@@ -291,7 +291,7 @@ pub(crate) async fn create_token(
             baton_server::auth::NAME_CHARS_MAX
         );
     }
-    let store = cmd_run::sqlite_store(place)?;
+    let store = cmd_run::open_any(place).await?;
     let (token, record) = baton_server::auth::new_token(tenant, role, name, chrono::Utc::now());
     store.put_token(&record).await?;
     eprintln!(
@@ -310,7 +310,7 @@ pub(crate) async fn list_tokens(
     tenant: Option<&str>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let store = existing(place)?;
+    let store = cmd_run::open_existing_any(place).await?;
     let list = store.tokens(tenant).await?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&list)?)?;
@@ -338,12 +338,12 @@ pub(crate) async fn list_tokens(
 
 /// `baton token revoke`.
 pub(crate) async fn revoke_token(place: &Place, id: &str) -> anyhow::Result<ExitCode> {
-    let store = existing(place)?;
+    let store = cmd_run::open_existing_any(place).await?;
     if !store.revoke_token(id, chrono::Utc::now()).await? {
         bail!(
             "no token {} that is not revoked already in {}; `baton token list` shows them",
             escape::one_line(id),
-            place.db.display()
+            place.db_shown()
         );
     }
     outln!(
@@ -351,11 +351,4 @@ pub(crate) async fn revoke_token(place: &Place, id: &str) -> anyhow::Result<Exit
         baton_server::auth::TOKEN_CACHE_FOR.as_secs()
     )?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn existing(place: &Place) -> anyhow::Result<SqliteStore> {
-    if !place.db.exists() {
-        bail!("no database at {}; pass --db", place.db.display());
-    }
-    SqliteStore::open_existing(&place.db).map_err(|e| anyhow::anyhow!("{e}"))
 }

@@ -109,7 +109,7 @@ pub(crate) async fn set(
         baton_scenario::capped::read_text(file, baton_scenario::limits::SOURCE_BYTES_MAX as u64)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     let base = registry(place)?;
-    let store = open_store(place)?;
+    let store = open_store(place).await?;
     let mut all: Vec<Override> = as_overrides(&store.tenant_overrides(Some(tenant)).await?)
         .into_iter()
         .filter(|o| o.scenario_id != scenario)
@@ -132,7 +132,7 @@ pub(crate) async fn set(
 }
 
 pub(crate) async fn list(place: &Place, tenant: Option<&str>) -> anyhow::Result<ExitCode> {
-    let store = open_existing_store(place)?;
+    let store = open_existing_store(place).await?;
     let all = store.tenant_overrides(tenant).await?;
     if all.is_empty() {
         outln!("no tenant overrides{}", tenant.map_or(String::new(), |t| format!(" of {t}")))?;
@@ -153,7 +153,7 @@ pub(crate) async fn list(place: &Place, tenant: Option<&str>) -> anyhow::Result<
 }
 
 pub(crate) async fn show(place: &Place, tenant: &str, scenario: &str) -> anyhow::Result<ExitCode> {
-    let store = open_existing_store(place)?;
+    let store = open_existing_store(place).await?;
     let found = store.tenant_overrides(Some(tenant)).await?;
     let Some(o) = found.iter().find(|o| o.scenario_id == scenario) else {
         bail!(
@@ -165,7 +165,7 @@ pub(crate) async fn show(place: &Place, tenant: &str, scenario: &str) -> anyhow:
 }
 
 pub(crate) async fn rm(place: &Place, tenant: &str, scenario: &str) -> anyhow::Result<ExitCode> {
-    let store = open_existing_store(place)?;
+    let store = open_existing_store(place).await?;
     if !store.remove_tenant_override(tenant, scenario).await? {
         bail!("tenant `{tenant}` has no override of `{scenario}`; nothing was removed");
     }
@@ -184,7 +184,7 @@ pub(crate) async fn import(place: &Place, dir: &Path) -> anyhow::Result<ExitCode
         }
     };
     let base = registry(place)?;
-    let store: Arc<dyn EventStore> = open_store(place)?;
+    let store: Arc<dyn EventStore> = open_store(place).await?;
     // Each tenant's files are checked with the overrides it has stored already, as they
     // will be merged.
     for (tenant, list) in &tenants {

@@ -10,8 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use baton_engine::chain;
-use baton_engine::store::{Error, EventStore};
-use baton_store::SqliteStore;
+use baton_engine::store::Error;
 use serde_json::json;
 
 use crate::escape;
@@ -29,12 +28,16 @@ fn no_database(db: &Path) -> anyhow::Error {
 
 /// Checks every run of the database at `db` (or only `named`); exit 0 when all are intact,
 /// 1 otherwise.
-pub(crate) async fn verify(db: &Path, named: &[String], json: bool) -> anyhow::Result<ExitCode> {
+pub(crate) async fn verify(
+    place: &crate::cmd_run::Place,
+    named: &[String],
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     // Opening a missing file would create an empty database and call it intact.
-    if !db.is_file() {
-        return Err(no_database(db));
+    if place.postgres.is_none() && !place.db.is_file() {
+        return Err(no_database(&place.db));
     }
-    let store = SqliteStore::open(db)?;
+    let store = crate::cmd_run::open_any(place).await?;
     let ids: Vec<String> = if named.is_empty() {
         store.runs(None).await?.into_iter().map(|r| r.run_id).collect()
     } else {
@@ -67,8 +70,7 @@ pub(crate) async fn verify(db: &Path, named: &[String], json: bool) -> anyhow::R
                 }
             })
             .collect();
-        let report =
-            json!({"database": db.display().to_string(), "ok": damaged == 0, "runs": runs});
+        let report = json!({"database": place.db_shown(), "ok": damaged == 0, "runs": runs});
         outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
         for (id, f) in &findings {
@@ -83,12 +85,12 @@ pub(crate) async fn verify(db: &Path, named: &[String], json: bool) -> anyhow::R
             }
         }
         if damaged == 0 {
-            outln!("ok: {} runs intact in {}", findings.len(), db.display())?;
+            outln!("ok: {} runs intact in {}", findings.len(), place.db_shown())?;
         } else {
             outln!(
                 "{damaged} of {} runs damaged in {}; restore them from a backup",
                 findings.len(),
-                db.display()
+                place.db_shown()
             )?;
         }
     }
@@ -96,7 +98,14 @@ pub(crate) async fn verify(db: &Path, named: &[String], json: bool) -> anyhow::R
 }
 
 /// Copies the live database at `db` into the new file `dest`, in one consistent step.
-pub(crate) fn backup(db: &Path, dest: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) fn backup(place: &crate::cmd_run::Place, dest: &Path) -> anyhow::Result<ExitCode> {
+    if let Some(url) = &place.postgres {
+        bail!(
+            "baton backup copies a SQLite database; back up the PostgreSQL database {} with its own tools (pg_dump, or the server's base backups and WAL archive)",
+            baton_store::postgres::shown(url)
+        );
+    }
+    let db = place.db.as_path();
     if !db.is_file() {
         return Err(no_database(db));
     }

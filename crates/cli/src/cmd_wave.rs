@@ -116,8 +116,8 @@ pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCo
 }
 
 /// An engine for wave actions: the store, and the configuration's wave settings.
-fn action_engine(place: &Place) -> anyhow::Result<Engine> {
-    cmd_run::wave_engine(place)
+async fn action_engine(place: &Place) -> anyhow::Result<Engine> {
+    cmd_run::wave_engine(place).await
 }
 
 /// The run a wave name stands for: `current` is the newest run with a wave under way.
@@ -173,7 +173,7 @@ pub(crate) async fn dispatch(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let target = target(target_.0, target_.1)?;
-    let engine = action_engine(place)?;
+    let engine = action_engine(place).await?;
     let run_id = resolve(&engine, wave).await?;
     let reply = engine.wave_act(&run_id, WaveAction::Dispatch { target, worker_run, by }).await?;
     let id = reply.assignment_id.clone().unwrap_or_default();
@@ -206,7 +206,7 @@ pub(crate) async fn record(
             args.outcome
         );
     };
-    let engine = action_engine(place)?;
+    let engine = action_engine(place).await?;
     let run_id = resolve(&engine, wave).await?;
     let action = WaveAction::Record {
         target,
@@ -223,7 +223,7 @@ pub(crate) async fn record(
 
 /// `baton wave decide`.
 pub(crate) async fn decide(place: &Place, wave: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place)?;
+    let engine = action_engine(place).await?;
     let run_id = resolve(&engine, wave).await?;
     let reply = engine.wave_act(&run_id, WaveAction::Decide).await?;
     print_reply(&reply, "", json)?;
@@ -237,7 +237,7 @@ pub(crate) async fn complete(
     by: Option<String>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place)?;
+    let engine = action_engine(place).await?;
     let run_id = resolve(&engine, wave).await?;
     let reply = engine.wave_act(&run_id, WaveAction::Complete { by }).await?;
     if !json {
@@ -259,7 +259,7 @@ pub(crate) async fn run(
         .map(|n| baton_engine::wave::check_parallel(n, "--max-parallel"))
         .transpose()
         .map_err(anyhow::Error::msg)?;
-    let engine = action_engine(place)?;
+    let engine = action_engine(place).await?;
     let run_id = resolve(&engine, wave).await?;
     let state = engine.state(&run_id).await?;
     let Some(w) = wave_actions::wave_under_way(&state) else {
@@ -283,7 +283,7 @@ pub(crate) async fn cancel(
     reason: Option<String>,
 ) -> anyhow::Result<ExitCode> {
     cmd_run::check_who_and_why(by.as_deref(), reason.as_deref())?;
-    let engine = action_engine(place)?;
+    let engine = action_engine(place).await?;
     let run_id = resolve(&engine, wave).await?;
     engine.wave_act(&run_id, WaveAction::Cancel { by, reason }).await?;
     outln!("cancel recorded for wave {run_id} and its workers")?;
@@ -383,7 +383,7 @@ pub(crate) async fn get(
     json: bool,
     watch: bool,
 ) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place)?;
+    let engine = action_engine(place).await?;
     let run_id = resolve(&engine, wave).await?;
     let mut shown = None;
     loop {
@@ -417,7 +417,7 @@ async fn waves(engine: &Engine) -> anyhow::Result<Vec<Value>> {
 
 /// `baton wave list`: waves, newest first.
 pub(crate) async fn list(place: &Place, json: bool) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place)?;
+    let engine = action_engine(place).await?;
     let all = waves(&engine).await?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&all)?)?;
@@ -443,7 +443,7 @@ pub(crate) async fn list(place: &Place, json: bool) -> anyhow::Result<ExitCode> 
 /// `baton wave summary`: the orchestration state — waves under way and ended, their
 /// assignments counted by outcome, and what they spent.
 pub(crate) async fn summary(place: &Place, json: bool) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place)?;
+    let engine = action_engine(place).await?;
     let all = waves(&engine).await?;
     let summary = wave_actions::summarize(&all);
     if json {

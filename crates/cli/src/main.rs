@@ -46,9 +46,16 @@ struct Cli {
     #[arg(long, global = true, env = "BATON_CONFIG")]
     config: Option<PathBuf>,
 
-    /// The run database (SQLite).
+    /// The run database: a SQLite file, or a PostgreSQL URL (`postgres://USER@HOST/DB`;
+    /// `?options=-csearch_path%3DNAME` keeps Baton's tables in a schema of their own).
     #[arg(long, global = true, env = "BATON_DB", default_value = ".baton/baton.db")]
     db: PathBuf,
+
+    /// Baton's own directory (workspaces, snapshots) when --db is a PostgreSQL URL
+    /// (default `.baton`); beside a SQLite database it is the database's directory. Every
+    /// process on the same runs must see the same directory.
+    #[arg(long = "data-dir", global = true, env = "BATON_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
 
     /// Where Baton keeps workspaces' snapshot repositories (default: `snapshots/` beside
     /// the database); never inside a workspace a model edits.
@@ -787,8 +794,24 @@ fn main() -> ExitCode {
         }
     }
     let cli = Cli::parse();
+    let postgres =
+        cli.db.to_str().filter(|db| baton_store::postgres::is_url(db)).map(str::to_owned);
+    let db = match (&postgres, &cli.data_dir) {
+        (Some(_), data) => data.clone().unwrap_or_else(|| PathBuf::from(".baton")).join("baton.db"),
+        (None, None) => cli.db.clone(),
+        (None, Some(_)) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!(
+                    "error: --data-dir is for a PostgreSQL --db; a SQLite database keeps workspaces and snapshots in its own directory (move --db instead)"
+                );
+            }
+            return ExitCode::from(2);
+        }
+    };
     let place = cmd_run::Place {
-        db: cli.db.clone(),
+        db,
+        postgres,
         scenarios: cli.scenarios.clone(),
         config: cli.config.clone(),
         snapshots: cli.snapshots.clone(),
@@ -1117,11 +1140,9 @@ fn main() -> ExitCode {
                 repeat,
                 place: place.clone(),
             })),
-        Command::Verify { runs, json } => {
-            runtime.block_on(cmd_verify::verify(&cli.db, &runs, json))
-        }
+        Command::Verify { runs, json } => runtime.block_on(cmd_verify::verify(&place, &runs, json)),
         Command::Gc { dry_run } => runtime.block_on(cmd_gc::gc(&place, dry_run)),
-        Command::Backup { dest } => cmd_verify::backup(&cli.db, &dest),
+        Command::Backup { dest } => cmd_verify::backup(&place, &dest),
         Command::Graph { scenario, format } => {
             cmd_graph::run(&cli.scenarios, &scenario, format == GraphFormat::Dot)
         }

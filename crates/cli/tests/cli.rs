@@ -9,6 +9,7 @@ mod faults;
 mod jail;
 mod mcp;
 mod pinning;
+mod postgres;
 mod reads;
 mod replay;
 mod serve;
@@ -2056,8 +2057,16 @@ fn racing_decider(
 fn racing_deciders_decide_once() {
     let dir = std::env::temp_dir().join(format!("baton-cli-race-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let db = dir.join("runs.db");
-    for pair in 0..RACING_PAIRS {
+    deciders_race(&dir.join("runs.db"), &dir, RACING_PAIRS);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Races `pairs` pairs of deciding processes on the store `db` (a SQLite file or a
+/// PostgreSQL URL), one request each, their barriers in `dir`: each pair records one
+/// decision, the winner's, and the loser is told who decided.
+fn deciders_race(db: &std::path::Path, dir: &std::path::Path, pairs: usize) {
+    let db = db.to_path_buf();
+    for pair in 0..pairs {
         let out = baton_db(
             &db,
             &[
@@ -2130,7 +2139,6 @@ fn racing_deciders_decide_once() {
             "pair {pair}: the winner's decision is the one recorded"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A fan-out killed after one child was committed resumes with only the other child: the

@@ -1,10 +1,18 @@
-//! Stores for the Baton kernel: an embedded SQLite store (the default).
+//! Stores for the Baton kernel: an embedded SQLite store (the default) and a PostgreSQL
+//! store for many worker processes.
 //!
 //! Each store implements `baton_engine::store::EventStore` and passes its conformance
 //! suite. The kernel never names a concrete store; the CLI wires one in.
 
+pub mod postgres;
 pub mod sqlite;
 pub mod tokens;
 
+pub use postgres::PostgresStore;
 pub use sqlite::{SqliteStore, backup};
 pub use tokens::{Role, TokenRecord, TokenStore};
+
+/// A store of runs and of the server's tokens: what a process opens.
+pub trait Store: baton_engine::store::EventStore + TokenStore {}
+
+impl<T: baton_engine::store::EventStore + TokenStore> Store for T {}

@@ -78,3 +78,40 @@ pub trait TokenStore: Send + Sync {
         at: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, Error>>;
 }
+
+/// The checks every [`TokenStore`] passes, on a store that holds no tokens yet.
+pub mod conformance {
+    use super::{Role, TokenRecord, TokenStore};
+
+    /// Tokens are kept by hash, found by it, listed per tenant and revoked once; a second
+    /// token with the same id is refused.
+    pub async fn run_all(store: &dyn TokenStore) {
+        let at = chrono::Utc::now();
+        let token = |id: &str, tenant: &str, hash: &str| TokenRecord {
+            id: id.to_owned(),
+            sha256: hash.to_owned(),
+            tenant: tenant.to_owned(),
+            role: Role::Operator,
+            name: format!("{id}-holder"),
+            created_at: at,
+            revoked_at: None,
+        };
+        store.put_token(&token("tok_a", "acme", "aa")).await.expect("put a token");
+        store.put_token(&token("tok_b", "other", "bb")).await.expect("put a token");
+        assert!(store.put_token(&token("tok_a", "acme", "cc")).await.is_err(), "ids are unique");
+        let found = store.token_by_hash("aa").await.expect("by hash").expect("found by hash");
+        assert_eq!(
+            (found.id.as_str(), found.role, found.name.as_str()),
+            ("tok_a", Role::Operator, "tok_a-holder")
+        );
+        assert_eq!(store.token_by_hash("zz").await.expect("by hash"), None);
+        let acme = store.tokens(Some("acme")).await.expect("list");
+        assert_eq!(acme.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["tok_a"]);
+        assert_eq!(store.tokens(None).await.expect("list").len(), 2);
+        assert!(store.revoke_token("tok_a", at).await.expect("revoke"));
+        assert!(!store.revoke_token("tok_a", at).await.expect("revoke"), "revoked once");
+        assert!(!store.revoke_token("tok_nope", at).await.expect("revoke"));
+        let revoked = store.token_by_hash("aa").await.expect("by hash").expect("kept");
+        assert!(revoked.revoked_at.is_some());
+    }
+}

@@ -432,36 +432,9 @@ fn processes_opening_a_new_database_at_once_migrate_it_once() {
 /// a reopen; a second token with the same id is refused.
 #[tokio::test]
 async fn tokens_are_kept_by_hash_and_revoked_once() {
-    use baton_store::{Role, TokenRecord, TokenStore};
+    use baton_store::TokenStore;
     let (dir, db) = fresh_db("tokens");
-    let at = chrono::Utc::now();
-    let token = |id: &str, tenant: &str, hash: &str| TokenRecord {
-        id: id.to_owned(),
-        sha256: hash.to_owned(),
-        tenant: tenant.to_owned(),
-        role: Role::Operator,
-        name: format!("{id}-holder"),
-        created_at: at,
-        revoked_at: None,
-    };
-    {
-        let store = SqliteStore::open(&db).unwrap();
-        store.put_token(&token("tok_a", "acme", "aa")).await.unwrap();
-        store.put_token(&token("tok_b", "other", "bb")).await.unwrap();
-        assert!(store.put_token(&token("tok_a", "acme", "cc")).await.is_err(), "ids are unique");
-        let found = store.token_by_hash("aa").await.unwrap().expect("by hash");
-        assert_eq!(
-            (found.id.as_str(), found.role, found.name.as_str()),
-            ("tok_a", Role::Operator, "tok_a-holder")
-        );
-        assert_eq!(store.token_by_hash("zz").await.unwrap(), None);
-        let acme = store.tokens(Some("acme")).await.unwrap();
-        assert_eq!(acme.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["tok_a"]);
-        assert_eq!(store.tokens(None).await.unwrap().len(), 2);
-        assert!(store.revoke_token("tok_a", at).await.unwrap());
-        assert!(!store.revoke_token("tok_a", at).await.unwrap(), "revoked once");
-        assert!(!store.revoke_token("tok_nope", at).await.unwrap());
-    }
+    baton_store::tokens::conformance::run_all(&SqliteStore::open(&db).unwrap()).await;
     let store = SqliteStore::open_existing(&db).unwrap();
     let revoked = store.token_by_hash("aa").await.unwrap().expect("kept");
     assert!(revoked.revoked_at.is_some());

@@ -1,0 +1,1320 @@
+//! The PostgreSQL store: the same semantics as the SQLite store, for many processes on
+//! many machines.
+//!
+//! Requests go through a pool of connections (deadpool). An append is one transaction: the
+//! run's row is locked (`FOR UPDATE`), the end of its log checked against the head hash,
+//! then the events are inserted, the run updated and a notification sent in one statement.
+//! A load reads the run and its events in one statement, so one snapshot.
+//!
+//! Two connections have one owner each: the *lock* connection takes and gives back the
+//! session advisory locks that say which process drives a run ([`EventStore::hold`]; the
+//! database releases them when the process or its connection dies), and the *listen*
+//! connection hears `NOTIFY baton_events` from every append, in every process, and wakes
+//! whoever waits for that run's events ([`EventStore::wait_for_events`]).
+//!
+//! The schema is versioned in `schema_version`: a new database is created at this binary's
+//! version; one at another version is refused naming both, and `baton migrate` moves an
+//! older one forward. The tables live in the connection's `search_path` (a URL's
+//! `options=-csearch_path%3Dname` puts them in their own schema).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
+use baton_engine::event::{Event, EventData};
+use baton_engine::model::BoxFuture;
+use baton_engine::store::{
+    Error, EventStore, RunGuard, RunQuery, RunRecord, TenantOverride, Verified, check_numbering,
+};
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio_postgres::{AsyncMessage, NoTls, Row};
+
+use crate::tokens::{Role, TokenRecord, TokenStore};
+
+/// The schema, one file per version, applied in order, each in its own transaction.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/postgres/0001_init.sql")];
+
+/// The version of the schema this binary reads and writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The channel every append notifies, with the run's id as the payload.
+const CHANNEL: &str = "baton_events";
+
+/// Most connections in the pool (the lock and listen connections aside).
+const POOL_SIZE_MAX: usize = 16;
+
+/// How long a request waits for a pooled connection before it fails.
+const POOL_WAIT: Duration = Duration::from_secs(30);
+
+/// How long connecting to the server may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A waiter for a run's events looks at the run at least this often, notification or not
+/// (a notification lost with the listen connection delays it by no more than this).
+const WAIT_LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// The advisory lock that serialises migrations between processes.
+const MIGRATION_LOCK: i64 = 0x6261_746f_6e00_0001;
+
+const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant";
+
+/// A PostgreSQL database holding runs, events, scenario versions, overrides and tokens.
+pub struct PostgresStore {
+    pool: Pool,
+    /// The URL without its password, for messages.
+    shown: String,
+    locks: mpsc::UnboundedSender<LockOp>,
+    /// The advisory lock keys this process holds (a session may take its own lock twice,
+    /// so a second holder in this process is refused here).
+    held: Arc<Mutex<HashSet<i64>>>,
+    /// The schema the tables live in, mixed into lock keys so that two schemas of one
+    /// database never share a run's lock.
+    schema: String,
+    waiters: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+    /// The listen connection's client: while it lives, its LISTEN stays in force.
+    _listening: tokio_postgres::Client,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore").field("db", &self.shown).finish_non_exhaustive()
+    }
+}
+
+/// What the lock connection's owner is asked to do.
+enum LockOp {
+    Take(i64, oneshot::Sender<Result<bool, Error>>),
+    Give(i64),
+    Probe(i64, oneshot::Sender<Result<bool, Error>>),
+}
+
+/// Whether a `--db` value names a PostgreSQL database.
+pub fn is_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+/// The URL as it may be shown: without its password.
+pub fn shown(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn backend(e: impl std::fmt::Display) -> Error {
+    Error::Backend(e.to_string())
+}
+
+/// A database error with its server message, when there is one.
+fn db_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{}: {}", d.severity(), d.message()),
+        None => e.to_string(),
+    }
+}
+
+// By value, so that it reads `.map_err(pg)`.
+#[allow(clippy::needless_pass_by_value)]
+fn pg(e: tokio_postgres::Error) -> Error {
+    Error::Backend(format!("postgres: {}", db_error(&e)))
+}
+
+fn micros(at: DateTime<Utc>) -> i64 {
+    at.timestamp_micros()
+}
+
+fn from_micros(us: i64, what: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::from_timestamp_micros(us)
+        .ok_or_else(|| format!("column `{what}` holds {us}, not a time"))
+}
+
+fn seq_param(seq: u64) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+/// What a migration check found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchemaState {
+    /// No Baton tables yet.
+    Empty,
+    /// At this version.
+    At(i64),
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url`; a database without Baton's tables gets them, one
+    /// at another version than this binary's is refused (`baton migrate` moves it forward).
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::connect_with(url).await
+    }
+
+    /// Connects and applies every migration the database lacks: `baton migrate`.
+    pub async fn migrate(url: &str) -> Result<(i64, i64), Error> {
+        let config = config(url)?;
+        let (mut client, _task) = connect_one(&config, url).await?;
+        let before = schema_state(&client).await?;
+        apply_migrations(&mut client).await?;
+        let from = match before {
+            SchemaState::Empty => 0,
+            SchemaState::At(v) => v,
+        };
+        Ok((from, SCHEMA_VERSION))
+    }
+
+    async fn connect_with(url: &str) -> Result<Self, Error> {
+        let shown_url = shown(url);
+        let config = config(url)?;
+        let (mut client, _task) = connect_one(&config, url).await?;
+        match schema_state(&client).await? {
+            SchemaState::Empty => apply_migrations(&mut client).await?,
+            SchemaState::At(v) if v == SCHEMA_VERSION => {}
+            SchemaState::At(v) if v < SCHEMA_VERSION => {
+                return Err(Error::Backend(format!(
+                    "the database {shown_url} is at schema version {v}, this binary needs {SCHEMA_VERSION}: run `baton migrate --db {shown_url}` (it keeps every run)"
+                )));
+            }
+            SchemaState::At(v) => {
+                return Err(Error::Backend(format!(
+                    "the database {shown_url} is at schema version {v}, newer than this binary's {SCHEMA_VERSION}: use a newer baton"
+                )));
+            }
+        }
+        let schema: String = client
+            .query_one("SELECT current_schema()::text", &[])
+            .await
+            .map_err(pg)?
+            .try_get::<_, Option<String>>(0)
+            .map_err(pg)?
+            .unwrap_or_default();
+        drop(client);
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE_MAX)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(backend)?;
+        let (lock_client, _) = connect_one(&config, url).await?;
+        let (locks, rx) = mpsc::unbounded_channel();
+        tokio::spawn(own_locks(lock_client, rx));
+        let waiters: Arc<Mutex<HashMap<String, Arc<Notify>>>> = Arc::default();
+        let listening = listen(&config, url, Arc::clone(&waiters)).await?;
+        Ok(PostgresStore {
+            pool,
+            shown: shown_url,
+            locks,
+            held: Arc::default(),
+            schema,
+            waiters,
+            _listening: listening,
+        })
+    }
+
+    /// The URL of the database, without its password.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, Error> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| Error::Backend(format!("postgres {}: no connection: {e}", self.shown)))
+    }
+
+    /// The advisory lock key of a run: 64 bits of the SHA-256 of the schema and the run id.
+    fn lock_key(&self, run_id: &str) -> i64 {
+        let mut bytes = Vec::with_capacity(self.schema.len() + 1 + run_id.len());
+        bytes.extend_from_slice(self.schema.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(run_id.as_bytes());
+        let digest = Sha256::digest(&bytes);
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(&digest[..8]);
+        i64::from_be_bytes(eight)
+    }
+
+    async fn lock_op(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<bool, Error>>) -> LockOp,
+    ) -> Result<bool, Error> {
+        let (tx, rx) = oneshot::channel();
+        let lost = || {
+            Error::Backend(format!(
+                "postgres {}: the connection that holds runs' locks was lost; restart the process",
+                self.shown
+            ))
+        };
+        self.locks.send(make(tx)).map_err(|_| lost())?;
+        rx.await.map_err(|_| lost())?
+    }
+
+    /// Removes every Baton table from the database's schema, for tests.
+    pub async fn drop_all(url: &str) -> Result<(), Error> {
+        let config = config(url)?;
+        let (client, _task) = connect_one(&config, url).await?;
+        client
+            .batch_execute(
+                "DROP TABLE IF EXISTS events, runs, scenario_texts, tenant_overrides, tokens, schema_version",
+            )
+            .await
+            .map_err(pg)
+    }
+}
+
+fn config(url: &str) -> Result<tokio_postgres::Config, Error> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+        Error::Backend(format!(
+            "--db {}: not a PostgreSQL URL ({e}); write postgres://USER@HOST:PORT/DATABASE",
+            shown(url)
+        ))
+    })?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("baton");
+    }
+    Ok(config)
+}
+
+/// One connection of our own, its connection task spawned.
+async fn connect_one(
+    config: &tokio_postgres::Config,
+    url: &str,
+) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), Error> {
+    let (client, connection) = config.connect(NoTls).await.map_err(|e| {
+        Error::Backend(format!(
+            "cannot connect to the PostgreSQL database {}: {}; check that the server runs and the URL's user, host, port and database",
+            shown(url),
+            db_error(&e)
+        ))
+    })?;
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((client, task))
+}
+
+async fn schema_state(client: &tokio_postgres::Client) -> Result<SchemaState, Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])
+        .await
+        .map_err(pg)?
+        .get(0);
+    if !exists {
+        return Ok(SchemaState::Empty);
+    }
+    let v: Option<i64> = client
+        .query_one("SELECT MAX(version)::bigint FROM schema_version", &[])
+        .await
+        .map_err(pg)?
+        .get(0);
+    Ok(SchemaState::At(v.unwrap_or(0)))
+}
+
+/// Applies every migration past the database's version, each in its own transaction under
+/// an advisory lock (another process migrating at the same moment waits, then finds the
+/// work done).
+async fn apply_migrations(client: &mut tokio_postgres::Client) -> Result<(), Error> {
+    for (i, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        let tx = client.transaction().await.map_err(pg)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(pg)?;
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")
+            .await
+            .map_err(pg)?;
+        let now: Option<i64> = tx
+            .query_one("SELECT MAX(version)::bigint FROM schema_version", &[])
+            .await
+            .map_err(pg)?
+            .get(0);
+        if now.unwrap_or(0) >= version {
+            tx.commit().await.map_err(pg)?;
+            continue;
+        }
+        tx.batch_execute(sql)
+            .await
+            .map_err(|e| Error::Backend(format!("migration {version}: {}", db_error(&e))))?;
+        tx.execute("INSERT INTO schema_version (version) VALUES ($1)", &[&version])
+            .await
+            .map_err(pg)?;
+        tx.commit().await.map_err(pg)?;
+    }
+    Ok(())
+}
+
+/// The owner of the lock connection: takes, gives back and probes advisory locks in the
+/// order they are asked for. When the connection is lost, every lock it held is gone
+/// with it; the owner stops and every later request fails.
+async fn own_locks(client: tokio_postgres::Client, mut rx: mpsc::UnboundedReceiver<LockOp>) {
+    while let Some(op) = rx.recv().await {
+        match op {
+            LockOp::Take(key, reply) => {
+                let got = client
+                    .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+                    .await
+                    .map(|r| r.get::<_, bool>(0))
+                    .map_err(pg);
+                let lost = got.is_err();
+                let _ = reply.send(got);
+                if lost && client.is_closed() {
+                    return;
+                }
+            }
+            LockOp::Give(key) => {
+                if client.execute("SELECT pg_advisory_unlock($1)", &[&key]).await.is_err()
+                    && client.is_closed()
+                {
+                    return;
+                }
+            }
+            LockOp::Probe(key, reply) => {
+                // Bigint advisory locks are listed with the key's high half as classid,
+                // its low half as objid and objsubid 1.
+                let high = u32::try_from((key >> 32) & 0xffff_ffff).unwrap_or(0);
+                let low = u32::try_from(key & 0xffff_ffff).unwrap_or(0);
+                let held = client
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+                           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                           AND classid = $1 AND objid = $2 AND objsubid = 1 AND granted)",
+                        &[&high, &low],
+                    )
+                    .await
+                    .map(|r| r.get::<_, bool>(0))
+                    .map_err(pg);
+                let _ = reply.send(held);
+            }
+        }
+    }
+}
+
+/// Starts the listen connection: every notification on [`CHANNEL`] wakes the waiters of the
+/// run it names. When the connection is lost, waiters fall back to looking every
+/// [`WAIT_LOOK_EVERY`]. The client returned must be kept for the LISTEN to last.
+async fn listen(
+    config: &tokio_postgres::Config,
+    url: &str,
+    waiters: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+) -> Result<tokio_postgres::Client, Error> {
+    let (client, mut connection) = config.connect(NoTls).await.map_err(|e| {
+        Error::Backend(format!("cannot connect to {} to listen: {}", shown(url), db_error(&e)))
+    })?;
+    tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    let woken = lock(&waiters).get(n.payload()).cloned();
+                    if let Some(notify) = woken {
+                        notify.notify_waiters();
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).await.map_err(pg)?;
+    Ok(client)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A run's record from the first columns of a row ([`RUN_COLUMNS`]), with its head hash.
+fn to_record(r: &Row) -> Result<(RunRecord, Option<Hash>), Error> {
+    let run_id: String = r.try_get(0).map_err(pg)?;
+    let fail = |p: String| Error::Damaged {
+        run_id: run_id.clone(),
+        seq: 1,
+        problem: format!("the run's record: {p}"),
+    };
+    let read = || -> Result<(RunRecord, Option<Hash>), String> {
+        let col = |e: tokio_postgres::Error| e.to_string();
+        let last_seq: i64 = r.try_get(5).map_err(col)?;
+        let head: Option<Vec<u8>> = r.try_get(6).map_err(col)?;
+        Ok((
+            RunRecord {
+                run_id: run_id.clone(),
+                scenario_id: r.try_get(1).map_err(col)?,
+                status: r.try_get(2).map_err(col)?,
+                created_at: from_micros(r.try_get(3).map_err(col)?, "created_us")?,
+                updated_at: from_micros(r.try_get(4).map_err(col)?, "updated_us")?,
+                last_seq: u64::try_from(last_seq)
+                    .map_err(|_| format!("column `last_seq` holds {last_seq}, not a count"))?,
+                parent_run_id: r.try_get(7).map_err(col)?,
+                root_run_id: r.try_get(8).map_err(col)?,
+                idempotency_key: r.try_get(9).map_err(col)?,
+                tenant: r.try_get(10).map_err(col)?,
+            },
+            head.as_deref().and_then(chain::from_bytes),
+        ))
+    };
+    read().map_err(fail)
+}
+
+fn records(rows: &[Row]) -> Result<Vec<RunRecord>, Error> {
+    rows.iter().map(|r| to_record(r).map(|(r, _)| r)).collect()
+}
+
+type Client = deadpool_postgres::ClientWrapper;
+
+async fn query(
+    c: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<Row>, Error> {
+    let stmt = c.prepare_cached(sql).await.map_err(pg)?;
+    c.query(&stmt, params).await.map_err(pg)
+}
+
+async fn tx_query(
+    tx: &deadpool_postgres::Transaction<'_>,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<Row>, Error> {
+    let stmt = tx.prepare_cached(sql).await.map_err(pg)?;
+    tx.query(&stmt, params).await.map_err(pg)
+}
+
+/// The unique index a refused insert broke, if that is why it was refused.
+fn unique_violation(e: &tokio_postgres::Error) -> Option<String> {
+    let d = e.as_db_error()?;
+    (d.code() == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+        .then(|| d.constraint().unwrap_or_default().to_owned())
+}
+
+async fn create(
+    tx: &deadpool_postgres::Transaction<'_>,
+    run: &RunRecord,
+    events: &[Event],
+) -> Result<(), Error> {
+    check_numbering(events, 1)?;
+    let exists = tx_query(tx, "SELECT 1 FROM runs WHERE run_id = $1", &[&run.run_id]).await?;
+    if !exists.is_empty() {
+        return Err(Error::Exists(run.run_id.clone()));
+    }
+    if let Some(key) = &run.idempotency_key
+        && let Some(owner) = by_key_in(tx, key).await?
+    {
+        return Err(Error::KeyTaken { key: key.clone(), run_id: owner.run_id });
+    }
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant) VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9, $10)",
+        )
+        .await
+        .map_err(pg)?;
+    let inserted = tx
+        .execute(
+            &stmt,
+            &[
+                &run.run_id,
+                &run.scenario_id,
+                &run.status,
+                &micros(run.created_at),
+                &micros(run.updated_at),
+                &GENESIS.as_slice(),
+                &run.parent_run_id,
+                &run.root_run_id,
+                &run.idempotency_key,
+                &run.tenant,
+            ],
+        )
+        .await;
+    if let Err(e) = inserted {
+        return Err(match unique_violation(&e).as_deref() {
+            Some("runs_pkey") => Error::Exists(run.run_id.clone()),
+            Some("runs_by_idempotency_key") => Error::KeyTaken {
+                key: run.idempotency_key.clone().unwrap_or_default(),
+                run_id: "another run".to_owned(),
+            },
+            _ => pg(e),
+        });
+    }
+    if !events.is_empty() {
+        append(tx, &run.run_id, 1, events, &run.status).await?;
+    }
+    Ok(())
+}
+
+async fn by_key_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    key: &str,
+) -> Result<Option<RunRecord>, Error> {
+    let rows = tx_query(
+        tx,
+        &format!("SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = $1"),
+        &[&key],
+    )
+    .await?;
+    rows.first().map(|r| to_record(r).map(|(r, _)| r)).transpose()
+}
+
+/// The end of a run's log as an append builds on it, the run's row locked until the
+/// transaction ends: its `last_seq` and head hash, checked against the stored hash of that
+/// last event.
+async fn end_of_log(
+    tx: &deadpool_postgres::Transaction<'_>,
+    run_id: &str,
+) -> Result<Verified, Error> {
+    // Two statements, sent together: the first locks the run's row (waiting for another
+    // append to end), the second — its own snapshot, taken once the lock is held — reads
+    // the stored hash of the last event. In one statement, a row locked after a wait would
+    // be joined with the events of the snapshot from before it.
+    let head_sql = "SELECT last_seq, head_hash FROM runs WHERE run_id = $1 FOR UPDATE";
+    let last_sql = "SELECT hash FROM events
+          WHERE run_id = $1 AND seq = (SELECT last_seq FROM runs WHERE run_id = $1)";
+    let (head_stmt, last_stmt) =
+        tokio::try_join!(tx.prepare_cached(head_sql), tx.prepare_cached(last_sql)).map_err(pg)?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&run_id];
+    let (rows, last_rows) =
+        tokio::try_join!(tx.query(&head_stmt, &params), tx.query(&last_stmt, &params))
+            .map_err(pg)?;
+    let Some(row) = rows.first() else { return Err(Error::NotFound(run_id.to_owned())) };
+    let damaged =
+        |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
+    let last: i64 = row.try_get(0).map_err(pg)?;
+    let last = u64::try_from(last)
+        .map_err(|_| damaged(1, format!("the run's record says it has {last} events")))?;
+    let head: Option<Vec<u8>> = row.try_get(1).map_err(pg)?;
+    let head = head.as_deref().and_then(chain::from_bytes).ok_or_else(|| {
+        damaged(last + 1, "the run's record has no head hash (or not a 32-byte one)".to_owned())
+    })?;
+    let found = last_rows.first();
+    let stored_hash: Option<Vec<u8>> =
+        found.map(|r| r.try_get(0)).transpose().map_err(pg)?.flatten();
+    let found = found.is_some();
+    let stored: Option<Hash> = if last == 0 {
+        Some(GENESIS)
+    } else if found {
+        Some(stored_hash.as_deref().and_then(chain::from_bytes).unwrap_or([0xff; 32]))
+    } else {
+        None
+    };
+    match stored {
+        None => Err(damaged(last, format!("the event is missing: the run records {last} events"))),
+        Some(h) if h != head => Err(damaged(
+            last + 1,
+            format!(
+                "the run's head hash does not match event {last}: events after it were lost or the run's record was changed"
+            ),
+        )),
+        Some(_) => Ok(Verified { last_seq: last, head }),
+    }
+}
+
+async fn append(
+    tx: &deadpool_postgres::Transaction<'_>,
+    run_id: &str,
+    expected: u64,
+    events: &[Event],
+    status: &str,
+) -> Result<(), Error> {
+    let end = end_of_log(tx, run_id).await?;
+    let actual = end.last_seq + 1;
+    if actual != expected {
+        return Err(Error::Conflict { run_id: run_id.to_owned(), expected, actual });
+    }
+    check_numbering(events, expected)?;
+    let n = events.len();
+    let (mut seqs, mut ats, mut kinds, mut versions) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut levels, mut attempts, mut datas, mut hashes) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut prev = end.head;
+    for e in events {
+        let payload = e.data.payload();
+        prev = chain::link(&prev, &Fields::of(e, &payload));
+        seqs.push(seq_param(e.seq));
+        ats.push(micros(e.at));
+        kinds.push(e.data.kind());
+        versions.push(i32::from(baton_engine::event::VERSION));
+        levels.push(e.level_id.as_deref());
+        attempts.push(e.attempt.map(i64::from));
+        datas.push(payload.to_string());
+        hashes.push(prev.to_vec());
+    }
+    let new_last = seq_param(expected - 1 + n as u64);
+    let updated = micros(events.last().map_or_else(Utc::now, |e| e.at));
+    let stmt = tx
+        .prepare_cached(
+            "WITH inserted AS (
+               INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
+               SELECT $1::text, * FROM UNNEST($2::bigint[], $3::bigint[], $4::text[], $5::int[], $6::text[], $7::bigint[], $8::text[], $9::bytea[])
+             ), updated AS (
+               UPDATE runs SET last_seq = $10, status = $11, updated_us = $12, head_hash = $13
+                WHERE run_id = $1 RETURNING run_id
+             )
+             SELECT pg_notify('baton_events', run_id) FROM updated",
+        )
+        .await
+        .map_err(pg)?;
+    tx.query(
+        &stmt,
+        &[
+            &run_id,
+            &seqs,
+            &ats,
+            &kinds,
+            &versions,
+            &levels,
+            &attempts,
+            &datas,
+            &hashes,
+            &new_last,
+            &status,
+            &updated,
+            &prev.as_slice(),
+        ],
+    )
+    .await
+    .map_err(pg)?;
+    Ok(())
+}
+
+/// The run's events after `after`, checked against the chain and the run's record, read in
+/// one statement (so one snapshot).
+async fn load_checked(
+    c: &Client,
+    run_id: &str,
+    after: u64,
+) -> Result<(Vec<Event>, Verified), Error> {
+    let rows = query(
+        c,
+        &format!(
+            "SELECT {}, e.seq, e.at_us, e.kind, e.version, e.level_id, e.attempt, e.data, e.hash
+               FROM runs r LEFT JOIN events e ON e.run_id = r.run_id AND e.seq >= $2
+              WHERE r.run_id = $1 ORDER BY e.seq",
+            RUN_COLUMNS.split(", ").map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ")
+        ),
+        &[&run_id, &seq_param(after)],
+    )
+    .await?;
+    let Some(first) = rows.first() else { return Err(Error::NotFound(run_id.to_owned())) };
+    let (record, head) = to_record(first)?;
+    let damaged =
+        |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
+    const E: usize = 11;
+    let seq_of = |r: &Row| r.try_get::<_, Option<i64>>(E).map_err(pg);
+    let mut rest = &rows[..];
+    if seq_of(first)?.is_none() {
+        rest = &[];
+    }
+    let mut check = if after == 0 {
+        Check::new(run_id, 0, GENESIS)
+    } else {
+        match rest.first() {
+            Some(r) if seq_of(r)? == Some(seq_param(after)) => {
+                let hash: Option<Vec<u8>> = r.try_get(E + 7).map_err(pg)?;
+                let hash = hash.as_deref().and_then(chain::from_bytes).ok_or_else(|| {
+                    damaged(after, "the event has no hash (or not a 32-byte one)".to_owned())
+                })?;
+                rest = &rest[1..];
+                Check::new(run_id, after, hash)
+            }
+            _ if after >= record.last_seq => {
+                return Ok((Vec::new(), Verified { last_seq: record.last_seq, head: GENESIS }));
+            }
+            _ => return Err(damaged(after, "the event is missing".to_owned())),
+        }
+    };
+    let mut events = Vec::with_capacity(rest.len());
+    for r in rest {
+        let next = check.next_seq();
+        let seq = seq_of(r)?.unwrap_or_default();
+        let seq = u64::try_from(seq).map_err(|_| {
+            damaged(next, format!("the event after {} is numbered {seq}", next - 1))
+        })?;
+        check.seq(seq)?;
+        let column = |e: tokio_postgres::Error| damaged(seq, e.to_string());
+        let at_us: i64 = r.try_get(E + 1).map_err(column)?;
+        let kind: String = r.try_get(E + 2).map_err(column)?;
+        let version: i32 = r.try_get(E + 3).map_err(column)?;
+        let version = u16::try_from(version).map_err(|_| {
+            damaged(seq, format!("column `version` holds {version}, not a schema version"))
+        })?;
+        let level_id: Option<String> = r.try_get(E + 4).map_err(column)?;
+        let attempt: Option<i64> = r.try_get(E + 5).map_err(column)?;
+        let attempt = attempt
+            .map(|a| {
+                u32::try_from(a).map_err(|_| {
+                    damaged(seq, format!("column `attempt` holds {a}, not an attempt"))
+                })
+            })
+            .transpose()?;
+        let data: String = r.try_get(E + 6).map_err(column)?;
+        let hash: Option<Vec<u8>> = r.try_get(E + 7).map_err(column)?;
+        let payload: serde_json::Value = serde_json::from_str(&data)
+            .map_err(|e| damaged(seq, format!("its payload is not JSON ({e})")))?;
+        let hash = hash.as_deref().map(|h| chain::from_bytes(h).unwrap_or([0xff; 32]));
+        let fields = Fields {
+            seq,
+            at_us,
+            kind: &kind,
+            version,
+            level_id: level_id.as_deref(),
+            attempt,
+            payload: &payload,
+        };
+        check.event(&fields, hash.as_ref())?;
+        let data = EventData::decode_str(&kind, version, &data)
+            .map_err(|e| Error::Backend(format!("run {run_id} event {seq}: {e}")))?;
+        let at = DateTime::from_timestamp_micros(at_us)
+            .ok_or_else(|| damaged(seq, format!("column `at_us` holds {at_us}, not a time")))?;
+        events.push(Event { seq, at, level_id, attempt, data });
+    }
+    let last_seq = check.finish(record.last_seq, head.as_ref())?;
+    Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS) }))
+}
+
+impl PostgresStore {
+    async fn run_rows(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<RunRecord>, Error> {
+        let c = self.client().await?;
+        records(&query(&c, sql, params).await?)
+    }
+}
+
+impl EventStore for PostgresStore {
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(pg)?;
+            match create(&tx, run, &events).await {
+                Ok(()) => tx.commit().await.map_err(pg),
+                Err(Error::KeyTaken { key, .. }) => {
+                    drop(tx);
+                    // Another process took the key at the same moment: name its run.
+                    let owner = self.run_by_key(&key).await?;
+                    Err(Error::KeyTaken {
+                        key,
+                        run_id: owner.map_or_else(|| "another run".to_owned(), |r| r.run_id),
+                    })
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected_seq: u64,
+        events: Vec<Event>,
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(pg)?;
+            append(&tx, run_id, expected_seq, &events, status).await?;
+            tx.commit().await.map_err(pg)
+        })
+    }
+
+    fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            load_checked(&c, run_id, after).await.map(|(events, _)| events)
+        })
+    }
+
+    fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            load_checked(&c, run_id, 0).await.map(|(_, verified)| verified)
+        })
+    }
+
+    fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move {
+            let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1");
+            Ok(self.run_rows(&sql, &[&run_id]).await?.into_iter().next())
+        })
+    }
+
+    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move {
+            let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = $1");
+            Ok(self.run_rows(&sql, &[&key]).await?.into_iter().next())
+        })
+    }
+
+    fn runs_named<'a>(
+        &'a self,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<RunRecord>>, Error>> {
+        Box::pin(async move {
+            let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ANY($1)");
+            let found = self.run_rows(&sql, &[&ids]).await?;
+            let mut by_id: HashMap<String, RunRecord> =
+                found.into_iter().map(|r| (r.run_id.clone(), r)).collect();
+            Ok(ids.iter().map(|id| by_id.remove(id)).collect())
+        })
+    }
+
+    fn put_tenant_override<'a>(
+        &'a self,
+        o: &'a TenantOverride,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            query(
+                &c,
+                "INSERT INTO tenant_overrides (tenant, scenario_id, yaml, updated_us) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (tenant, scenario_id) DO UPDATE SET yaml = EXCLUDED.yaml, updated_us = EXCLUDED.updated_us",
+                &[&o.tenant, &o.scenario_id, &o.yaml, &micros(o.updated_at)],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn tenant_overrides<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<TenantOverride>, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let rows = query(
+                &c,
+                "SELECT tenant, scenario_id, yaml, updated_us FROM tenant_overrides
+                  WHERE ($1::text IS NULL OR tenant = $1) ORDER BY tenant, scenario_id",
+                &[&tenant],
+            )
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(TenantOverride {
+                        tenant: r.try_get(0).map_err(pg)?,
+                        scenario_id: r.try_get(1).map_err(pg)?,
+                        yaml: r.try_get(2).map_err(pg)?,
+                        updated_at: from_micros(r.try_get(3).map_err(pg)?, "updated_us")
+                            .map_err(Error::Backend)?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn remove_tenant_override<'a>(
+        &'a self,
+        tenant: &'a str,
+        scenario_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let stmt = c
+                .prepare_cached(
+                    "DELETE FROM tenant_overrides WHERE tenant = $1 AND scenario_id = $2",
+                )
+                .await
+                .map_err(pg)?;
+            Ok(c.execute(&stmt, &[&tenant, &scenario_id]).await.map_err(pg)? == 1)
+        })
+    }
+
+    fn put_scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+        scenario_id: &'a str,
+        texts: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO scenario_texts (checksum, scenario_id, texts, created_us) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (checksum) DO NOTHING",
+                )
+                .await
+                .map_err(pg)?;
+            let n = c
+                .execute(&stmt, &[&checksum, &scenario_id, &texts, &micros(Utc::now())])
+                .await
+                .map_err(pg)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let rows =
+                query(&c, "SELECT texts FROM scenario_texts WHERE checksum = $1", &[&checksum])
+                    .await?;
+            rows.first().map(|r| r.try_get(0).map_err(pg)).transpose()
+        })
+    }
+
+    fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        Box::pin(async move {
+            let sql = format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE ($1::text IS NULL OR status = $1) ORDER BY created_us DESC, run_id DESC"
+            );
+            self.run_rows(&sql, &[&status]).await
+        })
+    }
+
+    fn runs_page<'a>(&'a self, q: &'a RunQuery) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        Box::pin(async move {
+            let (tenant_filtered, tenant) = match &q.tenant {
+                Some(t) => (true, t.as_deref()),
+                None => (false, None),
+            };
+            let limit = i64::try_from(q.limit).unwrap_or(i64::MAX);
+            let sql = format!(
+                "SELECT {RUN_COLUMNS} FROM runs
+                  WHERE (NOT $1 OR tenant IS NOT DISTINCT FROM $2::text)
+                    AND ($3::text IS NULL OR status = $3)
+                    AND ($4::text IS NULL OR scenario_id = $4)
+                    AND (NOT $5 OR parent_run_id IS NULL)
+                    AND ($6::text IS NULL OR (created_us, run_id) <
+                         (SELECT created_us, run_id FROM runs WHERE run_id = $6))
+                  ORDER BY created_us DESC, run_id DESC LIMIT $7"
+            );
+            self.run_rows(
+                &sql,
+                &[
+                    &tenant_filtered,
+                    &tenant,
+                    &q.status,
+                    &q.scenario_id,
+                    &q.roots_only,
+                    &q.after_run,
+                    &limit,
+                ],
+            )
+            .await
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move {
+            let sql = format!(
+                "UPDATE runs SET lease_owner = $1, lease_until_us = $2 WHERE run_id = (
+                   SELECT run_id FROM runs WHERE status = 'running'
+                      AND (lease_until_us IS NULL OR lease_until_us < $3)
+                    ORDER BY created_us, run_id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                 RETURNING {RUN_COLUMNS}"
+            );
+            Ok(self
+                .run_rows(&sql, &[&worker, &micros(until), &micros(now)])
+                .await?
+                .into_iter()
+                .next())
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        run_id: &'a str,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let stmt = c
+                .prepare_cached(
+                    "UPDATE runs SET lease_until_us = $4 WHERE run_id = $1 AND lease_owner = $2 AND lease_until_us >= $3",
+                )
+                .await
+                .map_err(pg)?;
+            let n = c
+                .execute(&stmt, &[&run_id, &worker, &micros(now), &micros(until)])
+                .await
+                .map_err(pg)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn release<'a>(&'a self, run_id: &'a str, worker: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let stmt = c
+                .prepare_cached(
+                    "UPDATE runs SET lease_owner = NULL, lease_until_us = NULL WHERE run_id = $1 AND lease_owner = $2",
+                )
+                .await
+                .map_err(pg)?;
+            c.execute(&stmt, &[&run_id, &worker]).await.map_err(pg)?;
+            Ok(())
+        })
+    }
+
+    /// A session advisory lock on the run's key, taken on the lock connection: the
+    /// database lets go when this process (or its connection) dies.
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
+        Box::pin(async move {
+            let key = self.lock_key(run_id);
+            if !lock(&self.held).insert(key) {
+                return Err(Error::Busy(run_id.to_owned()));
+            }
+            let release = Release { key, held: Arc::clone(&self.held), locks: self.locks.clone() };
+            // Dropped on any way out but success (a refusal, an error, this future dropped
+            // half way), `release` gives back whatever the lock connection took; an unlock
+            // of a lock not held only draws a warning from the server.
+            match self.lock_op(|tx| LockOp::Take(key, tx)).await {
+                Ok(true) => Ok(RunGuard::new(release)),
+                Ok(false) => Err(Error::Busy(run_id.to_owned())),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn is_held<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let key = self.lock_key(run_id);
+            if lock(&self.held).contains(&key) {
+                return Ok(true);
+            }
+            self.lock_op(|tx| LockOp::Probe(key, tx)).await
+        })
+    }
+
+    fn wait_for_events<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let notify = Arc::clone(lock(&self.waiters).entry(run_id.to_owned()).or_default());
+            let waited = async {
+                loop {
+                    let woken = notify.notified();
+                    tokio::pin!(woken);
+                    woken.as_mut().enable();
+                    if self.run(run_id).await?.is_some_and(|r| r.last_seq > after) {
+                        return Ok(true);
+                    }
+                    let now = tokio::time::Instant::now();
+                    if now >= deadline {
+                        return Ok(false);
+                    }
+                    let _ =
+                        tokio::time::timeout((deadline - now).min(WAIT_LOOK_EVERY), woken).await;
+                }
+            }
+            .await;
+            let mut waiters = lock(&self.waiters);
+            if waiters.get(run_id).is_some_and(|n| Arc::strong_count(n) <= 2) {
+                waiters.remove(run_id);
+            }
+            drop(notify);
+            waited
+        })
+    }
+}
+
+/// Gives a run's advisory lock back when its guard is dropped.
+struct Release {
+    key: i64,
+    held: Arc<Mutex<HashSet<i64>>>,
+    locks: mpsc::UnboundedSender<LockOp>,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        // The unlock is queued before the key leaves the set, so a hold taken in this
+        // process after it reaches the lock connection after the unlock.
+        let _ = self.locks.send(LockOp::Give(self.key));
+        lock(&self.held).remove(&self.key);
+    }
+}
+
+impl TokenStore for PostgresStore {
+    fn put_token<'a>(&'a self, t: &'a TokenRecord) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO tokens (id, sha256, tenant, role, name, created_us, revoked_us) VALUES ($1, $2, $3, $4, $5, $6, NULL)",
+                )
+                .await
+                .map_err(pg)?;
+            c.execute(
+                &stmt,
+                &[&t.id, &t.sha256, &t.tenant, &t.role.as_str(), &t.name, &micros(t.created_at)],
+            )
+            .await
+            .map_err(|e| Error::Backend(format!("cannot keep token {}: {}", t.id, db_error(&e))))?;
+            Ok(())
+        })
+    }
+
+    fn token_by_hash<'a>(
+        &'a self,
+        sha256: &'a str,
+    ) -> BoxFuture<'a, Result<Option<TokenRecord>, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let rows = query(
+                &c,
+                &format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE sha256 = $1"),
+                &[&sha256],
+            )
+            .await?;
+            rows.first().map(to_token).transpose()
+        })
+    }
+
+    fn tokens<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<TokenRecord>, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let rows = query(
+                &c,
+                &format!(
+                    "SELECT {TOKEN_COLUMNS} FROM tokens WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_us, id"
+                ),
+                &[&tenant],
+            )
+            .await?;
+            rows.iter().map(to_token).collect()
+        })
+    }
+
+    fn revoke_token<'a>(
+        &'a self,
+        id: &'a str,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let stmt = c
+                .prepare_cached(
+                    "UPDATE tokens SET revoked_us = $2 WHERE id = $1 AND revoked_us IS NULL",
+                )
+                .await
+                .map_err(pg)?;
+            Ok(c.execute(&stmt, &[&id, &micros(at)]).await.map_err(pg)? == 1)
+        })
+    }
+}
+
+const TOKEN_COLUMNS: &str = "id, sha256, tenant, role, name, created_us, revoked_us";
+
+fn to_token(r: &Row) -> Result<TokenRecord, Error> {
+    let id: String = r.try_get(0).map_err(pg)?;
+    let role: String = r.try_get(3).map_err(pg)?;
+    let role = Role::parse(&role)
+        .ok_or_else(|| Error::Backend(format!("token {id} has the unknown role {role:?}")))?;
+    let revoked: Option<i64> = r.try_get(6).map_err(pg)?;
+    Ok(TokenRecord {
+        sha256: r.try_get(1).map_err(pg)?,
+        tenant: r.try_get(2).map_err(pg)?,
+        role,
+        name: r.try_get(4).map_err(pg)?,
+        created_at: from_micros(r.try_get(5).map_err(pg)?, "created_us").map_err(Error::Backend)?,
+        revoked_at: revoked
+            .map(|us| from_micros(us, "revoked_us"))
+            .transpose()
+            .map_err(Error::Backend)?,
+        id,
+    })
+}
+
+/// A schema of its own in a database, for a test or a bench: created empty, and dropped
+/// with everything in it when this is dropped.
+#[derive(Debug)]
+pub struct ScratchSchema {
+    base: String,
+    name: String,
+    /// The base URL, its connections' `search_path` set to the schema.
+    pub url: String,
+}
+
+impl ScratchSchema {
+    /// Creates a schema named `baton_<label>_<random>` in the database at `base`.
+    pub async fn create(base: &str, label: &str) -> Result<Self, Error> {
+        let suffix = uuid_like();
+        let label: String =
+            label.chars().filter(char::is_ascii_alphanumeric).take(20).collect::<String>();
+        let name = format!("baton_{}_{suffix}", label.to_ascii_lowercase());
+        let config = config(base)?;
+        let (client, _task) = connect_one(&config, base).await?;
+        client.batch_execute(&format!("CREATE SCHEMA {name}")).await.map_err(pg)?;
+        let joiner = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{joiner}options=-csearch_path%3D{name}");
+        Ok(ScratchSchema { base: base.to_owned(), name, url })
+    }
+}
+
+impl Drop for ScratchSchema {
+    fn drop(&mut self) {
+        let (base, name) = (self.base.clone(), self.name.clone());
+        // A runtime of its own on a thread of its own: this may be dropped inside another
+        // runtime, or outside any.
+        let dropped = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                let Ok(config) = config(&base) else { return };
+                if let Ok((client, _task)) = connect_one(&config, &base).await {
+                    let _ = client.batch_execute(&format!("DROP SCHEMA {name} CASCADE")).await;
+                }
+            });
+        });
+        let _ = dropped.join();
+    }
+}
+
+/// 16 hex digits that differ between calls and processes.
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let seed =
+        format!("{nanos}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+    let digest = Sha256::digest(seed.as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,272 @@
+//! The PostgreSQL store passes the kernel's conformance suite on the real server this
+//! machine runs (each test in a schema of its own, dropped after): damage is detected,
+//! runs are held by one process at a time and let go when it dies, appends from another
+//! process wake waiters, and two processes racing to append make one winner.
+//!
+//! The server is `BATON_TEST_POSTGRES` (default `postgres://postgres@127.0.0.1:5432/test`).
+
+#![allow(clippy::unwrap_used)]
+
+use baton_engine::event::{Event, EventData, NewEvent, Warning};
+use baton_engine::store::{Error, EventStore, RunRecord, conformance};
+use baton_store::postgres::{PostgresStore, ScratchSchema};
+
+fn base() -> String {
+    std::env::var("BATON_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+async fn scratch(label: &str) -> ScratchSchema {
+    ScratchSchema::create(&base(), label).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_conforms() {
+    let schema = scratch("conforms").await;
+    let store = PostgresStore::connect(&schema.url).await.unwrap();
+    conformance::run_all(&store, "pg").await;
+    drop(store);
+    let again = PostgresStore::connect(&schema.url).await.unwrap();
+    conformance::reopened(&again, "pg").await;
+    baton_store::tokens::conformance::run_all(&again).await;
+}
+
+/// A second connection editing the tables the way a person or a bad disk would.
+async fn damage(client: &tokio_postgres::Client, run_id: &str, damage: conformance::Damage) {
+    use conformance::Damage;
+    let seq = |n: u64| i64::try_from(n).unwrap();
+    let on = |sql: &'static str, n: u64| async move {
+        let changed = client.execute(sql, &[&run_id, &seq(n)]).await.unwrap();
+        assert!(changed >= 1, "{damage:?}: `{sql}` changed nothing");
+    };
+    match damage {
+        Damage::Delete(n) => on("DELETE FROM events WHERE run_id = $1 AND seq = $2", n).await,
+        Damage::Swap(a, b) => {
+            on("UPDATE events SET seq = -1 WHERE run_id = $1 AND seq = $2", a).await;
+            client
+                .execute(
+                    "UPDATE events SET seq = $2 WHERE run_id = $1 AND seq = $3",
+                    &[&run_id, &seq(a), &seq(b)],
+                )
+                .await
+                .unwrap();
+            on("UPDATE events SET seq = $2 WHERE run_id = $1 AND seq = -1", b).await;
+        }
+        Damage::Payload(n) => {
+            on(
+                "UPDATE events SET data = jsonb_set(data::jsonb, '{message}', '\"edited\"')::text WHERE run_id = $1 AND seq = $2",
+                n,
+            )
+            .await;
+        }
+        Damage::Renumber(n, m) => {
+            client
+                .execute(
+                    "UPDATE events SET seq = $3 WHERE run_id = $1 AND seq = $2",
+                    &[&run_id, &seq(n), &seq(m)],
+                )
+                .await
+                .unwrap();
+        }
+        Damage::Time(n) => {
+            on("UPDATE events SET at_us = at_us + 1000000 WHERE run_id = $1 AND seq = $2", n).await;
+        }
+        Damage::Kind(n) => {
+            on("UPDATE events SET kind = 'heartbeat' WHERE run_id = $1 AND seq = $2", n).await;
+        }
+        Damage::Level(n) => {
+            on("UPDATE events SET level_id = 'other' WHERE run_id = $1 AND seq = $2", n).await;
+        }
+        Damage::Attempt(n) => {
+            on("UPDATE events SET attempt = 9 WHERE run_id = $1 AND seq = $2", n).await;
+        }
+        Damage::Hash(n) => {
+            on(
+                "UPDATE events SET hash = decode(repeat('00', 32), 'hex') WHERE run_id = $1 AND seq = $2",
+                n,
+            )
+            .await;
+        }
+        Damage::LastSeq(n) => on("UPDATE runs SET last_seq = $2 WHERE run_id = $1", n).await,
+        Damage::Truncate(n) => {
+            on("DELETE FROM events WHERE run_id = $1 AND seq > $2", n).await;
+            on("UPDATE runs SET last_seq = $2 WHERE run_id = $1", n).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_detects_damage() {
+    let schema = scratch("damage").await;
+    let store = PostgresStore::connect(&schema.url).await.unwrap();
+    let config: tokio_postgres::Config = schema.url.parse().unwrap();
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let handle = tokio::runtime::Handle::current();
+    let edit = |id: &str, d: conformance::Damage| {
+        tokio::task::block_in_place(|| handle.block_on(damage(&client, id, d)));
+    };
+    conformance::damage_is_detected(&store, "pg", &edit).await;
+}
+
+fn record(id: &str) -> RunRecord {
+    let at = chrono::Utc::now();
+    RunRecord {
+        run_id: id.to_owned(),
+        scenario_id: "demo".to_owned(),
+        status: "running".to_owned(),
+        created_at: at,
+        updated_at: at,
+        last_seq: 0,
+        parent_run_id: None,
+        root_run_id: None,
+        idempotency_key: None,
+        tenant: None,
+    }
+}
+
+fn warnings(from: u64, n: u64) -> Vec<Event> {
+    (from..from + n)
+        .map(|seq| {
+            NewEvent::level("l1", 1, EventData::Warning(Warning { message: format!("e{seq}") }))
+                .at(seq, chrono::Utc::now())
+        })
+        .collect()
+}
+
+/// Two stores are two processes: a run one holds is busy for the other and seen held by
+/// it; dropping the guard, or the whole store (its connections close, as when a process
+/// dies), lets the other in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_held_by_one_process_and_let_go_when_it_dies() {
+    let schema = scratch("hold").await;
+    let a = PostgresStore::connect(&schema.url).await.unwrap();
+    let b = PostgresStore::connect(&schema.url).await.unwrap();
+    let guard = a.hold("r1").await.unwrap();
+    assert!(b.is_held("r1").await.unwrap(), "another process sees the hold");
+    assert!(matches!(b.hold("r1").await, Err(Error::Busy(_))));
+    drop(guard);
+    // The unlock reaches the server through the lock connection's queue.
+    let mut free = false;
+    for _ in 0..100 {
+        if !b.is_held("r1").await.unwrap() {
+            free = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(free, "a dropped guard lets go");
+    drop(b);
+    // A process that dies holding r1: a runtime of its own, shut down with the guard held
+    // (its connections close with it, as a killed process's do).
+    let url = schema.url.clone();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (die_tx, die_rx) = std::sync::mpsc::channel::<()>();
+    let dying = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let store = PostgresStore::connect(&url).await.unwrap();
+            let guard = store.hold("r1").await.unwrap();
+            held_tx.send(()).unwrap();
+            let _ = die_rx.recv();
+            std::mem::forget((guard, store));
+        });
+        runtime.shutdown_background();
+    });
+    held_rx.recv().unwrap();
+    assert!(matches!(a.hold("r1").await, Err(Error::Busy(_))), "the other process holds it");
+    die_tx.send(()).unwrap();
+    dying.join().unwrap();
+    let mut free = false;
+    for _ in 0..200 {
+        if a.hold("r1").await.is_ok() {
+            free = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(free, "a dead holder's runs are free");
+}
+
+/// An append in one process wakes a waiter in another at once (LISTEN/NOTIFY), well
+/// before the waiter's fallback look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_in_one_process_wakes_a_waiter_in_another() {
+    let schema = scratch("notify").await;
+    let a = PostgresStore::connect(&schema.url).await.unwrap();
+    let b = PostgresStore::connect(&schema.url).await.unwrap();
+    a.create_run(&record("w1"), warnings(1, 1)).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let woke = b.wait_for_events("w1", 1, std::time::Duration::from_secs(10)).await.unwrap();
+        (woke, started.elapsed())
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    a.append("w1", 2, warnings(2, 1), "running").await.unwrap();
+    let (woke, after) = waiting.await.unwrap();
+    assert!(woke);
+    assert!(after < std::time::Duration::from_secs(2), "woken in {after:?}");
+}
+
+/// Processes racing to append to one run at the same number: exactly one wins each round,
+/// the others are told who advanced the log, and the log stays intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_appends_from_several_processes_make_one_winner_each() {
+    let schema = scratch("race").await;
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(std::sync::Arc::new(PostgresStore::connect(&schema.url).await.unwrap()));
+    }
+    stores[0].create_run(&record("race"), Vec::new()).await.unwrap();
+    for round in 1..=20u64 {
+        let mut tasks = Vec::new();
+        for s in &stores {
+            let s = std::sync::Arc::clone(s);
+            tasks.push(tokio::spawn(async move {
+                s.append("race", round, warnings(round, 1), "running").await
+            }));
+        }
+        let mut won = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(()) => won += 1,
+                Err(Error::Conflict { expected, actual, .. }) => {
+                    assert_eq!((expected, actual), (round, round + 1));
+                }
+                Err(e) => panic!("round {round}: {e}"),
+            }
+        }
+        assert_eq!(won, 1, "round {round}");
+    }
+    let verified = stores[1].verify("race").await.unwrap();
+    assert_eq!(verified.last_seq, 20);
+}
+
+/// A database at another schema version than the binary's is refused with what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_at_another_version_is_refused_naming_both() {
+    let schema = scratch("version").await;
+    drop(PostgresStore::connect(&schema.url).await.unwrap());
+    let config: tokio_postgres::Config = schema.url.parse().unwrap();
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client.batch_execute("INSERT INTO schema_version (version) VALUES (99)").await.unwrap();
+    let refused = PostgresStore::connect(&schema.url).await.unwrap_err().to_string();
+    assert!(refused.contains("schema version 99") && refused.contains("newer"), "{refused}");
+    client
+        .batch_execute("DELETE FROM schema_version; INSERT INTO schema_version VALUES (0)")
+        .await
+        .unwrap();
+    let refused = PostgresStore::connect(&schema.url).await.unwrap_err().to_string();
+    assert!(refused.contains("baton migrate"), "{refused}");
+}
+
+/// A server that is not there is named in the error, with what to check.
+#[tokio::test]
+async fn an_unreachable_server_is_reported_with_what_to_check() {
+    let refused =
+        PostgresStore::connect("postgres://nobody:secret@127.0.0.1:1/nothing").await.unwrap_err();
+    let message = refused.to_string();
+    assert!(message.contains("127.0.0.1:1") && message.contains("check"), "{message}");
+    assert!(!message.contains("secret"), "the password is not shown: {message}");
+}
