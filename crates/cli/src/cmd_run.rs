@@ -628,6 +628,8 @@ pub(crate) struct RunArgs {
     pub json: bool,
     /// Show the text of model answers as it streams in.
     pub stream: bool,
+    /// Create the job's first run and leave it to a worker.
+    pub queue: bool,
     /// Replay model answers from this cassette instead of calling any model.
     pub cassette: Option<PathBuf>,
     /// Record every model answer into this cassette.
@@ -793,6 +795,9 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         parent_seq: None,
         replay: None,
     };
+    if args.queue {
+        return queue(place, &engine, &run_id, &scenario, first, args.json).await;
+    }
     let follow = vec![Followed::new(&run_id, 0, 0)];
     match drive(&engine, &run_id, &scenario, args.json, follow, Driving::Start(Box::new(first)))
         .await
@@ -813,6 +818,40 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         },
         done => done,
     }
+}
+
+/// `baton run --queue`: the job's first run is created, durable and `running`, and left to
+/// a worker.
+async fn queue(
+    place: &Place,
+    engine: &Engine,
+    run_id: &str,
+    scenario: &Arc<Scenario>,
+    first: baton_engine::job::Start,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let key = first.idempotency_key.clone();
+    match engine.create_job(run_id, scenario, first).await {
+        Ok(()) => {}
+        Err(baton_engine::exec::Error::Store(baton_engine::store::Error::KeyTaken {
+            run_id: taken,
+            ..
+        })) => {
+            let key = key.unwrap_or_default();
+            return existing_run(place, Arc::clone(&engine.store), &taken, &key, json).await;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if json {
+        outln!("{}", json!({"run_id": run_id, "status": "running", "queued": true}))?;
+    } else {
+        outln!("run {run_id}")?;
+        outln!(
+            "queued: a `baton worker` on {} drives it (or `baton resume {run_id}`)",
+            place.db_shown()
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A job started again with its idempotency key: the first one's run, as it stands — its

@@ -264,6 +264,80 @@ pub(crate) async fn mcp(
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `baton worker` was given.
+#[derive(Debug)]
+pub(crate) struct WorkerArgs {
+    pub concurrency: usize,
+    pub lease_s: u64,
+    pub name: Option<String>,
+    pub script: Option<PathBuf>,
+    pub idle_exit_s: Option<u64>,
+}
+
+/// `baton worker`: claims and drives runs nobody drives until stopped (or idle).
+pub(crate) async fn worker(
+    place: &Place,
+    args: WorkerArgs,
+    settings: Settings,
+) -> anyhow::Result<ExitCode> {
+    if args.concurrency == 0 || args.concurrency > 1024 {
+        bail!("--concurrency must be 1 to 1024, not {}", args.concurrency);
+    }
+    if !(3..=3600).contains(&args.lease_s) {
+        bail!("--lease-s must be 3 to 3600 seconds, not {}", args.lease_s);
+    }
+    let name = match args.name {
+        Some(name) if name.trim().is_empty() || name.chars().count() > 128 => {
+            bail!("--name must be 1 to 128 characters and not blank")
+        }
+        Some(name) => name,
+        None => format!("baton-worker-{}-{}", host_name(), std::process::id()),
+    };
+    if place.postgres.is_none() {
+        eprintln!(
+            "baton worker: note: {} is SQLite — workers share it only on this machine; use a PostgreSQL --db to spread runs over machines",
+            place.db.display()
+        );
+    }
+    let parts = parts(place, args.script.as_deref(), "baton worker").await?;
+    let stop = CancelToken::new();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            cmd_run::stop_on_signals(
+                stop,
+                "baton worker: stopping — running steps are cut and their runs recorded interrupted, for the next worker (again to exit at once)",
+                "baton worker: exiting at once; every run stays resumable",
+            )
+            .await;
+        });
+    }
+    eprintln!(
+        "baton worker: {name} drives up to {} job(s) from {}",
+        args.concurrency,
+        place.db_shown()
+    );
+    let worker = baton_server::WorkerSettings {
+        name,
+        lease: std::time::Duration::from_secs(args.lease_s),
+        idle_exit: args.idle_exit_s.map(std::time::Duration::from_secs),
+    };
+    baton_server::work(settings, parts, worker, stop).await.map_err(anyhow::Error::msg)?;
+    eprintln!("baton worker: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// This machine's name, for a worker's default name.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| {
+            h.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect()
+        })
+        .filter(|h: &String| !h.is_empty())
+        .unwrap_or_else(|| "host".to_owned())
+}
+
 async fn stop_on_signal(stop: CancelToken) {
     cmd_run::stop_on_signals(
         stop,

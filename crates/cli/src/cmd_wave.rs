@@ -94,6 +94,7 @@ pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCo
     cmd_run::run(
         place,
         cmd_run::RunArgs {
+            queue: false,
             job: baton_engine::job::JobRequest::default(),
             max_cost_usd: None,
             max_forecast_usd: None,

@@ -148,6 +148,10 @@ enum Command {
         /// Show the text of model answers in the timeline as it streams in.
         #[arg(long, conflicts_with = "json")]
         stream: bool,
+        /// Create the job's first run and exit without driving it: a `baton worker` on the
+        /// same --db drives it (or `baton resume RUN`).
+        #[arg(long, conflicts_with_all = ["stream", "cassette", "record"])]
+        queue: bool,
         /// Replay model answers from this cassette; no model is called.
         #[arg(long, conflicts_with = "script")]
         cassette: Option<PathBuf>,
@@ -322,6 +326,34 @@ enum Command {
         /// verifier) to this OTLP/HTTP collector (`http://127.0.0.1:4318`).
         #[arg(long, env = "BATON_OTLP_ENDPOINT")]
         otlp_endpoint: Option<String>,
+    },
+    /// Drive runs nobody drives, from the store shared with other processes (best on
+    /// PostgreSQL): runs queued with `baton run --queue`, and runs whose driver died once
+    /// its lease ran out. Each claimed run is leased, its lease renewed while its job is
+    /// driven; any number of workers (and `baton serve`) may share one database.
+    Worker {
+        /// Jobs driven at once.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// Seconds a claimed run stays this worker's without a renewal (renewed every
+        /// third of it); a killed worker's runs are taken over after it.
+        #[arg(long, default_value_t = 30)]
+        lease_s: u64,
+        /// The name leases are taken under (default: baton-worker-HOST-PID).
+        #[arg(long)]
+        name: Option<String>,
+        /// Runs answer from this script (the scripted model).
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Exit 0 once nothing was claimed or driven for this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        idle_exit_s: Option<u64>,
+        /// Drives of a run stopped by a transient failure, at most.
+        #[arg(long, default_value_t = 5)]
+        retries_max: u32,
+        /// The wait before the first of them, in milliseconds (doubling).
+        #[arg(long, default_value_t = 1000)]
+        retry_first_ms: u64,
     },
     /// Serve MCP on stdin and stdout for an MCP host (an IDE or CLI agent): tools to start
     /// scenarios, follow runs, decide approvals and drive waves; run timelines as
@@ -844,6 +876,7 @@ fn main() -> ExitCode {
             script,
             json,
             stream,
+            queue,
             cassette,
             record,
             workspace,
@@ -872,6 +905,7 @@ fn main() -> ExitCode {
                         script,
                         json,
                         stream,
+                        queue,
                         cassette,
                         record,
                         workspace,
@@ -975,6 +1009,25 @@ fn main() -> ExitCode {
                 ..baton_server::Settings::default()
             },
             script,
+        )),
+        Command::Worker {
+            concurrency,
+            lease_s,
+            name,
+            script,
+            idle_exit_s,
+            retries_max,
+            retry_first_ms,
+        } => runtime.block_on(cmd_serve::worker(
+            &place,
+            cmd_serve::WorkerArgs { concurrency, lease_s, name, script, idle_exit_s },
+            baton_server::Settings {
+                name: "baton worker",
+                workers: concurrency,
+                retries_max,
+                retry_first: std::time::Duration::from_millis(retry_first_ms),
+                ..baton_server::Settings::default()
+            },
         )),
         Command::Mcp { tenant, name, workers, script, message_max_bytes } => {
             let settings = baton_server::Settings {

@@ -196,6 +196,38 @@ pub async fn serve(
     served.map_err(|e| format!("the server stopped: {e}"))
 }
 
+/// What `baton worker` is told: who it is, how long its leases last, when to stop.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// The name its leases are taken under (unique among the workers).
+    pub name: String,
+    /// How long a claimed run stays this worker's without a renewal.
+    pub lease: Duration,
+    /// Stop once nothing was claimed or driven for this long; none: run until stopped.
+    pub idle_exit: Option<Duration>,
+}
+
+/// `baton worker`: no listener — drives what the last process left, then claims runs
+/// nobody drives from the store (see [`workers`]) until `stop` is cancelled or it was idle
+/// for `idle_exit`; then stops its drives (their runs are recorded interrupted, for the
+/// next worker) and returns once they have stopped.
+pub async fn work(
+    settings: Settings,
+    parts: Parts,
+    worker: WorkerSettings,
+    stop: CancelToken,
+) -> Result<(), String> {
+    let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    let app = api::App::new(settings, parts, local, stop.clone(), None);
+    app.workers.recover(&app).await;
+    let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
+    workers::claim_runs(Arc::clone(&app), worker.name, worker.lease, worker.idle_exit).await;
+    refresh.abort();
+    stop.cancel();
+    app.workers.drain().await;
+    Ok(())
+}
+
 /// Serves MCP on stdin and stdout (`baton mcp`) for `caller`, driving the runs it starts
 /// and every run the last process left, until the host closes stdin or `stop` is cancelled;
 /// then stops the drives (their runs are recorded interrupted, to be taken up by the next

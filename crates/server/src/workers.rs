@@ -83,16 +83,8 @@ impl Workers {
 
     /// Drives the job whose root is `run_id`, now or once a worker is free.
     pub(crate) fn drive(&self, app: &Arc<App>, run_id: &str) {
-        if app.stop.is_cancelled() {
+        if app.stop.is_cancelled() || !self.enter(run_id) {
             return;
-        }
-        {
-            let mut active = self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(again) = active.get_mut(run_id) {
-                *again = true;
-                return;
-            }
-            active.insert(run_id.to_owned(), false);
         }
         self.queued.fetch_add(1, Ordering::Relaxed);
         let app = Arc::clone(app);
@@ -101,30 +93,45 @@ impl Workers {
             let permit = Arc::clone(&app.workers.slots).acquire_owned().await;
             app.workers.queued.fetch_sub(1, Ordering::Relaxed);
             if permit.is_ok() {
-                loop {
-                    drive_with_retries(&app, &run_id).await;
-                    let mut active = app
-                        .workers
-                        .active
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    match active.get_mut(&run_id) {
-                        Some(again) if *again && !app.stop.is_cancelled() => *again = false,
-                        _ => {
-                            active.remove(&run_id);
-                            break;
-                        }
-                    }
-                }
+                Workers::drive_entered(&app, &run_id).await;
             } else {
-                app.workers
-                    .active
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&run_id);
+                app.workers.leave(&run_id);
             }
-            app.workers.changed.notify_waiters();
         });
+    }
+
+    /// Marks the job whose root is `run_id` as driven here; false when it is already (it
+    /// is then driven once more after the drive under way).
+    fn enter(&self, run_id: &str) -> bool {
+        let mut active = self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(again) = active.get_mut(run_id) {
+            *again = true;
+            return false;
+        }
+        active.insert(run_id.to_owned(), false);
+        true
+    }
+
+    fn leave(&self, run_id: &str) {
+        self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(run_id);
+        self.changed.notify_waiters();
+    }
+
+    /// Drives a job [`Workers::enter`]ed, again while it was asked again meanwhile.
+    async fn drive_entered(app: &Arc<App>, run_id: &str) {
+        loop {
+            drive_with_retries(app, run_id).await;
+            let mut active =
+                app.workers.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match active.get_mut(run_id) {
+                Some(again) if *again && !app.stop.is_cancelled() => *again = false,
+                _ => {
+                    active.remove(run_id);
+                    break;
+                }
+            }
+        }
+        app.workers.changed.notify_waiters();
     }
 
     /// Takes up what the last server left: runs `running` that nobody holds, waiting jobs
@@ -223,6 +230,127 @@ impl Workers {
                 return;
             }
         }
+    }
+}
+
+/// How long a worker that found nothing to claim waits before it looks again.
+const CLAIM_IDLE: Duration = Duration::from_millis(200);
+
+/// The longest wait between tries of a worker whose claims fail (the store is away).
+const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// `baton worker`: takes runs that nobody drives from the store, one per free slot, each
+/// under a lease renewed every third of its length while its job is driven and given back
+/// after — runs queued for workers (`baton run --queue`) and runs whose driver died, once
+/// its lease ran out (a run its driver still holds is left to its lease). Returns when
+/// `app.stop` is cancelled, or when nothing was claimed or driven for `idle_exit`.
+pub(crate) async fn claim_runs(
+    app: Arc<App>,
+    worker: String,
+    lease: Duration,
+    idle_exit: Option<Duration>,
+) {
+    let lease_for = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(30));
+    let mut failures = 0u32;
+    let mut idle_since = tokio::time::Instant::now();
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&app.workers.slots).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            () = app.stop.cancelled() => return,
+        };
+        let now = chrono::Utc::now();
+        let run = match app.store.claim(&worker, now, now + lease_for).await {
+            Ok(Some(run)) => {
+                failures = 0;
+                run
+            }
+            Ok(None) => {
+                drop(permit);
+                failures = 0;
+                if app.workers.active() > 0 {
+                    idle_since = tokio::time::Instant::now();
+                } else if idle_exit.is_some_and(|idle| idle_since.elapsed() >= idle) {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(CLAIM_IDLE) => {}
+                    () = app.stop.cancelled() => return,
+                }
+                continue;
+            }
+            Err(e) => {
+                drop(permit);
+                failures = failures.saturating_add(1);
+                let wait = CLAIM_IDLE.saturating_mul(1 << failures.min(6)).min(CLAIM_BACKOFF_MAX);
+                eprintln!(
+                    "{}: cannot claim runs ({e}); trying again in {} ms (failure {failures} in a row)",
+                    app.workers.name,
+                    wait.as_millis()
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = app.stop.cancelled() => return,
+                }
+                continue;
+            }
+        };
+        idle_since = tokio::time::Instant::now();
+        let app = Arc::clone(&app);
+        let worker = worker.clone();
+        tokio::spawn(async move {
+            let _slot = permit;
+            drive_claimed(&app, &run.run_id, &worker, lease, lease_for).await;
+        });
+    }
+}
+
+/// Drives the job of a claimed run while renewing the run's lease, then gives the lease
+/// back — unless another process drives the job, whose run is left to its lease.
+async fn drive_claimed(
+    app: &Arc<App>,
+    run_id: &str,
+    worker: &str,
+    lease: Duration,
+    lease_for: chrono::Duration,
+) {
+    let root = match root_of(app.store.as_ref(), run_id).await {
+        Ok(root) => root,
+        Err(e) => {
+            eprintln!("{}: claimed run {run_id} was not driven: {e}", app.workers.name);
+            return;
+        }
+    };
+    if app.store.is_held(&root).await.unwrap_or(true) || !app.workers.enter(&root) {
+        // Driven by another process (or by this one): its lease runs out by itself.
+        return;
+    }
+    let renew = async {
+        let mut every = tokio::time::interval(lease / 3);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let now = chrono::Utc::now();
+            match app.store.renew(run_id, worker, now, now + lease_for).await {
+                Ok(true) => {}
+                Ok(false) => eprintln!(
+                    "{}: the lease on run {run_id} was lost (another worker took it after it ran out); the drive goes on under the run's lock",
+                    app.workers.name
+                ),
+                Err(e) => {
+                    eprintln!("{}: cannot renew the lease on run {run_id}: {e}", app.workers.name);
+                }
+            }
+        }
+    };
+    tokio::select! {
+        () = Workers::drive_entered(app, &root) => {}
+        () = renew => {}
+    }
+    if let Err(e) = app.store.release(run_id, worker).await {
+        eprintln!("{}: cannot give back the lease on run {run_id}: {e}", app.workers.name);
     }
 }
 
