@@ -442,7 +442,13 @@ impl Scratch {
     /// `place` with its database (and so its workspaces and snapshots) in the scratch
     /// directory.
     pub(crate) fn place(&self, place: &Place) -> Place {
-        Place { db: self.dir.join("baton.db"), postgres: None, snapshots: None, ..place.clone() }
+        Place {
+            db: self.dir.join("baton.db"),
+            postgres: None,
+            hold_for: None,
+            snapshots: None,
+            ..place.clone()
+        }
     }
 }
 

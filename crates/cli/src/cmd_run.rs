@@ -43,6 +43,9 @@ pub(crate) struct Place {
     pub db: PathBuf,
     /// The PostgreSQL database `--db` names, when it names one.
     pub postgres: Option<String>,
+    /// How long this process's holds on runs in a PostgreSQL database last without a
+    /// renewal (`baton worker --lease-s`); none: the store's default.
+    pub hold_for: Option<std::time::Duration>,
     pub scenarios: PathBuf,
     /// The provider configuration given with `--config`.
     pub config: Option<PathBuf>,
@@ -72,7 +75,14 @@ impl Place {
 /// The run database (its runs and its tokens), created when absent.
 pub(crate) async fn open_any(place: &Place) -> anyhow::Result<Arc<dyn Store>> {
     Ok(match &place.postgres {
-        Some(url) => Arc::new(PostgresStore::connect(url).await.map_err(store_error)?),
+        Some(url) => Arc::new(
+            PostgresStore::connect_holding(
+                url,
+                place.hold_for.unwrap_or(baton_store::postgres::DEFAULT_HOLD_FOR),
+            )
+            .await
+            .map_err(store_error)?,
+        ),
         None => Arc::new(SqliteStore::open(&place.db).map_err(store_error)?),
     })
 }
@@ -630,6 +640,8 @@ pub(crate) struct RunArgs {
     pub stream: bool,
     /// Create the job's first run and leave it to a worker.
     pub queue: bool,
+    /// With `queue`: more jobs like the first, one per input (`--input-lines`).
+    pub more_inputs: Vec<String>,
     /// Replay model answers from this cassette instead of calling any model.
     pub cassette: Option<PathBuf>,
     /// Record every model answer into this cassette.
@@ -796,7 +808,12 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         replay: None,
     };
     if args.queue {
-        return queue(place, &engine, &run_id, &scenario, first, args.json).await;
+        let code = queue(place, &engine, &run_id, &scenario, first.clone(), args.json).await?;
+        for input in args.more_inputs {
+            let start = baton_engine::job::Start { input, ..first.clone() };
+            queue(place, &engine, &Engine::new_run_id(), &scenario, start, args.json).await?;
+        }
+        return Ok(code);
     }
     let follow = vec![Followed::new(&run_id, 0, 0)];
     match drive(&engine, &run_id, &scenario, args.json, follow, Driving::Start(Box::new(first)))
@@ -818,6 +835,32 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         },
         done => done,
     }
+}
+
+/// The most jobs one `--input-lines` file queues.
+const INPUT_LINES_MAX: usize = 100_000;
+
+/// The inputs of `--input-lines`: each non-empty line of the file, at least one.
+pub(crate) fn input_lines(path: &Path) -> anyhow::Result<Vec<String>> {
+    let bytes_max = 64 * 1024 * 1024;
+    let text = baton_scenario::capped::read_text(path, bytes_max)
+        .map_err(|e| anyhow::anyhow!("--input-lines: {e}"))?;
+    let lines: Vec<String> =
+        text.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect();
+    if lines.is_empty() {
+        bail!(
+            "--input-lines {}: no line holds an input; write one job's input per line",
+            path.display()
+        );
+    }
+    if lines.len() > INPUT_LINES_MAX {
+        bail!(
+            "--input-lines {}: {} jobs, more than {INPUT_LINES_MAX} at once; split the file",
+            path.display(),
+            lines.len()
+        );
+    }
+    Ok(lines)
 }
 
 /// `baton run --queue`: the job's first run is created, durable and `running`, and left to

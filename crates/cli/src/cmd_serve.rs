@@ -299,6 +299,10 @@ pub(crate) async fn worker(
             place.db.display()
         );
     }
+    // A stalled worker's runs are taken over once its lease runs out: its holds on the
+    // runs it drives last as long.
+    let place =
+        &Place { hold_for: Some(std::time::Duration::from_secs(args.lease_s)), ..place.clone() };
     let parts = parts(place, args.script.as_deref(), "baton worker").await?;
     let stop = CancelToken::new();
     {

@@ -95,6 +95,7 @@ pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCo
         place,
         cmd_run::RunArgs {
             queue: false,
+            more_inputs: Vec::new(),
             job: baton_engine::job::JobRequest::default(),
             max_cost_usd: None,
             max_forecast_usd: None,

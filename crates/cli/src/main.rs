@@ -131,11 +131,18 @@ enum Command {
         #[arg(long, value_name = "TENANT")]
         tenant: Option<String>,
         /// The input text.
-        #[arg(long, conflicts_with = "input_file", required_unless_present = "input_file")]
+        #[arg(
+            long,
+            conflicts_with_all = ["input_file", "input_lines"],
+            required_unless_present_any = ["input_file", "input_lines"]
+        )]
         input: Option<String>,
         /// A file holding the input.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "input_lines")]
         input_file: Option<PathBuf>,
+        /// With --queue: one job per non-empty line of this file, each line its input.
+        #[arg(long, requires = "queue", conflicts_with = "idempotency_key", value_name = "FILE")]
+        input_lines: Option<PathBuf>,
         /// Metadata for the run, readable by gates as `metadata.KEY` (repeatable).
         #[arg(long = "meta", value_parser = parse_meta)]
         meta: Vec<(String, String)>,
@@ -844,6 +851,7 @@ fn main() -> ExitCode {
     let place = cmd_run::Place {
         db,
         postgres,
+        hold_for: None,
         scenarios: cli.scenarios.clone(),
         config: cli.config.clone(),
         snapshots: cli.snapshots.clone(),
@@ -877,20 +885,24 @@ fn main() -> ExitCode {
             json,
             stream,
             queue,
+            input_lines,
             cassette,
             record,
             workspace,
             branch,
         } => {
-            let input = match (input, input_file) {
-                (Some(i), _) => Ok(i),
-                (None, Some(f)) => {
+            let inputs = match (input, input_file, input_lines) {
+                (Some(i), _, _) => Ok(vec![i]),
+                (None, Some(f), _) => {
                     baton_scenario::capped::read_text(&f, baton_engine::limits::INPUT_BYTES_MAX)
+                        .map(|i| vec![i])
                         .map_err(|e| anyhow::anyhow!("--input-file: {e}"))
                 }
-                (None, None) => Err(anyhow::anyhow!("give --input TEXT or --input-file F")),
+                (None, None, Some(f)) => cmd_run::input_lines(&f),
+                (None, None, None) => Err(anyhow::anyhow!("give --input TEXT or --input-file F")),
             };
-            input.and_then(|input| {
+            inputs.and_then(|mut inputs| {
+                let input = inputs.remove(0);
                 runtime.block_on(cmd_run::run(
                     &place,
                     cmd_run::RunArgs {
@@ -906,6 +918,7 @@ fn main() -> ExitCode {
                         json,
                         stream,
                         queue,
+                        more_inputs: inputs,
                         cassette,
                         record,
                         workspace,

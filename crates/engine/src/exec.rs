@@ -233,6 +233,7 @@ impl Engine {
         }
         let child = start.parent.is_some();
         let (workspace, info) = self.new_workspace(scenario, run_id, child).await?.unzip();
+        let workspace = crate::workspace::fenced(workspace, &_driving);
         let mut w = self.creating(scenario, run_id, start, info, workspace.as_ref());
         self.drive_writer(&mut w, scenario, workspace).await
     }
@@ -492,6 +493,7 @@ impl Engine {
             });
         }
         let workspace = self.recorded_workspace(scenario, run_id, &state).await?;
+        let workspace = crate::workspace::fenced(workspace, &_driving);
         let mut w = Writer::over_stored(self, run_id, state);
         w.stage(workspace_notices(workspace.as_ref()));
         let outcome = self.drive_writer(&mut w, scenario, workspace).await?;

@@ -96,6 +96,12 @@ pub enum Error {
     KeyTaken { key: String, run_id: String },
     #[error("store: {0}")]
     Backend(String),
+    /// This process's hold on the run ran out and another process took the run over (this
+    /// one stalled longer than a hold lasts): nothing it writes is kept.
+    #[error(
+        "run {0} was taken over by another process after this one's hold on it ran out (it stalled longer than the hold lasts); nothing was appended — the other process drives it now"
+    )]
+    Fenced(String),
     #[error(
         "run {0} is being driven by another process; wait for it to pause or end, or stop it with `baton cancel {0}`"
     )]
@@ -121,12 +127,49 @@ pub struct Verified {
 /// drive the same run; dropping it — or the process dying — lets the next driver in.
 pub struct RunGuard {
     _holding: Box<dyn std::any::Any + Send + Sync>,
+    fence: Option<Fence>,
 }
 
 impl RunGuard {
     /// A guard that releases by dropping `holding`.
     pub fn new(holding: impl std::any::Any + Send + Sync) -> Self {
-        RunGuard { _holding: Box::new(holding) }
+        RunGuard { _holding: Box::new(holding), fence: None }
+    }
+
+    /// A guard whose hold can run out (a lease another process takes over once it has):
+    /// `fence` says whether it still holds, before each write outside the log.
+    pub fn fenced(holding: impl std::any::Any + Send + Sync, fence: Fence) -> Self {
+        RunGuard { _holding: Box::new(holding), fence: Some(fence) }
+    }
+
+    /// The check that the hold is still this process's, for a hold that can run out; none
+    /// for one that lasts as long as its holder (a lock the operating system keeps).
+    pub fn fence(&self) -> Option<Fence> {
+        self.fence.clone()
+    }
+}
+
+/// Whether a hold that can run out is still this process's: checked before each write a
+/// driver makes outside the log (a workspace's files), so a process that stalled past its
+/// hold changes nothing once another has taken the run over. (Appends are fenced by the
+/// store itself.)
+#[derive(Clone)]
+pub struct Fence(Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl Fence {
+    pub fn new(check: impl Fn() -> Result<(), String> + Send + Sync + 'static) -> Self {
+        Fence(Arc::new(check))
+    }
+
+    /// `Err` with why, once the hold is no longer this process's.
+    pub fn check(&self) -> Result<(), String> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fence")
     }
 }
 

@@ -148,3 +148,168 @@ pub async fn off_thread<T: Send + 'static>(
         Err(WorkspaceError::new(String::new(), format!("workspace task failed: {e}")))
     })
 }
+
+/// A workspace written only while its run's hold is this process's ([`crate::store::Fence`]):
+/// once another process has taken the run over, every write — a file tool that changes
+/// files, a snapshot, a restore, a branch — is refused, and reads go on.
+#[derive(Debug)]
+pub struct FencedWorkspace {
+    inner: Arc<dyn Workspace>,
+    fence: crate::store::Fence,
+}
+
+impl FencedWorkspace {
+    pub fn new(inner: Arc<dyn Workspace>, fence: crate::store::Fence) -> Self {
+        FencedWorkspace { inner, fence }
+    }
+
+    fn check(&self) -> Result<(), WorkspaceError> {
+        self.fence.check().map_err(|why| {
+            WorkspaceError::new(self.inner.root().display().to_string(), format!("refused: {why}"))
+        })
+    }
+}
+
+impl Workspace for FencedWorkspace {
+    fn root(&self) -> &Path {
+        self.inner.root()
+    }
+
+    fn execute(
+        &self,
+        tool: &str,
+        arguments: &Value,
+        touched: &mut BTreeSet<String>,
+        max_touched: usize,
+    ) -> ToolOutcome {
+        if !matches!(tool, "read_file" | "list_dir")
+            && let Err(e) = self.check()
+        {
+            return ToolOutcome::error(e.message);
+        }
+        self.inner.execute(tool, arguments, touched, max_touched)
+    }
+
+    fn snapshot(&self, message: &str) -> Result<String, WorkspaceError> {
+        self.check()?;
+        self.inner.snapshot(message)
+    }
+
+    fn restore(&self, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.check()?;
+        self.inner.restore(snapshot)
+    }
+
+    fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.check()?;
+        self.inner.branch(name, snapshot)
+    }
+
+    fn adopt(&self, from: &Path, snapshot: &str) -> Result<(), WorkspaceError> {
+        self.check()?;
+        self.inner.adopt(from, snapshot)
+    }
+
+    fn take_notices(&self) -> Vec<String> {
+        self.inner.take_notices()
+    }
+}
+
+/// `workspace`, fenced by `guard`'s hold when that hold can run out.
+pub fn fenced(
+    workspace: Option<Arc<dyn Workspace>>,
+    guard: &crate::store::RunGuard,
+) -> Option<Arc<dyn Workspace>> {
+    match (workspace, guard.fence()) {
+        (Some(w), Some(fence)) => Some(Arc::new(FencedWorkspace::new(w, fence))),
+        (w, _) => w,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::store::Fence;
+
+    /// A workspace that only counts what reached it.
+    #[derive(Debug, Default)]
+    struct Counting {
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl Workspace for Counting {
+        fn root(&self) -> &Path {
+            Path::new("/nowhere")
+        }
+        fn execute(
+            &self,
+            tool: &str,
+            _: &Value,
+            _: &mut BTreeSet<String>,
+            _: usize,
+        ) -> ToolOutcome {
+            self.calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(tool.to_owned());
+            ToolOutcome::ok("done")
+        }
+        fn snapshot(&self, _: &str) -> Result<String, WorkspaceError> {
+            self.calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push("snapshot".to_owned());
+            Ok("s1".to_owned())
+        }
+        fn restore(&self, _: &str) -> Result<(), WorkspaceError> {
+            self.calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push("restore".to_owned());
+            Ok(())
+        }
+        fn branch(&self, _: &str, _: &str) -> Result<(), WorkspaceError> {
+            self.calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push("branch".to_owned());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_lost_hold_refuses_every_write_and_lets_reads_through() {
+        let inner = Arc::new(Counting::default());
+        let lost = Arc::new(AtomicBool::new(false));
+        let fence = {
+            let lost = Arc::clone(&lost);
+            Fence::new(move || {
+                if lost.load(Ordering::SeqCst) { Err("taken over".to_owned()) } else { Ok(()) }
+            })
+        };
+        let fenced = FencedWorkspace::new(Arc::clone(&inner) as Arc<dyn Workspace>, fence);
+        let mut touched = BTreeSet::new();
+        let args = serde_json::json!({"path": "a.txt", "content": "x"});
+        assert!(!fenced.execute("write_file", &args, &mut touched, 10).is_error);
+        assert!(fenced.snapshot("m").is_ok());
+        lost.store(true, Ordering::SeqCst);
+        for tool in ["write_file", "edit_file", "delete_file"] {
+            let out = fenced.execute(tool, &args, &mut touched, 10);
+            assert!(out.is_error && out.content.contains("taken over"), "{tool}: {out:?}");
+        }
+        assert!(fenced.snapshot("m").is_err());
+        assert!(fenced.restore("s1").is_err());
+        assert!(fenced.branch("b", "s1").is_err());
+        assert!(!fenced.execute("read_file", &args, &mut touched, 10).is_error);
+        assert!(!fenced.execute("list_dir", &args, &mut touched, 10).is_error);
+        let calls = inner.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        assert_eq!(
+            calls,
+            ["write_file", "snapshot", "read_file", "list_dir"],
+            "nothing refused reached the workspace"
+        );
+    }
+}

@@ -6,11 +6,17 @@
 //! then the events are inserted, the run updated and a notification sent in one statement.
 //! A load reads the run and its events in one statement, so one snapshot.
 //!
-//! Two connections have one owner each: the *lock* connection takes and gives back the
-//! session advisory locks that say which process drives a run ([`EventStore::hold`]; the
-//! database releases them when the process or its connection dies), and the *listen*
-//! connection hears `NOTIFY baton_events` from every append, in every process, and wakes
-//! whoever waits for that run's events ([`EventStore::wait_for_events`]).
+//! Two connections have one owner each. The *hold* connection takes, renews and gives back
+//! the holds that say which process drives a run ([`EventStore::hold`]): a row of `holds`
+//! naming this process and the hold connection's session, valid for a length of time
+//! ([`DEFAULT_HOLD_FOR`]) and renewed every third of it. A hold is taken over once it has
+//! run out, or at once when the session that took it is gone (its process died). Each
+//! taking counts the run's hold epoch up, and an append made under a hold checks, in its
+//! transaction, that the hold is still this process's: a process that stalled past its
+//! hold (stopped, swapped out, cut off) appends nothing after another took the run over
+//! ([`Error::Fenced`]), and its workspace writes are refused by the guard's fence. The
+//! *listen* connection hears `NOTIFY baton_events` from every append, in every process,
+//! and wakes whoever waits for that run's events ([`EventStore::wait_for_events`]).
 //!
 //! The schema is versioned in `schema_version`: a new database is created at this binary's
 //! version; one at another version is refused naming both, and `baton migrate` moves an
@@ -25,7 +31,8 @@ use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{
-    Error, EventStore, RunGuard, RunQuery, RunRecord, TenantOverride, Verified, check_numbering,
+    Error, EventStore, Fence, RunGuard, RunQuery, RunRecord, TenantOverride, Verified,
+    check_numbering,
 };
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -36,7 +43,10 @@ use tokio_postgres::{AsyncMessage, NoTls, Row};
 use crate::tokens::{Role, TokenRecord, TokenStore};
 
 /// The schema, one file per version, applied in order, each in its own transaction.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/postgres/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/postgres/0001_init.sql"),
+    include_str!("../migrations/postgres/0002_holds.sql"),
+];
 
 /// The version of the schema this binary reads and writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -44,8 +54,9 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// The channel every append notifies, with the run's id as the payload.
 const CHANNEL: &str = "baton_events";
 
-/// Most connections in the pool (the lock and listen connections aside).
-const POOL_SIZE_MAX: usize = 16;
+/// Most connections in the pool (the hold and listen connections aside); they are opened
+/// as they are needed.
+const POOL_SIZE_MAX: usize = 8;
 
 /// How long a request waits for a pooled connection before it fails.
 const POOL_WAIT: Duration = Duration::from_secs(30);
@@ -57,6 +68,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// (a notification lost with the listen connection delays it by no more than this).
 const WAIT_LOOK_EVERY: Duration = Duration::from_millis(250);
 
+/// How long a hold lasts without a renewal, unless the store is told otherwise.
+pub const DEFAULT_HOLD_FOR: Duration = Duration::from_secs(30);
+
+/// The database's clock, in microseconds since the epoch: holds run out by one clock.
+const NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
+
 /// The advisory lock that serialises migrations between processes.
 const MIGRATION_LOCK: i64 = 0x6261_746f_6e00_0001;
 
@@ -67,16 +84,17 @@ pub struct PostgresStore {
     pool: Pool,
     /// The URL without its password, for messages.
     shown: String,
-    locks: mpsc::UnboundedSender<LockOp>,
-    /// The advisory lock keys this process holds (a session may take its own lock twice,
-    /// so a second holder in this process is refused here).
-    held: Arc<Mutex<HashSet<i64>>>,
-    /// The schema the tables live in, mixed into lock keys so that two schemas of one
-    /// database never share a run's lock.
-    schema: String,
+    holds: mpsc::UnboundedSender<HoldOp>,
+    /// The runs this process holds.
+    held: Held,
+    /// This process's name in `holds` (random, one per store).
+    holder: String,
+    hold_for: Duration,
     waiters: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
-    /// The listen connection's client: while it lives, its LISTEN stays in force.
-    _listening: tokio_postgres::Client,
+    /// The listen connection's client, made at the first wait for events (a command that
+    /// never waits never opens it): while it lives, its LISTEN stays in force.
+    listening: tokio::sync::OnceCell<tokio_postgres::Client>,
+    config: tokio_postgres::Config,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -85,11 +103,26 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
-/// What the lock connection's owner is asked to do.
-enum LockOp {
-    Take(i64, oneshot::Sender<Result<bool, Error>>),
-    Give(i64),
-    Probe(i64, oneshot::Sender<Result<bool, Error>>),
+/// What the hold connection's owner is asked to do.
+enum HoldOp {
+    /// Take the run's hold; its epoch when taken, none when another process holds it.
+    Take(String, oneshot::Sender<Result<Option<i64>, Error>>),
+    /// Give back the run's hold taken at this epoch.
+    Give(String, i64),
+    /// Whether any process holds the run.
+    Probe(String, oneshot::Sender<Result<bool, Error>>),
+}
+
+/// The runs this process holds, each with its epoch and how long it surely stays its own.
+type Held = Arc<Mutex<HashMap<String, HeldRun>>>;
+
+#[derive(Clone, Debug)]
+struct HeldRun {
+    /// 0 while the hold is being taken.
+    epoch: i64,
+    /// Until when (this process's monotonic clock) the hold is surely still this
+    /// process's: when its last renewal was sent, plus the hold's length.
+    valid_until: Arc<Mutex<std::time::Instant>>,
 }
 
 /// Whether a `--db` value names a PostgreSQL database.
@@ -155,15 +188,20 @@ impl PostgresStore {
     /// Connects to the database at `url`; a database without Baton's tables gets them, one
     /// at another version than this binary's is refused (`baton migrate` moves it forward).
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        Self::connect_with(url).await
+        Self::connect_with(url, DEFAULT_HOLD_FOR).await
+    }
+
+    /// [`PostgresStore::connect`], its holds lasting `hold_for` without a renewal (a killed
+    /// or stalled driver's runs are taken over after it; at least 3 s).
+    pub async fn connect_holding(url: &str, hold_for: Duration) -> Result<Self, Error> {
+        Self::connect_with(url, hold_for.max(Duration::from_secs(3))).await
     }
 
     /// Connects and applies every migration the database lacks: `baton migrate`.
     pub async fn migrate(url: &str) -> Result<(i64, i64), Error> {
         let config = config(url)?;
         let (mut client, _task) = connect_one(&config, url).await?;
-        let before = schema_state(&client).await?;
-        apply_migrations(&mut client).await?;
+        let before = prepare_schema(&mut client, true).await?;
         let from = match before {
             SchemaState::Empty => 0,
             SchemaState::At(v) => v,
@@ -171,12 +209,12 @@ impl PostgresStore {
         Ok((from, SCHEMA_VERSION))
     }
 
-    async fn connect_with(url: &str) -> Result<Self, Error> {
+    async fn connect_with(url: &str, hold_for: Duration) -> Result<Self, Error> {
         let shown_url = shown(url);
         let config = config(url)?;
         let (mut client, _task) = connect_one(&config, url).await?;
-        match schema_state(&client).await? {
-            SchemaState::Empty => apply_migrations(&mut client).await?,
+        match prepare_schema(&mut client, false).await? {
+            SchemaState::Empty => {}
             SchemaState::At(v) if v == SCHEMA_VERSION => {}
             SchemaState::At(v) if v < SCHEMA_VERSION => {
                 return Err(Error::Backend(format!(
@@ -189,13 +227,6 @@ impl PostgresStore {
                 )));
             }
         }
-        let schema: String = client
-            .query_one("SELECT current_schema()::text", &[])
-            .await
-            .map_err(pg)?
-            .try_get::<_, Option<String>>(0)
-            .map_err(pg)?
-            .unwrap_or_default();
         drop(client);
         let manager = Manager::from_config(
             config.clone(),
@@ -209,19 +240,21 @@ impl PostgresStore {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(backend)?;
-        let (lock_client, _) = connect_one(&config, url).await?;
-        let (locks, rx) = mpsc::unbounded_channel();
-        tokio::spawn(own_locks(lock_client, rx));
-        let waiters: Arc<Mutex<HashMap<String, Arc<Notify>>>> = Arc::default();
-        let listening = listen(&config, url, Arc::clone(&waiters)).await?;
+        let (hold_client, _) = connect_one(&config, url).await?;
+        let (holds, rx) = mpsc::unbounded_channel();
+        let holder = format!("{}-{}", std::process::id(), uuid_like());
+        let held: Held = Arc::default();
+        tokio::spawn(own_holds(hold_client, rx, Arc::clone(&held), holder.clone(), hold_for));
         Ok(PostgresStore {
             pool,
             shown: shown_url,
-            locks,
-            held: Arc::default(),
-            schema,
-            waiters,
-            _listening: listening,
+            holds,
+            held,
+            holder,
+            hold_for,
+            waiters: Arc::default(),
+            listening: tokio::sync::OnceCell::new(),
+            config,
         })
     }
 
@@ -237,30 +270,18 @@ impl PostgresStore {
             .map_err(|e| Error::Backend(format!("postgres {}: no connection: {e}", self.shown)))
     }
 
-    /// The advisory lock key of a run: 64 bits of the SHA-256 of the schema and the run id.
-    fn lock_key(&self, run_id: &str) -> i64 {
-        let mut bytes = Vec::with_capacity(self.schema.len() + 1 + run_id.len());
-        bytes.extend_from_slice(self.schema.as_bytes());
-        bytes.push(0);
-        bytes.extend_from_slice(run_id.as_bytes());
-        let digest = Sha256::digest(&bytes);
-        let mut eight = [0u8; 8];
-        eight.copy_from_slice(&digest[..8]);
-        i64::from_be_bytes(eight)
-    }
-
-    async fn lock_op(
+    async fn hold_op<T>(
         &self,
-        make: impl FnOnce(oneshot::Sender<Result<bool, Error>>) -> LockOp,
-    ) -> Result<bool, Error> {
+        make: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> HoldOp,
+    ) -> Result<T, Error> {
         let (tx, rx) = oneshot::channel();
         let lost = || {
             Error::Backend(format!(
-                "postgres {}: the connection that holds runs' locks was lost; restart the process",
+                "postgres {}: the connection that keeps this process's holds on runs was lost; restart the process (its runs are taken over once their holds run out)",
                 self.shown
             ))
         };
-        self.locks.send(make(tx)).map_err(|_| lost())?;
+        self.holds.send(make(tx)).map_err(|_| lost())?;
         rx.await.map_err(|_| lost())?
     }
 
@@ -270,7 +291,7 @@ impl PostgresStore {
         let (client, _task) = connect_one(&config, url).await?;
         client
             .batch_execute(
-                "DROP TABLE IF EXISTS events, runs, scenario_texts, tenant_overrides, tokens, schema_version",
+                "DROP TABLE IF EXISTS events, runs, holds, scenario_texts, tenant_overrides, tokens, schema_version",
             )
             .await
             .map_err(pg)
@@ -311,41 +332,44 @@ async fn connect_one(
     Ok((client, task))
 }
 
-async fn schema_state(client: &tokio_postgres::Client) -> Result<SchemaState, Error> {
-    let exists: bool = client
+/// Looks at the database's schema version and moves it forward — every missing migration
+/// when `forward`, else only a database without Baton's tables — in one transaction under
+/// an advisory lock: another process preparing the same database at the same moment waits,
+/// then finds the work done (never a database half way). The version found before.
+async fn prepare_schema(
+    client: &mut tokio_postgres::Client,
+    forward: bool,
+) -> Result<SchemaState, Error> {
+    let tx = client.transaction().await.map_err(pg)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(pg)?;
+    let exists: bool = tx
         .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])
         .await
         .map_err(pg)?
         .get(0);
-    if !exists {
-        return Ok(SchemaState::Empty);
-    }
-    let v: Option<i64> = client
-        .query_one("SELECT MAX(version)::bigint FROM schema_version", &[])
-        .await
-        .map_err(pg)?
-        .get(0);
-    Ok(SchemaState::At(v.unwrap_or(0)))
-}
-
-/// Applies every migration past the database's version, each in its own transaction under
-/// an advisory lock (another process migrating at the same moment waits, then finds the
-/// work done).
-async fn apply_migrations(client: &mut tokio_postgres::Client) -> Result<(), Error> {
-    for (i, sql) in MIGRATIONS.iter().enumerate() {
-        let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
-        let tx = client.transaction().await.map_err(pg)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(pg)?;
-        tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")
-            .await
-            .map_err(pg)?;
-        let now: Option<i64> = tx
+    let found = if exists {
+        let v: Option<i64> = tx
             .query_one("SELECT MAX(version)::bigint FROM schema_version", &[])
             .await
             .map_err(pg)?
             .get(0);
-        if now.unwrap_or(0) >= version {
-            tx.commit().await.map_err(pg)?;
+        SchemaState::At(v.unwrap_or(0))
+    } else {
+        SchemaState::Empty
+    };
+    let from = match found {
+        SchemaState::Empty => 0,
+        SchemaState::At(v) if forward => v,
+        SchemaState::At(_) => return Ok(found),
+    };
+    if from == 0 {
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")
+            .await
+            .map_err(pg)?;
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        if version <= from {
             continue;
         }
         tx.batch_execute(sql)
@@ -354,52 +378,105 @@ async fn apply_migrations(client: &mut tokio_postgres::Client) -> Result<(), Err
         tx.execute("INSERT INTO schema_version (version) VALUES ($1)", &[&version])
             .await
             .map_err(pg)?;
-        tx.commit().await.map_err(pg)?;
     }
-    Ok(())
+    tx.commit().await.map_err(pg)?;
+    Ok(found)
 }
 
-/// The owner of the lock connection: takes, gives back and probes advisory locks in the
-/// order they are asked for. When the connection is lost, every lock it held is gone
-/// with it; the owner stops and every later request fails.
-async fn own_locks(client: tokio_postgres::Client, mut rx: mpsc::UnboundedReceiver<LockOp>) {
-    while let Some(op) = rx.recv().await {
+/// The owner of the hold connection: takes, gives back and probes holds in the order they
+/// are asked for, and renews every hold of this process every third of their length. A
+/// renewal that finds a hold no longer this process's marks it lost at once. When the
+/// connection is lost, the owner stops: every later request fails, and the holds run out.
+async fn own_holds(
+    client: tokio_postgres::Client,
+    mut rx: mpsc::UnboundedReceiver<HoldOp>,
+    held: Held,
+    holder: String,
+    hold_for: Duration,
+) {
+    let hold_us = i64::try_from(hold_for.as_micros()).unwrap_or(i64::MAX);
+    let take = format!(
+        "INSERT INTO holds AS h (run_id, holder, holder_pid, holder_since, until_us, epoch)
+         SELECT $1, $2, a.pid, a.backend_start, {NOW_US} + $3, 1
+           FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+         ON CONFLICT (run_id) DO UPDATE SET holder = EXCLUDED.holder,
+           holder_pid = EXCLUDED.holder_pid, holder_since = EXCLUDED.holder_since,
+           until_us = EXCLUDED.until_us, epoch = h.epoch + 1
+         WHERE h.until_us < {NOW_US} OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+           WHERE a.pid = h.holder_pid AND a.backend_start = h.holder_since)
+         RETURNING epoch"
+    );
+    let probe = format!(
+        "SELECT EXISTS (SELECT 1 FROM holds h WHERE h.run_id = $1 AND h.until_us >= {NOW_US}
+           AND EXISTS (SELECT 1 FROM pg_stat_activity a
+             WHERE a.pid = h.holder_pid AND a.backend_start = h.holder_since))"
+    );
+    let renew = format!(
+        "UPDATE holds SET until_us = {NOW_US} + $2 WHERE holder = $1 AND run_id = ANY($3) RETURNING run_id"
+    );
+    let mut every = tokio::time::interval(hold_for / 3);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let op = tokio::select! {
+            op = rx.recv() => match op {
+                Some(op) => op,
+                None => return,
+            },
+            _ = every.tick() => {
+                let ids: Vec<String> = lock(&held).keys().cloned().collect();
+                if ids.is_empty() {
+                    continue;
+                }
+                let sent = std::time::Instant::now();
+                match client.query(&renew, &[&holder, &hold_us, &ids]).await {
+                    Ok(rows) => {
+                        let kept: HashSet<String> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+                        for (id, run) in lock(&held).iter() {
+                            let mut until = lock(&run.valid_until);
+                            if kept.contains(id) {
+                                *until = sent + hold_for;
+                            } else if run.epoch != 0 {
+                                *until = sent;
+                            }
+                        }
+                    }
+                    Err(_) if client.is_closed() => return,
+                    Err(_) => {}
+                }
+                continue;
+            }
+        };
         match op {
-            LockOp::Take(key, reply) => {
+            HoldOp::Take(run_id, reply) => {
                 let got = client
-                    .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+                    .query(&take, &[&run_id, &holder, &hold_us])
                     .await
-                    .map(|r| r.get::<_, bool>(0))
+                    .map(|rows| rows.first().map(|r| r.get::<_, i64>(0)))
                     .map_err(pg);
-                let lost = got.is_err();
+                let closed = got.is_err() && client.is_closed();
                 let _ = reply.send(got);
-                if lost && client.is_closed() {
+                if closed {
                     return;
                 }
             }
-            LockOp::Give(key) => {
-                if client.execute("SELECT pg_advisory_unlock($1)", &[&key]).await.is_err()
-                    && client.is_closed()
-                {
-                    return;
-                }
-            }
-            LockOp::Probe(key, reply) => {
-                // Bigint advisory locks are listed with the key's high half as classid,
-                // its low half as objid and objsubid 1.
-                let high = u32::try_from((key >> 32) & 0xffff_ffff).unwrap_or(0);
-                let low = u32::try_from(key & 0xffff_ffff).unwrap_or(0);
-                let held = client
-                    .query_one(
-                        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
-                           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                           AND classid = $1 AND objid = $2 AND objsubid = 1 AND granted)",
-                        &[&high, &low],
+            HoldOp::Give(run_id, epoch) => {
+                let gave = client
+                    .execute(
+                        "DELETE FROM holds WHERE run_id = $1 AND holder = $2 AND epoch = $3",
+                        &[&run_id, &holder, &epoch],
                     )
+                    .await;
+                if gave.is_err() && client.is_closed() {
+                    return;
+                }
+            }
+            HoldOp::Probe(run_id, reply) => {
+                let found = client
+                    .query_one(&probe, &[&run_id])
                     .await
                     .map(|r| r.get::<_, bool>(0))
                     .map_err(pg);
-                let _ = reply.send(held);
+                let _ = reply.send(found);
             }
         }
     }
@@ -505,6 +582,7 @@ async fn create(
     tx: &deadpool_postgres::Transaction<'_>,
     run: &RunRecord,
     events: &[Event],
+    fence: Option<(&str, i64)>,
 ) -> Result<(), Error> {
     check_numbering(events, 1)?;
     let exists = tx_query(tx, "SELECT 1 FROM runs WHERE run_id = $1", &[&run.run_id]).await?;
@@ -550,7 +628,7 @@ async fn create(
         });
     }
     if !events.is_empty() {
-        append(tx, &run.run_id, 1, events, &run.status).await?;
+        append(tx, &run.run_id, 1, events, &run.status, fence).await?;
     }
     Ok(())
 }
@@ -574,6 +652,7 @@ async fn by_key_in(
 async fn end_of_log(
     tx: &deadpool_postgres::Transaction<'_>,
     run_id: &str,
+    fence: Option<(&str, i64)>,
 ) -> Result<Verified, Error> {
     // Two statements, sent together: the first locks the run's row (waiting for another
     // append to end), the second — its own snapshot, taken once the lock is held — reads
@@ -582,12 +661,35 @@ async fn end_of_log(
     let head_sql = "SELECT last_seq, head_hash FROM runs WHERE run_id = $1 FOR UPDATE";
     let last_sql = "SELECT hash FROM events
           WHERE run_id = $1 AND seq = (SELECT last_seq FROM runs WHERE run_id = $1)";
-    let (head_stmt, last_stmt) =
-        tokio::try_join!(tx.prepare_cached(head_sql), tx.prepare_cached(last_sql)).map_err(pg)?;
+    let hold_sql = "SELECT holder, epoch FROM holds WHERE run_id = $1 FOR SHARE";
+    let (head_stmt, last_stmt, hold_stmt) = tokio::try_join!(
+        tx.prepare_cached(head_sql),
+        tx.prepare_cached(last_sql),
+        tx.prepare_cached(hold_sql)
+    )
+    .map_err(pg)?;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&run_id];
-    let (rows, last_rows) =
-        tokio::try_join!(tx.query(&head_stmt, &params), tx.query(&last_stmt, &params))
-            .map_err(pg)?;
+    // An append under this process's hold checks that the hold is still its own, the
+    // hold's row kept from changing hands until the append commits.
+    let (rows, last_rows, hold_rows) = match fence {
+        Some(_) => tokio::try_join!(
+            tx.query(&head_stmt, &params),
+            tx.query(&last_stmt, &params),
+            tx.query(&hold_stmt, &params)
+        ),
+        None => tokio::try_join!(tx.query(&head_stmt, &params), tx.query(&last_stmt, &params))
+            .map(|(a, b)| (a, b, Vec::new())),
+    }
+    .map_err(pg)?;
+    if let Some((holder, epoch)) = fence {
+        let still = hold_rows.first().is_some_and(|r| {
+            r.try_get::<_, String>(0).is_ok_and(|h| h == holder)
+                && r.try_get::<_, i64>(1).is_ok_and(|e| e == epoch)
+        });
+        if !still {
+            return Err(Error::Fenced(run_id.to_owned()));
+        }
+    }
     let Some(row) = rows.first() else { return Err(Error::NotFound(run_id.to_owned())) };
     let damaged =
         |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
@@ -627,8 +729,9 @@ async fn append(
     expected: u64,
     events: &[Event],
     status: &str,
+    fence: Option<(&str, i64)>,
 ) -> Result<(), Error> {
-    let end = end_of_log(tx, run_id).await?;
+    let end = end_of_log(tx, run_id, fence).await?;
     let actual = end.last_seq + 1;
     if actual != expected {
         return Err(Error::Conflict { run_id: run_id.to_owned(), expected, actual });
@@ -794,6 +897,11 @@ async fn load_checked(
 }
 
 impl PostgresStore {
+    /// The epoch of this process's hold on a run, when it holds it.
+    fn epoch_of(&self, run_id: &str) -> Option<i64> {
+        lock(&self.held).get(run_id).map(|h| h.epoch).filter(|e| *e != 0)
+    }
+
     async fn run_rows(
         &self,
         sql: &str,
@@ -813,7 +921,9 @@ impl EventStore for PostgresStore {
         Box::pin(async move {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(pg)?;
-            match create(&tx, run, &events).await {
+            let epoch = self.epoch_of(&run.run_id);
+            let fence = epoch.map(|e| (self.holder.as_str(), e));
+            match create(&tx, run, &events, fence).await {
                 Ok(()) => tx.commit().await.map_err(pg),
                 Err(Error::KeyTaken { key, .. }) => {
                     drop(tx);
@@ -839,7 +949,9 @@ impl EventStore for PostgresStore {
         Box::pin(async move {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(pg)?;
-            append(&tx, run_id, expected_seq, &events, status).await?;
+            let epoch = self.epoch_of(run_id);
+            let fence = epoch.map(|e| (self.holder.as_str(), e));
+            append(&tx, run_id, expected_seq, &events, status, fence).await?;
             tx.commit().await.map_err(pg)
         })
     }
@@ -1083,21 +1195,48 @@ impl EventStore for PostgresStore {
         })
     }
 
-    /// A session advisory lock on the run's key, taken on the lock connection: the
-    /// database lets go when this process (or its connection) dies.
+    /// A row of `holds` naming this process, renewed while the guard lives; the guard's
+    /// fence says whether it is surely still this process's.
     fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
         Box::pin(async move {
-            let key = self.lock_key(run_id);
-            if !lock(&self.held).insert(key) {
-                return Err(Error::Busy(run_id.to_owned()));
+            let valid_until = Arc::new(Mutex::new(std::time::Instant::now()));
+            {
+                let mut held = lock(&self.held);
+                if held.contains_key(run_id) {
+                    return Err(Error::Busy(run_id.to_owned()));
+                }
+                let run = HeldRun { epoch: 0, valid_until: Arc::clone(&valid_until) };
+                held.insert(run_id.to_owned(), run);
             }
-            let release = Release { key, held: Arc::clone(&self.held), locks: self.locks.clone() };
+            let sent = std::time::Instant::now();
             // Dropped on any way out but success (a refusal, an error, this future dropped
-            // half way), `release` gives back whatever the lock connection took; an unlock
-            // of a lock not held only draws a warning from the server.
-            match self.lock_op(|tx| LockOp::Take(key, tx)).await {
-                Ok(true) => Ok(RunGuard::new(release)),
-                Ok(false) => Err(Error::Busy(run_id.to_owned())),
+            // half way), `release` forgets the run here and gives back what was taken.
+            let mut release = Release {
+                run_id: run_id.to_owned(),
+                epoch: None,
+                held: Arc::clone(&self.held),
+                holds: self.holds.clone(),
+            };
+            match self.hold_op(|tx| HoldOp::Take(run_id.to_owned(), tx)).await {
+                Ok(Some(epoch)) => {
+                    release.epoch = Some(epoch);
+                    *lock(&valid_until) = sent + self.hold_for;
+                    if let Some(run) = lock(&self.held).get_mut(run_id) {
+                        run.epoch = epoch;
+                    }
+                    let id = run_id.to_owned();
+                    let fence = Fence::new(move || {
+                        if std::time::Instant::now() < *lock(&valid_until) {
+                            Ok(())
+                        } else {
+                            Err(format!(
+                                "this process's hold on run {id} ran out before it was renewed (the process stalled); another process may drive the run now"
+                            ))
+                        }
+                    });
+                    Ok(RunGuard::fenced(release, fence))
+                }
+                Ok(None) => Err(Error::Busy(run_id.to_owned())),
                 Err(e) => Err(e),
             }
         })
@@ -1105,11 +1244,10 @@ impl EventStore for PostgresStore {
 
     fn is_held<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let key = self.lock_key(run_id);
-            if lock(&self.held).contains(&key) {
+            if lock(&self.held).contains_key(run_id) {
                 return Ok(true);
             }
-            self.lock_op(|tx| LockOp::Probe(key, tx)).await
+            self.hold_op(|tx| HoldOp::Probe(run_id.to_owned(), tx)).await
         })
     }
 
@@ -1121,6 +1259,12 @@ impl EventStore for PostgresStore {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let deadline = tokio::time::Instant::now() + timeout;
+            // Without the listen connection (it cannot be opened), waiters look every
+            // WAIT_LOOK_EVERY.
+            let _ = self
+                .listening
+                .get_or_try_init(|| listen(&self.config, &self.shown, Arc::clone(&self.waiters)))
+                .await;
             let notify = Arc::clone(lock(&self.waiters).entry(run_id.to_owned()).or_default());
             let waited = async {
                 loop {
@@ -1149,19 +1293,23 @@ impl EventStore for PostgresStore {
     }
 }
 
-/// Gives a run's advisory lock back when its guard is dropped.
+/// Gives a run's hold back when its guard is dropped.
 struct Release {
-    key: i64,
-    held: Arc<Mutex<HashSet<i64>>>,
-    locks: mpsc::UnboundedSender<LockOp>,
+    run_id: String,
+    /// The epoch taken; none when nothing was taken.
+    epoch: Option<i64>,
+    held: Held,
+    holds: mpsc::UnboundedSender<HoldOp>,
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
-        // The unlock is queued before the key leaves the set, so a hold taken in this
-        // process after it reaches the lock connection after the unlock.
-        let _ = self.locks.send(LockOp::Give(self.key));
-        lock(&self.held).remove(&self.key);
+        // The give-back is queued before the run leaves the map, so a hold taken in this
+        // process after it reaches the hold connection after the give-back.
+        if let Some(epoch) = self.epoch {
+            let _ = self.holds.send(HoldOp::Give(self.run_id.clone(), epoch));
+        }
+        lock(&self.held).remove(&self.run_id);
     }
 }
 

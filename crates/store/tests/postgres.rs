@@ -270,3 +270,58 @@ async fn an_unreachable_server_is_reported_with_what_to_check() {
     assert!(message.contains("127.0.0.1:1") && message.contains("check"), "{message}");
     assert!(!message.contains("secret"), "the password is not shown: {message}");
 }
+
+/// A process that stalls past its hold (its runtime blocked, as a stopped process's is):
+/// another takes the run over once the hold has run out and appends; when the stalled one
+/// wakes, its appends are refused as fenced and its guard's fence refuses writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_holders_late_appends_are_fenced_once_another_took_the_run_over() {
+    let schema = scratch("fence").await;
+    let url = schema.url.clone();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (taken_tx, taken_rx) = std::sync::mpsc::channel::<()>();
+    let stalled = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let store = PostgresStore::connect_holding(&url, std::time::Duration::from_secs(3))
+                .await
+                .unwrap();
+            let guard = store.hold("f1").await.unwrap();
+            store.create_run(&record("f1"), warnings(1, 1)).await.unwrap();
+            let fence = guard.fence().expect("a PostgreSQL hold can run out: it has a fence");
+            assert!(fence.check().is_ok(), "a fresh hold is this process's");
+            held_tx.send(()).unwrap();
+            // The whole runtime stops, its renewals with it, until the other process has
+            // taken the run over.
+            taken_rx.recv().unwrap();
+            let late = store.append("f1", 2, warnings(2, 1), "running").await;
+            let refused = fence.check();
+            (late, refused)
+        })
+    });
+    held_rx.recv().unwrap();
+    let other = PostgresStore::connect_holding(&schema.url, std::time::Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(matches!(other.hold("f1").await, Err(Error::Busy(_))), "held while it lasts");
+    let started = std::time::Instant::now();
+    let guard = loop {
+        match other.hold("f1").await {
+            Ok(guard) => break guard,
+            Err(Error::Busy(_)) => {
+                assert!(started.elapsed().as_secs() < 10, "the stalled hold never ran out");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2), "not before it ran out");
+    other.append("f1", 2, warnings(2, 1), "running").await.unwrap();
+    taken_tx.send(()).unwrap();
+    let (late, refused) = stalled.join().unwrap();
+    assert!(matches!(late, Err(Error::Fenced(ref id)) if id == "f1"), "{late:?}");
+    assert!(refused.is_err(), "the stalled process's fence refuses writes");
+    other.append("f1", 3, warnings(3, 1), "running").await.unwrap();
+    assert_eq!(other.verify("f1").await.unwrap().last_seq, 3);
+    drop(guard);
+}

@@ -258,3 +258,283 @@ fn a_killed_workers_job_is_taken_over_by_another_after_its_lease() {
     assert!(killed.elapsed().as_secs() < 40, "taken over and finished in {:?}", killed.elapsed());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// How many jobs of each kind the chaos test queues: (scenario, count, input).
+const CHAOS_JOBS: [(&str, usize, &str); 4] = [
+    ("quick_qa", 700, "the capital of France?"),
+    ("parallel_review_demo", 200, "a patch to review"),
+    ("release_notes", 97, "PR 1: CSV export; PR 2: faster search"),
+    ("code_build", 3, "a greet CLI"),
+];
+
+/// One script for every job of the chaos test: each scenario's bundled answers (level ids
+/// do not collide), the quick ones slowed down so that kills and stops land mid-job.
+fn chaos_script(dir: &Path) -> PathBuf {
+    let read = |name: &str| {
+        std::fs::read_to_string(super::repo().join("scenarios/scripts").join(name)).unwrap()
+    };
+    let after_levels = |text: String| text.split_once("levels:\n").unwrap().1.to_owned();
+    let mut script = String::from("levels:\n");
+    script.push_str(&after_levels(read("code_build.yaml")));
+    script.push_str(&after_levels(read("release_notes.yaml")));
+    script.push_str(
+        "  answer: [{text: '{\"answer\": \"Paris\", \"confidence\": 0.97, \"sources\": []}', delay_ms: 400}]\n\
+         \x20 reviewer_a: [{text: 'PASS: clear and correct', delay_ms: 150}]\n\
+         \x20 reviewer_b: [{text: 'FAIL: misses an edge case', delay_ms: 150}]\n\
+         \x20 reviewer_c: [{text: 'PASS: fine', delay_ms: 150}]\n\
+         \x20 summary: [{text: 'Two of three reviewers approve.', delay_ms: 150}]\n",
+    );
+    let path = dir.join("chaos.yaml");
+    std::fs::write(&path, script).unwrap();
+    path
+}
+
+/// Queues `count` jobs of `scenario` with one `baton run --queue --input-lines`; their run
+/// ids.
+fn queue_many(
+    db: &str,
+    data: &Path,
+    script: &Path,
+    scenario: &str,
+    count: usize,
+    input: &str,
+) -> Vec<String> {
+    let lines = data.with_extension(format!("{scenario}.lines"));
+    let inputs: String = (0..count).map(|i| format!("{input} #{i}\n")).collect();
+    std::fs::write(&lines, inputs).unwrap();
+    let out = baton_command()
+        .arg("--db")
+        .arg(db)
+        .arg("--data-dir")
+        .arg(data)
+        .args(["run", scenario, "--queue", "--input-lines"])
+        .arg(&lines)
+        .arg("--script")
+        .arg(script)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let ids: Vec<String> = text(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("run "))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(ids.len(), count, "{}", text(&out.stdout));
+    ids
+}
+
+/// Children killed when dropped: a failing test leaves no process behind.
+struct Reaped(Vec<std::process::Child>);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A signal to a process, by its pid.
+fn signal(pid: u32, name: &str) {
+    let sent =
+        std::process::Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill -{name} {pid}");
+}
+
+/// Four workers drive a thousand jobs of bundled scenarios (and a few code_build jobs in
+/// the jail) while workers are killed and restarted at random and one is stopped past its
+/// lease and continued: every job ends, none is lost, no level is finished twice, no
+/// approval is decided twice (two deciders race on each), every log verifies, and the
+/// stopped worker's late writes are refused as fenced.
+#[test]
+fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
+    use baton_engine::store::EventStore;
+    let schema = scratch("chaos");
+    let dir = temp("chaos");
+    let data = dir.join("data");
+    let script = chaos_script(&dir);
+    let script_arg = script.to_str().unwrap().to_owned();
+    let lease = "3";
+    // Each worker's notes go to a file of its own (a pipe nobody reads would fill up).
+    let start_worker = |i: usize, generation: usize| {
+        let name = format!("w{i}-{generation}");
+        let notes = std::fs::File::create(dir.join(format!("{name}.err"))).unwrap();
+        baton_command()
+            .arg("--db")
+            .arg(&schema.url)
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("worker")
+            .args(["--script", &script_arg, "--concurrency", "6", "--lease-s", lease])
+            .args(["--retry-first-ms", "100", "--name", &name])
+            .stdout(std::process::Stdio::null())
+            .stderr(notes)
+            .spawn()
+            .unwrap()
+    };
+    let mut workers = Reaped((0..4).map(|i| start_worker(i, 0)).collect());
+    let mut generation = 1;
+    let mut all: Vec<String> = Vec::new();
+    for (scenario, count, input) in CHAOS_JOBS {
+        all.extend(queue_many(&schema.url, &data, &script, scenario, count, input));
+    }
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let store =
+        runtime.block_on(baton_store::postgres::PostgresStore::connect(&schema.url)).unwrap();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut decided = std::collections::BTreeMap::new();
+    let mut redecided = 0;
+    let mut deciders = Reaped(Vec::new());
+    let mut stopped: Option<(usize, std::time::Instant)> = None;
+    let mut stopped_once = None;
+    let mut kills = 0;
+    // Time runs from here: every job is queued (the workers started before).
+    let started = std::time::Instant::now();
+    let deadline = std::time::Duration::from_secs(360);
+    loop {
+        let runs = runtime.block_on(store.runs(None)).unwrap();
+        let open: Vec<_> = runs
+            .iter()
+            .filter(|r| {
+                !matches!(r.status.as_str(), "completed" | "failed" | "aborted" | "cancelled")
+            })
+            .collect();
+        if runs.len() >= all.len() && open.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < deadline,
+            "{} of {} jobs still open after {:?}: {:?}",
+            open.len(),
+            all.len(),
+            started.elapsed(),
+            open.iter().take(5).map(|r| (&r.run_id, &r.status)).collect::<Vec<_>>()
+        );
+        // Two deciders race on every approval that waits (at most 8 at once); one still
+        // waiting long after is decided again.
+        deciders.0.retain_mut(|d| d.try_wait().unwrap().is_none());
+        for r in runs.iter().filter(|r| r.status == "paused") {
+            if deciders.0.len() >= 8 {
+                break;
+            }
+            let again = decided.get(&r.run_id).is_some_and(|at: &std::time::Instant| {
+                at.elapsed() > std::time::Duration::from_secs(15)
+            });
+            if decided.contains_key(&r.run_id) && !again {
+                continue;
+            }
+            if again {
+                redecided += 1;
+            }
+            decided.insert(r.run_id.clone(), std::time::Instant::now());
+            for who in ["ann", "bob"] {
+                deciders.0.push(
+                    baton_command()
+                        .arg("--db")
+                        .arg(&schema.url)
+                        .arg("--data-dir")
+                        .arg(&data)
+                        .args(["approve", &r.run_id, "--no-resume", "--by", who])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .spawn()
+                        .unwrap(),
+                );
+            }
+        }
+        let elapsed = started.elapsed().as_secs();
+        // A stopped worker is continued once its lease has surely run out.
+        if let Some((i, at)) = stopped
+            && at.elapsed() > std::time::Duration::from_secs(6)
+        {
+            signal(workers.0[i].id(), "CONT");
+            stopped = None;
+        }
+        if stopped_once.is_none() && elapsed >= 3 {
+            let i = usize::try_from(next() % 4).unwrap();
+            signal(workers.0[i].id(), "STOP");
+            stopped = Some((i, std::time::Instant::now()));
+            stopped_once = Some(i);
+        }
+        // About twice a second, a worker that is not the stopped one is killed and
+        // another started in its place.
+        if elapsed > 2 && next() % 4 == 0 && kills < 12 {
+            let i = usize::try_from(next() % 4).unwrap();
+            if stopped.map(|(s, _)| s) != Some(i) && stopped_once != Some(i) {
+                workers.0[i].kill().unwrap();
+                let _ = workers.0[i].wait();
+                workers.0[i] = start_worker(i, generation);
+                generation += 1;
+                kills += 1;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    for d in &mut deciders.0 {
+        let _ = d.wait();
+    }
+    // Every job is there and ended; each log verifies; nothing happened twice.
+    let runs = runtime.block_on(store.runs(None)).unwrap();
+    let roots: std::collections::BTreeSet<_> =
+        runs.iter().filter(|r| r.parent_run_id.is_none()).map(|r| r.run_id.clone()).collect();
+    for id in &all {
+        assert!(roots.contains(id), "job {id} was lost");
+    }
+    let mut statuses = std::collections::BTreeMap::new();
+    for r in &runs {
+        *statuses.entry(r.status.clone()).or_insert(0) += 1;
+        let log = runtime.block_on(store.load(&r.run_id, 0)).unwrap_or_else(|e| panic!("{e}"));
+        let mut finished = std::collections::BTreeMap::new();
+        let mut decisions = std::collections::BTreeMap::new();
+        for e in &log {
+            let json = serde_json::to_value(e).unwrap();
+            match json["kind"].as_str() {
+                Some("level_finished") => {
+                    *finished.entry((e.level_id.clone(), e.attempt)).or_insert(0) += 1;
+                }
+                Some("approval_decided") => {
+                    *decisions.entry(json["data"]["request_id"].to_string()).or_insert(0) += 1;
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            finished.values().all(|n| *n == 1),
+            "run {}: a level finished twice: {finished:?}",
+            r.run_id
+        );
+        assert!(
+            decisions.values().all(|n| *n == 1),
+            "run {}: an approval decided twice: {decisions:?}",
+            r.run_id
+        );
+    }
+    assert_eq!(statuses.get("completed").copied().unwrap_or(0), runs.len(), "{statuses:?}");
+    // The stopped worker came back to runs others had taken over: its writes were refused.
+    let i = stopped_once.expect("a worker was stopped");
+    let stopped_out = std::fs::read_to_string(dir.join(format!("w{i}-0.err"))).unwrap_or_default();
+    assert!(
+        stopped_out.contains("was taken over by another process"),
+        "the stopped worker's late writes were not refused: {stopped_out}"
+    );
+    drop(workers);
+    // The figures, for a reader of the test's output (`--no-capture`).
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!(
+            "chaos: {} jobs ({} runs) in {:?}, {kills} kills, one stop past the lease, {redecided} approvals decided again after both deciders failed",
+            all.len(),
+            runs.len(),
+            started.elapsed()
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
