@@ -11,9 +11,15 @@
 //! store and planned), `chain3` (a job of three runs, each a one-level scenario whose
 //! JSON answer chains the job to the next, as child runs: what a hop costs beside a level),
 //! `wave` (a wave of 8 assignments, at most 3 at once, each a one-level worker run: the
-//! CPU and commits per assignment beyond what the same worker costs run alone), and `jail`
+//! CPU and commits per assignment beyond what the same worker costs run alone), `takeover`
+//! (PostgreSQL: how long after a driver dies another process holds its run), `jail`
 //! (what the jail adds to each program a verifier starts), and `http` (`baton serve` from
 //! outside: starts per second and event-stream delivery, in `bench_http.rs`).
+//!
+//! Stores: `memory`, `sqlite`, and `postgres` (a schema of its own in `--bench-db URL`,
+//! dropped after; `--workers N` stores, each with its own connections, share the runs).
+//! Every durable figure is printed with the store's durability setting and the disk's
+//! fsync floor measured in the same run.
 
 #![allow(clippy::cast_precision_loss)]
 
@@ -33,6 +39,7 @@ use baton_engine::verifier::Verifiers;
 use baton_engine::{Engine, Outcome, Status};
 use baton_scenario::{Registry, Scenario};
 use baton_store::SqliteStore;
+use baton_store::postgres::{PostgresStore, ScratchSchema};
 use serde_json::{Map, json};
 
 use crate::out::outln;
@@ -134,7 +141,7 @@ const CHAIN3: [(&str, &str); 3] = [
 const CHAIN3_SCRIPT: &str = "scenarios:\n  c1:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"c2\"}'}]\n  c2:\n    levels:\n      route: [{text: '{\"chosen_intent_route\": \"c3\"}'}]\n";
 
 /// Options of `baton bench`.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct BenchArgs {
     pub workload: String,
     pub store: String,
@@ -144,6 +151,9 @@ pub(crate) struct BenchArgs {
     pub db: Option<PathBuf>,
     /// Measure this many times and report medians.
     pub repeat: usize,
+    /// Stores sharing the runs (PostgreSQL: each with connections of its own, as the
+    /// worker processes of a deployment have).
+    pub workers: usize,
     /// Where the `jail` workload sets its jail up (its data directory is a fresh one).
     pub place: crate::cmd_run::Place,
 }
@@ -295,6 +305,11 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.workload == "http" {
         return crate::bench_http::bench(args.runs, args.concurrency, args.json).await;
     }
+    if args.workload == "takeover" {
+        let report = takeover(&args).await?;
+        print_report(&report, args.json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if args.workload == "jail" {
         let report = jail_cost(&args).await?;
         print_report(&report, args.json)?;
@@ -339,7 +354,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "chain3" => CHAIN3[0].1,
         other => {
             bail!(
-                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen, chain3, wave, jail or http"
+                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen, chain3, wave, takeover, jail or http"
             )
         }
     };
@@ -369,7 +384,8 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     } else {
         None
     };
-    let (store, sqlite) = bench_store(args, &tmp)?;
+    let stores = bench_stores(args, &tmp).await?;
+    let (store, sqlite) = (Arc::clone(&stores.stores[0]), stores.sqlite.clone());
     if args.workload == "reopen" {
         return reopen(store, &scenario).await;
     }
@@ -396,7 +412,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         }
     }
     let cpu0 = cpu_time();
-    let commits0 = sqlite.as_ref().map_or(0, SqliteStore::commits);
+    let commits0 = stores.commits();
     let syncs0 = sqlite.as_ref().map_or(0, SqliteStore::syncs);
     let wall = Instant::now();
     let concurrency = args.concurrency.max(1);
@@ -404,7 +420,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..concurrency {
         let n = per_worker.min(args.runs.saturating_sub(w * per_worker));
-        let e = engine_with(Arc::clone(&store), jobs.clone());
+        let e = engine_with(Arc::clone(&stores.stores[w % stores.stores.len()]), jobs.clone());
         let scenario = Arc::clone(&scenario);
         tasks.spawn(async move {
             let mut results = Vec::with_capacity(n);
@@ -426,8 +442,9 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let cpu = cpu_time().saturating_sub(cpu0);
     latencies.sort_unstable();
     let runs = latencies.len();
-    let store_bytes = match &sqlite {
-        Some(s) => {
+    let store_bytes = match (&sqlite, stores.postgres.first()) {
+        (_, Some(pg)) => pg.bytes().await?,
+        (Some(s), _) => {
             s.checkpoint().await?;
             let p = s.path();
             let size = |suffix: &str| {
@@ -435,7 +452,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             };
             size("") + size("-wal")
         }
-        None => {
+        (None, None) => {
             let mut bytes = 0u64;
             for r in store.runs(None).await? {
                 for e in store.load(&r.run_id, 0).await? {
@@ -445,8 +462,9 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             bytes
         }
     };
-    let commits = sqlite.as_ref().map_or(0, SqliteStore::commits) - commits0;
+    let commits = stores.commits() - commits0;
     let syncs = sqlite.as_ref().map_or(0, SqliteStore::syncs) - syncs0;
+    let durable = sqlite.is_some() || !stores.postgres.is_empty();
     let mut report = json!({
         "workload": args.workload,
         "store": args.store,
@@ -462,28 +480,160 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "cpu_us_per_level": cpu.as_secs_f64() * 1e6 / levels.max(1) as f64,
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
         "store_bytes_per_run": store_bytes as f64 / runs.max(1) as f64,
-        "commits_per_level": (sqlite.is_some()).then(|| commits as f64 / levels.max(1) as f64),
+        "workers": stores.stores.len(),
+        "commits_per_level": durable.then(|| commits as f64 / levels.max(1) as f64),
         "fsyncs_per_level": (sqlite.is_some()).then(|| syncs as f64 / levels.max(1) as f64),
     });
     durability(&mut report, sqlite.as_ref())?;
+    if let Some(pg) = stores.postgres.first() {
+        postgres_durability(&mut report, pg, &tmp).await?;
+    }
+    drop(stores);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(report)
 }
 
-/// The store a measurement runs on (`--store`), and the SQLite one for its counters.
-fn bench_store(
-    args: &BenchArgs,
+/// What a PostgreSQL figure stood on: the server's `synchronous_commit` and the fsync floor
+/// of this machine's disk, measured now in the bench's temporary directory (the server's
+/// data directory is its own).
+async fn postgres_durability(
+    report: &mut serde_json::Value,
+    pg: &PostgresStore,
     tmp: &Path,
-) -> anyhow::Result<(Arc<dyn EventStore>, Option<SqliteStore>)> {
+) -> anyhow::Result<()> {
+    let setting = pg.synchronous_commit().await?;
+    std::fs::create_dir_all(tmp)?;
+    let (p50, p99) = fsync_floor(tmp)?;
+    if let Some(map) = report.as_object_mut() {
+        map.insert("postgres_synchronous_commit".to_owned(), json!(setting));
+        map.insert("fsync_floor_p50_ms".to_owned(), json!(p50));
+        map.insert("fsync_floor_p99_ms".to_owned(), json!(p99));
+        map.insert("fsync_floor_dir".to_owned(), json!(tmp.display().to_string()));
+    }
+    Ok(())
+}
+
+/// The stores a measurement runs on (`--store`, `--workers` of them for PostgreSQL), with
+/// the concrete ones for their counters.
+struct BenchStores {
+    stores: Vec<Arc<dyn EventStore>>,
+    sqlite: Option<SqliteStore>,
+    postgres: Vec<Arc<PostgresStore>>,
+    /// The PostgreSQL schema the measurement runs in, dropped with it.
+    _schema: Option<ScratchSchema>,
+}
+
+impl BenchStores {
+    /// Write transactions committed so far, every store together.
+    fn commits(&self) -> u64 {
+        self.sqlite.as_ref().map_or(0, SqliteStore::commits)
+            + self.postgres.iter().map(|p| p.commits()).sum::<u64>()
+    }
+}
+
+async fn bench_stores(args: &BenchArgs, tmp: &Path) -> anyhow::Result<BenchStores> {
+    let workers = args.workers.max(1);
+    if workers > 1 && args.store != "postgres" {
+        bail!(
+            "--workers is for --store postgres (each worker a store with connections of its own)"
+        );
+    }
     Ok(match args.store.as_str() {
-        "memory" => (Arc::new(MemoryStore::new()), None),
+        "memory" => BenchStores {
+            stores: vec![Arc::new(MemoryStore::new())],
+            sqlite: None,
+            postgres: Vec::new(),
+            _schema: None,
+        },
         "sqlite" => {
             let path = args.db.clone().unwrap_or_else(|| tmp.join("bench.db"));
             let s = SqliteStore::open(&path)?;
-            (Arc::new(s.clone()), Some(s))
+            BenchStores {
+                stores: vec![Arc::new(s.clone())],
+                sqlite: Some(s),
+                postgres: Vec::new(),
+                _schema: None,
+            }
         }
-        other => bail!("unknown store `{other}`: use memory or sqlite"),
+        "postgres" => {
+            let url = args
+                .db
+                .as_ref()
+                .and_then(|p| p.to_str())
+                .filter(|u| baton_store::postgres::is_url(u))
+                .context(
+                    "--store postgres needs --bench-db postgres://USER@HOST:PORT/DATABASE (the bench works in a schema of its own there and drops it after)",
+                )?;
+            let schema = ScratchSchema::create(url, "bench").await?;
+            let mut postgres = Vec::with_capacity(workers);
+            for _ in 0..workers {
+                postgres.push(Arc::new(PostgresStore::connect(&schema.url).await?));
+            }
+            BenchStores {
+                stores: postgres.iter().map(|p| Arc::clone(p) as Arc<dyn EventStore>).collect(),
+                sqlite: None,
+                postgres,
+                _schema: Some(schema),
+            }
+        }
+        other => bail!("unknown store `{other}`: use memory, sqlite or postgres"),
     })
+}
+
+/// `takeover` (PostgreSQL): how long after a driver dies another process holds its run. A
+/// driver with connections of its own takes a run's hold, then dies (its runtime is shut
+/// down, its connections closed, as a killed process's are); the other store tries the
+/// hold every millisecond until it has it.
+async fn takeover(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    if args.store != "postgres" {
+        bail!("the takeover workload measures PostgreSQL: give --store postgres --bench-db URL");
+    }
+    let tmp = std::env::temp_dir().join(format!("baton-bench-{}", uuid_like()));
+    let stores = bench_stores(&BenchArgs { workers: 1, ..args.clone() }, &tmp).await?;
+    let survivor = Arc::clone(&stores.postgres[0]);
+    let url = stores._schema.as_ref().map(|s| s.url.clone()).context("no schema")?;
+    let mut took = Vec::with_capacity(args.runs);
+    for i in 0..args.runs.clamp(1, 1000) {
+        let run = format!("takeover-{i}");
+        let (url, id) = (url.clone(), run.clone());
+        // The dying driver: a runtime of its own, shut down with the hold taken.
+        let died = tokio::task::spawn_blocking(move || -> anyhow::Result<Instant> {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let store = PostgresStore::connect(&url).await?;
+                let guard = store.hold(&id).await?;
+                std::mem::forget((guard, store));
+                anyhow::Ok(())
+            })?;
+            runtime.shutdown_background();
+            Ok(Instant::now())
+        })
+        .await??;
+        loop {
+            match survivor.hold(&run).await {
+                Ok(_) => break,
+                Err(baton_engine::store::Error::Busy(_)) => {
+                    if died.elapsed() > Duration::from_secs(60) {
+                        bail!("run {run} was not taken over within 60 s");
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        took.push(died.elapsed());
+    }
+    took.sort_unstable();
+    drop(stores);
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(json!({
+        "workload": "takeover",
+        "store": "postgres",
+        "takeovers": took.len(),
+        "takeover_p50_ms": percentile(&took, 50.0).as_secs_f64() * 1e3,
+        "takeover_p99_ms": percentile(&took, 99.0).as_secs_f64() * 1e3,
+        "takeover_max_ms": took.last().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+    }))
 }
 
 /// The `wave` workload's worker: one prompt level.
@@ -516,13 +666,15 @@ async fn wave_overhead(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         classify_kinds: Vec::new(),
     };
     let jobs = Arc::new(Jobs::new(Arc::clone(&registry), selection, dir, Duration::from_secs(15)));
-    let (store, sqlite) = bench_store(args, &tmp)?;
+    let stores = bench_stores(args, &tmp).await?;
+    let (store, sqlite) = (Arc::clone(&stores.stores[0]), stores.sqlite.clone());
     let e = engine_with(Arc::clone(&store), Some(jobs));
     let tasks: Vec<String> = (1..=WAVE_ASSIGNMENTS)
         .map(|i| format!("{{\"id\": \"t{i}\", \"title\": \"task {i}\"}}"))
         .collect();
     let input = format!("{{\"tasks\": [{}]}}", tasks.join(", "));
-    let commits = || sqlite.as_ref().map_or(0, SqliteStore::commits);
+    let commits = || stores.commits();
+    let durable = sqlite.is_some() || !stores.postgres.is_empty();
     // The worker alone.
     let workers = args.runs.max(1);
     let (cpu0, commits0) = (cpu_time(), commits());
@@ -573,12 +725,16 @@ async fn wave_overhead(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "cpu_us_per_assignment": wave_cpu * 1e6,
         "cpu_us_per_worker_alone": alone_cpu * 1e6,
         "overhead_cpu_us_per_assignment": (wave_cpu - alone_cpu) * 1e6,
-        "commits_per_assignment": sqlite.is_some().then_some(wave_commits),
-        "commits_per_worker_alone": sqlite.is_some().then_some(alone_commits),
-        "overhead_commits_per_assignment": sqlite.is_some().then_some(wave_commits - alone_commits),
+        "commits_per_assignment": durable.then_some(wave_commits),
+        "commits_per_worker_alone": durable.then_some(alone_commits),
+        "overhead_commits_per_assignment": durable.then_some(wave_commits - alone_commits),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
     });
     durability(&mut report, sqlite.as_ref())?;
+    if let Some(pg) = stores.postgres.first() {
+        postgres_durability(&mut report, pg, &tmp).await?;
+    }
+    drop(stores);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(report)
 }

@@ -285,7 +285,7 @@ pub(crate) fn redactor(place: &Place) -> Redactor {
 }
 
 /// Baton's own directory: the database's.
-fn data_dir(place: &Place) -> PathBuf {
+pub(crate) fn data_dir(place: &Place) -> PathBuf {
     let data = place.db.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::path::absolute(data).unwrap_or_else(|_| data.to_path_buf())
 }

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use baton_engine::chain;
 use baton_engine::store::Error;
+use baton_store::SqliteStore;
 use serde_json::json;
 
 use crate::escape;
@@ -24,6 +25,32 @@ enum Finding {
 
 fn no_database(db: &Path) -> anyhow::Error {
     anyhow::anyhow!("no database at {}: name one with --db PATH", db.display())
+}
+
+/// `baton migrate`: the database's schema moved forward to this binary's version.
+pub(crate) async fn migrate(place: &crate::cmd_run::Place) -> anyhow::Result<ExitCode> {
+    match &place.postgres {
+        Some(url) => {
+            let (from, to) = baton_store::PostgresStore::migrate(url).await?;
+            let shown = baton_store::postgres::shown(url);
+            if from == to {
+                outln!("{shown} is at schema version {to} already; nothing to do")?;
+            } else {
+                outln!("{shown}: schema version {from} → {to}; every run is kept")?;
+            }
+        }
+        None => {
+            if !place.db.is_file() {
+                return Err(no_database(&place.db));
+            }
+            SqliteStore::open_existing(&place.db)?;
+            outln!(
+                "{} is at this binary's schema version (SQLite migrates when opened)",
+                place.db.display()
+            )?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Checks every run of the database at `db` (or only `named`); exit 0 when all are intact,

@@ -10,6 +10,7 @@ mod cmd_forecast;
 mod cmd_fork;
 mod cmd_gc;
 mod cmd_graph;
+mod cmd_purge;
 mod cmd_replay;
 mod cmd_run;
 mod cmd_serve;
@@ -477,10 +478,11 @@ enum Command {
     },
     /// Measure the kernel on a fixed workload with a zero-latency scripted model.
     Bench {
-        /// linear5, gate_loop, fanout8, approval, paused, reopen, chain3 or jail.
+        /// linear5, gate_loop, fanout8, approval, paused, reopen, chain3, wave, takeover
+        /// (PostgreSQL), jail or http.
         #[arg(long, default_value = "linear5")]
         workload: String,
-        /// memory or sqlite.
+        /// memory, sqlite or postgres (with --bench-db postgres://…).
         #[arg(long, default_value = "memory")]
         store: String,
         /// How many runs.
@@ -489,15 +491,37 @@ enum Command {
         /// How many runs in flight at once.
         #[arg(long, default_value_t = 1)]
         concurrency: usize,
-        /// The SQLite file (default: a fresh temporary one).
+        /// The SQLite file (default: a fresh temporary one), or the PostgreSQL database the
+        /// bench makes a schema of its own in (and drops after).
         #[arg(long = "bench-db")]
         bench_db: Option<PathBuf>,
         /// Measure this many times, each on a fresh store, and report the medians.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
+        /// With --store postgres: this many stores share the runs, each with connections
+        /// of its own (as worker processes have); --concurrency runs are spread over them.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
         #[arg(long)]
         json: bool,
     },
+    /// Remove whole jobs that ended before a time: their runs and logs from the database,
+    /// the workspaces they made and their snapshots from Baton's directories.
+    Purge {
+        /// An RFC 3339 time (2026-11-01T00:00:00Z) or an age (30d, 12h, 45m, 90s).
+        #[arg(long, value_name = "TIME")]
+        finished_before: String,
+        /// Keep jobs with a failed or aborted run.
+        #[arg(long)]
+        keep_failed: bool,
+        /// Say what would go; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Move the database's schema forward to this binary's version (PostgreSQL: a database
+    /// at an older version is refused until it is migrated; SQLite migrates when opened).
+    /// Forward only; every run is kept.
+    Migrate,
     /// Check the logs of every run in the database (or the runs named): each event's
     /// number and hash in the chain, and the run's last event and head hash. Exit 0 when
     /// all are intact, 1 with one line per damaged run.
@@ -1195,18 +1219,24 @@ fn main() -> ExitCode {
                 cli.config.as_deref(),
             )
         }
-        Command::Bench { workload, store, runs, concurrency, bench_db, json, repeat } => runtime
-            .block_on(cmd_bench::bench(cmd_bench::BenchArgs {
+        Command::Bench { workload, store, runs, concurrency, bench_db, json, repeat, workers } => {
+            runtime.block_on(cmd_bench::bench(cmd_bench::BenchArgs {
                 workload,
                 store,
                 runs,
                 concurrency,
                 json,
                 db: bench_db,
+                workers,
                 repeat,
                 place: place.clone(),
-            })),
+            }))
+        }
         Command::Verify { runs, json } => runtime.block_on(cmd_verify::verify(&place, &runs, json)),
+        Command::Migrate => runtime.block_on(cmd_verify::migrate(&place)),
+        Command::Purge { finished_before, keep_failed, dry_run } => {
+            runtime.block_on(cmd_purge::purge(&place, &finished_before, keep_failed, dry_run))
+        }
         Command::Gc { dry_run } => runtime.block_on(cmd_gc::gc(&place, dry_run)),
         Command::Backup { dest } => cmd_verify::backup(&place, &dest),
         Command::Graph { scenario, format } => {

@@ -326,6 +326,11 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         })
     }
 
+    /// Removes these runs and everything kept of them — record, events, holds and leases —
+    /// in one transaction; ids that name no run are passed over. The number removed.
+    /// (Which runs may go — ended, whole jobs — is the caller's to decide.)
+    fn purge<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<u64, Error>>;
+
     /// Keeps a scenario version's texts (the JSON of `baton_scenario::Texts`: the canonical
     /// scenario and every file it read) under its checksum, once: true when this call wrote
     /// them; false when that checksum was kept already, whose first copy stays untouched.
@@ -493,6 +498,19 @@ impl EventStore for MemoryStore {
         checksum: &'a str,
     ) -> BoxFuture<'a, Result<Option<String>, Error>> {
         Box::pin(async move { Ok(lock(&self.texts).get(checksum).map(|(_, t)| t.clone())) })
+    }
+
+    fn purge<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            let removed = self.with(|runs| {
+                run_ids.iter().filter(|id| runs.remove(id.as_str()).is_some()).count() as u64
+            });
+            let mut leases = lock(&self.leases);
+            for id in run_ids {
+                leases.remove(id);
+            }
+            Ok(removed)
+        })
     }
 
     fn create_run<'a>(
@@ -789,6 +807,26 @@ pub mod conformance {
         runs_keep_their_links_and_keys(store, prefix).await;
         tenant_overrides_are_kept_per_tenant_and_scenario(store, prefix).await;
         runs_are_paged_newest_first_by_tenant(store, prefix).await;
+        purged_runs_are_gone(store, prefix).await;
+    }
+
+    /// A purged run is gone — its record, its events, its key — and runs not named stay.
+    async fn purged_runs_are_gone(store: &dyn EventStore, prefix: &str) {
+        let (gone, kept) = (format!("{prefix}-purged"), format!("{prefix}-kept"));
+        let mut keyed = record(&gone);
+        keyed.idempotency_key = Some(format!("{prefix}-purged-key"));
+        store.create_run(&keyed, events(1, 3)).await.expect("create");
+        store.create_run(&record(&kept), events(1, 2)).await.expect("create");
+        let removed =
+            store.purge(&[gone.clone(), format!("{prefix}-never-was")]).await.expect("purge");
+        assert_eq!(removed, 1, "one run named exists");
+        assert_eq!(store.run(&gone).await.expect("run"), None);
+        assert!(matches!(store.load(&gone, 0).await, Err(Error::NotFound(_))));
+        assert_eq!(store.run_by_key(&format!("{prefix}-purged-key")).await.expect("key"), None);
+        assert_eq!(store.load(&kept, 0).await.expect("the other run stays").len(), 2);
+        // The id may be used again: nothing of the old run is left to clash with.
+        store.create_run(&record(&gone), events(1, 1)).await.expect("create again");
+        assert_eq!(store.load(&gone, 0).await.expect("load").len(), 1);
     }
 
     /// Pages of one tenant's runs follow each other newest first with no run twice or

@@ -90,6 +90,11 @@ pub struct PostgresStore {
     /// This process's name in `holds` (random, one per store).
     holder: String,
     hold_for: Duration,
+    /// The hold connection's session (its backend's pid and start): it lives as long as
+    /// this process, and names the process in its leases on runs.
+    session: (i32, std::time::SystemTime),
+    /// Write transactions committed (creates and appends), for the bench.
+    commits: std::sync::atomic::AtomicU64,
     waiters: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
     /// The listen connection's client, made at the first wait for events (a command that
     /// never waits never opens it): while it lives, its LISTEN stays in force.
@@ -201,9 +206,14 @@ impl PostgresStore {
     pub async fn migrate(url: &str) -> Result<(i64, i64), Error> {
         let config = config(url)?;
         let (mut client, _task) = connect_one(&config, url).await?;
-        let before = prepare_schema(&mut client, true).await?;
-        let from = match before {
+        let from = match prepare_schema(&mut client, true).await? {
             SchemaState::Empty => 0,
+            SchemaState::At(v) if v > SCHEMA_VERSION => {
+                return Err(Error::Backend(format!(
+                    "the database {} is at schema version {v}, newer than this binary's {SCHEMA_VERSION}: use a newer baton (migrations only go forward)",
+                    shown(url)
+                )));
+            }
             SchemaState::At(v) => v,
         };
         Ok((from, SCHEMA_VERSION))
@@ -241,6 +251,17 @@ impl PostgresStore {
             .build()
             .map_err(backend)?;
         let (hold_client, _) = connect_one(&config, url).await?;
+        let session = hold_client
+            .query_one(
+                "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .map_err(pg)?;
+        let session = (
+            session.try_get::<_, i32>(0).map_err(pg)?,
+            session.try_get::<_, std::time::SystemTime>(1).map_err(pg)?,
+        );
         let (holds, rx) = mpsc::unbounded_channel();
         let holder = format!("{}-{}", std::process::id(), uuid_like());
         let held: Held = Arc::default();
@@ -252,6 +273,8 @@ impl PostgresStore {
             held,
             holder,
             hold_for,
+            session,
+            commits: std::sync::atomic::AtomicU64::new(0),
             waiters: Arc::default(),
             listening: tokio::sync::OnceCell::new(),
             config,
@@ -261,6 +284,32 @@ impl PostgresStore {
     /// The URL of the database, without its password.
     pub fn shown(&self) -> &str {
         &self.shown
+    }
+
+    /// Write transactions (creates and appends) this store has committed.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// What the runs, their events and holds take in the database, in bytes (tables and
+    /// their indexes).
+    pub async fn bytes(&self) -> Result<u64, Error> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "SELECT (pg_total_relation_size('runs') + pg_total_relation_size('events') + pg_total_relation_size('holds'))::bigint",
+                &[],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(u64::try_from(row.try_get::<_, i64>(0).map_err(pg)?).unwrap_or(0))
+    }
+
+    /// The server's `synchronous_commit` setting, printed beside durable figures.
+    pub async fn synchronous_commit(&self) -> Result<String, Error> {
+        let c = self.client().await?;
+        let row = c.query_one("SHOW synchronous_commit", &[]).await.map_err(pg)?;
+        row.try_get(0).map_err(pg)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, Error> {
@@ -924,7 +973,11 @@ impl EventStore for PostgresStore {
             let epoch = self.epoch_of(&run.run_id);
             let fence = epoch.map(|e| (self.holder.as_str(), e));
             match create(&tx, run, &events, fence).await {
-                Ok(()) => tx.commit().await.map_err(pg),
+                Ok(()) => {
+                    tx.commit().await.map_err(pg)?;
+                    self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    Ok(())
+                }
                 Err(Error::KeyTaken { key, .. }) => {
                     drop(tx);
                     // Another process took the key at the same moment: name its run.
@@ -952,7 +1005,9 @@ impl EventStore for PostgresStore {
             let epoch = self.epoch_of(run_id);
             let fence = epoch.map(|e| (self.holder.as_str(), e));
             append(&tx, run_id, expected_seq, &events, status, fence).await?;
-            tx.commit().await.map_err(pg)
+            tx.commit().await.map_err(pg)?;
+            self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
         })
     }
 
@@ -1094,6 +1149,30 @@ impl EventStore for PostgresStore {
         })
     }
 
+    /// Deletes the runs, their events and holds in one transaction, then vacuums the two
+    /// tables so that the deleted rows are not left readable in them.
+    fn purge<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(pg)?;
+            tx.execute("DELETE FROM events WHERE run_id = ANY($1)", &[&run_ids])
+                .await
+                .map_err(pg)?;
+            tx.execute("DELETE FROM holds WHERE run_id = ANY($1)", &[&run_ids])
+                .await
+                .map_err(pg)?;
+            let removed = tx
+                .execute("DELETE FROM runs WHERE run_id = ANY($1)", &[&run_ids])
+                .await
+                .map_err(pg)?;
+            tx.commit().await.map_err(pg)?;
+            if removed > 0 {
+                c.batch_execute("VACUUM events, runs").await.map_err(pg)?;
+            }
+            Ok(removed)
+        })
+    }
+
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
         Box::pin(async move {
             let sql = format!(
@@ -1143,15 +1222,22 @@ impl EventStore for PostgresStore {
         until: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move {
+            // A run leased by a worker whose session is gone (it died) is claimable at once.
             let sql = format!(
-                "UPDATE runs SET lease_owner = $1, lease_until_us = $2 WHERE run_id = (
-                   SELECT run_id FROM runs WHERE status = 'running'
-                      AND (lease_until_us IS NULL OR lease_until_us < $3)
+                "UPDATE runs SET lease_owner = $1, lease_until_us = $2, lease_pid = $4, lease_since = $5
+                  WHERE run_id = (
+                   SELECT run_id FROM runs r WHERE status = 'running'
+                      AND (lease_until_us IS NULL OR lease_until_us < $3
+                           OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                                WHERE a.pid = r.lease_pid AND a.backend_start = r.lease_since))
                     ORDER BY created_us, run_id LIMIT 1 FOR UPDATE SKIP LOCKED)
                  RETURNING {RUN_COLUMNS}"
             );
             Ok(self
-                .run_rows(&sql, &[&worker, &micros(until), &micros(now)])
+                .run_rows(
+                    &sql,
+                    &[&worker, &micros(until), &micros(now), &self.session.0, &self.session.1],
+                )
                 .await?
                 .into_iter()
                 .next())

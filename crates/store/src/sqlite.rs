@@ -102,6 +102,7 @@ enum Request {
     PutTexts { checksum: String, scenario_id: String, texts: String, reply: Reply<bool> },
     Texts { checksum: String, reply: Reply<Option<String>> },
     RunsPage { query: RunQuery, reply: Reply<Vec<RunRecord>> },
+    Purge { ids: Vec<String>, reply: Reply<u64> },
     Token(TokenOp),
 }
 
@@ -935,6 +936,9 @@ fn read(conn: &Connection, r: Request) {
             let _ = reply.send(runs_page(conn, &query));
         }
         Request::Token(op) => token_op(conn, op),
+        Request::Purge { ids, reply } => {
+            let _ = reply.send(purge(conn, &ids));
+        }
         Request::PutTexts { checksum, scenario_id, texts, reply } => {
             // One statement, committed on its own; the first copy of a checksum stays.
             let written = conn
@@ -968,6 +972,29 @@ fn read(conn: &Connection, r: Request) {
         }
         _ => {}
     }
+}
+
+/// Removes runs and their events in one transaction, their deleted pages overwritten
+/// (`secure_delete`) and the write-ahead log emptied after, so that nothing of them stays
+/// readable in the files.
+fn purge(conn: &Connection, ids: &[String]) -> Result<u64, Error> {
+    conn.pragma_update(None, "secure_delete", "ON").map_err(backend)?;
+    let removed = (|| {
+        let tx = conn.unchecked_transaction().map_err(backend)?;
+        let mut removed = 0u64;
+        for id in ids {
+            cached_exec(&tx, "DELETE FROM events WHERE run_id = ?1", [id]).map_err(backend)?;
+            removed += cached_exec(&tx, "DELETE FROM runs WHERE run_id = ?1", [id])
+                .map_err(backend)? as u64;
+        }
+        tx.commit().map_err(backend)?;
+        Ok(removed)
+    })();
+    let _ = conn.pragma_update(None, "secure_delete", "OFF");
+    let removed = removed?;
+    // Readers elsewhere may keep the log from being emptied now; the next checkpoint does.
+    let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    Ok(removed)
 }
 
 fn load(conn: &Connection, run_id: &str, after: u64) -> Result<Vec<Event>, Error> {
@@ -1434,6 +1461,11 @@ impl EventStore for SqliteStore {
             let op = LeaseOp::Release { run_id: run_id.to_owned(), worker: worker.to_owned() };
             self.ask(move |reply| Request::Lease(op, reply)).await.map(|_| ())
         })
+    }
+
+    fn purge<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<u64, Error>> {
+        let ids = run_ids.to_vec();
+        Box::pin(self.ask(move |reply| Request::Purge { ids, reply }))
     }
 
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {

@@ -538,3 +538,164 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A database left at an older schema version is refused by every command with what to
+/// do, and `baton migrate` moves it forward keeping its runs.
+#[test]
+fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
+    let schema = scratch("migrate");
+    let dir = temp("migrate");
+    let data = dir.join("data");
+    let run = baton_pg(&schema.url, &data, &RELEASE_NOTES);
+    assert_eq!(run.status.code(), Some(3), "{}", text(&run.stderr));
+    // Back to version 1, as a database made by the binary before holds existed.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let config: tokio_postgres::Config = schema.url.parse().unwrap();
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute("DROP TABLE holds; DELETE FROM schema_version WHERE version > 1")
+            .await
+            .unwrap();
+    });
+    let refused = baton_pg(&schema.url, &data, &["runs"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = text(&refused.stderr);
+    assert!(
+        err.contains("is at schema version 1, this binary needs 2: run `baton migrate"),
+        "{err}"
+    );
+    let migrated = baton_pg(&schema.url, &data, &["migrate"]);
+    assert_eq!(migrated.status.code(), Some(0), "{}", text(&migrated.stderr));
+    assert!(text(&migrated.stdout).contains("schema version 1 → 2"), "{}", text(&migrated.stdout));
+    let again = baton_pg(&schema.url, &data, &["migrate"]);
+    assert!(text(&again.stdout).contains("nothing to do"), "{}", text(&again.stdout));
+    let listed = text(&baton_pg(&schema.url, &data, &["runs"]).stdout);
+    assert!(listed.contains(&run_id(&run.stdout)) && listed.contains("paused"), "{listed}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Where a retention test keeps its runs: a SQLite file, or a PostgreSQL schema with a
+/// data directory.
+enum Db<'a> {
+    Sqlite(PathBuf),
+    Postgres(&'a str, PathBuf),
+}
+
+impl Db<'_> {
+    fn baton(&self, args: &[&str]) -> std::process::Output {
+        let mut c = baton_command();
+        match self {
+            Db::Sqlite(db) => c.arg("--db").arg(db),
+            Db::Postgres(url, data) => c.arg("--db").arg(url).arg("--data-dir").arg(data),
+        };
+        c.args(args).output().unwrap()
+    }
+
+    fn data(&self) -> PathBuf {
+        match self {
+            Db::Sqlite(db) => db.parent().unwrap().to_path_buf(),
+            Db::Postgres(_, data) => data.clone(),
+        }
+    }
+}
+
+/// `baton purge` removes whole ended jobs — runs, logs, the workspaces they made and their
+/// snapshots — and keeps a job that waits; the purged log is gone from the database.
+fn purge_removes_ended_jobs_and_everything_they_left(db: &Db<'_>, marker: &str) {
+    let input = format!("a greet CLI {marker}");
+    let built = db.baton(&[
+        "run",
+        "code_build",
+        "--script",
+        "scenarios/scripts/code_build.yaml",
+        "--input",
+        &input,
+    ]);
+    assert_eq!(built.status.code(), Some(0), "{}{}", text(&built.stdout), text(&built.stderr));
+    let built = run_id(&built.stdout);
+    let workspace = db.data().join("workspaces").join(&built);
+    assert!(workspace.is_dir(), "{} holds the run's files", workspace.display());
+    let asked = db.baton(&[
+        "run",
+        "quick_qa",
+        "--script",
+        "scenarios/scripts/quick_qa.yaml",
+        "--input",
+        &input,
+    ]);
+    assert_eq!(asked.status.code(), Some(0), "{}", text(&asked.stderr));
+    let asked = run_id(&asked.stdout);
+    let waiting = db.baton(&RELEASE_NOTES);
+    assert_eq!(waiting.status.code(), Some(3), "{}", text(&waiting.stderr));
+    let waiting = run_id(&waiting.stdout);
+
+    let dry = db.baton(&["purge", "--finished-before", "0s", "--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", text(&dry.stderr));
+    let said = text(&dry.stdout);
+    assert!(
+        said.contains(&format!("would purge job {built}"))
+            && said.contains(&format!("would purge job {asked}")),
+        "{said}"
+    );
+    assert!(!said.contains(&waiting), "a paused job stays: {said}");
+    assert!(workspace.is_dir(), "a dry run removes nothing");
+
+    let kept = db.baton(&["purge", "--finished-before", "1d"]);
+    assert!(text(&kept.stdout).contains("nothing ended before"), "{}", text(&kept.stdout));
+    let purged = db.baton(&["purge", "--finished-before", "0s"]);
+    assert_eq!(purged.status.code(), Some(0), "{}", text(&purged.stderr));
+    let said = text(&purged.stdout);
+    assert!(said.contains("purged 2 job(s), 2 run(s)"), "{said}");
+    assert!(said.contains(&format!("removed {}", workspace.display())), "{said}");
+    assert!(!workspace.exists(), "the workspace is gone");
+    let listed = text(&db.baton(&["runs"]).stdout);
+    assert!(
+        listed.contains(&waiting) && !listed.contains(&built) && !listed.contains(&asked),
+        "{listed}"
+    );
+    let gone = db.baton(&["events", &built]);
+    assert_eq!(gone.status.code(), Some(1), "{}", text(&gone.stdout));
+    let verified = db.baton(&["verify"]);
+    assert_eq!(verified.status.code(), Some(0), "{}", text(&verified.stdout));
+}
+
+#[test]
+fn purge_on_sqlite_leaves_nothing_of_a_purged_log_in_the_files() {
+    let dir = temp("purge-sqlite");
+    let db = dir.join("runs.db");
+    let marker = "MARKER-7f3a9c1e";
+    purge_removes_ended_jobs_and_everything_they_left(&Db::Sqlite(db.clone()), marker);
+    for file in ["runs.db", "runs.db-wal"] {
+        let bytes = std::fs::read(dir.join(file)).unwrap_or_default();
+        let found = bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
+        assert!(!found, "{file} still holds the purged input");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn purge_on_postgres_leaves_nothing_of_a_purged_log_in_the_tables() {
+    let schema = scratch("purge");
+    let dir = temp("purge-pg");
+    let marker = "MARKER-51d0b2aa";
+    purge_removes_ended_jobs_and_everything_they_left(
+        &Db::Postgres(&schema.url, dir.join("data")),
+        marker,
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let left: i64 = runtime.block_on(async {
+        let config: tokio_postgres::Config = schema.url.parse().unwrap();
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let like = format!("%{marker}%");
+        client
+            .query_one("SELECT count(*) FROM events WHERE data LIKE $1", &[&like])
+            .await
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(left, 0, "no event of a purged run is left");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -95,6 +95,10 @@ macro_rules! delegate_to_inner {
         ) -> BoxFuture<'a, Result<(), store::Error>> {
             self.inner.release(run_id, worker)
         }
+
+        fn purge<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<u64, store::Error>> {
+            self.inner.purge(run_ids)
+        }
     };
 }
 

@@ -14,3 +14,9 @@ CREATE TABLE holds (
     epoch        BIGINT NOT NULL
 );
 CREATE INDEX holds_by_holder ON holds (holder);
+
+-- A worker's lease on a run (`baton worker`) names the session of the worker's hold
+-- connection too: a run whose leasing worker died is claimable at once, not only once the
+-- lease has run out.
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS lease_pid INTEGER;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS lease_since TIMESTAMPTZ;
