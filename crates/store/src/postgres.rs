@@ -125,6 +125,9 @@ type Held = Arc<Mutex<HashMap<String, HeldRun>>>;
 struct HeldRun {
     /// 0 while the hold is being taken.
     epoch: i64,
+    /// The end of the run's log (last seq, head hash) as this process last loaded or
+    /// wrote it: its next append is built on it.
+    known: Option<(u64, Hash)>,
     /// Until when (this process's monotonic clock) the hold is surely still this
     /// process's: when its last renewal was sent, plus the hold's length.
     valid_until: Arc<Mutex<std::time::Instant>>,
@@ -627,12 +630,13 @@ fn unique_violation(e: &tokio_postgres::Error) -> Option<String> {
         .then(|| d.constraint().unwrap_or_default().to_owned())
 }
 
+/// Creates a run with its first events; the run's end.
 async fn create(
     tx: &deadpool_postgres::Transaction<'_>,
     run: &RunRecord,
     events: &[Event],
     fence: Option<(&str, i64)>,
-) -> Result<(), Error> {
+) -> Result<(u64, Hash), Error> {
     check_numbering(events, 1)?;
     let exists = tx_query(tx, "SELECT 1 FROM runs WHERE run_id = $1", &[&run.run_id]).await?;
     if !exists.is_empty() {
@@ -676,10 +680,10 @@ async fn create(
             _ => pg(e),
         });
     }
-    if !events.is_empty() {
-        append(tx, &run.run_id, 1, events, &run.status, fence).await?;
+    if events.is_empty() {
+        return Ok((0, GENESIS));
     }
-    Ok(())
+    append(tx, &run.run_id, 1, events, &run.status, fence).await
 }
 
 async fn by_key_in(
@@ -772,6 +776,65 @@ async fn end_of_log(
     }
 }
 
+/// A batch of events as the insert statements take it: one array per column, each event's
+/// chain hash computed from the end of the log it is appended to.
+struct Batch {
+    seqs: Vec<i64>,
+    ats: Vec<i64>,
+    kinds: Vec<&'static str>,
+    versions: Vec<i32>,
+    levels: Vec<Option<String>>,
+    attempts: Vec<Option<i64>>,
+    datas: Vec<String>,
+    hashes: Vec<Vec<u8>>,
+    /// The run's last seq and head hash once the batch is appended.
+    last_seq: u64,
+    head: Hash,
+    updated_us: i64,
+}
+
+impl Batch {
+    fn new(events: &[Event], end: Verified) -> Batch {
+        let n = events.len();
+        let mut b = Batch {
+            seqs: Vec::with_capacity(n),
+            ats: Vec::with_capacity(n),
+            kinds: Vec::with_capacity(n),
+            versions: Vec::with_capacity(n),
+            levels: Vec::with_capacity(n),
+            attempts: Vec::with_capacity(n),
+            datas: Vec::with_capacity(n),
+            hashes: Vec::with_capacity(n),
+            last_seq: end.last_seq + n as u64,
+            head: end.head,
+            updated_us: micros(events.last().map_or_else(Utc::now, |e| e.at)),
+        };
+        for e in events {
+            let payload = e.data.payload();
+            b.head = chain::link(&b.head, &Fields::of(e, &payload));
+            b.seqs.push(seq_param(e.seq));
+            b.ats.push(micros(e.at));
+            b.kinds.push(e.data.kind());
+            b.versions.push(i32::from(baton_engine::event::VERSION));
+            b.levels.push(e.level_id.clone());
+            b.attempts.push(e.attempt.map(i64::from));
+            b.datas.push(payload.to_string());
+            b.hashes.push(b.head.to_vec());
+        }
+        b
+    }
+}
+
+/// The columns of a batch and the run's new end, parameters `$2` to `$13` of both append
+/// statements (`$1` is the run id).
+const BATCH_INSERT: &str = "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
+               SELECT $1::text, * FROM UNNEST($2::bigint[], $3::bigint[], $4::text[], $5::int[], $6::text[], $7::bigint[], $8::text[], $9::bytea[])";
+
+const BATCH_UPDATE: &str =
+    "UPDATE runs SET last_seq = $10, status = $11, updated_us = $12, head_hash = $13";
+
+/// Appends under the run's row lock, the end of the log checked first (the slow path, and
+/// the one that says exactly what is wrong); the run's new end.
 async fn append(
     tx: &deadpool_postgres::Transaction<'_>,
     run_id: &str,
@@ -779,75 +842,103 @@ async fn append(
     events: &[Event],
     status: &str,
     fence: Option<(&str, i64)>,
-) -> Result<(), Error> {
+) -> Result<(u64, Hash), Error> {
     let end = end_of_log(tx, run_id, fence).await?;
     let actual = end.last_seq + 1;
     if actual != expected {
         return Err(Error::Conflict { run_id: run_id.to_owned(), expected, actual });
     }
     check_numbering(events, expected)?;
-    let n = events.len();
-    let (mut seqs, mut ats, mut kinds, mut versions) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut levels, mut attempts, mut datas, mut hashes) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let mut prev = end.head;
-    for e in events {
-        let payload = e.data.payload();
-        prev = chain::link(&prev, &Fields::of(e, &payload));
-        seqs.push(seq_param(e.seq));
-        ats.push(micros(e.at));
-        kinds.push(e.data.kind());
-        versions.push(i32::from(baton_engine::event::VERSION));
-        levels.push(e.level_id.as_deref());
-        attempts.push(e.attempt.map(i64::from));
-        datas.push(payload.to_string());
-        hashes.push(prev.to_vec());
-    }
-    let new_last = seq_param(expected - 1 + n as u64);
-    let updated = micros(events.last().map_or_else(Utc::now, |e| e.at));
+    let b = Batch::new(events, end);
     let stmt = tx
-        .prepare_cached(
-            "WITH inserted AS (
-               INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
-               SELECT $1::text, * FROM UNNEST($2::bigint[], $3::bigint[], $4::text[], $5::int[], $6::text[], $7::bigint[], $8::text[], $9::bytea[])
-             ), updated AS (
-               UPDATE runs SET last_seq = $10, status = $11, updated_us = $12, head_hash = $13
-                WHERE run_id = $1 RETURNING run_id
-             )
-             SELECT pg_notify('baton_events', run_id) FROM updated",
-        )
+        .prepare_cached(&format!(
+            "WITH inserted AS ({BATCH_INSERT}), updated AS ({BATCH_UPDATE} WHERE run_id = $1 RETURNING run_id)
+             SELECT pg_notify('baton_events', run_id) FROM updated"
+        ))
         .await
         .map_err(pg)?;
+    let last = seq_param(b.last_seq);
     tx.query(
         &stmt,
         &[
             &run_id,
-            &seqs,
-            &ats,
-            &kinds,
-            &versions,
-            &levels,
-            &attempts,
-            &datas,
-            &hashes,
-            &new_last,
+            &b.seqs,
+            &b.ats,
+            &b.kinds,
+            &b.versions,
+            &b.levels,
+            &b.attempts,
+            &b.datas,
+            &b.hashes,
+            &last,
             &status,
-            &updated,
-            &prev.as_slice(),
+            &b.updated_us,
+            &b.head.as_slice(),
         ],
     )
     .await
     .map_err(pg)?;
-    Ok(())
+    Ok((b.last_seq, b.head))
+}
+
+/// An append by the process that holds the run, built on the end of the log it knows, in
+/// one statement (one round trip, its own transaction): applied only when the run still
+/// ends there — its last seq, its head hash, the stored hash of its last event — and the
+/// hold is still this process's. False when anything differs: the caller takes the slow
+/// path, which says what.
+async fn append_known(
+    c: &Client,
+    run_id: &str,
+    known: (u64, Hash),
+    events: &[Event],
+    status: &str,
+    fence: (&str, i64),
+) -> Result<Option<(u64, Hash)>, Error> {
+    let b = Batch::new(events, Verified { last_seq: known.0, head: known.1 });
+    let stmt = c
+        .prepare_cached(&format!(
+            "WITH ended AS (
+               SELECT run_id FROM runs
+                WHERE run_id = $1 AND last_seq = $14 AND head_hash = $15
+                  AND ($14 = 0 OR head_hash = (SELECT hash FROM events WHERE run_id = $1 AND seq = $14))
+                FOR UPDATE
+             ), held AS (
+               SELECT 1 FROM holds WHERE run_id = $1 AND holder = $16 AND epoch = $17 FOR SHARE
+             ), ok AS (
+               SELECT run_id FROM ended WHERE EXISTS (SELECT 1 FROM held)
+             ), inserted AS ({BATCH_INSERT} WHERE EXISTS (SELECT 1 FROM ok)
+             ), updated AS ({BATCH_UPDATE} WHERE run_id = (SELECT run_id FROM ok) RETURNING run_id)
+             SELECT pg_notify('baton_events', run_id) FROM updated"
+        ))
+        .await
+        .map_err(pg)?;
+    let (last, known_last) = (seq_param(b.last_seq), seq_param(known.0));
+    let rows = c
+        .query(
+            &stmt,
+            &[
+                &run_id,
+                &b.seqs,
+                &b.ats,
+                &b.kinds,
+                &b.versions,
+                &b.levels,
+                &b.attempts,
+                &b.datas,
+                &b.hashes,
+                &last,
+                &status,
+                &b.updated_us,
+                &b.head.as_slice(),
+                &known_last,
+                &known.1.as_slice(),
+                &fence.0,
+                &fence.1,
+            ],
+        )
+        .await
+        .map_err(pg)?;
+    Ok((!rows.is_empty()).then_some((b.last_seq, b.head)))
 }
 
 /// The run's events after `after`, checked against the chain and the run's record, read in
@@ -951,6 +1042,20 @@ impl PostgresStore {
         lock(&self.held).get(run_id).map(|h| h.epoch).filter(|e| *e != 0)
     }
 
+    /// The hold's epoch and the end of the log this process knows, for a run it holds.
+    fn known_end(&self, run_id: &str) -> Option<(i64, (u64, Hash))> {
+        let held = lock(&self.held);
+        let run = held.get(run_id).filter(|h| h.epoch != 0)?;
+        Some((run.epoch, run.known?))
+    }
+
+    /// Remembers where a run this process holds ends (after a whole load or an append).
+    fn knows(&self, run_id: &str, end: (u64, Hash)) {
+        if let Some(run) = lock(&self.held).get_mut(run_id) {
+            run.known = Some(end);
+        }
+    }
+
     async fn run_rows(
         &self,
         sql: &str,
@@ -973,9 +1078,10 @@ impl EventStore for PostgresStore {
             let epoch = self.epoch_of(&run.run_id);
             let fence = epoch.map(|e| (self.holder.as_str(), e));
             match create(&tx, run, &events, fence).await {
-                Ok(()) => {
+                Ok(end) => {
                     tx.commit().await.map_err(pg)?;
                     self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.knows(&run.run_id, end);
                     Ok(())
                 }
                 Err(Error::KeyTaken { key, .. }) => {
@@ -1001,12 +1107,25 @@ impl EventStore for PostgresStore {
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let mut c = self.client().await?;
+            let commits = &self.commits;
+            // The driver's appends follow each other on the end it knows: one round trip.
+            if let Some((epoch, known)) = self.known_end(run_id)
+                && known.0 + 1 == expected_seq
+                && check_numbering(&events, expected_seq).is_ok()
+                && let Some(end) =
+                    append_known(&c, run_id, known, &events, status, (&self.holder, epoch)).await?
+            {
+                commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.knows(run_id, end);
+                return Ok(());
+            }
             let tx = c.transaction().await.map_err(pg)?;
             let epoch = self.epoch_of(run_id);
             let fence = epoch.map(|e| (self.holder.as_str(), e));
-            append(&tx, run_id, expected_seq, &events, status, fence).await?;
+            let end = append(&tx, run_id, expected_seq, &events, status, fence).await?;
             tx.commit().await.map_err(pg)?;
-            self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.knows(run_id, end);
             Ok(())
         })
     }
@@ -1014,7 +1133,11 @@ impl EventStore for PostgresStore {
     fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
         Box::pin(async move {
             let c = self.client().await?;
-            load_checked(&c, run_id, after).await.map(|(events, _)| events)
+            let (events, end) = load_checked(&c, run_id, after).await?;
+            if after == 0 {
+                self.knows(run_id, (end.last_seq, end.head));
+            }
+            Ok(events)
         })
     }
 
@@ -1291,7 +1414,7 @@ impl EventStore for PostgresStore {
                 if held.contains_key(run_id) {
                     return Err(Error::Busy(run_id.to_owned()));
                 }
-                let run = HeldRun { epoch: 0, valid_until: Arc::clone(&valid_until) };
+                let run = HeldRun { epoch: 0, known: None, valid_until: Arc::clone(&valid_until) };
                 held.insert(run_id.to_owned(), run);
             }
             let sent = std::time::Instant::now();

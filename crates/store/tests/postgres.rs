@@ -325,3 +325,37 @@ async fn a_stalled_holders_late_appends_are_fenced_once_another_took_the_run_ove
     assert_eq!(other.verify("f1").await.unwrap().last_seq, 3);
     drop(guard);
 }
+
+/// A driver's appends are built on the end of the log it knows (one statement each); a log
+/// damaged under it — its last event's hash, or events cut off — is still refused, and an
+/// append by another process in between is a conflict, never written over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_built_on_the_known_end_still_refuse_damage_and_conflicts() {
+    let schema = scratch("known").await;
+    let store = PostgresStore::connect(&schema.url).await.unwrap();
+    let other = PostgresStore::connect(&schema.url).await.unwrap();
+    let config: tokio_postgres::Config = schema.url.parse().unwrap();
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let guard = store.hold("k1").await.unwrap();
+    store.create_run(&record("k1"), warnings(1, 2)).await.unwrap();
+    for seq in 3..=6 {
+        store.append("k1", seq, warnings(seq, 1), "running").await.unwrap();
+    }
+    assert_eq!(other.verify("k1").await.unwrap().last_seq, 6);
+    // Another process appends (an approval, say): the driver's next append conflicts.
+    other.append("k1", 7, warnings(7, 1), "running").await.unwrap();
+    let stale = store.append("k1", 7, warnings(7, 1), "running").await;
+    assert!(matches!(stale, Err(Error::Conflict { expected: 7, actual: 8, .. })), "{stale:?}");
+    store.load("k1", 0).await.unwrap();
+    store.append("k1", 8, warnings(8, 1), "running").await.unwrap();
+    // The stored hash of the last event changes under the driver: refused as damaged.
+    client
+        .execute("UPDATE events SET hash = decode(repeat('00', 32), 'hex') WHERE run_id = 'k1' AND seq = 8", &[])
+        .await
+        .unwrap();
+    let damaged = store.append("k1", 9, warnings(9, 1), "running").await;
+    assert!(matches!(damaged, Err(Error::Damaged { seq: 9, .. })), "{damaged:?}");
+    assert_eq!(other.run("k1").await.unwrap().unwrap().last_seq, 8, "nothing was appended");
+    drop(guard);
+}
