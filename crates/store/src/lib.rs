@@ -6,6 +6,7 @@
 
 pub mod postgres;
 pub mod sqlite;
+mod stored;
 pub mod tokens;
 
 pub use postgres::PostgresStore;

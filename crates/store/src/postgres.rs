@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
-use baton_engine::event::{Event, EventData};
+use baton_engine::event::Event;
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{
     Error, EventStore, Fence, RunGuard, RunQuery, RunRecord, TenantOverride, Verified,
@@ -791,6 +791,9 @@ struct Batch {
     last_seq: u64,
     head: Hash,
     updated_us: i64,
+    /// `last_seq` and `head` as the statements take them.
+    last_param: i64,
+    head_param: Vec<u8>,
 }
 
 impl Batch {
@@ -808,6 +811,8 @@ impl Batch {
             last_seq: end.last_seq + n as u64,
             head: end.head,
             updated_us: micros(events.last().map_or_else(Utc::now, |e| e.at)),
+            last_param: 0,
+            head_param: Vec::new(),
         };
         for e in events {
             let payload = e.data.payload();
@@ -821,7 +826,32 @@ impl Batch {
             b.datas.push(payload.to_string());
             b.hashes.push(b.head.to_vec());
         }
+        b.last_param = seq_param(b.last_seq);
+        b.head_param = b.head.to_vec();
         b
+    }
+
+    /// Parameters `$1` to `$13` of both append statements.
+    fn params<'p>(
+        &'p self,
+        run_id: &'p &'p str,
+        status: &'p &'p str,
+    ) -> Vec<&'p (dyn tokio_postgres::types::ToSql + Sync)> {
+        vec![
+            run_id,
+            &self.seqs,
+            &self.ats,
+            &self.kinds,
+            &self.versions,
+            &self.levels,
+            &self.attempts,
+            &self.datas,
+            &self.hashes,
+            &self.last_param,
+            status,
+            &self.updated_us,
+            &self.head_param,
+        ]
     }
 }
 
@@ -857,27 +887,7 @@ async fn append(
         ))
         .await
         .map_err(pg)?;
-    let last = seq_param(b.last_seq);
-    tx.query(
-        &stmt,
-        &[
-            &run_id,
-            &b.seqs,
-            &b.ats,
-            &b.kinds,
-            &b.versions,
-            &b.levels,
-            &b.attempts,
-            &b.datas,
-            &b.hashes,
-            &last,
-            &status,
-            &b.updated_us,
-            &b.head.as_slice(),
-        ],
-    )
-    .await
-    .map_err(pg)?;
+    tx.query(&stmt, &b.params(&run_id, &status)).await.map_err(pg)?;
     Ok((b.last_seq, b.head))
 }
 
@@ -912,32 +922,10 @@ async fn append_known(
         ))
         .await
         .map_err(pg)?;
-    let (last, known_last) = (seq_param(b.last_seq), seq_param(known.0));
-    let rows = c
-        .query(
-            &stmt,
-            &[
-                &run_id,
-                &b.seqs,
-                &b.ats,
-                &b.kinds,
-                &b.versions,
-                &b.levels,
-                &b.attempts,
-                &b.datas,
-                &b.hashes,
-                &last,
-                &status,
-                &b.updated_us,
-                &b.head.as_slice(),
-                &known_last,
-                &known.1.as_slice(),
-                &fence.0,
-                &fence.1,
-            ],
-        )
-        .await
-        .map_err(pg)?;
+    let (known_last, known_head) = (seq_param(known.0), known.1.to_vec());
+    let mut params = b.params(&run_id, &status);
+    params.extend_from_slice(&[&known_last, &known_head, &fence.0, &fence.1]);
+    let rows = c.query(&stmt, &params).await.map_err(pg)?;
     Ok((!rows.is_empty()).then_some((b.last_seq, b.head)))
 }
 
@@ -1013,24 +1001,17 @@ async fn load_checked(
             .transpose()?;
         let data: String = r.try_get(E + 6).map_err(column)?;
         let hash: Option<Vec<u8>> = r.try_get(E + 7).map_err(column)?;
-        let payload: serde_json::Value = serde_json::from_str(&data)
-            .map_err(|e| damaged(seq, format!("its payload is not JSON ({e})")))?;
-        let hash = hash.as_deref().map(|h| chain::from_bytes(h).unwrap_or([0xff; 32]));
-        let fields = Fields {
+        let columns = crate::stored::Columns {
             seq,
             at_us,
             kind: &kind,
             version,
-            level_id: level_id.as_deref(),
+            level_id,
             attempt,
-            payload: &payload,
+            data: &data,
+            hash: hash.as_deref(),
         };
-        check.event(&fields, hash.as_ref())?;
-        let data = EventData::decode_str(&kind, version, &data)
-            .map_err(|e| Error::Backend(format!("run {run_id} event {seq}: {e}")))?;
-        let at = DateTime::from_timestamp_micros(at_us)
-            .ok_or_else(|| damaged(seq, format!("column `at_us` holds {at_us}, not a time")))?;
-        events.push(Event { seq, at, level_id, attempt, data });
+        events.push(crate::stored::checked(&mut check, run_id, columns)?);
     }
     let last_seq = check.finish(record.last_seq, head.as_ref())?;
     Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS) }))

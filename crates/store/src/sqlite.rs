@@ -1076,24 +1076,17 @@ fn load_checked(
             named::<Option<u32>>(r, 5, "attempt", "an integer or null").map_err(column)?;
         let data = named::<String>(r, 6, "data", "JSON text").map_err(column)?;
         let hash = named::<Option<Vec<u8>>>(r, 7, "hash", "a blob").map_err(column)?;
-        let payload: serde_json::Value = serde_json::from_str(&data)
-            .map_err(|e| damaged(seq, format!("its payload is not JSON ({e})")))?;
-        let hash = hash.as_deref().map(|h| chain::from_bytes(h).unwrap_or([0xff; 32]));
-        let fields = Fields {
+        let columns = crate::stored::Columns {
             seq,
             at_us,
             kind: &kind,
             version,
-            level_id: level_id.as_deref(),
+            level_id,
             attempt,
-            payload: &payload,
+            data: &data,
+            hash: hash.as_deref(),
         };
-        check.event(&fields, hash.as_ref())?;
-        let data = EventData::decode_str(&kind, version, &data)
-            .map_err(|e| Error::Backend(format!("run {run_id} event {seq}: {e}")))?;
-        let at = DateTime::from_timestamp_micros(at_us)
-            .ok_or_else(|| damaged(seq, format!("column `at_us` holds {at_us}, not a time")))?;
-        events.push(Event { seq, at, level_id, attempt, data });
+        events.push(crate::stored::checked(&mut check, run_id, columns)?);
     }
     let last_seq = check.finish(record.last_seq, head.as_ref())?;
     Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS) }))

@@ -1,0 +1,46 @@
+//! What both stores do with an event's columns once read: check it against the run's hash
+//! chain and decode it, naming the run and the event when it cannot be.
+
+use baton_engine::chain::{self, Check, Fields};
+use baton_engine::event::{Event, EventData};
+use baton_engine::store::Error;
+use chrono::DateTime;
+
+/// One stored event's columns, as read.
+pub(crate) struct Columns<'a> {
+    pub seq: u64,
+    pub at_us: i64,
+    pub kind: &'a str,
+    pub version: u16,
+    pub level_id: Option<String>,
+    pub attempt: Option<u32>,
+    /// The payload, JSON text.
+    pub data: &'a str,
+    /// The stored hash (none when the column is empty).
+    pub hash: Option<&'a [u8]>,
+}
+
+/// The event the columns hold, checked as the next link of `check`: a payload that is not
+/// JSON, a hash that does not match, a time out of range is damage at that event.
+pub(crate) fn checked(check: &mut Check<'_>, run_id: &str, c: Columns<'_>) -> Result<Event, Error> {
+    let damaged =
+        |problem: String| Error::Damaged { run_id: run_id.to_owned(), seq: c.seq, problem };
+    let payload: serde_json::Value = serde_json::from_str(c.data)
+        .map_err(|e| damaged(format!("its payload is not JSON ({e})")))?;
+    let hash = c.hash.map(|h| chain::from_bytes(h).unwrap_or([0xff; 32]));
+    let fields = Fields {
+        seq: c.seq,
+        at_us: c.at_us,
+        kind: c.kind,
+        version: c.version,
+        level_id: c.level_id.as_deref(),
+        attempt: c.attempt,
+        payload: &payload,
+    };
+    check.event(&fields, hash.as_ref())?;
+    let data = EventData::decode_str(c.kind, c.version, c.data)
+        .map_err(|e| Error::Backend(format!("run {run_id} event {}: {e}", c.seq)))?;
+    let at = DateTime::from_timestamp_micros(c.at_us)
+        .ok_or_else(|| damaged(format!("column `at_us` holds {}, not a time", c.at_us)))?;
+    Ok(Event { seq: c.seq, at, level_id: c.level_id, attempt: c.attempt, data })
+}
