@@ -19,7 +19,9 @@
 //! Stores: `memory`, `sqlite`, and `postgres` (a schema of its own in `--bench-db URL`,
 //! dropped after; `--workers N` stores, each with its own connections, share the runs).
 //! Every durable figure is printed with the store's durability setting and the disk's
-//! fsync floor measured in the same run.
+//! fsync floor measured in the same run. CPU is the process's CPU clock
+//! (`CLOCK_PROCESS_CPUTIME_ID`, to the nanosecond): the measured loop's, and the whole
+//! process's beside it, with the share spent in the kernel.
 
 #![allow(clippy::cast_precision_loss)]
 
@@ -201,15 +203,24 @@ fn engine_with(store: Arc<dyn EventStore>, jobs: Option<Arc<Jobs>>) -> Engine {
     )
 }
 
-/// CPU time of this process so far (user + system), from /proc.
+/// CPU time of this process so far, every thread's user and system time together, to the
+/// nanosecond (`CLOCK_PROCESS_CPUTIME_ID`; /proc's 10 ms ticks would blur a short loop).
 fn cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(u64::try_from(t.tv_sec).unwrap_or(0), u32::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+/// The share of this process's CPU time so far spent in the kernel, from /proc's ticks
+/// (coarse, but over a whole bench enough to tell a store that waits in syscalls).
+fn system_share() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let after = stat.rsplit(')').next().unwrap_or("");
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+    let (user, system) = (ticks(11), ticks(12));
+    if user + system == 0 { 0.0 } else { system as f64 / (user + system) as f64 }
 }
 
 /// Syncs the floor is measured over, each of one 4 KiB page appended to a file.
@@ -478,6 +489,11 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "run_latency_p99_ms": percentile(&latencies, 99.0).as_secs_f64() * 1e3,
         "wall_us_per_level": wall.as_secs_f64() * 1e6 / levels.max(1) as f64,
         "cpu_us_per_level": cpu.as_secs_f64() * 1e6 / levels.max(1) as f64,
+        // The whole process since it started (setup, the check run and the store's
+        // threads included), beside the loop's own figure above.
+        "process_cpu_s": cpu_time().as_secs_f64(),
+        "process_cpu_us_per_level": cpu_time().as_secs_f64() * 1e6 / levels.max(1) as f64,
+        "process_system_share": system_share(),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
         "store_bytes_per_run": store_bytes as f64 / runs.max(1) as f64,
         "workers": stores.stores.len(),

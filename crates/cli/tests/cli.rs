@@ -1117,6 +1117,13 @@ fn a_sqlite_bench_prints_the_disks_fsync_floor_beside_its_figures() {
     );
     assert!(p50 > 0.0 && p99 >= p50, "{report}");
     assert!(report["levels_per_s"].as_f64().unwrap() > 0.0);
+    // CPU to the nanosecond, the loop's and the whole process's.
+    let (in_loop, whole) = (
+        report["cpu_us_per_level"].as_f64().unwrap(),
+        report["process_cpu_us_per_level"].as_f64().unwrap(),
+    );
+    assert!(in_loop > 0.0 && whole >= in_loop, "{report}");
+    assert!((0.0..=1.0).contains(&report["process_system_share"].as_f64().unwrap()));
     // The probe file is gone.
     let left: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()

@@ -699,3 +699,40 @@ fn purge_on_postgres_leaves_nothing_of_a_purged_log_in_the_tables() {
     assert_eq!(left, 0, "no event of a purged run is left");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `baton bench --store postgres`: runs spread over several stores in a schema of its own
+/// (dropped after), one write transaction per level, the server's durability setting and
+/// the disk's fsync floor beside the figures; `takeover` times how soon a dead driver's run
+/// is held again.
+#[test]
+fn the_postgres_bench_reports_its_figures_with_what_they_stood_on() {
+    let out = baton_command()
+        .args(["bench", "--workload", "linear5", "--store", "postgres", "--bench-db", &base()])
+        .args(["--workers", "2", "--concurrency", "4", "--runs", "20", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["workers"], 2, "{report}");
+    assert_eq!(report["levels"], 100, "{report}");
+    assert_eq!(report["commits_per_level"].as_f64(), Some(1.0), "{report}");
+    assert_eq!(report["postgres_synchronous_commit"], "on", "{report}");
+    assert!(report["fsync_floor_p50_ms"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["store_bytes_per_run"].as_f64().unwrap() > 0.0, "{report}");
+    let out = baton_command()
+        .args(["bench", "--workload", "takeover", "--store", "postgres", "--bench-db", &base()])
+        .args(["--runs", "5", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["takeovers"], 5, "{report}");
+    let p50 = report["takeover_p50_ms"].as_f64().unwrap();
+    assert!(p50 > 0.0 && p50 < 5_000.0, "a dead driver's run is held again at once: {report}");
+    let refused = baton_command()
+        .args(["bench", "--workload", "linear5", "--store", "postgres"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(text(&refused.stderr).contains("--bench-db postgres://"), "{}", text(&refused.stderr));
+}
