@@ -1,9 +1,11 @@
-//! The embedded SQLite store: one file in WAL mode, one writer thread, group commit.
+//! The embedded SQLite store: one file in WAL mode, one writer thread, group commit,
+//! reader threads.
 //!
-//! Every request goes to a dedicated thread that owns the connection. The thread takes
-//! every request waiting in its queue at once and writes all of their appends in one
-//! transaction (each inside its own savepoint, so one conflicting append fails alone),
-//! so concurrent runs share a commit — and its fsync. `synchronous = FULL`: a committed
+//! Every write goes to a dedicated thread that owns the writer connection. The thread
+//! takes every request waiting in its queue at once and writes all of their appends in one
+//! transaction (each inside its own savepoint, so one conflicting append fails alone), so
+//! concurrent runs share a commit — and its fsync. Reads go to two reader threads, each
+//! with a connection of its own, so that they never wait behind a group commit. `synchronous = FULL`: a committed
 //! event survives a power loss, not only a crash of the process.
 //!
 //! Every event is stored with its hash in the engine's chain ([`baton_engine::chain`]) and
@@ -78,6 +80,12 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 
 /// Most requests taken into one group commit.
 const GROUP_MAX: usize = 256;
+
+/// Reader connections (and threads) beside the writer's.
+const READERS: usize = 2;
+
+/// The page cache of each reader connection, in KiB (negative: SQLite's unit for KiB).
+const READER_CACHE_KIB: i64 = -1024;
 
 /// Commits between two checkpoints of the WAL into the database file. Checkpoints are
 /// run here rather than by SQLite's page count so that the syncs they cost are counted.
@@ -166,6 +174,9 @@ pub fn lock_file_held(path: &Path) -> Result<bool, Error> {
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     requests: mpsc::Sender<Request>,
+    /// Reads that need no write: served by the reader connections, which never wait for
+    /// the writer (WAL: each read sees the last commit before it began).
+    reads: mpsc::Sender<Request>,
     path: PathBuf,
     stats: Arc<Stats>,
 }
@@ -275,7 +286,27 @@ impl SqliteStore {
             .name("baton-sqlite".to_owned())
             .spawn(move || serve(conn, &rx, failpoint, &counter))
             .map_err(backend)?;
-        Ok(SqliteStore { requests: tx, path, stats })
+        let (reads, read_rx) = mpsc::channel();
+        let read_rx = Arc::new(std::sync::Mutex::new(read_rx));
+        for i in 0..READERS {
+            let reader = Connection::open_with_flags(
+                &path,
+                OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE,
+            )
+            .and_then(|c| {
+                c.busy_timeout(std::time::Duration::from_secs(10))?;
+                c.pragma_update(None, "query_only", "ON")?;
+                c.pragma_update(None, "cache_size", READER_CACHE_KIB)?;
+                Ok(c)
+            })
+            .map_err(|e| Error::Backend(open_failure(&path, &e)))?;
+            let rx = Arc::clone(&read_rx);
+            std::thread::Builder::new()
+                .name(format!("baton-sqlite-read-{i}"))
+                .spawn(move || serve_reads(&reader, &rx))
+                .map_err(backend)?;
+        }
+        Ok(SqliteStore { requests: tx, reads, path, stats })
     }
 
     /// Transactions committed since the store was opened.
@@ -298,6 +329,15 @@ impl SqliteStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A read on a reader connection.
+    async fn read<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.reads
+            .send(make(reply))
+            .map_err(|_| Error::Backend("the SQLite readers have stopped".to_owned()))?;
+        answer.await.map_err(|_| Error::Backend("a SQLite reader dropped a request".to_owned()))?
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, Error> {
@@ -560,6 +600,18 @@ fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoin
                 continue;
             }
             read(&conn, r);
+        }
+    }
+}
+
+/// A reader thread: takes reads off the shared queue, one at a time, until the store is
+/// dropped.
+fn serve_reads(conn: &Connection, rx: &std::sync::Mutex<mpsc::Receiver<Request>>) {
+    loop {
+        let next = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
+        match next {
+            Ok(r) => read(conn, r),
+            Err(_) => return,
         }
     }
 }
@@ -1338,26 +1390,26 @@ impl EventStore for SqliteStore {
     }
 
     fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
-        Box::pin(self.ask(move |reply| Request::Load { run_id: run_id.to_owned(), after, reply }))
+        Box::pin(self.read(move |reply| Request::Load { run_id: run_id.to_owned(), after, reply }))
     }
 
     fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>> {
-        Box::pin(self.ask(move |reply| Request::Verify { run_id: run_id.to_owned(), reply }))
+        Box::pin(self.read(move |reply| Request::Verify { run_id: run_id.to_owned(), reply }))
     }
 
     fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
-        Box::pin(self.ask(|reply| Request::Run { run_id: run_id.to_owned(), reply }))
+        Box::pin(self.read(|reply| Request::Run { run_id: run_id.to_owned(), reply }))
     }
 
     fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
-        Box::pin(self.ask(|reply| Request::RunByKey { key: key.to_owned(), reply }))
+        Box::pin(self.read(|reply| Request::RunByKey { key: key.to_owned(), reply }))
     }
 
     fn runs_named<'a>(
         &'a self,
         ids: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Option<RunRecord>>, Error>> {
-        Box::pin(self.ask(|reply| Request::RunsNamed { ids: ids.to_vec(), reply }))
+        Box::pin(self.read(|reply| Request::RunsNamed { ids: ids.to_vec(), reply }))
     }
 
     fn put_tenant_override<'a>(
@@ -1372,7 +1424,7 @@ impl EventStore for SqliteStore {
         tenant: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<TenantOverride>, Error>> {
         Box::pin(
-            self.ask(move |reply| Request::Overrides { tenant: tenant.map(str::to_owned), reply }),
+            self.read(move |reply| Request::Overrides { tenant: tenant.map(str::to_owned), reply }),
         )
     }
 
@@ -1406,7 +1458,7 @@ impl EventStore for SqliteStore {
         &'a self,
         checksum: &'a str,
     ) -> BoxFuture<'a, Result<Option<String>, Error>> {
-        Box::pin(self.ask(|reply| Request::Texts { checksum: checksum.to_owned(), reply }))
+        Box::pin(self.read(|reply| Request::Texts { checksum: checksum.to_owned(), reply }))
     }
 
     fn claim<'a>(
@@ -1462,14 +1514,14 @@ impl EventStore for SqliteStore {
     }
 
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
-        Box::pin(self.ask(move |reply| Request::Runs { status: status.map(str::to_owned), reply }))
+        Box::pin(self.read(move |reply| Request::Runs { status: status.map(str::to_owned), reply }))
     }
 
     fn runs_page<'a>(
         &'a self,
         query: &'a RunQuery,
     ) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
-        Box::pin(self.ask(move |reply| Request::RunsPage { query: query.clone(), reply }))
+        Box::pin(self.read(move |reply| Request::RunsPage { query: query.clone(), reply }))
     }
 
     /// Whether `<database>.locks/<run id>` is locked: no file means nobody holds the run;
@@ -1537,7 +1589,7 @@ impl TokenStore for SqliteStore {
         &'a self,
         sha256: &'a str,
     ) -> BoxFuture<'a, Result<Option<TokenRecord>, Error>> {
-        Box::pin(self.ask(move |reply| Request::Token(TokenOp::ByHash(sha256.to_owned(), reply))))
+        Box::pin(self.read(move |reply| Request::Token(TokenOp::ByHash(sha256.to_owned(), reply))))
     }
 
     fn tokens<'a>(
@@ -1545,7 +1597,7 @@ impl TokenStore for SqliteStore {
         tenant: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<TokenRecord>, Error>> {
         Box::pin(
-            self.ask(move |reply| Request::Token(TokenOp::List(tenant.map(str::to_owned), reply))),
+            self.read(move |reply| Request::Token(TokenOp::List(tenant.map(str::to_owned), reply))),
         )
     }
 
