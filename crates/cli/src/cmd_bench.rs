@@ -6,7 +6,8 @@
 //! → verify → accept, looping back until accept has run 3 times: 10 level executions),
 //! `fanout8` (plan → a fan-out of 8 prompt children with majority_pass: 10), `approval`
 //! (draft → human approval → finalize, decided and resumed by a fresh engine over the same
-//! store, as a restart would), `paused` (runs left waiting for an approval: how much
+//! store, as a restart would), `resume` (runs paused and decided, then all continued by a
+//! fresh store and engine over the same database, as a new process takes them up), `paused` (runs left waiting for an approval: how much
 //! memory each paused run holds), `reopen` (a run of 10 000 events reopened from the
 //! store and planned), `chain3` (a job of three runs, each a one-level scenario whose
 //! JSON answer chains the job to the next, as child runs: what a hop costs beside a level),
@@ -326,7 +327,7 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         print_report(&report, args.json)?;
         return Ok(ExitCode::SUCCESS);
     }
-    if matches!(args.workload.as_str(), "reopen" | "paused") || args.repeat <= 1 {
+    if matches!(args.workload.as_str(), "reopen" | "paused" | "resume") || args.repeat <= 1 {
         let report = measure(&args).await?;
         print_report(&report, args.json)?;
         return Ok(ExitCode::SUCCESS);
@@ -361,11 +362,11 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "linear5" => LINEAR5,
         "gate_loop" => GATE_LOOP,
         "fanout8" => FANOUT8,
-        "approval" | "reopen" | "paused" => APPROVAL,
+        "approval" | "reopen" | "paused" | "resume" => APPROVAL,
         "chain3" => CHAIN3[0].1,
         other => {
             bail!(
-                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, reopen, chain3, wave, takeover, jail or http"
+                "unknown workload `{other}`: use linear5, gate_loop, fanout8, approval, paused, resume, reopen, chain3, wave, takeover, jail or http"
             )
         }
     };
@@ -402,6 +403,12 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     }
     if args.workload == "paused" {
         return paused(store, &scenario, args.runs).await;
+    }
+    if args.workload == "resume" {
+        let report = resume(args, &stores, &scenario).await;
+        drop(stores);
+        let _ = std::fs::remove_dir_all(&tmp);
+        return report;
     }
     let approval = args.workload == "approval";
     // Level executions per run of each workload.
@@ -793,6 +800,67 @@ fn rss_kib() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
         .unwrap_or(0)
+}
+
+/// `resume`: `runs` approval runs are started, paused and decided (as approvals recorded
+/// by another process leave them), then a fresh store over the same database — a new
+/// process's view — and a fresh engine continue them all to their end, `concurrency` at
+/// once: how fast a process takes up work it did not start.
+async fn resume(
+    args: &BenchArgs,
+    stores: &BenchStores,
+    scenario: &Arc<Scenario>,
+) -> anyhow::Result<serde_json::Value> {
+    let e = engine(Arc::clone(&stores.stores[0]));
+    let mut decided = Vec::with_capacity(args.runs);
+    for _ in 0..args.runs {
+        let run = Engine::new_run_id();
+        if e.run(&run, scenario, "bench", Map::new(), None).await? != Outcome::Paused {
+            bail!("the resume workload's run did not pause");
+        }
+        e.approve(&run, true, None, Some("bench".to_owned())).await?;
+        decided.push(run);
+    }
+    drop(e);
+    // A fresh view of the same database, as a new process opens it.
+    let fresh: Arc<dyn EventStore> = match (&stores.sqlite, stores._schema.as_ref()) {
+        (Some(s), _) => Arc::new(SqliteStore::open_existing(s.path())?),
+        (None, Some(schema)) => Arc::new(PostgresStore::connect(&schema.url).await?),
+        (None, None) => Arc::clone(&stores.stores[0]),
+    };
+    let cpu0 = cpu_time();
+    let wall = Instant::now();
+    let concurrency = args.concurrency.max(1);
+    let queue = Arc::new(std::sync::Mutex::new(decided));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let e = engine(Arc::clone(&fresh));
+        let (queue, scenario) = (Arc::clone(&queue), Arc::clone(scenario));
+        tasks.spawn(async move {
+            loop {
+                let next = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+                let Some(run) = next else { return anyhow::Ok(()) };
+                let outcome = e.drive(&run, &scenario).await?;
+                if outcome != Outcome::Finished(Status::Completed) {
+                    bail!("a resumed run ended {outcome:?}");
+                }
+            }
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.context("a bench task panicked")??;
+    }
+    let wall = wall.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu0);
+    Ok(json!({
+        "workload": "resume",
+        "store": args.store,
+        "runs": args.runs,
+        "concurrency": concurrency,
+        "wall_s": wall.as_secs_f64(),
+        "resumed_runs_per_s": args.runs as f64 / wall.as_secs_f64(),
+        "cpu_us_per_resumed_run": cpu.as_secs_f64() * 1e6 / args.runs.max(1) as f64,
+    }))
 }
 
 /// A run of 10 000 events, reopened from the store and planned.

@@ -478,8 +478,8 @@ enum Command {
     },
     /// Measure the kernel on a fixed workload with a zero-latency scripted model.
     Bench {
-        /// linear5, gate_loop, fanout8, approval, paused, reopen, chain3, wave, takeover
-        /// (PostgreSQL), jail or http.
+        /// linear5, gate_loop, fanout8, approval, paused, resume, reopen, chain3, wave,
+        /// takeover (PostgreSQL), jail or http.
         #[arg(long, default_value = "linear5")]
         workload: String,
         /// memory, sqlite or postgres (with --bench-db postgres://…).

@@ -1090,6 +1090,33 @@ fn security_review_scans_a_project_with_the_real_scanners_and_never_repeats_a_se
 
 /// A durable bench figure comes with what it stood on: the store's durability setting and
 /// the disk's fsync floor, measured in the same run beside the database.
+/// `bench --workload resume`: decided runs are continued by a fresh store and engine
+/// over the same database, every one to its end (the bench fails on any other end).
+#[test]
+fn the_resume_bench_continues_every_decided_run_from_a_fresh_store() {
+    let dir = scratch("bench-resume");
+    let db = dir.join("bench.db");
+    let out = baton(&[
+        "bench",
+        "--workload",
+        "resume",
+        "--store",
+        "sqlite",
+        "--bench-db",
+        db.to_str().unwrap(),
+        "--runs",
+        "12",
+        "--concurrency",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["runs"], 12, "{report}");
+    assert!(report["resumed_runs_per_s"].as_f64().unwrap() > 0.0, "{report}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_sqlite_bench_prints_the_disks_fsync_floor_beside_its_figures() {
     let dir = scratch("bench-floor");
