@@ -246,18 +246,10 @@ pub(crate) async fn mcp(
         token_id: "local".to_owned(),
         name,
     };
-    let stop = CancelToken::new();
-    {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            cmd_run::stop_on_signals(
-                stop,
-                "baton mcp: stopping — running steps are cut and their runs recorded interrupted (again to exit at once)",
-                "baton mcp: exiting at once; every run stays resumable",
-            )
-            .await;
-        });
-    }
+    let stop = stopped_by_signals(
+        "baton mcp: stopping — running steps are cut and their runs recorded interrupted (again to exit at once)",
+        "baton mcp: exiting at once; every run stays resumable",
+    );
     baton_server::serve_mcp_stdio(settings, parts, caller, stop)
         .await
         .map_err(anyhow::Error::msg)?;
@@ -304,18 +296,10 @@ pub(crate) async fn worker(
     let place =
         &Place { hold_for: Some(std::time::Duration::from_secs(args.lease_s)), ..place.clone() };
     let parts = parts(place, args.script.as_deref(), "baton worker").await?;
-    let stop = CancelToken::new();
-    {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            cmd_run::stop_on_signals(
-                stop,
-                "baton worker: stopping — running steps are cut and their runs recorded interrupted, for the next worker (again to exit at once)",
-                "baton worker: exiting at once; every run stays resumable",
-            )
-            .await;
-        });
-    }
+    let stop = stopped_by_signals(
+        "baton worker: stopping — running steps are cut and their runs recorded interrupted, for the next worker (again to exit at once)",
+        "baton worker: exiting at once; every run stays resumable",
+    );
     eprintln!(
         "baton worker: {name} drives up to {} job(s) from {}",
         args.concurrency,
@@ -333,13 +317,22 @@ pub(crate) async fn worker(
 
 /// This machine's name, for a worker's default name.
 fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| {
-            h.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect()
-        })
-        .filter(|h: &String| !h.is_empty())
-        .unwrap_or_else(|| "host".to_owned())
+    use std::io::Read as _;
+    let mut read = String::new();
+    let _ = std::fs::File::open("/proc/sys/kernel/hostname")
+        .and_then(|f| f.take(256).read_to_string(&mut read));
+    let name: String =
+        read.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
+    if name.is_empty() { "host".to_owned() } else { name }
+}
+
+/// A stop token cancelled by the first interrupt or terminate signal (`stopping` said on
+/// stderr); a second exits at once (`exiting`).
+fn stopped_by_signals(stopping: &'static str, exiting: &'static str) -> CancelToken {
+    let stop = CancelToken::new();
+    let cancelled = stop.clone();
+    tokio::spawn(async move { cmd_run::stop_on_signals(cancelled, stopping, exiting).await });
+    stop
 }
 
 async fn stop_on_signal(stop: CancelToken) {

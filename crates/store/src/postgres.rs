@@ -61,6 +61,9 @@ const POOL_SIZE_MAX: usize = 8;
 /// How long a request waits for a pooled connection before it fails.
 const POOL_WAIT: Duration = Duration::from_secs(30);
 
+/// How long taking, probing or giving back a hold may wait for the server.
+const HOLD_OP_WAIT: Duration = Duration::from_secs(30);
+
 /// How long connecting to the server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -334,19 +337,14 @@ impl PostgresStore {
             ))
         };
         self.holds.send(make(tx)).map_err(|_| lost())?;
-        rx.await.map_err(|_| lost())?
-    }
-
-    /// Removes every Baton table from the database's schema, for tests.
-    pub async fn drop_all(url: &str) -> Result<(), Error> {
-        let config = config(url)?;
-        let (client, _task) = connect_one(&config, url).await?;
-        client
-            .batch_execute(
-                "DROP TABLE IF EXISTS events, runs, holds, scenario_texts, tenant_overrides, tokens, schema_version",
-            )
-            .await
-            .map_err(pg)
+        match tokio::time::timeout(HOLD_OP_WAIT, rx).await {
+            Ok(answer) => answer.map_err(|_| lost())?,
+            Err(_) => Err(Error::Backend(format!(
+                "postgres {}: no answer about a run's hold within {} s; check the server (a run held before stays held until its hold runs out)",
+                self.shown,
+                HOLD_OP_WAIT.as_secs()
+            ))),
+        }
     }
 }
 
