@@ -402,7 +402,10 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         return reopen(store, &scenario).await;
     }
     if args.workload == "paused" {
-        return paused(store, &scenario, args.runs).await;
+        let report = paused(&stores, &scenario, args.runs).await;
+        drop(stores);
+        let _ = std::fs::remove_dir_all(&tmp);
+        return report;
     }
     if args.workload == "resume" {
         let report = resume(args, &stores, &scenario).await;
@@ -429,6 +432,9 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             bail!("workload {} ran {counted} levels, expected {levels_per_run}", args.workload);
         }
     }
+    // What the store holds before the measured runs (its tables, the check run's nothing):
+    // the figure per run is what the runs add.
+    let bytes0 = store_size(&stores).await?;
     let cpu0 = cpu_time();
     let commits0 = stores.commits();
     let syncs0 = sqlite.as_ref().map_or(0, SqliteStore::syncs);
@@ -460,26 +466,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let cpu = cpu_time().saturating_sub(cpu0);
     latencies.sort_unstable();
     let runs = latencies.len();
-    let store_bytes = match (&sqlite, stores.postgres.first()) {
-        (_, Some(pg)) => pg.bytes().await?,
-        (Some(s), _) => {
-            s.checkpoint().await?;
-            let p = s.path();
-            let size = |suffix: &str| {
-                std::fs::metadata(format!("{}{suffix}", p.display())).map_or(0, |m| m.len())
-            };
-            size("") + size("-wal")
-        }
-        (None, None) => {
-            let mut bytes = 0u64;
-            for r in store.runs(None).await? {
-                for e in store.load(&r.run_id, 0).await? {
-                    bytes += serde_json::to_vec(&e).map_or(0, |v| v.len() as u64);
-                }
-            }
-            bytes
-        }
-    };
+    let store_bytes = store_size(&stores).await?.saturating_sub(bytes0);
     let commits = stores.commits() - commits0;
     let syncs = sqlite.as_ref().map_or(0, SqliteStore::syncs) - syncs0;
     let durable = sqlite.is_some() || !stores.postgres.is_empty();
@@ -502,6 +489,8 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "process_cpu_us_per_level": cpu_time().as_secs_f64() * 1e6 / levels.max(1) as f64,
         "process_system_share": system_share(),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
+        // The store's growth over the measured runs, per run (SQLite: the database file
+        // and its WAL after a checkpoint; PostgreSQL: the schema's relations).
         "store_bytes_per_run": store_bytes as f64 / runs.max(1) as f64,
         "workers": stores.stores.len(),
         "commits_per_level": durable.then(|| commits as f64 / levels.max(1) as f64),
@@ -552,6 +541,32 @@ impl BenchStores {
         self.sqlite.as_ref().map_or(0, SqliteStore::commits)
             + self.postgres.iter().map(|p| p.commits()).sum::<u64>()
     }
+}
+
+/// The bytes the bench's store takes now: SQLite's database file and WAL after a
+/// checkpoint, PostgreSQL's relations, or the memory store's events as JSON.
+async fn store_size(stores: &BenchStores) -> anyhow::Result<u64> {
+    Ok(match (&stores.sqlite, stores.postgres.first()) {
+        (_, Some(pg)) => pg.bytes().await?,
+        (Some(s), _) => {
+            s.checkpoint().await?;
+            let p = s.path();
+            let size = |suffix: &str| {
+                std::fs::metadata(format!("{}{suffix}", p.display())).map_or(0, |m| m.len())
+            };
+            size("") + size("-wal")
+        }
+        (None, None) => {
+            let store = &stores.stores[0];
+            let mut bytes = 0u64;
+            for r in store.runs(None).await? {
+                for e in store.load(&r.run_id, 0).await? {
+                    bytes += serde_json::to_vec(&e).map_or(0, |v| v.len() as u64);
+                }
+            }
+            bytes
+        }
+    })
 }
 
 async fn bench_stores(args: &BenchArgs, tmp: &Path) -> anyhow::Result<BenchStores> {
@@ -765,11 +780,12 @@ async fn wave_overhead(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
 /// Runs left waiting for an approval: the process keeps nothing of them (they live in
 /// the store), so its memory does not grow with their number.
 async fn paused(
-    store: Arc<dyn EventStore>,
+    stores: &BenchStores,
     scenario: &Arc<Scenario>,
     runs: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    let e = engine(store);
+    let e = engine(Arc::clone(&stores.stores[0]));
+    let bytes0 = store_size(stores).await?;
     let warm = (runs / 10).max(1);
     let mut rss_warm = 0;
     for i in 0..runs {
@@ -783,9 +799,11 @@ async fn paused(
     }
     let rss_end = rss_kib();
     let growth = rss_end.saturating_sub(rss_warm) as f64 * 1024.0 / (runs - warm).max(1) as f64;
+    let bytes = store_size(stores).await?.saturating_sub(bytes0);
     let report = json!({
         "workload": "paused",
         "paused_runs": runs,
+        "store_bytes_per_paused_run": bytes as f64 / runs.max(1) as f64,
         "rss_after_warmup_mib": rss_warm as f64 / 1024.0,
         "rss_at_end_mib": rss_end as f64 / 1024.0,
         "rss_growth_bytes_per_paused_run": growth,

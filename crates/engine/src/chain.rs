@@ -250,6 +250,32 @@ impl<'a> Check<'a> {
         Ok(())
     }
 
+    /// Links the next stored event into the chain without a hash of its own to check: a
+    /// store that keeps one hash per commit batch passes every event of a batch through
+    /// here, then checks the batch's hash with [`Check::settle`].
+    pub fn pass(&mut self, fields: &Fields<'_>) -> Result<(), Error> {
+        self.seq(fields.seq)?;
+        self.prev = link(&self.prev, fields);
+        self.next_seq += 1;
+        Ok(())
+    }
+
+    /// Checks a batch's stored hash against the chain as linked so far: its events are the
+    /// ones from `first` up to the last one passed. A mismatch is reported at `first`, the
+    /// first event the batch's hash can no longer vouch for.
+    pub fn settle(&self, first: u64, stored: &Hash) -> Result<(), Error> {
+        if stored != &self.prev {
+            let last = self.next_seq.saturating_sub(1);
+            return Err(self.damaged(
+                first,
+                format!(
+                    "events {first} to {last} do not match the hash of their batch: one of them, or their place in the log, was changed after it was written"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks the end of the log against the run's record: its `last_seq` and head hash
     /// (`None` when the run has none). Returns the number of the last event.
     pub fn finish(self, last_seq: u64, head: Option<&Hash>) -> Result<u64, Error> {

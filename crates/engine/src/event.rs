@@ -184,17 +184,37 @@ impl EventData {
 
     /// Decodes a stored payload, given as JSON text, of `kind` written with schema `version`.
     pub fn decode_str(kind: &str, version: u16, payload: &str) -> Result<EventData, DecodeError> {
-        let fail =
-            |e: serde_json::Error| DecodeError { kind: kind.to_owned(), message: e.to_string() };
+        let mut de = serde_json::Deserializer::from_str(payload);
+        let data = Self::decode_from(kind, version, &mut de)?;
+        de.end().map_err(|e| DecodeError { kind: kind.to_owned(), message: e.to_string() })?;
+        Ok(data)
+    }
+
+    /// Decodes a stored payload, given as a JSON value, of `kind` written with schema
+    /// `version`.
+    pub fn decode_value(
+        kind: &str,
+        version: u16,
+        payload: Value,
+    ) -> Result<EventData, DecodeError> {
+        Self::decode_from(kind, version, payload)
+    }
+
+    fn decode_from<'de, D: serde::Deserializer<'de>>(
+        kind: &str,
+        version: u16,
+        payload: D,
+    ) -> Result<EventData, DecodeError> {
+        let fail = |e: D::Error| DecodeError { kind: kind.to_owned(), message: e.to_string() };
         match (version, kind) {
             (VERSION, _) => {}
             (1, "scenario_started") => {
-                return serde_json::from_str::<v1::ScenarioStarted>(payload)
+                return v1::ScenarioStarted::deserialize(payload)
                     .map(|old| EventData::ScenarioStarted(old.into()))
                     .map_err(fail);
             }
             (1, "approval_decided") => {
-                return serde_json::from_str::<v1::ApprovalDecided>(payload)
+                return v1::ApprovalDecided::deserialize(payload)
                     .map(|old| EventData::ApprovalDecided(old.into()))
                     .map_err(fail);
             }
@@ -212,7 +232,7 @@ impl EventData {
         macro_rules! decode {
             ($($name:literal => $variant:ident),* $(,)?) => {
                 match kind {
-                    $($name => serde_json::from_str(payload).map(EventData::$variant).map_err(fail),)*
+                    $($name => Deserialize::deserialize(payload).map(EventData::$variant).map_err(fail),)*
                     other => Err(DecodeError { kind: other.to_owned(), message: "unknown event kind".to_owned() }),
                 }
             };

@@ -4,8 +4,10 @@
 //! Each store implements `baton_engine::store::EventStore` and passes its conformance
 //! suite. The kernel never names a concrete store; the CLI wires one in.
 
+pub mod packed;
 pub mod postgres;
 pub mod sqlite;
+mod sqlite_log;
 mod stored;
 pub mod tokens;
 

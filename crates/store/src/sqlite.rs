@@ -26,17 +26,19 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 
-use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
+use baton_engine::chain::{self, Fields, GENESIS, Hash};
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{
-    Error, EventStore, RunGuard, RunQuery, RunRecord, TenantOverride, Verified, check_numbering,
+    Error, EventStore, RunGuard, RunQuery, RunRecord, TenantOverride, Verified,
 };
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::types::{FromSql, Type};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use tokio::sync::oneshot;
 
+use crate::sqlite_log::{Dicts, Packer};
+pub use crate::sqlite_log::{RawBatch, put_raw_batches, raw_batches};
 use crate::tokens::{Role, TokenRecord, TokenStore};
 
 /// One version of the schema: SQL, then (optionally) code that fills what SQL cannot.
@@ -53,6 +55,10 @@ const MIGRATIONS: &[Migration] = &[
     Migration { sql: include_str!("../migrations/0004_scenario_texts.sql"), then: None },
     Migration { sql: include_str!("../migrations/0005_run_trees.sql"), then: None },
     Migration { sql: include_str!("../migrations/0006_tokens.sql"), then: None },
+    Migration {
+        sql: include_str!("../migrations/0007_packed.sql"),
+        then: Some(crate::sqlite_log::pack_existing_runs),
+    },
 ];
 
 /// Tries to take a run's lock file when the file keeps being replaced under us (each
@@ -194,7 +200,7 @@ impl std::fmt::Debug for Request {
     }
 }
 
-fn backend(e: impl std::fmt::Display) -> Error {
+pub(crate) fn backend(e: impl std::fmt::Display) -> Error {
     Error::Backend(e.to_string())
 }
 
@@ -463,6 +469,10 @@ fn prepare(conn: &Connection, busy: std::time::Duration) -> rusqlite::Result<()>
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    // Always, not only while purging: a row moved to another page when a page splits
+    // leaves its old copy in the free space it came from, unless freed space is zeroed as
+    // it is freed; with it on, a purged log leaves no stale copy behind in the file.
+    conn.pragma_update(None, "secure_delete", "ON")?;
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
     let current: i64 =
         conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| r.get(0))?;
@@ -561,6 +571,7 @@ struct Failpoints {
 fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoints, stats: &Stats) {
     // Events this process has written, for the writes failpoint.
     let mut written = 0u64;
+    let mut packer = Packer::default();
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < GROUP_MAX {
@@ -575,7 +586,7 @@ fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoin
         let (leases, reads): (Vec<Request>, Vec<Request>) =
             reads.into_iter().partition(|r| matches!(r, Request::Lease(..)));
         if !writes.is_empty() {
-            write_group(&mut conn, writes, failpoint, &mut written);
+            write_group(&mut conn, &mut packer, writes, failpoint, &mut written);
             let commits = stats.commits.fetch_add(1, Ordering::Relaxed) + 1;
             if commits.is_multiple_of(COMMITS_PER_CHECKPOINT) {
                 // A passive checkpoint never blocks readers; what it cannot copy now waits
@@ -599,7 +610,7 @@ fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoin
                 let _ = reply.send(done);
                 continue;
             }
-            read(&conn, r);
+            read(&conn, packer.dicts(), r);
         }
     }
 }
@@ -607,10 +618,11 @@ fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoin
 /// A reader thread: takes reads off the shared queue, one at a time, until the store is
 /// dropped.
 fn serve_reads(conn: &Connection, rx: &std::sync::Mutex<mpsc::Receiver<Request>>) {
+    let mut dicts = Dicts::default();
     loop {
         let next = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
         match next {
-            Ok(r) => read(conn, r),
+            Ok(r) => read(conn, &mut dicts, r),
             Err(_) => return,
         }
     }
@@ -618,6 +630,7 @@ fn serve_reads(conn: &Connection, rx: &std::sync::Mutex<mpsc::Receiver<Request>>
 
 fn write_group(
     conn: &mut Connection,
+    packer: &mut Packer,
     writes: Vec<Request>,
     failpoint: Failpoints,
     written: &mut u64,
@@ -646,16 +659,19 @@ fn write_group(
                     if events.is_empty() {
                         Ok(())
                     } else {
-                        append(&sp, &run.run_id, 1, events, &run.status)
+                        crate::sqlite_log::append(&sp, packer, &run.run_id, 1, events, &run.status)
                     }
                 }),
                 Request::Append { run_id, expected, events, status, .. } => {
-                    append(&sp, run_id, *expected, events, status)
+                    crate::sqlite_log::append(&sp, packer, run_id, *expected, events, status)
                 }
                 _ => Ok(()),
             };
             match r {
-                Ok(()) => sp.commit().map_err(backend),
+                Ok(()) => sp.commit().map_err(|e| {
+                    packer.reset();
+                    backend(e)
+                }),
                 Err(e) => Err(e),
             }
         })();
@@ -686,6 +702,9 @@ fn write_group(
     let committed = tx.commit().map_err(backend);
     if committed.is_ok() {
         *written += written_here;
+    } else {
+        // What the packer learnt from this transaction is not in the database.
+        packer.reset();
     }
     let writes_crossed = failpoint.abort_after_writes.is_some_and(|n| *written >= n);
     if committed.is_ok() && (failpoint.abort_after.is_some_and(|n| highest >= n) || writes_crossed)
@@ -697,7 +716,7 @@ fn write_group(
         && let Some((run_id, status)) = crossed
     {
         // Test failpoint: another process's cancel, before the writer goes on.
-        let _ = cancel_now(conn, &run_id, &status);
+        let _ = cancel_now(conn, packer, &run_id, &status);
     }
     for (w, outcome) in results {
         let outcome = match (&committed, outcome) {
@@ -709,15 +728,23 @@ fn write_group(
 }
 
 /// Appends a `cancel_requested` to a run, as `baton cancel` would (the cancel failpoint).
-fn cancel_now(conn: &mut Connection, run_id: &str, status: &str) -> Result<(), Error> {
+fn cancel_now(
+    conn: &mut Connection,
+    packer: &mut Packer,
+    run_id: &str,
+    status: &str,
+) -> Result<(), Error> {
     let tx = conn.transaction().map_err(backend)?;
-    let next = end_of_log(&tx, run_id)?.last_seq + 1;
+    let next = crate::sqlite_log::end_of_log(&tx, run_id)?.1.last_seq + 1;
     let cancel = baton_engine::event::NewEvent::run(EventData::CancelRequested(
         baton_engine::event::CancelRequested { by: Some("failpoint".to_owned()), reason: None },
     ))
     .at(next, Utc::now());
-    append(&tx, run_id, next, &[cancel], status)?;
-    tx.commit().map_err(backend)
+    crate::sqlite_log::append(&tx, packer, run_id, next, &[cancel], status)?;
+    tx.commit().map_err(|e| {
+        packer.reset();
+        backend(e)
+    })
 }
 
 fn reply_write(w: Request, outcome: Result<(), Error>) {
@@ -729,7 +756,7 @@ fn reply_write(w: Request, outcome: Result<(), Error>) {
     }
 }
 
-fn time(at: DateTime<Utc>) -> String {
+pub(crate) fn time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
@@ -774,110 +801,21 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Error> {
     }
     cached_exec(conn,
         "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10)",
-        params![run.run_id, run.scenario_id, run.status, time(run.created_at), time(run.updated_at), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, run.idempotency_key, run.tenant],
+        params![run.run_id, run.scenario_id, run.status, run.created_at.timestamp_micros(), run.updated_at.timestamp_micros(), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, run.idempotency_key, run.tenant],
     )
     .map_err(backend)?;
     Ok(())
-}
-
-fn append(
-    conn: &Connection,
-    run_id: &str,
-    expected: u64,
-    events: &[Event],
-    status: &str,
-) -> Result<(), Error> {
-    let head = end_of_log(conn, run_id)?;
-    let actual = head.last_seq + 1;
-    if actual != expected {
-        return Err(Error::Conflict { run_id: run_id.to_owned(), expected, actual });
-    }
-    check_numbering(events, expected)?;
-    let mut insert = conn
-        .prepare_cached(
-            "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-        )
-        .map_err(backend)?;
-    let mut prev = head.head;
-    for e in events {
-        let payload = e.data.payload();
-        prev = chain::link(&prev, &Fields::of(e, &payload));
-        insert
-            .execute(params![
-                run_id,
-                i64::try_from(e.seq).unwrap_or(i64::MAX),
-                e.at.timestamp_micros(),
-                e.data.kind(),
-                baton_engine::event::VERSION,
-                e.level_id,
-                e.attempt,
-                payload.to_string(),
-                prev.as_slice(),
-            ])
-            .map_err(backend)?;
-    }
-    let new_last = i64::try_from(expected - 1 + events.len() as u64).unwrap_or(i64::MAX);
-    let updated = events.last().map_or_else(Utc::now, |e| e.at);
-    cached_exec(conn,
-        "UPDATE runs SET last_seq = ?2, status = ?3, updated_at = ?4, head_hash = ?5 WHERE run_id = ?1",
-        params![run_id, new_last, status, time(updated), prev.as_slice()],
-    )
-    .map_err(backend)?;
-    Ok(())
-}
-
-/// The end of a run's log as an append builds on it: the run's `last_seq` and head hash,
-/// checked against the stored hash of that last event (a whole-log check is `load`'s job;
-/// this one costs one row).
-fn end_of_log(conn: &Connection, run_id: &str) -> Result<Verified, Error> {
-    let row =
-        cached_row(conn, "SELECT last_seq, head_hash FROM runs WHERE run_id = ?1", [run_id], |r| {
-            Ok((
-                named::<i64>(r, 0, "last_seq", "an integer"),
-                named::<Option<Vec<u8>>>(r, 1, "head_hash", "a blob"),
-            ))
-        })
-        .optional()
-        .map_err(backend)?;
-    let Some((last, head)) = row else { return Err(Error::NotFound(run_id.to_owned())) };
-    let damaged =
-        |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
-    let last = last.map_err(|p| damaged(1, format!("the run's record: {p}")))?;
-    let last = u64::try_from(last)
-        .map_err(|_| damaged(1, format!("the run's record says it has {last} events")))?;
-    let head = head.map_err(|p| damaged(last + 1, format!("the run's record: {p}")))?;
-    let head = head.as_deref().and_then(chain::from_bytes).ok_or_else(|| {
-        damaged(last + 1, "the run's record has no head hash (or not a 32-byte one)".to_owned())
-    })?;
-    let stored: Option<Hash> = if last == 0 {
-        Some(GENESIS)
-    } else {
-        cached_row(
-            conn,
-            "SELECT hash FROM events WHERE run_id = ?1 AND seq = ?2",
-            params![run_id, i64::try_from(last).unwrap_or(i64::MAX)],
-            |r| r.get::<_, Option<Vec<u8>>>(0),
-        )
-        .optional()
-        .map_err(backend)?
-        .map(|h| h.as_deref().and_then(chain::from_bytes).unwrap_or([0xff; 32]))
-    };
-    match stored {
-        None => Err(damaged(last, format!("the event is missing: the run records {last} events"))),
-        Some(h) if h != head => Err(damaged(
-            last + 1,
-            format!(
-                "the run's head hash does not match event {last}: events after it were lost or the run's record was changed"
-            ),
-        )),
-        Some(_) => Ok(Verified { last_seq: last, head }),
-    }
 }
 
 /// Reads column `i` (called `name`, meant to hold `expected`), saying what it holds instead
 /// when it cannot be read: "column `attempt` holds text, where an integer belongs", never
 /// "Invalid column type Text at index: 5".
-fn named<T: FromSql>(r: &Row<'_>, i: usize, name: &str, expected: &str) -> Result<T, String> {
+pub(crate) fn named<T: FromSql>(
+    r: &Row<'_>,
+    i: usize,
+    name: &str,
+    expected: &str,
+) -> Result<T, String> {
     fn what(t: Type) -> &'static str {
         match t {
             Type::Null => "null",
@@ -940,13 +878,13 @@ fn lease(conn: &Connection, op: LeaseOp) -> Result<LeaseAnswer, Error> {
     }
 }
 
-fn read(conn: &Connection, r: Request) {
+fn read(conn: &Connection, dicts: &mut Dicts, r: Request) {
     match r {
         Request::Load { run_id, after, reply } => {
-            let _ = reply.send(load(conn, &run_id, after));
+            let _ = reply.send(load(conn, dicts, &run_id, after));
         }
         Request::Verify { run_id, reply } => {
-            let _ = reply.send(verify(conn, &run_id));
+            let _ = reply.send(verify(conn, dicts, &run_id));
         }
         Request::Run { run_id, reply } => {
             let _ = reply.send(run(conn, &run_id));
@@ -1026,122 +964,43 @@ fn read(conn: &Connection, r: Request) {
     }
 }
 
-/// Removes runs and their events in one transaction, their deleted pages overwritten
-/// (`secure_delete`) and the write-ahead log emptied after, so that nothing of them stays
-/// readable in the files.
+/// Removes runs and their events in one transaction, their deleted content overwritten
+/// (the writer runs with `secure_delete` on) and the write-ahead log emptied after, so
+/// that nothing of them stays readable in the files.
 fn purge(conn: &Connection, ids: &[String]) -> Result<u64, Error> {
-    conn.pragma_update(None, "secure_delete", "ON").map_err(backend)?;
     let removed = (|| {
         let tx = conn.unchecked_transaction().map_err(backend)?;
         let mut removed = 0u64;
         for id in ids {
-            cached_exec(&tx, "DELETE FROM events WHERE run_id = ?1", [id]).map_err(backend)?;
+            cached_exec(
+                &tx,
+                "DELETE FROM batches WHERE rk = (SELECT rk FROM runs WHERE run_id = ?1)",
+                [id],
+            )
+            .map_err(backend)?;
             removed += cached_exec(&tx, "DELETE FROM runs WHERE run_id = ?1", [id])
                 .map_err(backend)? as u64;
         }
         tx.commit().map_err(backend)?;
         Ok(removed)
     })();
-    let _ = conn.pragma_update(None, "secure_delete", "OFF");
     let removed = removed?;
     // Readers elsewhere may keep the log from being emptied now; the next checkpoint does.
     let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
     Ok(removed)
 }
 
-fn load(conn: &Connection, run_id: &str, after: u64) -> Result<Vec<Event>, Error> {
-    load_checked(conn, run_id, after).map(|(events, _)| events)
-}
-
-fn verify(conn: &Connection, run_id: &str) -> Result<Verified, Error> {
-    load_checked(conn, run_id, 0).map(|(_, verified)| verified)
-}
-
-/// The run's events after `after`, checked against the chain and the run's record — both
-/// read in one snapshot: read apart, another process's commit between the two reads would
-/// look like a damaged log.
-fn load_checked(
+fn load(
     conn: &Connection,
+    dicts: &mut Dicts,
     run_id: &str,
     after: u64,
-) -> Result<(Vec<Event>, Verified), Error> {
-    // A deferred transaction that only reads: its snapshot is taken at the first read and
-    // kept to the last; dropping it ends it. (Inside a caller's transaction, that one's.)
-    let _snapshot = if conn.is_autocommit() {
-        Some(conn.unchecked_transaction().map_err(backend)?)
-    } else {
-        None
-    };
-    let Some((record, head)) = run_with_head(conn, run_id)? else {
-        return Err(Error::NotFound(run_id.to_owned()));
-    };
-    let damaged =
-        |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
-    let mut check = if after == 0 {
-        Check::new(run_id, 0, GENESIS)
-    } else {
-        let prev = conn
-            .query_row(
-                "SELECT hash FROM events WHERE run_id = ?1 AND seq = ?2",
-                params![run_id, i64::try_from(after).unwrap_or(i64::MAX)],
-                |r| Ok(named::<Option<Vec<u8>>>(r, 0, "hash", "a blob")),
-            )
-            .optional()
-            .map_err(backend)?;
-        match prev {
-            None if after >= record.last_seq => {
-                return Ok((Vec::new(), Verified { last_seq: record.last_seq, head: GENESIS }));
-            }
-            None => return Err(damaged(after, "the event is missing".to_owned())),
-            Some(hash) => {
-                let hash = hash.map_err(|p| damaged(after, p))?;
-                let hash = hash.as_deref().and_then(chain::from_bytes).ok_or_else(|| {
-                    damaged(after, "the event has no hash (or not a 32-byte one)".to_owned())
-                })?;
-                Check::new(run_id, after, hash)
-            }
-        }
-    };
-    let mut stmt = conn
-        .prepare_cached("SELECT seq, at_us, kind, version, level_id, attempt, data, hash FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
-        .map_err(backend)?;
-    let mut rows =
-        stmt.query(params![run_id, i64::try_from(after).unwrap_or(i64::MAX)]).map_err(backend)?;
-    let mut events = Vec::new();
-    while let Some(r) = rows.next().map_err(backend)? {
-        let next = check.next_seq();
-        let seq = named::<i64>(r, 0, "seq", "an integer")
-            .map_err(|p| damaged(next, format!("the event after {}: {p}", next - 1)))?;
-        let seq = u64::try_from(seq).map_err(|_| {
-            damaged(next, format!("the event after {} is numbered {seq}", next - 1))
-        })?;
-        check.seq(seq)?;
-        let column = |p: String| damaged(seq, p);
-        let at_us = named::<i64>(r, 1, "at_us", "an integer").map_err(column)?;
-        let kind = named::<String>(r, 2, "kind", "text").map_err(column)?;
-        let version = named::<i64>(r, 3, "version", "an integer").map_err(column)?;
-        let version = u16::try_from(version).map_err(|_| {
-            damaged(seq, format!("column `version` holds {version}, not a schema version"))
-        })?;
-        let level_id = named::<Option<String>>(r, 4, "level_id", "text or null").map_err(column)?;
-        let attempt =
-            named::<Option<u32>>(r, 5, "attempt", "an integer or null").map_err(column)?;
-        let data = named::<String>(r, 6, "data", "JSON text").map_err(column)?;
-        let hash = named::<Option<Vec<u8>>>(r, 7, "hash", "a blob").map_err(column)?;
-        let columns = crate::stored::Columns {
-            seq,
-            at_us,
-            kind: &kind,
-            version,
-            level_id,
-            attempt,
-            data: &data,
-            hash: hash.as_deref(),
-        };
-        events.push(crate::stored::checked(&mut check, run_id, columns)?);
-    }
-    let last_seq = check.finish(record.last_seq, head.as_ref())?;
-    Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS) }))
+) -> Result<Vec<Event>, Error> {
+    crate::sqlite_log::load_checked(conn, dicts, run_id, after).map(|(events, _)| events)
+}
+
+fn verify(conn: &Connection, dicts: &mut Dicts, run_id: &str) -> Result<Verified, Error> {
+    crate::sqlite_log::load_checked(conn, dicts, run_id, 0).map(|(_, verified)| verified)
 }
 
 /// A run's record read from a row of [`RUN_COLUMNS`], with its head hash (`None` when it
@@ -1164,10 +1023,8 @@ fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Option<Hash>), 
                 run_id: run_id.clone(),
                 scenario_id: named(r, 1, "scenario_id", "text")?,
                 status: named(r, 2, "status", "text")?,
-                created_at: parse_time(&named::<String>(r, 3, "created_at", "text")?)
-                    .map_err(|e| format!("column `created_at`: {e}"))?,
-                updated_at: parse_time(&named::<String>(r, 4, "updated_at", "text")?)
-                    .map_err(|e| format!("column `updated_at`: {e}"))?,
+                created_at: micros(named::<i64>(r, 3, "created_at", "an integer")?, "created_at")?,
+                updated_at: micros(named::<i64>(r, 4, "updated_at", "an integer")?, "updated_at")?,
                 last_seq: u64::try_from(last_seq)
                     .map_err(|_| format!("column `last_seq` holds {last_seq}, not a count"))?,
                 parent_run_id: named(r, 7, "parent_run_id", "text or null")?,
@@ -1181,6 +1038,12 @@ fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Option<Hash>), 
     Ok(read().map_err(fail))
 }
 
+/// A time column of `runs` (microseconds since the Unix epoch).
+fn micros(us: i64, column: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::from_timestamp_micros(us)
+        .ok_or_else(|| format!("column `{column}` holds {us}, not a time"))
+}
+
 const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant";
 
 fn run_with_head(
@@ -1192,6 +1055,22 @@ fn run_with_head(
         &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
         [run_id],
         to_record,
+    )
+    .optional()
+    .map_err(backend)?
+    .transpose()
+}
+
+/// A run's record, its head hash and its integer key, for a load.
+pub(crate) fn run_for_load(
+    conn: &Connection,
+    run_id: &str,
+) -> Result<Option<(RunRecord, Option<Hash>, i64)>, Error> {
+    cached_row(
+        conn,
+        &format!("SELECT {RUN_COLUMNS}, rk FROM runs WHERE run_id = ?1"),
+        [run_id],
+        |r| Ok(to_record(r)?.map(|(record, head)| (record, head, r.get::<_, i64>(11).unwrap_or(0)))),
     )
     .optional()
     .map_err(backend)?

@@ -106,7 +106,7 @@ async fn postgres_store_detects_damage() {
     let edit = |id: &str, d: conformance::Damage| {
         tokio::task::block_in_place(|| handle.block_on(damage(&client, id, d)));
     };
-    conformance::damage_is_detected(&store, "pg", &edit).await;
+    conformance::damage_is_detected(&store, "pg", conformance::Links::Events, &edit).await;
 }
 
 fn record(id: &str) -> RunRecord {

@@ -22,57 +22,78 @@ async fn sqlite_store_conforms() {
 }
 
 /// A second connection to the store's file, editing it the way a person or a bad disk
-/// would: past every check of the store.
+/// would: past every check of the store. Events are edited inside their packed batches
+/// (unpacked, changed, packed again with the batch's stored hash kept).
 fn damage(db: &std::path::Path, run_id: &str, damage: conformance::Damage) {
     use conformance::Damage;
     let conn = rusqlite::Connection::open(db).unwrap();
     conn.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
-    let seq = |n: u64| i64::try_from(n).unwrap();
-    let on = |sql: &str, n: u64| {
-        let changed = conn.execute(sql, rusqlite::params![run_id, seq(n)]).unwrap();
-        assert!(changed >= 1, "{damage:?}: `{sql}` changed nothing");
+    let mut batches = baton_store::sqlite::raw_batches(&conn, run_id).unwrap();
+    // The batch and the place in it of event `n`.
+    let find = |batches: &[baton_store::sqlite::RawBatch], n: u64| {
+        let n = i64::try_from(n).unwrap();
+        let b = batches.iter().position(|b| b.first_seq <= n && n <= b.last_seq).unwrap();
+        (b, usize::try_from(n - batches[b].first_seq).unwrap())
+    };
+    let set_last_seq = |n: u64| {
+        conn.execute(
+            "UPDATE runs SET last_seq = ?2 WHERE run_id = ?1",
+            rusqlite::params![run_id, i64::try_from(n).unwrap()],
+        )
+        .unwrap();
     };
     match damage {
-        Damage::Delete(n) => on("DELETE FROM events WHERE run_id = ?1 AND seq = ?2", n),
-        Damage::Swap(a, b) => {
-            on("UPDATE events SET seq = -1 WHERE run_id = ?1 AND seq = ?2", a);
-            conn.execute(
-                "UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = ?3",
-                rusqlite::params![run_id, seq(a), seq(b)],
-            )
-            .unwrap();
-            on("UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = -1", b);
+        Damage::Delete(n) => {
+            let (b, i) = find(&batches, n);
+            batches[b].events.remove(i);
+            batches[b].last_seq -= 1;
         }
-        Damage::Payload(n) => on(
-            "UPDATE events SET data = json_set(data, '$.message', 'edited') WHERE run_id = ?1 AND seq = ?2",
-            n,
-        ),
+        Damage::Swap(x, y) => {
+            let ((bx, ix), (by, iy)) = (find(&batches, x), find(&batches, y));
+            let ex = batches[bx].events[ix].clone();
+            batches[bx].events[ix] = batches[by].events[iy].clone();
+            batches[by].events[iy] = ex;
+        }
+        Damage::Payload(n) => {
+            let (b, i) = find(&batches, n);
+            batches[b].events[i].payload["message"] = serde_json::json!("edited");
+        }
         Damage::Renumber(n, m) => {
-            conn.execute(
-                "UPDATE events SET seq = ?3 WHERE run_id = ?1 AND seq = ?2",
-                rusqlite::params![run_id, seq(n), seq(m)],
-            )
-            .unwrap();
+            let (b, _) = find(&batches, n);
+            let shift = i64::try_from(m).unwrap() - batches[b].first_seq;
+            batches[b].first_seq += shift;
+            batches[b].last_seq += shift;
         }
         Damage::Time(n) => {
-            on("UPDATE events SET at_us = at_us + 1000000 WHERE run_id = ?1 AND seq = ?2", n);
+            let (b, i) = find(&batches, n);
+            batches[b].events[i].at_us += 1_000_000;
         }
         Damage::Kind(n) => {
-            on("UPDATE events SET kind = 'heartbeat' WHERE run_id = ?1 AND seq = ?2", n);
+            let (b, i) = find(&batches, n);
+            batches[b].events[i].kind = "heartbeat".to_owned();
         }
         Damage::Level(n) => {
-            on("UPDATE events SET level_id = 'other' WHERE run_id = ?1 AND seq = ?2", n);
+            let (b, i) = find(&batches, n);
+            batches[b].events[i].level_id = Some("other".to_owned());
         }
-        Damage::Attempt(n) => on("UPDATE events SET attempt = 9 WHERE run_id = ?1 AND seq = ?2", n),
+        Damage::Attempt(n) => {
+            let (b, i) = find(&batches, n);
+            batches[b].events[i].attempt = Some(9);
+        }
         Damage::Hash(n) => {
-            on("UPDATE events SET hash = zeroblob(32) WHERE run_id = ?1 AND seq = ?2", n);
+            let (b, _) = find(&batches, n);
+            batches[b].hash = vec![0; 32];
         }
-        Damage::LastSeq(n) => on("UPDATE runs SET last_seq = ?2 WHERE run_id = ?1", n),
+        Damage::LastSeq(n) => set_last_seq(n),
         Damage::Truncate(n) => {
-            on("DELETE FROM events WHERE run_id = ?1 AND seq > ?2", n);
-            on("UPDATE runs SET last_seq = ?2 WHERE run_id = ?1", n);
+            let (b, i) = find(&batches, n);
+            batches.truncate(b + 1);
+            batches[b].events.truncate(i + 1);
+            batches[b].last_seq = i64::try_from(n).unwrap();
+            set_last_seq(n);
         }
     }
+    baton_store::sqlite::put_raw_batches(&conn, run_id, &batches).unwrap();
 }
 
 fn fresh_db(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
@@ -86,7 +107,10 @@ fn fresh_db(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 async fn sqlite_store_detects_damage() {
     let (dir, db) = fresh_db("damage");
     let store = SqliteStore::open(&db).unwrap();
-    conformance::damage_is_detected(&store, "sql", &|id, d| damage(&db, id, d)).await;
+    conformance::damage_is_detected(&store, "sql", conformance::Links::Batches, &|id, d| {
+        damage(&db, id, d);
+    })
+    .await;
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -128,11 +152,12 @@ async fn a_column_that_cannot_be_read_is_named_with_its_run_and_event() {
     let store = SqliteStore::open(&db).unwrap();
     store.create_run(&record("r1"), warnings(1, 3)).await.unwrap();
     let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute("UPDATE events SET attempt = 'two' WHERE run_id = 'r1' AND seq = 2", []).unwrap();
+    store.append("r1", 4, warnings(4, 2), "running").await.unwrap();
+    conn.execute("UPDATE batches SET at_us = 'two' WHERE first_seq = 4", []).unwrap();
     let err = store.load("r1", 0).await.unwrap_err().to_string();
     assert!(
         err.contains(
-            "run r1 is damaged at event 2: column `attempt` holds text, where an integer or null belongs"
+            "run r1 is damaged at event 4: its batch: column `at_us` holds text, where an integer belongs"
         ),
         "{err}"
     );
@@ -145,27 +170,111 @@ async fn a_column_that_cannot_be_read_is_named_with_its_run_and_event() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Undoes migration 0005 (run trees, tenants, idempotency keys) in a database, as if it
-/// were written before it.
-/// Back to schema 5: no tokens, no tenant index.
-const UNDO_0006: &str = "DROP INDEX runs_by_tenant; DROP TABLE tokens;
-    DELETE FROM schema_version WHERE version >= 6;";
+/// The schema files of the versions before the packed log, as an older build applied them.
+const OLD_SCHEMA: [&str; 6] = [
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_leases.sql"),
+    include_str!("../migrations/0003_chain.sql"),
+    include_str!("../migrations/0004_scenario_texts.sql"),
+    include_str!("../migrations/0005_run_trees.sql"),
+    include_str!("../migrations/0006_tokens.sql"),
+];
 
-const UNDO_0005: &str = "DROP INDEX runs_by_root; DROP INDEX runs_by_idempotency_key;
-    ALTER TABLE runs DROP COLUMN parent_run_id; ALTER TABLE runs DROP COLUMN root_run_id;
-    ALTER TABLE runs DROP COLUMN idempotency_key; ALTER TABLE runs DROP COLUMN tenant;
-    DROP TABLE tenant_overrides; DELETE FROM schema_version WHERE version >= 5;";
+/// A database as a build of schema `version` (2 to 6) left it: its tables, and `runs` with
+/// their events one row each (hashed from version 3 on, as that build did).
+fn old_db(db: &std::path::Path, version: usize, runs: &[(&str, Vec<Event>)]) {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)").unwrap();
+    for (i, sql) in OLD_SCHEMA.iter().take(version).enumerate() {
+        conn.execute_batch(sql).unwrap();
+        conn.execute(
+            "INSERT INTO schema_version (version) VALUES (?1)",
+            [i64::try_from(i + 1).unwrap()],
+        )
+        .unwrap();
+    }
+    let hashed = version >= 3;
+    for (id, events) in runs {
+        let hashes = chain::hashes(chain::GENESIS, events);
+        let head = hashes.last().copied().unwrap_or(chain::GENESIS);
+        conn.execute(
+            "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq) VALUES (?1, 'demo', 'running', '2023-11-14T22:13:20.000000Z', '2023-11-14T22:13:20.000000Z', ?2)",
+            rusqlite::params![id, i64::try_from(events.len()).unwrap()],
+        )
+        .unwrap();
+        if hashed {
+            conn.execute(
+                "UPDATE runs SET head_hash = ?2 WHERE run_id = ?1",
+                rusqlite::params![id, head.as_slice()],
+            )
+            .unwrap();
+        }
+        for (e, hash) in events.iter().zip(&hashes) {
+            conn.execute(
+                "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data) VALUES (?1, ?2, ?3, ?4, 2, ?5, ?6, ?7)",
+                rusqlite::params![id, i64::try_from(e.seq).unwrap(), e.at.timestamp_micros(), e.data.kind(), e.level_id, e.attempt, e.data.payload().to_string()],
+            )
+            .unwrap();
+            if hashed {
+                conn.execute(
+                    "UPDATE events SET hash = ?3 WHERE run_id = ?1 AND seq = ?2",
+                    rusqlite::params![id, i64::try_from(e.seq).unwrap(), hash.as_slice()],
+                )
+                .unwrap();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn migration_0007_packs_the_per_event_rows_of_an_older_build() {
+    let (dir, db) = fresh_db("migrate-packed");
+    let long: Vec<Event> = warnings(1, 150);
+    old_db(
+        &db,
+        6,
+        &[
+            ("old", warnings(1, 4)),
+            ("empty", Vec::new()),
+            ("long", long.clone()),
+            ("bad", warnings(1, 6)),
+        ],
+    );
+    // Damage made before the upgrade: event 4 of `bad` edited by hand.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute("UPDATE events SET data = json_set(data, '$.message', 'edited') WHERE run_id = 'bad' AND seq = 4", []).unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&db).unwrap();
+    assert_eq!(store.load("old", 0).await.unwrap(), warnings(1, 4));
+    assert_eq!(
+        store.verify("old").await.unwrap().head,
+        chain::hashes(chain::GENESIS, &warnings(1, 4))[3]
+    );
+    assert_eq!(store.verify("empty").await.unwrap().last_seq, 0);
+    assert_eq!(store.load("long", 0).await.unwrap(), long);
+    assert_eq!(store.load("long", 100).await.unwrap(), long[100..].to_vec());
+    // The damage is still found, at the same event, and nothing is driven on it.
+    match store.load("bad", 0).await {
+        Err(baton_engine::store::Error::Damaged { run_id, seq, .. }) => {
+            assert_eq!((run_id.as_str(), seq), ("bad", 4));
+        }
+        other => panic!("a run damaged before the upgrade must stay refused, got {other:?}"),
+    }
+    store.append("old", 5, warnings(5, 1), "running").await.unwrap();
+    assert_eq!(store.load("old", 0).await.unwrap(), warnings(1, 5));
+    drop(store);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let tables: i64 = conn
+        .query_row("SELECT COUNT(*) FROM sqlite_master WHERE name = 'events'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(tables, 0, "the per-event rows are gone");
+    let _ = std::fs::remove_dir_all(dir);
+}
 
 #[tokio::test]
 async fn migration_0005_opens_a_database_from_before_run_trees() {
     let (dir, db) = fresh_db("migrate-trees");
-    let store = SqliteStore::open(&db).unwrap();
-    store.create_run(&record("old"), warnings(1, 2)).await.unwrap();
-    drop(store);
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute_batch(UNDO_0006).unwrap();
-    conn.execute_batch(UNDO_0005).unwrap();
-    drop(conn);
+    old_db(&db, 4, &[("old", warnings(1, 2))]);
     let store = SqliteStore::open(&db).unwrap();
     let old = store.run("old").await.unwrap().unwrap();
     assert_eq!(
@@ -183,24 +292,10 @@ async fn migration_0005_opens_a_database_from_before_run_trees() {
 #[tokio::test]
 async fn migration_0003_chains_the_runs_already_stored() {
     let (dir, db) = fresh_db("migrate");
-    let store = SqliteStore::open(&db).unwrap();
-    store.create_run(&record("old"), warnings(1, 4)).await.unwrap();
-    store.create_run(&record("empty"), Vec::new()).await.unwrap();
-    let before = store.verify("old").await.unwrap();
-    drop(store);
-    // Back to schema 2: no hashes (and none of the later tables).
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute_batch(UNDO_0006).unwrap();
-    conn.execute_batch(UNDO_0005).unwrap();
-    conn.execute_batch(
-        "ALTER TABLE events DROP COLUMN hash; ALTER TABLE runs DROP COLUMN head_hash;
-         DROP TABLE scenario_texts; DELETE FROM schema_version WHERE version >= 3;",
-    )
-    .unwrap();
-    drop(conn);
+    // Schema 2: no hashes.
+    old_db(&db, 2, &[("old", warnings(1, 4)), ("empty", Vec::new())]);
     let store = SqliteStore::open(&db).unwrap();
     let after = store.verify("old").await.unwrap();
-    assert_eq!(after, before, "the back-filled chain is the one the store writes");
     assert_eq!(after.head, chain::hashes(chain::GENESIS, &warnings(1, 4))[3]);
     assert_eq!(store.verify("empty").await.unwrap().last_seq, 0);
     store.append("old", 5, warnings(5, 1), "running").await.unwrap();
@@ -211,16 +306,8 @@ async fn migration_0003_chains_the_runs_already_stored() {
 #[tokio::test]
 async fn migration_0004_keeps_scenario_texts_in_a_database_from_before() {
     let (dir, db) = fresh_db("migrate-texts");
-    let store = SqliteStore::open(&db).unwrap();
-    store.create_run(&record("old"), warnings(1, 2)).await.unwrap();
-    drop(store);
-    // Back to schema 3: no scenario texts.
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute_batch(UNDO_0006).unwrap();
-    conn.execute_batch(UNDO_0005).unwrap();
-    conn.execute_batch("DROP TABLE scenario_texts; DELETE FROM schema_version WHERE version = 4;")
-        .unwrap();
-    drop(conn);
+    // Schema 3: no scenario texts.
+    old_db(&db, 3, &[("old", warnings(1, 2))]);
     let store = SqliteStore::open(&db).unwrap();
     assert_eq!(store.load("old", 0).await.unwrap().len(), 2);
     assert_eq!(store.scenario_texts("abc").await.unwrap(), None);

@@ -55,7 +55,12 @@ fn template() -> &'static (PathBuf, Vec<String>) {
 }
 
 fn events_in(conn: &Connection, run: &str) -> i64 {
-    conn.query_row("SELECT COUNT(*) FROM events WHERE run_id = ?1", [run], |r| r.get(0)).unwrap()
+    conn.query_row(
+        "SELECT COALESCE(SUM(b.last_seq - b.first_seq + 1), 0) FROM batches b JOIN runs r ON b.rk = r.rk WHERE r.run_id = ?1",
+        [run],
+        |r| r.get(0),
+    )
+    .unwrap()
 }
 
 /// One edit of one event (or the tail) of a stored log. Positions are fractions of the
@@ -95,17 +100,28 @@ fn edit_strategy() -> impl Strategy<Value = Edit> {
     ]
 }
 
-/// Applies `edit` to run `run` (of `n` events) through SQL; returns the first event a
-/// check must report, or `None` when the edit left the log's meaning unchanged (a payload
-/// byte flipped into the same JSON value, such as `e` into `E` in an exponent).
+/// Applies `edit` to run `run` (of `n` events) inside its packed batches; returns the
+/// first event a check must report — the first of the batch whose hash the edit breaks, or
+/// the one after a cut made at the end of a batch — or `None` when the edit left the log's
+/// meaning unchanged (a flipped byte the batch still reads the same with).
 fn apply(conn: &Connection, run: &str, n: i64, edit: &Edit) -> Option<i64> {
+    use baton_store::sqlite::{put_raw_batches, raw_batches};
     let pick = |f: f64| 1 + ((f * n as f64) as i64).min(n - 1);
-    let exec = |sql: &str, p: &[&dyn rusqlite::ToSql]| conn.execute(sql, p).unwrap();
-    match *edit {
+    let mut batches = raw_batches(conn, run).unwrap();
+    // The batch holding event `s`, and the event's place in it.
+    let find = |batches: &[baton_store::sqlite::RawBatch], s: i64| {
+        let b = batches.iter().position(|b| b.first_seq <= s && s <= b.last_seq).unwrap();
+        (b, usize::try_from(s - batches[b].first_seq).unwrap())
+    };
+    let spans: Vec<(i64, i64)> = batches.iter().map(|b| (b.first_seq, b.last_seq)).collect();
+    let start = |s: i64| spans.iter().find(|(f, l)| *f <= s && s <= *l).unwrap().0;
+    let reported = match *edit {
         Edit::Delete(a) => {
             let s = pick(a);
-            exec("DELETE FROM events WHERE run_id = ?1 AND seq = ?2", params![run, s]);
-            Some(s)
+            let (b, i) = find(&batches, s);
+            batches[b].events.remove(i);
+            batches[b].last_seq -= 1;
+            Some(batches[b].first_seq)
         }
         Edit::Swap(a, b) | Edit::Reorder(a, b) => {
             let (mut x, mut y) = (pick(a), pick(b));
@@ -113,94 +129,100 @@ fn apply(conn: &Connection, run: &str, n: i64, edit: &Edit) -> Option<i64> {
                 if y < n { y += 1 } else { x -= 1 }
             }
             let (x, y) = (x.min(y), x.max(y));
-            exec("UPDATE events SET seq = -1 WHERE run_id = ?1 AND seq = ?2", params![run, x]);
+            let at = |batches: &[baton_store::sqlite::RawBatch], s| find(batches, s);
+            let (bx, ix) = at(&batches, x);
+            let moved = batches[bx].events[ix].clone();
             if matches!(edit, Edit::Swap(..)) {
-                exec(
-                    "UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = ?3",
-                    params![run, x, y],
-                );
+                let (by, iy) = at(&batches, y);
+                batches[bx].events[ix] = batches[by].events[iy].clone();
+                batches[by].events[iy] = moved;
             } else {
-                // Shift x+1..=y down by one, one row at a time (the key is unique).
+                // x+1..=y move down one place, x goes to y's.
                 for s in x + 1..=y {
-                    exec(
-                        "UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = ?3",
-                        params![run, s - 1, s],
-                    );
+                    let (bs, is) = at(&batches, s);
+                    let (bp, ip) = at(&batches, s - 1);
+                    batches[bp].events[ip] = batches[bs].events[is].clone();
                 }
+                let (by, iy) = at(&batches, y);
+                batches[by].events[iy] = moved;
             }
-            exec("UPDATE events SET seq = ?2 WHERE run_id = ?1 AND seq = -1", params![run, y]);
-            Some(x)
+            Some(start(x))
         }
         Edit::FlipPayload(a, p, mask) => {
+            // A byte of the packed blob itself, written as it is.
             let s = pick(a);
-            let data: Vec<u8> = conn
+            let first = start(s);
+            let body: Vec<u8> = conn
                 .query_row(
-                    "SELECT CAST(data AS BLOB) FROM events WHERE run_id = ?1 AND seq = ?2",
-                    params![run, s],
+                    "SELECT body FROM batches WHERE rk = (SELECT rk FROM runs WHERE run_id = ?1) AND first_seq = ?2",
+                    params![run, first],
                     |r| r.get(0),
                 )
                 .unwrap();
-            let mut flipped = data.clone();
-            let i = ((p * data.len() as f64) as usize).min(data.len() - 1);
+            let mut flipped = body.clone();
+            let i = ((p * body.len() as f64) as usize).min(body.len() - 1);
             flipped[i] ^= mask;
-            exec(
-                "UPDATE events SET data = CAST(?3 AS TEXT) WHERE run_id = ?1 AND seq = ?2",
-                params![run, s, flipped],
-            );
-            let before: serde_json::Value = serde_json::from_slice(&data).unwrap();
-            let same =
-                serde_json::from_slice::<serde_json::Value>(&flipped).is_ok_and(|v| v == before);
-            (!same).then_some(s)
+            conn.execute(
+                "UPDATE batches SET body = ?3 WHERE rk = (SELECT rk FROM runs WHERE run_id = ?1) AND first_seq = ?2",
+                params![run, first, flipped],
+            )
+            .unwrap();
+            let same = raw_batches(conn, run).is_ok_and(|now| now == batches);
+            return (!same).then_some(first);
         }
         Edit::Seq(a, k) => {
             let s = pick(a);
-            exec(
-                "UPDATE events SET seq = ?3 WHERE run_id = ?1 AND seq = ?2",
-                params![run, s, n + i64::from(k)],
-            );
-            Some(s)
+            let (b, _) = find(&batches, s);
+            let shift = n + i64::from(k) - batches[b].first_seq;
+            batches[b].first_seq += shift;
+            batches[b].last_seq += shift;
+            Some(start(s))
         }
         Edit::Time(a, d) => {
             let s = pick(a);
-            exec(
-                "UPDATE events SET at_us = at_us + ?3 WHERE run_id = ?1 AND seq = ?2",
-                params![run, s, d],
-            );
-            Some(s)
+            let (b, i) = find(&batches, s);
+            batches[b].events[i].at_us += d;
+            Some(start(s))
         }
         Edit::Kind(a) => {
             let s = pick(a);
-            exec(
-                "UPDATE events SET kind = CASE kind WHEN 'warning' THEN 'heartbeat' ELSE 'warning' END WHERE run_id = ?1 AND seq = ?2",
-                params![run, s],
-            );
-            Some(s)
+            let (b, i) = find(&batches, s);
+            let kind = &mut batches[b].events[i].kind;
+            *kind = if kind == "warning" { "heartbeat" } else { "warning" }.to_owned();
+            Some(start(s))
         }
         Edit::Level(a) => {
             let s = pick(a);
-            exec(
-                "UPDATE events SET level_id = CASE WHEN level_id IS NULL THEN 'draft' ELSE NULL END WHERE run_id = ?1 AND seq = ?2",
-                params![run, s],
-            );
-            Some(s)
+            let (b, i) = find(&batches, s);
+            let level = &mut batches[b].events[i].level_id;
+            *level = if level.is_none() { Some("draft".to_owned()) } else { None };
+            Some(start(s))
         }
         Edit::Attempt(a) => {
             let s = pick(a);
-            exec(
-                "UPDATE events SET attempt = CASE WHEN attempt IS NULL THEN 1 ELSE attempt + 1 END WHERE run_id = ?1 AND seq = ?2",
-                params![run, s],
-            );
-            Some(s)
+            let (b, i) = find(&batches, s);
+            let attempt = &mut batches[b].events[i].attempt;
+            *attempt = Some(attempt.map_or(1, |a| a + 1));
+            Some(start(s))
         }
         Edit::Truncate(a, fix_last_seq) => {
             let keep = pick(a).min(n - 1);
-            exec("DELETE FROM events WHERE run_id = ?1 AND seq > ?2", params![run, keep]);
+            let (b, i) = find(&batches, keep);
+            let at_end = keep == batches[b].last_seq;
+            let first = batches[b].first_seq;
+            batches.truncate(b + 1);
+            batches[b].events.truncate(i + 1);
+            batches[b].last_seq = keep;
             if fix_last_seq {
-                exec("UPDATE runs SET last_seq = ?2 WHERE run_id = ?1", params![run, keep]);
+                conn.execute("UPDATE runs SET last_seq = ?2 WHERE run_id = ?1", params![run, keep])
+                    .unwrap();
             }
-            Some(keep + 1)
+            // A cut at the end of a batch leaves every batch whole: the run's record tells.
+            Some(if at_end { keep + 1 } else { first })
         }
-    }
+    };
+    put_raw_batches(conn, run, &batches).unwrap();
+    reported
 }
 
 proptest! {
@@ -242,18 +264,26 @@ fn a_damaged_run_is_neither_decided_on_nor_driven() {
     let db = dir.join("baton.db");
     let run = run_bundled(&db, "release_notes", "v1.2");
     let conn = Connection::open(&db).unwrap();
-    let bad: i64 = conn
-        .query_row(
-            "SELECT MIN(seq) FROM events WHERE run_id = ?1 AND kind = 'model_response'",
-            [&run],
-            |r| r.get(0),
-        )
+    // The first model answer mentioning CSV, edited by hand inside its batch.
+    let mut batches = baton_store::sqlite::raw_batches(&conn, &run).unwrap();
+    let (b, i) = batches
+        .iter()
+        .enumerate()
+        .find_map(|(b, batch)| {
+            batch
+                .events
+                .iter()
+                .position(|e| {
+                    e.kind == "model_response"
+                        && e.payload["text"].as_str().is_some_and(|t| t.contains("CSV"))
+                })
+                .map(|i| (b, i))
+        })
         .unwrap();
-    conn.execute(
-        "UPDATE events SET data = replace(data, 'CSV', 'TSV') WHERE run_id = ?1 AND seq = ?2",
-        params![run, bad],
-    )
-    .unwrap();
+    let edited = batches[b].events[i].payload["text"].as_str().unwrap().replace("CSV", "TSV");
+    batches[b].events[i].payload["text"] = serde_json::Value::String(edited);
+    let bad = batches[b].first_seq;
+    baton_store::sqlite::put_raw_batches(&conn, &run, &batches).unwrap();
     let before = events_in(&conn, &run);
     let script = "scenarios/scripts/release_notes.yaml";
     for args in [
@@ -267,7 +297,7 @@ fn a_damaged_run_is_neither_decided_on_nor_driven() {
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}{err}", text(&out.stdout));
         assert!(
-            err.contains(&format!("run {run} is damaged at event {bad}: its model_response event does not match its hash")),
+            err.contains(&format!("run {run} is damaged at event {bad}: events {bad} to ")),
             "{args:?}: {err}"
         );
         assert_eq!(events_in(&conn, &run), before, "{args:?} appended nothing");
