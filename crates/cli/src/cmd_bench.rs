@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use baton_engine::clock::SystemClock;
-use baton_engine::event::{EventData, NewEvent, Warning};
 use baton_engine::job::{Jobs, Start};
 use baton_engine::model::ScriptedModel;
 use baton_engine::runner::Runtime;
@@ -110,6 +109,21 @@ levels:
   - {id: c8, kind: prompt, prompt: {inline: C8}, response: verdict}
 edges:
   - {from: plan, to: review}
+";
+
+/// `reopen`'s run: two levels in a loop of 850 rounds, about 10 000 events of the kinds
+/// every run writes (levels, prompts, answers, verdicts, budgets, gates).
+const LONG_LOOP: &str = "
+id: long_loop
+version: 1
+budget: {max_level_runs: 2000}
+levels:
+  - {id: work, kind: prompt, prompt: {inline: 'Work {{ input }}'}}
+  - {id: check, kind: prompt, prompt: {inline: 'Check'}, response: verdict, terminal: true}
+edges:
+  - {from: work, to: check}
+  - {from: check, to: work, when: 'level.check.attempts < 850'}
+  - {from: check, to: __end__}
 ";
 
 const APPROVAL: &str = "
@@ -362,7 +376,8 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "linear5" => LINEAR5,
         "gate_loop" => GATE_LOOP,
         "fanout8" => FANOUT8,
-        "approval" | "reopen" | "paused" | "resume" => APPROVAL,
+        "approval" | "paused" | "resume" => APPROVAL,
+        "reopen" => LONG_LOOP,
         "chain3" => CHAIN3[0].1,
         other => {
             bail!(
@@ -432,12 +447,18 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             bail!("workload {} ran {counted} levels, expected {levels_per_run}", args.workload);
         }
     }
-    // What the store holds before the measured runs (its tables, the check run's nothing):
-    // the figure per run is what the runs add.
+    // One run on the bench's own store, then the process's resident memory, idle.
+    let first = engine_with(Arc::clone(&stores.stores[0]), jobs.clone());
+    one_run(&first, Arc::clone(&scenario), approval, levels_per_run).await?;
+    drop(first);
+    let rss_one_run = rss_kib();
+    // What the store holds before the measured runs (its tables, that run): the figure per
+    // run is what the runs add.
     let bytes0 = store_size(&stores).await?;
     let cpu0 = cpu_time();
     let commits0 = stores.commits();
     let syncs0 = sqlite.as_ref().map_or(0, SqliteStore::syncs);
+    let frames0 = sqlite.as_ref().map_or(0, SqliteStore::wal_frames);
     let wall = Instant::now();
     let concurrency = args.concurrency.max(1);
     let per_worker = args.runs.div_ceil(concurrency);
@@ -469,6 +490,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let store_bytes = store_size(&stores).await?.saturating_sub(bytes0);
     let commits = stores.commits() - commits0;
     let syncs = sqlite.as_ref().map_or(0, SqliteStore::syncs) - syncs0;
+    let frames = sqlite.as_ref().map_or(0, SqliteStore::wal_frames) - frames0;
     let durable = sqlite.is_some() || !stores.postgres.is_empty();
     let mut report = json!({
         "workload": args.workload,
@@ -488,6 +510,8 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "process_cpu_s": cpu_time().as_secs_f64(),
         "process_cpu_us_per_level": cpu_time().as_secs_f64() * 1e6 / levels.max(1) as f64,
         "process_system_share": system_share(),
+        // Resident memory after one run on the store, idle; and the most it reached.
+        "rss_after_one_run_mib": rss_one_run as f64 / 1024.0,
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
         // The store's growth over the measured runs, per run (SQLite: the database file
         // and its WAL after a checkpoint; PostgreSQL: the schema's relations).
@@ -495,6 +519,8 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "workers": stores.stores.len(),
         "commits_per_level": durable.then(|| commits as f64 / levels.max(1) as f64),
         "fsyncs_per_level": (sqlite.is_some()).then(|| syncs as f64 / levels.max(1) as f64),
+        // Pages written to SQLite's WAL per level (each a page of the database).
+        "wal_pages_per_level": (sqlite.is_some()).then(|| frames as f64 / levels.max(1) as f64),
     });
     durability(&mut report, sqlite.as_ref())?;
     if let Some(pg) = stores.postgres.first() {
@@ -886,21 +912,14 @@ async fn reopen(
     store: Arc<dyn EventStore>,
     scenario: &Arc<Scenario>,
 ) -> anyhow::Result<serde_json::Value> {
+    // A real run's log: the loop driven to its end, one level's events per append.
     let e = engine(Arc::clone(&store));
-    let run = e.start(scenario, "bench", Map::new()).await?;
-    // Fill the log: 9 999 more events, appended in batches as a long run would.
-    let mut seq = 2u64;
-    while seq <= 10_000 {
-        let batch: Vec<_> = (seq..(seq + 100).min(10_001))
-            .map(|s| {
-                NewEvent::run(EventData::Warning(Warning { message: format!("filler event {s}") }))
-                    .at(s, chrono::Utc::now())
-            })
-            .collect();
-        let count = batch.len() as u64;
-        store.append(&run, seq, batch, "running").await?;
-        seq += count;
+    let run = Engine::new_run_id();
+    let outcome = e.run(&run, scenario, "bench", Map::new(), None).await?;
+    if outcome != Outcome::Finished(Status::Completed) {
+        bail!("the reopen workload's run ended {outcome:?}");
     }
+    let events = store.load(&run, 0).await?.len();
     let mut times = Vec::new();
     for _ in 0..20 {
         let t = Instant::now();
@@ -913,7 +932,7 @@ async fn reopen(
     times.sort_unstable();
     let report = json!({
         "workload": "reopen",
-        "events": 10_000,
+        "events": events,
         "reopen_and_plan_p50_ms": percentile(&times, 50.0).as_secs_f64() * 1e3,
         "reopen_and_plan_max_ms": times.last().map_or(0.0, |t| t.as_secs_f64() * 1e3),
         "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,

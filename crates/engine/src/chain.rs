@@ -64,6 +64,14 @@ impl<'a> Fields<'a> {
 /// The hash of an event whose predecessor's hash is `prev`.
 pub fn link(prev: &Hash, fields: &Fields<'_>) -> Hash {
     let mut h = Hasher(Sha256::new());
+    envelope(&mut h, prev, fields);
+    // The payload comes last, so it needs no length: nothing follows it.
+    canonical_json(fields.payload, &mut h);
+    h.0.finalize().into()
+}
+
+/// Everything an event's hash covers but its payload, in order.
+fn envelope(h: &mut Hasher, prev: &Hash, fields: &Fields<'_>) {
     h.0.update(DOMAIN);
     h.0.update(prev);
     h.0.update(fields.seq.to_be_bytes());
@@ -84,8 +92,15 @@ pub fn link(prev: &Hash, fields: &Fields<'_>) -> Hash {
             h.0.update(attempt.to_be_bytes());
         }
     }
-    // The payload comes last, so it needs no length: nothing follows it.
-    canonical_json(fields.payload, &mut h);
+}
+
+/// The hash of an event whose predecessor's hash is `prev`, with its payload given as its
+/// canonical JSON ([`canonical_json`]), made ahead (on another thread, say); `fields.payload`
+/// is not read.
+pub fn link_canonical(prev: &Hash, fields: &Fields<'_>, canonical: &[u8]) -> Hash {
+    let mut h = Hasher(Sha256::new());
+    envelope(&mut h, prev, fields);
+    h.0.update(canonical);
     h.0.finalize().into()
 }
 

@@ -117,13 +117,38 @@ pub struct Unpacked {
     pub payload: Value,
 }
 
+/// One event to pack, borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct EventRef<'a> {
+    pub at_us: i64,
+    pub kind: &'a str,
+    pub version: u16,
+    pub level_id: Option<&'a str>,
+    pub attempt: Option<u32>,
+    pub payload: &'a Value,
+}
+
+impl Unpacked {
+    /// The event, borrowed for [`pack`].
+    pub fn as_ref(&self) -> EventRef<'_> {
+        EventRef {
+            at_us: self.at_us,
+            kind: &self.kind,
+            version: self.version,
+            level_id: self.level_id.as_deref(),
+            attempt: self.attempt,
+            payload: &self.payload,
+        }
+    }
+}
+
 /// Packs the events of one batch, whose first event is `first_seq` and whose row keeps
 /// `at_us` (the first event's time). With `known`, strings the run already stored are
 /// referenced and the batch's own shared strings are added to it.
 pub fn pack(
     first_seq: u64,
     at_us: i64,
-    events: &[Unpacked],
+    events: &[EventRef<'_>],
     intern: &mut dyn Intern,
     known: Option<&mut RunStrings>,
 ) -> Result<Vec<u8>, String> {
@@ -141,10 +166,10 @@ pub fn pack(
     for e in events {
         put_varint(&mut w.out, zigzag(e.at_us.wrapping_sub(prev_at)));
         prev_at = e.at_us;
-        let code = w.intern.kind(&e.kind)?;
+        let code = w.intern.kind(e.kind)?;
         put_varint(&mut w.out, code);
         put_varint(&mut w.out, u64::from(e.version));
-        match (e.level_id.as_deref(), prev_level) {
+        match (e.level_id, prev_level) {
             (None, _) => w.out.push(LEVEL_NONE),
             (Some(l), Some(p)) if l == p => w.out.push(LEVEL_SAME),
             (Some(l), _) => {
@@ -152,9 +177,9 @@ pub fn pack(
                 put_bytes(&mut w.out, l.as_bytes());
             }
         }
-        prev_level = e.level_id.as_deref();
+        prev_level = e.level_id;
         put_varint(&mut w.out, e.attempt.map_or(0, |a| u64::from(a) + 1));
-        w.value(&e.payload)?;
+        w.value(e.payload)?;
     }
     Ok(w.out)
 }
@@ -622,7 +647,8 @@ mod tests {
         ];
         let mut dict = Dict::default();
         let mut known = RunStrings::default();
-        let body = pack(1, first[0].at_us, &first, &mut dict, Some(&mut known)).unwrap();
+        let refs: Vec<_> = first.iter().map(Unpacked::as_ref).collect();
+        let body = pack(1, first[0].at_us, &refs, &mut dict, Some(&mut known)).unwrap();
         assert!(body.len() < text.len() + 240, "one copy of the text: {} bytes", body.len());
         let batch = unpack(1, first[0].at_us, &body, &mut dict).unwrap();
         assert_eq!(batch.events, first);
@@ -634,11 +660,12 @@ mod tests {
             None,
             serde_json::json!({"final_output": text, "checksum": sha}),
         )];
-        let body = pack(5, later[0].at_us, &later, &mut dict, Some(&mut known)).unwrap();
+        let refs: Vec<_> = later.iter().map(Unpacked::as_ref).collect();
+        let body = pack(5, later[0].at_us, &refs, &mut dict, Some(&mut known)).unwrap();
         assert!(body.len() < 20, "references only: {} bytes", body.len());
         assert_eq!(unpack(5, later[0].at_us, &body, &mut dict).unwrap().events, later);
         // Without the run's strings, the text is written again.
-        let alone = pack(5, later[0].at_us, &later, &mut dict, None).unwrap();
+        let alone = pack(5, later[0].at_us, &refs, &mut dict, None).unwrap();
         assert!(alone.len() > text.len());
         assert_eq!(unpack(5, later[0].at_us, &alone, &mut dict_like(&dict)).unwrap().events, later);
     }
@@ -656,7 +683,8 @@ mod tests {
             serde_json::json!({"message": "x".repeat(40), "n": [1, 2, 3]}),
         )];
         let mut dict = Dict::default();
-        let body = pack(1, 5, &events, &mut dict, Some(&mut RunStrings::default())).unwrap();
+        let refs: Vec<_> = events.iter().map(Unpacked::as_ref).collect();
+        let body = pack(1, 5, &refs, &mut dict, Some(&mut RunStrings::default())).unwrap();
         for cut in 0..body.len() {
             assert!(unpack(1, 5, &body[..cut], &mut dict).is_err(), "cut at {cut}");
         }

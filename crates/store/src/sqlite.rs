@@ -37,7 +37,7 @@ use rusqlite::types::{FromSql, Type};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use tokio::sync::oneshot;
 
-use crate::sqlite_log::{Dicts, Packer};
+use crate::sqlite_log::{Dicts, Packer, Ready};
 pub use crate::sqlite_log::{RawBatch, put_raw_batches, raw_batches};
 use crate::tokens::{Role, TokenRecord, TokenStore};
 
@@ -100,23 +100,73 @@ const COMMITS_PER_CHECKPOINT: u64 = 500;
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
 enum Request {
-    Create(RunRecord, Vec<Event>, Reply<()>),
-    Append { run_id: String, expected: u64, events: Vec<Event>, status: String, reply: Reply<()> },
-    Load { run_id: String, after: u64, reply: Reply<Vec<Event>> },
-    Verify { run_id: String, reply: Reply<Verified> },
-    Run { run_id: String, reply: Reply<Option<RunRecord>> },
-    RunsNamed { ids: Vec<String>, reply: Reply<Vec<Option<RunRecord>>> },
-    RunByKey { key: String, reply: Reply<Option<RunRecord>> },
-    PutOverride { o: TenantOverride, reply: Reply<()> },
-    Overrides { tenant: Option<String>, reply: Reply<Vec<TenantOverride>> },
-    RemoveOverride { tenant: String, scenario_id: String, reply: Reply<bool> },
-    Runs { status: Option<String>, reply: Reply<Vec<RunRecord>> },
+    Create(RunRecord, Vec<Event>, Vec<Ready>, Reply<()>),
+    Append {
+        run_id: String,
+        expected: u64,
+        events: Vec<Event>,
+        ready: Vec<Ready>,
+        status: String,
+        reply: Reply<()>,
+    },
+    Load {
+        run_id: String,
+        after: u64,
+        reply: Reply<Vec<Event>>,
+    },
+    Verify {
+        run_id: String,
+        reply: Reply<Verified>,
+    },
+    Run {
+        run_id: String,
+        reply: Reply<Option<RunRecord>>,
+    },
+    RunsNamed {
+        ids: Vec<String>,
+        reply: Reply<Vec<Option<RunRecord>>>,
+    },
+    RunByKey {
+        key: String,
+        reply: Reply<Option<RunRecord>>,
+    },
+    PutOverride {
+        o: TenantOverride,
+        reply: Reply<()>,
+    },
+    Overrides {
+        tenant: Option<String>,
+        reply: Reply<Vec<TenantOverride>>,
+    },
+    RemoveOverride {
+        tenant: String,
+        scenario_id: String,
+        reply: Reply<bool>,
+    },
+    Runs {
+        status: Option<String>,
+        reply: Reply<Vec<RunRecord>>,
+    },
     Lease(LeaseOp, Reply<LeaseAnswer>),
     Checkpoint(Reply<()>),
-    PutTexts { checksum: String, scenario_id: String, texts: String, reply: Reply<bool> },
-    Texts { checksum: String, reply: Reply<Option<String>> },
-    RunsPage { query: RunQuery, reply: Reply<Vec<RunRecord>> },
-    Purge { ids: Vec<String>, reply: Reply<u64> },
+    PutTexts {
+        checksum: String,
+        scenario_id: String,
+        texts: String,
+        reply: Reply<bool>,
+    },
+    Texts {
+        checksum: String,
+        reply: Reply<Option<String>>,
+    },
+    RunsPage {
+        query: RunQuery,
+        reply: Reply<Vec<RunRecord>>,
+    },
+    Purge {
+        ids: Vec<String>,
+        reply: Reply<u64>,
+    },
     Token(TokenOp),
 }
 
@@ -192,6 +242,10 @@ pub struct SqliteStore {
 struct Stats {
     commits: AtomicU64,
     checkpoints: AtomicU64,
+    /// Pages the writer connection's commits wrote to the WAL.
+    wal_frames: AtomicU64,
+    /// The WAL's size in pages after the last commit (0 once a checkpoint emptied it).
+    wal_seen: AtomicU64,
 }
 
 impl std::fmt::Debug for Request {
@@ -288,6 +342,18 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
         let counter = Arc::clone(&stats);
+        // After each commit SQLite says how many pages the WAL holds: what grew since the
+        // last commit (all of it, after the WAL started over) is what this commit wrote.
+        let frames = Arc::clone(&stats);
+        let mut conn = conn;
+        conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, pages: std::ffi::c_int| {
+            let pages = u64::try_from(pages).unwrap_or(0);
+            let seen = frames.wal_seen.swap(pages, Ordering::Relaxed);
+            let wrote = if pages >= seen { pages - seen } else { pages };
+            frames.wal_frames.fetch_add(wrote, Ordering::Relaxed);
+            Ok(())
+        }))
+        .map_err(|e| Error::Backend(open_failure(&path, &e)))?;
         std::thread::Builder::new()
             .name("baton-sqlite".to_owned())
             .spawn(move || serve(conn, &rx, failpoint, &counter))
@@ -318,6 +384,11 @@ impl SqliteStore {
     /// Transactions committed since the store was opened.
     pub fn commits(&self) -> u64 {
         self.stats.commits.load(Ordering::Relaxed)
+    }
+
+    /// Pages this store's commits wrote to the WAL since it was opened.
+    pub fn wal_frames(&self) -> u64 {
+        self.stats.wal_frames.load(Ordering::Relaxed)
     }
 
     /// File syncs since the store was opened: one per commit (the WAL, under
@@ -607,6 +678,9 @@ fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoin
                 let done = conn
                     .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
                     .map_err(backend);
+                if done.is_ok() {
+                    stats.wal_seen.store(0, Ordering::Relaxed);
+                }
                 let _ = reply.send(done);
                 continue;
             }
@@ -635,76 +709,65 @@ fn write_group(
     failpoint: Failpoints,
     written: &mut u64,
 ) {
-    let mut results: Vec<(Request, Result<(), Error>)> = Vec::with_capacity(writes.len());
-    let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(e) => {
-            let e = backend(e);
-            for w in writes {
-                reply_write(w, Err(e.clone()));
-            }
-            return;
+    let begin = |conn: &mut Connection| conn.execute_batch("BEGIN IMMEDIATE").map_err(backend);
+    if let Err(e) = begin(conn) {
+        for w in writes {
+            reply_write(w, Err(e.clone()));
+        }
+        return;
+    }
+    // Most groups write without a savepoint per write: a refusal comes before a write
+    // changes anything. A write that fails half-way rolls the group back, and the group is
+    // written again with a savepoint around each write, so that it fails alone.
+    let outcomes = match write_all(conn, packer, &writes, false) {
+        Some(outcomes) => Ok(outcomes),
+        None => {
+            let _ = conn.execute_batch("ROLLBACK");
+            packer.reset();
+            begin(conn).map(|()| write_all(conn, packer, &writes, true).unwrap_or_default())
         }
     };
+    let committed = outcomes
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|_| conn.execute_batch("COMMIT").map_err(backend));
+    if committed.is_err() {
+        let _ = conn.execute_batch("ROLLBACK");
+        // What the packer learnt from this transaction is not in the database.
+        packer.reset();
+    }
+    let outcomes = outcomes.unwrap_or_default();
     let mut highest = 0u64;
     let mut written_here = 0u64;
     // The run whose write crossed the cancel failpoint, with its status.
     let mut crossed: Option<(String, String)> = None;
-    let mut tx = tx;
-    for w in writes {
-        let outcome = (|| -> Result<(), Error> {
-            let sp = tx.savepoint().map_err(backend)?;
-            let r = match &w {
-                Request::Create(run, events, _) => create(&sp, run).and_then(|()| {
-                    if events.is_empty() {
-                        Ok(())
-                    } else {
-                        crate::sqlite_log::append(&sp, packer, &run.run_id, 1, events, &run.status)
-                    }
-                }),
-                Request::Append { run_id, expected, events, status, .. } => {
-                    crate::sqlite_log::append(&sp, packer, run_id, *expected, events, status)
-                }
-                _ => Ok(()),
-            };
-            match r {
-                Ok(()) => sp.commit().map_err(|e| {
-                    packer.reset();
-                    backend(e)
-                }),
-                Err(e) => Err(e),
+    for (w, outcome) in writes.iter().zip(&outcomes) {
+        if outcome.is_err() {
+            continue;
+        }
+        let done = match w {
+            Request::Append { run_id, events, status, .. } => {
+                Some((run_id.as_str(), events, status.as_str()))
             }
-        })();
-        if outcome.is_ok() {
-            let written = match &w {
-                Request::Append { run_id, events, status, .. } => {
-                    Some((run_id.as_str(), events, status.as_str()))
-                }
-                Request::Create(run, events, _) => {
-                    Some((run.run_id.as_str(), events, run.status.as_str()))
-                }
-                _ => None,
-            };
-            if let Some((run_id, events, status)) = written {
-                written_here += events.len() as u64;
-                let last = events.last().map_or(0, |e| e.seq);
-                highest = highest.max(last);
-                let first = events.first().map_or(0, |e| e.seq);
-                // A cancel after the end would be refused: the failpoint skips ended runs.
-                let ended = matches!(status, "completed" | "failed" | "aborted" | "cancelled");
-                if !ended && failpoint.cancel_after.is_some_and(|n| first <= n && n <= last) {
-                    crossed = Some((run_id.to_owned(), status.to_owned()));
-                }
+            Request::Create(run, events, _, _) => {
+                Some((run.run_id.as_str(), events, run.status.as_str()))
+            }
+            _ => None,
+        };
+        if let Some((run_id, events, status)) = done {
+            written_here += events.len() as u64;
+            let last = events.last().map_or(0, |e| e.seq);
+            highest = highest.max(last);
+            let first = events.first().map_or(0, |e| e.seq);
+            // A cancel after the end would be refused: the failpoint skips ended runs.
+            let ended = matches!(status, "completed" | "failed" | "aborted" | "cancelled");
+            if !ended && failpoint.cancel_after.is_some_and(|n| first <= n && n <= last) {
+                crossed = Some((run_id.to_owned(), status.to_owned()));
             }
         }
-        results.push((w, outcome));
     }
-    let committed = tx.commit().map_err(backend);
     if committed.is_ok() {
         *written += written_here;
-    } else {
-        // What the packer learnt from this transaction is not in the database.
-        packer.reset();
     }
     let writes_crossed = failpoint.abort_after_writes.is_some_and(|n| *written >= n);
     if committed.is_ok() && (failpoint.abort_after.is_some_and(|n| highest >= n) || writes_crossed)
@@ -718,12 +781,81 @@ fn write_group(
         // Test failpoint: another process's cancel, before the writer goes on.
         let _ = cancel_now(conn, packer, &run_id, &status);
     }
-    for (w, outcome) in results {
-        let outcome = match (&committed, outcome) {
+    let mut outcomes = outcomes.into_iter();
+    for w in writes {
+        let outcome = match (&committed, outcomes.next()) {
             (Err(e), _) => Err(e.clone()),
-            (Ok(()), o) => o,
+            (Ok(()), Some(o)) => o,
+            (Ok(()), None) => Err(Error::Backend("the write was not attempted".to_owned())),
         };
         reply_write(w, outcome);
+    }
+}
+
+/// How a write failed: refused before it changed anything, or broken after it began (its
+/// changes may be half made).
+enum Failure {
+    Refused(Error),
+    Broken(Error),
+}
+
+/// Writes every create and append of a group in the open transaction, in order, each
+/// inside a savepoint of its own when `savepoints`; without them, `None` as soon as one
+/// breaks half-way (the caller rolls the group back).
+fn write_all(
+    conn: &Connection,
+    packer: &mut Packer,
+    writes: &[Request],
+    savepoints: bool,
+) -> Option<Vec<Result<(), Error>>> {
+    let mut outcomes = Vec::with_capacity(writes.len());
+    for w in writes {
+        if !savepoints {
+            match write_one(conn, packer, w) {
+                Ok(()) => outcomes.push(Ok(())),
+                Err(Failure::Refused(e)) => outcomes.push(Err(e)),
+                Err(Failure::Broken(_)) => return None,
+            }
+            continue;
+        }
+        if let Err(e) = conn.execute_batch("SAVEPOINT one_write") {
+            outcomes.push(Err(backend(e)));
+            continue;
+        }
+        let outcome = match write_one(conn, packer, w) {
+            Ok(()) => conn.execute_batch("RELEASE one_write").map_err(backend),
+            Err(Failure::Refused(e) | Failure::Broken(e)) => Err(e),
+        };
+        if outcome.is_err() {
+            let _ = conn.execute_batch("ROLLBACK TO one_write; RELEASE one_write");
+            packer.reset();
+        }
+        outcomes.push(outcome);
+    }
+    Some(outcomes)
+}
+
+/// One create or append of a group, in the open transaction.
+fn write_one(conn: &Connection, packer: &mut Packer, w: &Request) -> Result<(), Failure> {
+    match w {
+        Request::Create(run, events, ready, _) => {
+            create(conn, run)?;
+            if events.is_empty() {
+                return Ok(());
+            }
+            // The run's row is written: from here on a failure is half-way.
+            let end = crate::sqlite_log::check_append(conn, &run.run_id, 1, events)
+                .map_err(Failure::Broken)?;
+            crate::sqlite_log::write_batch(conn, packer, end, events, ready, &run.status)
+                .map_err(Failure::Broken)
+        }
+        Request::Append { run_id, expected, events, ready, status, .. } => {
+            let end = crate::sqlite_log::check_append(conn, run_id, *expected, events)
+                .map_err(Failure::Refused)?;
+            crate::sqlite_log::write_batch(conn, packer, end, events, ready, status)
+                .map_err(Failure::Broken)
+        }
+        _ => Ok(()),
     }
 }
 
@@ -749,7 +881,7 @@ fn cancel_now(
 
 fn reply_write(w: Request, outcome: Result<(), Error>) {
     match w {
-        Request::Create(_, _, reply) | Request::Append { reply, .. } => {
+        Request::Create(_, _, _, reply) | Request::Append { reply, .. } => {
             let _ = reply.send(outcome);
         }
         _ => {}
@@ -786,24 +918,26 @@ fn cached_exec<P: rusqlite::Params>(
     conn.prepare_cached(sql)?.execute(params)
 }
 
-fn create(conn: &Connection, run: &RunRecord) -> Result<(), Error> {
+/// Adds a run's record: refused (nothing written) when the run or its key exists.
+fn create(conn: &Connection, run: &RunRecord) -> Result<(), Failure> {
+    let refused = Failure::Refused;
     let exists: Option<i64> =
         cached_row(conn, "SELECT 1 FROM runs WHERE run_id = ?1", [&run.run_id], |r| r.get(0))
             .optional()
-            .map_err(backend)?;
+            .map_err(|e| refused(backend(e)))?;
     if exists.is_some() {
-        return Err(Error::Exists(run.run_id.clone()));
+        return Err(refused(Error::Exists(run.run_id.clone())));
     }
     if let Some(key) = &run.idempotency_key
-        && let Some(owner) = run_by_key(conn, key)?
+        && let Some(owner) = run_by_key(conn, key).map_err(refused)?
     {
-        return Err(Error::KeyTaken { key: key.clone(), run_id: owner.run_id });
+        return Err(refused(Error::KeyTaken { key: key.clone(), run_id: owner.run_id }));
     }
     cached_exec(conn,
         "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10)",
         params![run.run_id, run.scenario_id, run.status, run.created_at.timestamp_micros(), run.updated_at.timestamp_micros(), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, run.idempotency_key, run.tenant],
     )
-    .map_err(backend)?;
+    .map_err(|e| Failure::Broken(backend(e)))?;
     Ok(())
 }
 
@@ -1249,7 +1383,9 @@ impl EventStore for SqliteStore {
         run: &'a RunRecord,
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.ask(move |reply| Request::Create(run.clone(), events, reply)))
+        // Payloads are made ready here, on the caller's thread, not on the writer's.
+        let ready = crate::sqlite_log::ready(&events);
+        Box::pin(self.ask(move |reply| Request::Create(run.clone(), events, ready, reply)))
     }
 
     fn append<'a>(
@@ -1259,10 +1395,12 @@ impl EventStore for SqliteStore {
         events: Vec<Event>,
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
+        let ready = crate::sqlite_log::ready(&events);
         Box::pin(self.ask(move |reply| Request::Append {
             run_id: run_id.to_owned(),
             expected: expected_seq,
             events,
+            ready,
             status: status.to_owned(),
             reply,
         }))

@@ -34,8 +34,21 @@ pub(crate) struct Dicts {
     kind_names: HashMap<u64, String>,
     shape_ids: HashMap<String, u64>,
     shapes: HashMap<u64, Arc<[String]>>,
-    /// The shapes table's size when it was last found full (then no new shape is tried).
+    /// Whether the shapes table was found full (then no new shape is tried).
     shapes_full: bool,
+    /// A buffer for [`shape_key`].
+    key: String,
+}
+
+/// A key list as one string for the cache: each key after its length, so that no two
+/// lists make the same string.
+fn shape_key<'k>(keys: impl Iterator<Item = &'k str>, out: &mut String) {
+    use std::fmt::Write as _;
+    out.clear();
+    for k in keys {
+        let _ = write!(out, "{}:", k.len());
+        out.push_str(k);
+    }
 }
 
 /// The writer's state: its dictionaries and the shared strings of the runs it appends to.
@@ -84,10 +97,14 @@ impl Intern for Interner<'_> {
     }
 
     fn shape(&mut self, keys: &[&str]) -> Result<Option<u64>, String> {
-        let text = serde_json::to_string(keys).map_err(|e| e.to_string())?;
-        if let Some(&id) = self.dicts.shape_ids.get(&text) {
+        let mut key = std::mem::take(&mut self.dicts.key);
+        shape_key(keys.iter().copied(), &mut key);
+        let known = self.dicts.shape_ids.get(&key).copied();
+        self.dicts.key = key;
+        if let Some(id) = known {
             return Ok(Some(id));
         }
+        let text = serde_json::to_string(keys).map_err(|e| e.to_string())?;
         let found: Option<i64> = self
             .conn
             .prepare_cached("SELECT id FROM shapes WHERE keys = ?1")
@@ -113,7 +130,7 @@ impl Intern for Interner<'_> {
             }
         };
         let id = id as u64;
-        self.dicts.shape_ids.insert(text, id);
+        self.dicts.shape_ids.insert(self.dicts.key.clone(), id);
         self.dicts.shapes.insert(id, keys.iter().map(|k| (*k).to_owned()).collect());
         Ok(Some(id))
     }
@@ -162,8 +179,10 @@ impl Resolve for Resolver<'_> {
         let keys: Vec<String> = serde_json::from_str(&text)
             .map_err(|e| format!("shape {id} of the shapes table is not a list of keys: {e}"))?;
         let keys: Arc<[String]> = keys.into();
+        let mut key = String::new();
+        shape_key(keys.iter().map(String::as_str), &mut key);
         self.dicts.shapes.insert(id, Arc::clone(&keys));
-        self.dicts.shape_ids.insert(text, id);
+        self.dicts.shape_ids.insert(key, id);
         Ok(keys)
     }
 
@@ -256,9 +275,26 @@ pub(crate) fn end_of_log(conn: &Connection, run_id: &str) -> Result<(i64, Verifi
     }
 }
 
+/// Where an append of `events` (numbered from `expected`) to a run would go: the run's key
+/// and the end of its log, checked; refused, with nothing written, on a conflict, a
+/// misnumbered batch or a damaged end.
+pub(crate) fn check_append(
+    conn: &Connection,
+    run_id: &str,
+    expected: u64,
+    events: &[Event],
+) -> Result<(i64, Verified), Error> {
+    let (rk, end) = end_of_log(conn, run_id)?;
+    let actual = end.last_seq + 1;
+    if actual != expected {
+        return Err(Error::Conflict { run_id: run_id.to_owned(), expected, actual });
+    }
+    check_numbering(events, expected)?;
+    Ok((rk, end))
+}
+
 /// Appends `events` (numbered from `expected`) to a run as one batch row and moves the
-/// run's record to its new end, in the caller's transaction. A failure after the batch
-/// was packed resets `packer`: what it learnt may be rolled back with the transaction.
+/// run's record to its new end, in the caller's transaction.
 pub(crate) fn append(
     conn: &Connection,
     packer: &mut Packer,
@@ -267,47 +303,81 @@ pub(crate) fn append(
     events: &[Event],
     status: &str,
 ) -> Result<(), Error> {
-    let (rk, head) = end_of_log(conn, run_id)?;
-    let actual = head.last_seq + 1;
-    if actual != expected {
-        return Err(Error::Conflict { run_id: run_id.to_owned(), expected, actual });
-    }
-    check_numbering(events, expected)?;
+    let end = check_append(conn, run_id, expected, events)?;
+    write_batch(conn, packer, end, events, &ready(events), status)
+}
+
+/// Writes `events` as the batch after `end` (what [`check_append`] found) and moves the
+/// run's record to its new end. A failure resets `packer`: what it learnt may be rolled
+/// back with the transaction.
+pub(crate) fn write_batch(
+    conn: &Connection,
+    packer: &mut Packer,
+    end: (i64, Verified),
+    events: &[Event],
+    ready: &[Ready],
+    status: &str,
+) -> Result<(), Error> {
     if events.is_empty() {
         return Ok(());
     }
-    let written = write_batch(conn, packer, rk, head.head, events, status);
+    let written = write_packed(conn, packer, (end.0, end.1.head), events, ready, status);
     if written.is_err() {
         packer.reset();
     }
     written
 }
 
-fn write_batch(
+/// An event made ready for the writer on the thread that appends it: its payload as a
+/// JSON value and that value's canonical form (what the chain hashes), so that the writer
+/// thread, which every append of the process waits on, only hashes and packs.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    payload: serde_json::Value,
+    canonical: Vec<u8>,
+}
+
+/// `events` made ready for [`write_batch`].
+pub(crate) fn ready(events: &[Event]) -> Vec<Ready> {
+    events
+        .iter()
+        .map(|e| {
+            let payload = e.data.payload();
+            let mut canonical = Vec::with_capacity(256);
+            chain::canonical_json(&payload, &mut canonical);
+            Ready { payload, canonical }
+        })
+        .collect()
+}
+
+fn write_packed(
     conn: &Connection,
     packer: &mut Packer,
-    rk: i64,
-    prev: Hash,
+    (rk, prev): (i64, Hash),
     events: &[Event],
+    ready: &[Ready],
     status: &str,
 ) -> Result<(), Error> {
+    if ready.len() != events.len() {
+        return Err(Error::Backend("an append's events were not all made ready".to_owned()));
+    }
     let mut hash = prev;
-    let mut unpacked = Vec::with_capacity(events.len());
-    for e in events {
-        let payload = e.data.payload();
-        hash = chain::link(&hash, &Fields::of(e, &payload));
-        unpacked.push(Unpacked {
-            at_us: e.at.timestamp_micros(),
-            kind: e.data.kind().to_owned(),
+    let mut refs = Vec::with_capacity(events.len());
+    for (e, r) in events.iter().zip(ready) {
+        let fields = Fields::of(e, &serde_json::Value::Null);
+        hash = chain::link_canonical(&hash, &fields, &r.canonical);
+        refs.push(packed::EventRef {
+            at_us: fields.at_us,
+            kind: fields.kind,
             version: VERSION,
-            level_id: e.level_id.clone(),
+            level_id: fields.level_id,
             attempt: e.attempt,
-            payload,
+            payload: &r.payload,
         });
     }
     let first = events[0].seq;
     let last = events[events.len() - 1].seq;
-    let at_us = unpacked[0].at_us;
+    let at_us = refs[0].at_us;
     if packer.strings > STRINGS_MAX {
         packer.runs.clear();
         packer.strings = 0;
@@ -315,7 +385,7 @@ fn write_batch(
     let Packer { dicts, runs, strings } = packer;
     let known = runs.entry(rk).or_default();
     let before = known.len();
-    let body = packed::pack(first, at_us, &unpacked, &mut Interner { conn, dicts }, Some(known))
+    let body = packed::pack(first, at_us, &refs, &mut Interner { conn, dicts }, Some(known))
         .map_err(crate::sqlite::backend)?;
     *strings += known.len() - before;
     if matches!(status, "completed" | "failed" | "aborted" | "cancelled") {
@@ -557,7 +627,8 @@ pub(crate) fn pack_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
             let group = &old[start..end];
             let (first, _, _) = &group[0];
             let (last, _, hash) = &group[group.len() - 1];
-            let events: Vec<Unpacked> = group.iter().map(|(_, e, _)| e.clone()).collect();
+            let events: Vec<packed::EventRef<'_>> =
+                group.iter().map(|(_, e, _)| e.as_ref()).collect();
             let at_us = events[0].at_us;
             let body = packed::pack(
                 *first as u64,
@@ -632,10 +703,11 @@ pub fn put_raw_batches(
         let body = if b.events.is_empty() {
             vec![packed::FORMAT, 0]
         } else {
+            let refs: Vec<_> = b.events.iter().map(Unpacked::as_ref).collect();
             packed::pack(
                 b.first_seq.max(0) as u64,
                 b.at_us,
-                &b.events,
+                &refs,
                 &mut Interner { conn, dicts: &mut dicts },
                 None,
             )?

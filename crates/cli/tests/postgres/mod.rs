@@ -374,6 +374,8 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
             .unwrap()
     };
     let mut workers = Reaped((0..4).map(|i| start_worker(i, 0)).collect());
+    // Each slot's worker's name (its notes are `NAME.err`).
+    let mut names: Vec<String> = (0..4).map(|i| format!("w{i}-0")).collect();
     let mut generation = 1;
     let mut all: Vec<String> = Vec::new();
     for (scenario, count, input) in CHAOS_JOBS {
@@ -383,6 +385,20 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let store =
         runtime.block_on(baton_store::postgres::PostgresStore::connect(&schema.url)).unwrap();
+    // How many runs the worker process `pid` holds now (a store's holder id starts with
+    // its process id).
+    let config: tokio_postgres::Config = schema.url.parse().unwrap();
+    let (client, connection) = runtime.block_on(config.connect(tokio_postgres::NoTls)).unwrap();
+    runtime.spawn(connection);
+    let holds_of = |pid: u32| -> i64 {
+        runtime
+            .block_on(client.query_one(
+                "SELECT count(*) FROM holds WHERE holder LIKE $1",
+                &[&format!("{pid}-%")],
+            ))
+            .unwrap()
+            .get(0)
+    };
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = || {
         rng ^= rng << 13;
@@ -459,10 +475,16 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
             stopped = None;
         }
         if stopped_once.is_none() && elapsed >= 3 {
-            let i = usize::try_from(next() % 4).unwrap();
-            signal(workers.0[i].id(), "STOP");
-            stopped = Some((i, std::time::Instant::now()));
-            stopped_once = Some(i);
+            // A worker that drives runs at this moment, so that it comes back to runs
+            // others have taken over.
+            let first = usize::try_from(next() % 4).unwrap();
+            if let Some(i) =
+                (0..4).map(|k| (first + k) % 4).find(|&i| holds_of(workers.0[i].id()) > 0)
+            {
+                signal(workers.0[i].id(), "STOP");
+                stopped = Some((i, std::time::Instant::now()));
+                stopped_once = Some(i);
+            }
         }
         // About twice a second, a worker that is not the stopped one is killed and
         // another started in its place.
@@ -472,6 +494,7 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
                 workers.0[i].kill().unwrap();
                 let _ = workers.0[i].wait();
                 workers.0[i] = start_worker(i, generation);
+                names[i] = format!("w{i}-{generation}");
                 generation += 1;
                 kills += 1;
             }
@@ -519,8 +542,22 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     }
     assert_eq!(statuses.get("completed").copied().unwrap_or(0), runs.len(), "{statuses:?}");
     // The stopped worker came back to runs others had taken over: its writes were refused.
-    let i = stopped_once.expect("a worker was stopped");
-    let stopped_out = std::fs::read_to_string(dir.join(format!("w{i}-0.err"))).unwrap_or_default();
+    let i = stopped_once.expect("a worker that held runs was stopped");
+    // Its runs were taken over and ended while it was stopped; continued now (if the loop
+    // has not already), it comes back to them and is refused: wait for that, bounded.
+    if let Some((s, _)) = stopped {
+        signal(workers.0[s].id(), "CONT");
+    }
+    let notes = dir.join(format!("{}.err", names[i]));
+    let waited = std::time::Instant::now();
+    let mut stopped_out = String::new();
+    while waited.elapsed() < std::time::Duration::from_secs(30) {
+        stopped_out = std::fs::read_to_string(&notes).unwrap_or_default();
+        if stopped_out.contains("was taken over by another process") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     assert!(
         stopped_out.contains("was taken over by another process"),
         "the stopped worker's late writes were not refused: {stopped_out}"
