@@ -342,6 +342,9 @@ fn signal(pid: u32, name: &str) {
     assert!(sent.is_ok_and(|s| s.success()), "kill -{name} {pid}");
 }
 
+/// The chaos test's worker slot that is stopped (and never killed).
+const STALLED: usize = 0;
+
 /// Four workers drive a thousand jobs of bundled scenarios (and a few code_build jobs in
 /// the jail) while workers are killed and restarted at random and one is stopped past its
 /// lease and continued: every job ends, none is lost, no level is finished twice, no
@@ -355,18 +358,26 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     let data = dir.join("data");
     let script = chaos_script(&dir);
     let script_arg = script.to_str().unwrap().to_owned();
+    // The worker that is stopped answers slowly (3 s a call), so that when it is stopped it
+    // is in the middle of its runs' levels and has writes to make when it is continued.
+    let slow = dir.join("chaos-slow.yaml");
+    let slowed =
+        std::fs::read_to_string(&script).unwrap().replace("delay_ms: 400", "delay_ms: 3000");
+    std::fs::write(&slow, slowed.replace("delay_ms: 150", "delay_ms: 3000")).unwrap();
+    let slow_arg = slow.to_str().unwrap().to_owned();
     let lease = "3";
     // Each worker's notes go to a file of its own (a pipe nobody reads would fill up).
     let start_worker = |i: usize, generation: usize| {
         let name = format!("w{i}-{generation}");
         let notes = std::fs::File::create(dir.join(format!("{name}.err"))).unwrap();
+        let script_arg = if i == STALLED { &slow_arg } else { &script_arg };
         baton_command()
             .arg("--db")
             .arg(&schema.url)
             .arg("--data-dir")
             .arg(&data)
             .arg("worker")
-            .args(["--script", &script_arg, "--concurrency", "6", "--lease-s", lease])
+            .args(["--script", script_arg, "--concurrency", "6", "--lease-s", lease])
             .args(["--retry-first-ms", "100", "--name", &name])
             .stdout(std::process::Stdio::null())
             .stderr(notes)
@@ -386,7 +397,7 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     let store =
         runtime.block_on(baton_store::postgres::PostgresStore::connect(&schema.url)).unwrap();
     // How many runs the worker process `pid` holds now (a store's holder id starts with
-    // its process id).
+    // its process id): each one a drive of its, until another process takes it over.
     let config: tokio_postgres::Config = schema.url.parse().unwrap();
     let (client, connection) = runtime.block_on(config.connect(tokio_postgres::NoTls)).unwrap();
     runtime.spawn(connection);
@@ -411,6 +422,8 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     let mut deciders = Reaped(Vec::new());
     let mut stopped: Option<(usize, std::time::Instant)> = None;
     let mut stopped_once = None;
+    // How long the stopped worker was stopped, and the holds it still had when continued.
+    let mut continued = None;
     let mut kills = 0;
     // Time runs from here: every job is queued (the workers started before).
     let started = std::time::Instant::now();
@@ -467,33 +480,29 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
             }
         }
         let elapsed = started.elapsed().as_secs();
-        // A stopped worker is continued once every run it held has been taken over by
-        // another (its hold rows name the other now), so that it comes back to runs it no
-        // longer holds, however slowly a loaded machine takes them over (bounded).
+        // The stopped worker is continued once its holds have run out (6 s) and every run
+        // it held has been taken over by another (its hold rows name the other now), so
+        // that it comes back to runs it no longer holds, however slowly a loaded machine
+        // takes them over (bounded).
         if let Some((i, at)) = stopped
-            && (holds_of(workers.0[i].id()) == 0
+            && ((at.elapsed() > std::time::Duration::from_secs(6)
+                && holds_of(workers.0[i].id()) == 0)
                 || at.elapsed() > std::time::Duration::from_secs(90))
         {
+            continued = Some((at.elapsed(), holds_of(workers.0[i].id())));
             signal(workers.0[i].id(), "CONT");
             stopped = None;
         }
-        if stopped_once.is_none() && elapsed >= 3 {
-            // A worker that drives runs at this moment, so that it comes back to runs
-            // others have taken over.
-            let first = usize::try_from(next() % 4).unwrap();
-            if let Some(i) =
-                (0..4).map(|k| (first + k) % 4).find(|&i| holds_of(workers.0[i].id()) > 0)
-            {
-                signal(workers.0[i].id(), "STOP");
-                stopped = Some((i, std::time::Instant::now()));
-                stopped_once = Some(i);
-            }
+        if stopped_once.is_none() && elapsed >= 3 && holds_of(workers.0[STALLED].id()) > 0 {
+            signal(workers.0[STALLED].id(), "STOP");
+            stopped = Some((STALLED, std::time::Instant::now()));
+            stopped_once = Some(STALLED);
         }
         // About twice a second, a worker that is not the stopped one is killed and
         // another started in its place.
         if elapsed > 2 && next() % 4 == 0 && kills < 12 {
             let i = usize::try_from(next() % 4).unwrap();
-            if stopped.map(|(s, _)| s) != Some(i) && stopped_once != Some(i) {
+            if i != STALLED {
                 workers.0[i].kill().unwrap();
                 let _ = workers.0[i].wait();
                 workers.0[i] = start_worker(i, generation);
@@ -568,7 +577,7 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     }
     assert!(
         refused(&stopped_out),
-        "the stopped worker's late writes were not refused: {stopped_out}"
+        "the stopped worker's late writes were not refused (stopped for, holds left: {continued:?}): {stopped_out}"
     );
     drop(workers);
     // The figures, for a reader of the test's output (`--no-capture`).
