@@ -146,19 +146,21 @@ struct Resolver<'a> {
     batches: HashMap<u64, Vec<String>>,
 }
 
+/// The text a dictionary table keeps under `id` (`sql` selects it by `?1`), if any.
+fn entry(conn: &Connection, sql: &str, id: u64) -> rusqlite::Result<Option<String>> {
+    conn.prepare_cached(sql)?.query_row([id as i64], |r| r.get(0)).optional()
+}
+
 impl Resolve for Resolver<'_> {
     fn kind(&mut self, code: u64) -> Result<String, String> {
         if let Some(name) = self.dicts.kind_names.get(&code) {
             return Ok(name.clone());
         }
-        let name: Option<String> = self
-            .conn
-            .prepare_cached("SELECT name FROM kinds WHERE code = ?1")
-            .and_then(|mut s| s.query_row([code as i64], |r| r.get(0)).optional())
-            .map_err(|e| format!("cannot read the kinds table: {e}"))?;
-        let name = name.ok_or_else(|| {
-            format!("an event of kind code {code}, which the kinds table does not hold")
-        })?;
+        let name = entry(self.conn, "SELECT name FROM kinds WHERE code = ?1", code)
+            .map_err(|e| format!("cannot read the kinds table: {e}"))?
+            .ok_or_else(|| {
+                format!("an event of kind code {code}, which the kinds table does not hold")
+            })?;
         self.dicts.kind_names.insert(code, name.clone());
         self.dicts.kind_codes.insert(name.clone(), code);
         Ok(name)
@@ -168,14 +170,11 @@ impl Resolve for Resolver<'_> {
         if let Some(keys) = self.dicts.shapes.get(&id) {
             return Ok(Arc::clone(keys));
         }
-        let text: Option<String> = self
-            .conn
-            .prepare_cached("SELECT keys FROM shapes WHERE id = ?1")
-            .and_then(|mut s| s.query_row([id as i64], |r| r.get(0)).optional())
-            .map_err(|e| format!("cannot read the shapes table: {e}"))?;
-        let text = text.ok_or_else(|| {
-            format!("an object of shape {id}, which the shapes table does not hold")
-        })?;
+        let text = entry(self.conn, "SELECT keys FROM shapes WHERE id = ?1", id)
+            .map_err(|e| format!("cannot read the shapes table: {e}"))?
+            .ok_or_else(|| {
+                format!("an object of shape {id}, which the shapes table does not hold")
+            })?;
         let keys: Vec<String> = serde_json::from_str(&text)
             .map_err(|e| format!("shape {id} of the shapes table is not a list of keys: {e}"))?;
         let keys: Arc<[String]> = keys.into();
