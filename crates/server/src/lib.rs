@@ -178,7 +178,7 @@ pub async fn serve(
         None => (None, None),
     };
     let app = api::App::new(settings, parts, bound, stop.clone(), tracer);
-    app.workers.recover(&app).await;
+    app.workers.recover(&app, false).await;
     let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
     let router = api::router(Arc::clone(&app));
     ready(bound);
@@ -207,8 +207,9 @@ pub struct WorkerSettings {
     pub idle_exit: Option<Duration>,
 }
 
-/// `baton worker`: no listener — drives what the last process left, then claims runs
-/// nobody drives from the store (see [`workers`]) until `stop` is cancelled or it was idle
+/// `baton worker`: no listener — takes up the jobs the last process left interrupted or
+/// waiting, and claims runs nobody drives from the store one per free slot (see
+/// [`workers`]; a `running` run left by a dead process is claimed, never taken up unleased) until `stop` is cancelled or it was idle
 /// for `idle_exit`; then stops its drives (their runs are recorded interrupted, for the
 /// next worker) and returns once they have stopped.
 pub async fn work(
@@ -219,7 +220,7 @@ pub async fn work(
 ) -> Result<(), String> {
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let app = api::App::new(settings, parts, local, stop.clone(), None);
-    app.workers.recover(&app).await;
+    app.workers.recover(&app, true).await;
     let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
     workers::claim_runs(Arc::clone(&app), worker.name, worker.lease, worker.idle_exit).await;
     refresh.abort();
@@ -240,7 +241,7 @@ pub async fn serve_mcp_stdio(
 ) -> Result<(), String> {
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let app = api::App::new(settings, parts, local, stop.clone(), None);
-    app.workers.recover(&app).await;
+    app.workers.recover(&app, false).await;
     let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
     let served = mcp::serve_stdio(Arc::clone(&app), caller, stop).await;
     refresh.abort();

@@ -134,12 +134,16 @@ impl Workers {
         app.workers.changed.notify_waiters();
     }
 
-    /// Takes up what the last server left: runs `running` that nobody holds, waiting jobs
-    /// nobody drives, paused runs' approval deadlines.
-    pub(crate) async fn recover(&self, app: &Arc<App>) {
+    /// Takes up what the last server left: runs `running` that nobody holds (unless
+    /// `running_by_claims`: a worker claims those one per free slot, under leases), jobs
+    /// stopped interrupted or waiting that nobody drives, paused runs' approval deadlines.
+    pub(crate) async fn recover(&self, app: &Arc<App>, running_by_claims: bool) {
         let store = &app.store;
         let mut roots = HashSet::new();
         for status in [Status::Running, Status::Interrupted, Status::Waiting, Status::Paused] {
+            if status == Status::Running && running_by_claims {
+                continue;
+            }
             let runs = match store.runs(Some(status.as_str())).await {
                 Ok(runs) => runs,
                 Err(e) => {
@@ -324,7 +328,11 @@ async fn drive_claimed(
         }
     };
     if app.store.is_held(&root).await.unwrap_or(true) || !app.workers.enter(&root) {
-        // Driven by another process (or by this one): its lease runs out by itself.
+        // Driven by another process (or by this one), which finishes it: the lease is
+        // given back at once, not left to keep the run from other workers.
+        if let Err(e) = app.store.release(run_id, worker).await {
+            eprintln!("{}: cannot give back the lease on run {run_id}: {e}", app.workers.name);
+        }
         return;
     }
     let renew = async {

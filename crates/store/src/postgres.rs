@@ -1325,6 +1325,8 @@ impl EventStore for PostgresStore {
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move {
             // A run leased by a worker whose session is gone (it died) is claimable at once.
+            // A run whose job another process drives now (it holds the job's root, as `baton
+            // run`, `serve` or another worker does) is not: that drive finishes it.
             let sql = format!(
                 "UPDATE runs SET lease_owner = $1, lease_until_us = $2, lease_pid = $4, lease_since = $5
                   WHERE run_id = (
@@ -1332,6 +1334,10 @@ impl EventStore for PostgresStore {
                       AND (lease_until_us IS NULL OR lease_until_us < $3
                            OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
                                 WHERE a.pid = r.lease_pid AND a.backend_start = r.lease_since))
+                      AND NOT EXISTS (SELECT 1 FROM holds h
+                           WHERE h.run_id = COALESCE(r.root_run_id, r.run_id) AND h.until_us >= {NOW_US}
+                             AND EXISTS (SELECT 1 FROM pg_stat_activity a
+                                WHERE a.pid = h.holder_pid AND a.backend_start = h.holder_since))
                     ORDER BY created_us, run_id LIMIT 1 FOR UPDATE SKIP LOCKED)
                  RETURNING {RUN_COLUMNS}"
             );

@@ -358,40 +358,30 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     let data = dir.join("data");
     let script = chaos_script(&dir);
     let script_arg = script.to_str().unwrap().to_owned();
-    // The worker that is stopped answers slowly (3 s a call), so that when it is stopped it
-    // is in the middle of its runs' levels and has writes to make when it is continued.
+    // A few jobs answer slowly (3 s a call): the worker that is stopped is stopped in the
+    // middle of them, so that it has writes to make when it is continued.
     let slow = dir.join("chaos-slow.yaml");
     let slowed =
         std::fs::read_to_string(&script).unwrap().replace("delay_ms: 400", "delay_ms: 3000");
-    std::fs::write(&slow, slowed.replace("delay_ms: 150", "delay_ms: 3000")).unwrap();
-    let slow_arg = slow.to_str().unwrap().to_owned();
+    std::fs::write(&slow, slowed).unwrap();
     let lease = "3";
     // Each worker's notes go to a file of its own (a pipe nobody reads would fill up).
     let start_worker = |i: usize, generation: usize| {
         let name = format!("w{i}-{generation}");
         let notes = std::fs::File::create(dir.join(format!("{name}.err"))).unwrap();
-        let script_arg = if i == STALLED { &slow_arg } else { &script_arg };
         baton_command()
             .arg("--db")
             .arg(&schema.url)
             .arg("--data-dir")
             .arg(&data)
             .arg("worker")
-            .args(["--script", script_arg, "--concurrency", "6", "--lease-s", lease])
+            .args(["--script", &script_arg, "--concurrency", "6", "--lease-s", lease])
             .args(["--retry-first-ms", "100", "--name", &name])
             .stdout(std::process::Stdio::null())
             .stderr(notes)
             .spawn()
             .unwrap()
     };
-    let mut workers = Reaped((0..4).map(|i| start_worker(i, 0)).collect());
-    // Each slot's worker's name (its notes are `NAME.err`).
-    let mut names: Vec<String> = (0..4).map(|i| format!("w{i}-0")).collect();
-    let mut generation = 1;
-    let mut all: Vec<String> = Vec::new();
-    for (scenario, count, input) in CHAOS_JOBS {
-        all.extend(queue_many(&schema.url, &data, &script, scenario, count, input));
-    }
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let store =
@@ -410,6 +400,47 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
             .unwrap()
             .get(0)
     };
+    // The runs the worker process `pid` holds that are still running: runs it is in the
+    // middle of driving.
+    let driving = |pid: u32| -> Vec<String> {
+        runtime
+            .block_on(client.query(
+                "SELECT h.run_id FROM holds h JOIN runs r ON r.run_id = h.run_id
+                  WHERE h.holder LIKE $1 AND r.status = 'running' ORDER BY h.run_id",
+                &[&format!("{pid}-%")],
+            ))
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    // The slow jobs are queued and the worker to be stopped started alone: once it drives
+    // them all (each in its 3 s model call) it is stopped, then the others start and the
+    // rest of the jobs are queued.
+    let mut all = queue_many(&schema.url, &data, &slow, "quick_qa", 6, "slowly");
+    let mut workers = Reaped(vec![start_worker(STALLED, 0)]);
+    let pid = workers.0[STALLED].id();
+    let waited = std::time::Instant::now();
+    while driving(pid).len() < 6 {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(60),
+            "the first worker took up {:?} of the 6 slow jobs in 60 s",
+            driving(pid)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    signal(pid, "STOP");
+    let mut stopped = Some((STALLED, std::time::Instant::now()));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let held = driving(pid);
+    assert!(!held.is_empty(), "the stopped worker drives none of the slow jobs any more");
+    workers.0.extend((1..4).map(|i| start_worker(i, 0)));
+    // Each slot's worker's name (its notes are `NAME.err`).
+    let mut names: Vec<String> = (0..4).map(|i| format!("w{i}-0")).collect();
+    let mut generation = 1;
+    for (scenario, count, input) in CHAOS_JOBS {
+        all.extend(queue_many(&schema.url, &data, &script, scenario, count, input));
+    }
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = || {
         rng ^= rng << 13;
@@ -420,8 +451,6 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     let mut decided = std::collections::BTreeMap::new();
     let mut redecided = 0;
     let mut deciders = Reaped(Vec::new());
-    let mut stopped: Option<(usize, std::time::Instant)> = None;
-    let mut stopped_once = None;
     // How long the stopped worker was stopped, and the holds it still had when continued.
     let mut continued = None;
     let mut kills = 0;
@@ -493,11 +522,6 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
             signal(workers.0[i].id(), "CONT");
             stopped = None;
         }
-        if stopped_once.is_none() && elapsed >= 3 && holds_of(workers.0[STALLED].id()) > 0 {
-            signal(workers.0[STALLED].id(), "STOP");
-            stopped = Some((STALLED, std::time::Instant::now()));
-            stopped_once = Some(STALLED);
-        }
         // About twice a second, a worker that is not the stopped one is killed and
         // another started in its place.
         if elapsed > 2 && next() % 4 == 0 && kills < 12 {
@@ -554,7 +578,7 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     }
     assert_eq!(statuses.get("completed").copied().unwrap_or(0), runs.len(), "{statuses:?}");
     // The stopped worker came back to runs others had taken over: its writes were refused.
-    let i = stopped_once.expect("a worker that held runs was stopped");
+    let i = STALLED;
     // Its runs were taken over and ended while it was stopped; continued now (if the loop
     // has not already), it comes back to them and is refused: wait for that, bounded.
     if let Some((s, _)) = stopped {
@@ -577,7 +601,7 @@ fn chaos_four_workers_killed_and_stopped_lose_nothing_and_do_nothing_twice() {
     }
     assert!(
         refused(&stopped_out),
-        "the stopped worker's late writes were not refused (stopped for, holds left: {continued:?}): {stopped_out}"
+        "the stopped worker's late writes were not refused (it was driving {held:?}; stopped for, holds left: {continued:?}): {stopped_out}"
     );
     drop(workers);
     // The figures, for a reader of the test's output (`--no-capture`).
