@@ -1,7 +1,8 @@
 //! The PostgreSQL store passes the kernel's conformance suite on the real server this
 //! machine runs (each test in a schema of its own, dropped after): damage is detected,
 //! runs are held by one process at a time and let go when it dies, appends from another
-//! process wake waiters, and two processes racing to append make one winner.
+//! process wake waiters, two processes racing to append make one winner, and a process's
+//! appends are written in groups that refuse a run that misses alone.
 //!
 //! The server is `BATON_TEST_POSTGRES` (default `postgres://postgres@127.0.0.1:5432/test`).
 
@@ -358,4 +359,59 @@ async fn appends_built_on_the_known_end_still_refuse_damage_and_conflicts() {
     assert!(matches!(damaged, Err(Error::Damaged { seq: 9, .. })), "{damaged:?}");
     assert_eq!(other.run("k1").await.unwrap().unwrap().last_seq, 8, "nothing was appended");
     drop(guard);
+}
+
+/// The appends of runs a process holds, made at the same moment, are written in groups —
+/// fewer commits than appends — and a run of a group whose end changed under its driver is
+/// refused alone: the others of its group are written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_of_many_held_runs_are_written_in_groups_and_a_miss_is_refused_alone() {
+    let schema = scratch("group").await;
+    let store = std::sync::Arc::new(PostgresStore::connect(&schema.url).await.unwrap());
+    let other = PostgresStore::connect(&schema.url).await.unwrap();
+    let ids: Vec<String> = (0..40).map(|i| format!("g{i}")).collect();
+    let mut guards = Vec::new();
+    for id in &ids {
+        guards.push(store.hold(id).await.unwrap());
+        store.create_run(&record(id), warnings(1, 1)).await.unwrap();
+    }
+    // Five rounds, each an append to every run at once.
+    let before = store.commits();
+    for seq in 2..=6 {
+        let mut set = tokio::task::JoinSet::new();
+        for id in &ids {
+            let (store, id) = (std::sync::Arc::clone(&store), id.clone());
+            set.spawn(async move { store.append(&id, seq, warnings(seq, 1), "running").await });
+        }
+        while let Some(done) = set.join_next().await {
+            done.unwrap().unwrap();
+        }
+    }
+    let commits = store.commits() - before;
+    assert!(commits < 200, "200 appends took {commits} commits: none was grouped");
+    // Another process appends to g0 (an approval, say): in the next round g0's driver
+    // conflicts and every other run's append is written.
+    other.append("g0", 7, warnings(7, 1), "running").await.unwrap();
+    let mut set = tokio::task::JoinSet::new();
+    for id in &ids {
+        let (store, id) = (std::sync::Arc::clone(&store), id.clone());
+        set.spawn(
+            async move { (id.clone(), store.append(&id, 7, warnings(7, 1), "running").await) },
+        );
+    }
+    while let Some(done) = set.join_next().await {
+        let (id, result) = done.unwrap();
+        if id == "g0" {
+            assert!(
+                matches!(result, Err(Error::Conflict { expected: 7, actual: 8, .. })),
+                "{result:?}"
+            );
+        } else {
+            result.unwrap();
+        }
+    }
+    for id in &ids {
+        assert_eq!(other.verify(id).await.unwrap().last_seq, 7, "{id}");
+    }
+    drop(guards);
 }

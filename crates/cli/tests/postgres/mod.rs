@@ -779,7 +779,7 @@ fn purge_on_postgres_leaves_nothing_of_a_purged_log_in_the_tables() {
 }
 
 /// `baton bench --store postgres`: runs spread over several stores in a schema of its own
-/// (dropped after), one write transaction per level, the server's durability setting and
+/// (dropped after), at most one write transaction per level, the server's durability setting and
 /// the disk's fsync floor beside the figures; `takeover` times how soon a dead driver's run
 /// is held again.
 #[test]
@@ -793,7 +793,10 @@ fn the_postgres_bench_reports_its_figures_with_what_they_stood_on() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["workers"], 2, "{report}");
     assert_eq!(report["levels"], 100, "{report}");
-    assert_eq!(report["commits_per_level"].as_f64(), Some(1.0), "{report}");
+    // At most one commit a level: a run's creation and its levels' appends, several runs'
+    // appends sharing one commit when they come together.
+    let commits = report["commits_per_level"].as_f64().unwrap();
+    assert!(commits > 0.0 && commits <= 1.0, "{report}");
     assert_eq!(report["postgres_synchronous_commit"], "on", "{report}");
     assert!(report["fsync_floor_p50_ms"].as_f64().unwrap() > 0.0, "{report}");
     assert!(report["store_bytes_per_run"].as_f64().unwrap() > 0.0, "{report}");

@@ -1,0 +1,251 @@
+//! Group appends on PostgreSQL. The appends a process makes on the ends of logs it knows —
+//! its drivers' appends, about one a level — are gathered while the statement before them
+//! runs and written together: one statement, so one transaction and one commit, for every
+//! run of the group. Each run's events are applied only where the run still ends where this
+//! process knows (last seq, head hash, the stored hash of its last event) and its hold is
+//! still this process's at the epoch it took it; a run that misses is told so and takes the
+//! slow path alone, which says exactly what differs. One task owns the gathering: the
+//! statements follow each other, so a run never has two of them in flight.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use baton_engine::chain::Hash;
+use baton_engine::store::Error;
+use deadpool_postgres::Pool;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Batch, Held, knows, pg, seq_param};
+
+/// The most runs one group statement writes.
+const GROUP_RUNS_MAX: usize = 128;
+
+/// The most events one group statement writes.
+const GROUP_EVENTS_MAX: usize = 4096;
+
+/// The most payload bytes one group statement carries (a larger append is written alone).
+const GROUP_BYTES_MAX: usize = 8 << 20;
+
+/// An append on the end of a run's log this process knows, waiting for its group.
+pub(super) struct KnownAppend {
+    pub run_id: String,
+    /// The end it builds on: last seq and head hash.
+    pub known: (u64, Hash),
+    /// The epoch of this process's hold on the run.
+    pub epoch: i64,
+    pub status: String,
+    pub batch: Batch,
+    /// Whether it was applied (false: the run's end or hold differ — take the slow path).
+    pub reply: oneshot::Sender<Result<bool, Error>>,
+}
+
+impl KnownAppend {
+    fn bytes(&self) -> usize {
+        self.batch.datas.iter().map(String::len).sum()
+    }
+}
+
+/// Starts the task that writes groups of known appends; its queue.
+pub(super) fn start(
+    pool: Pool,
+    holder: String,
+    held: Held,
+    commits: Arc<AtomicU64>,
+) -> mpsc::UnboundedSender<KnownAppend> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(write_groups(pool, holder, held, commits, rx));
+    tx
+}
+
+async fn write_groups(
+    pool: Pool,
+    holder: String,
+    held: Held,
+    commits: Arc<AtomicU64>,
+    mut rx: mpsc::UnboundedReceiver<KnownAppend>,
+) {
+    // Appends put off to the next group because their run already had one in this group.
+    let mut later: VecDeque<KnownAppend> = VecDeque::new();
+    loop {
+        let first = match later.pop_front() {
+            Some(a) => a,
+            None => match rx.recv().await {
+                Some(a) => a,
+                None => return,
+            },
+        };
+        let mut runs: HashSet<String> = HashSet::from([first.run_id.clone()]);
+        let mut events = first.batch.seqs.len();
+        let mut bytes = first.bytes();
+        let mut group = vec![first];
+        let mut again = VecDeque::new();
+        let mut from_later = std::mem::take(&mut later);
+        loop {
+            if group.len() >= GROUP_RUNS_MAX {
+                break;
+            }
+            let next = match from_later.pop_front() {
+                Some(a) => a,
+                None => match rx.try_recv() {
+                    Ok(a) => a,
+                    Err(_) => break,
+                },
+            };
+            let n = next.batch.seqs.len();
+            let b = next.bytes();
+            if runs.contains(&next.run_id)
+                || events + n > GROUP_EVENTS_MAX
+                || bytes + b > GROUP_BYTES_MAX
+            {
+                again.push_back(next);
+                continue;
+            }
+            runs.insert(next.run_id.clone());
+            events += n;
+            bytes += b;
+            group.push(next);
+        }
+        again.extend(from_later);
+        later = again;
+        write_group(&pool, &holder, &held, &commits, group).await;
+    }
+}
+
+/// The group statement: `$1`–`$8` one row per run, `$9` the holder, `$10`–`$18` one row
+/// per event. Returns the runs it applied.
+const GROUP_SQL: &str = "WITH input AS (
+   SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[], $4::bigint[], $5::bigint[],
+                        $6::text[], $7::bigint[], $8::bytea[])
+     AS i(run_id, known_last, known_head, epoch, new_last, status, updated_us, new_head)
+ ), ended AS (
+   SELECT r.run_id FROM runs r JOIN input i ON i.run_id = r.run_id
+    WHERE r.last_seq = i.known_last AND r.head_hash = i.known_head
+      AND (i.known_last = 0 OR r.head_hash =
+           (SELECT e.hash FROM events e WHERE e.run_id = r.run_id AND e.seq = i.known_last))
+    ORDER BY r.run_id
+    FOR UPDATE OF r
+ ), held AS (
+   SELECT h.run_id FROM holds h JOIN input i ON i.run_id = h.run_id
+    WHERE h.holder = $9 AND h.epoch = i.epoch
+    FOR SHARE OF h
+ ), ok AS (
+   SELECT run_id FROM ended WHERE run_id IN (SELECT run_id FROM held)
+ ), inserted AS (
+   INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
+   SELECT * FROM UNNEST($10::text[], $11::bigint[], $12::bigint[], $13::text[], $14::int[],
+                        $15::text[], $16::bigint[], $17::text[], $18::bytea[])
+     AS ev(run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
+    WHERE ev.run_id IN (SELECT run_id FROM ok)
+ ), updated AS (
+   UPDATE runs r SET last_seq = i.new_last, status = i.status, updated_us = i.updated_us,
+                     head_hash = i.new_head
+     FROM input i
+    WHERE r.run_id = i.run_id AND r.run_id IN (SELECT run_id FROM ok)
+   RETURNING r.run_id
+ )
+ SELECT run_id, pg_notify('baton_events', run_id) FROM updated";
+
+/// Writes one group and tells each append whether it was applied. A refusal by the server
+/// (a deadlock with another process taking a run over, say) sends every append of the
+/// group to the slow path; a lost connection is an error for each, as it would be alone.
+async fn write_group(
+    pool: &Pool,
+    holder: &str,
+    held: &Held,
+    commits: &AtomicU64,
+    group: Vec<KnownAppend>,
+) {
+    let runs = group.len();
+    let events: usize = group.iter().map(|a| a.batch.seqs.len()).sum();
+    let mut run_ids = Vec::with_capacity(runs);
+    let mut known_last = Vec::with_capacity(runs);
+    let mut known_head = Vec::with_capacity(runs);
+    let mut epochs = Vec::with_capacity(runs);
+    let mut new_last = Vec::with_capacity(runs);
+    let mut statuses = Vec::with_capacity(runs);
+    let mut updated = Vec::with_capacity(runs);
+    let mut new_head = Vec::with_capacity(runs);
+    let mut ev_runs: Vec<&str> = Vec::with_capacity(events);
+    let mut seqs = Vec::with_capacity(events);
+    let mut ats = Vec::with_capacity(events);
+    let mut kinds = Vec::with_capacity(events);
+    let mut versions = Vec::with_capacity(events);
+    let mut levels = Vec::with_capacity(events);
+    let mut attempts = Vec::with_capacity(events);
+    let mut datas: Vec<&str> = Vec::with_capacity(events);
+    let mut hashes: Vec<&[u8]> = Vec::with_capacity(events);
+    for a in &group {
+        let b = &a.batch;
+        run_ids.push(a.run_id.as_str());
+        known_last.push(seq_param(a.known.0));
+        known_head.push(a.known.1.as_slice());
+        epochs.push(a.epoch);
+        new_last.push(b.last_param);
+        statuses.push(a.status.as_str());
+        updated.push(b.updated_us);
+        new_head.push(b.head_param.as_slice());
+        ev_runs.extend(std::iter::repeat_n(a.run_id.as_str(), b.seqs.len()));
+        seqs.extend_from_slice(&b.seqs);
+        ats.extend_from_slice(&b.ats);
+        kinds.extend_from_slice(&b.kinds);
+        versions.extend_from_slice(&b.versions);
+        levels.extend(b.levels.iter().map(Option::as_deref));
+        attempts.extend_from_slice(&b.attempts);
+        datas.extend(b.datas.iter().map(String::as_str));
+        hashes.extend(b.hashes.iter().map(Vec::as_slice));
+    }
+    let answer: Result<HashSet<String>, Error> = async {
+        let c = pool
+            .get()
+            .await
+            .map_err(|e| Error::Backend(format!("postgres: no connection: {e}")))?;
+        let stmt = c.prepare_cached(GROUP_SQL).await.map_err(pg)?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 18] = [
+            &run_ids,
+            &known_last,
+            &known_head,
+            &epochs,
+            &new_last,
+            &statuses,
+            &updated,
+            &new_head,
+            &holder,
+            &ev_runs,
+            &seqs,
+            &ats,
+            &kinds,
+            &versions,
+            &levels,
+            &attempts,
+            &datas,
+            &hashes,
+        ];
+        match c.query(&stmt, &params).await {
+            Ok(rows) => {
+                commits.fetch_add(1, Ordering::Relaxed);
+                Ok(rows.iter().filter_map(|r| r.try_get::<_, String>(0).ok()).collect())
+            }
+            // The server refused the statement as a whole: each append alone.
+            Err(e) if e.as_db_error().is_some() => Ok(HashSet::new()),
+            Err(e) => Err(pg(e)),
+        }
+    }
+    .await;
+    match answer {
+        Ok(applied) => {
+            for a in group {
+                let done = applied.contains(&a.run_id);
+                if done {
+                    knows(held, &a.run_id, (a.batch.last_seq, a.batch.head));
+                }
+                let _ = a.reply.send(Ok(done));
+            }
+        }
+        Err(e) => {
+            for a in group {
+                let _ = a.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
