@@ -328,11 +328,9 @@ async fn drive_claimed(
         }
     };
     if app.store.is_held(&root).await.unwrap_or(true) || !app.workers.enter(&root) {
-        // Driven by another process (or by this one), which finishes it: the lease is
-        // given back at once, not left to keep the run from other workers.
-        if let Err(e) = app.store.release(run_id, worker).await {
-            eprintln!("{}: cannot give back the lease on run {run_id}: {e}", app.workers.name);
-        }
+        // Driven by another process (or by this one), which finishes it. The lease is left
+        // to run out: given back, the run would be claimed again at once, and again, while
+        // that drive lasts (a SQLite store's claim cannot see holds).
         return;
     }
     let renew = async {
