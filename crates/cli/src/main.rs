@@ -350,7 +350,9 @@ enum Command {
         /// The name leases are taken under (default: baton-worker-HOST-PID).
         #[arg(long)]
         name: Option<String>,
-        /// Runs answer from this script (the scripted model).
+        /// A scripted model for the runs this worker starts. A claimed run answers from
+        /// the model source it recorded when it started (the script it was queued with, or
+        /// the configured providers), not from this one.
         #[arg(long)]
         script: Option<PathBuf>,
         /// Exit 0 once nothing was claimed or driven for this many seconds.
