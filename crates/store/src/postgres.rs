@@ -460,10 +460,10 @@ async fn prepare_schema(
     Ok(found)
 }
 
-/// The owner of the hold connection: takes, gives back and probes holds in the order they
-/// are asked for, and renews every hold of this process every third of their length. A
-/// renewal that finds a hold no longer this process's marks it lost at once. When the
-/// connection is lost, the owner stops: every later request fails, and the holds run out.
+/// Whether the session that took the hold `h` still lives (its process has not died).
+const HOLDER_ALIVE: &str = "EXISTS (SELECT 1 FROM pg_stat_activity a
+    WHERE a.pid = h.holder_pid AND a.backend_start = h.holder_since)";
+
 /// The hold connection's statements, prepared once.
 struct HoldStatements {
     take: tokio_postgres::Statement,
@@ -482,14 +482,12 @@ impl HoldStatements {
              ON CONFLICT (run_id) DO UPDATE SET holder = EXCLUDED.holder,
                holder_pid = EXCLUDED.holder_pid, holder_since = EXCLUDED.holder_since,
                until_us = EXCLUDED.until_us, epoch = h.epoch + 1
-             WHERE h.until_us < {NOW_US} OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-               WHERE a.pid = h.holder_pid AND a.backend_start = h.holder_since)
+             WHERE h.until_us < {NOW_US} OR NOT {HOLDER_ALIVE}
              RETURNING epoch"
         );
         let probe = format!(
-            "SELECT EXISTS (SELECT 1 FROM holds h WHERE h.run_id = $1 AND h.until_us >= {NOW_US}
-               AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                 WHERE a.pid = h.holder_pid AND a.backend_start = h.holder_since))"
+            "SELECT EXISTS (SELECT 1 FROM holds h
+               WHERE h.run_id = $1 AND h.until_us >= {NOW_US} AND {HOLDER_ALIVE})"
         );
         let renew = format!(
             "UPDATE holds SET until_us = {NOW_US} + $2 WHERE holder = $1 AND run_id = ANY($3) RETURNING run_id"
@@ -504,6 +502,10 @@ impl HoldStatements {
     }
 }
 
+/// The owner of the hold connection: takes, gives back and probes holds in the order they
+/// are asked for, and renews every hold of this process every third of their length. A
+/// renewal that finds a hold no longer this process's marks it lost at once. When the
+/// connection is lost, the owner stops: every later request fails, and the holds run out.
 async fn own_holds(
     client: tokio_postgres::Client,
     statements: HoldStatements,
@@ -1335,9 +1337,8 @@ impl EventStore for PostgresStore {
                            OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
                                 WHERE a.pid = r.lease_pid AND a.backend_start = r.lease_since))
                       AND NOT EXISTS (SELECT 1 FROM holds h
-                           WHERE h.run_id = COALESCE(r.root_run_id, r.run_id) AND h.until_us >= {NOW_US}
-                             AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                                WHERE a.pid = h.holder_pid AND a.backend_start = h.holder_since))
+                           WHERE h.run_id = COALESCE(r.root_run_id, r.run_id)
+                             AND h.until_us >= {NOW_US} AND {HOLDER_ALIVE})
                     ORDER BY created_us, run_id LIMIT 1 FOR UPDATE SKIP LOCKED)
                  RETURNING {RUN_COLUMNS}"
             );
