@@ -110,6 +110,63 @@ pub struct PostgresStore {
     /// never waits never opens it): while it lives, its LISTEN stays in force.
     listening: tokio::sync::OnceCell<tokio_postgres::Client>,
     config: tokio_postgres::Config,
+    growth: Growth,
+}
+
+/// The fewest runs at which this process first analyzes the tables it grows.
+const ANALYZE_FIRST_AT: u64 = 1024;
+
+/// Keeps PostgreSQL's picture of the tables' sizes current while this process grows them.
+///
+/// Statements are planned once per connection, against the sizes the server knows then,
+/// and the plan is kept until the table is analyzed again — which autovacuum does a minute
+/// or more after a new table fills. A plan made while `runs` was nearly empty finds rows by
+/// scanning it (cheaper, for a few pages), and goes on scanning it once it holds thousands
+/// of runs. So every time the runs this process created take the table past twice its size
+/// when last analyzed, the process analyzes the store's tables itself, in the background:
+/// a logarithmic number of times (10 by a million runs), each replanning every
+/// connection's statements.
+#[derive(Debug)]
+struct Growth {
+    /// Runs in the table by the server's last estimate, plus those created since.
+    runs: std::sync::atomic::AtomicU64,
+    /// At how many runs to analyze next.
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Growth {
+    async fn read(pool: &Pool) -> Result<Growth, Error> {
+        let c = pool.get().await.map_err(backend)?;
+        let row = c
+            .query_one(
+                "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'runs'::regclass",
+                &[],
+            )
+            .await
+            .map_err(pg)?;
+        let runs = u64::try_from(row.try_get::<_, i64>(0).map_err(pg)?).unwrap_or(0);
+        Ok(Growth { runs: runs.into(), next: runs.saturating_mul(2).max(ANALYZE_FIRST_AT).into() })
+    }
+
+    /// Counts a created run; analyzes once the table has doubled.
+    fn created(&self, pool: &Pool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let runs = self.runs.fetch_add(1, Relaxed) + 1;
+        let next = self.next.load(Relaxed);
+        if runs < next
+            || self.next.compare_exchange(next, runs.saturating_mul(2), Relaxed, Relaxed).is_err()
+        {
+            return;
+        }
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            // Statistics only: a failure (another process analyzing, a role that does not own
+            // the tables) leaves the plans as they were, and autovacuum catches up later.
+            if let Ok(c) = pool.get().await {
+                let _ = c.batch_execute("ANALYZE runs, events, holds").await;
+            }
+        });
+    }
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -288,6 +345,7 @@ impl PostgresStore {
             session,
             hold_for,
         ));
+        let growth = Growth::read(&pool).await?;
         let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let appends =
             group::start(pool.clone(), holder.clone(), Arc::clone(&held), Arc::clone(&commits));
@@ -304,6 +362,7 @@ impl PostgresStore {
             waiters: Arc::default(),
             listening: tokio::sync::OnceCell::new(),
             config,
+            growth,
         })
     }
 
@@ -1053,6 +1112,7 @@ impl EventStore for PostgresStore {
                 Ok(end) => {
                     self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.knows(&run.run_id, end);
+                    self.growth.created(&self.pool);
                     Ok(())
                 }
                 Err(Error::KeyTaken { key, .. }) => {

@@ -415,3 +415,44 @@ async fn appends_of_many_held_runs_are_written_in_groups_and_a_miss_is_refused_a
     }
     drop(guards);
 }
+
+/// A process that fills a new database analyzes its tables as they double (from 1 024
+/// runs), so that the statements its connections planned while the tables were nearly
+/// empty — by scanning them — are planned again by key; autovacuum would do it a minute
+/// or more later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_filling_a_new_database_analyzes_its_tables_as_they_double() {
+    let schema = scratch("growth").await;
+    let store = PostgresStore::connect(&schema.url).await.unwrap();
+    let config: tokio_postgres::Config = schema.url.parse().unwrap();
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let analyzed = || async {
+        client
+            .query_one(
+                "SELECT analyze_count FROM pg_stat_user_tables
+                  WHERE relname = 'runs' AND schemaname = current_schema()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    // Autovacuum kept off this table, so that any analyzing seen is the store's own.
+    client.batch_execute("ALTER TABLE runs SET (autovacuum_enabled = false)").await.unwrap();
+    let before = analyzed().await;
+    for i in 0..1000 {
+        store.create_run(&record(&format!("r{i}")), warnings(1, 1)).await.unwrap();
+    }
+    // Short of 1 024 runs: nothing analyzed yet (the wait gives an early one time to show).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(analyzed().await, before, "analyzed before the table reached 1 024 runs");
+    for i in 1000..1030 {
+        store.create_run(&record(&format!("r{i}")), warnings(1, 1)).await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while analyzed().await == before {
+        assert!(std::time::Instant::now() < deadline, "runs not analyzed 20 s after 1 024 runs");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

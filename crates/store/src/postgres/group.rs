@@ -108,27 +108,36 @@ async fn write_groups(
         }
         again.extend(from_later);
         later = again;
+        group.sort_unstable_by(|a, b| a.run_id.cmp(&b.run_id));
         write_group(&pool, &holder, &held, &commits, group).await;
     }
 }
 
-/// The group statement: `$1`–`$8` one row per run, `$9` the holder, `$10`–`$18` one row
-/// per event. Returns the runs it applied.
+/// The group statement: `$1`–`$8` one row per run, in run id order (the order rows are
+/// locked in, so two groups never wait on each other crosswise), `$9` the holder,
+/// `$10`–`$18` one row per event. Returns the runs it applied.
+///
+/// Each run's row and hold are looked up by key, one input row at a time (a `LATERAL`
+/// subquery that `OFFSET 0` keeps from being merged into a join): the statement is
+/// planned once per connection, often while the tables are nearly empty, and a plan that
+/// joined the input to a scan of `runs` would read the whole table on every group once it
+/// has grown.
 const GROUP_SQL: &str = "WITH input AS (
    SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[], $4::bigint[], $5::bigint[],
                         $6::text[], $7::bigint[], $8::bytea[])
      AS i(run_id, known_last, known_head, epoch, new_last, status, updated_us, new_head)
  ), ended AS (
-   SELECT r.run_id FROM runs r JOIN input i ON i.run_id = r.run_id
-    WHERE r.last_seq = i.known_last AND r.head_hash = i.known_head
-      AND (i.known_last = 0 OR r.head_hash =
-           (SELECT e.hash FROM events e WHERE e.run_id = r.run_id AND e.seq = i.known_last))
-    ORDER BY r.run_id
-    FOR UPDATE OF r
+   SELECT r.run_id FROM input i CROSS JOIN LATERAL (
+     SELECT r.run_id FROM runs r
+      WHERE r.run_id = i.run_id AND r.last_seq = i.known_last AND r.head_hash = i.known_head
+        AND (i.known_last = 0 OR r.head_hash =
+             (SELECT e.hash FROM events e WHERE e.run_id = r.run_id AND e.seq = i.known_last))
+      OFFSET 0 FOR UPDATE OF r) r
  ), held AS (
-   SELECT h.run_id FROM holds h JOIN input i ON i.run_id = h.run_id
-    WHERE h.holder = $9 AND h.epoch = i.epoch
-    FOR SHARE OF h
+   SELECT h.run_id FROM input i CROSS JOIN LATERAL (
+     SELECT h.run_id FROM holds h
+      WHERE h.run_id = i.run_id AND h.holder = $9 AND h.epoch = i.epoch
+      OFFSET 0 FOR SHARE OF h) h
  ), ok AS (
    SELECT run_id FROM ended WHERE run_id IN (SELECT run_id FROM held)
  ), inserted AS (
