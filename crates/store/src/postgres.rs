@@ -43,18 +43,15 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_postgres::{AsyncMessage, NoTls, Row};
 
+use crate::schema::{self, Backend};
 use crate::tokens::{Role, TokenRecord, TokenStore};
 
 mod group;
 
-/// The schema, one file per version, applied in order, each in its own transaction.
-const MIGRATIONS: &[&str] = &[
-    include_str!("../migrations/postgres/0001_init.sql"),
-    include_str!("../migrations/postgres/0002_holds.sql"),
-];
-
-/// The version of the schema this binary reads and writes.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+/// The version of the schema this binary reads and writes ([`crate::schema`]).
+pub fn schema_version() -> i64 {
+    schema::version(Backend::Postgres)
+}
 
 /// The channel every append notifies, with the run's id as the payload.
 const CHANNEL: &str = "baton_events";
@@ -278,33 +275,23 @@ impl PostgresStore {
         let (mut client, _task) = connect_one(&config, url).await?;
         let from = match prepare_schema(&mut client, true).await? {
             SchemaState::Empty => 0,
-            SchemaState::At(v) if v > SCHEMA_VERSION => {
-                return Err(Error::Backend(format!(
-                    "the database {} is at schema version {v}, newer than this binary's {SCHEMA_VERSION}: use a newer baton (migrations only go forward)",
-                    shown(url)
-                )));
+            SchemaState::At(v) if v > schema_version() => {
+                let refusal = schema::refusal(Backend::Postgres, &shown(url), v, "");
+                return Err(Error::Backend(refusal.unwrap_or_default()));
             }
             SchemaState::At(v) => v,
         };
-        Ok((from, SCHEMA_VERSION))
+        Ok((from, schema_version()))
     }
 
     async fn connect_with(url: &str, hold_for: Duration) -> Result<Self, Error> {
         let shown_url = shown(url);
         let config = config(url)?;
         let (mut client, _task) = connect_one(&config, url).await?;
-        match prepare_schema(&mut client, false).await? {
-            SchemaState::Empty => {}
-            SchemaState::At(v) if v == SCHEMA_VERSION => {}
-            SchemaState::At(v) if v < SCHEMA_VERSION => {
-                return Err(Error::Backend(format!(
-                    "the database {shown_url} is at schema version {v}, this binary needs {SCHEMA_VERSION}: run `baton migrate --db {shown_url}` (it keeps every run)"
-                )));
-            }
-            SchemaState::At(v) => {
-                return Err(Error::Backend(format!(
-                    "the database {shown_url} is at schema version {v}, newer than this binary's {SCHEMA_VERSION}: use a newer baton"
-                )));
+        if let SchemaState::At(v) = prepare_schema(&mut client, false).await? {
+            let migrate = format!("run `baton migrate --db {shown_url}` (it keeps every run)");
+            if let Some(refusal) = schema::refusal(Backend::Postgres, &shown_url, v, &migrate) {
+                return Err(Error::Backend(refusal));
             }
         }
         drop(client);
@@ -503,8 +490,7 @@ async fn prepare_schema(
             .await
             .map_err(pg)?;
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate() {
-        let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
+    for (version, _, sql) in schema::postgres_steps() {
         if version <= from {
             continue;
         }

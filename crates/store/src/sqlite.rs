@@ -37,29 +37,10 @@ use rusqlite::types::{FromSql, Type};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use tokio::sync::oneshot;
 
+use crate::schema::{self, Backend};
 use crate::sqlite_log::{Dicts, Packer, Ready};
 pub use crate::sqlite_log::{RawBatch, put_raw_batches, raw_batches};
 use crate::tokens::{Role, TokenRecord, TokenStore};
-
-/// One version of the schema: SQL, then (optionally) code that fills what SQL cannot.
-struct Migration {
-    sql: &'static str,
-    then: Option<fn(&Connection) -> rusqlite::Result<()>>,
-}
-
-/// The schema, one file per version, applied in order, each in its own transaction.
-const MIGRATIONS: &[Migration] = &[
-    Migration { sql: include_str!("../migrations/0001_init.sql"), then: None },
-    Migration { sql: include_str!("../migrations/0002_leases.sql"), then: None },
-    Migration { sql: include_str!("../migrations/0003_chain.sql"), then: Some(hash_existing_runs) },
-    Migration { sql: include_str!("../migrations/0004_scenario_texts.sql"), then: None },
-    Migration { sql: include_str!("../migrations/0005_run_trees.sql"), then: None },
-    Migration { sql: include_str!("../migrations/0006_tokens.sql"), then: None },
-    Migration {
-        sql: include_str!("../migrations/0007_packed.sql"),
-        then: Some(crate::sqlite_log::pack_existing_runs),
-    },
-];
 
 /// Tries to take a run's lock file when the file keeps being replaced under us (each
 /// holder removes it when it lets go).
@@ -333,6 +314,16 @@ impl SqliteStore {
         // From here on, a writer waits for another's lock up to the usual 10 s.
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(|e| Error::Backend(open_failure(&path, &e)))?;
+        // Older databases were moved forward above; one a newer binary wrote is not ours to
+        // write (its rows may mean what this binary does not know).
+        let found: i64 = conn
+            .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| r.get(0))
+            .map_err(|e| Error::Backend(open_failure(&path, &e)))?;
+        if let Some(refusal) =
+            schema::refusal(Backend::Sqlite, &path.display().to_string(), found, "")
+        {
+            return Err(Error::Backend(refusal));
+        }
         let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
         let failpoint = Failpoints {
             abort_after: number("BATON_FAILPOINT_ABORT_AFTER_EVENT"),
@@ -547,8 +538,7 @@ fn prepare(conn: &Connection, busy: std::time::Duration) -> rusqlite::Result<()>
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
     let current: i64 =
         conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| r.get(0))?;
-    for (i, migration) in MIGRATIONS.iter().enumerate() {
-        let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
+    for (version, _, sql, fill) in schema::sqlite_steps() {
         if version > current {
             conn.execute_batch("BEGIN IMMEDIATE")?;
             let applied = (|| {
@@ -562,9 +552,9 @@ fn prepare(conn: &Connection, busy: std::time::Duration) -> rusqlite::Result<()>
                 if now >= version {
                     return conn.execute_batch("COMMIT");
                 }
-                conn.execute_batch(migration.sql)?;
-                if let Some(then) = migration.then {
-                    then(conn)?;
+                conn.execute_batch(sql)?;
+                if let Some(fill) = fill {
+                    fill(conn)?;
                 }
                 conn.execute("INSERT INTO schema_version (version) VALUES (?1)", [version])?;
                 conn.execute_batch("COMMIT")
@@ -581,7 +571,7 @@ fn prepare(conn: &Connection, busy: std::time::Duration) -> rusqlite::Result<()>
 /// Migration 0003: chains the events of every run already in the database, as they are
 /// stored. A run whose chain cannot be computed (a payload that is not JSON) keeps no hash
 /// from that event on, so loading it reports the damage.
-fn hash_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
+pub(crate) fn hash_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
     let run_ids: Vec<String> = conn
         .prepare("SELECT run_id FROM runs")?
         .query_map([], |r| r.get(0))?

@@ -527,3 +527,25 @@ async fn tokens_are_kept_by_hash_and_revoked_once() {
     assert!(revoked.revoked_at.is_some());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A database a newer binary moved past this binary's schema version is refused, naming
+/// both versions, and left as it was (never written by a binary that does not know it).
+#[tokio::test]
+async fn a_database_at_a_newer_version_is_refused_naming_both() {
+    let (dir, db) = fresh_db("newer");
+    let store = SqliteStore::open(&db).unwrap();
+    drop(store);
+    let ours = baton_store::schema::version(baton_store::schema::Backend::Sqlite);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute("INSERT INTO schema_version (version) VALUES (?1)", [ours + 1]).unwrap();
+    drop(conn);
+    let refused = SqliteStore::open(&db).unwrap_err().to_string();
+    let expected = format!("schema version {}, newer than this binary's {ours}", ours + 1);
+    assert!(refused.contains(&expected), "{refused}");
+    assert!(refused.contains(&db.display().to_string()), "{refused}");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let versions: i64 =
+        conn.query_row("SELECT COUNT(*) FROM schema_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(versions, ours + 1);
+    std::fs::remove_dir_all(dir).unwrap();
+}
