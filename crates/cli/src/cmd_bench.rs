@@ -539,7 +539,7 @@ async fn postgres_durability(
     pg: &PostgresStore,
     tmp: &Path,
 ) -> anyhow::Result<()> {
-    let setting = pg.synchronous_commit().await?;
+    let setting = pg.setting("synchronous_commit").await?;
     std::fs::create_dir_all(tmp)?;
     let (p50, p99) = fsync_floor(tmp)?;
     if let Some(map) = report.as_object_mut() {

@@ -69,6 +69,17 @@ const HOLD_OP_WAIT: Duration = Duration::from_secs(30);
 /// How long connecting to the server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The server-side deadlines of every connection, unless the URL's options set their own
+/// (`?options=-c%20lock_timeout%3D5s`): no statement runs longer than a minute, none waits
+/// more than 30 s for a lock another session holds, and a session left inside a
+/// transaction for a minute — its process stopped or cut off while holding row locks — is
+/// ended by the server, which releases them.
+const SERVER_DEADLINES: [(&str, &str); 3] = [
+    ("statement_timeout", "60s"),
+    ("lock_timeout", "30s"),
+    ("idle_in_transaction_session_timeout", "60s"),
+];
+
 /// A waiter for a run's events looks at the run at least this often, notification or not
 /// (a notification lost with the listen connection delays it by no more than this).
 const WAIT_LOOK_EVERY: Duration = Duration::from_millis(250);
@@ -222,7 +233,15 @@ fn backend(e: impl std::fmt::Display) -> Error {
 
 /// A database error with its server message, when there is one.
 fn db_error(e: &tokio_postgres::Error) -> String {
+    use tokio_postgres::error::SqlState;
     match e.as_db_error() {
+        Some(d) if [SqlState::QUERY_CANCELED, SqlState::LOCK_NOT_AVAILABLE].contains(d.code()) => {
+            format!(
+                "{}: {} (a deadline of the connection: statement_timeout 60 s, lock_timeout 30 s unless the URL's options set them; another session may hold the rows — a stopped or stalled process — or the server is overloaded)",
+                d.severity(),
+                d.message()
+            )
+        }
         Some(d) => format!("{}: {}", d.severity(), d.message()),
         None => e.to_string(),
     }
@@ -377,10 +396,11 @@ impl PostgresStore {
         Ok(u64::try_from(row.try_get::<_, i64>(0).map_err(pg)?).unwrap_or(0))
     }
 
-    /// The server's `synchronous_commit` setting, printed beside durable figures.
-    pub async fn synchronous_commit(&self) -> Result<String, Error> {
+    /// A setting as this store's connections run under it (`synchronous_commit`, printed
+    /// beside durable figures; the deadlines), as the server shows it.
+    pub async fn setting(&self, name: &str) -> Result<String, Error> {
         let c = self.client().await?;
-        let row = c.query_one("SHOW synchronous_commit", &[]).await.map_err(pg)?;
+        let row = c.query_one("SELECT current_setting($1)", &[&name]).await.map_err(pg)?;
         row.try_get(0).map_err(pg)
     }
 
@@ -430,10 +450,16 @@ fn config(url: &str) -> Result<tokio_postgres::Config, Error> {
     // Every statement Baton prepares finds its rows by key: the generic plan is the right
     // one, and planning each execution anew (PostgreSQL's custom plans for array
     // parameters) costs more than the execution. A setting in the URL's options wins.
-    let options = config.get_options().unwrap_or_default().to_owned();
+    let mut options = config.get_options().unwrap_or_default().to_owned();
     if !options.contains("plan_cache_mode") {
-        config.options(format!("{options} -c plan_cache_mode=force_generic_plan").trim());
+        options.push_str(" -c plan_cache_mode=force_generic_plan");
     }
+    for (setting, value) in SERVER_DEADLINES {
+        if !options.contains(setting) {
+            options.push_str(&format!(" -c {setting}={value}"));
+        }
+    }
+    config.options(options.trim());
     Ok(config)
 }
 
@@ -464,6 +490,10 @@ async fn prepare_schema(
     forward: bool,
 ) -> Result<SchemaState, Error> {
     let tx = client.transaction().await.map_err(pg)?;
+    if forward {
+        // `baton migrate` moves every run the database holds: as long as that takes.
+        tx.batch_execute("SET LOCAL statement_timeout = 0").await.map_err(pg)?;
+    }
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(pg)?;
     let exists: bool = tx
         .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])

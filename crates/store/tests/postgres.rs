@@ -456,3 +456,36 @@ async fn a_process_filling_a_new_database_analyzes_its_tables_as_they_double() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// Every wait on the server has a deadline the URL can set: an append on a run whose row
+/// another session keeps locked (a process stopped inside a transaction) fails at the
+/// lock deadline with a message that says so, instead of waiting for ever; the default
+/// deadlines hold where the URL sets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_on_a_row_another_session_keeps_locked_fails_at_the_lock_deadline() {
+    let schema = scratch("deadline").await;
+    let url = format!("{}%20-clock_timeout%3D300ms", schema.url);
+    let store = PostgresStore::connect(&url).await.unwrap();
+    store.create_run(&record("d1"), warnings(1, 1)).await.unwrap();
+    let config: tokio_postgres::Config = schema.url.parse().unwrap();
+    let (mut client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let locker = client.transaction().await.unwrap();
+    locker.execute("SELECT 1 FROM runs WHERE run_id = 'd1' FOR UPDATE", &[]).await.unwrap();
+    let started = std::time::Instant::now();
+    let refused = store.append("d1", 2, warnings(2, 1), "running").await.unwrap_err().to_string();
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(refused.contains("lock timeout") && refused.contains("lock_timeout"), "{refused}");
+    locker.rollback().await.unwrap();
+    store.append("d1", 2, warnings(2, 1), "running").await.unwrap();
+    // Without settings in the URL, a connection runs under the default deadlines.
+    let plain = PostgresStore::connect(&schema.url).await.unwrap();
+    for (setting, expected) in [
+        ("statement_timeout", "1min"),
+        ("lock_timeout", "30s"),
+        ("idle_in_transaction_session_timeout", "1min"),
+    ] {
+        assert_eq!(plain.setting(setting).await.unwrap(), expected, "{setting}");
+    }
+    assert_eq!(store.setting("lock_timeout").await.unwrap(), "300ms");
+}
