@@ -824,16 +824,21 @@ async fn end_of_log(
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&run_id];
     // An append under this process's hold checks that the hold is still its own, the
     // hold's row kept from changing hands until the append commits.
+    // Every answer is awaited and the first statement's error wins: once one fails (a lock
+    // deadline, say), the server answers the later ones only "the transaction is aborted".
     let (rows, last_rows, hold_rows) = match fence {
-        Some(_) => tokio::try_join!(
+        Some(_) => tokio::join!(
             tx.query(&head_stmt, &params),
             tx.query(&last_stmt, &params),
             tx.query(&hold_stmt, &params)
         ),
-        None => tokio::try_join!(tx.query(&head_stmt, &params), tx.query(&last_stmt, &params))
-            .map(|(a, b)| (a, b, Vec::new())),
-    }
-    .map_err(pg)?;
+        None => {
+            let (a, b) = tokio::join!(tx.query(&head_stmt, &params), tx.query(&last_stmt, &params));
+            (a, b, Ok(Vec::new()))
+        }
+    };
+    let (rows, last_rows, hold_rows) =
+        (rows.map_err(pg)?, last_rows.map_err(pg)?, hold_rows.map_err(pg)?);
     if let Some((holder, epoch)) = fence {
         let still = hold_rows.first().is_some_and(|r| {
             r.try_get::<_, String>(0).is_ok_and(|h| h == holder)
