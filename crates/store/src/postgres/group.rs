@@ -5,7 +5,8 @@
 //! process knows (last seq, head hash, the stored hash of its last event) and its hold is
 //! still this process's at the epoch it took it; a run that misses is told so and takes the
 //! slow path alone, which says exactly what differs. One task owns the gathering: the
-//! statements follow each other, so a run never has two of them in flight.
+//! statements follow each other, so a run never has two of them in flight; while other runs
+//! of the process may append, a group gathers for up to a millisecond ([`GATHER`]).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -26,6 +27,13 @@ const GROUP_EVENTS_MAX: usize = 4096;
 
 /// The most payload bytes one group statement carries (a larger append is written alone).
 const GROUP_BYTES_MAX: usize = 8 << 20;
+
+/// How long a group gathers after its first append while other runs this process holds may
+/// append too (one tick of the runtime's timer, at most 1 ms). The server's CPU goes into
+/// each statement as much as into each row: at 100 runs in flight, gathering this long
+/// wrote a fifth fewer statements, for a fifth more levels a second and a shorter wait per
+/// level. A process driving one run never waits.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// An append on the end of a run's log this process knows, waiting for its group.
 pub(super) struct KnownAppend {
@@ -75,6 +83,9 @@ async fn write_groups(
                 None => return,
             },
         };
+        if super::lock(&held).len() > 1 {
+            tokio::time::sleep(GATHER).await;
+        }
         let mut runs: HashSet<String> = HashSet::from([first.run_id.clone()]);
         let mut events = first.batch.seqs.len();
         let mut bytes = first.bytes();
