@@ -489,3 +489,52 @@ async fn an_append_on_a_row_another_session_keeps_locked_fails_at_the_lock_deadl
     }
     assert_eq!(store.setting("lock_timeout").await.unwrap(), "300ms");
 }
+
+/// Runs a process holds are created in its group statements; one whose idempotency key or
+/// id another run has fails that statement, and the slow path names the conflict, while the
+/// runs written with it are still created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_runs_are_created_in_groups_and_a_taken_key_is_named() {
+    let schema = scratch("groupnew").await;
+    let store = std::sync::Arc::new(PostgresStore::connect(&schema.url).await.unwrap());
+    let other = PostgresStore::connect(&schema.url).await.unwrap();
+    let keyed =
+        |id: &str, key: &str| RunRecord { idempotency_key: Some(key.to_owned()), ..record(id) };
+    let first = store.hold("k1").await.unwrap();
+    store.create_run(&keyed("k1", "job-7"), warnings(1, 2)).await.unwrap();
+    // Twenty creations at once: a few statements.
+    let ids: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
+    let mut guards = Vec::new();
+    for id in &ids {
+        guards.push(store.hold(id).await.unwrap());
+    }
+    let before = store.commits();
+    let mut set = tokio::task::JoinSet::new();
+    for id in &ids {
+        let store = std::sync::Arc::clone(&store);
+        let run = record(id);
+        set.spawn(async move { store.create_run(&run, warnings(1, 3)).await });
+    }
+    while let Some(done) = set.join_next().await {
+        done.unwrap().unwrap();
+    }
+    let commits = store.commits() - before;
+    assert!(commits <= 10, "{commits} commits for 20 runs created at once");
+    for id in &ids {
+        assert_eq!(other.verify(id).await.unwrap().last_seq, 3, "{id}");
+    }
+    // A held run with k1's key: the group fails, the slow path names k1.
+    guards.push(store.hold("n20").await.unwrap());
+    let taken = store.create_run(&keyed("n20", "job-7"), warnings(1, 1)).await;
+    assert!(
+        matches!(taken, Err(Error::KeyTaken { ref key, ref run_id }) if key == "job-7" && run_id == "k1"),
+        "{taken:?}"
+    );
+    assert!(other.run("n20").await.unwrap().is_none(), "the refused run was not made");
+    let again = store.create_run(&record("k1"), warnings(1, 1)).await;
+    assert!(matches!(again, Err(Error::Exists(ref id)) if id == "k1"), "{again:?}");
+    // Appends on a created run follow in groups, on the end the creation left.
+    store.append("n0", 4, warnings(4, 1), "running").await.unwrap();
+    assert_eq!(other.verify("n0").await.unwrap().last_seq, 4);
+    drop((first, guards));
+}

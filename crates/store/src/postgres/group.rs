@@ -44,8 +44,23 @@ pub(super) struct KnownAppend {
     pub epoch: i64,
     pub status: String,
     pub batch: Batch,
+    /// The run this append creates (its first events; its known end is the genesis), or
+    /// none for an append on a run that exists.
+    pub new: Option<NewRun>,
     /// Whether it was applied (false: the run's end or hold differ — take the slow path).
     pub reply: oneshot::Sender<Result<bool, Error>>,
+}
+
+/// What the row of a run created in a group holds besides its end.
+pub(super) struct NewRun {
+    pub scenario_id: String,
+    pub created_us: i64,
+    /// When its last event happened (when it was made, without events).
+    pub updated_us: i64,
+    pub parent_run_id: Option<String>,
+    pub root_run_id: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub tenant: Option<String>,
 }
 
 impl KnownAppend {
@@ -124,9 +139,12 @@ async fn write_groups(
     }
 }
 
-/// The group statement: `$1`–`$8` one row per run, in run id order (the order rows are
-/// locked in, so two groups never wait on each other crosswise), `$9` the holder,
-/// `$10`–`$18` one row per event. Returns the runs it applied.
+/// The group statement: `$1`–`$8` one row per run that exists, in run id order (the order
+/// rows are locked in, so two groups never wait on each other crosswise), `$9` the holder,
+/// `$10`–`$18` one row per event, `$19`–`$30` one row per run it creates (made only while
+/// the process's hold on it stands; a key or id already taken fails the whole statement,
+/// and each of its appends and creations takes the slow path, which names the conflict).
+/// Returns the runs it applied.
 ///
 /// Each run's row and hold are looked up by key, one input row at a time (a `LATERAL`
 /// subquery that `OFFSET 0` keeps from being merged into a join): the statement is
@@ -151,12 +169,30 @@ const GROUP_SQL: &str = "WITH input AS (
       OFFSET 0 FOR SHARE OF h) h
  ), ok AS (
    SELECT run_id FROM ended WHERE run_id IN (SELECT run_id FROM held)
+ ), fresh AS (
+   SELECT * FROM UNNEST($19::text[], $20::text[], $21::text[], $22::bigint[], $23::bigint[],
+                        $24::bigint[], $25::bytea[], $26::text[], $27::text[], $28::text[],
+                        $29::text[], $30::bigint[])
+     AS n(run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash,
+          parent_run_id, root_run_id, idempotency_key, tenant, epoch)
+ ), fresh_held AS (
+   SELECT h.run_id FROM fresh n CROSS JOIN LATERAL (
+     SELECT h.run_id FROM holds h
+      WHERE h.run_id = n.run_id AND h.holder = $9 AND h.epoch = n.epoch
+      OFFSET 0 FOR SHARE OF h) h
+ ), created AS (
+   INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash,
+                     parent_run_id, root_run_id, idempotency_key, tenant)
+   SELECT n.run_id, n.scenario_id, n.status, n.created_us, n.updated_us, n.last_seq,
+          n.head_hash, n.parent_run_id, n.root_run_id, n.idempotency_key, n.tenant
+     FROM fresh n WHERE n.run_id IN (SELECT run_id FROM fresh_held)
+   RETURNING run_id
  ), inserted AS (
    INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
    SELECT * FROM UNNEST($10::text[], $11::bigint[], $12::bigint[], $13::text[], $14::int[],
                         $15::text[], $16::bigint[], $17::text[], $18::bytea[])
      AS ev(run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
-    WHERE ev.run_id IN (SELECT run_id FROM ok)
+    WHERE ev.run_id IN (SELECT run_id FROM ok UNION ALL SELECT run_id FROM created)
  ), updated AS (
    UPDATE runs r SET last_seq = i.new_last, status = i.status, updated_us = i.updated_us,
                      head_hash = i.new_head
@@ -164,7 +200,8 @@ const GROUP_SQL: &str = "WITH input AS (
     WHERE r.run_id = i.run_id AND r.run_id IN (SELECT run_id FROM ok)
    RETURNING r.run_id
  )
- SELECT run_id, pg_notify('baton_events', run_id) FROM updated";
+ SELECT run_id, pg_notify('baton_events', run_id) FROM updated
+ UNION ALL SELECT run_id, pg_notify('baton_events', run_id) FROM created";
 
 /// Writes one group and tells each append whether it was applied. A refusal by the server
 /// (a deadlock with another process taking a run over, say) sends every append of the
@@ -195,16 +232,9 @@ async fn write_group(
     let mut attempts = Vec::with_capacity(events);
     let mut datas: Vec<&str> = Vec::with_capacity(events);
     let mut hashes: Vec<&[u8]> = Vec::with_capacity(events);
+    let mut fresh = Fresh::default();
     for a in &group {
         let b = &a.batch;
-        run_ids.push(a.run_id.as_str());
-        known_last.push(seq_param(a.known.0));
-        known_head.push(a.known.1.as_slice());
-        epochs.push(a.epoch);
-        new_last.push(b.last_param);
-        statuses.push(a.status.as_str());
-        updated.push(b.updated_us);
-        new_head.push(b.head_param.as_slice());
         ev_runs.extend(std::iter::repeat_n(a.run_id.as_str(), b.seqs.len()));
         seqs.extend_from_slice(&b.seqs);
         ats.extend_from_slice(&b.ats);
@@ -214,6 +244,18 @@ async fn write_group(
         attempts.extend_from_slice(&b.attempts);
         datas.extend(b.datas.iter().map(String::as_str));
         hashes.extend(b.hashes.iter().map(Vec::as_slice));
+        if let Some(new) = &a.new {
+            fresh.push(a, new);
+            continue;
+        }
+        run_ids.push(a.run_id.as_str());
+        known_last.push(seq_param(a.known.0));
+        known_head.push(a.known.1.as_slice());
+        epochs.push(a.epoch);
+        new_last.push(b.last_param);
+        statuses.push(a.status.as_str());
+        updated.push(b.updated_us);
+        new_head.push(b.head_param.as_slice());
     }
     let answer: Result<HashSet<String>, Error> = async {
         let c = pool
@@ -221,7 +263,7 @@ async fn write_group(
             .await
             .map_err(|e| Error::Backend(format!("postgres: no connection: {e}")))?;
         let stmt = c.prepare_cached(GROUP_SQL).await.map_err(pg)?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 18] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 30] = [
             &run_ids,
             &known_last,
             &known_head,
@@ -240,6 +282,18 @@ async fn write_group(
             &attempts,
             &datas,
             &hashes,
+            &fresh.run_ids,
+            &fresh.scenario_ids,
+            &fresh.statuses,
+            &fresh.created,
+            &fresh.updated,
+            &fresh.last,
+            &fresh.head,
+            &fresh.parents,
+            &fresh.roots,
+            &fresh.keys,
+            &fresh.tenants,
+            &fresh.epochs,
         ];
         match c.query(&stmt, &params).await {
             Ok(rows) => {
@@ -267,5 +321,39 @@ async fn write_group(
                 let _ = a.reply.send(Err(e.clone()));
             }
         }
+    }
+}
+
+/// The columns of the runs a group creates, one entry per run.
+#[derive(Default)]
+struct Fresh<'a> {
+    run_ids: Vec<&'a str>,
+    scenario_ids: Vec<&'a str>,
+    statuses: Vec<&'a str>,
+    created: Vec<i64>,
+    updated: Vec<i64>,
+    last: Vec<i64>,
+    head: Vec<&'a [u8]>,
+    parents: Vec<Option<&'a str>>,
+    roots: Vec<Option<&'a str>>,
+    keys: Vec<Option<&'a str>>,
+    tenants: Vec<Option<&'a str>>,
+    epochs: Vec<i64>,
+}
+
+impl<'a> Fresh<'a> {
+    fn push(&mut self, a: &'a KnownAppend, new: &'a NewRun) {
+        self.run_ids.push(&a.run_id);
+        self.scenario_ids.push(&new.scenario_id);
+        self.statuses.push(&a.status);
+        self.created.push(new.created_us);
+        self.updated.push(new.updated_us);
+        self.last.push(a.batch.last_param);
+        self.head.push(&a.batch.head_param);
+        self.parents.push(new.parent_run_id.as_deref());
+        self.roots.push(new.root_run_id.as_deref());
+        self.keys.push(new.idempotency_key.as_deref());
+        self.tenants.push(new.tenant.as_deref());
+        self.epochs.push(a.epoch);
     }
 }
