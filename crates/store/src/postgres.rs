@@ -109,7 +109,8 @@ pub struct PostgresStore {
     /// The hold connection's session (its backend's pid and start): it lives as long as
     /// this process, and names the process in its leases on runs.
     session: (i32, std::time::SystemTime),
-    /// Write transactions committed (creates and appends), for the bench.
+    /// Write transactions committed (creates, appends and the holds' takes, renewals and
+    /// give-backs), for the bench.
     commits: Arc<std::sync::atomic::AtomicU64>,
     /// The queue of appends on known ends, written in groups ([`group`]).
     appends: mpsc::UnboundedSender<group::KnownAppend>,
@@ -342,17 +343,20 @@ impl PostgresStore {
         let holder = format!("{}-{}", std::process::id(), uuid_like());
         let held: Held = Arc::default();
         let statements = HoldStatements::prepare(&hold_client).await?;
+        let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
         tokio::spawn(own_holds(
-            hold_client,
-            statements,
+            HoldOwner {
+                client: hold_client,
+                statements,
+                held: Arc::clone(&held),
+                holder: holder.clone(),
+                session,
+                hold_for,
+                commits: Arc::clone(&commits),
+            },
             rx,
-            Arc::clone(&held),
-            holder.clone(),
-            session,
-            hold_for,
         ));
         let growth = Growth::read(&pool).await?;
-        let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let appends =
             group::start(pool.clone(), holder.clone(), Arc::clone(&held), Arc::clone(&commits));
         Ok(PostgresStore {
@@ -377,7 +381,8 @@ impl PostgresStore {
         &self.shown
     }
 
-    /// Write transactions (creates and appends) this store has committed.
+    /// Write transactions this store has committed: creates, appends, and the takes,
+    /// renewals and give-backs of its holds.
     pub fn commits(&self) -> u64 {
         self.commits.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -577,19 +582,30 @@ impl HoldStatements {
     }
 }
 
-/// The owner of the hold connection: takes, gives back and probes holds in the order they
-/// are asked for, and renews every hold of this process every third of their length. A
-/// renewal that finds a hold no longer this process's marks it lost at once. When the
-/// connection is lost, the owner stops: every later request fails, and the holds run out.
-async fn own_holds(
+/// What the owner of the hold connection works with.
+struct HoldOwner {
     client: tokio_postgres::Client,
     statements: HoldStatements,
-    mut rx: mpsc::UnboundedReceiver<HoldOp>,
     held: Held,
     holder: String,
     session: (i32, std::time::SystemTime),
     hold_for: Duration,
-) {
+    /// The store's count of write transactions, which the holds' statements add to.
+    commits: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The owner of the hold connection: takes, gives back and probes holds in the order they
+/// are asked for, and renews every hold of this process every third of their length. A
+/// renewal that finds a hold no longer this process's marks it lost at once. When the
+/// connection is lost, the owner stops: every later request fails, and the holds run out.
+async fn own_holds(owner: HoldOwner, mut rx: mpsc::UnboundedReceiver<HoldOp>) {
+    let HoldOwner { client, statements, held, holder, session, hold_for, commits } = owner;
+    // Every statement that wrote (a hold taken, renewed or given back) is a commit.
+    let wrote = |rows: u64| {
+        if rows > 0 {
+            commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
     let hold_us = i64::try_from(hold_for.as_micros()).unwrap_or(i64::MAX);
     let HoldStatements { take, give, probe, renew } = statements;
     let mut every = tokio::time::interval(hold_for / 3);
@@ -608,6 +624,7 @@ async fn own_holds(
                 let sent = std::time::Instant::now();
                 match client.query(&renew, &[&holder, &hold_us, &ids]).await {
                     Ok(rows) => {
+                        wrote(rows.len() as u64);
                         let kept: HashSet<String> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
                         for (id, run) in lock(&held).iter() {
                             let mut until = lock(&run.valid_until);
@@ -629,7 +646,10 @@ async fn own_holds(
                 let got = client
                     .query(&take, &[&run_id, &holder, &hold_us, &session.0, &session.1])
                     .await
-                    .map(|rows| rows.first().map(|r| r.get::<_, i64>(0)))
+                    .map(|rows| {
+                        wrote(rows.len() as u64);
+                        rows.first().map(|r| r.get::<_, i64>(0))
+                    })
                     .map_err(pg);
                 let closed = got.is_err() && client.is_closed();
                 let _ = reply.send(got);
@@ -639,8 +659,10 @@ async fn own_holds(
             }
             HoldOp::Give(run_id, epoch) => {
                 let gave = client.execute(&give, &[&run_id, &holder, &epoch]).await;
-                if gave.is_err() && client.is_closed() {
-                    return;
+                match gave {
+                    Ok(rows) => wrote(rows),
+                    Err(_) if client.is_closed() => return,
+                    Err(_) => {}
                 }
             }
             HoldOp::Probe(run_id, reply) => {
