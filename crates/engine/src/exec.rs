@@ -204,7 +204,13 @@ impl Engine {
         scenario: &Arc<Scenario>,
         start: crate::job::Start,
     ) -> Result<Outcome, Error> {
-        let _driving = self.store.hold(run_id).await?;
+        // A new root's id is this process's alone until the run exists; a child's is known
+        // to every driver of its parent.
+        let _driving = if start.parent.is_none() {
+            self.store.hold_new(run_id).await?
+        } else {
+            self.store.hold(run_id).await?
+        };
         // A child is created by the first driver that finds it missing: another may have
         // created it between that look and this hold.
         if start.parent.is_some() && self.store.run(run_id).await?.is_some() {

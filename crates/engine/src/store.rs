@@ -309,6 +309,13 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// the operating system or the database releases with its holder).
     fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>>;
 
+    /// [`EventStore::hold`] for a run this process is about to create under an id no other
+    /// process can know yet (a new root run's, from `Engine::new_run_id`): a store may take
+    /// the hold in the transaction that creates the run. The default takes it at once.
+    fn hold_new<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
+        self.hold(run_id)
+    }
+
     /// Whether some driver holds the run ([`EventStore::hold`]) right now. Never blocks, and
     /// holds the run itself for no longer than the check: a run whose status is `running`
     /// that nobody holds was interrupted (its driver died) and waits for `baton resume`.

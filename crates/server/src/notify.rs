@@ -247,6 +247,10 @@ impl EventStore for Notifying {
         self.inner.hold(run_id)
     }
 
+    fn hold_new<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
+        self.inner.hold_new(run_id)
+    }
+
     fn purge<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<u64, Error>> {
         self.inner.purge(run_ids)
     }

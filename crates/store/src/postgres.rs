@@ -201,6 +201,9 @@ type Held = Arc<Mutex<HashMap<String, HeldRun>>>;
 struct HeldRun {
     /// 0 while the hold is being taken.
     epoch: i64,
+    /// A new run's hold, taken by the statement that creates the run (no other process can
+    /// know its id before): no row of `holds` names it yet.
+    pending: bool,
     /// The end of the run's log (last seq, head hash) as this process last loaded or
     /// wrote it: its next append is built on it.
     known: Option<(u64, Hash)>,
@@ -357,8 +360,16 @@ impl PostgresStore {
             rx,
         ));
         let growth = Growth::read(&pool).await?;
-        let appends =
-            group::start(pool.clone(), holder.clone(), Arc::clone(&held), Arc::clone(&commits));
+        let appends = group::start(
+            pool.clone(),
+            group::Holder {
+                name: holder.clone(),
+                session,
+                hold_us: i64::try_from(hold_for.as_micros()).unwrap_or(i64::MAX),
+            },
+            Arc::clone(&held),
+            Arc::clone(&commits),
+        );
         Ok(PostgresStore {
             pool,
             shown: shown_url,
@@ -628,7 +639,9 @@ async fn own_holds(owner: HoldOwner, mut rx: mpsc::UnboundedReceiver<HoldOp>) {
                         let kept: HashSet<String> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
                         for (id, run) in lock(&held).iter() {
                             let mut until = lock(&run.valid_until);
-                            if kept.contains(id) {
+                            // A new run's hold has no row until the run is made; no one
+                            // else can take it before.
+                            if kept.contains(id) || run.pending {
                                 *until = sent + hold_for;
                             } else if run.epoch != 0 {
                                 *until = sent;
@@ -1119,6 +1132,23 @@ impl PostgresStore {
         lock(&self.held).get(run_id).map(|h| h.epoch).filter(|e| *e != 0)
     }
 
+    /// Takes the hold of a new run whose creation did not take it (the slow path): its
+    /// epoch, or Busy when another process holds a run of that id.
+    async fn take_pending(&self, run_id: &str) -> Result<i64, Error> {
+        let sent = std::time::Instant::now();
+        match self.hold_op(|tx| HoldOp::Take(run_id.to_owned(), tx)).await? {
+            Some(epoch) => {
+                if let Some(h) = lock(&self.held).get_mut(run_id) {
+                    h.epoch = epoch;
+                    h.pending = false;
+                    *lock(&h.valid_until) = sent + self.hold_for;
+                }
+                Ok(epoch)
+            }
+            None => Err(Error::Busy(run_id.to_owned())),
+        }
+    }
+
     /// The hold's epoch and the end of the log this process knows, for a run it holds.
     fn known_end(&self, run_id: &str) -> Option<(i64, (u64, Hash))> {
         let held = lock(&self.held);
@@ -1149,9 +1179,10 @@ impl EventStore for PostgresStore {
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let epoch = self.epoch_of(&run.run_id);
+            let pending = lock(&self.held).get(&run.run_id).is_some_and(|h| h.pending);
             // A run this process holds is created in a group with other runs' appends (one
-            // statement); the slow path when that misses says what is wrong (the id or key
-            // taken, the hold lost).
+            // statement, which takes a new run's hold too); the slow path when that misses
+            // says what is wrong (the id or key taken, the hold lost).
             if let Some(epoch) = epoch
                 && check_numbering(&events, 1).is_ok()
             {
@@ -1174,6 +1205,7 @@ impl EventStore for PostgresStore {
                         root_run_id: run.root_run_id.clone(),
                         idempotency_key: run.idempotency_key.clone(),
                         tenant: run.tenant.clone(),
+                        take_hold: pending,
                     }),
                     batch,
                     reply,
@@ -1182,10 +1214,15 @@ impl EventStore for PostgresStore {
                     && let Ok(applied) = answer.await
                     && applied?
                 {
+                    if let Some(h) = lock(&self.held).get_mut(&run.run_id) {
+                        h.pending = false;
+                    }
                     self.growth.created(&self.pool);
                     return Ok(());
                 }
             }
+            // A new run's hold its creation could not take is taken on its own first.
+            let epoch = if pending { Some(self.take_pending(&run.run_id).await?) } else { epoch };
             let c = self.client().await?;
             let fence = epoch.map(|e| (self.holder.as_str(), e));
             match create(&c, run, &events, fence).await {
@@ -1541,40 +1578,61 @@ impl EventStore for PostgresStore {
                 if held.contains_key(run_id) {
                     return Err(Error::Busy(run_id.to_owned()));
                 }
-                let run = HeldRun { epoch: 0, known: None, valid_until: Arc::clone(&valid_until) };
+                let run = HeldRun {
+                    epoch: 0,
+                    pending: false,
+                    known: None,
+                    valid_until: Arc::clone(&valid_until),
+                };
                 held.insert(run_id.to_owned(), run);
             }
             let sent = std::time::Instant::now();
             // Dropped on any way out but success (a refusal, an error, this future dropped
             // half way), `release` forgets the run here and gives back what was taken.
-            let mut release = Release {
+            let release = Release {
                 run_id: run_id.to_owned(),
-                epoch: None,
                 held: Arc::clone(&self.held),
                 holds: self.holds.clone(),
             };
             match self.hold_op(|tx| HoldOp::Take(run_id.to_owned(), tx)).await {
                 Ok(Some(epoch)) => {
-                    release.epoch = Some(epoch);
                     *lock(&valid_until) = sent + self.hold_for;
                     if let Some(run) = lock(&self.held).get_mut(run_id) {
                         run.epoch = epoch;
                     }
-                    let id = run_id.to_owned();
-                    let fence = Fence::new(move || {
-                        if std::time::Instant::now() < *lock(&valid_until) {
-                            Ok(())
-                        } else {
-                            Err(format!(
-                                "this process's hold on run {id} ran out before it was renewed (the process stalled); another process may drive the run now"
-                            ))
-                        }
-                    });
-                    Ok(RunGuard::fenced(release, fence))
+                    Ok(RunGuard::fenced(release, hold_fence(run_id, valid_until)))
                 }
                 Ok(None) => Err(Error::Busy(run_id.to_owned())),
                 Err(e) => Err(e),
             }
+        })
+    }
+
+    /// A new run's hold is taken by the group statement that creates the run, not by a
+    /// statement of its own: the run's id is new, so no process holds it, and none can
+    /// before the run exists.
+    fn hold_new<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
+        Box::pin(async move {
+            let valid_until = Arc::new(Mutex::new(std::time::Instant::now() + self.hold_for));
+            {
+                let mut held = lock(&self.held);
+                if held.contains_key(run_id) {
+                    return Err(Error::Busy(run_id.to_owned()));
+                }
+                let run = HeldRun {
+                    epoch: 1,
+                    pending: true,
+                    known: None,
+                    valid_until: Arc::clone(&valid_until),
+                };
+                held.insert(run_id.to_owned(), run);
+            }
+            let release = Release {
+                run_id: run_id.to_owned(),
+                held: Arc::clone(&self.held),
+                holds: self.holds.clone(),
+            };
+            Ok(RunGuard::fenced(release, hold_fence(run_id, valid_until)))
         })
     }
 
@@ -1629,23 +1687,40 @@ impl EventStore for PostgresStore {
     }
 }
 
+/// The fence of a hold: refuses once the hold may have run out unrenewed.
+fn hold_fence(run_id: &str, valid_until: Arc<Mutex<std::time::Instant>>) -> Fence {
+    let id = run_id.to_owned();
+    Fence::new(move || {
+        if std::time::Instant::now() < *lock(&valid_until) {
+            Ok(())
+        } else {
+            Err(format!(
+                "this process's hold on run {id} ran out before it was renewed (the process stalled); another process may drive the run now"
+            ))
+        }
+    })
+}
+
 /// Gives a run's hold back when its guard is dropped.
 struct Release {
     run_id: String,
-    /// The epoch taken; none when nothing was taken.
-    epoch: Option<i64>,
     held: Held,
     holds: mpsc::UnboundedSender<HoldOp>,
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
-        // The give-back is queued before the run leaves the map, so a hold taken in this
-        // process after it reaches the hold connection after the give-back.
-        if let Some(epoch) = self.epoch {
-            let _ = self.holds.send(HoldOp::Give(self.run_id.clone(), epoch));
+        // The give-back is queued before the run leaves the map (under its lock), so a hold
+        // taken in this process after it reaches the hold connection after the give-back.
+        // Nothing is given back for a hold never taken (epoch 0); a new run's hold that its
+        // creation never took gives back nothing that is there.
+        let mut held = lock(&self.held);
+        if let Some(run) = held.get(&self.run_id)
+            && run.epoch != 0
+        {
+            let _ = self.holds.send(HoldOp::Give(self.run_id.clone(), run.epoch));
         }
-        lock(&self.held).remove(&self.run_id);
+        held.remove(&self.run_id);
     }
 }
 

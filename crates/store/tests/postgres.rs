@@ -538,3 +538,44 @@ async fn held_runs_are_created_in_groups_and_a_taken_key_is_named() {
     assert_eq!(other.verify("n0").await.unwrap().last_seq, 4);
     drop((first, guards));
 }
+
+/// A new run's hold is taken by the statement that creates the run: nothing is written
+/// before, the run is held by its creator from its first commit (busy for another
+/// process, given back with the guard), and an id another process already holds is
+/// refused as busy, the run not made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_runs_hold_is_taken_by_its_creation() {
+    let schema = scratch("holdnew").await;
+    let store = PostgresStore::connect(&schema.url).await.unwrap();
+    let other = PostgresStore::connect(&schema.url).await.unwrap();
+    let before = store.commits();
+    let guard = store.hold_new("h1").await.unwrap();
+    assert_eq!(store.commits(), before, "nothing written before the run is made");
+    assert!(!other.is_held("h1").await.unwrap(), "no row names the hold yet");
+    store.create_run(&record("h1"), warnings(1, 2)).await.unwrap();
+    assert_eq!(store.commits() - before, 1, "the run and its hold in one commit");
+    assert!(other.is_held("h1").await.unwrap());
+    assert!(matches!(other.hold("h1").await, Err(Error::Busy(_))));
+    store.append("h1", 3, warnings(3, 1), "running").await.unwrap();
+    assert!(guard.fence().unwrap().check().is_ok());
+    drop(guard);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let taken = loop {
+        match other.hold("h1").await {
+            Ok(g) => break g,
+            Err(Error::Busy(_)) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("given back, the run is another's to take: {e}"),
+        }
+    };
+    other.append("h1", 4, warnings(4, 1), "running").await.unwrap();
+    drop(taken);
+    // An id another process holds (it could only be, were ids not new): busy, nothing made.
+    let theirs = other.hold("h2").await.unwrap();
+    let _mine = store.hold_new("h2").await.unwrap();
+    let refused = store.create_run(&record("h2"), warnings(1, 1)).await;
+    assert!(matches!(refused, Err(Error::Busy(ref id)) if id == "h2"), "{refused:?}");
+    assert!(other.run("h2").await.unwrap().is_none());
+    drop(theirs);
+}

@@ -61,6 +61,16 @@ pub(super) struct NewRun {
     pub root_run_id: Option<String>,
     pub idempotency_key: Option<String>,
     pub tenant: Option<String>,
+    /// Whether the statement takes the run's hold (epoch 1), for a new run's id.
+    pub take_hold: bool,
+}
+
+/// Who the group statements write for: the process's holder name, its hold connection's
+/// session (named by the holds a creation takes) and how long a hold lasts unrenewed.
+pub(super) struct Holder {
+    pub name: String,
+    pub session: (i32, std::time::SystemTime),
+    pub hold_us: i64,
 }
 
 impl KnownAppend {
@@ -72,7 +82,7 @@ impl KnownAppend {
 /// Starts the task that writes groups of known appends; its queue.
 pub(super) fn start(
     pool: Pool,
-    holder: String,
+    holder: Holder,
     held: Held,
     commits: Arc<AtomicU64>,
 ) -> mpsc::UnboundedSender<KnownAppend> {
@@ -83,7 +93,7 @@ pub(super) fn start(
 
 async fn write_groups(
     pool: Pool,
-    holder: String,
+    holder: Holder,
     held: Held,
     commits: Arc<AtomicU64>,
     mut rx: mpsc::UnboundedReceiver<KnownAppend>,
@@ -141,9 +151,11 @@ async fn write_groups(
 
 /// The group statement: `$1`–`$8` one row per run that exists, in run id order (the order
 /// rows are locked in, so two groups never wait on each other crosswise), `$9` the holder,
-/// `$10`–`$18` one row per event, `$19`–`$30` one row per run it creates (made only while
-/// the process's hold on it stands; a key or id already taken fails the whole statement,
-/// and each of its appends and creations takes the slow path, which names the conflict).
+/// `$10`–`$18` one row per event, `$19`–`$31` one row per run it creates (made only while
+/// the process's hold on it stands, or — for a new run's id — with its hold taken here, by
+/// the session `$32`, `$33` for `$34` µs; a key or id already taken fails the whole
+/// statement, and each of its appends and creations takes the slow path, which names the
+/// conflict).
 /// Returns the runs it applied.
 ///
 /// Each run's row and hold are looked up by key, one input row at a time (a `LATERAL`
@@ -172,20 +184,27 @@ const GROUP_SQL: &str = "WITH input AS (
  ), fresh AS (
    SELECT * FROM UNNEST($19::text[], $20::text[], $21::text[], $22::bigint[], $23::bigint[],
                         $24::bigint[], $25::bytea[], $26::text[], $27::text[], $28::text[],
-                        $29::text[], $30::bigint[])
+                        $29::text[], $30::bigint[], $31::bool[])
      AS n(run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash,
-          parent_run_id, root_run_id, idempotency_key, tenant, epoch)
+          parent_run_id, root_run_id, idempotency_key, tenant, epoch, take_hold)
  ), fresh_held AS (
    SELECT h.run_id FROM fresh n CROSS JOIN LATERAL (
      SELECT h.run_id FROM holds h
       WHERE h.run_id = n.run_id AND h.holder = $9 AND h.epoch = n.epoch
       OFFSET 0 FOR SHARE OF h) h
+ ), fresh_taken AS (
+   INSERT INTO holds (run_id, holder, holder_pid, holder_since, until_us, epoch)
+   SELECT n.run_id, $9, $32, $33, (extract(epoch from clock_timestamp()) * 1000000)::bigint + $34, 1
+     FROM fresh n WHERE n.take_hold
+   ON CONFLICT (run_id) DO NOTHING
+   RETURNING run_id
  ), created AS (
    INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash,
                      parent_run_id, root_run_id, idempotency_key, tenant)
    SELECT n.run_id, n.scenario_id, n.status, n.created_us, n.updated_us, n.last_seq,
           n.head_hash, n.parent_run_id, n.root_run_id, n.idempotency_key, n.tenant
-     FROM fresh n WHERE n.run_id IN (SELECT run_id FROM fresh_held)
+     FROM fresh n
+    WHERE n.run_id IN (SELECT run_id FROM fresh_held UNION ALL SELECT run_id FROM fresh_taken)
    RETURNING run_id
  ), inserted AS (
    INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
@@ -208,7 +227,7 @@ const GROUP_SQL: &str = "WITH input AS (
 /// group to the slow path; a lost connection is an error for each, as it would be alone.
 async fn write_group(
     pool: &Pool,
-    holder: &str,
+    holder: &Holder,
     held: &Held,
     commits: &AtomicU64,
     group: Vec<KnownAppend>,
@@ -263,7 +282,7 @@ async fn write_group(
             .await
             .map_err(|e| Error::Backend(format!("postgres: no connection: {e}")))?;
         let stmt = c.prepare_cached(GROUP_SQL).await.map_err(pg)?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 30] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 34] = [
             &run_ids,
             &known_last,
             &known_head,
@@ -272,7 +291,7 @@ async fn write_group(
             &statuses,
             &updated,
             &new_head,
-            &holder,
+            &holder.name,
             &ev_runs,
             &seqs,
             &ats,
@@ -294,6 +313,10 @@ async fn write_group(
             &fresh.keys,
             &fresh.tenants,
             &fresh.epochs,
+            &fresh.take_hold,
+            &holder.session.0,
+            &holder.session.1,
+            &holder.hold_us,
         ];
         match c.query(&stmt, &params).await {
             Ok(rows) => {
@@ -339,6 +362,7 @@ struct Fresh<'a> {
     keys: Vec<Option<&'a str>>,
     tenants: Vec<Option<&'a str>>,
     epochs: Vec<i64>,
+    take_hold: Vec<bool>,
 }
 
 impl<'a> Fresh<'a> {
@@ -355,5 +379,6 @@ impl<'a> Fresh<'a> {
         self.keys.push(new.idempotency_key.as_deref());
         self.tenants.push(new.tenant.as_deref());
         self.epochs.push(a.epoch);
+        self.take_hold.push(new.take_hold);
     }
 }
