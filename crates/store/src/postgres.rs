@@ -113,7 +113,7 @@ pub struct PostgresStore {
     /// give-backs), for the bench.
     commits: Arc<std::sync::atomic::AtomicU64>,
     /// The queue of appends on known ends, written in groups ([`group`]).
-    appends: mpsc::UnboundedSender<group::KnownAppend>,
+    appends: mpsc::UnboundedSender<group::Queued>,
     waiters: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
     /// The listen connection's client, made at the first wait for events (a command that
     /// never waits never opens it): while it lives, its LISTEN stays in force.
@@ -188,8 +188,6 @@ impl std::fmt::Debug for PostgresStore {
 enum HoldOp {
     /// Take the run's hold; its epoch when taken, none when another process holds it.
     Take(String, oneshot::Sender<Result<Option<i64>, Error>>),
-    /// Give back the run's hold taken at this epoch.
-    Give(String, i64),
     /// Whether any process holds the run.
     Probe(String, oneshot::Sender<Result<bool, Error>>),
 }
@@ -558,7 +556,6 @@ const HOLDER_ALIVE: &str = "EXISTS (SELECT 1 FROM pg_stat_activity a
 /// The hold connection's statements, prepared once.
 struct HoldStatements {
     take: tokio_postgres::Statement,
-    give: tokio_postgres::Statement,
     probe: tokio_postgres::Statement,
     renew: tokio_postgres::Statement,
 }
@@ -573,20 +570,19 @@ impl HoldStatements {
              ON CONFLICT (run_id) DO UPDATE SET holder = EXCLUDED.holder,
                holder_pid = EXCLUDED.holder_pid, holder_since = EXCLUDED.holder_since,
                until_us = EXCLUDED.until_us, epoch = h.epoch + 1
-             WHERE h.until_us < {NOW_US} OR NOT {HOLDER_ALIVE}
+             WHERE h.until_us < {NOW_US} OR NOT {HOLDER_ALIVE} OR h.holder = $2
              RETURNING epoch"
         );
         let probe = format!(
             "SELECT EXISTS (SELECT 1 FROM holds h
-               WHERE h.run_id = $1 AND h.until_us >= {NOW_US} AND {HOLDER_ALIVE})"
+               WHERE h.run_id = $1 AND h.holder <> $2 AND h.until_us >= {NOW_US}
+                 AND {HOLDER_ALIVE})"
         );
         let renew = format!(
             "UPDATE holds SET until_us = {NOW_US} + $2 WHERE holder = $1 AND run_id = ANY($3) RETURNING run_id"
         );
-        let give = "DELETE FROM holds WHERE run_id = $1 AND holder = $2 AND epoch = $3";
         Ok(HoldStatements {
             take: client.prepare(&take).await.map_err(pg)?,
-            give: client.prepare(give).await.map_err(pg)?,
             probe: client.prepare(&probe).await.map_err(pg)?,
             renew: client.prepare(&renew).await.map_err(pg)?,
         })
@@ -618,7 +614,7 @@ async fn own_holds(owner: HoldOwner, mut rx: mpsc::UnboundedReceiver<HoldOp>) {
         }
     };
     let hold_us = i64::try_from(hold_for.as_micros()).unwrap_or(i64::MAX);
-    let HoldStatements { take, give, probe, renew } = statements;
+    let HoldStatements { take, probe, renew } = statements;
     let mut every = tokio::time::interval(hold_for / 3);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -670,17 +666,9 @@ async fn own_holds(owner: HoldOwner, mut rx: mpsc::UnboundedReceiver<HoldOp>) {
                     return;
                 }
             }
-            HoldOp::Give(run_id, epoch) => {
-                let gave = client.execute(&give, &[&run_id, &holder, &epoch]).await;
-                match gave {
-                    Ok(rows) => wrote(rows),
-                    Err(_) if client.is_closed() => return,
-                    Err(_) => {}
-                }
-            }
             HoldOp::Probe(run_id, reply) => {
                 let found = client
-                    .query_one(&probe, &[&run_id])
+                    .query_one(&probe, &[&run_id, &holder])
                     .await
                     .map(|r| r.get::<_, bool>(0))
                     .map_err(pg);
@@ -1210,7 +1198,7 @@ impl EventStore for PostgresStore {
                     batch,
                     reply,
                 };
-                if self.appends.send(append).is_ok()
+                if self.appends.send(group::Queued::Append(Box::new(append))).is_ok()
                     && let Ok(applied) = answer.await
                     && applied?
                 {
@@ -1270,7 +1258,7 @@ impl EventStore for PostgresStore {
                     new: None,
                     reply,
                 };
-                if self.appends.send(append).is_ok()
+                if self.appends.send(group::Queued::Append(Box::new(append))).is_ok()
                     && let Ok(applied) = answer.await
                     && applied?
                 {
@@ -1592,7 +1580,7 @@ impl EventStore for PostgresStore {
             let release = Release {
                 run_id: run_id.to_owned(),
                 held: Arc::clone(&self.held),
-                holds: self.holds.clone(),
+                appends: self.appends.clone(),
             };
             match self.hold_op(|tx| HoldOp::Take(run_id.to_owned(), tx)).await {
                 Ok(Some(epoch)) => {
@@ -1630,7 +1618,7 @@ impl EventStore for PostgresStore {
             let release = Release {
                 run_id: run_id.to_owned(),
                 held: Arc::clone(&self.held),
-                holds: self.holds.clone(),
+                appends: self.appends.clone(),
             };
             Ok(RunGuard::fenced(release, hold_fence(run_id, valid_until)))
         })
@@ -1705,20 +1693,23 @@ fn hold_fence(run_id: &str, valid_until: Arc<Mutex<std::time::Instant>>) -> Fenc
 struct Release {
     run_id: String,
     held: Held,
-    holds: mpsc::UnboundedSender<HoldOp>,
+    /// The group writer's queue, which writes give-backs with the next group.
+    appends: mpsc::UnboundedSender<group::Queued>,
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
-        // The give-back is queued before the run leaves the map (under its lock), so a hold
-        // taken in this process after it reaches the hold connection after the give-back.
-        // Nothing is given back for a hold never taken (epoch 0); a new run's hold that its
-        // creation never took gives back nothing that is there.
+        // The give-back is queued before the run leaves the map (under its lock): a row of
+        // `holds` that names this process for a run it does not have in its map is one being
+        // given back, which a later taking in this process takes over (a new epoch) and a
+        // probe from this process does not count. Nothing is given back for a hold never
+        // taken (epoch 0); a new run's hold that its creation never took gives back nothing
+        // that is there.
         let mut held = lock(&self.held);
         if let Some(run) = held.get(&self.run_id)
             && run.epoch != 0
         {
-            let _ = self.holds.send(HoldOp::Give(self.run_id.clone(), run.epoch));
+            let _ = self.appends.send(group::Queued::Give(self.run_id.clone(), run.epoch));
         }
         held.remove(&self.run_id);
     }

@@ -579,3 +579,33 @@ async fn a_new_runs_hold_is_taken_by_its_creation() {
     assert!(other.run("h2").await.unwrap().is_none());
     drop(theirs);
 }
+
+/// A hold is given back with the process's next group statement: the process that gave it
+/// back takes the run again at once (a new epoch, its own row not yet deleted or not), does
+/// not count its own row being given back as held, and another process takes the run once
+/// the give-back is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_given_back_is_the_givers_to_take_again_at_once() {
+    let schema = scratch("giveback").await;
+    let store = PostgresStore::connect(&schema.url).await.unwrap();
+    let other = PostgresStore::connect(&schema.url).await.unwrap();
+    for round in 0..20 {
+        let id = format!("g{round}");
+        let guard = store.hold_new(&id).await.unwrap();
+        store.create_run(&record(&id), warnings(1, 1)).await.unwrap();
+        drop(guard);
+        assert!(!store.is_held(&id).await.unwrap(), "{id}: its own give-back is not a hold");
+        let again = store.hold(&id).await.unwrap();
+        store.append(&id, 2, warnings(2, 1), "running").await.unwrap();
+        assert!(matches!(other.hold(&id).await, Err(Error::Busy(_))), "{id}: held again");
+        drop(again);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while other.is_held(&id).await.unwrap() {
+            assert!(std::time::Instant::now() < deadline, "{id}: never given back");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let theirs = other.hold(&id).await.unwrap();
+        other.append(&id, 3, warnings(3, 1), "running").await.unwrap();
+        drop(theirs);
+    }
+}

@@ -35,6 +35,16 @@ const GROUP_BYTES_MAX: usize = 8 << 20;
 /// level. A process driving one run never waits.
 const GATHER: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// The most give-backs of holds one group statement writes.
+const GROUP_GIVES_MAX: usize = 1024;
+
+/// What the group writer is asked to write.
+pub(super) enum Queued {
+    Append(Box<KnownAppend>),
+    /// Give back the run's hold taken at this epoch (its guard was dropped).
+    Give(String, i64),
+}
+
 /// An append on the end of a run's log this process knows, waiting for its group.
 pub(super) struct KnownAppend {
     pub run_id: String,
@@ -85,7 +95,7 @@ pub(super) fn start(
     holder: Holder,
     held: Held,
     commits: Arc<AtomicU64>,
-) -> mpsc::UnboundedSender<KnownAppend> {
+) -> mpsc::UnboundedSender<Queued> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(write_groups(pool, holder, held, commits, rx));
     tx
@@ -96,35 +106,50 @@ async fn write_groups(
     holder: Holder,
     held: Held,
     commits: Arc<AtomicU64>,
-    mut rx: mpsc::UnboundedReceiver<KnownAppend>,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
 ) {
     // Appends put off to the next group because their run already had one in this group.
     let mut later: VecDeque<KnownAppend> = VecDeque::new();
+    // Give-backs waiting for the next group.
+    let mut gives: Vec<(String, i64)> = Vec::new();
     loop {
         let first = match later.pop_front() {
-            Some(a) => a,
+            Some(a) => Some(a),
+            None if !gives.is_empty() => None,
             None => match rx.recv().await {
-                Some(a) => a,
+                Some(Queued::Append(a)) => Some(*a),
+                Some(Queued::Give(run_id, epoch)) => {
+                    gives.push((run_id, epoch));
+                    None
+                }
                 None => return,
             },
         };
         if super::lock(&held).len() > 1 {
             tokio::time::sleep(GATHER).await;
         }
-        let mut runs: HashSet<String> = HashSet::from([first.run_id.clone()]);
-        let mut events = first.batch.seqs.len();
-        let mut bytes = first.bytes();
-        let mut group = vec![first];
+        let (mut runs, mut events, mut bytes) = (HashSet::new(), 0, 0);
+        let mut group = Vec::new();
+        if let Some(first) = first {
+            runs.insert(first.run_id.clone());
+            events = first.batch.seqs.len();
+            bytes = first.bytes();
+            group.push(first);
+        }
         let mut again = VecDeque::new();
         let mut from_later = std::mem::take(&mut later);
         loop {
-            if group.len() >= GROUP_RUNS_MAX {
+            if group.len() >= GROUP_RUNS_MAX || gives.len() >= GROUP_GIVES_MAX {
                 break;
             }
             let next = match from_later.pop_front() {
                 Some(a) => a,
                 None => match rx.try_recv() {
-                    Ok(a) => a,
+                    Ok(Queued::Append(a)) => *a,
+                    Ok(Queued::Give(run_id, epoch)) => {
+                        gives.push((run_id, epoch));
+                        continue;
+                    }
                     Err(_) => break,
                 },
             };
@@ -144,8 +169,12 @@ async fn write_groups(
         }
         again.extend(from_later);
         later = again;
+        // A run's hold is given back after its last append has been answered, so never in
+        // the group of one of its appends; were it, it would wait for the next.
+        let given: Vec<(String, i64)>;
+        (given, gives) = gives.into_iter().partition(|(run_id, _)| !runs.contains(run_id));
         group.sort_unstable_by(|a, b| a.run_id.cmp(&b.run_id));
-        write_group(&pool, &holder, &held, &commits, group).await;
+        write_group(&pool, &holder, &held, &commits, group, given).await;
     }
 }
 
@@ -155,8 +184,8 @@ async fn write_groups(
 /// the process's hold on it stands, or — for a new run's id — with its hold taken here, by
 /// the session `$32`, `$33` for `$34` µs; a key or id already taken fails the whole
 /// statement, and each of its appends and creations takes the slow path, which names the
-/// conflict).
-/// Returns the runs it applied.
+/// conflict). `$35`, `$36` the runs whose holds this process gives back, and at which
+/// epochs. Returns the runs it applied.
 ///
 /// Each run's row and hold are looked up by key, one input row at a time (a `LATERAL`
 /// subquery that `OFFSET 0` keeps from being merged into a join): the statement is
@@ -206,6 +235,10 @@ const GROUP_SQL: &str = "WITH input AS (
      FROM fresh n
     WHERE n.run_id IN (SELECT run_id FROM fresh_held UNION ALL SELECT run_id FROM fresh_taken)
    RETURNING run_id
+ ), given AS (
+   DELETE FROM holds h
+    WHERE h.run_id = ANY($35::text[]) AND h.holder = $9
+      AND h.epoch = ($36::bigint[])[array_position($35::text[], h.run_id)]
  ), inserted AS (
    INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
    SELECT * FROM UNNEST($10::text[], $11::bigint[], $12::bigint[], $13::text[], $14::int[],
@@ -222,6 +255,11 @@ const GROUP_SQL: &str = "WITH input AS (
  SELECT run_id, pg_notify('baton_events', run_id) FROM updated
  UNION ALL SELECT run_id, pg_notify('baton_events', run_id) FROM created";
 
+/// Gives back holds on their own: `$1` the runs, `$2` the holder, `$3` the epochs.
+const GIVE_SQL: &str = "DELETE FROM holds h
+  WHERE h.run_id = ANY($1::text[]) AND h.holder = $2
+    AND h.epoch = ($3::bigint[])[array_position($1::text[], h.run_id)]";
+
 /// Writes one group and tells each append whether it was applied. A refusal by the server
 /// (a deadlock with another process taking a run over, say) sends every append of the
 /// group to the slow path; a lost connection is an error for each, as it would be alone.
@@ -231,9 +269,13 @@ async fn write_group(
     held: &Held,
     commits: &AtomicU64,
     group: Vec<KnownAppend>,
+    given: Vec<(String, i64)>,
 ) {
     let runs = group.len();
     let events: usize = group.iter().map(|a| a.batch.seqs.len()).sum();
+    let given_ids: Vec<&str> = given.iter().map(|(run_id, _)| run_id.as_str()).collect();
+    let given_epochs: Vec<i64> = given.iter().map(|(_, epoch)| *epoch).collect();
+    let mut refused = false;
     let mut run_ids = Vec::with_capacity(runs);
     let mut known_last = Vec::with_capacity(runs);
     let mut known_head = Vec::with_capacity(runs);
@@ -282,7 +324,7 @@ async fn write_group(
             .await
             .map_err(|e| Error::Backend(format!("postgres: no connection: {e}")))?;
         let stmt = c.prepare_cached(GROUP_SQL).await.map_err(pg)?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 34] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 36] = [
             &run_ids,
             &known_last,
             &known_head,
@@ -317,6 +359,8 @@ async fn write_group(
             &holder.session.0,
             &holder.session.1,
             &holder.hold_us,
+            &given_ids,
+            &given_epochs,
         ];
         match c.query(&stmt, &params).await {
             Ok(rows) => {
@@ -324,11 +368,26 @@ async fn write_group(
                 Ok(rows.iter().filter_map(|r| r.try_get::<_, String>(0).ok()).collect())
             }
             // The server refused the statement as a whole: each append alone.
-            Err(e) if e.as_db_error().is_some() => Ok(HashSet::new()),
+            Err(e) if e.as_db_error().is_some() => {
+                refused = true;
+                Ok(HashSet::new())
+            }
             Err(e) => Err(pg(e)),
         }
     }
     .await;
+    // The give-backs of a refused group, once more on their own. Left undone (the server
+    // unreachable), a hold is taken over once it runs out, or at once when this process's
+    // session ends, or by this process's next taking of the run.
+    if refused && !given.is_empty() {
+        let gave = async {
+            let c = pool.get().await.ok()?;
+            c.execute(GIVE_SQL, &[&given_ids, &holder.name, &given_epochs]).await.ok()
+        };
+        if gave.await.is_some_and(|rows| rows > 0) {
+            commits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     match answer {
         Ok(applied) => {
             for a in group {
