@@ -1120,6 +1120,33 @@ impl PostgresStore {
         lock(&self.held).get(run_id).map(|h| h.epoch).filter(|e| *e != 0)
     }
 
+    /// Enters a run in the map of held runs — being taken (epoch 0), or a new run's hold that
+    /// its creation takes (epoch 1, pending) — Busy when this process holds it already; the
+    /// release that forgets it and gives back what was taken.
+    fn enter_hold(
+        &self,
+        run_id: &str,
+        epoch: i64,
+        valid_until: &Arc<Mutex<std::time::Instant>>,
+    ) -> Result<Release, Error> {
+        let mut held = lock(&self.held);
+        if held.contains_key(run_id) {
+            return Err(Error::Busy(run_id.to_owned()));
+        }
+        let run = HeldRun {
+            epoch,
+            pending: epoch != 0,
+            known: None,
+            valid_until: Arc::clone(valid_until),
+        };
+        held.insert(run_id.to_owned(), run);
+        Ok(Release {
+            run_id: run_id.to_owned(),
+            held: Arc::clone(&self.held),
+            appends: self.appends.clone(),
+        })
+    }
+
     /// Takes the hold of a new run whose creation did not take it (the slow path): its
     /// epoch, or Busy when another process holds a run of that id.
     async fn take_pending(&self, run_id: &str) -> Result<i64, Error> {
@@ -1561,27 +1588,10 @@ impl EventStore for PostgresStore {
     fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
         Box::pin(async move {
             let valid_until = Arc::new(Mutex::new(std::time::Instant::now()));
-            {
-                let mut held = lock(&self.held);
-                if held.contains_key(run_id) {
-                    return Err(Error::Busy(run_id.to_owned()));
-                }
-                let run = HeldRun {
-                    epoch: 0,
-                    pending: false,
-                    known: None,
-                    valid_until: Arc::clone(&valid_until),
-                };
-                held.insert(run_id.to_owned(), run);
-            }
-            let sent = std::time::Instant::now();
             // Dropped on any way out but success (a refusal, an error, this future dropped
             // half way), `release` forgets the run here and gives back what was taken.
-            let release = Release {
-                run_id: run_id.to_owned(),
-                held: Arc::clone(&self.held),
-                appends: self.appends.clone(),
-            };
+            let release = self.enter_hold(run_id, 0, &valid_until)?;
+            let sent = std::time::Instant::now();
             match self.hold_op(|tx| HoldOp::Take(run_id.to_owned(), tx)).await {
                 Ok(Some(epoch)) => {
                     *lock(&valid_until) = sent + self.hold_for;
@@ -1602,24 +1612,7 @@ impl EventStore for PostgresStore {
     fn hold_new<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
         Box::pin(async move {
             let valid_until = Arc::new(Mutex::new(std::time::Instant::now() + self.hold_for));
-            {
-                let mut held = lock(&self.held);
-                if held.contains_key(run_id) {
-                    return Err(Error::Busy(run_id.to_owned()));
-                }
-                let run = HeldRun {
-                    epoch: 1,
-                    pending: true,
-                    known: None,
-                    valid_until: Arc::clone(&valid_until),
-                };
-                held.insert(run_id.to_owned(), run);
-            }
-            let release = Release {
-                run_id: run_id.to_owned(),
-                held: Arc::clone(&self.held),
-                appends: self.appends.clone(),
-            };
+            let release = self.enter_hold(run_id, 1, &valid_until)?;
             Ok(RunGuard::fenced(release, hold_fence(run_id, valid_until)))
         })
     }
