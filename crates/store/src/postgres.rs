@@ -238,10 +238,15 @@ fn db_error(e: &tokio_postgres::Error) -> String {
     use tokio_postgres::error::SqlState;
     match e.as_db_error() {
         Some(d) if [SqlState::QUERY_CANCELED, SqlState::LOCK_NOT_AVAILABLE].contains(d.code()) => {
+            let deadlines: Vec<String> = SERVER_DEADLINES
+                .iter()
+                .map(|(setting, value)| format!("{setting} {value}"))
+                .collect();
             format!(
-                "{}: {} (a deadline of the connection: statement_timeout 60 s, lock_timeout 30 s unless the URL's options set them; another session may hold the rows — a stopped or stalled process — or the server is overloaded)",
+                "{}: {} (a deadline of the connection: {} unless the URL's options set them; another session may hold the rows — a stopped or stalled process — or the server is overloaded)",
                 d.severity(),
-                d.message()
+                d.message(),
+                deadlines.join(", ")
             )
         }
         Some(d) => format!("{}: {}", d.severity(), d.message()),
@@ -1150,18 +1155,22 @@ impl PostgresStore {
     /// Takes the hold of a new run whose creation did not take it (the slow path): its
     /// epoch, or Busy when another process holds a run of that id.
     async fn take_pending(&self, run_id: &str) -> Result<i64, Error> {
+        self.take(run_id).await?.ok_or_else(|| Error::Busy(run_id.to_owned()))
+    }
+
+    /// Takes the hold of a run entered in the map of held runs: its epoch, recorded in the
+    /// map with how long the hold surely lasts; none when another process holds the run.
+    async fn take(&self, run_id: &str) -> Result<Option<i64>, Error> {
         let sent = std::time::Instant::now();
-        match self.hold_op(|tx| HoldOp::Take(run_id.to_owned(), tx)).await? {
-            Some(epoch) => {
-                if let Some(h) = lock(&self.held).get_mut(run_id) {
-                    h.epoch = epoch;
-                    h.pending = false;
-                    *lock(&h.valid_until) = sent + self.hold_for;
-                }
-                Ok(epoch)
-            }
-            None => Err(Error::Busy(run_id.to_owned())),
+        let taken = self.hold_op(|tx| HoldOp::Take(run_id.to_owned(), tx)).await?;
+        if let Some(epoch) = taken
+            && let Some(h) = lock(&self.held).get_mut(run_id)
+        {
+            h.epoch = epoch;
+            h.pending = false;
+            *lock(&h.valid_until) = sent + self.hold_for;
         }
+        Ok(taken)
     }
 
     /// The hold's epoch and the end of the log this process knows, for a run it holds.
@@ -1591,15 +1600,8 @@ impl EventStore for PostgresStore {
             // Dropped on any way out but success (a refusal, an error, this future dropped
             // half way), `release` forgets the run here and gives back what was taken.
             let release = self.enter_hold(run_id, 0, &valid_until)?;
-            let sent = std::time::Instant::now();
-            match self.hold_op(|tx| HoldOp::Take(run_id.to_owned(), tx)).await {
-                Ok(Some(epoch)) => {
-                    *lock(&valid_until) = sent + self.hold_for;
-                    if let Some(run) = lock(&self.held).get_mut(run_id) {
-                        run.epoch = epoch;
-                    }
-                    Ok(RunGuard::fenced(release, hold_fence(run_id, valid_until)))
-                }
+            match self.take(run_id).await {
+                Ok(Some(_)) => Ok(RunGuard::fenced(release, hold_fence(run_id, valid_until))),
                 Ok(None) => Err(Error::Busy(run_id.to_owned())),
                 Err(e) => Err(e),
             }

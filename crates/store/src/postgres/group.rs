@@ -17,7 +17,7 @@ use baton_engine::store::Error;
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Batch, Held, knows, pg, seq_param};
+use super::{Batch, Held, NOW_US, knows, pg, seq_param};
 
 /// The most runs one group statement writes.
 const GROUP_RUNS_MAX: usize = 128;
@@ -192,7 +192,9 @@ async fn write_groups(
 /// planned once per connection, often while the tables are nearly empty, and a plan that
 /// joined the input to a scan of `runs` would read the whole table on every group once it
 /// has grown.
-const GROUP_SQL: &str = "WITH input AS (
+static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH input AS (
    SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[], $4::bigint[], $5::bigint[],
                         $6::text[], $7::bigint[], $8::bytea[])
      AS i(run_id, known_last, known_head, epoch, new_last, status, updated_us, new_head)
@@ -223,7 +225,7 @@ const GROUP_SQL: &str = "WITH input AS (
       OFFSET 0 FOR SHARE OF h) h
  ), fresh_taken AS (
    INSERT INTO holds (run_id, holder, holder_pid, holder_since, until_us, epoch)
-   SELECT n.run_id, $9, $32, $33, (extract(epoch from clock_timestamp()) * 1000000)::bigint + $34, 1
+   SELECT n.run_id, $9, $32, $33, {NOW_US} + $34, 1
      FROM fresh n WHERE n.take_hold
    ON CONFLICT (run_id) DO NOTHING
    RETURNING run_id
@@ -253,7 +255,9 @@ const GROUP_SQL: &str = "WITH input AS (
    RETURNING r.run_id
  )
  SELECT run_id, pg_notify('baton_events', run_id) FROM updated
- UNION ALL SELECT run_id, pg_notify('baton_events', run_id) FROM created";
+ UNION ALL SELECT run_id, pg_notify('baton_events', run_id) FROM created"
+    )
+});
 
 /// Gives back holds on their own: `$1` the runs, `$2` the holder, `$3` the epochs.
 const GIVE_SQL: &str = "DELETE FROM holds h
@@ -323,7 +327,7 @@ async fn write_group(
             .get()
             .await
             .map_err(|e| Error::Backend(format!("postgres: no connection: {e}")))?;
-        let stmt = c.prepare_cached(GROUP_SQL).await.map_err(pg)?;
+        let stmt = c.prepare_cached(&GROUP_SQL).await.map_err(pg)?;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 36] = [
             &run_ids,
             &known_last,
