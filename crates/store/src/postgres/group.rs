@@ -238,9 +238,8 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     WHERE n.run_id IN (SELECT run_id FROM fresh_held UNION ALL SELECT run_id FROM fresh_taken)
    RETURNING run_id
  ), given AS (
-   DELETE FROM holds h
-    WHERE h.run_id = ANY($35::text[]) AND h.holder = $9
-      AND h.epoch = ($36::bigint[])[array_position($35::text[], h.run_id)]
+   DELETE FROM holds h USING UNNEST($35::text[], $36::bigint[]) AS g(run_id, epoch)
+    WHERE h.run_id = g.run_id AND h.holder = $9 AND h.epoch = g.epoch
  ), inserted AS (
    INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
    SELECT * FROM UNNEST($10::text[], $11::bigint[], $12::bigint[], $13::text[], $14::int[],
@@ -254,15 +253,14 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     WHERE r.run_id = i.run_id AND r.run_id IN (SELECT run_id FROM ok)
    RETURNING r.run_id
  )
- SELECT run_id, pg_notify('baton_events', run_id) FROM updated
- UNION ALL SELECT run_id, pg_notify('baton_events', run_id) FROM created"
+ SELECT run_id FROM updated UNION ALL SELECT run_id FROM created"
     )
 });
 
 /// Gives back holds on their own: `$1` the runs, `$2` the holder, `$3` the epochs.
-const GIVE_SQL: &str = "DELETE FROM holds h
-  WHERE h.run_id = ANY($1::text[]) AND h.holder = $2
-    AND h.epoch = ($3::bigint[])[array_position($1::text[], h.run_id)]";
+const GIVE_SQL: &str =
+    "DELETE FROM holds h USING UNNEST($1::text[], $3::bigint[]) AS g(run_id, epoch)
+  WHERE h.run_id = g.run_id AND h.holder = $2 AND h.epoch = g.epoch";
 
 /// Writes one group and tells each append whether it was applied. A refusal by the server
 /// (a deadlock with another process taking a run over, say) sends every append of the
