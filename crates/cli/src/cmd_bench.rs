@@ -18,7 +18,8 @@
 //! outside: starts per second and event-stream delivery, in `bench_http.rs`).
 //!
 //! Stores: `memory`, `sqlite`, and `postgres` (a schema of its own in `--bench-db URL`,
-//! dropped after; `--workers N` stores, each with its own connections, share the runs).
+//! dropped after; `--workers N` stores, each with its own connections and `--concurrency`
+//! runs in flight, share the runs).
 //! Every durable figure is printed with the store's durability setting and the disk's
 //! fsync floor measured in the same run. CPU is the process's CPU clock
 //! (`CLOCK_PROCESS_CPUTIME_ID`, to the nanosecond): the measured loop's, and the whole
@@ -460,10 +461,13 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let syncs0 = sqlite.as_ref().map_or(0, SqliteStore::syncs);
     let frames0 = sqlite.as_ref().map_or(0, SqliteStore::wal_frames);
     let wall = Instant::now();
+    // Each store drives `--concurrency` runs at once, as a `baton worker --concurrency N`
+    // process does: `--workers 4 --concurrency 25` has 100 runs in flight.
     let concurrency = args.concurrency.max(1);
-    let per_worker = args.runs.div_ceil(concurrency);
+    let in_flight = concurrency * stores.stores.len();
+    let per_worker = args.runs.div_ceil(in_flight);
     let mut tasks = tokio::task::JoinSet::new();
-    for w in 0..concurrency {
+    for w in 0..in_flight {
         let n = per_worker.min(args.runs.saturating_sub(w * per_worker));
         let e = engine_with(Arc::clone(&stores.stores[w % stores.stores.len()]), jobs.clone());
         let scenario = Arc::clone(&scenario);
@@ -497,6 +501,7 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "store": args.store,
         "runs": runs,
         "concurrency": concurrency,
+        "in_flight": in_flight,
         "levels": levels,
         "wall_s": wall.as_secs_f64(),
         "runs_per_s": runs as f64 / wall.as_secs_f64(),

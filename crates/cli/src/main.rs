@@ -501,7 +501,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         repeat: usize,
         /// With --store postgres: this many stores share the runs, each with connections
-        /// of its own (as worker processes have); --concurrency runs are spread over them.
+        /// of its own and --concurrency runs in flight (as `baton worker` processes have).
         #[arg(long, default_value_t = 1)]
         workers: usize,
         #[arg(long)]
