@@ -2,6 +2,7 @@
 
     text_order.py snapshot PID BINARY >> PAGES   # the file offsets of BINARY's pages PID has mapped
     text_order.py symbols BINARY PAGES > ORDER   # the symbols on those pages, in address order
+    text_order.py merge ORDER... > ORDER         # the symbols most lists name first, in order
 
 Used by scripts/text-order, which makes the pages mapped the pages touched (page cache
 dropped, readahead off) before the processes run.
@@ -62,9 +63,27 @@ def symbols(binary: str, pages_file: str) -> None:
         start, size, name = int(parts[0], 16), int(parts[1], 16), parts[3].strip()
         if size == 0 or name in seen:
             continue
-        if any(p in pages for p in range(start // PAGE, (start + size - 1) // PAGE + 1)):
+        # Code runs from its entry: a function whose first page nobody touched did not
+        # run, whatever of its tail shares a page with the next. Data is read anywhere.
+        code = parts[2] in "tTwW"
+        last = start // PAGE if code else (start + size - 1) // PAGE
+        if any(p in pages for p in range(start // PAGE, last + 1)):
             seen.add(name)
             print(name)
+
+
+def merge(orders: list[str]) -> None:
+    """Prints the symbols of several orders: those in all of them first, then those in one
+    fewer, and so on; within each, in the order they first appear."""
+    count: dict[str, int] = {}
+    for order in orders:
+        with open(order) as f:
+            for line in f:
+                name = line.strip()
+                if name:
+                    count[name] = count.get(name, 0) + 1
+    for name, _ in sorted(count.items(), key=lambda item: -item[1]):
+        print(name)
 
 
 if __name__ == "__main__":
@@ -72,5 +91,7 @@ if __name__ == "__main__":
         snapshot(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 4 and sys.argv[1] == "symbols":
         symbols(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "merge":
+        merge(sys.argv[2:])
     else:
         sys.exit(__doc__)
