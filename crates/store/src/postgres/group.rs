@@ -205,24 +205,21 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         AND (i.known_last = 0 OR r.head_hash =
              (SELECT e.hash FROM events e WHERE e.run_id = r.run_id AND e.seq = i.known_last))
       OFFSET 0 FOR UPDATE OF r) r
- ), held AS (
-   SELECT h.run_id FROM input i CROSS JOIN LATERAL (
-     SELECT h.run_id FROM holds h
-      WHERE h.run_id = i.run_id AND h.holder = $9 AND h.epoch = i.epoch
-      OFFSET 0 FOR SHARE OF h) h
- ), ok AS (
-   SELECT run_id FROM ended WHERE run_id IN (SELECT run_id FROM held)
  ), fresh AS (
    SELECT * FROM UNNEST($19::text[], $20::text[], $21::text[], $22::bigint[], $23::bigint[],
                         $24::bigint[], $25::bytea[], $26::text[], $27::text[], $28::text[],
                         $29::text[], $30::bigint[], $31::bool[])
      AS n(run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash,
           parent_run_id, root_run_id, idempotency_key, tenant, epoch, take_hold)
- ), fresh_held AS (
-   SELECT h.run_id FROM fresh n CROSS JOIN LATERAL (
+ ), held AS (
+   SELECT h.run_id
+     FROM (SELECT run_id, epoch FROM input UNION ALL SELECT run_id, epoch FROM fresh) w
+    CROSS JOIN LATERAL (
      SELECT h.run_id FROM holds h
-      WHERE h.run_id = n.run_id AND h.holder = $9 AND h.epoch = n.epoch
+      WHERE h.run_id = w.run_id AND h.holder = $9 AND h.epoch = w.epoch
       OFFSET 0 FOR SHARE OF h) h
+ ), ok AS (
+   SELECT run_id FROM ended WHERE run_id IN (SELECT run_id FROM held)
  ), fresh_taken AS (
    INSERT INTO holds (run_id, holder, holder_pid, holder_since, until_us, epoch)
    SELECT n.run_id, $9, $32, $33, {NOW_US} + $34, 1
@@ -235,7 +232,7 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
    SELECT n.run_id, n.scenario_id, n.status, n.created_us, n.updated_us, n.last_seq,
           n.head_hash, n.parent_run_id, n.root_run_id, n.idempotency_key, n.tenant
      FROM fresh n
-    WHERE n.run_id IN (SELECT run_id FROM fresh_held UNION ALL SELECT run_id FROM fresh_taken)
+    WHERE n.run_id IN (SELECT run_id FROM held UNION ALL SELECT run_id FROM fresh_taken)
    RETURNING run_id
  ), given AS (
    DELETE FROM holds h USING UNNEST($35::text[], $36::bigint[]) AS g(run_id, epoch)
