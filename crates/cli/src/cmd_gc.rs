@@ -8,10 +8,12 @@
 //!   included), and never one whose run or workspace lock is held;
 //! - snapshot repositories `snapshots/KEY` no run of the store names (`KEY` is the
 //!   [`snapshot_key`] of a run's recorded workspace) and whose workspace lock is free;
-//! - run lock files `<db>.locks/RUN` of runs not in the store or ended, not held.
+//! - run lock files `<db>.locks/RUN` that earlier versions kept per run (runs are now
+//!   held by a lock on one byte of `<db>.holds`), of runs not in the store or ended, not
+//!   held.
 //!
-//! A directory that holds another database's lock directory (`OTHER.locks`) is refused:
-//! whose workspaces are whose could not be told.
+//! A directory that holds another database's holds file (`OTHER.holds`) or lock directory
+//! (`OTHER.locks`) is refused: whose workspaces are whose could not be told.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -62,11 +64,15 @@ pub(crate) async fn gc(place: &Place, dry_run: bool) -> anyhow::Result<ExitCode>
     let workspaces = data.join("workspaces");
     let snapshots = place.snapshots.clone().unwrap_or_else(|| data.join("snapshots"));
     let locks = store.locks_dir();
+    let holds = store.holds();
     // Workspaces and snapshots live beside the database: with another database there, gc
     // could not tell whose they are.
     let others: Vec<String> = entries(data)?
         .into_iter()
-        .filter(|(name, path)| name.ends_with(".locks") && path.is_dir() && *path != locks)
+        .filter(|(name, path)| {
+            (name.ends_with(".locks") && path.is_dir() && *path != locks)
+                || (name.ends_with(".holds") && path.is_file() && path != holds.path())
+        })
         .map(|(name, _)| name)
         .collect();
     if !others.is_empty() {
@@ -79,7 +85,10 @@ pub(crate) async fn gc(place: &Place, dry_run: bool) -> anyhow::Result<ExitCode>
 
     let mut leftovers = Vec::new();
     for (name, path) in entries(&workspaces)? {
-        if runs.contains_key(&name) || lock_file_held(&locks.join(&name)).unwrap_or(true) {
+        if runs.contains_key(&name)
+            || holds.is_held(&name).unwrap_or(true)
+            || lock_file_held(&locks.join(&name)).unwrap_or(true)
+        {
             continue;
         }
         // A directory a run recorded (named with --workspace inside this one) is the user's.

@@ -6,6 +6,7 @@
 
 pub mod packed;
 pub mod postgres;
+pub mod run_holds;
 pub mod schema;
 pub mod sqlite;
 mod sqlite_log;

@@ -21,7 +21,6 @@
 //! `BATON_FAILPOINT_ABORT_AFTER_WRITES=N`, it aborts right after the commit that makes the
 //! N-th event this process wrote durable, whichever runs they belong to (a job's tree).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
@@ -37,17 +36,11 @@ use rusqlite::types::{FromSql, Type};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use tokio::sync::oneshot;
 
+use crate::run_holds::RunHolds;
 use crate::schema::{self, Backend};
 use crate::sqlite_log::{Dicts, Packer, Ready};
 pub use crate::sqlite_log::{RawBatch, put_raw_batches, raw_batches};
 use crate::tokens::{Role, TokenRecord, TokenStore};
-
-/// Tries to take a run's lock file when the file keeps being replaced under us (each
-/// holder removes it when it lets go).
-const LOCK_TRIES_MAX: usize = 8;
-/// The waits, in milliseconds, for a run's lock held by someone else before it is Busy:
-/// long enough for an `is_held` probe (which holds it shared for a moment) to pass.
-const PROBE_WAITS_MS: [u64; 4] = [1, 2, 4, 8];
 
 /// Most tries to prepare a database that another process is preparing at the same moment
 /// (waits growing by 10 ms), all within [`OPEN_BUSY_WAIT`].
@@ -172,20 +165,8 @@ enum LeaseAnswer {
     Released,
 }
 
-/// A run's lock file, held locked; removed when given up.
-struct RunLock {
-    path: PathBuf,
-    _file: std::fs::File,
-}
-
-impl Drop for RunLock {
-    fn drop(&mut self) {
-        // Removed while still locked, then closed (which unlocks).
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Whether a run's lock file is locked by some process: tried without waiting, and
+/// Whether a lock file (a workspace's or snapshot's, or a run's lock file an earlier
+/// version left in `<database>.locks`) is locked by some process: tried without waiting, and
 /// unlocked at once when the try takes it. A missing file is not held.
 pub fn lock_file_held(path: &Path) -> Result<bool, Error> {
     let file = match std::fs::File::open(path) {
@@ -240,24 +221,17 @@ pub(crate) fn backend(e: impl std::fmt::Display) -> Error {
 }
 
 impl SqliteStore {
-    /// The directory of the runs' lock files: `<database>.locks`.
+    /// The directory where earlier versions kept a lock file per run: `<database>.locks`
+    /// (`baton gc` removes what is left in it).
     pub fn locks_dir(&self) -> PathBuf {
         let mut dir = self.path.clone().into_os_string();
         dir.push(".locks");
         PathBuf::from(dir)
     }
 
-    /// A run's lock file, `<database>.locks/<run id>`; an error for an id that cannot
-    /// name a file.
-    fn lock_path(&self, run_id: &str) -> Result<PathBuf, Error> {
-        if run_id.is_empty()
-            || !run_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err(Error::Backend(format!(
-                "run id {run_id:?} cannot name a lock file (letters, digits, '-' and '_' only)"
-            )));
-        }
-        Ok(self.locks_dir().join(run_id))
+    /// The holds of this database's runs: `<database>.holds`.
+    pub fn holds(&self) -> RunHolds {
+        RunHolds::beside(&self.path)
     }
 
     /// Opens (creating when absent) the database at `path` and brings its schema up to date.
@@ -360,6 +334,7 @@ impl SqliteStore {
                 c.busy_timeout(std::time::Duration::from_secs(10))?;
                 c.pragma_update(None, "query_only", "ON")?;
                 c.pragma_update(None, "cache_size", READER_CACHE_KIB)?;
+                plans_by_statement(&c)?;
                 Ok(c)
             })
             .map_err(|e| Error::Backend(open_failure(&path, &e)))?;
@@ -523,6 +498,18 @@ pub fn backup(src: &Path, dest: &Path) -> Result<(), Error> {
     }
 }
 
+/// A statement's plan is made once, from its text, and kept (SQLite's query planner
+/// stability guarantee). Without it, a statement whose plan might depend on a bound value
+/// (any `column = ?` on an integer column counts, as `rk = ?1` does) is marked expired when
+/// its bindings are cleared — which the statement cache does each time it takes one back —
+/// and is compiled again at its next step: a quarter of the CPU of reading a log went to
+/// compiling the same three statements over and over. Every statement here finds its rows
+/// by key, so no plan gains from a bound value.
+fn plans_by_statement(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    Ok(())
+}
+
 fn prepare(conn: &Connection, busy: std::time::Duration) -> rusqlite::Result<()> {
     // First, so that a second process opening the same new database waits for the first
     // (switching to WAL and migrating both lock it) instead of failing at once.
@@ -535,6 +522,7 @@ fn prepare(conn: &Connection, busy: std::time::Duration) -> rusqlite::Result<()>
     // leaves its old copy in the free space it came from, unless freed space is zeroed as
     // it is freed; with it on, a purged log leaves no stale copy behind in the file.
     conn.pragma_update(None, "secure_delete", "ON")?;
+    plans_by_statement(conn)?;
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
     let current: i64 =
         conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| r.get(0))?;
@@ -1531,58 +1519,21 @@ impl EventStore for SqliteStore {
         Box::pin(self.read(move |reply| Request::RunsPage { query: query.clone(), reply }))
     }
 
-    /// Whether `<database>.locks/<run id>` is locked: no file means nobody holds the run;
-    /// else the lock is tried (never waited for) and, when taken, given up at once, the
-    /// file left in place.
+    /// Whether some process holds the run: its byte of `<database>.holds` is locked. A
+    /// look takes no lock.
     fn is_held<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move { lock_file_held(&self.lock_path(run_id)?) })
+        Box::pin(async move { self.holds().is_held(run_id) })
     }
 
-    /// An exclusive lock on `<database>.locks/<run id>`: the operating system releases it
-    /// when the holder closes it or dies, so a crashed driver never blocks the next one.
+    /// An exclusive lock on the run's byte of `<database>.holds` ([`RunHolds`]): the
+    /// operating system releases it when the holder closes it or dies, so a crashed driver
+    /// never blocks the next one.
     fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
         Box::pin(async move {
-            let path = self.lock_path(run_id)?;
-            let dir = self.locks_dir();
-            let failed = |e: std::io::Error| {
-                Error::Backend(format!("cannot lock run {run_id} in {}: {e}", dir.display()))
-            };
-            std::fs::create_dir_all(&dir).map_err(failed)?;
-            // The file is removed when the lock is given up, so a lock may be taken on a
-            // file that has just been unlinked: take it again on the file the path names.
-            for _ in 0..LOCK_TRIES_MAX {
-                let file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&path)
-                    .map_err(failed)?;
-                // A shared lock on the file is a moment's probe (`is_held`: a listing, a
-                // status page), not a driver: it is waited out, a few milliseconds at most;
-                // a driver's exclusive lock outlasts that and is Busy.
-                let mut waits = PROBE_WAITS_MS.iter();
-                loop {
-                    match file.try_lock() {
-                        Ok(()) => break,
-                        Err(std::fs::TryLockError::WouldBlock) => match waits.next() {
-                            Some(ms) => {
-                                tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
-                            }
-                            None => return Err(Error::Busy(run_id.to_owned())),
-                        },
-                        Err(std::fs::TryLockError::Error(e)) => return Err(failed(e)),
-                    }
-                }
-                let locked = file.metadata().map_err(failed)?;
-                let named = std::fs::metadata(&path).ok();
-                if named.is_some_and(|n| n.ino() == locked.ino() && n.dev() == locked.dev()) {
-                    return Ok(RunGuard::new(RunLock { path, _file: file }));
-                }
+            match self.holds().take(run_id)? {
+                Some(hold) => Ok(RunGuard::new(hold)),
+                None => Err(Error::Busy(run_id.to_owned())),
             }
-            Err(Error::Backend(format!(
-                "gave up locking run {run_id} after {LOCK_TRIES_MAX} tries: its lock file {} was replaced every time (other drivers keep taking and releasing it); try again",
-                path.display()
-            )))
         })
     }
 }

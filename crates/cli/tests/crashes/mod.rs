@@ -261,18 +261,26 @@ fn gc_removes_what_no_run_owns_and_never_a_named_workspace_or_anything_in_use() 
     std::fs::write(elsewhere.join("keep.txt"), "keep\n").unwrap();
     let link = dir.join("workspaces").join("0190a1b2-link-7e5f-8a9b-0c1d2e3f4a5b");
     std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
-    // A run being started right now (its lock held, not yet in the store): left alone.
+    // A run being started right now (held by another process, not yet in the store): left
+    // alone. The holder is another program taking a POSIX lock on the run's byte of
+    // `runs.db.holds`, which Baton's own locks conflict with.
     let starting = "0190a1b2-busy-7e5f-8a9b-0c1d2e3f4a5b";
     std::fs::create_dir_all(dir.join("workspaces").join(starting)).unwrap();
-    std::fs::write(locks.join(starting), "").unwrap();
-    let mut holder = Command::new("flock")
-        .args([locks.join(starting).to_str().unwrap(), "sh", "-c", "read line"])
+    let holds = baton_store::run_holds::RunHolds::beside(&db);
+    let byte = baton_store::run_holds::RunHolds::byte_of(starting);
+    let mut holder = Command::new("python3")
+        .args([
+            "-c",
+            "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, int(sys.argv[2]), 0)\nsys.stdin.readline()",
+            holds.path().to_str().unwrap(),
+            &byte.to_string(),
+        ])
         .stdin(Stdio::piped())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !baton_store::sqlite::lock_file_held(&locks.join(starting)).unwrap() {
-        assert!(Instant::now() < deadline, "flock never took the lock");
+    while !holds.is_held(starting).unwrap() {
+        assert!(Instant::now() < deadline, "python never took the hold");
         std::thread::sleep(Duration::from_millis(10));
     }
 
@@ -282,6 +290,11 @@ fn gc_removes_what_no_run_owns_and_never_a_named_workspace_or_anything_in_use() 
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("other.db.locks"), "{}", text(&out.stderr));
     std::fs::remove_dir(dir.join("other.db.locks")).unwrap();
+    std::fs::write(dir.join("other.db.holds"), "").unwrap();
+    let out = baton_db(&db, &["gc", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("other.db.holds"), "{}", text(&out.stderr));
+    std::fs::remove_file(dir.join("other.db.holds")).unwrap();
 
     let out = baton_db(&db, &["gc", "--dry-run"]);
     let shown = text(&out.stdout);
@@ -305,14 +318,12 @@ fn gc_removes_what_no_run_owns_and_never_a_named_workspace_or_anything_in_use() 
     assert_eq!(std::fs::read_to_string(named.join("mine.txt")).unwrap(), "mine\n");
     assert!(own_workspace.is_dir(), "a run's own workspace stays");
     assert!(dir.join("workspaces").join(starting).is_dir(), "a workspace in use stays");
-    assert!(locks.join(starting).exists(), "a held lock stays");
     for kept in kept_snapshots {
         assert!(kept.unwrap().path().join("git").is_dir(), "the runs' snapshots stay");
     }
     // Once its holder is gone, what it left goes too; then nothing is left to remove.
     let out = baton_db(&db, &["gc"]);
     let shown = text(&out.stdout);
-    assert!(shown.contains(&format!("removed {}", locks.join(starting).display())), "{shown}");
     let starting_workspace = dir.join("workspaces").join(starting);
     assert!(shown.contains(&format!("removed {}", starting_workspace.display())), "{shown}");
     assert_eq!(text(&baton_db(&db, &["gc"]).stdout).trim(), "nothing to remove");
