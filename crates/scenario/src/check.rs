@@ -541,7 +541,7 @@ impl Checker<'_> {
                 let output_schema = match &raw.output_schema {
                     Some(s) => self.schema(s),
                     None => Some(
-                        JsonSchema::compile(default_approval_schema())
+                        JsonSchema::compile(crate::schema::approval_default())
                             .expect("the default approval schema is a valid JSON Schema"),
                     ),
                 };
@@ -1428,17 +1428,6 @@ struct LevelDefaults<'a> {
     model: Option<&'a ModelConstraint>,
     timeout_s: Option<f64>,
     max_iterations: Option<u32>,
-}
-
-fn default_approval_schema() -> serde_json::Value {
-    serde_json::json!({
-        "type": "object",
-        "properties": {
-            "approved": {"type": "boolean"},
-            "comment": {"type": "string"}
-        },
-        "required": ["approved"]
-    })
 }
 
 /// Parses `tier:provider[/model]`, returning the tier.

@@ -1,20 +1,26 @@
 //! Holds on the runs of a SQLite database, across processes: one file beside the database,
 //! `<database>.holds`, and a hold on a run is an exclusive lock on one byte of it, at an
-//! offset the run id's SHA-256 names. The locks are Linux's open-file-description locks:
-//! each hold opens the file anew, so two holds on one run conflict even inside one process,
-//! and the operating system lets go of a hold when its holder closes the file or dies — a
-//! crashed driver never blocks the next one. A look at whether a run is held asks the
-//! kernel for a conflicting lock and takes none, so it never gets in a driver's way.
+//! offset the run id's SHA-256 names. The locks are Linux's open-file-description locks,
+//! taken through one open file per store: the operating system lets go of every hold of a
+//! process when it dies — a crashed driver never blocks the next one — and another store
+//! (another process, or a second store on the same database in this one) holds through an
+//! open file of its own, so its locks conflict with these. Inside one store, a set of the
+//! bytes it holds refuses a second hold on a held run. A look at whether a run is held asks
+//! the kernel for a conflicting lock through a file of its own and takes none, so it never
+//! gets in a driver's way.
 //!
-//! One file for every run: taking and giving up a hold create and remove nothing. (A file
-//! per run did: on this machine's file system creating a file scans past every file
-//! removed in the last half minute, and at a few thousand runs a second that was a quarter
-//! of the process's CPU.) Two runs whose ids' hashes share 63 bits would hold each other
-//! off; among the runs held at one moment that does not happen in practice.
+//! One file for every run, opened once: taking and giving up a hold is two system calls
+//! and creates and removes nothing. (A file per run did: on this machine's file system
+//! creating a file scans past every file removed in the last half minute, and at a few
+//! thousand runs a second that was a quarter of the process's CPU.) Two runs whose ids'
+//! hashes share 63 bits would hold each other off; among the runs held at one moment that
+//! does not happen in practice.
 
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use baton_engine::store::Error;
 use nix::errno::Errno;
@@ -22,16 +28,41 @@ use nix::fcntl::{FcntlArg, fcntl};
 use nix::libc;
 use sha2::{Digest, Sha256};
 
-/// The holds file of one database.
+/// The holds file of one database, as one store uses it.
 #[derive(Debug, Clone)]
 pub struct RunHolds {
     path: PathBuf,
+    /// The store's open file (opened at its first hold) and the bytes it holds.
+    mine: Arc<Mutex<Mine>>,
 }
 
-/// A run held by this process: the hold lasts while this lives.
+#[derive(Debug, Default)]
+struct Mine {
+    file: Option<File>,
+    held: HashSet<i64>,
+}
+
+/// A run held by this store: the hold lasts while this lives.
 #[derive(Debug)]
 pub struct RunHold {
-    _file: File,
+    byte: i64,
+    mine: Arc<Mutex<Mine>>,
+}
+
+impl Drop for RunHold {
+    fn drop(&mut self) {
+        let mut mine = lock(&self.mine);
+        // Unlocked before the byte leaves the set: until then no other hold of this store
+        // can take it (the same open file would not conflict with itself).
+        if let Some(file) = &mine.file {
+            let _ = fcntl(file, FcntlArg::F_OFD_SETLK(&byte_lock(self.byte, libc::F_UNLCK)));
+        }
+        mine.held.remove(&self.byte);
+    }
+}
+
+fn lock(mine: &Mutex<Mine>) -> MutexGuard<'_, Mine> {
+    mine.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The whence of every lock: offsets from the start of the file.
@@ -42,7 +73,7 @@ impl RunHolds {
     pub fn beside(db: &Path) -> Self {
         let mut path = db.to_path_buf().into_os_string();
         path.push(".holds");
-        RunHolds { path: PathBuf::from(path) }
+        RunHolds { path: PathBuf::from(path), mine: Arc::default() }
     }
 
     /// The holds file.
@@ -50,21 +81,34 @@ impl RunHolds {
         &self.path
     }
 
-    /// Takes the run's hold, or `None` when another holder has it. The file is made when
-    /// absent (readable and writable by its owner only).
+    /// Takes the run's hold, or `None` when another holder has it (this store's too). The
+    /// file is made when absent (readable and writable by its owner only).
     pub fn take(&self, run_id: &str) -> Result<Option<RunHold>, Error> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&self.path)
-            .map_err(|e| self.failed(run_id, "open", &e.to_string()))?;
-        refuse_unless_regular(&file, &self.path)?;
-        let lock = byte_lock(run_id, libc::F_WRLCK);
-        match fcntl(&file, FcntlArg::F_OFD_SETLK(&lock)) {
-            Ok(_) => Ok(Some(RunHold { _file: file })),
+        let byte = offset(run_id);
+        let mut mine = lock(&self.mine);
+        if mine.held.contains(&byte) {
+            return Ok(None);
+        }
+        if mine.file.is_none() {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&self.path)
+                .map_err(|e| self.failed(run_id, "open", &e.to_string()))?;
+            refuse_unless_regular(&file, &self.path)?;
+            mine.file = Some(file);
+        }
+        let Some(file) = &mine.file else {
+            return Err(self.failed(run_id, "open", "the file was not kept"));
+        };
+        match fcntl(file, FcntlArg::F_OFD_SETLK(&byte_lock(byte, libc::F_WRLCK))) {
+            Ok(_) => {
+                mine.held.insert(byte);
+                Ok(Some(RunHold { byte, mine: Arc::clone(&self.mine) }))
+            }
             Err(Errno::EAGAIN | Errno::EACCES) => Ok(None),
             Err(e) => Err(self.failed(run_id, "lock", e.desc())),
         }
@@ -79,10 +123,10 @@ impl RunHolds {
             Err(e) => return Err(self.failed(run_id, "open", &e.to_string())),
         };
         refuse_unless_regular(&file, &self.path)?;
-        let mut lock = byte_lock(run_id, libc::F_WRLCK);
-        fcntl(&file, FcntlArg::F_OFD_GETLK(&mut lock))
+        let mut asked = byte_lock(offset(run_id), libc::F_WRLCK);
+        fcntl(&file, FcntlArg::F_OFD_GETLK(&mut asked))
             .map_err(|e| self.failed(run_id, "look at the lock of", e.desc()))?;
-        Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
+        Ok(asked.l_type != libc::F_UNLCK as libc::c_short)
     }
 
     /// The offset of the byte that stands for the run (for a test that holds a run from
@@ -99,12 +143,12 @@ impl RunHolds {
     }
 }
 
-/// A lock on the one byte that stands for the run.
-fn byte_lock(run_id: &str, kind: libc::c_int) -> libc::flock {
+/// A lock (or unlock) of the one byte that stands for a run.
+fn byte_lock(byte: i64, kind: libc::c_int) -> libc::flock {
     libc::flock {
         l_type: kind as libc::c_short,
         l_whence: FROM_START,
-        l_start: offset(run_id),
+        l_start: byte,
         l_len: 1,
         l_pid: 0,
     }
@@ -180,6 +224,22 @@ mod tests {
         assert!(!holds.is_held("r1").unwrap());
         assert!(holds.take("r1").unwrap().is_some());
         drop(second);
+    }
+
+    #[test]
+    fn two_stores_on_one_database_hold_each_other_off() {
+        let (_dir, one) = holds();
+        let other = RunHolds::beside(&one.path().with_extension(""));
+        assert_eq!(other.path(), one.path());
+        let held = one.take("r1").unwrap().expect("a free run is taken");
+        assert!(other.take("r1").unwrap().is_none(), "another open file conflicts");
+        assert!(other.is_held("r1").unwrap());
+        let other_held = other.take("r2").unwrap().expect("another run is free");
+        assert!(one.take("r2").unwrap().is_none());
+        drop(held);
+        assert!(other.take("r1").unwrap().is_some(), "a dropped hold lets go");
+        drop(other_held);
+        assert!(one.take("r2").unwrap().is_some());
     }
 
     #[test]

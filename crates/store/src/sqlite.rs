@@ -197,6 +197,8 @@ pub struct SqliteStore {
     reads: mpsc::Sender<Request>,
     path: PathBuf,
     stats: Arc<Stats>,
+    /// The holds this store takes on runs (one open file, shared by its clones).
+    holds: RunHolds,
 }
 
 /// What the writer thread has done, for benchmarks.
@@ -229,9 +231,9 @@ impl SqliteStore {
         PathBuf::from(dir)
     }
 
-    /// The holds of this database's runs: `<database>.holds`.
-    pub fn holds(&self) -> RunHolds {
-        RunHolds::beside(&self.path)
+    /// The holds of this database's runs (`<database>.holds`), as this store takes them.
+    pub fn holds(&self) -> &RunHolds {
+        &self.holds
     }
 
     /// Opens (creating when absent) the database at `path` and brings its schema up to date.
@@ -344,7 +346,8 @@ impl SqliteStore {
                 .spawn(move || serve_reads(&reader, &rx))
                 .map_err(backend)?;
         }
-        Ok(SqliteStore { requests: tx, reads, path, stats })
+        let holds = RunHolds::beside(&path);
+        Ok(SqliteStore { requests: tx, reads, path, stats, holds })
     }
 
     /// Transactions committed since the store was opened.
