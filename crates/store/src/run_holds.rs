@@ -85,24 +85,25 @@ impl RunHolds {
     /// file is made when absent (readable and writable by its owner only).
     pub fn take(&self, run_id: &str) -> Result<Option<RunHold>, Error> {
         let byte = offset(run_id);
-        let mut mine = lock(&self.mine);
+        let mut guard = lock(&self.mine);
+        let mine = &mut *guard;
         if mine.held.contains(&byte) {
             return Ok(None);
         }
-        if mine.file.is_none() {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(&self.path)
-                .map_err(|e| self.failed(run_id, "open", &e.to_string()))?;
-            refuse_unless_regular(&file, &self.path)?;
-            mine.file = Some(file);
-        }
-        let Some(file) = &mine.file else {
-            return Err(self.failed(run_id, "open", "the file was not kept"));
+        let file = match mine.file {
+            Some(ref file) => file,
+            None => {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o600)
+                    .open(&self.path)
+                    .map_err(|e| self.failed(run_id, "open", &e.to_string()))?;
+                refuse_unless_regular(&file, &self.path)?;
+                mine.file.insert(file)
+            }
         };
         match fcntl(file, FcntlArg::F_OFD_SETLK(&byte_lock(byte, libc::F_WRLCK))) {
             Ok(_) => {
