@@ -29,10 +29,7 @@ pub(crate) fn run(
         }
     };
     let scenario = match at {
-        Some((which, _)) => match crate::cmd_graph::find(scenarios, which)? {
-            Some(s) => Some(s),
-            None => return Ok(ExitCode::from(1)),
-        },
+        Some((which, _)) => Some(baton_app::scenarios::by_file_or_id(scenarios, which)?),
         None => None,
     };
     let scope = match (&scenario, at) {

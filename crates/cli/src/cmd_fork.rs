@@ -10,8 +10,10 @@ use baton_engine::Engine;
 use baton_engine::fork::{ForkEdits, fork_points};
 use serde_json::{Map, Value, json};
 
-use crate::cmd_run::{self, Followed, Place, WaveDrive};
+use crate::drive::{self, Followed};
 use crate::out::outln;
+use baton_app::engines::WaveDrive;
+use baton_app::place::Place;
 
 /// Options of `baton fork`.
 #[derive(Debug)]
@@ -45,9 +47,14 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         let (k, v) = parse_set(s)?;
         scratchpad.insert(k, v);
     }
-    let store = cmd_run::open_existing_store(place).await?;
-    let registry = Arc::new(cmd_run::registry(place)?);
-    let jobs = Arc::new(cmd_run::jobs(place, Arc::clone(&registry), None, WaveDrive::default())?);
+    let store = baton_app::place::open_existing_store(place).await?;
+    let registry = Arc::new(baton_app::scenarios::registry(place)?);
+    let jobs = Arc::new(baton_app::engines::jobs(
+        place,
+        Arc::clone(&registry),
+        None,
+        WaveDrive::default(),
+    )?);
     let Some(at) = args.at else {
         // Without --at: where the run can be forked.
         let events = store.load(&args.run, 0).await?;
@@ -67,29 +74,29 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let probe = cmd_run::probe_engine(place, &store, &registry);
+    let probe = baton_app::engines::probe_engine(place, &store, &registry);
     let original = probe.state(&args.run).await?;
     let scenario = match &args.scenario_file {
         Some(file) => {
-            crate::cmd_replay::scenario_file("--scenario-file", file, &original.scenario_id)?
+            baton_app::replay::scenario_file("--scenario-file", file, &original.scenario_id)?
         }
         None => probe.scenario_of(&original, &args.run).await?,
     };
-    cmd_run::check_jail(place, &scenario)?;
-    let (model, source) = cmd_run::choose_model(
+    drive::check_jail(place, &registry, &scenario)?;
+    let (model, source) = baton_app::models::choose_model(
         args.script.as_deref(),
         place.config.as_deref(),
         args.cassette.as_deref(),
         None,
         &scenario,
     )?;
-    let engine = cmd_run::engine_trusting(
+    let engine = baton_app::engines::engine_trusting(
         store,
         model,
         &registry,
-        cmd_run::workspace_setup(place, None, None),
-        cmd_run::redactor(place),
-        cmd_run::jail(place),
+        baton_app::engines::workspace_setup(place, None, None),
+        baton_app::engines::redactor(place),
+        baton_app::jail::jail(place),
         Some(jobs),
         None,
     );
@@ -101,6 +108,5 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         outln!("fork of run {} at event {at}", args.run)?;
     }
     let follow = vec![Followed::new(&new_run, at + 1, 0)];
-    cmd_run::drive(&engine, &new_run, &scenario, args.json, follow, cmd_run::Driving::Continue)
-        .await
+    drive::drive(&engine, &new_run, &scenario, args.json, follow, drive::Driving::Continue).await
 }

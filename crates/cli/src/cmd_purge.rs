@@ -1,58 +1,14 @@
-//! `baton purge`: retention. Removes whole jobs that ended before a time — every run of the
-//! job from the store (record, events, holds, leases: the log is gone from the database,
-//! SQLite's deleted pages overwritten and its write-ahead log emptied, PostgreSQL's tables
-//! vacuumed) and, from Baton's own directories, the workspaces those runs made and their
-//! snapshot repositories.
-//!
-//! A job goes only when every one of its runs has ended and the last of them changed before
-//! the time; `--keep-failed` keeps jobs with a failed or aborted run. A workspace directory
-//! is removed only when it lies in Baton's `workspaces/` directory (one the user named with
-//! `--workspace` is the user's), and a snapshot repository only when no run that stays
-//! names the same workspace. Nothing a process holds is touched.
+//! `baton purge`: retention, as the application layer's `upkeep::purge` plans it — whole
+//! jobs that ended before a time, their runs and the directories they leave — said as it
+//! goes.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context as _, bail};
-use baton_engine::state::{Status, fold};
-use baton_engine::store::RunRecord;
-use baton_workspace::snapshot_key;
-use chrono::{DateTime, Utc};
+use baton_app::place::Place;
+use baton_app::upkeep::{gc, purge as plan};
+use chrono::Utc;
 
-use crate::cmd_run::{Place, open_existing_store};
 use crate::out::outln;
-
-/// The time `--finished-before` names: an RFC 3339 time, or an age (`30d`, `12h`, `45m`,
-/// `90s`) counted back from now.
-pub(crate) fn parse_before(text: &str, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
-        return Ok(t.with_timezone(&Utc));
-    }
-    let (number, unit) = text.split_at(text.len().saturating_sub(1));
-    let seconds_per = match unit {
-        "d" => 86_400,
-        "h" => 3_600,
-        "m" => 60,
-        "s" => 1,
-        _ => 0,
-    };
-    match number.parse::<i64>() {
-        Ok(n) if seconds_per > 0 && (0..=36_500 * 86_400 / seconds_per).contains(&n) => {
-            Ok(now - chrono::Duration::seconds(n * seconds_per))
-        }
-        _ => bail!(
-            "--finished-before {}: give an RFC 3339 time (2026-11-01T00:00:00Z) or an age such as 30d, 12h, 45m or 90s",
-            crate::escape::one_line(text)
-        ),
-    }
-}
-
-/// One job that goes: its runs, and the directories they leave.
-struct Doomed {
-    root: String,
-    runs: Vec<String>,
-}
 
 pub(crate) async fn purge(
     place: &Place,
@@ -60,72 +16,16 @@ pub(crate) async fn purge(
     keep_failed: bool,
     dry_run: bool,
 ) -> anyhow::Result<ExitCode> {
-    let before = parse_before(before, Utc::now())?;
-    let store = open_existing_store(place).await?;
-    let all = store.runs(None).await?;
-    // Every run, by its job (a root stands for its own job).
-    let mut jobs: BTreeMap<String, Vec<&RunRecord>> = BTreeMap::new();
-    for r in &all {
-        let root = r.root_run_id.clone().unwrap_or_else(|| r.run_id.clone());
-        jobs.entry(root).or_default().push(r);
-    }
-    let mut doomed = Vec::new();
-    for (root, runs) in &jobs {
-        let ended = runs.iter().all(|r| Status::from_name(&r.status).is_some_and(Status::is_final));
-        let last_change = runs.iter().map(|r| r.updated_at).max();
-        let failed = runs.iter().any(|r| matches!(r.status.as_str(), "failed" | "aborted"));
-        if !ended || last_change.is_none_or(|t| t >= before) || (keep_failed && failed) {
-            continue;
-        }
-        let mut held = false;
-        for r in runs {
-            held |= store.is_held(&r.run_id).await?;
-        }
-        if held {
-            continue;
-        }
-        doomed.push(Doomed {
-            root: root.clone(),
-            runs: runs.iter().map(|r| r.run_id.clone()).collect(),
-        });
-    }
+    let before = plan::parse_before(before, Utc::now())?;
+    let purge = plan::plan(place, before, keep_failed).await?;
+    let (doomed, runs, paths) = (&purge.doomed, &purge.runs, &purge.paths);
     if doomed.is_empty() {
         outln!("nothing ended before {} to purge", before.to_rfc3339())?;
         return Ok(ExitCode::SUCCESS);
     }
-    let going: BTreeSet<&str> =
-        doomed.iter().flat_map(|d| d.runs.iter().map(String::as_str)).collect();
-    // The workspaces runs recorded: the doomed ones', and the ones runs that stay still use.
-    let mut doomed_dirs: BTreeSet<PathBuf> = BTreeSet::new();
-    let mut kept_dirs: BTreeSet<PathBuf> = BTreeSet::new();
-    for r in &all {
-        let events = store.load(&r.run_id, 0).await?;
-        if let Some(info) = fold(&events).workspace {
-            let dir = PathBuf::from(info.dir);
-            if going.contains(r.run_id.as_str()) {
-                doomed_dirs.insert(dir);
-            } else {
-                kept_dirs.insert(dir);
-            }
-        }
-    }
-    let data = crate::cmd_run::data_dir(place);
-    let workspaces = data.join("workspaces");
-    let snapshots = place.snapshots.clone().unwrap_or_else(|| data.join("snapshots"));
-    let mut paths: Vec<(PathBuf, String)> = Vec::new();
-    for dir in doomed_dirs.difference(&kept_dirs) {
-        if dir.parent() == Some(workspaces.as_path()) && dir.is_dir() {
-            paths.push((dir.clone(), "workspace".to_owned()));
-        }
-        let repository = snapshots.join(snapshot_key(dir));
-        if repository.is_dir() {
-            paths.push((repository, format!("snapshots of {}", dir.display())));
-        }
-    }
     let verb = if dry_run { "would purge" } else { "purged" };
-    let runs: Vec<String> = going.iter().map(|s| (*s).to_owned()).collect();
     if !dry_run {
-        let removed = store.purge(&runs).await.context("the runs were not purged")?;
+        let removed = plan::remove_runs(place, &purge).await?;
         if removed != runs.len() as u64 {
             #[allow(clippy::print_stderr)]
             {
@@ -137,7 +37,7 @@ pub(crate) async fn purge(
             }
         }
     }
-    for d in &doomed {
+    for d in doomed {
         outln!(
             "{verb} job {} ({} run{})",
             d.root,
@@ -146,9 +46,9 @@ pub(crate) async fn purge(
         )?;
     }
     let mut failed = false;
-    for (path, what) in &paths {
+    for (path, what) in paths {
         let shown = crate::escape::one_line(&path.display().to_string());
-        if !dry_run && let Err(e) = remove_tree(path) {
+        if !dry_run && let Err(e) = gc::remove(path) {
             #[allow(clippy::print_stderr)]
             {
                 eprintln!("error: cannot remove {shown}: {e}");
@@ -166,29 +66,4 @@ pub(crate) async fn purge(
         before.to_rfc3339()
     )?;
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
-}
-
-/// Removes a directory tree, its symbolic links removed and never followed.
-fn remove_tree(path: &Path) -> std::io::Result<()> {
-    let metadata = std::fs::symlink_metadata(path)?;
-    if metadata.is_dir() { std::fs::remove_dir_all(path) } else { std::fs::remove_file(path) }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn before_is_a_time_or_an_age() {
-        let now = DateTime::parse_from_rfc3339("2026-12-03T00:00:00Z").unwrap().with_timezone(&Utc);
-        let at = |s: &str| parse_before(s, now).map(|t| t.to_rfc3339());
-        assert_eq!(at("2026-11-01T00:00:00Z").unwrap(), "2026-11-01T00:00:00+00:00");
-        assert_eq!(at("30d").unwrap(), "2026-11-03T00:00:00+00:00");
-        assert_eq!(at("12h").unwrap(), "2026-12-02T12:00:00+00:00");
-        assert_eq!(at("90s").unwrap(), "2026-12-02T23:58:30+00:00");
-        for bad in ["", "d", "-3d", "3w", "yesterday", "99999999d"] {
-            assert!(at(bad).is_err(), "{bad}");
-        }
-    }
 }

@@ -3,175 +3,30 @@
 
 #![allow(clippy::print_stderr)]
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 
 use anyhow::bail;
-use baton_engine::Engine;
+use baton_app::{Instance, Role};
 use baton_engine::cancel::CancelToken;
-use baton_engine::job::{Jobs, Selection};
-use baton_engine::model::{ModelProvider, ScriptedModel};
-use baton_engine::redact::Redactor;
-use baton_engine::store::EventStore;
-use baton_engine::wave_drive::WaveSettings;
-use baton_scenario::{Registry, RegistryHandle, Scenario};
-use baton_server::{Answers, Parts, Settings, Wiring};
-use baton_store::{Role, TokenStore};
+use baton_server::Settings;
 
-use crate::cmd_run::{self, Place};
 use crate::escape;
 use crate::out::outln;
+use baton_app::place::Place;
 
-/// The CLI's wiring of engines for the server: the same models, jail, workspaces and
-/// verifiers as `baton run` and `baton resume`.
-struct CliWiring {
-    place: Place,
-    /// The model runs the API starts use, and where it came from; or why there is none.
-    start: Result<(Arc<dyn ModelProvider>, Option<String>), String>,
-    /// Models of other sources runs recorded, loaded once each.
-    recorded: Mutex<HashMap<Option<String>, Arc<dyn ModelProvider>>>,
-    selection: Selection,
-    settle_timeout: std::time::Duration,
-    waves: WaveSettings,
-    redactor: Redactor,
-}
-
-impl CliWiring {
-    fn model(&self, answers: Answers<'_>) -> Result<Arc<dyn ModelProvider>, String> {
-        let source = match answers {
-            Answers::Nothing => return Ok(Arc::new(ScriptedModel::default())),
-            Answers::Recorded(source) => source,
-        };
-        if let Ok((model, started)) = &self.start
-            && started.as_deref() == source
-        {
-            return Ok(Arc::clone(model));
-        }
-        let key = source.map(str::to_owned);
-        let mut recorded = self.recorded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(m) = recorded.get(&key) {
-            return Ok(Arc::clone(m));
-        }
-        let model = cmd_run::recorded_model(source, None, self.place.config.as_deref())
-            .map_err(|e| format!("{e:#}"))?;
-        recorded.insert(key, Arc::clone(&model));
-        Ok(model)
+/// The instance the server (or `baton mcp`, or `baton worker`) serves: runs it starts
+/// answer from `script` (a scripted model) when one is given, else from the configured
+/// providers. `who` names the command in its warnings.
+async fn parts(place: &Place, script: Option<&Path>, who: &str) -> anyhow::Result<Instance> {
+    let instance = baton_app::Baton::open(place, script).await?;
+    if !instance.warnings.is_empty() {
+        eprint!("{}", instance.warnings);
     }
-}
-
-impl Wiring for CliWiring {
-    fn engine(
-        &self,
-        store: Arc<dyn EventStore>,
-        answers: Answers<'_>,
-        registry: Arc<Registry>,
-    ) -> Result<Engine, String> {
-        let model = self.model(answers)?;
-        let jobs = Jobs::new(
-            Arc::clone(&registry),
-            self.selection.clone(),
-            self.place.scenarios.clone(),
-            self.settle_timeout,
-        )
-        .with_waves(self.waves);
-        Ok(cmd_run::engine(
-            store,
-            model,
-            &registry,
-            cmd_run::workspace_setup(&self.place, None, None),
-            self.redactor.clone(),
-            cmd_run::jail(&self.place),
-            Some(Arc::new(jobs)),
-        ))
-    }
-
-    fn model_source(&self) -> Option<String> {
-        self.start.as_ref().ok().and_then(|(_, source)| source.clone())
-    }
-
-    fn check(&self, scenario: &Scenario) -> Result<(), String> {
-        cmd_run::check_jail(&self.place, scenario).map_err(|e| format!("{e:#}"))
-    }
-
-    fn check_start(&self, scenario: &Scenario) -> Result<(), String> {
-        if let Err(why) = &self.start
-            && !baton_engine::exec::calls_no_model(scenario)
-        {
-            return Err(why.clone());
-        }
-        self.check(scenario)
-    }
-
-    fn selection(&self) -> Selection {
-        self.selection.clone()
-    }
-
-    fn replay<'a>(
-        &'a self,
-        run_id: &'a str,
-        trust_validation: bool,
-    ) -> baton_engine::model::BoxFuture<'a, Result<serde_json::Value, String>> {
-        Box::pin(async move {
-            crate::cmd_replay::replay_report(
-                &self.place,
-                Some(run_id),
-                None,
-                trust_validation,
-                None,
-            )
-            .await
-            .map(|r| r.line)
-            .map_err(|e| format!("{e:#}"))
-        })
-    }
-}
-
-/// What the server (or `baton mcp`) serves from: the scenarios, the store, and the CLI's
-/// wiring; runs it starts answer from `script` (a scripted model) when one is given, else
-/// from the configured providers. `who` names the command in its warnings.
-async fn parts(place: &Place, script: Option<&Path>, who: &str) -> anyhow::Result<Parts> {
-    let (registry, warnings) = match RegistryHandle::open(vec![place.scenarios.clone()]) {
-        Ok(opened) => opened,
-        Err(e) => {
-            eprint!("{}", e.diagnostics.render());
-            bail!("the scenarios in {} do not load", place.scenarios.display());
-        }
-    };
-    if warnings.iter().next().is_some() {
-        eprint!("{}", warnings.render());
-    }
-    let (selection, settle_timeout_s, parallel) = cmd_run::job_settings(place)?;
-    let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s)
-        .map_err(|e| anyhow::anyhow!("settle_timeout_s: {e}"))?;
-    let start =
-        cmd_run::load_model(script, place.config.as_deref(), None).map_err(|e| format!("{e:#}"));
-    if let Err(why) = &start {
+    if let Some(why) = &instance.start_refusal {
         eprintln!("{who}: warning: runs cannot be started until this is fixed: {why}");
     }
-    let both = cmd_run::open_any(place).await?;
-    let store: Arc<dyn EventStore> = Arc::clone(&both) as Arc<dyn EventStore>;
-    let tokens: Arc<dyn TokenStore> = both;
-    let wiring = CliWiring {
-        place: place.clone(),
-        start,
-        recorded: Mutex::default(),
-        selection,
-        settle_timeout,
-        waves: WaveSettings {
-            max_parallel: parallel.unwrap_or(WaveSettings::default().max_parallel),
-            ..WaveSettings::default()
-        },
-        redactor: cmd_run::redactor(place),
-    };
-    Ok(Parts {
-        store,
-        tokens,
-        registry,
-        scenarios_dir: place.scenarios.clone(),
-        wiring: Arc::new(wiring),
-    })
+    Ok(instance)
 }
 
 /// `baton serve` with `settings`; runs started through the API answer from `script` (a
@@ -233,7 +88,7 @@ pub(crate) async fn mcp(
         bail!("--message-max-bytes must be at least 1024, not {}", settings.body_bytes_max);
     }
     if let Some(t) = &tenant {
-        crate::cmd_tenant::check_tenant(t)?;
+        baton_app::scenarios::check_tenant(t)?;
     }
     let name = name.unwrap_or_else(|| "mcp".to_owned());
     if name.trim().is_empty() || name.chars().count() > baton_server::auth::NAME_CHARS_MAX {
@@ -331,12 +186,12 @@ fn host_name() -> String {
 fn stopped_by_signals(stopping: &'static str, exiting: &'static str) -> CancelToken {
     let stop = CancelToken::new();
     let cancelled = stop.clone();
-    tokio::spawn(async move { cmd_run::stop_on_signals(cancelled, stopping, exiting).await });
+    tokio::spawn(async move { crate::drive::stop_on_signals(cancelled, stopping, exiting).await });
     stop
 }
 
 async fn stop_on_signal(stop: CancelToken) {
-    cmd_run::stop_on_signals(
+    crate::drive::stop_on_signals(
         stop,
         "baton serve: stopping — no new requests; running steps are cut and their runs recorded interrupted (again to exit at once)",
         "baton serve: exiting at once; every run stays resumable",
@@ -351,7 +206,7 @@ pub(crate) async fn create_token(
     role: &str,
     name: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
-    crate::cmd_tenant::check_tenant(tenant)?;
+    baton_app::scenarios::check_tenant(tenant)?;
     let Some(role) = Role::parse(role) else {
         bail!("--role {} is none of viewer, operator, admin", escape::one_line(role));
     };
@@ -362,7 +217,7 @@ pub(crate) async fn create_token(
             baton_server::auth::NAME_CHARS_MAX
         );
     }
-    let store = cmd_run::open_any(place).await?;
+    let store = baton_app::place::open_any(place).await?;
     let (token, record) = baton_server::auth::new_token(tenant, role, name, chrono::Utc::now());
     store.put_token(&record).await?;
     eprintln!(
@@ -381,7 +236,7 @@ pub(crate) async fn list_tokens(
     tenant: Option<&str>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let store = cmd_run::open_existing_any(place).await?;
+    let store = baton_app::place::open_existing_any(place).await?;
     let list = store.tokens(tenant).await?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&list)?)?;
@@ -409,7 +264,7 @@ pub(crate) async fn list_tokens(
 
 /// `baton token revoke`.
 pub(crate) async fn revoke_token(place: &Place, id: &str) -> anyhow::Result<ExitCode> {
-    let store = cmd_run::open_existing_any(place).await?;
+    let store = baton_app::place::open_existing_any(place).await?;
     if !store.revoke_token(id, chrono::Utc::now()).await? {
         bail!(
             "no token {} that is not revoked already in {}; `baton token list` shows them",

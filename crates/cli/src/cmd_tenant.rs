@@ -17,67 +17,10 @@ use baton_engine::store::{EventStore, TenantOverride};
 use baton_scenario::Registry;
 use baton_scenario::registry::Override;
 
-use crate::cmd_run::{Place, open_existing_store, open_store, registry};
 use crate::escape;
 use crate::out::outln;
-
-/// Longest tenant name, in characters.
-const TENANT_CHARS_MAX: usize = 64;
-
-/// Why `tenant` cannot name a tenant: letters, digits, `_` and `-`, at most
-/// [`TENANT_CHARS_MAX`] characters (it names a directory in an overrides tree too).
-pub(crate) fn check_tenant(tenant: &str) -> anyhow::Result<()> {
-    let good = !tenant.is_empty()
-        && tenant.chars().count() <= TENANT_CHARS_MAX
-        && tenant.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if !good {
-        bail!(
-            "tenant {:?} must be 1 to {TENANT_CHARS_MAX} letters, digits, `_` or `-`",
-            escape::one_line(tenant)
-        );
-    }
-    Ok(())
-}
-
-/// The overrides of `tenant` as the loader takes them, named for messages.
-fn as_overrides(stored: &[TenantOverride]) -> Vec<Override> {
-    stored
-        .iter()
-        .map(|o| Override {
-            scenario_id: o.scenario_id.clone(),
-            name: format!("tenant {} override of {} (stored)", o.tenant, o.scenario_id),
-            yaml: o.yaml.clone(),
-        })
-        .collect()
-}
-
-/// The tenant's stored overrides, as the loader takes them.
-pub(crate) async fn stored(store: &dyn EventStore, tenant: &str) -> anyhow::Result<Vec<Override>> {
-    Ok(as_overrides(&store.tenant_overrides(Some(tenant)).await?))
-}
-
-/// `base` with the tenant's stored overrides merged over it: the scenarios a run of the
-/// tenant sees. An override that no longer loads over the current files is an error that
-/// says which and how to fix it.
-pub(crate) async fn merged(
-    store: &dyn EventStore,
-    base: Registry,
-    tenant: &str,
-) -> anyhow::Result<Registry> {
-    let stored = stored(store, tenant).await?;
-    if stored.is_empty() {
-        return Ok(base);
-    }
-    match base.with_overrides(tenant, &stored) {
-        Ok(loaded) => Ok(loaded.registry),
-        Err(e) => {
-            eprint!("{}", e.diagnostics.render());
-            bail!(
-                "tenant `{tenant}`'s overrides do not load over the current scenarios; fix them with `baton tenant set {tenant} SCENARIO FILE` or remove one with `baton tenant rm`"
-            )
-        }
-    }
-}
+use baton_app::place::{Place, open_existing_store, open_store};
+use baton_app::scenarios::{as_overrides, check_tenant, registry, stored};
 
 /// Checks overrides of one tenant over the scenarios (the stored ones with `new` in place
 /// of the one for the same scenario); renders every problem with file:line:column.

@@ -18,9 +18,11 @@ use baton_engine::wave_actions::{self, Target, WaveAction, WaveReply};
 use baton_scenario::Scenario;
 use serde_json::{Value, json};
 
-use crate::cmd_run::{self, Place, WaveDrive};
+use crate::drive;
 use crate::escape::one_line;
 use crate::out::outln;
+use baton_app::engines::WaveDrive;
+use baton_app::place::Place;
 
 /// Largest task list `plan` reads, in bytes.
 const TASKS_BYTES_MAX: u64 = 1024 * 1024;
@@ -80,7 +82,7 @@ pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCo
         )
     })?;
     if let Some(worker) = &args.worker {
-        let registry = cmd_run::registry(place)?;
+        let registry = baton_app::scenarios::registry(place)?;
         if registry.get(worker).is_none() {
             let ids: Vec<&str> = registry.scenarios().map(|s| s.id.as_str()).collect();
             bail!(
@@ -91,9 +93,9 @@ pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCo
         }
     }
     let scenario = wave_scenario(place, &args)?;
-    cmd_run::run(
+    drive::run(
         place,
-        cmd_run::RunArgs {
+        drive::RunArgs {
             queue: false,
             more_inputs: Vec::new(),
             job: baton_engine::job::JobRequest::default(),
@@ -119,7 +121,7 @@ pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCo
 
 /// An engine for wave actions: the store, and the configuration's wave settings.
 async fn action_engine(place: &Place) -> anyhow::Result<Engine> {
-    cmd_run::wave_engine(place).await
+    baton_app::engines::wave_engine(place).await
 }
 
 /// The run a wave name stands for: `current` is the newest run with a wave under way.
@@ -245,7 +247,7 @@ pub(crate) async fn complete(
     if !json {
         print_reply(&reply, "ended ", false)?;
     }
-    cmd_run::resume(place, &run_id, None, json, false, WaveDrive::default()).await
+    drive::resume(place, &run_id, None, json, false, WaveDrive::default()).await
 }
 
 /// `baton wave run`: this process dispatches the wave's planned assignments to its worker
@@ -273,7 +275,7 @@ pub(crate) async fn run(
         );
     }
     let drive = WaveDrive { active: true, max_parallel };
-    cmd_run::resume(place, &run_id, script, json, false, drive).await
+    drive::resume(place, &run_id, script, json, false, drive).await
 }
 
 /// `baton wave cancel`: cancels the wave's run and its workers, and waits (up to the
@@ -284,7 +286,7 @@ pub(crate) async fn cancel(
     by: Option<String>,
     reason: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    cmd_run::check_who_and_why(by.as_deref(), reason.as_deref())?;
+    drive::check_who_and_why(by.as_deref(), reason.as_deref())?;
     let engine = action_engine(place).await?;
     let run_id = resolve(&engine, wave).await?;
     engine.wave_act(&run_id, WaveAction::Cancel { by, reason }).await?;

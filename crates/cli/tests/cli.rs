@@ -7,6 +7,7 @@ mod chain;
 mod crashes;
 mod faults;
 mod jail;
+mod matrix;
 mod mcp;
 mod pinning;
 mod postgres;

@@ -1214,6 +1214,20 @@ pub fn calls_no_model(scenario: &Scenario) -> bool {
     })
 }
 
+/// Whether runs of the scenario start programs themselves (which then run in the jail): a
+/// verifier that runs one (a build, a scanner, an MCP server) or a wave level's command.
+pub fn starts_programs(scenario: &Scenario) -> bool {
+    scenario
+        .levels
+        .iter()
+        .flat_map(|l| &l.verifiers)
+        .any(|v| crate::verifier::runs_programs(v.uses))
+        || scenario
+            .levels
+            .iter()
+            .any(|l| matches!(&l.kind, LevelKind::Wave(w) if w.command.is_some()))
+}
+
 /// Whether runs of the scenario edit a workspace of their own: it has a tool-loop level.
 pub fn owns_workspace(scenario: &Scenario) -> bool {
     scenario.levels.iter().any(|l| matches!(l.kind, LevelKind::ToolLoop { .. }))

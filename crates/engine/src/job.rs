@@ -231,7 +231,7 @@ pub fn select(
     if let Some(pin) = &job.pin {
         return match registry.get(pin) {
             Some(s) => Ok(chosen(s, "pin", None)),
-            None if strict_pin => Err(format!("no scenario `{pin}` (known: {})", known(registry))),
+            None if strict_pin => Err(unknown_scenario(registry, pin)),
             None => default(Some(format!("no scenario `{pin}`; the job runs the default"))),
         };
     }
@@ -256,6 +256,64 @@ pub fn select(
         };
     }
     default(None)
+}
+
+/// The first scenario, among `scenario` and the worker scenarios of its waves (and of
+/// theirs, transitively, as `registry` has them), whose runs start programs: what a job
+/// that starts there can reach before any route is chosen. Its fan-out children are levels
+/// of the same scenarios, so they are covered; a chain is checked when it is decided.
+pub fn starting_programs(registry: &Registry, scenario: &Arc<Scenario>) -> Option<Arc<Scenario>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut pending = vec![Arc::clone(scenario)];
+    while let Some(s) = pending.pop() {
+        if !seen.insert(s.id.clone()) {
+            continue;
+        }
+        if crate::exec::starts_programs(&s) {
+            return Some(s);
+        }
+        for level in &s.levels {
+            if let baton_scenario::LevelKind::Wave(w) = &level.kind
+                && let Some(worker) = w.worker.as_deref().and_then(|id| registry.get(id))
+            {
+                pending.push(Arc::clone(worker));
+            }
+        }
+    }
+    None
+}
+
+/// Why a job starting at `scenario` cannot run here: it reaches a scenario that starts
+/// programs (see [`starting_programs`]) and the jail cannot be set up. None when it can
+/// run, the jail being off included (a run says that on its own).
+pub fn jail_refusal(
+    jail: &baton_jail::Jail,
+    registry: &Registry,
+    scenario: &Arc<Scenario>,
+) -> Option<String> {
+    let why = jail.refusal()?;
+    let starting = starting_programs(registry, scenario)?;
+    Some(if starting.id == scenario.id {
+        format!("scenario `{}` runs programs, and {why}", scenario.id)
+    } else {
+        format!(
+            "scenario `{}` starts workers of scenario `{}`, which runs programs, and {why}",
+            scenario.id, starting.id
+        )
+    })
+}
+
+/// What to say of a scenario id `registry` does not hold: the closest id when one is near
+/// enough to be a typo, and every known id.
+pub fn unknown_scenario(registry: &Registry, which: &str) -> String {
+    let near = baton_scenario::suggest::closest(which, registry.scenarios().map(|s| s.id.as_str()));
+    let shown: String = which.chars().take(crate::limits::ROUTE_CHARS_MAX).collect();
+    match near {
+        Some(near) => {
+            format!("no scenario `{shown}`; did you mean `{near}`? (known: {})", known(registry))
+        }
+        None => format!("no scenario `{shown}` (known: {})", known(registry)),
+    }
 }
 
 /// The scenario a chain goes to: the scenario whose id the route is (the classifier names
@@ -437,6 +495,20 @@ impl Engine {
                 return Ok(events);
             }
         };
+        // A chain to a scenario that starts programs where no jail can be set up ends the
+        // run failed with the jail's reason before the child exists: no model is told.
+        if let Some(why) = jail_refusal(&self.runtime.jail, &registry, &target) {
+            let message = format!("the chain to scenario `{}` was refused: {why}", target.id);
+            events.push(NewEvent::run(EventData::Warning(crate::event::Warning {
+                message: message.clone(),
+            })));
+            events.extend(crate::plan::end(
+                state,
+                crate::event::FinalStatus::Failed,
+                Some(message),
+            ));
+            return Ok(events);
+        }
         self.keep_texts(&target).await?;
         let depth = state.depth() + 1;
         let warning = match (reason, warning) {

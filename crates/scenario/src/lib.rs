@@ -23,7 +23,7 @@ pub mod rubric;
 pub mod scalar;
 pub mod schema;
 pub mod source;
-mod suggest;
+pub mod suggest;
 pub mod template;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};

@@ -1,10 +1,7 @@
 //! "Did you mean …?" suggestions for misspelt names.
 
 /// The candidate closest to `word` by edit distance, when it is close enough to be a typo.
-pub(crate) fn closest<'a>(
-    word: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
+pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let len = word.chars().count();
     let limit = (len / 3).max(1);
     candidates
@@ -17,7 +14,7 @@ pub(crate) fn closest<'a>(
 
 /// Edit distance between two strings, in characters, counting a swap of two neighbours
 /// as one edit (optimal string alignment).
-pub(crate) fn distance(a: &str, b: &str) -> usize {
+pub fn distance(a: &str, b: &str) -> usize {
     let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
     let width = b.len() + 1;

@@ -12,6 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use baton_app::{Answers, Baton, Instance, Role};
 use baton_engine::cancel::CancelToken;
 use baton_engine::event::EventData;
 use baton_engine::job::{JobRequest, Start};
@@ -19,23 +20,20 @@ use baton_engine::store::{EventStore, RunQuery, RunRecord};
 use baton_engine::{Engine, RunState, Status};
 use baton_scenario::registry::Override;
 use baton_scenario::{Registry, RegistryHandle};
-use baton_store::Role;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
+use crate::Settings;
 use crate::auth::{Caller, Hosts, Tokens};
 use crate::limits::{StartRate, Streams};
 use crate::metrics::Metrics;
 use crate::notify::Notifying;
 use crate::problem::Problem;
 use crate::workers::Workers;
-use crate::{Answers, Parts, Settings, Wiring};
 
 /// The longest page of the run list.
 pub(crate) const PAGE_MAX: usize = 500;
-/// The longest input, metadata value or idempotency key a start takes, in bytes.
-const KEY_BYTES_MAX: usize = 256;
 
 /// Tenants whose merged registries are kept at once.
 const MERGED_TENANTS_MAX: usize = 1_024;
@@ -53,7 +51,7 @@ pub(crate) struct App {
     pub(crate) tokens: Tokens,
     pub(crate) registry: Arc<RegistryHandle>,
     pub(crate) scenarios_dir: PathBuf,
-    pub(crate) wiring: Arc<dyn Wiring>,
+    pub(crate) baton: Arc<Baton>,
     pub(crate) workers: Workers,
     pub(crate) hosts: Hosts,
     pub(crate) starts: StartRate,
@@ -77,7 +75,7 @@ impl std::fmt::Debug for App {
 impl App {
     pub(crate) fn new(
         settings: Settings,
-        parts: Parts,
+        parts: Instance,
         bound: std::net::SocketAddr,
         stop: CancelToken,
         tracer: Option<Arc<crate::traces::Tracer>>,
@@ -95,7 +93,7 @@ impl App {
             tokens: Tokens::new(parts.tokens),
             registry: Arc::new(parts.registry),
             scenarios_dir: parts.scenarios_dir,
-            wiring: parts.wiring,
+            baton: parts.baton,
             settings,
             stop,
             live: tokio::sync::broadcast::channel(4096).0,
@@ -180,10 +178,16 @@ impl App {
         }
     }
 
+    /// Says `warning` on the server's log (stderr).
+    #[allow(clippy::print_stderr)]
+    pub(crate) fn warn(&self, warning: &str) {
+        eprintln!("{}: warning: {warning}", self.settings.name);
+    }
+
     /// An engine for decisions and cancels (no model is called).
     pub(crate) fn deciding(&self) -> Result<Engine, Problem> {
-        self.wiring
-            .engine(Arc::clone(&self.store), Answers::Nothing, self.registry.current())
+        self.baton
+            .engine(Arc::clone(&self.store), Answers::Nothing, &self.registry.current())
             .map_err(Problem::internal)
     }
 
@@ -791,33 +795,6 @@ pub(crate) struct Started {
     pub existing: bool,
 }
 
-fn check_start(body: &StartRun) -> Result<(), Problem> {
-    for (field, value) in
-        [("scenario", &body.scenario), ("intent", &body.intent), ("kind", &body.kind)]
-    {
-        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
-            return Err(Problem::bad_request(format!(
-                "{field} is empty; give a value or leave it out"
-            )));
-        }
-    }
-    if let Some(usd) = body.max_cost_usd
-        && (!usd.is_finite() || usd <= 0.0)
-    {
-        return Err(Problem::bad_request(format!(
-            "max_cost_usd must be a positive amount of US dollars, not {usd}"
-        )));
-    }
-    if let Some(key) = &body.idempotency_key
-        && (key.trim().is_empty() || key.len() > KEY_BYTES_MAX)
-    {
-        return Err(Problem::bad_request(format!(
-            "idempotency_key must be 1 to {KEY_BYTES_MAX} bytes and not blank"
-        )));
-    }
-    Ok(())
-}
-
 /// Starts a job: the run is in the store when this answers, and the server's workers drive
 /// it. The scenario is chosen like `baton run` chooses it; an unknown scenario falls back
 /// with a warning, as for every program that starts jobs.
@@ -846,26 +823,34 @@ pub(crate) async fn start(
     given: Option<Arc<baton_scenario::Scenario>>,
 ) -> Result<(bool, Started), Problem> {
     caller.require(Role::Operator)?;
-    check_start(&body)?;
-    if let Some(key) = &body.idempotency_key
+    let request = baton_app::start::JobStart {
+        job: JobRequest { pin: body.scenario, intent: body.intent, kind: body.kind },
+        input: body.input,
+        metadata: body.metadata,
+        max_cost_usd: body.max_cost_usd,
+        idempotency_key: body.idempotency_key,
+        tenant: caller.tenant.clone(),
+    };
+    baton_app::start::check(&request)?;
+    if let Some(key) = &request.idempotency_key
         && let Some(existing) = app.store.run_by_key(key).await?
     {
         return existing_run(caller, existing, key);
     }
     app.starts.take(caller.tenant.as_deref().unwrap_or("local"))?;
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
-    let (scenario, selected) = match given {
-        Some(s) => (s, None),
-        None => {
-            let job = JobRequest { pin: body.scenario, intent: body.intent, kind: body.kind };
-            let (s, selected) =
-                baton_engine::job::select(&registry, &app.wiring.selection(), &job, false)
-                    .map_err(Problem::conflict)?;
-            (s, Some(selected))
-        }
-    };
-    app.wiring.check_start(&scenario).map_err(Problem::conflict)?;
-    let model_source = app.wiring.model_source();
+    let planned = baton_app::start::plan(
+        app.baton.place(),
+        &registry,
+        app.baton.selection(),
+        request,
+        given,
+    )?;
+    let (scenario, selected) = (planned.scenario, planned.selected);
+    if let Some(warning) = app.baton.check_start(&registry, &scenario)? {
+        app.warn(&warning);
+    }
+    let model_source = app.baton.model_source();
     // A scenario that calls no model (a wave of outside agents) starts without one.
     let answers = if baton_engine::exec::calls_no_model(&scenario) {
         Answers::Nothing
@@ -873,7 +858,7 @@ pub(crate) async fn start(
         Answers::Recorded(model_source.as_deref())
     };
     let engine =
-        app.wiring.engine(Arc::clone(&app.store), answers, registry).map_err(Problem::internal)?;
+        app.baton.engine(Arc::clone(&app.store), answers, &registry).map_err(Problem::internal)?;
     let run_id = Engine::new_run_id();
     let started = Started {
         run_id: run_id.clone(),
@@ -882,16 +867,7 @@ pub(crate) async fn start(
         warning: selected.as_ref().and_then(|s| s.warning.clone()),
         existing: false,
     };
-    let start = Start {
-        input: body.input,
-        metadata: body.metadata,
-        model_source,
-        selected,
-        tree_max_cost_usd: body.max_cost_usd,
-        idempotency_key: body.idempotency_key.clone(),
-        tenant: caller.tenant.clone(),
-        ..Start::default()
-    };
+    let start = Start { model_source, ..planned.start };
     match engine.create_job(&run_id, &scenario, start).await {
         Ok(()) => {}
         // Another start with this key got in between the look above and here.
@@ -1190,13 +1166,8 @@ pub(crate) async fn cancel(
         return Err(Problem::bad_request("reason is empty; give one or leave it out"));
     }
     let engine = app.deciding()?;
-    engine.cancel_tree(id, Some(caller.name.clone()), reason).await?;
-    match engine.end_cancelled_tree(id).await {
-        Ok(_) | Err(baton_engine::exec::Error::Store(baton_engine::store::Error::Busy(_))) => {}
-        Err(e) => return Err(e.into()),
-    }
+    baton_app::runs::cancel(&engine, &record, Some(caller.name.clone()), reason).await?;
     if let Some(parent) = &record.parent_run_id {
-        engine.settle_children(parent).await?;
         app.workers.drive_job(app, parent).await;
     }
     run_view(app, caller, id).await

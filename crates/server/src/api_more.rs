@@ -9,11 +9,11 @@ use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use baton_app::Role;
 use baton_engine::event::WorkerOutcome;
 use baton_engine::store::TenantOverride;
 use baton_engine::wave_actions::{Target, WaveAction, WaveReply};
 use baton_scenario::registry::Override;
-use baton_store::Role;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -318,13 +318,19 @@ pub(crate) async fn fork_run(
     let body: ForkBody = body.parse(false)?;
     let original = app.state(&id).await?;
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
-    let model_source = app.wiring.model_source();
+    let model_source = app.baton.model_source();
     let engine = app
-        .wiring
-        .engine(Arc::clone(&app.store), crate::Answers::Recorded(model_source.as_deref()), registry)
+        .baton
+        .engine(
+            Arc::clone(&app.store),
+            baton_app::Answers::Recorded(model_source.as_deref()),
+            &registry,
+        )
         .map_err(Problem::internal)?;
     let scenario = engine.scenario_of(&original, &id).await?;
-    app.wiring.check_start(&scenario).map_err(Problem::conflict)?;
+    if let Some(warning) = app.baton.check_start(&registry, &scenario)? {
+        app.warn(&warning);
+    }
     let new_run = baton_engine::Engine::new_run_id();
     let edits = baton_engine::fork::ForkEdits {
         input: body.input,
@@ -358,6 +364,14 @@ pub(crate) async fn replay_run(
     caller.require(Role::Operator)?;
     app.visible_run(&caller, &id).await?;
     let body: ReplayBody = body.parse(true)?;
-    let report = app.wiring.replay(&id, body.trust_validation).await.map_err(Problem::conflict)?;
-    Ok(Json(report))
+    let report = app.baton.replay(&id, body.trust_validation).await.map_err(|e| {
+        match e.downcast::<baton_app::Error>() {
+            Ok(own) => Problem::from(own),
+            Err(other) => Problem::conflict(format!("{other:#}")),
+        }
+    })?;
+    for warning in &report.warnings {
+        app.warn(warning);
+    }
+    Ok(Json(report.line))
 }

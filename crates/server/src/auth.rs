@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, Method, header};
-use baton_store::{Role, TokenRecord, TokenStore};
+use baton_app::{Role, TokenRecord, TokenStore};
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 

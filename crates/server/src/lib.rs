@@ -8,8 +8,8 @@
 //! whose deadline passed.
 //!
 //! The server talks to the kernel through [`baton_engine::Engine`] and to the database
-//! through the store's traits; how engines are wired (models, the jail, workspaces,
-//! verifiers) belongs to the embedder, which hands in a [`Wiring`].
+//! through the store's traits; engines, jobs and their rules come from the application
+//! layer's instance ([`baton_app::Instance`]), which it is handed.
 //!
 //! Modules: `auth` (tokens, the caller, Host and Origin), `problem` (errors), `api` (the
 //! handlers), `events` (SSE), `tree_events` (a job's tree as one stream), `workers` (driving), `limits` (rates and connection counts),
@@ -36,54 +36,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_engine::Engine;
+use baton_app::Instance;
 use baton_engine::cancel::CancelToken;
-use baton_engine::job::Selection;
-use baton_engine::store::EventStore;
-use baton_scenario::{Registry, RegistryHandle, Scenario};
-use baton_store::TokenStore;
 
 pub use openapi::document as openapi_document;
 pub use problem::Problem;
-
-/// Where a run's model answers come from, for [`Wiring::engine`].
-#[derive(Clone, Copy, Debug)]
-pub enum Answers<'a> {
-    /// The run calls no model here (decisions, cancels, reads).
-    Nothing,
-    /// What the run recorded as its model source (`None`: the configured providers).
-    Recorded(Option<&'a str>),
-}
-
-/// What the embedder wires: engines over the server's store, and what runs need to start.
-pub trait Wiring: Send + Sync + 'static {
-    /// An engine over `store` whose runs take their answers as `answers` says, whose chains
-    /// go to the scenarios of `registry`.
-    fn engine(
-        &self,
-        store: Arc<dyn EventStore>,
-        answers: Answers<'_>,
-        registry: Arc<Registry>,
-    ) -> Result<Engine, String>;
-    /// The model source recorded on the runs the API starts (`None`: the configured
-    /// providers).
-    fn model_source(&self) -> Option<String>;
-    /// Why runs of `scenario` cannot be driven here (the jail), if they cannot.
-    fn check(&self, scenario: &Scenario) -> Result<(), String>;
-    /// Why new runs of `scenario` cannot start here (no model for the runs the API starts,
-    /// the jail), if they cannot.
-    fn check_start(&self, scenario: &Scenario) -> Result<(), String>;
-    /// How jobs choose their scenario.
-    fn selection(&self) -> Selection;
-    /// Replays the recorded job whose first run is `run_id` (answers from its log, its
-    /// decisions made again, verifiers run again or trusted) and says how the new log
-    /// compares, as `baton replay RUN --json` prints it.
-    fn replay<'a>(
-        &'a self,
-        run_id: &'a str,
-        trust_validation: bool,
-    ) -> baton_engine::model::BoxFuture<'a, Result<serde_json::Value, String>>;
-}
 
 /// How the server runs: what it listens on and its limits.
 #[derive(Clone, Debug)]
@@ -135,28 +92,12 @@ impl Default for Settings {
     }
 }
 
-/// What the server serves from.
-pub struct Parts {
-    pub store: Arc<dyn EventStore>,
-    pub tokens: Arc<dyn TokenStore>,
-    pub registry: RegistryHandle,
-    /// The scenarios directory (where a posted file's templates are read from).
-    pub scenarios_dir: std::path::PathBuf,
-    pub wiring: Arc<dyn Wiring>,
-}
-
-impl std::fmt::Debug for Parts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Parts").field("scenarios_dir", &self.scenarios_dir).finish_non_exhaustive()
-    }
-}
-
 /// Serves until `stop` is cancelled: then stops accepting, stops every drive (their runs
 /// are recorded interrupted, to be continued by the next server or `baton resume`) and
 /// returns once they have stopped.
 pub async fn serve(
     settings: Settings,
-    parts: Parts,
+    parts: Instance,
     stop: CancelToken,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), String> {
@@ -214,7 +155,7 @@ pub struct WorkerSettings {
 /// next worker) and returns once they have stopped.
 pub async fn work(
     settings: Settings,
-    parts: Parts,
+    parts: Instance,
     worker: WorkerSettings,
     stop: CancelToken,
 ) -> Result<(), String> {
@@ -235,7 +176,7 @@ pub async fn work(
 /// start) and returns once they have stopped.
 pub async fn serve_mcp_stdio(
     settings: Settings,
-    parts: Parts,
+    parts: Instance,
     caller: auth::Caller,
     stop: CancelToken,
 ) -> Result<(), String> {

@@ -9,7 +9,9 @@ use utoipa::ToSchema;
 /// A request that did not do what it asked: its HTTP status and what to do about it.
 #[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
 pub struct Problem {
-    /// Always `about:blank`: the status and title say the kind.
+    /// `about:blank` where the status and title say the kind; for a failure of the
+    /// application layer, its kind's URI from the one table every surface shares
+    /// (`baton_app::Kind::surfaces`).
     #[serde(rename = "type")]
     pub kind: &'static str,
     pub title: String,
@@ -84,6 +86,19 @@ impl Problem {
             baton_engine::store::Error::NotFound(_) => Problem::not_found(e.to_string()),
             _ => Problem::internal(e.to_string()),
         }
+    }
+}
+
+impl From<baton_app::Error> for Problem {
+    fn from(e: baton_app::Error) -> Self {
+        let shown = e.kind.surfaces();
+        let status =
+            StatusCode::from_u16(shown.http_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let detail = match &e.diagnostics {
+            Some(d) => format!("{}:\n{}", e.message, d.trim_end()),
+            None => e.message,
+        };
+        Problem { kind: shown.problem_type, ..Problem::new(status, detail) }
     }
 }
 

@@ -23,12 +23,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_engine::exec::Error;
-use baton_engine::store::EventStore;
+
 use baton_engine::{Outcome, Status};
 use tokio::sync::{Notify, Semaphore};
 
-use crate::Answers;
 use crate::api::App;
+use baton_app::Answers;
+use baton_app::runs::root_of;
 
 /// How long a stopping server waits for its drives to stop.
 const DRAIN_FOR: Duration = Duration::from_secs(60);
@@ -461,14 +462,13 @@ async fn drive_root(
         .map_err(|p| Error::Refused { run_id: root.clone(), message: p.detail })?;
     let refused = |message: String| Error::Refused { run_id: root.clone(), message };
     let answers = Answers::Recorded(state.model_source.as_deref());
-    let mut engine = match app.wiring.engine(Arc::clone(&app.store), answers, Arc::clone(&registry))
-    {
+    let mut engine = match app.baton.engine(Arc::clone(&app.store), answers, &registry) {
         Ok(engine) => engine,
         // A run that calls no model (a wave of outside agents or programs) needs none.
         Err(why) => {
             let engine = app
-                .wiring
-                .engine(Arc::clone(&app.store), Answers::Nothing, registry)
+                .baton
+                .engine(Arc::clone(&app.store), Answers::Nothing, &registry)
                 .map_err(refused)?;
             let scenario = engine.scenario_of(&state, &root).await?;
             if !baton_engine::exec::calls_no_model(&scenario) {
@@ -481,23 +481,10 @@ async fn drive_root(
     engine.live = Some(app.live_sink());
     engine.wave_drive = waves;
     let scenario = engine.scenario_of(&state, &root).await?;
-    app.wiring.check(&scenario).map_err(refused)?;
-    engine.drive_tree(&root, &scenario).await
-}
-
-/// The run a job is driven from: the highest run above `run_id` that has not ended.
-pub(crate) async fn root_of(store: &dyn EventStore, run_id: &str) -> Result<String, Error> {
-    let mut top = run_id.to_owned();
-    // Bounded by the chain's depth; the bound guards against a damaged record.
-    for _ in 0..=baton_engine::limits::CHAIN_DEPTH_MAX + 1 {
-        let Some(record) = store.run(&top).await? else {
-            return Err(Error::Store(baton_engine::store::Error::NotFound(top)));
-        };
-        let Some(parent) = record.parent_run_id else { break };
-        match store.run(&parent).await? {
-            Some(p) if !Status::from_name(&p.status).is_some_and(Status::is_final) => top = parent,
-            _ => break,
-        }
+    match app.baton.check(&registry, &scenario) {
+        Ok(Some(warning)) => app.warn(&warning),
+        Ok(None) => {}
+        Err(e) => return Err(refused(e.message)),
     }
-    Ok(top)
+    engine.drive_tree(&root, &scenario).await
 }

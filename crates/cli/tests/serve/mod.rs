@@ -40,9 +40,20 @@ fn with_scenarios(name: &str) -> (PathBuf, PathBuf) {
 
 /// Starts `baton serve` on a free port of 127.0.0.1 and waits until it listens.
 pub(super) fn serve(dir: &Path, db: &Path, extra: &[&str]) -> Served {
+    serve_with(dir, db, extra, &[])
+}
+
+/// [`serve`] with more variables in the server's environment.
+pub(super) fn serve_with(
+    dir: &Path,
+    db: &Path,
+    extra: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Served {
     let mut child = baton_in(dir, db)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.join("serve.err")).unwrap())
         .spawn()

@@ -1142,3 +1142,40 @@ fn a_tree_whose_driver_died_is_listed_interrupted_from_its_first_run_down() {
     assert!(list.as_array().unwrap().iter().all(|r| r["continue_with"].is_string()), "{list}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_chain_to_a_scenario_that_starts_programs_fails_the_job_with_the_jails_reason_without_a_jail() {
+    let dir = scratch("tree-chain-nojail");
+    let db = dir.join("runs.db");
+    let config = hop_scenarios(&dir);
+    std::fs::write(
+        dir.join("scenarios/builder.yaml"),
+        "id: builder\nversion: 1\nintent_routes: [build]\nlevels:\n  - id: write\n    kind: prompt\n    prompt: {inline: \"Write {{ input }}\"}\n  - id: check\n    kind: verifier\n    terminal: true\n    verifiers:\n      - {name: ok, uses: command, params: {argv: [\"true\"]}}\nedges:\n  - {from: write, to: check}\n",
+    )
+    .unwrap();
+    let script = hop_script(&dir, "build");
+    let out = baton_in(&dir, &db)
+        .env("BATON_BWRAP", dir.join("no-such-bwrap"))
+        .arg("--config")
+        .arg(&config)
+        .args(["run", "hop", "--input", "x", "--script", script.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    // `hop` itself starts no program, so it runs; its chain is refused when it is decided.
+    assert_eq!(out.status.code(), Some(1), "{}{}", text(&out.stdout), text(&out.stderr));
+    let job = result(&out);
+    assert_eq!(job["status"], "failed", "{job}");
+    let reason = job["aborted_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("the chain to scenario `builder` was refused: scenario `builder` runs programs, and the jail cannot be set up"),
+        "{reason}"
+    );
+    // No child run exists, and no model was told of the refusal: hop made its one call.
+    assert_eq!(job["tree"].as_array().map_or(1, Vec::len), 1, "{job}");
+    let root = job["run_id"].as_str().unwrap();
+    let events = tree_events(&db, root);
+    let calls = events.iter().filter(|e| e["kind"] == "model_response").count();
+    assert_eq!(calls, 1, "{events:?}");
+    assert!(!kinds_of(&events).contains(&"child_run_started".to_owned()), "{events:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -762,3 +762,32 @@ fn a_worker_that_outlives_the_cancels_settle_timeout_is_reconciled_once_it_ends(
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_wave_whose_workers_start_programs_is_refused_before_its_first_call_without_a_jail() {
+    let (dir, db) = setup("wave-nojail", "");
+    // The worker checks its answer with a program: a job of the wave reaches it before any
+    // model is asked anything.
+    std::fs::write(
+        dir.join("scenarios/worker.yaml"),
+        "id: worker\nversion: 1\nlevels:\n  - id: work\n    kind: prompt\n    prompt: {inline: \"Work on {{ input }}\"}\n  - id: check\n    kind: verifier\n    terminal: true\n    verifiers:\n      - {name: ok, uses: command, params: {argv: [\"true\"]}}\nedges:\n  - {from: work, to: check}\n",
+    )
+    .unwrap();
+    let all_done = script(&dir, 0, &[]);
+    let input = tasks(2);
+    let out = baton_in(&dir, &db)
+        .env("BATON_BWRAP", dir.join("no-such-bwrap"))
+        .args(["run", "waver", "--input", &input, "--script", all_done.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}{stderr}", text(&out.stdout));
+    assert!(
+        stderr
+            .contains("scenario `waver` starts workers of scenario `worker`, which runs programs"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the jail cannot be set up"), "{stderr}");
+    assert!(!db.exists() || roots(&db).is_empty(), "a run was created");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -106,12 +106,22 @@ pub(crate) async fn caller_runs(
 }
 
 /// A tool's failure as the model sees it: what went wrong and what to do, as the HTTP API
-/// says it (and its status, for a program).
+/// says it; for a program, the problem's type and HTTP status in `_meta` under
+/// [`PROBLEM_META`] (the application layer's table, as the API answers).
 pub(crate) fn failed(problem: &Problem) -> CallToolResult {
     let mut result = CallToolResult::error(vec![ContentBlock::text(problem.detail.clone())]);
     result.structured_content = None;
+    let mut meta = serde_json::Map::new();
+    meta.insert(
+        PROBLEM_META.to_owned(),
+        serde_json::json!({"type": problem.kind, "status": problem.status}),
+    );
+    result.meta = Some(rmcp::model::MetaObject(meta));
     result
 }
+
+/// The `_meta` key of a failed tool call's problem.
+pub(crate) const PROBLEM_META: &str = "baton/problem";
 
 /// A tool's answer: the value as structured content, and as JSON text for hosts that read
 /// only text.

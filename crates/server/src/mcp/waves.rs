@@ -487,7 +487,7 @@ async fn run(
     a: RunArgs,
     context: &RequestContext<RoleServer>,
 ) -> Result<CallToolResult, Problem> {
-    use baton_store::Role;
+    use baton_app::Role;
     caller.require(Role::Operator)?;
     let drive_max_parallel = a
         .max_parallel

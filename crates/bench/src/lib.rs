@@ -1,4 +1,5 @@
-//! `baton bench`: the kernel's speed and cost on fixed workloads.
+//! `baton bench`: the kernel's speed and cost on fixed workloads. Each workload comes back
+//! as a report (a JSON object of figures) for the CLI to print.
 //!
 //! The model is scripted with zero latency and answers every call with the same
 //! 235-character text starting with `PASS:`, so what is measured is the engine and its
@@ -28,7 +29,6 @@
 #![allow(clippy::cast_precision_loss)]
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ use baton_store::SqliteStore;
 use baton_store::postgres::{PostgresStore, ScratchSchema};
 use serde_json::{Map, json};
 
-use crate::out::outln;
+mod http;
 
 /// The model's fixed answer: 235 characters, starting with `PASS:`.
 fn answer() -> String {
@@ -160,12 +160,11 @@ const CHAIN3_SCRIPT: &str = "scenarios:\n  c1:\n    levels:\n      route: [{text
 
 /// Options of `baton bench`.
 #[derive(Clone, Debug)]
-pub(crate) struct BenchArgs {
+pub struct BenchArgs {
     pub workload: String,
     pub store: String,
     pub runs: usize,
     pub concurrency: usize,
-    pub json: bool,
     pub db: Option<PathBuf>,
     /// Measure this many times and report medians.
     pub repeat: usize,
@@ -173,7 +172,7 @@ pub(crate) struct BenchArgs {
     /// worker processes of a deployment have).
     pub workers: usize,
     /// Where the `jail` workload sets its jail up (its data directory is a fresh one).
-    pub place: crate::cmd_run::Place,
+    pub place: baton_app::place::Place,
 }
 
 fn scenario(yaml: &str, dir: &Path) -> anyhow::Result<Arc<Scenario>> {
@@ -328,24 +327,20 @@ async fn one_run(
     Ok((started.elapsed(), levels))
 }
 
-pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+/// Runs the bench `args` asks for and gives its report: one measurement, or with
+/// `repeat` the median of each figure over that many (each on a fresh store).
+pub async fn bench(args: BenchArgs) -> anyhow::Result<serde_json::Value> {
     if args.workload == "http" {
-        return crate::bench_http::bench(args.runs, args.concurrency, args.json).await;
+        return http::bench(args.runs, args.concurrency).await;
     }
     if args.workload == "takeover" {
-        let report = takeover(&args).await?;
-        print_report(&report, args.json)?;
-        return Ok(ExitCode::SUCCESS);
+        return takeover(&args).await;
     }
     if args.workload == "jail" {
-        let report = jail_cost(&args).await?;
-        print_report(&report, args.json)?;
-        return Ok(ExitCode::SUCCESS);
+        return jail_cost(&args).await;
     }
     if matches!(args.workload.as_str(), "reopen" | "paused" | "resume") || args.repeat <= 1 {
-        let report = measure(&args).await?;
-        print_report(&report, args.json)?;
-        return Ok(ExitCode::SUCCESS);
+        return measure(&args).await;
     }
     // Each repetition on a fresh store; the report gives every figure's median.
     let mut reports = Vec::with_capacity(args.repeat);
@@ -364,8 +359,7 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
         map.insert("repeats".to_owned(), json!(args.repeat));
     }
-    print_report(&median, args.json)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(median)
 }
 
 /// One measurement of a workload.
@@ -956,9 +950,9 @@ async fn jail_cost(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let tmp = std::env::temp_dir().join(format!("baton-bench-jail-{}", uuid_like()));
     let workspace = tmp.join("workspace");
     std::fs::create_dir_all(&workspace)?;
-    let place = crate::cmd_run::Place { db: tmp.join("bench.db"), ..args.place.clone() };
+    let place = baton_app::place::Place { db: tmp.join("bench.db"), ..args.place.clone() };
     let started = Instant::now();
-    let jail = crate::cmd_run::jail(&place);
+    let jail = baton_app::jail::jail(&place);
     if let Some(why) = jail.refusal() {
         bail!("{why}");
     }
@@ -1014,22 +1008,6 @@ async fn jail_cost(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     }
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(serde_json::Value::Object(report))
-}
-
-fn print_report(report: &serde_json::Value, json_out: bool) -> anyhow::Result<()> {
-    if json_out {
-        outln!("{}", serde_json::to_string_pretty(report)?)?;
-        return Ok(());
-    }
-    if let Some(map) = report.as_object() {
-        for (k, v) in map {
-            match v.as_f64() {
-                Some(f) if v.is_f64() => outln!("{k:>22}: {f:.3}")?,
-                _ => outln!("{k:>22}: {v}")?,
-            }
-        }
-    }
-    Ok(())
 }
 
 fn uuid_like() -> String {

@@ -23,14 +23,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// Version of the fixture layout.
-pub(crate) const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 1;
 
 /// The largest `job.json` or `expected.json` read.
 const SMALL_FILE_BYTES_MAX: u64 = 4 * 1024 * 1024;
 
 /// `job.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct Job {
+pub struct Job {
     pub format: u32,
     pub scenario: String,
     pub case: String,
@@ -64,7 +64,7 @@ struct LogLine {
 
 /// A fixture read from its directory.
 #[derive(Debug)]
-pub(crate) struct Fixture {
+pub struct Fixture {
     pub dir: PathBuf,
     pub job: Job,
     pub cassette: Cassette,
@@ -74,18 +74,18 @@ pub(crate) struct Fixture {
 
 impl Fixture {
     /// `scenario/case`, as reports name it.
-    pub(crate) fn name(&self) -> String {
+    pub fn name(&self) -> String {
         format!("{}/{}", self.job.scenario, self.job.case)
     }
 }
 
 /// Where the fixtures of a scenarios directory live.
-pub(crate) fn root(scenarios: &Path) -> PathBuf {
+pub fn root(scenarios: &Path) -> PathBuf {
     scenarios.join("fixtures")
 }
 
 /// Checks a scenario id or case name used as a directory name.
-pub(crate) fn check_name(what: &str, name: &str) -> anyhow::Result<()> {
+pub fn check_name(what: &str, name: &str) -> anyhow::Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
@@ -99,7 +99,7 @@ pub(crate) fn check_name(what: &str, name: &str) -> anyhow::Result<()> {
 }
 
 /// Writes a fixture directory (created when missing; each file replaced atomically).
-pub(crate) fn write(
+pub fn write(
     dir: &Path,
     job: &Job,
     cassette: &Cassette,
@@ -143,7 +143,7 @@ fn replace(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 /// Reads the fixture in `dir`.
-pub(crate) fn read(dir: &Path) -> anyhow::Result<Fixture> {
+pub fn read(dir: &Path) -> anyhow::Result<Fixture> {
     let small = |name: &str| -> anyhow::Result<String> {
         let path = dir.join(name);
         baton_scenario::capped::read_text(&path, SMALL_FILE_BYTES_MAX)
@@ -220,7 +220,7 @@ pub(crate) fn read(dir: &Path) -> anyhow::Result<Fixture> {
 
 /// The fixture directories under `root`, for the given scenarios (all when empty), in
 /// name order: `root/SCENARIO/CASE/`.
-pub(crate) fn find(root: &Path, scenarios: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+pub fn find(root: &Path, scenarios: &[String]) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     if !root.exists() {
         return Ok(out);
@@ -237,7 +237,7 @@ pub(crate) fn find(root: &Path, scenarios: &[String]) -> anyhow::Result<Vec<Path
 }
 
 /// The directories in `dir` (a scenario's cases), in name order.
-pub(crate) fn subdirectories(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+pub fn subdirectories(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let entry = entry?;

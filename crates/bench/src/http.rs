@@ -12,15 +12,13 @@
 //!   the time from the event's own timestamp (taken before its commit) to its arrival.
 
 use std::path::Path;
-use std::process::{ExitCode, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-
-use crate::out::outln;
 
 const QUICK: &str = "id: quick\nversion: 1\nlevels:\n  - id: answer\n    kind: prompt\n    prompt: {inline: \"Answer {{ input }}\"}\n    terminal: true\n";
 
@@ -146,11 +144,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-pub(crate) async fn bench(
-    starts: usize,
-    concurrency: usize,
-    json_out: bool,
-) -> anyhow::Result<ExitCode> {
+pub(crate) async fn bench(starts: usize, concurrency: usize) -> anyhow::Result<Value> {
     let tmp = std::env::temp_dir().join(format!("baton-bench-http-{}", uuid_like()));
     std::fs::create_dir_all(tmp.join("scenarios"))?;
     std::fs::write(tmp.join("scenarios/quick.yaml"), QUICK)?;
@@ -158,18 +152,7 @@ pub(crate) async fn bench(
     std::fs::write(tmp.join("script.yaml"), SCRIPT)?;
     let report = measure(&tmp, starts, concurrency.max(1)).await;
     let _ = std::fs::remove_dir_all(&tmp);
-    let report = report?;
-    if json_out {
-        outln!("{}", serde_json::to_string_pretty(&report)?)?;
-    } else if let Some(map) = report.as_object() {
-        for (k, v) in map {
-            match v.as_f64() {
-                Some(f) if v.is_f64() => outln!("{k:>26}: {f:.3}")?,
-                _ => outln!("{k:>26}: {v}")?,
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+    report
 }
 
 fn uuid_like() -> String {

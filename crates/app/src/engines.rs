@@ -1,0 +1,207 @@
+//! Engines as every surface assembles them: the model, the verifiers (built in and the
+//! scanners), the workspaces, the redactor, the jail and the jobs' settings.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use baton_engine::Engine;
+use baton_engine::clock::SystemClock;
+use baton_engine::job::{Jobs, Selection};
+use baton_engine::model::{ModelProvider, ScriptedModel};
+use baton_engine::redact::Redactor;
+use baton_engine::runner::Runtime;
+use baton_engine::store::EventStore;
+use baton_engine::verifier::Verifiers;
+use baton_engine::wave_drive::WaveSettings;
+use baton_engine::workspace::WorkspaceSetup;
+use baton_jail::Jail;
+use baton_providers::config::Config;
+use baton_scenario::Registry;
+use baton_workspace::LocalWorkspaces;
+use serde_json::{Value, json};
+
+use crate::jail::jail;
+use crate::place::{Place, config_file};
+
+/// Where runs get their workspaces: `DIR` from `--workspace`, else one directory per run
+/// under `workspaces/` beside the database; their snapshots under `--snapshots`, else
+/// `snapshots/` beside the database.
+pub fn workspace_setup(
+    place: &Place,
+    dir: Option<PathBuf>,
+    branch: Option<String>,
+) -> WorkspaceSetup {
+    let data = place.db.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+    let root = absolute(data.join("workspaces"));
+    let snapshots = absolute(place.snapshots.clone().unwrap_or_else(|| data.join("snapshots")));
+    let dir = dir.map(absolute);
+    let opener = LocalWorkspaces::new(root, snapshots).jailed(jail(place));
+    WorkspaceSetup { opener: Arc::new(opener), dir, branch }
+}
+
+/// An engine for reading, deciding and finishing runs: its model answers nothing (a run
+/// resumes with the model it recorded), its workspaces are the run's own.
+pub fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Registry) -> Engine {
+    engine(
+        Arc::clone(store),
+        Arc::new(ScriptedModel::default()),
+        registry,
+        workspace_setup(place, None, None),
+        redactor(place),
+        jail(place),
+        None,
+    )
+}
+
+/// The variables that hold model providers' keys wherever a configuration names them.
+const WELL_KNOWN_KEY_VARIABLES: [&str; 2] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"];
+
+/// A redactor for every key this process can read: the values of the variables the
+/// provider configuration names (`api_key_env`) and of the well-known key variables,
+/// whichever model this run uses (a verifier's program can print the environment it was
+/// started from). A configuration that does not load adds nothing here; the command that
+/// needs its models reports why.
+pub fn redactor(place: &Place) -> Redactor {
+    let mut names: Vec<String> = WELL_KNOWN_KEY_VARIABLES.iter().map(|&n| n.to_owned()).collect();
+    let file = place.config.clone().unwrap_or_else(|| PathBuf::from("baton.toml"));
+    if let Ok(config) = Config::from_file(&file) {
+        names.extend(config.providers.iter().filter_map(|p| p.api_key_env.clone()));
+    }
+    Redactor::new(names.iter().filter_map(|n| std::env::var(n).ok()))
+}
+
+pub fn engine(
+    store: Arc<dyn EventStore>,
+    model: Arc<dyn ModelProvider>,
+    registry: &Registry,
+    workspaces: WorkspaceSetup,
+    redactor: Redactor,
+    jail: Arc<Jail>,
+    jobs: Option<Arc<Jobs>>,
+) -> Engine {
+    engine_trusting(store, model, registry, workspaces, redactor, jail, jobs, None)
+}
+
+/// [`engine`], with a `trust_validation` replay's recorded verifier outcomes.
+#[allow(clippy::too_many_arguments)]
+pub fn engine_trusting(
+    store: Arc<dyn EventStore>,
+    model: Arc<dyn ModelProvider>,
+    registry: &Registry,
+    workspaces: WorkspaceSetup,
+    redactor: Redactor,
+    jail: Arc<Jail>,
+    jobs: Option<Arc<Jobs>>,
+    trusted: Option<Arc<baton_engine::replay::Trusted>>,
+) -> Engine {
+    let catalog: Vec<Value> = registry
+        .scenarios()
+        .filter(|s| s.classifier_eligible())
+        .map(|s| json!({"id": s.id, "display_name": s.display_name, "description": s.description, "examples": s.examples}))
+        .collect();
+    let mut verifiers = Verifiers::builtin();
+    baton_verifiers::register(&mut verifiers);
+    if let Some(trusted) = trusted {
+        verifiers = verifiers.trusting(trusted);
+    }
+    Engine::new(
+        store,
+        Arc::new(Runtime {
+            model,
+            verifiers,
+            workspace: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            workspaces: Some(workspaces),
+            catalog: Arc::new(Value::Array(catalog)),
+            redactor,
+            jail,
+            jobs,
+        }),
+        Arc::new(SystemClock),
+    )
+}
+
+/// The configuration's `[selection]` and `[jobs]` settings: the file's when there is one
+/// (a file that does not load is an error, never skipped), the defaults otherwise.
+pub fn job_settings(place: &Place) -> anyhow::Result<(Selection, Option<f64>, Option<u32>)> {
+    let config = match config_file(place.config.as_deref()) {
+        Some(path) => Config::from_file(&path)?,
+        None => Config::default(),
+    };
+    let d = Selection::default();
+    let s = config.selection;
+    let selection = Selection {
+        default: s.default.unwrap_or(d.default),
+        fallback: s.fallback.unwrap_or(d.fallback),
+        classifier: s.classifier.unwrap_or(d.classifier),
+        classify_kinds: s.classify_kinds.unwrap_or(d.classify_kinds),
+    };
+    // Checked when the file was read: 1 through 10.
+    let parallel = config.waves.max_parallel.and_then(|n| u32::try_from(n).ok());
+    Ok((selection, config.jobs.settle_timeout_s, parallel))
+}
+
+/// How this command drives waves: `baton wave run` dispatches manual waves too, under an
+/// override of their parallelism that is not stored.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WaveDrive {
+    pub active: bool,
+    pub max_parallel: Option<u32>,
+}
+
+/// What the engine needs to start child runs: the scenarios (a chain goes to one of them),
+/// how jobs select, and the settle timeout (`--settle-timeout-s`, else the configuration's).
+pub fn jobs(
+    place: &Place,
+    registry: Arc<Registry>,
+    settle_timeout_s: Option<f64>,
+    waves: WaveDrive,
+) -> anyhow::Result<Jobs> {
+    let (selection, configured, parallel) = job_settings(place)?;
+    let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s.or(configured))
+        .map_err(|e| anyhow::anyhow!("--settle-timeout-s: {e}"))?;
+    let settings = WaveSettings {
+        max_parallel: parallel.unwrap_or(WaveSettings::default().max_parallel),
+        drive_max_parallel: waves.max_parallel,
+        active: waves.active,
+    };
+    Ok(Jobs::new(registry, selection, place.scenarios.clone(), settle_timeout).with_waves(settings))
+}
+
+/// [`jobs`] that reload the scenarios directory when its files change (a job may run for
+/// long, and chain late), merging the tenant's overrides over each load.
+pub async fn reloading_jobs(
+    place: &Place,
+    store: &dyn EventStore,
+    registry: Arc<Registry>,
+    settle_timeout_s: Option<f64>,
+    tenant: Option<&str>,
+    waves: WaveDrive,
+) -> anyhow::Result<Arc<Jobs>> {
+    let jobs = jobs(place, registry, settle_timeout_s, waves)?;
+    let Ok((handle, _)) = baton_scenario::RegistryHandle::open(vec![place.scenarios.clone()])
+    else {
+        return Ok(Arc::new(jobs));
+    };
+    let overrides = match tenant {
+        Some(t) => Some((t.to_owned(), crate::scenarios::stored(store, t).await?)),
+        None => None,
+    };
+    Ok(Arc::new(jobs.reloading(handle, overrides)))
+}
+
+/// An engine for actions on a wave: the existing store, and the configuration's wave
+/// settings (its default `max_parallel`).
+pub async fn wave_engine(place: &Place) -> anyhow::Result<Engine> {
+    let store = crate::place::open_existing_store(place).await?;
+    let jobs = jobs(place, Arc::new(Registry::default()), None, WaveDrive::default())?;
+    Ok(engine(
+        store,
+        Arc::new(ScriptedModel::default()),
+        &Registry::default(),
+        workspace_setup(place, None, None),
+        redactor(place),
+        jail(place),
+        Some(Arc::new(jobs)),
+    ))
+}

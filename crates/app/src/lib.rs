@@ -1,0 +1,33 @@
+//! Baton's application layer: what sits between the adapters (store, providers, jail,
+//! workspaces, verifiers) and the surfaces (the CLI, the HTTP server, MCP, workers).
+//!
+//! An instance is opened from a [`Place`] ([`Baton::open`]); its use cases take typed
+//! inputs and fail with an [`Error`] whose [`Kind`] every surface shows through one table
+//! ([`Kind::surfaces`]). The surfaces parse, call and render: none of them assembles an
+//! engine or decides a rule of a job on its own.
+//!
+//! Modules, lowest first: `error`; `place` (where runs live, opening the store); `models`,
+//! `jail` and `scenarios` (what a job runs with); `engines` (assembling engines);
+//! `fixture` and `replay` (recorded jobs); `start` (starting a job); `instance` (an
+//! opened instance).
+
+pub mod engines;
+pub mod error;
+pub mod fixture;
+pub mod fixtures;
+pub mod forecast;
+pub mod instance;
+pub mod jail;
+pub mod models;
+pub mod place;
+pub mod replay;
+pub mod runs;
+pub mod scenarios;
+pub mod start;
+pub mod upkeep;
+
+/// The store's token and role types, for the surfaces that manage tokens.
+pub use baton_store::{Role, Store, TokenRecord, TokenStore};
+pub use error::{Error, Kind};
+pub use instance::{Answers, Baton, Instance};
+pub use place::Place;
