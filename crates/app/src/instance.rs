@@ -196,12 +196,19 @@ impl Baton {
         registry: &Registry,
         scenario: &Arc<Scenario>,
     ) -> Result<Option<String>, Error> {
-        if let Err(why) = &self.start
-            && !baton_engine::exec::calls_no_model(scenario)
-        {
-            return Err(Error::unavailable(why.clone()));
-        }
+        self.check_model(scenario)?;
         self.check(registry, scenario)
+    }
+
+    /// Why new runs of `scenario` cannot start here for want of a model, if they cannot
+    /// (a start planned by [`crate::start::plan`] has passed the jail already).
+    pub fn check_model(&self, scenario: &Scenario) -> Result<(), Error> {
+        match &self.start {
+            Err(why) if !baton_engine::exec::calls_no_model(scenario) => {
+                Err(Error::unavailable(why.clone()))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// How jobs choose their scenario.

@@ -847,9 +847,10 @@ pub(crate) async fn start(
         given,
     )?;
     let (scenario, selected) = (planned.scenario, planned.selected);
-    if let Some(warning) = app.baton.check_start(&registry, &scenario)? {
-        app.warn(&warning);
+    for warning in &planned.warnings {
+        app.warn(warning);
     }
+    app.baton.check_model(&scenario)?;
     let model_source = app.baton.model_source();
     // A scenario that calls no model (a wave of outside agents) starts without one.
     let answers = if baton_engine::exec::calls_no_model(&scenario) {
