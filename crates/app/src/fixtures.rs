@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use baton_engine::Decision as ApprovalDecision;
 use baton_engine::cassette::Miss;
-use baton_engine::exec::{Decision as ApprovalDecision, Engine, Outcome};
+use baton_engine::exec::{Engine, Outcome};
 use baton_engine::job::{JobRequest, Start};
 use baton_engine::model::ModelProvider;
 use baton_engine::replay::{self, Change, Mismatch, Summary, Tree};

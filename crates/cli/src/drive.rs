@@ -648,7 +648,7 @@ pub(crate) fn waiting_lines(state: &baton_engine::RunState, run_id: &str) -> Vec
                 p.request.request_id,
                 p.level_id,
                 p.request.approver_role,
-                baton_engine::exec::summary(&p.request.question),
+                baton_engine::decide::summary(&p.request.question),
                 p.request.request_id
             ))
         })

@@ -11,23 +11,22 @@ use std::time::Duration;
 
 use baton_scenario::Scenario;
 use baton_scenario::expr::Semantics;
-use baton_scenario::model::{LevelKind, Uses};
-use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
-use crate::event::{
-    ApprovalDecided, BudgetConsumed, CancelRequested, Event, EventData, NewEvent, ScenarioStarted,
-    UserAnswered, WorkspaceInfo,
-};
+use crate::event::{BudgetConsumed, Event, EventData, NewEvent, ScenarioStarted, WorkspaceInfo};
+pub use crate::jobs::{calls_no_model, needs_workspace, owns_workspace, starts_programs};
+pub use crate::outcome::{Error, Outcome};
+use crate::plan::timed_out;
 use crate::plan::{Step, plan};
 use crate::render::Renderer;
 use crate::runner::{LevelRun, Runtime};
-use crate::state::{PendingApproval, RunState, Status, fold};
+use crate::runner::{next_settled, settled_channel};
+use crate::state::{RunState, Status, fold};
 use crate::store::{self, EventStore, RunRecord};
-use crate::workspace::{Workspace, WorkspaceError, WorkspaceRequest, off_thread};
+use crate::workspace::{Workspace, WorkspaceRequest, off_thread, workspace_notices};
 
 /// How often a running step checks the store for a cancel request.
 const CANCEL_POLL: Duration = Duration::from_millis(100);
@@ -46,46 +45,6 @@ pub const CONFLICTS_IN_A_ROW_MAX: u32 = 32;
 /// Most tries to record an outside decision (approve, answer, cancel) while the log keeps
 /// moving under it.
 pub const EXTERNAL_APPEND_TRIES_MAX: u32 = 50;
-
-/// Why the engine could not do what was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Store(#[from] store::Error),
-    #[error("run {run_id} belongs to scenario `{expected}`, not `{found}`")]
-    WrongScenario { run_id: String, expected: String, found: String },
-    #[error(
-        "run {run_id} was started from scenario `{scenario}` with checksum {recorded}, but the loaded one has {loaded}; resume it with the scenario files it started with"
-    )]
-    ChecksumChanged { run_id: String, scenario: String, recorded: String, loaded: String },
-    #[error("run {run_id}: {message}")]
-    Refused { run_id: String, message: String },
-    /// The approver's data was refused; nothing was recorded.
-    #[error("run {run_id}, approval request {request_id}: {message}; nothing was recorded")]
-    Data { run_id: String, request_id: String, message: String },
-    #[error("template: {0}")]
-    Template(String),
-    #[error(transparent)]
-    Workspace(#[from] WorkspaceError),
-    #[error(
-        "scenario `{scenario}` has tool_loop levels, which need a workspace, and this engine was set up without one; give the engine a `WorkspaceSetup`"
-    )]
-    NoWorkspaces { scenario: String },
-}
-
-/// Where a call to [`Engine::drive`] left the run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The run ended; its status says how.
-    Finished(Status),
-    /// The run waits for a person.
-    Paused,
-    /// The run stopped without ending (`run_interrupted`: every model unavailable, or the
-    /// driver was stopped); `baton resume` continues it.
-    Interrupted(String),
-    /// The run waits for its child runs ([`Engine::drive_tree`] drives them).
-    Waiting,
-}
 
 /// The kernel wired to a store, a runtime and a clock.
 #[derive(Debug, Clone)]
@@ -732,227 +691,6 @@ impl Engine {
             }
         }
     }
-
-    /// Records an approval decision for the only open request, exactly once.
-    pub async fn approve(
-        &self,
-        run_id: &str,
-        approved: bool,
-        comment: Option<String>,
-        by: Option<String>,
-    ) -> Result<ApprovalDecided, Error> {
-        self.decide(run_id, Decision { request_id: None, approved, comment, by, data: None }).await
-    }
-
-    /// Records a decision on one approval request, exactly once per request.
-    ///
-    /// `request_id` may be left out when exactly one request is open. The approver's data is
-    /// validated against the schema recorded on the request before anything is written; an
-    /// approval whose decision does not satisfy the schema without data is refused, so that
-    /// the level's output always matches its `output_schema` (a rejection needs no data).
-    pub async fn decide(&self, run_id: &str, d: Decision) -> Result<ApprovalDecided, Error> {
-        // Checked again on the log as it is before each try: of two deciders racing for one
-        // request, the store takes one append per sequence number, and the loser re-reads
-        // the log, finds the request decided and writes nothing.
-        // The request a person decided is the one open when they decided: a retry decides
-        // that request, not whichever is open by then.
-        let mut chosen = d.request_id.clone();
-        let decided = self
-            .append_external(run_id, |state, log, now| {
-                let on = Decision { request_id: chosen.clone(), ..d.clone() };
-                let decided = decision(run_id, state, log, &on, now)?;
-                chosen = Some(decided.request_id.clone());
-                let event = NewEvent::run(EventData::ApprovalDecided(decided.clone()));
-                Ok(Some((event, decided)))
-            })
-            .await?;
-        decided.ok_or_else(|| Error::Refused {
-            run_id: run_id.to_owned(),
-            message: "the decision was not recorded".to_owned(),
-        })
-    }
-
-    /// Records the answer to the pending `ask_user` request, exactly once.
-    pub async fn answer(&self, run_id: &str, answer: Value) -> Result<(), Error> {
-        self.append_external(run_id, |state, log, _| {
-            let refuse = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
-            if state.status.is_final() {
-                return Err(refuse(format!("the run has ended ({})", state.status.as_str())));
-            }
-            let Some(ask) = &state.pending_ask else {
-                return Err(refuse("the run is not waiting for an answer".to_owned()));
-            };
-            if state.answers.iter().any(|(id, _)| id == &ask.call_id) {
-                let at = log.iter().rev().find_map(|e| match &e.data {
-                    EventData::UserAnswered(a) if a.call_id == ask.call_id => Some(e.at),
-                    _ => None,
-                });
-                return Err(refuse(format!(
-                    "question {} was already answered{}",
-                    ask.call_id,
-                    at.map(|t| format!(" at {}", t.to_rfc3339())).unwrap_or_default()
-                )));
-            }
-            // A question that says what answers it takes (a JSON Schema, such as the routes a
-            // disambiguation offers) gets one of those or nothing.
-            if let Some(schema) = ask.question.get("schema").filter(|s| s.is_object()) {
-                let problems = match JsonSchema::compile(schema.clone()) {
-                    Ok(compiled) => compiled.violations(&answer),
-                    Err(e) => vec![format!("the question's schema does not compile: {e}")],
-                };
-                if !problems.is_empty() {
-                    let offered = schema
-                        .get("enum")
-                        .map(|e| format!("; the answers it takes: {e}"))
-                        .unwrap_or_default();
-                    return Err(refuse(format!(
-                        "the answer does not fit question {}: {}{offered}; nothing was recorded",
-                        ask.call_id,
-                        problems.join("; ")
-                    )));
-                }
-            }
-            let event = NewEvent::run(EventData::UserAnswered(UserAnswered {
-                call_id: ask.call_id.clone(),
-                answer: answer.clone(),
-            }));
-            Ok(Some((event, ())))
-        })
-        .await?;
-        Ok(())
-    }
-
-    /// Records a cancel request; a running executor stops at its next check. A cancel
-    /// already requested is left as it is (nothing is written).
-    pub async fn cancel(
-        &self,
-        run_id: &str,
-        by: Option<String>,
-        reason: Option<String>,
-    ) -> Result<(), Error> {
-        self.append_external(run_id, |state, _, _| {
-            if state.status.is_final() {
-                return Err(Error::Refused {
-                    run_id: run_id.to_owned(),
-                    message: format!("the run has already ended ({})", state.status.as_str()),
-                });
-            }
-            if state.cancel_requested.is_some() {
-                return Ok(None);
-            }
-            let event = NewEvent::run(EventData::CancelRequested(CancelRequested {
-                by: by.clone(),
-                reason: reason.clone(),
-            }));
-            Ok(Some((event, ())))
-        })
-        .await?;
-        Ok(())
-    }
-
-    /// Ends a run whose cancel was requested and that no process drives (a paused run, or
-    /// one whose driver died), without its scenario: the end of a cancelled run reads
-    /// nothing from it (the log holds the totals and the workspace's base), so a run can be
-    /// stopped after its scenario files changed or went away. The workspace goes back to
-    /// its base, as when [`Engine::drive`] ends a cancelled run. A run being driven is
-    /// [`store::Error::Busy`]: its driver stops at its next check.
-    pub async fn end_cancelled(&self, run_id: &str) -> Result<Outcome, Error> {
-        let _driving = self.store.hold(run_id).await?;
-        for _ in 0..EXTERNAL_APPEND_TRIES_MAX {
-            let state = self.state(run_id).await?;
-            if state.cancel_requested.is_none() && !state.status.is_final() {
-                return Err(Error::Refused {
-                    run_id: run_id.to_owned(),
-                    message: "no cancel was requested; request one with `baton cancel`".to_owned(),
-                });
-            }
-            let mut w = Writer::over_stored(self, run_id, state);
-            if !w.state.status.is_final() {
-                let events = crate::plan::cancelled(&w.state);
-                w.stage(events);
-                w.flush().await?;
-            }
-            // A conflicting writer (an approval recorded meanwhile) makes the flush re-read
-            // the log: try again on it.
-            if !w.state.status.is_final() {
-                continue;
-            }
-            if let Some(info) = &w.state.workspace {
-                let Some(setup) = &self.runtime.workspaces else {
-                    return Err(Error::NoWorkspaces { scenario: w.state.scenario_id.clone() });
-                };
-                let request = WorkspaceRequest {
-                    run_id: run_id.to_owned(),
-                    dir: Some(std::path::PathBuf::from(&info.dir)),
-                    seed: None,
-                };
-                let opener = Arc::clone(&setup.opener);
-                let workspace = off_thread(move || opener.open(&request)).await?;
-                // Without the scenario, the log says whether the run edited its workspace:
-                // only a tool loop does.
-                let edits = w.state.levels.values().any(|l| l.kind == "tool_loop");
-                settle_workspace(workspace, edits, &w.state).await?;
-            }
-            return Ok(Outcome::Finished(w.state.status));
-        }
-        Err(Error::Refused {
-            run_id: run_id.to_owned(),
-            message: format!(
-                "gave up ending the cancelled run after {EXTERNAL_APPEND_TRIES_MAX} tries: another writer advanced the log before each; try again"
-            ),
-        })
-    }
-
-    /// Appends one event from outside the executor, conditional on the log it was decided
-    /// on: `check` looks at the run as it is (its state and its log) and gives the event to
-    /// append with what to return, nothing when there is nothing to write, or a refusal.
-    /// The store appends only at the next sequence number, inside its transaction; when
-    /// another writer got there first, the log is read again and `check` runs again on it,
-    /// so a request decided meanwhile is refused and nothing is written.
-    ///
-    /// `check` is also given the time the event will be recorded with: a deadline is
-    /// checked against the very time the decision carries.
-    pub(crate) async fn append_external<T>(
-        &self,
-        run_id: &str,
-        mut check: impl FnMut(
-            &RunState,
-            &[Event],
-            chrono::DateTime<chrono::Utc>,
-        ) -> Result<Option<(NewEvent, T)>, Error>,
-    ) -> Result<Option<T>, Error> {
-        let mut kind = "the decision";
-        for tries in 0..EXTERNAL_APPEND_TRIES_MAX {
-            // A run that does not exist is `NotFound` from the load (every store's
-            // conformance), so the log is the one read a try makes.
-            let log = self.store.load(run_id, 0).await?;
-            let state = fold(&log);
-            let now = self.clock.now();
-            let Some((event, out)) = check(&state, &log, now)? else {
-                return Ok(None);
-            };
-            kind = event.data.kind();
-            if tries == 0 {
-                decision_barrier().await;
-            }
-            let seq = state.last_seq + 1;
-            let stamped = event.at(seq, now);
-            let mut next = state;
-            next.apply(&stamped);
-            let status = if next.awaiting_person() { Status::Paused } else { next.status };
-            match self.store.append(run_id, seq, vec![stamped], status.as_str()).await {
-                Ok(()) => return Ok(Some(out)),
-                Err(store::Error::Conflict { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(Error::Refused {
-            run_id: run_id.to_owned(),
-            message: format!(
-                "gave up recording {kind} after {EXTERNAL_APPEND_TRIES_MAX} tries: another writer advanced the log before each; nothing was recorded, try again"
-            ),
-        })
-    }
 }
 
 /// Why the driver stops here without ending the run: the engine was told to stop (a
@@ -968,286 +706,6 @@ fn spend_of(events: Vec<NewEvent>) -> Vec<NewEvent> {
     events.into_iter().filter(|e| e.data.spend().is_some()).collect()
 }
 
-/// Test hook: with `BATON_TEST_DECISION_BARRIER=DIR` in the environment, an outside
-/// decision that found its request open creates `DIR/loaded.PID` and waits (at most
-/// [`DECISION_BARRIER_WAIT`]) until `DIR/go` exists before it appends, so a test can show
-/// that racing deciders all read the log before any of them wrote.
-async fn decision_barrier() {
-    let Some(dir) = std::env::var_os("BATON_TEST_DECISION_BARRIER") else {
-        return;
-    };
-    let dir = std::path::PathBuf::from(dir);
-    let _ = std::fs::write(dir.join(format!("loaded.{}", std::process::id())), b"");
-    let go = dir.join("go");
-    let started = std::time::Instant::now();
-    while !go.exists() && started.elapsed() < DECISION_BARRIER_WAIT {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Longest a decision waits at the test barrier of [`decision_barrier`].
-const DECISION_BARRIER_WAIT: Duration = Duration::from_secs(60);
-
-/// The decision on a request nobody decided before its deadline: a rejection, marked
-/// timed out.
-fn timed_out(pending: &PendingApproval) -> ApprovalDecided {
-    let at = pending.request.deadline.map(|d| d.to_rfc3339()).unwrap_or_default();
-    ApprovalDecided {
-        request_id: pending.request.request_id.clone(),
-        approved: false,
-        comment: Some(format!("nobody decided before the deadline ({at})")),
-        by: None,
-        data: None,
-        timed_out: true,
-    }
-}
-
-/// ` by NAME at TIME` for a decided request, from the log.
-fn decided_by(log: &[Event], request_id: &str) -> String {
-    log.iter()
-        .rev()
-        .find_map(|e| match &e.data {
-            EventData::ApprovalDecided(d) if d.request_id == request_id => Some(format!(
-                " by {} at {}",
-                d.by.as_deref().unwrap_or("an unnamed approver"),
-                e.at.to_rfc3339()
-            )),
-            _ => None,
-        })
-        .unwrap_or_default()
-}
-
-/// The decision `d` on the run as `state` and `log` have it, or why it is refused.
-fn decision(
-    run_id: &str,
-    state: &RunState,
-    log: &[Event],
-    d: &Decision,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<ApprovalDecided, Error> {
-    let refuse = |message: String| Error::Refused { run_id: run_id.to_owned(), message };
-    if state.status.is_final() {
-        return Err(refuse(format!(
-            "the run has ended ({}); there is nothing to approve",
-            state.status.as_str()
-        )));
-    }
-    if d.by.as_deref().is_some_and(|b| b.trim().is_empty()) {
-        return Err(refuse("the approver (`by`) must not be empty".to_owned()));
-    }
-    let open: Vec<&PendingApproval> = state.open_approvals().collect();
-    let pending = match &d.request_id {
-        Some(id) => match state.pending_approvals.iter().find(|p| &p.request.request_id == id) {
-            _ if state.decisions.contains_key(id) => {
-                return Err(refuse(format!(
-                    "approval request {id} was already decided{}{}",
-                    decided_by(log, id),
-                    open_list(&open)
-                )));
-            }
-            Some(p) => p,
-            None => {
-                return Err(refuse(format!(
-                    "no approval request {id}{}",
-                    if open.is_empty() {
-                        "; the run is not waiting for an approval".to_owned()
-                    } else {
-                        open_list(&open)
-                    }
-                )));
-            }
-        },
-        None => match open.as_slice() {
-            [] => return Err(refuse("the run is not waiting for an approval".to_owned())),
-            [one] => *one,
-            several => {
-                return Err(refuse(format!(
-                    "{} approval requests are open; name one with --request ID{}",
-                    several.len(),
-                    open_list(several)
-                )));
-            }
-        },
-    };
-    let request_id = pending.request.request_id.clone();
-    if let Some(deadline) = pending.request.deadline
-        && deadline <= now
-    {
-        return Err(refuse(format!(
-            "approval request {request_id} timed out at {} (level `{}` waits at most its timeout_s); nothing was recorded — `baton resume {run_id}` records the timeout and goes on",
-            deadline.to_rfc3339(),
-            pending.level_id
-        )));
-    }
-    if let Some(data) = &d.data
-        && !data.is_object()
-    {
-        return Err(Error::Data {
-            run_id: run_id.to_owned(),
-            request_id,
-            message: "the approver's data must be a JSON object".to_owned(),
-        });
-    }
-    if let Some(key) = d.data.as_ref().and_then(|v| {
-        v.as_object().and_then(|m| DECISION_KEYS.iter().find(|k| m.contains_key(**k)))
-    }) {
-        return Err(Error::Data {
-            run_id: run_id.to_owned(),
-            request_id,
-            message: format!(
-                "the approver's data must not set `{key}`: the decision itself sets it (--reject, --comment, --by)"
-            ),
-        });
-    }
-    if d.approved || d.data.is_some() {
-        let violations = decision_violations(&pending.request.schema, d);
-        if !violations.is_empty() {
-            let hint = if d.data.is_none() {
-                "; level `{level}` declares an output_schema: give the approver's data with --data FILE.json".replace("{level}", &pending.level_id)
-            } else {
-                String::new()
-            };
-            return Err(Error::Data {
-                run_id: run_id.to_owned(),
-                request_id,
-                message: format!(
-                    "the decision does not match the output_schema of level `{}`: {}{hint}",
-                    pending.level_id,
-                    violations.join("; ")
-                ),
-            });
-        }
-    }
-    Ok(ApprovalDecided {
-        request_id,
-        approved: d.approved,
-        comment: d.comment.clone(),
-        by: d.by.clone(),
-        data: d.data.clone(),
-        timed_out: false,
-    })
-}
-
-/// A decision on an approval request, as a person gives it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Decision {
-    /// The request decided; may be left out when exactly one is open.
-    pub request_id: Option<String>,
-    pub approved: bool,
-    pub comment: Option<String>,
-    pub by: Option<String>,
-    /// The approver's data for the level's `output_schema` (a JSON object).
-    pub data: Option<Value>,
-}
-
-/// The keys of an approval level's output that the decision sets, not the approver's data.
-const DECISION_KEYS: &[&str] = &["approved", "comment", "by"];
-
-/// The level's output a decision gives (the approver's data with the decision's fields),
-/// checked against the schema recorded on the request: violations by JSON pointer.
-fn decision_violations(schema: &Value, d: &Decision) -> Vec<String> {
-    let compiled = match JsonSchema::compile(schema.clone()) {
-        Ok(c) => c,
-        Err(e) => return vec![format!("the recorded schema does not compile: {e}")],
-    };
-    let mut output = match &d.data {
-        Some(Value::Object(m)) => m.clone(),
-        _ => Map::new(),
-    };
-    output.insert("approved".to_owned(), Value::Bool(d.approved));
-    // Absent fields are left out rather than null, as a schema's optional fields expect.
-    if let Some(comment) = &d.comment {
-        output.insert("comment".to_owned(), Value::String(comment.clone()));
-    }
-    if let Some(by) = &d.by {
-        output.insert("by".to_owned(), Value::String(by.clone()));
-    }
-    compiled.violations(&Value::Object(output))
-}
-
-/// `; open: ID (level `L`: prompt…), …`, or nothing when no request is open.
-fn open_list(open: &[&PendingApproval]) -> String {
-    if open.is_empty() {
-        return String::new();
-    }
-    let items: Vec<String> = open
-        .iter()
-        .map(|p| {
-            format!(
-                "{} (level `{}`: {})",
-                p.request.request_id,
-                p.level_id,
-                summary(&p.request.question)
-            )
-        })
-        .collect();
-    format!("; open requests: {}", items.join(", "))
-}
-
-/// The first line of a question, cut at [`crate::limits::PROMPT_SUMMARY_CHARS`] characters.
-pub fn summary(question: &str) -> String {
-    let line = question.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
-    let max = crate::limits::PROMPT_SUMMARY_CHARS;
-    if line.chars().count() > max {
-        format!("{}…", line.chars().take(max).collect::<String>())
-    } else {
-        line.to_owned()
-    }
-}
-
-/// What opening a workspace had to repair (a stale lock removed), as run warnings.
-fn workspace_notices(workspace: Option<&Arc<dyn Workspace>>) -> Vec<NewEvent> {
-    let Some(workspace) = workspace else { return Vec::new() };
-    workspace
-        .take_notices()
-        .into_iter()
-        .map(|message| NewEvent::run(EventData::Warning(crate::event::Warning { message })))
-        .collect()
-}
-
-/// Whether a run of `scenario` never calls a model: its levels are all waves whose
-/// assignments outside agents dispatch (a standalone wave's) or programs run.
-pub fn calls_no_model(scenario: &Scenario) -> bool {
-    scenario.levels.iter().all(|l| {
-        matches!(&l.kind, LevelKind::Wave(w)
-            if w.dispatch == baton_scenario::model::WaveDispatch::Manual || w.command.is_some())
-    })
-}
-
-/// Whether runs of the scenario start programs themselves (which then run in the jail): a
-/// verifier that runs one (a build, a scanner, an MCP server) or a wave level's command.
-pub fn starts_programs(scenario: &Scenario) -> bool {
-    scenario
-        .levels
-        .iter()
-        .flat_map(|l| &l.verifiers)
-        .any(|v| crate::verifier::runs_programs(v.uses))
-        || scenario
-            .levels
-            .iter()
-            .any(|l| matches!(&l.kind, LevelKind::Wave(w) if w.command.is_some()))
-}
-
-/// Whether runs of the scenario edit a workspace of their own: it has a tool-loop level.
-pub fn owns_workspace(scenario: &Scenario) -> bool {
-    scenario.levels.iter().any(|l| matches!(l.kind, LevelKind::ToolLoop { .. }))
-}
-
-/// Whether runs of the scenario need a workspace: they edit one (a tool loop), or a
-/// verifier runs a program or a scanner on the run's files. Such a run gets the directory
-/// the user named or one of its own, recorded in `scenario_started` — never whatever
-/// directory the process happens to run in.
-pub fn needs_workspace(scenario: &Scenario) -> bool {
-    owns_workspace(scenario)
-        || scenario.levels.iter().flat_map(|l| &l.verifiers).any(|v| reads_files(v.uses))
-}
-
-/// Whether a verifier reads the workspace: every kind but the schema check and the judge,
-/// which read the level's answer only.
-fn reads_files(uses: Uses) -> bool {
-    !matches!(uses, Uses::Schema | Uses::LlmJudge)
-}
-
 fn no_workspaces(scenario: &Scenario) -> Error {
     Error::NoWorkspaces { scenario: scenario.id.clone() }
 }
@@ -1257,7 +715,7 @@ fn no_workspaces(scenario: &Scenario) -> Error {
 /// files as they are, whoever changed them meanwhile); a completed run's result is named
 /// by its branch, when it asked for one. Both are idempotent, so a run that ends again
 /// after a crash settles the same way.
-async fn settle_workspace(
+pub(crate) async fn settle_workspace(
     workspace: Arc<dyn Workspace>,
     edits: bool,
     state: &RunState,
@@ -1280,11 +738,11 @@ async fn settle_workspace(
 
 /// The executor's view of one run: the state including staged events, and the events
 /// staged but not yet committed.
-struct Writer<'a> {
+pub(crate) struct Writer<'a> {
     engine: &'a Engine,
     run_id: &'a str,
     /// Shared with the runner of the current step; copied only if still shared on write.
-    state: Arc<RunState>,
+    pub(crate) state: Arc<RunState>,
     /// The last `seq` known to be in the store.
     stored_seq: u64,
     pending: Vec<Event>,
@@ -1298,7 +756,7 @@ struct Writer<'a> {
 
 impl<'a> Writer<'a> {
     /// A writer over a run already in the store, as of `state`.
-    fn over_stored(engine: &'a Engine, run_id: &'a str, state: RunState) -> Self {
+    pub(crate) fn over_stored(engine: &'a Engine, run_id: &'a str, state: RunState) -> Self {
         Writer {
             engine,
             run_id,
@@ -1312,7 +770,7 @@ impl<'a> Writer<'a> {
     }
 
     /// Folds events into the state and stages them for the next commit.
-    fn stage(&mut self, events: Vec<NewEvent>) {
+    pub(crate) fn stage(&mut self, events: Vec<NewEvent>) {
         let now = self.engine.clock.now();
         let state = Arc::make_mut(&mut self.state);
         for e in events {
@@ -1324,7 +782,7 @@ impl<'a> Writer<'a> {
 
     /// Commits the staged events in one transaction; false when another writer got in
     /// first and the state was re-read instead (what was staged is dropped: plan again).
-    async fn flush(&mut self) -> Result<bool, Error> {
+    pub(crate) async fn flush(&mut self) -> Result<bool, Error> {
         self.has_results = false;
         if self.pending.is_empty() {
             return Ok(true);
@@ -1340,7 +798,7 @@ impl<'a> Writer<'a> {
         self.write(events).await
     }
 
-    fn status(&self) -> Status {
+    pub(crate) fn status(&self) -> Status {
         if self.state.awaiting_person() && !self.state.status.is_final() {
             Status::Paused
         } else {
@@ -1350,7 +808,7 @@ impl<'a> Writer<'a> {
 
     /// Appends `events` after the stored ones; false when another writer got in first and
     /// the state was re-read instead.
-    async fn write(&mut self, events: Vec<Event>) -> Result<bool, Error> {
+    pub(crate) async fn write(&mut self, events: Vec<Event>) -> Result<bool, Error> {
         let status = self.status();
         let first = self.stored_seq + 1;
         let count = events.len() as u64;
@@ -1382,7 +840,7 @@ impl<'a> Writer<'a> {
 
     /// Records that the run stopped without ending (unless it waits for a person, which
     /// needs no driver), commits, and reports it.
-    async fn interrupt(&mut self, reason: String) -> Result<Outcome, Error> {
+    pub(crate) async fn interrupt(&mut self, reason: String) -> Result<Outcome, Error> {
         for _ in 0..CONFLICTS_IN_A_ROW_MAX {
             if self.state.status.is_final() {
                 break;
@@ -1410,7 +868,7 @@ impl<'a> Writer<'a> {
         Ok(Outcome::Finished(self.state.status))
     }
 
-    async fn reload(&mut self) -> Result<(), Error> {
+    pub(crate) async fn reload(&mut self) -> Result<(), Error> {
         self.pending.clear();
         self.state = Arc::new(self.engine.state(self.run_id).await?);
         self.stored_seq = self.state.last_seq;
@@ -1427,7 +885,7 @@ impl<'a> Writer<'a> {
     /// child: each is staged and committed as it arrives (one transaction per child), so a
     /// crash or a cancel keeps them. Once the step has stopped, the batches still queued
     /// are staged ahead of its own events; after a cancel they are dropped with the step.
-    async fn run_watching(
+    pub(crate) async fn run_watching(
         &mut self,
         run: LevelRun,
         cancel: &CancelToken,
@@ -1518,7 +976,7 @@ impl<'a> Writer<'a> {
 
     /// Stages the children's batches still queued when a step stopped, unless it was
     /// cancelled (then the step is dropped whole).
-    fn stage_queued(
+    pub(crate) fn stage_queued(
         &mut self,
         settled: Option<&mut mpsc::Receiver<Vec<NewEvent>>>,
         cancel: &CancelToken,
@@ -1530,30 +988,4 @@ impl<'a> Writer<'a> {
             }
         }
     }
-}
-
-/// The channel a fan-out step sends its finished children through, with room for one
-/// batch per child; none for other levels.
-fn settled_channel(
-    scenario: &Scenario,
-    level: baton_scenario::model::LevelIdx,
-) -> (Option<crate::runner::Settled>, Option<mpsc::Receiver<Vec<NewEvent>>>) {
-    match &scenario.levels[level].kind {
-        LevelKind::FanOut { children, .. } => {
-            let (sender, receiver) = mpsc::channel(children.len().max(1));
-            (Some(sender), Some(receiver))
-        }
-        _ => (None, None),
-    }
-}
-
-/// The next batch a fan-out's child sent; never resolves without a channel or once it is
-/// closed.
-async fn next_settled(settled: Option<&mut mpsc::Receiver<Vec<NewEvent>>>) -> Vec<NewEvent> {
-    if let Some(settled) = settled
-        && let Some(batch) = settled.recv().await
-    {
-        return batch;
-    }
-    std::future::pending().await
 }

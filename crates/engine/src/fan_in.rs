@@ -11,7 +11,6 @@ use baton_scenario::model::{Aggregator, Level, LevelIdx, LevelKind};
 use serde_json::{Map, Value, json};
 
 use crate::event::LevelFinished;
-use crate::runner::error_finish;
 use crate::state::RunState;
 
 /// Where one child of a fan-out stands in the fan-out's current attempt, as the log says.
@@ -83,10 +82,13 @@ pub fn aggregate(
     duration_ms: u64,
 ) -> LevelFinished {
     let LevelKind::FanOut { fan_in, .. } = &level.kind else {
-        return error_finish(format!("level `{}` is not a fan-out", level.id), duration_ms);
+        return LevelFinished::failed(
+            format!("level `{}` is not a fan-out", level.id),
+            duration_ms,
+        );
     };
     if let Some((id, err)) = children.iter().find_map(|c| c.error.map(|e| (c.id, e))) {
-        return error_finish(format!("fan-out child `{id}` failed: {err}"), duration_ms);
+        return LevelFinished::failed(format!("fan-out child `{id}` failed: {err}"), duration_ms);
     }
     let cost: f64 = children.iter().map(|c| c.cost_usd).sum();
     let tokens: u64 = children.iter().map(|c| c.tokens).sum();

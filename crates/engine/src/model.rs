@@ -7,8 +7,6 @@
 //! last entry repeats once the list is exhausted).
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use baton_scenario::de::{Located, from_node};
@@ -16,15 +14,14 @@ use baton_scenario::model::ModelConstraint;
 use baton_scenario::node::Node;
 use baton_scenario::source::SourceId;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::cancel::CancelToken;
+pub use crate::event::ToolCall;
 use crate::event::Usage;
+pub use crate::future::BoxFuture;
 use crate::limits;
-
-/// A boxed future, for traits used as objects.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// One call to a model.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,16 +51,6 @@ pub struct ModelRequest {
     /// `max_duration_s`): a client waits no longer for an answer, and retries no later.
     /// Not part of the request's content (nor its hash).
     pub deadline: Option<std::time::Instant>,
-}
-
-/// A tool call a model made.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ToolCall {
-    /// The provider's id of the call, which its result must name.
-    #[serde(default)]
-    pub id: String,
-    pub name: String,
-    pub arguments: Value,
 }
 
 /// A tool's result, sent back to the model.
@@ -558,5 +545,29 @@ impl ModelProvider for ScriptedModel {
 
     fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64 {
         self.response(request).and_then(|r| r.worst_case_usd.or(r.cost_usd)).unwrap_or(0.0)
+    }
+}
+
+/// The key of the arguments that stand in for a call's arguments over the size limits:
+/// the call is refused, and neither the log nor the conversation holds them.
+pub(crate) const OMITTED_KEY: &str = "baton_omitted_argument_bytes";
+
+/// Caps a model turn's tool calls before anything records them: a call whose arguments
+/// are over [`limits::TOOL_ARGUMENTS_BYTES_MAX`], or that would take the turn's arguments
+/// over [`limits::TURN_ARGUMENTS_BYTES_MAX`], keeps only a note of its size (and is
+/// refused when it would run). So one turn adds a bounded number of bytes to the log
+/// (the model's text, at most twice the turn's arguments — the `model_response` and the
+/// `tool_call` events — and the bounded results) however much a model sends.
+pub fn cap_tool_calls<'a>(calls: impl IntoIterator<Item = &'a mut ToolCall>) {
+    let mut turn_bytes = 0usize;
+    for call in calls {
+        let bytes = call.arguments.to_string().len();
+        if bytes > limits::TOOL_ARGUMENTS_BYTES_MAX
+            || turn_bytes + bytes > limits::TURN_ARGUMENTS_BYTES_MAX
+        {
+            call.arguments = json!({ OMITTED_KEY: bytes });
+        } else {
+            turn_bytes += bytes;
+        }
     }
 }

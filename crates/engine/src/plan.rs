@@ -19,6 +19,7 @@ use crate::event::{
 use crate::fan_in::{self, ChildState};
 use crate::gate_ctx::GateContext;
 use crate::limits::{CHAIN_DEPTH_MAX, CHAIN_LINK};
+use crate::state::PendingApproval;
 use crate::state::{Next, RunState, Status};
 
 /// What the executor does next.
@@ -254,7 +255,7 @@ fn wave_step(
 ) -> Step {
     let level = &scenario.levels[index];
     let Some(wave) = state.waves.get(&level.id) else {
-        let event = match crate::wave::plan(spec, state) {
+        let event = match crate::wave_plan::plan(spec, state) {
             Ok(planned) => EventData::WavePlanned(planned),
             Err(error) => EventData::LevelFinished(LevelFinished {
                 ok: false,
@@ -548,5 +549,19 @@ fn skipped_with(skipped: bool) -> LevelFinished {
         terminal: false,
         touched_paths: Vec::new(),
         snapshot: None,
+    }
+}
+
+/// The decision on a request nobody decided before its deadline: a rejection, marked
+/// timed out.
+pub(crate) fn timed_out(pending: &PendingApproval) -> ApprovalDecided {
+    let at = pending.request.deadline.map(|d| d.to_rfc3339()).unwrap_or_default();
+    ApprovalDecided {
+        request_id: pending.request.request_id.clone(),
+        approved: false,
+        comment: Some(format!("nobody decided before the deadline ({at})")),
+        by: None,
+        data: None,
+        timed_out: true,
     }
 }

@@ -21,28 +21,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cassette::{self, Cassette};
+pub use crate::event::Strategy;
 use crate::event::{ApprovalDecided, Event, EventData, VerifierFinished};
-
-/// How a replay treats verifiers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Strategy {
-    /// Every verifier runs again on the replayed output (the default).
-    #[default]
-    RerunVerifiers,
-    /// A verifier's recorded outcome is taken as it was, and no program runs; a judge's
-    /// model answer still comes from the log, like every model answer.
-    TrustValidation,
-}
-
-impl Strategy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Strategy::RerunVerifiers => "rerun_verifiers",
-            Strategy::TrustValidation => "trust_validation",
-        }
-    }
-}
+pub use crate::verifier::Trusted;
+use crate::verifier::VerifierKey;
 
 /// Event kinds a comparison leaves out: a heartbeat says only that time passed, and a
 /// replay's own record exists only in the replay.
@@ -206,7 +188,7 @@ impl Tree {
             let id = match run.links.split_last() {
                 None => new_root.to_owned(),
                 Some((link, parent)) => match ids.get(parent) {
-                    Some(p) => crate::job::child_run_id(p, link),
+                    Some(p) => crate::run_ids::child_run_id(p, link),
                     None => continue,
                 },
             };
@@ -255,7 +237,7 @@ impl Tree {
             let mut last: Option<Option<usize>> = None;
             for e in run.events.iter().filter(|e| !IGNORED_KINDS.contains(&e.data.kind())) {
                 if let EventData::ChildRunSettled(c) = &e.data {
-                    let child = crate::job::child_run_id(parent, &c.link);
+                    let child = crate::run_ids::child_run_id(parent, &c.link);
                     let r = rank(&c.link);
                     match groups.last_mut() {
                         Some(g) if last.is_some_and(|prev| prev < r) => g.push(child),
@@ -271,31 +253,6 @@ impl Tree {
             }
         }
         SettleOrder { by_parent }
-    }
-}
-
-/// A verifier's place: run id, level, attempt, verifier name.
-type VerifierKey = (String, String, u32, String);
-
-/// Recorded verifier outcomes a `trust_validation` replay returns instead of running the
-/// verifiers; each is taken once, in the order it was recorded.
-#[derive(Debug, Default)]
-pub struct Trusted {
-    by: Mutex<BTreeMap<VerifierKey, VecDeque<VerifierFinished>>>,
-}
-
-impl Trusted {
-    /// The next recorded outcome of verifier `name` in this attempt of the level, if any.
-    pub fn take(
-        &self,
-        run_id: &str,
-        level_id: &str,
-        attempt: u32,
-        name: &str,
-    ) -> Option<VerifierFinished> {
-        let mut by = self.by.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = (run_id.to_owned(), level_id.to_owned(), attempt, name.to_owned());
-        by.get_mut(&key).and_then(VecDeque::pop_front)
     }
 }
 

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use baton_scenario::Scenario;
 
+use crate::decide::Decision as ApprovalDecision;
 use crate::event::{EventData, RunReplayed};
-use crate::exec::{Decision as ApprovalDecision, Engine, Error, Outcome};
+use crate::exec::{Engine, Error, Outcome};
 use crate::job::Start;
 use crate::limits;
 use crate::replay::{Decision, Tree, TreeRun};

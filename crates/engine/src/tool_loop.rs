@@ -25,9 +25,10 @@ use crate::event::{
 };
 use crate::limits;
 use crate::model::{ModelRequest, ToolCall, ToolReply, ToolSpec, Turn};
+use crate::model::{OMITTED_KEY, cap_tool_calls};
 use crate::plan::over_caps;
 use crate::render;
-use crate::runner::{LevelRun, Stop, error_finish};
+use crate::runner::{LevelRun, Stop};
 use crate::workspace::{FILE_TOOLS, ToolOutcome, off_thread};
 
 /// The standing rules of a tool-loop level, sent as its system prompt.
@@ -200,30 +201,6 @@ enum Next {
     Failed(String),
 }
 
-/// The key of the arguments that stand in for a call's arguments over the size limits:
-/// the call is refused, and neither the log nor the conversation holds them.
-const OMITTED_KEY: &str = "baton_omitted_argument_bytes";
-
-/// Caps a model turn's tool calls before anything records them: a call whose arguments
-/// are over [`limits::TOOL_ARGUMENTS_BYTES_MAX`], or that would take the turn's arguments
-/// over [`limits::TURN_ARGUMENTS_BYTES_MAX`], keeps only a note of its size (and is
-/// refused when it would run). So one turn adds a bounded number of bytes to the log
-/// (the model's text, at most twice the turn's arguments — the `model_response` and the
-/// `tool_call` events — and the bounded results) however much a model sends.
-pub fn cap_tool_calls<'a>(calls: impl IntoIterator<Item = &'a mut ToolCall>) {
-    let mut turn_bytes = 0usize;
-    for call in calls {
-        let bytes = call.arguments.to_string().len();
-        if bytes > limits::TOOL_ARGUMENTS_BYTES_MAX
-            || turn_bytes + bytes > limits::TURN_ARGUMENTS_BYTES_MAX
-        {
-            call.arguments = json!({ OMITTED_KEY: bytes });
-        } else {
-            turn_bytes += bytes;
-        }
-    }
-}
-
 /// The refusal of a call whose arguments [`cap_tool_calls`] left out.
 fn oversized(arguments: &Value) -> Option<ToolOutcome> {
     let bytes = arguments.get(OMITTED_KEY)?.as_u64()?;
@@ -246,9 +223,10 @@ impl LevelRun {
         };
         let mut events = Vec::new();
         let fail = |message: String, events: &mut Vec<NewEvent>| {
-            events.push(
-                self.event(EventData::LevelFinished(error_finish(message, elapsed_ms(started)))),
-            );
+            events.push(self.event(EventData::LevelFinished(LevelFinished::failed(
+                message,
+                elapsed_ms(started),
+            ))));
             std::mem::take(events)
         };
         let Some(workspace) = self.workspace.clone() else {

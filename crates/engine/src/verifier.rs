@@ -6,10 +6,10 @@
 //! stderr for the next attempt's feedback. Output is read with a byte cap, so a verifier
 //! printing gigabytes cannot exhaust memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_scenario::model::{Uses, VerifierSpec};
@@ -18,8 +18,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::cancel::CancelToken;
 use crate::event::VerifierFinished;
+use crate::future::BoxFuture;
 use crate::limits;
-use crate::model::BoxFuture;
 
 /// What a verifier may look at.
 #[derive(Clone, Debug)]
@@ -538,4 +538,29 @@ async fn run_command(
             "stderr_bytes": err_total,
         }),
     )
+}
+
+/// A verifier's place in a tree: run, level, attempt, name.
+pub(crate) type VerifierKey = (String, String, u32, String);
+
+/// Recorded verifier outcomes a `trust_validation` replay returns instead of running the
+/// verifiers; each is taken once, in the order it was recorded.
+#[derive(Debug, Default)]
+pub struct Trusted {
+    pub(crate) by: Mutex<BTreeMap<VerifierKey, VecDeque<VerifierFinished>>>,
+}
+
+impl Trusted {
+    /// The next recorded outcome of verifier `name` in this attempt of the level, if any.
+    pub fn take(
+        &self,
+        run_id: &str,
+        level_id: &str,
+        attempt: u32,
+        name: &str,
+    ) -> Option<VerifierFinished> {
+        let mut by = self.by.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (run_id.to_owned(), level_id.to_owned(), attempt, name.to_owned());
+        by.get_mut(&key).and_then(VecDeque::pop_front)
+    }
 }

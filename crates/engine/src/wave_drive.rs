@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_scenario::Scenario;
-use baton_scenario::limits::WAVE_PARALLEL_DEFAULT;
 
 use crate::event::{
     Assignment, ChildRunSettled, ChildRunStarted, EventData, FinalStatus, NewEvent, WaveDecided,
@@ -23,37 +22,8 @@ use crate::event::{
 use crate::exec::{Engine, Error, Outcome};
 use crate::state::{ChildRun, RunState};
 use crate::store;
+pub use crate::wave::WaveSettings;
 use crate::wave::{self, WaveState};
-
-/// How waves are dispatched by an engine: the configured parallelism, a one-drive
-/// override, and whether manual waves are dispatched actively (`baton wave run`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaveSettings {
-    /// `[waves] max_parallel` in baton.toml: for waves that set none (default 3).
-    pub max_parallel: u32,
-    /// This drive's override (`baton wave run --max-parallel N`); never stored.
-    pub drive_max_parallel: Option<u32>,
-    /// Dispatch manual waves too (the active dispatcher of `baton wave run`).
-    pub active: bool,
-}
-
-impl Default for WaveSettings {
-    fn default() -> Self {
-        WaveSettings {
-            max_parallel: WAVE_PARALLEL_DEFAULT,
-            drive_max_parallel: None,
-            active: false,
-        }
-    }
-}
-
-impl WaveSettings {
-    /// The parallelism a wave runs under in this drive: the override, else the wave's own,
-    /// else the configured default.
-    pub fn parallel_for(&self, wave: &WaveState) -> u32 {
-        self.drive_max_parallel.or(wave.plan.max_parallel).unwrap_or(self.max_parallel)
-    }
-}
 
 /// The wave of the level in flight, if the level in flight is a wave.
 pub fn wave_in_flight(state: &RunState) -> Option<&WaveState> {
@@ -128,7 +98,7 @@ impl Engine {
                 return Ok(vec![NewEvent::level(
                     level_id,
                     w.attempt,
-                    EventData::LevelFinished(crate::runner::error_finish(
+                    EventData::LevelFinished(crate::event::LevelFinished::failed(
                         format!("wave_worker: {why}"),
                         0,
                     )),
@@ -419,7 +389,7 @@ fn dispatch_events(
     )];
     for (a, worker) in workers {
         let link = wave::link(&w.level_id, w.attempt, &a.id);
-        let child_run_id = crate::job::child_run_id(run_id, &link);
+        let child_run_id = crate::run_ids::child_run_id(run_id, &link);
         let (input, mut metadata) = wave::worker_input(w, a);
         metadata.insert("wave_run".to_owned(), serde_json::Value::String(run_id.to_owned()));
         events.push(NewEvent::run(EventData::ChildRunStarted(ChildRunStarted {

@@ -12,6 +12,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::event::{EventData, NewEvent};
+
 /// The file tools a tool-loop level offers, in the order models see them. `finish` is
 /// handled by the kernel; the others by [`Workspace::execute`].
 pub const FILE_TOOLS: [&str; 6] =
@@ -224,6 +226,16 @@ pub fn fenced(
         (Some(w), Some(fence)) => Some(Arc::new(FencedWorkspace::new(w, fence))),
         (w, _) => w,
     }
+}
+
+/// What opening a workspace had to repair (a stale lock removed), as run warnings.
+pub(crate) fn workspace_notices(workspace: Option<&Arc<dyn Workspace>>) -> Vec<NewEvent> {
+    let Some(workspace) = workspace else { return Vec::new() };
+    workspace
+        .take_notices()
+        .into_iter()
+        .map(|message| NewEvent::run(EventData::Warning(crate::event::Warning { message })))
+        .collect()
 }
 
 #[cfg(test)]

@@ -15,7 +15,9 @@ impl LevelRun {
                 match self.renderer.render(p, &ctx) {
                     Ok(q) => q,
                     Err(e) => {
-                        return vec![self.event(EventData::LevelFinished(error_finish(e, 0)))];
+                        return vec![
+                            self.event(EventData::LevelFinished(LevelFinished::failed(e, 0))),
+                        ];
                     }
                 }
             }

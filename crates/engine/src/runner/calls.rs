@@ -153,7 +153,7 @@ impl Calls<'_> {
             reply.text.truncate(cut);
             reply.text.push_str("\n[answer cut at the size limit]");
         }
-        crate::tool_loop::cap_tool_calls(&mut reply.tool_calls);
+        crate::model::cap_tool_calls(&mut reply.tool_calls);
         events.push(self.run.event(EventData::ModelResponse(ModelResponse {
             provider: reply.provider.clone(),
             model: reply.model.clone(),

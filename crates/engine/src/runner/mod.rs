@@ -42,7 +42,7 @@ pub struct Runtime {
     pub verifiers: Verifiers,
     /// The directory verifiers run in when the engine has no `workspaces` (an embedder's
     /// choice), and for runs recorded without a workspace. With `workspaces`, every run
-    /// whose verifiers read files has a workspace of its own (`exec::needs_workspace`).
+    /// whose verifiers read files has a workspace of its own (`jobs::needs_workspace`).
     pub workspace: PathBuf,
     /// Opens workspaces for scenarios with tool-loop levels; without it, such scenarios
     /// cannot run.
@@ -88,166 +88,6 @@ pub struct LevelRun {
 /// The channel a fan-out sends its finished children's events through, one batch per
 /// child (so one with room for every child never refuses a batch).
 pub type Settled = tokio::sync::mpsc::Sender<Vec<NewEvent>>;
-
-/// The result of a level that could not run to a result.
-pub(crate) fn error_finish(message: String, duration_ms: u64) -> LevelFinished {
-    LevelFinished {
-        ok: false,
-        skipped: false,
-        verdict: None,
-        output: String::new(),
-        parsed: None,
-        confidence: None,
-        scratchpad: Map::new(),
-        conflict: None,
-        error: Some(message),
-        cost_usd: 0.0,
-        tokens: 0,
-        duration_ms,
-        terminal: false,
-        touched_paths: Vec::new(),
-        snapshot: None,
-    }
-}
-
-impl LevelRun {
-    pub(crate) fn id(&self) -> &str {
-        &self.scenario.levels[self.level].id
-    }
-
-    /// Runs this level's verifiers on `output` (and its parsed JSON).
-    async fn verify(
-        &self,
-        calls: &mut Calls<'_>,
-        output: String,
-        parsed: Option<Value>,
-        events: &mut Vec<NewEvent>,
-    ) -> Vec<VerifierFinished> {
-        let level = &self.scenario.levels[self.level];
-        let ctx = VerifyContext {
-            workspace: self.workspace_dir(),
-            jail: Arc::clone(&self.runtime.jail),
-            input: self.state.input.clone(),
-            output,
-            parsed,
-            scratchpad: self.state.scratchpad.clone(),
-        };
-        run_verifiers(self, calls, &level.verifiers, level.mode, level.run_all, &ctx, events).await
-    }
-
-    /// Where verifiers run: the run's workspace, else the runtime's directory.
-    pub(crate) fn workspace_dir(&self) -> PathBuf {
-        self.workspace
-            .as_ref()
-            .map_or_else(|| self.runtime.workspace.clone(), |w| w.root().to_path_buf())
-    }
-
-    /// The model calls of this attempt, numbered on from the ones already in the log.
-    pub(crate) fn calls(&self) -> Calls<'_> {
-        let level = self.state.level(self.id());
-        Calls {
-            run: self,
-            call_index: level.map_or(0, |l| l.calls_total),
-            cost_usd: 0.0,
-            tokens: 0,
-            call: level.map_or(0, |l| l.calls),
-        }
-    }
-
-    pub(crate) fn event(&self, data: EventData) -> NewEvent {
-        NewEvent::level(self.id(), self.attempt, data)
-    }
-
-    /// Runs the attempt and returns its events.
-    pub async fn run(&self) -> Vec<NewEvent> {
-        self.bounded(false).await
-    }
-
-    /// Runs the attempt within the level's `timeout_s`. At the deadline the attempt's own
-    /// cancel token fires (its model stream is dropped, its processes are killed) and the
-    /// attempt is awaited until it has stopped, so nothing it started runs or writes after
-    /// it; what it did is replaced by `level_timed_out` and a failed `level_finished`. The
-    /// model calls it made are kept: their spend counts.
-    async fn bounded(&self, in_fan_out: bool) -> Vec<NewEvent> {
-        let level = &self.scenario.levels[self.level];
-        // An approval's timeout bounds the wait for a person, not work.
-        let limit = match level.kind {
-            LevelKind::HumanApproval { .. } => None,
-            _ => level.timeout_s.map(Duration::from_secs_f64),
-        };
-        let Some(limit) = limit else { return self.body(in_fan_out).await };
-        let started = Instant::now();
-        let mut attempt = self.clone();
-        attempt.cancel = self.cancel.child();
-        let ends = started + limit;
-        attempt.deadline = Some(self.deadline.map_or(ends, |d| d.min(ends)));
-        let work = attempt.body(in_fan_out);
-        tokio::pin!(work);
-        tokio::select! {
-            events = &mut work => return events,
-            () = tokio::time::sleep(limit) => {}
-        }
-        attempt.cancel.cancel();
-        let cut = work.await;
-        if self.cancel.is_cancelled() {
-            // The run was cancelled meanwhile: the executor keeps none of the step.
-            return cut;
-        }
-        let mut events = kept_when_cut(cut);
-        let elapsed = elapsed_ms(started);
-        let timeout_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
-        events.push(
-            self.event(EventData::LevelTimedOut(LevelTimedOut { timeout_ms, elapsed_ms: elapsed })),
-        );
-        let (cost_usd, tokens) = events
-            .iter()
-            .filter(|e| e.level_id.as_deref() == Some(self.id()))
-            .filter_map(|e| e.data.spend())
-            .fold((0.0, 0), |(c, t), (cost, tokens)| (c + cost, t + tokens));
-        let mut finished = error_finish(String::new(), elapsed);
-        finished.error = None;
-        finished.cost_usd = cost_usd;
-        finished.tokens = tokens;
-        finished.conflict = Some(format!("timed_out:{}", level.id));
-        finished.scratchpad.insert(
-            "feedback".to_owned(),
-            Value::String(format!(
-                "level `{}` attempt {} timed out after {} (timeout_s) and was cut",
-                level.id,
-                self.attempt,
-                seconds(limit)
-            )),
-        );
-        events.push(self.event(EventData::LevelFinished(finished)));
-        events
-    }
-
-    /// The attempt's work, by kind; inside a fan-out only the kinds a child may be.
-    async fn body(&self, in_fan_out: bool) -> Vec<NewEvent> {
-        let level = &self.scenario.levels[self.level];
-        match &level.kind {
-            LevelKind::Prompt { .. } => self.prompt().await,
-            LevelKind::Verifier => self.verifier_level().await,
-            // Each approval child asks for its own decision and waits for it.
-            LevelKind::HumanApproval { .. } => self.approval(),
-            _ if in_fan_out => vec![self.event(EventData::LevelFinished(error_finish(
-                format!(
-                    "fan-out child `{}` is a {}, which cannot run inside a fan-out",
-                    level.id,
-                    level.kind_name()
-                ),
-                0,
-            )))],
-            LevelKind::FanOut { .. } => Box::pin(self.fan_out()).await,
-            LevelKind::ToolLoop { .. } => self.tool_loop().await,
-            // The planner and the executor drive a wave; it never comes to a runner.
-            LevelKind::Wave(_) => vec![self.event(EventData::LevelFinished(error_finish(
-                format!("wave level `{}` is driven by the executor, not run as a step", level.id),
-                0,
-            )))],
-        }
-    }
-}
 
 /// What an attempt cut at a deadline keeps of its events: the model calls it made, whose
 /// spend counts; nothing that would end, route or pause its level.
@@ -309,20 +149,47 @@ impl Stop {
                 ))));
             }
             Stop::Failed(message) => {
-                events.push(
-                    run.event(EventData::LevelFinished(error_finish(message, elapsed_ms(started)))),
-                );
+                events.push(run.event(EventData::LevelFinished(LevelFinished::failed(
+                    message,
+                    elapsed_ms(started),
+                ))));
             }
         }
         std::mem::take(events)
     }
 }
 
+/// The channel a fan-out step sends its finished children through, with room for one
+/// batch per child; none for other levels.
+pub(crate) fn settled_channel(
+    scenario: &Scenario,
+    level: baton_scenario::model::LevelIdx,
+) -> (Option<Settled>, Option<tokio::sync::mpsc::Receiver<Vec<NewEvent>>>) {
+    match &scenario.levels[level].kind {
+        LevelKind::FanOut { children, .. } => {
+            let (sender, receiver) = tokio::sync::mpsc::channel(children.len().max(1));
+            (Some(sender), Some(receiver))
+        }
+        _ => (None, None),
+    }
+}
+
+/// The next batch a fan-out's child sent; never resolves without a channel or once it is
+/// closed.
+pub(crate) async fn next_settled(
+    settled: Option<&mut tokio::sync::mpsc::Receiver<Vec<NewEvent>>>,
+) -> Vec<NewEvent> {
+    if let Some(settled) = settled
+        && let Some(batch) = settled.recv().await
+    {
+        return batch;
+    }
+    std::future::pending().await
+}
+
 mod approval;
+mod attempt;
 mod calls;
 mod fan_out;
 mod prompt;
 mod verifiers;
-
-pub(crate) use calls::Calls;
-use verifiers::{failures, feedback_text, run_verifiers};

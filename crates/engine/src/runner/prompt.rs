@@ -1,6 +1,7 @@
 //! `prompt` levels: render, call, read the answer (markdown, a verdict, JSON with its
 //! schema), ask the user, retry on failed checks, write the scratchpad.
 
+use super::verifiers::{failures, feedback_text};
 use super::*;
 
 impl LevelRun {
@@ -13,9 +14,10 @@ impl LevelRun {
         let mut text = match self.renderer.render(prompt, &ctx) {
             Ok(t) => t,
             Err(e) => {
-                events.push(
-                    self.event(EventData::LevelFinished(error_finish(e, elapsed_ms(started)))),
-                );
+                events.push(self.event(EventData::LevelFinished(LevelFinished::failed(
+                    e,
+                    elapsed_ms(started),
+                ))));
                 return events;
             }
         };

@@ -1,6 +1,7 @@
 //! `verifier` levels, and every level's verifiers: run in their mode (serial, parallel,
 //! race), judged by a model for `llm_judge`, their failures turned into feedback.
 
+use super::calls::Calls;
 use super::*;
 
 impl LevelRun {

@@ -1,298 +1,10 @@
-//! Events: every fact of a run, numbered from 1.
-//!
-//! An event is an envelope (`seq`, `at`, `level_id`, `attempt`) around a payload. Payloads
-//! are explicit structs, one per kind, with schema version [`VERSION`]; a stored event is
-//! decoded by `(kind, version)` so that an old log is upgraded by code, never by a silent
-//! serde default. The same stream feeds the CLI, the planner and replay.
-//!
-//! Versions:
-//! - 1: the first schema.
-//! - 2: `scenario_started` records `gate_semantics`, the rule the run's gates are
-//!   evaluated under. A version-1 `scenario_started` is upgraded to the two-valued rule,
-//!   the only one that existed when it was written ([`v1::ScenarioStarted`]); every
-//!   other kind is the same in both versions.
+//! The payloads of events: one struct per kind (and the values they carry), as today's
+//! schema version writes them.
 
 use baton_scenario::expr::Semantics;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-/// Schema version of every payload written today.
-///
-/// Version 2 added `gate_semantics` to `scenario_started` (a version 1 run keeps the
-/// two-valued gates it started under) and `data` to `approval_decided` (the approver's
-/// data for the level's `output_schema`; a version 1 decision is upgraded by
-/// [`v1::ApprovalDecided`]).
-pub const VERSION: u16 = 2;
-
-/// A stored event.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Event {
-    pub seq: u64,
-    pub at: DateTime<Utc>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub level_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempt: Option<u32>,
-    #[serde(flatten)]
-    pub data: EventData,
-}
-
-/// An event about to be appended: the store gives it its `seq`, the executor its `at`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NewEvent {
-    pub level_id: Option<String>,
-    pub attempt: Option<u32>,
-    pub data: EventData,
-}
-
-impl NewEvent {
-    /// An event of the run as a whole.
-    pub fn run(data: EventData) -> Self {
-        NewEvent { level_id: None, attempt: None, data }
-    }
-
-    /// An event of one attempt of a level.
-    pub fn level(level_id: &str, attempt: u32, data: EventData) -> Self {
-        NewEvent { level_id: Some(level_id.to_owned()), attempt: Some(attempt), data }
-    }
-
-    /// Stamps the event with its number and time.
-    pub fn at(self, seq: u64, at: DateTime<Utc>) -> Event {
-        Event { seq, at, level_id: self.level_id, attempt: self.attempt, data: self.data }
-    }
-}
-
-/// The payload of an event; its variant is the event's kind.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "data", rename_all = "snake_case")]
-pub enum EventData {
-    ScenarioStarted(ScenarioStarted),
-    LevelStarted(LevelStarted),
-    PromptSent(PromptSent),
-    RoutingDecision(RoutingDecision),
-    ModelResponse(ModelResponse),
-    ModelStopped(ModelStopped),
-    ModelCallFailed(ModelCallFailed),
-    ModelCallCut(ModelCallCut),
-    ProviderFailover(ProviderFailover),
-    ProviderRetry(ProviderRetry),
-    ToolCall(ToolCalled),
-    ToolResult(ToolResult),
-    FileCreated(FileCreated),
-    VerifierStarted(VerifierStarted),
-    VerifierFinished(VerifierFinished),
-    AskUser(AskUser),
-    UserAnswered(UserAnswered),
-    ApprovalRequested(ApprovalRequested),
-    ApprovalDecided(ApprovalDecided),
-    LevelFinished(LevelFinished),
-    LevelTimedOut(LevelTimedOut),
-    GateDecision(GateDecision),
-    BudgetConsumed(BudgetConsumed),
-    BudgetExceeded(BudgetExceeded),
-    RetryScheduled(RetryScheduled),
-    Heartbeat(Heartbeat),
-    CancelRequested(CancelRequested),
-    Warning(Warning),
-    ScenarioFinished(ScenarioFinished),
-    ScenarioUpgraded(ScenarioUpgraded),
-    RunInterrupted(RunInterrupted),
-    RunResumed(RunResumed),
-    ScenarioSelected(ScenarioSelected),
-    ScenarioChained(ScenarioChained),
-    ChildRunStarted(ChildRunStarted),
-    ChildRunSettled(ChildRunSettled),
-    ChildRunUnsettled(ChildRunUnsettled),
-    ScratchpadWritten(ScratchpadWritten),
-    WavePlanned(WavePlanned),
-    WaveDispatched(WaveDispatched),
-    WaveRecorded(WaveRecorded),
-    WaveDecided(WaveDecided),
-    RunReplayed(RunReplayed),
-    RunForked(RunForked),
-}
-
-impl EventData {
-    /// The kind's name as stored.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            EventData::ScenarioStarted(_) => "scenario_started",
-            EventData::LevelStarted(_) => "level_started",
-            EventData::PromptSent(_) => "prompt_sent",
-            EventData::RoutingDecision(_) => "routing_decision",
-            EventData::ModelResponse(_) => "model_response",
-            EventData::ModelStopped(_) => "model_stopped",
-            EventData::ModelCallFailed(_) => "model_call_failed",
-            EventData::ModelCallCut(_) => "model_call_cut",
-            EventData::ProviderFailover(_) => "provider_failover",
-            EventData::ProviderRetry(_) => "provider_retry",
-            EventData::ToolCall(_) => "tool_call",
-            EventData::ToolResult(_) => "tool_result",
-            EventData::FileCreated(_) => "file_created",
-            EventData::VerifierStarted(_) => "verifier_started",
-            EventData::VerifierFinished(_) => "verifier_finished",
-            EventData::AskUser(_) => "ask_user",
-            EventData::UserAnswered(_) => "user_answered",
-            EventData::ApprovalRequested(_) => "approval_requested",
-            EventData::ApprovalDecided(_) => "approval_decided",
-            EventData::LevelFinished(_) => "level_finished",
-            EventData::LevelTimedOut(_) => "level_timed_out",
-            EventData::GateDecision(_) => "gate_decision",
-            EventData::BudgetConsumed(_) => "budget_consumed",
-            EventData::BudgetExceeded(_) => "budget_exceeded",
-            EventData::RetryScheduled(_) => "retry_scheduled",
-            EventData::Heartbeat(_) => "heartbeat",
-            EventData::CancelRequested(_) => "cancel_requested",
-            EventData::Warning(_) => "warning",
-            EventData::ScenarioFinished(_) => "scenario_finished",
-            EventData::ScenarioUpgraded(_) => "scenario_upgraded",
-            EventData::RunInterrupted(_) => "run_interrupted",
-            EventData::RunResumed(_) => "run_resumed",
-            EventData::ScenarioSelected(_) => "scenario_selected",
-            EventData::ScenarioChained(_) => "scenario_chained",
-            EventData::ChildRunStarted(_) => "child_run_started",
-            EventData::ChildRunSettled(_) => "child_run_settled",
-            EventData::ChildRunUnsettled(_) => "child_run_unsettled",
-            EventData::ScratchpadWritten(_) => "scratchpad_written",
-            EventData::WavePlanned(_) => "wave_planned",
-            EventData::WaveDispatched(_) => "wave_dispatched",
-            EventData::WaveRecorded(_) => "wave_recorded",
-            EventData::WaveDecided(_) => "wave_decided",
-            EventData::RunReplayed(_) => "run_replayed",
-            EventData::RunForked(_) => "run_forked",
-        }
-    }
-
-    /// What the event says a model call spent (cost, tokens): an answer's or a cut call's;
-    /// `None` for every other kind.
-    pub fn spend(&self) -> Option<(f64, u64)> {
-        match self {
-            EventData::ModelResponse(r) => Some((r.cost_usd, r.usage.total())),
-            EventData::ModelCallCut(c) => Some((c.cost_usd, c.usage.total())),
-            _ => None,
-        }
-    }
-
-    /// The payload alone, as JSON.
-    pub fn payload(&self) -> Value {
-        match serde_json::to_value(self) {
-            Ok(Value::Object(mut map)) => map.remove("data").unwrap_or(Value::Null),
-            _ => Value::Null,
-        }
-    }
-
-    /// Decodes a stored payload, given as JSON text, of `kind` written with schema `version`.
-    pub fn decode_str(kind: &str, version: u16, payload: &str) -> Result<EventData, DecodeError> {
-        let mut de = serde_json::Deserializer::from_str(payload);
-        let data = Self::decode_from(kind, version, &mut de)?;
-        de.end().map_err(|e| DecodeError { kind: kind.to_owned(), message: e.to_string() })?;
-        Ok(data)
-    }
-
-    /// Decodes a stored payload, given as a JSON value, of `kind` written with schema
-    /// `version`.
-    pub fn decode_value(
-        kind: &str,
-        version: u16,
-        payload: Value,
-    ) -> Result<EventData, DecodeError> {
-        Self::decode_from(kind, version, payload)
-    }
-
-    fn decode_from<'de, D: serde::Deserializer<'de>>(
-        kind: &str,
-        version: u16,
-        payload: D,
-    ) -> Result<EventData, DecodeError> {
-        let fail = |e: D::Error| DecodeError { kind: kind.to_owned(), message: e.to_string() };
-        match (version, kind) {
-            (VERSION, _) => {}
-            (1, "scenario_started") => {
-                return v1::ScenarioStarted::deserialize(payload)
-                    .map(|old| EventData::ScenarioStarted(old.into()))
-                    .map_err(fail);
-            }
-            (1, "approval_decided") => {
-                return v1::ApprovalDecided::deserialize(payload)
-                    .map(|old| EventData::ApprovalDecided(old.into()))
-                    .map_err(fail);
-            }
-            // Every other kind reads the same in version 1.
-            (1, _) => {}
-            _ => {
-                return Err(DecodeError {
-                    kind: kind.to_owned(),
-                    message: format!(
-                        "schema version {version} is not known (this build reads 1 to {VERSION})"
-                    ),
-                });
-            }
-        }
-        macro_rules! decode {
-            ($($name:literal => $variant:ident),* $(,)?) => {
-                match kind {
-                    $($name => Deserialize::deserialize(payload).map(EventData::$variant).map_err(fail),)*
-                    other => Err(DecodeError { kind: other.to_owned(), message: "unknown event kind".to_owned() }),
-                }
-            };
-        }
-        decode! {
-            "scenario_started" => ScenarioStarted,
-            "level_started" => LevelStarted,
-            "prompt_sent" => PromptSent,
-            "routing_decision" => RoutingDecision,
-            "model_response" => ModelResponse,
-            "model_stopped" => ModelStopped,
-            "model_call_failed" => ModelCallFailed,
-            "model_call_cut" => ModelCallCut,
-            "provider_failover" => ProviderFailover,
-            "provider_retry" => ProviderRetry,
-            "tool_call" => ToolCall,
-            "tool_result" => ToolResult,
-            "file_created" => FileCreated,
-            "verifier_started" => VerifierStarted,
-            "verifier_finished" => VerifierFinished,
-            "ask_user" => AskUser,
-            "user_answered" => UserAnswered,
-            "approval_requested" => ApprovalRequested,
-            "approval_decided" => ApprovalDecided,
-            "level_finished" => LevelFinished,
-            "level_timed_out" => LevelTimedOut,
-            "gate_decision" => GateDecision,
-            "budget_consumed" => BudgetConsumed,
-            "budget_exceeded" => BudgetExceeded,
-            "retry_scheduled" => RetryScheduled,
-            "heartbeat" => Heartbeat,
-            "cancel_requested" => CancelRequested,
-            "warning" => Warning,
-            "scenario_finished" => ScenarioFinished,
-            "scenario_upgraded" => ScenarioUpgraded,
-            "run_interrupted" => RunInterrupted,
-            "run_resumed" => RunResumed,
-            "scenario_selected" => ScenarioSelected,
-            "scenario_chained" => ScenarioChained,
-            "child_run_started" => ChildRunStarted,
-            "child_run_settled" => ChildRunSettled,
-            "child_run_unsettled" => ChildRunUnsettled,
-            "scratchpad_written" => ScratchpadWritten,
-            "wave_planned" => WavePlanned,
-            "wave_dispatched" => WaveDispatched,
-            "wave_recorded" => WaveRecorded,
-            "wave_decided" => WaveDecided,
-            "run_replayed" => RunReplayed,
-            "run_forked" => RunForked,
-        }
-    }
-}
-
-/// A stored event that this build cannot read.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("cannot decode a `{kind}` event: {message}")]
-pub struct DecodeError {
-    pub kind: String,
-    pub message: String,
-}
 
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -385,74 +97,6 @@ pub struct ParentLink {
     pub depth: u32,
 }
 
-/// Payloads as schema version 1 wrote them, and their upgrades.
-pub mod v1 {
-    use baton_scenario::expr::Semantics;
-    use serde::Deserialize;
-    use serde_json::Value;
-
-    use super::{BudgetCaps, WorkspaceInfo};
-
-    /// `scenario_started` before it recorded the gate semantics.
-    #[derive(Clone, Debug, PartialEq, Deserialize)]
-    pub struct ScenarioStarted {
-        pub scenario_id: String,
-        pub scenario_version: u32,
-        pub checksum: String,
-        pub input: String,
-        pub metadata: serde_json::Map<String, Value>,
-        pub budget: BudgetCaps,
-        pub max_attempts_per_conflict: u32,
-        pub model_source: Option<String>,
-        #[serde(default)]
-        pub workspace: Option<WorkspaceInfo>,
-    }
-
-    /// A version-1 run started when gates were two-valued, and finishes under that rule.
-    impl From<ScenarioStarted> for super::ScenarioStarted {
-        fn from(old: ScenarioStarted) -> Self {
-            super::ScenarioStarted {
-                scenario_id: old.scenario_id,
-                scenario_version: old.scenario_version,
-                checksum: old.checksum,
-                input: old.input,
-                metadata: old.metadata,
-                budget: old.budget,
-                max_attempts_per_conflict: old.max_attempts_per_conflict,
-                model_source: old.model_source,
-                workspace: old.workspace,
-                gate_semantics: Semantics::TwoValued,
-                parent: None,
-                tenant: None,
-            }
-        }
-    }
-
-    /// `approval_decided` before it carried the approver's data.
-    #[derive(Clone, Debug, PartialEq, Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub struct ApprovalDecided {
-        pub request_id: String,
-        pub approved: bool,
-        pub comment: Option<String>,
-        pub by: Option<String>,
-    }
-
-    /// A version-1 decision had no data.
-    impl From<ApprovalDecided> for super::ApprovalDecided {
-        fn from(old: ApprovalDecided) -> Self {
-            super::ApprovalDecided {
-                request_id: old.request_id,
-                approved: old.approved,
-                comment: old.comment,
-                by: old.by,
-                data: None,
-                timed_out: false,
-            }
-        }
-    }
-}
-
 /// Where a run's workspace is and how it was before the run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WorkspaceInfo {
@@ -529,7 +173,7 @@ pub struct ModelResponse {
     pub request_hash: String,
     pub call: u32,
     pub text: String,
-    pub tool_calls: Vec<crate::model::ToolCall>,
+    pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
     pub cost_usd: f64,
 }
@@ -694,6 +338,29 @@ pub struct LevelFinished {
     /// The workspace snapshot taken when a tool-loop level finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+}
+
+impl LevelFinished {
+    /// The result of a level that could not run to a result.
+    pub fn failed(message: String, duration_ms: u64) -> LevelFinished {
+        LevelFinished {
+            ok: false,
+            skipped: false,
+            verdict: None,
+            output: String::new(),
+            parsed: None,
+            confidence: None,
+            scratchpad: serde_json::Map::new(),
+            conflict: None,
+            error: Some(message),
+            cost_usd: 0.0,
+            tokens: 0,
+            duration_ms,
+            terminal: false,
+            touched_paths: Vec::new(),
+            snapshot: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -943,7 +610,7 @@ pub struct ChildRunSettled {
 pub struct RunReplayed {
     /// The recorded run (a fixture's, for `baton test`).
     pub of_run_id: String,
-    pub strategy: crate::replay::Strategy,
+    pub strategy: Strategy,
     /// Where the recording was read: `store` (this database) or `fixture:DIR`.
     pub source: String,
     /// The checksum of the scenario the recording ran, when the replay runs another
@@ -1198,4 +865,35 @@ pub struct WaveDecided {
     pub closes: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+}
+
+/// A tool call a model made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The provider's id of the call, which its result must name.
+    #[serde(default)]
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// How a replay treats verifiers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Every verifier runs again on the replayed output (the default).
+    #[default]
+    RerunVerifiers,
+    /// A verifier's recorded outcome is taken as it was, and no program runs; a judge's
+    /// model answer still comes from the log, like every model answer.
+    TrustValidation,
+}
+
+impl Strategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::RerunVerifiers => "rerun_verifiers",
+            Strategy::TrustValidation => "trust_validation",
+        }
+    }
 }

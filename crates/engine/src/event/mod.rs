@@ -1,0 +1,299 @@
+//! Events: every fact of a run, numbered from 1.
+//!
+//! An event is an envelope (`seq`, `at`, `level_id`, `attempt`) around a payload. Payloads
+//! are explicit structs, one per kind, with schema version [`VERSION`]; a stored event is
+//! decoded by `(kind, version)` so that an old log is upgraded by code, never by a silent
+//! serde default. The same stream feeds the CLI, the planner and replay.
+//!
+//! Versions:
+//! - 1: the first schema.
+//! - 2: `scenario_started` records `gate_semantics`, the rule the run's gates are
+//!   evaluated under. A version-1 `scenario_started` is upgraded to the two-valued rule,
+//!   the only one that existed when it was written ([`v1::ScenarioStarted`]); every
+//!   other kind is the same in both versions.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub mod payloads;
+pub mod v1;
+
+pub use payloads::*;
+
+/// Schema version of every payload written today.
+///
+/// Version 2 added `gate_semantics` to `scenario_started` (a version 1 run keeps the
+/// two-valued gates it started under) and `data` to `approval_decided` (the approver's
+/// data for the level's `output_schema`; a version 1 decision is upgraded by
+/// [`v1::ApprovalDecided`]).
+pub const VERSION: u16 = 2;
+
+/// A stored event.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Event {
+    pub seq: u64,
+    pub at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    #[serde(flatten)]
+    pub data: EventData,
+}
+
+/// An event about to be appended: the store gives it its `seq`, the executor its `at`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    pub level_id: Option<String>,
+    pub attempt: Option<u32>,
+    pub data: EventData,
+}
+
+impl NewEvent {
+    /// An event of the run as a whole.
+    pub fn run(data: EventData) -> Self {
+        NewEvent { level_id: None, attempt: None, data }
+    }
+
+    /// An event of one attempt of a level.
+    pub fn level(level_id: &str, attempt: u32, data: EventData) -> Self {
+        NewEvent { level_id: Some(level_id.to_owned()), attempt: Some(attempt), data }
+    }
+
+    /// Stamps the event with its number and time.
+    pub fn at(self, seq: u64, at: DateTime<Utc>) -> Event {
+        Event { seq, at, level_id: self.level_id, attempt: self.attempt, data: self.data }
+    }
+}
+
+/// The payload of an event; its variant is the event's kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "snake_case")]
+pub enum EventData {
+    ScenarioStarted(ScenarioStarted),
+    LevelStarted(LevelStarted),
+    PromptSent(PromptSent),
+    RoutingDecision(RoutingDecision),
+    ModelResponse(ModelResponse),
+    ModelStopped(ModelStopped),
+    ModelCallFailed(ModelCallFailed),
+    ModelCallCut(ModelCallCut),
+    ProviderFailover(ProviderFailover),
+    ProviderRetry(ProviderRetry),
+    ToolCall(ToolCalled),
+    ToolResult(ToolResult),
+    FileCreated(FileCreated),
+    VerifierStarted(VerifierStarted),
+    VerifierFinished(VerifierFinished),
+    AskUser(AskUser),
+    UserAnswered(UserAnswered),
+    ApprovalRequested(ApprovalRequested),
+    ApprovalDecided(ApprovalDecided),
+    LevelFinished(LevelFinished),
+    LevelTimedOut(LevelTimedOut),
+    GateDecision(GateDecision),
+    BudgetConsumed(BudgetConsumed),
+    BudgetExceeded(BudgetExceeded),
+    RetryScheduled(RetryScheduled),
+    Heartbeat(Heartbeat),
+    CancelRequested(CancelRequested),
+    Warning(Warning),
+    ScenarioFinished(ScenarioFinished),
+    ScenarioUpgraded(ScenarioUpgraded),
+    RunInterrupted(RunInterrupted),
+    RunResumed(RunResumed),
+    ScenarioSelected(ScenarioSelected),
+    ScenarioChained(ScenarioChained),
+    ChildRunStarted(ChildRunStarted),
+    ChildRunSettled(ChildRunSettled),
+    ChildRunUnsettled(ChildRunUnsettled),
+    ScratchpadWritten(ScratchpadWritten),
+    WavePlanned(WavePlanned),
+    WaveDispatched(WaveDispatched),
+    WaveRecorded(WaveRecorded),
+    WaveDecided(WaveDecided),
+    RunReplayed(RunReplayed),
+    RunForked(RunForked),
+}
+
+impl EventData {
+    /// The kind's name as stored.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventData::ScenarioStarted(_) => "scenario_started",
+            EventData::LevelStarted(_) => "level_started",
+            EventData::PromptSent(_) => "prompt_sent",
+            EventData::RoutingDecision(_) => "routing_decision",
+            EventData::ModelResponse(_) => "model_response",
+            EventData::ModelStopped(_) => "model_stopped",
+            EventData::ModelCallFailed(_) => "model_call_failed",
+            EventData::ModelCallCut(_) => "model_call_cut",
+            EventData::ProviderFailover(_) => "provider_failover",
+            EventData::ProviderRetry(_) => "provider_retry",
+            EventData::ToolCall(_) => "tool_call",
+            EventData::ToolResult(_) => "tool_result",
+            EventData::FileCreated(_) => "file_created",
+            EventData::VerifierStarted(_) => "verifier_started",
+            EventData::VerifierFinished(_) => "verifier_finished",
+            EventData::AskUser(_) => "ask_user",
+            EventData::UserAnswered(_) => "user_answered",
+            EventData::ApprovalRequested(_) => "approval_requested",
+            EventData::ApprovalDecided(_) => "approval_decided",
+            EventData::LevelFinished(_) => "level_finished",
+            EventData::LevelTimedOut(_) => "level_timed_out",
+            EventData::GateDecision(_) => "gate_decision",
+            EventData::BudgetConsumed(_) => "budget_consumed",
+            EventData::BudgetExceeded(_) => "budget_exceeded",
+            EventData::RetryScheduled(_) => "retry_scheduled",
+            EventData::Heartbeat(_) => "heartbeat",
+            EventData::CancelRequested(_) => "cancel_requested",
+            EventData::Warning(_) => "warning",
+            EventData::ScenarioFinished(_) => "scenario_finished",
+            EventData::ScenarioUpgraded(_) => "scenario_upgraded",
+            EventData::RunInterrupted(_) => "run_interrupted",
+            EventData::RunResumed(_) => "run_resumed",
+            EventData::ScenarioSelected(_) => "scenario_selected",
+            EventData::ScenarioChained(_) => "scenario_chained",
+            EventData::ChildRunStarted(_) => "child_run_started",
+            EventData::ChildRunSettled(_) => "child_run_settled",
+            EventData::ChildRunUnsettled(_) => "child_run_unsettled",
+            EventData::ScratchpadWritten(_) => "scratchpad_written",
+            EventData::WavePlanned(_) => "wave_planned",
+            EventData::WaveDispatched(_) => "wave_dispatched",
+            EventData::WaveRecorded(_) => "wave_recorded",
+            EventData::WaveDecided(_) => "wave_decided",
+            EventData::RunReplayed(_) => "run_replayed",
+            EventData::RunForked(_) => "run_forked",
+        }
+    }
+
+    /// What the event says a model call spent (cost, tokens): an answer's or a cut call's;
+    /// `None` for every other kind.
+    pub fn spend(&self) -> Option<(f64, u64)> {
+        match self {
+            EventData::ModelResponse(r) => Some((r.cost_usd, r.usage.total())),
+            EventData::ModelCallCut(c) => Some((c.cost_usd, c.usage.total())),
+            _ => None,
+        }
+    }
+
+    /// The payload alone, as JSON.
+    pub fn payload(&self) -> Value {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(mut map)) => map.remove("data").unwrap_or(Value::Null),
+            _ => Value::Null,
+        }
+    }
+
+    /// Decodes a stored payload, given as JSON text, of `kind` written with schema `version`.
+    pub fn decode_str(kind: &str, version: u16, payload: &str) -> Result<EventData, DecodeError> {
+        let mut de = serde_json::Deserializer::from_str(payload);
+        let data = Self::decode_from(kind, version, &mut de)?;
+        de.end().map_err(|e| DecodeError { kind: kind.to_owned(), message: e.to_string() })?;
+        Ok(data)
+    }
+
+    /// Decodes a stored payload, given as a JSON value, of `kind` written with schema
+    /// `version`.
+    pub fn decode_value(
+        kind: &str,
+        version: u16,
+        payload: Value,
+    ) -> Result<EventData, DecodeError> {
+        Self::decode_from(kind, version, payload)
+    }
+
+    fn decode_from<'de, D: serde::Deserializer<'de>>(
+        kind: &str,
+        version: u16,
+        payload: D,
+    ) -> Result<EventData, DecodeError> {
+        let fail = |e: D::Error| DecodeError { kind: kind.to_owned(), message: e.to_string() };
+        match (version, kind) {
+            (VERSION, _) => {}
+            (1, "scenario_started") => {
+                return v1::ScenarioStarted::deserialize(payload)
+                    .map(|old| EventData::ScenarioStarted(old.into()))
+                    .map_err(fail);
+            }
+            (1, "approval_decided") => {
+                return v1::ApprovalDecided::deserialize(payload)
+                    .map(|old| EventData::ApprovalDecided(old.into()))
+                    .map_err(fail);
+            }
+            // Every other kind reads the same in version 1.
+            (1, _) => {}
+            _ => {
+                return Err(DecodeError {
+                    kind: kind.to_owned(),
+                    message: format!(
+                        "schema version {version} is not known (this build reads 1 to {VERSION})"
+                    ),
+                });
+            }
+        }
+        macro_rules! decode {
+            ($($name:literal => $variant:ident),* $(,)?) => {
+                match kind {
+                    $($name => Deserialize::deserialize(payload).map(EventData::$variant).map_err(fail),)*
+                    other => Err(DecodeError { kind: other.to_owned(), message: "unknown event kind".to_owned() }),
+                }
+            };
+        }
+        decode! {
+            "scenario_started" => ScenarioStarted,
+            "level_started" => LevelStarted,
+            "prompt_sent" => PromptSent,
+            "routing_decision" => RoutingDecision,
+            "model_response" => ModelResponse,
+            "model_stopped" => ModelStopped,
+            "model_call_failed" => ModelCallFailed,
+            "model_call_cut" => ModelCallCut,
+            "provider_failover" => ProviderFailover,
+            "provider_retry" => ProviderRetry,
+            "tool_call" => ToolCall,
+            "tool_result" => ToolResult,
+            "file_created" => FileCreated,
+            "verifier_started" => VerifierStarted,
+            "verifier_finished" => VerifierFinished,
+            "ask_user" => AskUser,
+            "user_answered" => UserAnswered,
+            "approval_requested" => ApprovalRequested,
+            "approval_decided" => ApprovalDecided,
+            "level_finished" => LevelFinished,
+            "level_timed_out" => LevelTimedOut,
+            "gate_decision" => GateDecision,
+            "budget_consumed" => BudgetConsumed,
+            "budget_exceeded" => BudgetExceeded,
+            "retry_scheduled" => RetryScheduled,
+            "heartbeat" => Heartbeat,
+            "cancel_requested" => CancelRequested,
+            "warning" => Warning,
+            "scenario_finished" => ScenarioFinished,
+            "scenario_upgraded" => ScenarioUpgraded,
+            "run_interrupted" => RunInterrupted,
+            "run_resumed" => RunResumed,
+            "scenario_selected" => ScenarioSelected,
+            "scenario_chained" => ScenarioChained,
+            "child_run_started" => ChildRunStarted,
+            "child_run_settled" => ChildRunSettled,
+            "child_run_unsettled" => ChildRunUnsettled,
+            "scratchpad_written" => ScratchpadWritten,
+            "wave_planned" => WavePlanned,
+            "wave_dispatched" => WaveDispatched,
+            "wave_recorded" => WaveRecorded,
+            "wave_decided" => WaveDecided,
+            "run_replayed" => RunReplayed,
+            "run_forked" => RunForked,
+        }
+    }
+}
+
+/// A stored event that this build cannot read.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("cannot decode a `{kind}` event: {message}")]
+pub struct DecodeError {
+    pub kind: String,
+    pub message: String,
+}

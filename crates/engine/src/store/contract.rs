@@ -1,0 +1,335 @@
+//! What every event store promises: the [`EventStore`] trait and the values it takes and
+//! returns (run records, queries, leases and fences).
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::chain::Hash;
+use crate::event::Event;
+use crate::future::BoxFuture;
+
+use crate::store::error::Error;
+/// A run as the store lists it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub scenario_id: String,
+    /// The status as of the last append (`running`, `paused`, `completed` …).
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub last_seq: u64,
+    /// The run that started this one, for a child run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
+    /// The first run of the job this one belongs to, for a child run (a root names none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root_run_id: Option<String>,
+    /// The key the job was started with: it names this run and no other.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// The tenant whose overrides the run's scenario was merged with (the runs it starts
+    /// belong to it too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// A tenant's override of one scenario: partial YAML, deep-merged over the base scenario.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TenantOverride {
+    pub tenant: String,
+    pub scenario_id: String,
+    pub yaml: String,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Which runs a page of the run list holds: newest first, filtered, after a cursor.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunQuery {
+    /// Only runs of this tenant (`Some(None)`: only runs of no tenant).
+    pub tenant: Option<Option<String>>,
+    /// Only runs with this stored status.
+    pub status: Option<String>,
+    pub scenario_id: Option<String>,
+    /// Only the first runs of jobs (no child runs).
+    pub roots_only: bool,
+    /// Only runs listed after this one (the last run of the previous page).
+    pub after_run: Option<String>,
+    /// At most this many runs.
+    pub limit: usize,
+}
+
+impl RunQuery {
+    /// Whether a run belongs on a page of this query (the cursor aside).
+    pub fn admits(&self, r: &RunRecord) -> bool {
+        self.tenant.as_ref().is_none_or(|t| r.tenant == *t)
+            && self.status.as_ref().is_none_or(|s| r.status == *s)
+            && self.scenario_id.as_ref().is_none_or(|s| r.scenario_id == *s)
+            && (!self.roots_only || r.parent_run_id.is_none())
+    }
+}
+
+/// What a whole-log check found in an intact run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verified {
+    /// The number of the run's last event (0 for a run without events).
+    pub last_seq: u64,
+    /// The hash of the run's last event ([`chain::GENESIS`] for a run without events).
+    pub head: Hash,
+}
+
+/// Proof that this process drives a run: while it lives, no other process (or task) may
+/// drive the same run; dropping it — or the process dying — lets the next driver in.
+pub struct RunGuard {
+    _holding: Box<dyn std::any::Any + Send + Sync>,
+    fence: Option<Fence>,
+}
+
+impl RunGuard {
+    /// A guard that releases by dropping `holding`.
+    pub fn new(holding: impl std::any::Any + Send + Sync) -> Self {
+        RunGuard { _holding: Box::new(holding), fence: None }
+    }
+
+    /// A guard whose hold can run out (a lease another process takes over once it has):
+    /// `fence` says whether it still holds, before each write outside the log.
+    pub fn fenced(holding: impl std::any::Any + Send + Sync, fence: Fence) -> Self {
+        RunGuard { _holding: Box::new(holding), fence: Some(fence) }
+    }
+
+    /// The check that the hold is still this process's, for a hold that can run out; none
+    /// for one that lasts as long as its holder (a lock the operating system keeps).
+    pub fn fence(&self) -> Option<Fence> {
+        self.fence.clone()
+    }
+}
+
+/// Whether a hold that can run out is still this process's: checked before each write a
+/// driver makes outside the log (a workspace's files), so a process that stalled past its
+/// hold changes nothing once another has taken the run over. (Appends are fenced by the
+/// store itself.)
+#[derive(Clone)]
+pub struct Fence(Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl Fence {
+    pub fn new(check: impl Fn() -> Result<(), String> + Send + Sync + 'static) -> Self {
+        Fence(Arc::new(check))
+    }
+
+    /// `Err` with why, once the hold is no longer this process's.
+    pub fn check(&self) -> Result<(), String> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fence")
+    }
+}
+
+impl std::fmt::Debug for RunGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RunGuard")
+    }
+}
+
+/// Checks that `events` are numbered in a row from `first`, as every store requires before
+/// it writes them.
+pub fn check_numbering(events: &[Event], first: u64) -> Result<(), Error> {
+    for (expected, e) in (first..).zip(events) {
+        if e.seq != expected {
+            return Err(Error::Backend(format!("event {expected} is numbered {}", e.seq)));
+        }
+    }
+    Ok(())
+}
+
+/// Where runs and their events live.
+pub trait EventStore: Send + Sync + std::fmt::Debug {
+    /// Records a new run and its first events (numbered from 1), in one transaction. A run
+    /// whose idempotency key names another already is refused with [`Error::KeyTaken`].
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Appends events numbered from `expected_seq` (the run's next number) in one
+    /// transaction, and sets the run's listed status.
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected_seq: u64,
+        events: Vec<Event>,
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// The run's events with `seq > after`, in order, checked: numbered in a row, each
+    /// matching its hash and chained to the one before, the last one matching the run's
+    /// `last_seq` and head hash; [`Error::Damaged`] otherwise.
+    ///
+    /// `load(run, 0)` checks the whole log: it is what a driver folds. `load(run, after)`
+    /// checks only the events it returns, chained from the stored hash of event `after`,
+    /// and the end of the log: it is for followers, and for watching a run that was loaded
+    /// whole before; nothing may be driven from a partial load alone. A follower asking past
+    /// the end (`after >= last_seq`) gets nothing.
+    fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>>;
+
+    /// Checks a run's whole log as `load(run, 0)` does (decoding included) and returns where
+    /// its chain ends.
+    fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>>;
+
+    /// The run's record.
+    fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
+
+    /// Stores a tenant's override of a scenario (replacing the one it had), once checked.
+    fn put_tenant_override<'a>(&'a self, o: &'a TenantOverride)
+    -> BoxFuture<'a, Result<(), Error>>;
+
+    /// The overrides of one tenant, or of every tenant, by tenant and scenario.
+    fn tenant_overrides<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<TenantOverride>, Error>>;
+
+    /// Removes a tenant's override of a scenario; false when there was none.
+    fn remove_tenant_override<'a>(
+        &'a self,
+        tenant: &'a str,
+        scenario_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The run created with this idempotency key, if any.
+    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
+
+    /// Every run, newest first, optionally only those with one status.
+    fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>>;
+
+    /// A page of the run list. The default reads every run; stores with an index do better.
+    fn runs_page<'a>(
+        &'a self,
+        query: &'a RunQuery,
+    ) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        Box::pin(async move {
+            let all = self.runs(query.status.as_deref()).await?;
+            let start = match &query.after_run {
+                Some(id) => all.iter().position(|r| r.run_id == *id).map_or(all.len(), |i| i + 1),
+                None => 0,
+            };
+            Ok(all.into_iter().skip(start).filter(|r| query.admits(r)).take(query.limit).collect())
+        })
+    }
+
+    /// The records of these runs, in order (`None` for one that does not exist), in one
+    /// round trip where the store can (a wave asks after all its workers at once).
+    fn runs_named<'a>(
+        &'a self,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<RunRecord>>, Error>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                out.push(self.run(id).await?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Leases the oldest runnable run (status `running`) that nobody holds — or whose
+    /// lease expired before `now` — to `worker` until `until`. `None` when there is none.
+    /// This is how several workers share runs: a dead worker's lease runs out and another
+    /// claims the run and resumes it from its log.
+    fn claim<'a>(
+        &'a self,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
+
+    /// Extends `worker`'s lease on a run; false when the worker no longer holds it.
+    fn renew<'a>(
+        &'a self,
+        run_id: &'a str,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// Gives up `worker`'s lease on a run (nothing happens when it does not hold it).
+    fn release<'a>(&'a self, run_id: &'a str, worker: &'a str) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Marks a run as driven by this process until the guard is dropped; [`Error::Busy`]
+    /// while another holds it. A holder that dies lets go (the store's lock must be one
+    /// the operating system or the database releases with its holder).
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>>;
+
+    /// [`EventStore::hold`] for a run this process is about to create under an id no other
+    /// process can know yet (a new root run's, from `Engine::new_run_id`): a store may take
+    /// the hold in the transaction that creates the run. The default takes it at once.
+    fn hold_new<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
+        self.hold(run_id)
+    }
+
+    /// Whether some driver holds the run ([`EventStore::hold`]) right now. Never blocks, and
+    /// holds the run itself for no longer than the check: a run whose status is `running`
+    /// that nobody holds was interrupted (its driver died) and waits for `baton resume`.
+    /// The default takes the hold and lets it go at once.
+    fn is_held<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            match self.hold(run_id).await {
+                Ok(guard) => {
+                    drop(guard);
+                    Ok(false)
+                }
+                Err(Error::Busy(_)) => Ok(true),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// Removes these runs and everything kept of them — record, events, holds and leases —
+    /// in one transaction; ids that name no run are passed over. The number removed.
+    /// (Which runs may go — ended, whole jobs — is the caller's to decide.)
+    fn purge<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<u64, Error>>;
+
+    /// Keeps a scenario version's texts (the JSON of `baton_scenario::Texts`: the canonical
+    /// scenario and every file it read) under its checksum, once: true when this call wrote
+    /// them; false when that checksum was kept already, whose first copy stays untouched.
+    fn put_scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+        scenario_id: &'a str,
+        texts: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The texts kept under a scenario version's checksum, if any.
+    fn scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, Error>>;
+
+    /// Resolves once the run has an event numbered above `after`, or after `timeout`;
+    /// true when there is one. The default polls; stores that can notify do better.
+    fn wait_for_events<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                if self.run(run_id).await?.is_some_and(|r| r.last_seq > after) {
+                    return Ok(true);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(false);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50).min(timeout)).await;
+            }
+        })
+    }
+}

@@ -1,0 +1,450 @@
+//! The in-memory event store: every run a log in a map, for tests and `baton bench`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+
+use crate::chain::{self, Check, Fields, GENESIS, Hash};
+use crate::event::Event;
+use crate::future::BoxFuture;
+
+use crate::store::contract::*;
+use crate::store::error::Error;
+
+/// Who holds a run, and until when.
+#[derive(Clone, Debug, PartialEq)]
+struct Lease {
+    worker: String,
+    until: DateTime<Utc>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// One run in memory: its record, its events with their hashes, and its head hash.
+#[derive(Clone, Debug)]
+struct Log {
+    record: RunRecord,
+    events: Vec<(Event, Hash)>,
+    head: Hash,
+}
+
+impl Log {
+    /// Refuses to append to a log whose end does not match its record (the only part an
+    /// append relies on; `load` checks the rest).
+    fn check_end(&self) -> Result<(), Error> {
+        let (seq, hash) = self.events.last().map_or((0, GENESIS), |(e, h)| (e.seq, *h));
+        let check = Check::new(&self.record.run_id, seq, hash);
+        if self.events.len() as u64 != seq {
+            return Err(check.damaged(
+                seq,
+                format!(
+                    "the log holds {} events but its last is numbered {seq}",
+                    self.events.len()
+                ),
+            ));
+        }
+        check.finish(self.record.last_seq, Some(&self.head)).map(|_| ())
+    }
+
+    /// The checked events after `after`.
+    fn load(&self, after: u64) -> Result<Vec<Event>, Error> {
+        let run_id = &self.record.run_id;
+        let (mut check, start) = if after == 0 {
+            (Check::new(run_id, 0, GENESIS), 0)
+        } else {
+            match self.events.iter().position(|(e, _)| e.seq == after) {
+                Some(i) => (Check::new(run_id, after, self.events[i].1), i + 1),
+                None if after >= self.record.last_seq => return Ok(Vec::new()),
+                None => {
+                    return Err(
+                        Check::new(run_id, after, GENESIS).damaged(after, "the event is missing")
+                    );
+                }
+            }
+        };
+        let mut out = Vec::with_capacity(self.events.len().saturating_sub(start));
+        for (event, hash) in &self.events[start.min(self.events.len())..] {
+            let payload = event.data.payload();
+            check.event(&Fields::of(event, &payload), Some(hash))?;
+            out.push(event.clone());
+        }
+        check.finish(self.record.last_seq, Some(&self.head))?;
+        Ok(out)
+    }
+}
+
+/// Each run's record and log, by run id.
+type Runs = BTreeMap<String, Log>;
+
+/// Runs and events in memory: for tests, benchmarks and one-shot runs.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Runs>>,
+    leases: Arc<Mutex<BTreeMap<String, Lease>>>,
+    held: Arc<Mutex<std::collections::BTreeSet<String>>>,
+    appended: Arc<tokio::sync::Notify>,
+    /// Scenario texts by checksum: (scenario id, texts).
+    texts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
+    /// Tenants' overrides by (tenant, scenario id).
+    overrides: Arc<Mutex<BTreeMap<(String, String), TenantOverride>>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Runs) -> T) -> T {
+        f(&mut lock(&self.inner))
+    }
+
+    /// Edits a run's stored events (each with its hash) and record in place, past every
+    /// check: for tests that damage a log on purpose. False when there is no such run.
+    pub fn damage(
+        &self,
+        run_id: &str,
+        edit: impl FnOnce(&mut Vec<(Event, Hash)>, &mut RunRecord),
+    ) -> bool {
+        self.with(|runs| {
+            runs.get_mut(run_id).map(|log| edit(&mut log.events, &mut log.record)).is_some()
+        })
+    }
+}
+
+impl EventStore for MemoryStore {
+    fn put_scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+        scenario_id: &'a str,
+        texts: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut kept = lock(&self.texts);
+            if kept.contains_key(checksum) {
+                return Ok(false);
+            }
+            kept.insert(checksum.to_owned(), (scenario_id.to_owned(), texts.to_owned()));
+            Ok(true)
+        })
+    }
+
+    fn scenario_texts<'a>(
+        &'a self,
+        checksum: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        Box::pin(async move { Ok(lock(&self.texts).get(checksum).map(|(_, t)| t.clone())) })
+    }
+
+    fn purge<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            let removed = self.with(|runs| {
+                run_ids.iter().filter(|id| runs.remove(id.as_str()).is_some()).count() as u64
+            });
+            let mut leases = lock(&self.leases);
+            for id in run_ids {
+                leases.remove(id);
+            }
+            Ok(removed)
+        })
+    }
+
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.with(|runs| {
+                if runs.contains_key(&run.run_id) {
+                    return Err(Error::Exists(run.run_id.clone()));
+                }
+                if let Some(key) = &run.idempotency_key
+                    && let Some(owner) =
+                        runs.values().find(|l| l.record.idempotency_key.as_ref() == Some(key))
+                {
+                    return Err(Error::KeyTaken {
+                        key: key.clone(),
+                        run_id: owner.record.run_id.clone(),
+                    });
+                }
+                check_numbering(&events, 1)?;
+                let mut record = run.clone();
+                record.last_seq = events.len() as u64;
+                if let Some(last) = events.last() {
+                    record.updated_at = last.at;
+                }
+                let hashes = chain::hashes(GENESIS, &events);
+                let head = hashes.last().copied().unwrap_or(GENESIS);
+                let events = events.into_iter().zip(hashes).collect();
+                runs.insert(run.run_id.clone(), Log { record, events, head });
+                Ok(())
+            })
+        })
+    }
+
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected_seq: u64,
+        events: Vec<Event>,
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.with(|runs| {
+                let log = runs.get_mut(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
+                log.check_end()?;
+                let actual = log.record.last_seq + 1;
+                if actual != expected_seq {
+                    return Err(Error::Conflict {
+                        run_id: run_id.to_owned(),
+                        expected: expected_seq,
+                        actual,
+                    });
+                }
+                check_numbering(&events, expected_seq)?;
+                if let Some(last) = events.last() {
+                    log.record.updated_at = last.at;
+                }
+                let hashes = chain::hashes(log.head, &events);
+                log.head = hashes.last().copied().unwrap_or(log.head);
+                log.events.extend(events.into_iter().zip(hashes));
+                log.record.last_seq = log.events.len() as u64;
+                log.record.status = status.to_owned();
+                Ok(())
+            })?;
+            self.appended.notify_waiters();
+            Ok(())
+        })
+    }
+
+    fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
+        Box::pin(async move {
+            self.with(|runs| {
+                runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?.load(after)
+            })
+        })
+    }
+
+    fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>> {
+        Box::pin(async move {
+            self.with(|runs| {
+                let log = runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
+                let events = log.load(0)?;
+                Ok(Verified { last_seq: events.last().map_or(0, |e| e.seq), head: log.head })
+            })
+        })
+    }
+
+    fn run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move { Ok(self.with(|runs| runs.get(run_id).map(|l| l.record.clone()))) })
+    }
+
+    fn put_tenant_override<'a>(
+        &'a self,
+        o: &'a TenantOverride,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            lock(&self.overrides).insert((o.tenant.clone(), o.scenario_id.clone()), o.clone());
+            Ok(())
+        })
+    }
+
+    fn tenant_overrides<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<TenantOverride>, Error>> {
+        Box::pin(async move {
+            Ok(lock(&self.overrides)
+                .values()
+                .filter(|o| tenant.is_none_or(|t| t == o.tenant))
+                .cloned()
+                .collect())
+        })
+    }
+
+    fn remove_tenant_override<'a>(
+        &'a self,
+        tenant: &'a str,
+        scenario_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            Ok(lock(&self.overrides).remove(&(tenant.to_owned(), scenario_id.to_owned())).is_some())
+        })
+    }
+
+    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move {
+            Ok(self.with(|runs| {
+                runs.values()
+                    .find(|l| l.record.idempotency_key.as_deref() == Some(key))
+                    .map(|l| l.record.clone())
+            }))
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        Box::pin(async move {
+            let mut leases = lock(&self.leases);
+            let mut candidates: Vec<RunRecord> = self.with(|runs| {
+                runs.values().map(|l| l.record.clone()).filter(|r| r.status == "running").collect()
+            });
+            candidates
+                .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.run_id.cmp(&b.run_id)));
+            let free = candidates
+                .into_iter()
+                .find(|r| leases.get(&r.run_id).is_none_or(|l| l.until < now));
+            if let Some(run) = &free {
+                leases.insert(run.run_id.clone(), Lease { worker: worker.to_owned(), until });
+            }
+            Ok(free)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        run_id: &'a str,
+        worker: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut leases = lock(&self.leases);
+            match leases.get_mut(run_id) {
+                Some(l) if l.worker == worker && l.until >= now => {
+                    l.until = until;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+    }
+
+    fn release<'a>(&'a self, run_id: &'a str, worker: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut leases = lock(&self.leases);
+            if leases.get(run_id).is_some_and(|l| l.worker == worker) {
+                leases.remove(run_id);
+            }
+            Ok(())
+        })
+    }
+
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<RunGuard, Error>> {
+        /// Lets go of the run when dropped.
+        struct Held(Arc<Mutex<std::collections::BTreeSet<String>>>, String);
+        impl Drop for Held {
+            fn drop(&mut self) {
+                lock(&self.0).remove(&self.1);
+            }
+        }
+        Box::pin(async move {
+            if !lock(&self.held).insert(run_id.to_owned()) {
+                return Err(Error::Busy(run_id.to_owned()));
+            }
+            Ok(RunGuard::new(Held(Arc::clone(&self.held), run_id.to_owned())))
+        })
+    }
+
+    fn wait_for_events<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let notified = self.appended.notified();
+                let last = self.with(|runs| runs.get(run_id).map(|l| l.record.last_seq));
+                match last {
+                    None => return Err(Error::NotFound(run_id.to_owned())),
+                    Some(last) if last > after => return Ok(true),
+                    Some(_) => {}
+                }
+                if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    return Ok(false);
+                }
+            }
+        })
+    }
+
+    fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
+        Box::pin(async move {
+            let mut list: Vec<RunRecord> = self.with(|runs| {
+                runs.values()
+                    .map(|l| l.record.clone())
+                    .filter(|r| status.is_none_or(|s| r.status == s))
+                    .collect()
+            });
+            list.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.run_id.cmp(&a.run_id)));
+            Ok(list)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance;
+
+    #[tokio::test]
+    async fn memory_store_conforms() {
+        conformance::run_all(&MemoryStore::new(), "mem").await;
+    }
+
+    #[tokio::test]
+    async fn memory_store_detects_damage() {
+        use crate::event::{EventData, Warning};
+        use conformance::Damage;
+        let store = MemoryStore::new();
+        let edit = |id: &str, damage: Damage| {
+            let index = |n: u64| usize::try_from(n - 1).expect("small");
+            let found = store.damage(id, |events, record| match damage {
+                Damage::Delete(n) => {
+                    events.remove(index(n));
+                }
+                Damage::Swap(a, b) => {
+                    events.swap(index(a), index(b));
+                    events[index(a)].0.seq = a;
+                    events[index(b)].0.seq = b;
+                }
+                Damage::Payload(n) => {
+                    events[index(n)].0.data =
+                        EventData::Warning(Warning { message: "edited".to_owned() });
+                }
+                Damage::Renumber(n, m) => events[index(n)].0.seq = m,
+                Damage::Time(n) => events[index(n)].0.at += chrono::Duration::seconds(1),
+                Damage::Kind(n) => {
+                    events[index(n)].0.data = EventData::decode_str(
+                        "heartbeat",
+                        crate::event::VERSION,
+                        r#"{"elapsed_ms": 0}"#,
+                    )
+                    .expect("a heartbeat");
+                }
+                Damage::Level(n) => events[index(n)].0.level_id = Some("other".to_owned()),
+                Damage::Attempt(n) => events[index(n)].0.attempt = Some(9),
+                Damage::Hash(n) => events[index(n)].1[0] ^= 1,
+                Damage::LastSeq(n) => record.last_seq = n,
+                Damage::Truncate(n) => {
+                    events.truncate(index(n + 1));
+                    record.last_seq = n;
+                }
+            });
+            assert!(found, "run {id} exists");
+        };
+        conformance::damage_is_detected(&store, "mem", conformance::Links::Events, &edit).await;
+    }
+}
