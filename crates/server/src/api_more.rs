@@ -18,8 +18,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::api::{App, Body};
+use crate::app::App;
 use crate::auth::Caller;
+use crate::body::Body;
 use crate::problem::Problem;
 
 /// What a wave action did.
