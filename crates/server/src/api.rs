@@ -19,7 +19,7 @@ use crate::app::App;
 use crate::auth::Caller;
 use crate::body::BodyLimit;
 use crate::problem::Problem;
-use crate::{api_more, events, mcp, runs, scenarios, session, ui};
+use crate::{events, fork_and_replay, mcp, overrides, runs, scenarios, session, ui, waves};
 
 pub(crate) fn router(app: Arc<App>) -> Router {
     let authed = Router::new()
@@ -34,15 +34,15 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/runs/{id}/reject", post(runs::reject_run))
         .route("/runs/{id}/answer", post(runs::answer_run))
         .route("/runs/{id}/cancel", post(runs::cancel_run))
-        .route("/runs/{id}/fork-points", get(api_more::fork_points))
-        .route("/runs/{id}/fork", post(api_more::fork_run))
-        .route("/runs/{id}/replay", post(api_more::replay_run))
-        .route("/runs/{id}/wave", get(api_more::get_wave))
-        .route("/runs/{id}/wave/{action}", post(api_more::act_on_wave))
-        .route("/tenant/overrides", get(api_more::list_overrides))
+        .route("/runs/{id}/fork-points", get(fork_and_replay::fork_points))
+        .route("/runs/{id}/fork", post(fork_and_replay::fork_run))
+        .route("/runs/{id}/replay", post(fork_and_replay::replay_run))
+        .route("/runs/{id}/wave", get(waves::get_wave))
+        .route("/runs/{id}/wave/{action}", post(waves::act_on_wave))
+        .route("/tenant/overrides", get(overrides::list_overrides))
         .route(
             "/tenant/overrides/{scenario}",
-            axum::routing::put(api_more::put_override).delete(api_more::delete_override),
+            axum::routing::put(overrides::put_override).delete(overrides::delete_override),
         )
         .route("/metrics", get(metrics))
         .nest_service("/mcp", mcp::http_service(&app))

@@ -11,24 +11,31 @@
 //! through the store's traits; engines, jobs and their rules come from the application
 //! layer's instance ([`baton_app::Instance`]), which it is handed.
 //!
-//! Modules: `auth` (tokens, the caller, Host and Origin), `problem` (errors), `api` (the
-//! handlers), `events` (SSE), `tree_events` (a job's tree as one stream), `workers` (driving), `limits` (rates and connection counts),
-//! `mcp` (the MCP server: tools, resources, prompts, on stdio and at `/mcp`), `notify` (a store decorator that wakes event streams when this process appends and
-//! counts what it appends), `metrics` (Prometheus),
-//! `traces` (OpenTelemetry spans over OTLP), `openapi` (the document), `ui` (the web UI's files, built into the binary).
+//! Modules, from the bottom up (the layers of ARCHITECTURE.md): `problem` (errors),
+//! `settings` (how it runs), `event_wire` (what the streams send), `metrics` (Prometheus),
+//! `traces` (OpenTelemetry spans over OTLP); `auth` (tokens, the caller, Host and Origin),
+//! `body` (request bodies within the size limit), `limits` (rates and connection counts),
+//! `notify` (a store decorator that wakes event streams when this process appends and counts
+//! what it appends), `worker_pool` (the workers' slots and jobs); `app` (the state everything
+//! shares); `workers` (driving); the handlers — `runs`, `scenarios`, `events` (SSE),
+//! `tree_events` (a job's tree as one stream), `waves`, `overrides`, `fork_and_replay`,
+//! `session`, `ui` (the web UI's files, built into the binary); `mcp` (the MCP server:
+//! tools, resources, prompts, on stdio and at `/mcp`); `api` (the router) and `openapi` (the
+//! document).
 
 mod api;
-mod api_more;
 mod app;
 pub mod auth;
 mod body;
 mod event_wire;
 mod events;
+mod fork_and_replay;
 mod limits;
 mod mcp;
 mod metrics;
 mod notify;
 mod openapi;
+mod overrides;
 mod problem;
 mod runs;
 mod scenarios;
@@ -37,6 +44,7 @@ mod settings;
 mod traces;
 mod tree_events;
 mod ui;
+mod waves;
 mod worker_pool;
 mod workers;
 

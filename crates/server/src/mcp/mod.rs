@@ -6,8 +6,8 @@
 //! HTTP, where each request's caller is its bearer token's, found by the server's auth layer
 //! before rmcp sees the request — so tenant scoping, roles and the Host/Origin checks are the
 //! HTTP API's own. Every tool goes through the same operations as the HTTP API's handlers
-//! (`crate::api`), so a decision, an answer, a cancel or a wave record is made exactly once
-//! whichever door it came through.
+//! (`crate::runs`, `crate::scenarios`, `crate::waves`), so a decision, an answer, a cancel or
+//! a wave record is made exactly once whichever door it came through.
 //!
 //! Modules: `reply` (a call's answer, failure and progress; how long hosts keep what never
 //! changes), `calls` (reading a call's arguments, schemas, the caller's runs), `tools` (the

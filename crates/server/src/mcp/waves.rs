@@ -22,11 +22,11 @@ use serde_json::{Value, json};
 
 use super::calls::{LOOK_EVERY, NoArgs, args, caller_runs, object_schema};
 use super::reply::{Progress, answered, failed};
-use crate::api_more::{self, WaveDone, WaveTarget};
 use crate::app::App;
 use crate::auth::Caller;
 use crate::problem::Problem;
 use crate::runs::{self, StartRun};
+use crate::waves::{WaveDone, WaveTarget, wave_act};
 
 /// Most of the caller's runs `current`, `wave_list` and `wave_summary` look through.
 const RUNS_SCANNED_MAX: usize = 500;
@@ -347,7 +347,7 @@ async fn act(
     t: &WaveTarget,
 ) -> Result<CallToolResult, Problem> {
     let run_id = resolve(app, caller, wave_id).await?;
-    api_more::wave_act(app, caller, &run_id, action, t).await.map(|d| answered(&d))
+    wave_act(app, caller, &run_id, action, t).await.map(|d| answered(&d))
 }
 
 async fn get(app: &Arc<App>, caller: &Caller, wave_id: &str) -> Result<Value, Problem> {
@@ -454,7 +454,7 @@ async fn dispatch(
             worker_run: Some(link.worker_run_id),
             ..WaveTarget::default()
         };
-        match api_more::wave_act(app, caller, &run_id, "dispatch", &t).await {
+        match wave_act(app, caller, &run_id, "dispatch", &t).await {
             Ok(done) => dispatched.push(done),
             Err(p) if dispatched.is_empty() => return Err(p),
             Err(p) => {
@@ -562,7 +562,7 @@ async fn run(
             reason: Some("the MCP call wave_run was cancelled (cancel_with_call)".to_owned()),
             ..WaveTarget::default()
         };
-        api_more::wave_act(app, caller, &run_id, "cancel", &t).await?;
+        wave_act(app, caller, &run_id, "cancel", &t).await?;
     }
     let wave = engine
         .wave_view(&run_id)
