@@ -23,8 +23,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::api::{App, ends, event_json};
+use crate::app::App;
 use crate::auth::Caller;
+use crate::event_wire::{Woke, ends, event_json, live_event};
 use crate::limits::StreamPlace;
 use crate::problem::Problem;
 
@@ -200,23 +201,4 @@ impl Follower {
             }
         }
     }
-}
-
-/// What a stream woke for.
-pub(crate) enum Woke {
-    Events,
-    Text(Arc<LiveText>),
-    Stop,
-}
-
-/// A piece of a model's answer as an SSE event: type `model_delta`, no id (it is not an
-/// event of the log, so a reconnect does not resume from it).
-pub(crate) fn live_event(t: &LiveText) -> SseEvent {
-    let data = serde_json::json!({
-        "run_id": &*t.run_id,
-        "level_id": t.level_id,
-        "call": t.call,
-        "text": t.text,
-    });
-    SseEvent::default().event("model_delta").data(data.to_string())
 }

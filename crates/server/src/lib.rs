@@ -11,25 +11,41 @@
 //! through the store's traits; engines, jobs and their rules come from the application
 //! layer's instance ([`baton_app::Instance`]), which it is handed.
 //!
-//! Modules: `auth` (tokens, the caller, Host and Origin), `problem` (errors), `api` (the
-//! handlers), `events` (SSE), `tree_events` (a job's tree as one stream), `workers` (driving), `limits` (rates and connection counts),
-//! `mcp` (the MCP server: tools, resources, prompts, on stdio and at `/mcp`), `notify` (a store decorator that wakes event streams when this process appends and
-//! counts what it appends), `metrics` (Prometheus),
-//! `traces` (OpenTelemetry spans over OTLP), `openapi` (the document), `ui` (the web UI's files, built into the binary).
+//! Modules, from the bottom up (the layers of ARCHITECTURE.md): `problem` (errors),
+//! `settings` (how it runs), `event_wire` (what the streams send), `metrics` (Prometheus),
+//! `traces` (OpenTelemetry spans over OTLP); `auth` (tokens, the caller, Host and Origin),
+//! `body` (request bodies within the size limit), `limits` (rates and connection counts),
+//! `notify` (a store decorator that wakes event streams when this process appends and counts
+//! what it appends), `worker_pool` (the workers' slots and jobs); `app` (the state everything
+//! shares); `workers` (driving); the handlers — `runs`, `scenarios`, `events` (SSE),
+//! `tree_events` (a job's tree as one stream), `waves`, `overrides`, `fork_and_replay`,
+//! `session`, `ui` (the web UI's files, built into the binary); `mcp` (the MCP server:
+//! tools, resources, prompts, on stdio and at `/mcp`); `api` (the router) and `openapi` (the
+//! document).
 
 mod api;
-mod api_more;
+mod app;
 pub mod auth;
+mod body;
+mod event_wire;
 mod events;
+mod fork_and_replay;
 mod limits;
 mod mcp;
 mod metrics;
 mod notify;
 mod openapi;
+mod overrides;
 mod problem;
+mod runs;
+mod scenarios;
+mod session;
+mod settings;
 mod traces;
 mod tree_events;
 mod ui;
+mod waves;
+mod worker_pool;
 mod workers;
 
 use std::net::SocketAddr;
@@ -41,56 +57,7 @@ use baton_engine::cancel::CancelToken;
 
 pub use openapi::document as openapi_document;
 pub use problem::Problem;
-
-/// How the server runs: what it listens on and its limits.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// The command serving, for its notes on stderr (`baton serve`, `baton mcp`).
-    pub name: &'static str,
-    pub listen: SocketAddr,
-    /// No tokens: every caller acts as an admin of runs of no tenant. Only on loopback.
-    pub no_auth: bool,
-    /// Runs driven at once.
-    pub workers: usize,
-    /// The largest request body, in bytes.
-    pub body_bytes_max: usize,
-    /// Runs a tenant may start per minute.
-    pub starts_per_minute: u32,
-    /// Event streams open at once per token.
-    pub streams_per_token: usize,
-    /// Host names (with port) requests may name besides the listen address's.
-    pub hosts: Vec<String>,
-    /// Drives of a run stopped by a transient failure: at most this many, the first after
-    /// `retry_first`, each wait doubled.
-    pub retries_max: u32,
-    pub retry_first: Duration,
-    /// How often the scenarios directory is looked at for changes.
-    pub refresh_every: Duration,
-    /// How long an event stream stays quiet before a keep-alive comment.
-    pub keep_alive: Duration,
-    /// Where to send OpenTelemetry traces (OTLP/HTTP, `http://HOST:PORT`); none: no traces.
-    pub otlp_endpoint: Option<String>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            name: "baton serve",
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            no_auth: false,
-            workers: 16,
-            body_bytes_max: 1 << 20,
-            starts_per_minute: 600_000,
-            streams_per_token: 64,
-            hosts: Vec::new(),
-            retries_max: 5,
-            retry_first: Duration::from_secs(1),
-            refresh_every: Duration::from_secs(1),
-            keep_alive: Duration::from_secs(15),
-            otlp_endpoint: None,
-        }
-    }
-}
+pub use settings::{Settings, WorkerSettings};
 
 /// Serves until `stop` is cancelled: then stops accepting, stops every drive (their runs
 /// are recorded interrupted, to be continued by the next server or `baton resume`) and
@@ -118,9 +85,9 @@ pub async fn serve(
         }
         None => (None, None),
     };
-    let app = api::App::new(settings, parts, bound, stop.clone(), tracer);
+    let app = app::App::new(settings, parts, bound, stop.clone(), tracer);
     app.workers.recover(&app, false).await;
-    let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
+    let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     let router = api::router(Arc::clone(&app));
     ready(bound);
     let shutdown = {
@@ -137,17 +104,6 @@ pub async fn serve(
     served.map_err(|e| format!("the server stopped: {e}"))
 }
 
-/// What `baton worker` is told: who it is, how long its leases last, when to stop.
-#[derive(Clone, Debug)]
-pub struct WorkerSettings {
-    /// The name its leases are taken under (unique among the workers).
-    pub name: String,
-    /// How long a claimed run stays this worker's without a renewal.
-    pub lease: Duration,
-    /// Stop once nothing was claimed or driven for this long; none: run until stopped.
-    pub idle_exit: Option<Duration>,
-}
-
 /// `baton worker`: no listener — takes up the jobs the last process left interrupted or
 /// waiting, and claims runs nobody drives from the store one per free slot (see
 /// [`workers`]; a `running` run left by a dead process is claimed, never taken up unleased) until `stop` is cancelled or it was idle
@@ -160,9 +116,9 @@ pub async fn work(
     stop: CancelToken,
 ) -> Result<(), String> {
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
-    let app = api::App::new(settings, parts, local, stop.clone(), None);
+    let app = app::App::new(settings, parts, local, stop.clone(), None);
     app.workers.recover(&app, true).await;
-    let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
+    let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     workers::claim_runs(Arc::clone(&app), worker.name, worker.lease, worker.idle_exit).await;
     refresh.abort();
     stop.cancel();
@@ -181,9 +137,9 @@ pub async fn serve_mcp_stdio(
     stop: CancelToken,
 ) -> Result<(), String> {
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
-    let app = api::App::new(settings, parts, local, stop.clone(), None);
+    let app = app::App::new(settings, parts, local, stop.clone(), None);
     app.workers.recover(&app, false).await;
-    let refresh = tokio::spawn(api::refresh_registry(Arc::clone(&app)));
+    let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     let served = mcp::serve_stdio(Arc::clone(&app), caller, stop).await;
     refresh.abort();
     app.workers.drain().await;

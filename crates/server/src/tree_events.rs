@@ -18,7 +18,8 @@ use baton_engine::event::{Event, EventData};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
-use crate::api::{App, event_json};
+use crate::app::App;
+use crate::event_wire::{Woke, event_json, live_event};
 use crate::limits::StreamPlace;
 use crate::problem::Problem;
 
@@ -276,26 +277,26 @@ impl TreeFollower {
             // Text of runs outside the tree wakes this stream without a look at the store.
             let woke = loop {
                 tokio::select! {
-                    _ = waits.next() => break crate::events::Woke::Events,
+                    _ = waits.next() => break Woke::Events,
                     got = self.live.recv() => match got {
                         Ok(t) if self.nodes.iter().any(|n| !n.ended && *n.run_id == *t.run_id) => {
-                            break crate::events::Woke::Text(t);
+                            break Woke::Text(t);
                         }
                         Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                            break crate::events::Woke::Events;
+                            break Woke::Events;
                         }
                     },
-                    () = app.stop.cancelled() => break crate::events::Woke::Stop,
+                    () = app.stop.cancelled() => break Woke::Stop,
                 }
             };
             drop(waits);
             match woke {
-                crate::events::Woke::Text(t) => {
-                    return Some((Ok(crate::events::live_event(&t)), self));
+                Woke::Text(t) => {
+                    return Some((Ok(live_event(&t)), self));
                 }
-                crate::events::Woke::Stop => return None,
-                crate::events::Woke::Events => {}
+                Woke::Stop => return None,
+                Woke::Events => {}
             }
         }
     }

@@ -1,11 +1,11 @@
-//! The embedded workers: they drive jobs, at most [`crate::Settings::workers`] at once.
+//! The embedded workers: they drive jobs, at most [`crate::settings::Settings::workers`] at once.
 //!
 //! A job is driven from its first run that has not ended (the tree's root, as `baton
 //! resume` does) until it ends, waits for a person or for outside agents, or stops. A job
 //! asked to be driven while it is being driven is driven once more after (an approval that
 //! arrived during the drive is not missed). A drive stopped by a transient failure
 //! (`provider_unavailable`, `workspace`) is tried again after a wait that doubles, at most
-//! [`crate::Settings::retries_max`] times; each stop is a `run_interrupted` in the run's log
+//! [`crate::settings::Settings::retries_max`] times; each stop is a `run_interrupted` in the run's log
 //! and a line on the server's stderr, and past the bound the run stays interrupted with its
 //! reason. A run that pauses for an approval with a deadline is driven again when the
 //! deadline passes, which records the timeout.
@@ -14,71 +14,32 @@
 //! job nobody drives, and every paused run's approval deadline are taken up again; when it
 //! stops, the drives are cut through the engines' stop token, which records each run as
 //! interrupted (cause `signal`), to be taken up by the next start.
+//!
+//! The workers' state (slots, the jobs entered, timers) is [`Workers`] in `worker_pool`,
+//! which the application state holds; this module drives, through that state.
 
 #![allow(clippy::print_stderr)]
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use baton_engine::exec::Error;
-
-use baton_engine::{Outcome, Status};
-use tokio::sync::{Notify, Semaphore};
-
-use crate::api::App;
 use baton_app::Answers;
 use baton_app::runs::root_of;
+use baton_engine::exec::Error;
+use baton_engine::{Outcome, Status};
 
-/// How long a stopping server waits for its drives to stop.
-const DRAIN_FOR: Duration = Duration::from_secs(60);
-
-/// The drives of this server.
-#[derive(Debug)]
-pub(crate) struct Workers {
-    /// The command that drives, for its notes on stderr (`baton serve`, `baton mcp`).
-    name: &'static str,
-    slots: Arc<Semaphore>,
-    /// Jobs being driven or waiting for a slot, by root run; `true` when asked again
-    /// meanwhile.
-    active: Mutex<HashMap<String, bool>>,
-    /// Jobs waiting for a slot.
-    queued: AtomicUsize,
-    changed: Notify,
-    /// Approval deadlines already waited for, by run and request.
-    timers: Mutex<HashSet<(String, String)>>,
-}
+use crate::app::App;
+use crate::worker_pool::Workers;
 
 impl Workers {
-    pub(crate) fn new(name: &'static str, slots: usize) -> Self {
-        Workers {
-            name,
-            slots: Arc::new(Semaphore::new(slots.max(1))),
-            active: Mutex::default(),
-            queued: AtomicUsize::new(0),
-            changed: Notify::new(),
-            timers: Mutex::default(),
-        }
-    }
-
-    /// Jobs waiting for a worker.
-    pub(crate) fn queue_depth(&self) -> usize {
-        self.queued.load(Ordering::Relaxed)
-    }
-
-    /// Jobs being driven or waiting to be.
-    pub(crate) fn active(&self) -> usize {
-        self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
-    }
-
     /// Drives the job a run of it belongs to, by its root (so that a decision on a child
     /// run during a drive of its job is driven again after, never lost to a second driver
     /// refused as busy).
     pub(crate) async fn drive_job(&self, app: &Arc<App>, run_id: &str) {
         match root_of(app.store.as_ref(), run_id).await {
             Ok(root) => self.drive(app, &root),
-            Err(e) => eprintln!("{}: run {run_id} was not driven: {e}", self.name),
+            Err(e) => eprintln!("{}: run {run_id} was not driven: {e}", self.name()),
         }
     }
 
@@ -87,12 +48,12 @@ impl Workers {
         if app.stop.is_cancelled() || !self.enter(run_id) {
             return;
         }
-        self.queued.fetch_add(1, Ordering::Relaxed);
+        self.queue_one();
         let app = Arc::clone(app);
         let run_id = run_id.to_owned();
         tokio::spawn(async move {
-            let permit = Arc::clone(&app.workers.slots).acquire_owned().await;
-            app.workers.queued.fetch_sub(1, Ordering::Relaxed);
+            let permit = app.workers.slot().await;
+            app.workers.dequeue_one();
             if permit.is_ok() {
                 Workers::drive_entered(&app, &run_id).await;
             } else {
@@ -101,38 +62,14 @@ impl Workers {
         });
     }
 
-    /// Marks the job whose root is `run_id` as driven here; false when it is already (it
-    /// is then driven once more after the drive under way).
-    fn enter(&self, run_id: &str) -> bool {
-        let mut active = self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(again) = active.get_mut(run_id) {
-            *again = true;
-            return false;
-        }
-        active.insert(run_id.to_owned(), false);
-        true
-    }
-
-    fn leave(&self, run_id: &str) {
-        self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(run_id);
-        self.changed.notify_waiters();
-    }
-
     /// Drives a job [`Workers::enter`]ed, again while it was asked again meanwhile.
     async fn drive_entered(app: &Arc<App>, run_id: &str) {
         loop {
             drive_with_retries(app, run_id).await;
-            let mut active =
-                app.workers.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            match active.get_mut(run_id) {
-                Some(again) if *again && !app.stop.is_cancelled() => *again = false,
-                _ => {
-                    active.remove(run_id);
-                    break;
-                }
+            if !app.workers.drive_again(run_id, &app.stop) {
+                break;
             }
         }
-        app.workers.changed.notify_waiters();
     }
 
     /// Takes up what the last server left: runs `running` that nobody holds (unless
@@ -150,7 +87,7 @@ impl Workers {
                 Err(e) => {
                     eprintln!(
                         "{}: cannot list {} runs to take up: {e}",
-                        self.name,
+                        self.name(),
                         status.as_str()
                     );
                     continue;
@@ -169,12 +106,12 @@ impl Workers {
                 match root_of(store.as_ref(), &r.run_id).await {
                     Ok(root) if roots.insert(root.clone()) => self.drive(app, &root),
                     Ok(_) => {}
-                    Err(e) => eprintln!("{}: run {}: {e}", self.name, r.run_id),
+                    Err(e) => eprintln!("{}: run {}: {e}", self.name(), r.run_id),
                 }
             }
         }
         if !roots.is_empty() {
-            eprintln!("{}: taking up {} job(s) the last server left", self.name, roots.len());
+            eprintln!("{}: taking up {} job(s) the last server left", self.name(), roots.len());
         }
     }
 
@@ -188,12 +125,7 @@ impl Workers {
         for open in state.open_approvals() {
             let Some(deadline) = open.request.deadline else { continue };
             let key = (run_id.to_owned(), open.request.request_id.clone());
-            if !self
-                .timers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(key.clone())
-            {
+            if !self.start_timer(key.clone()) {
                 continue;
             }
             let app = Arc::clone(app);
@@ -204,7 +136,7 @@ impl Workers {
                 let wait = wait + Duration::from_millis(50);
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {
-                        app.workers.timers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
+                        app.workers.end_timer(&key);
                         if let Ok(root) = root_of(app.store.as_ref(), &run_id).await {
                             app.workers.drive(&app, &root);
                         }
@@ -212,28 +144,6 @@ impl Workers {
                     () = app.stop.cancelled() => {}
                 }
             });
-        }
-    }
-
-    /// Waits until every drive has stopped (the stop token cut them), at most [`DRAIN_FOR`].
-    pub(crate) async fn drain(&self) {
-        let deadline = tokio::time::Instant::now() + DRAIN_FOR;
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let left = self.active();
-            if left == 0 {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                eprintln!(
-                    "{}: {left} drive(s) did not stop within {} s; their runs are taken up by the next start",
-                    self.name,
-                    DRAIN_FOR.as_secs()
-                );
-                return;
-            }
         }
     }
 }
@@ -260,7 +170,7 @@ pub(crate) async fn claim_runs(
     let mut idle_since = tokio::time::Instant::now();
     loop {
         let permit = tokio::select! {
-            p = Arc::clone(&app.workers.slots).acquire_owned() => match p {
+            p = app.workers.slot() => match p {
                 Ok(p) => p,
                 Err(_) => return,
             },
@@ -292,7 +202,7 @@ pub(crate) async fn claim_runs(
                 let wait = CLAIM_IDLE.saturating_mul(1 << failures.min(6)).min(CLAIM_BACKOFF_MAX);
                 eprintln!(
                     "{}: cannot claim runs ({e}); trying again in {} ms (failure {failures} in a row)",
-                    app.workers.name,
+                    app.workers.name(),
                     wait.as_millis()
                 );
                 tokio::select! {
@@ -324,7 +234,7 @@ async fn drive_claimed(
     let root = match root_of(app.store.as_ref(), run_id).await {
         Ok(root) => root,
         Err(e) => {
-            eprintln!("{}: claimed run {run_id} was not driven: {e}", app.workers.name);
+            eprintln!("{}: claimed run {run_id} was not driven: {e}", app.workers.name());
             return;
         }
     };
@@ -344,10 +254,13 @@ async fn drive_claimed(
                 Ok(true) => {}
                 Ok(false) => eprintln!(
                     "{}: the lease on run {run_id} was lost (another worker took it after it ran out); the drive goes on under the run's lock",
-                    app.workers.name
+                    app.workers.name()
                 ),
                 Err(e) => {
-                    eprintln!("{}: cannot renew the lease on run {run_id}: {e}", app.workers.name);
+                    eprintln!(
+                        "{}: cannot renew the lease on run {run_id}: {e}",
+                        app.workers.name()
+                    );
                 }
             }
         }
@@ -357,7 +270,7 @@ async fn drive_claimed(
         () = renew => {}
     }
     if let Err(e) = app.store.release(run_id, worker).await {
-        eprintln!("{}: cannot give back the lease on run {run_id}: {e}", app.workers.name);
+        eprintln!("{}: cannot give back the lease on run {run_id}: {e}", app.workers.name());
     }
 }
 
@@ -381,21 +294,21 @@ async fn drive_with_retries(app: &Arc<App>, run_id: &str) {
             // finishes it).
             Ok(_) | Err(Error::Store(baton_engine::store::Error::Busy(_))) => return,
             Err(e) => {
-                eprintln!("{}: run {run_id} was not driven: {e}", app.workers.name);
+                eprintln!("{}: run {run_id} was not driven: {e}", app.workers.name());
                 return;
             }
         };
         if attempt == settings.retries_max {
             eprintln!(
                 "{}: run {run_id} stopped again ({reason}); it was driven {} times and stays interrupted — continue it with `baton resume {run_id}` once the cause is fixed",
-                app.workers.name,
+                app.workers.name(),
                 attempt + 1
             );
             return;
         }
         eprintln!(
             "{}: run {run_id} stopped ({reason}); trying again in {} ms ({} of {})",
-            app.workers.name,
+            app.workers.name(),
             wait.as_millis(),
             attempt + 1,
             settings.retries_max

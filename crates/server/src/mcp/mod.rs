@@ -6,12 +6,16 @@
 //! HTTP, where each request's caller is its bearer token's, found by the server's auth layer
 //! before rmcp sees the request — so tenant scoping, roles and the Host/Origin checks are the
 //! HTTP API's own. Every tool goes through the same operations as the HTTP API's handlers
-//! (`crate::api`), so a decision, an answer, a cancel or a wave record is made exactly once
-//! whichever door it came through.
+//! (`crate::runs`, `crate::scenarios`, `crate::waves`), so a decision, an answer, a cancel or
+//! a wave record is made exactly once whichever door it came through.
 //!
-//! Modules: `tools` (the tool list, arguments and the scenario and run tools), `waves` (the
-//! wave tools), `resources` (run timelines, the guide, subscriptions, prompts).
+//! Modules: `reply` (a call's answer, failure and progress; how long hosts keep what never
+//! changes), `calls` (reading a call's arguments, schemas, the caller's runs), `tools` (the
+//! tool list, arguments and the scenario and run tools), `waves` (the wave tools),
+//! `resources` (run timelines, the guide, subscriptions, prompts).
 
+mod calls;
+mod reply;
 mod resources;
 mod tools;
 mod waves;
@@ -19,25 +23,21 @@ mod waves;
 use std::sync::Arc;
 
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-    GetPromptRequestParams, GetPromptResponse, Implementation, InitializeResult, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ProgressToken, ReadResourceRequestParams, ReadResourceResponse,
-    ServerCapabilities, SubscribeRequestParams, SubscriptionFilter, UnsubscribeRequestParams,
+    CacheScope, CallToolRequestParams, CallToolResponse, GetPromptRequestParams, GetPromptResponse,
+    Implementation, InitializeResult, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, SubscribeRequestParams, SubscriptionFilter,
+    UnsubscribeRequestParams,
 };
-use rmcp::service::{Peer, RequestContext, RoleServer, SubscriptionContext};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData, ServerHandler};
 
-use crate::api::App;
+use crate::app::App;
 use crate::auth::Caller;
-use crate::problem::Problem;
+use reply::STATIC_TTL_MS;
 
 /// What the server tells a host when it connects.
 const INSTRUCTIONS: &str = "Baton runs multi-step LLM workflows (scenarios) durably. Use scenarios_list and scenario_describe to find one, run_start to start a job (wait_s to wait for it), run_get / run_events to follow it, run_approve / run_reject / run_answer when it waits for a person, run_cancel to stop it. Waves (wave_plan, wave_dispatch, wave_record, wave_decide, wave_complete, wave_run, wave_get, wave_list, wave_summary, wave_cancel) orchestrate many worker assignments; wave_id \"current\" names the newest wave under way. Read baton://guide for when to use which.";
-
-/// How long a host may keep what never changes while Baton runs (the tools, prompts and
-/// templates, the guide), in milliseconds; what runs change is never kept (`ttlMs` 0).
-pub(crate) const STATIC_TTL_MS: u64 = 3_600_000;
 
 /// Where a request's caller comes from.
 #[derive(Clone, Debug)]
@@ -85,78 +85,6 @@ impl BatonMcp {
                     )
                 }),
         }
-    }
-}
-
-/// The caller's runs, newest first, at most `limit`.
-pub(crate) async fn caller_runs(
-    app: &App,
-    caller: &Caller,
-    limit: usize,
-) -> Result<Vec<baton_engine::store::RunRecord>, Problem> {
-    let query = baton_engine::store::RunQuery {
-        tenant: Some(caller.tenant.clone()),
-        status: None,
-        scenario_id: None,
-        roots_only: false,
-        after_run: None,
-        limit,
-    };
-    Ok(app.store.runs_page(&query).await?)
-}
-
-/// A tool's failure as the model sees it: what went wrong and what to do, as the HTTP API
-/// says it; for a program, the problem's type and HTTP status in `_meta` under
-/// [`PROBLEM_META`] (the application layer's table, as the API answers).
-pub(crate) fn failed(problem: &Problem) -> CallToolResult {
-    let mut result = CallToolResult::error(vec![ContentBlock::text(problem.detail.clone())]);
-    result.structured_content = None;
-    let mut meta = serde_json::Map::new();
-    meta.insert(
-        PROBLEM_META.to_owned(),
-        serde_json::json!({"type": problem.kind, "status": problem.status}),
-    );
-    result.meta = Some(rmcp::model::MetaObject(meta));
-    result
-}
-
-/// The `_meta` key of a failed tool call's problem.
-pub(crate) const PROBLEM_META: &str = "baton/problem";
-
-/// A tool's answer: the value as structured content, and as JSON text for hosts that read
-/// only text.
-pub(crate) fn answered(value: &impl serde::Serialize) -> CallToolResult {
-    match serde_json::to_value(value) {
-        Ok(v) => CallToolResult::structured(v),
-        Err(e) => failed(&Problem::internal(format!("the answer could not be written: {e}"))),
-    }
-}
-
-/// Progress notifications of one call: sent only when the caller asked for them (a
-/// progress token), each with more progress than the last.
-pub(crate) struct Progress {
-    peer: Peer<RoleServer>,
-    token: Option<ProgressToken>,
-    sent: f64,
-}
-
-impl Progress {
-    pub(crate) fn of(context: &RequestContext<RoleServer>) -> Self {
-        Progress { peer: context.peer.clone(), token: context.meta.get_progress_token(), sent: 0.0 }
-    }
-
-    /// Says `message` with `progress` (sent when it is more than last time) out of `total`.
-    pub(crate) async fn say(&mut self, progress: f64, total: Option<f64>, message: String) {
-        let Some(token) = &self.token else { return };
-        if progress <= self.sent {
-            return;
-        }
-        self.sent = progress;
-        let mut param = ProgressNotificationParam::new(token.clone(), progress);
-        param.total = total;
-        param.message = Some(message);
-        // A host that went away misses it; the call's result says the rest.
-        let _ = self.peer.notify_progress(param).await;
     }
 }
 

@@ -19,9 +19,13 @@ use rmcp::model::{
 use rmcp::service::{Peer, RoleServer, SubscriptionContext};
 use serde_json::Value;
 
-use crate::api::{self, App};
+use super::calls::caller_runs;
+use super::reply::STATIC_TTL_MS;
+use super::tools::level_of;
+use crate::app::App;
 use crate::auth::Caller;
 use crate::problem::Problem;
+use crate::runs::{self, RunView};
 
 /// The guide's address and text.
 pub(crate) const GUIDE_URI: &str = "baton://guide";
@@ -65,7 +69,7 @@ fn internal(p: &Problem) -> ErrorData {
 
 /// The guide and the caller's newest runs' timelines.
 pub(crate) async fn list(app: &App, caller: &Caller) -> Result<ListResourcesResult, ErrorData> {
-    let runs = super::caller_runs(app, caller, LISTED_RUNS).await.map_err(|p| internal(&p))?;
+    let runs = caller_runs(app, caller, LISTED_RUNS).await.map_err(|p| internal(&p))?;
     let mut resources = vec![
         Resource::new(GUIDE_URI, "Baton guide")
             .with_description("When to use a scenario, a wave, or manual dispatch and record")
@@ -91,7 +95,7 @@ pub(crate) fn templates() -> ListResourceTemplatesResult {
             )
             .with_mime_type("text/markdown"),
     ])
-    .with_ttl_ms(super::STATIC_TTL_MS)
+    .with_ttl_ms(STATIC_TTL_MS)
     .with_cache_scope(CacheScope::Public)
 }
 
@@ -105,7 +109,7 @@ pub(crate) async fn read(
         return Ok(ReadResourceResult::new(vec![
             ResourceContents::text(GUIDE, uri).with_mime_type("text/markdown"),
         ])
-        .with_ttl_ms(super::STATIC_TTL_MS)
+        .with_ttl_ms(STATIC_TTL_MS)
         .with_cache_scope(CacheScope::Public));
     }
     let run_id = run_of(uri).ok_or_else(|| not_found(uri))?;
@@ -131,7 +135,7 @@ fn short(v: &Value) -> String {
 
 /// A run's timeline as Markdown: the run, then one line per event.
 async fn timeline(app: &App, caller: &Caller, run_id: &str) -> Result<String, Problem> {
-    let view = api::run_view(app, caller, run_id).await?;
+    let view = runs::run_view(app, caller, run_id).await?;
     let events = app.store.load(run_id, 0).await?;
     let mut out = String::new();
     let _ = writeln!(out, "# Run {} — {} ({})\n", view.run_id, view.scenario_id, view.status);
@@ -166,7 +170,7 @@ async fn timeline(app: &App, caller: &Caller, run_id: &str) -> Result<String, Pr
         if let Value::Object(map) = &mut data {
             map.remove("kind");
         }
-        let level = super::tools::level_of(e);
+        let level = level_of(e);
         let _ = writeln!(
             out,
             "- #{} {} {}{} {}",
@@ -344,16 +348,16 @@ pub(crate) async fn prompt(
         .with_description(format!("Baton {name} as of {}", chrono::Utc::now().to_rfc3339())))
 }
 
-async fn recent(app: &App, caller: &Caller, limit: usize) -> Result<Vec<api::RunView>, Problem> {
+async fn recent(app: &App, caller: &Caller, limit: usize) -> Result<Vec<RunView>, Problem> {
     let mut views = Vec::new();
-    for r in super::caller_runs(app, caller, limit).await? {
-        views.push(api::run_view(app, caller, &r.run_id).await?);
+    for r in caller_runs(app, caller, limit).await? {
+        views.push(runs::run_view(app, caller, &r.run_id).await?);
     }
     Ok(views)
 }
 
 /// One run of a summary: id, scenario, status, `more`, cost.
-fn run_line(out: &mut String, r: &api::RunView, more: &str) {
+fn run_line(out: &mut String, r: &RunView, more: &str) {
     let _ = writeln!(
         out,
         "- run {} ({}) {}{more}, ${:.4}",
@@ -366,7 +370,7 @@ async fn summary_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem
     let mut out = String::from(
         "Here is Baton's orchestration state. Act on what needs someone first (run_approve, run_reject, run_answer), then follow what is under way (run_get, wave_get).\n",
     );
-    let waiting: Vec<&api::RunView> =
+    let waiting: Vec<&RunView> =
         runs.iter().filter(|r| r.waiting_on.iter().any(|w| w.wants != "child run")).collect();
     let _ = writeln!(out, "\n## Waiting for a person ({})", waiting.len());
     for r in &waiting {
@@ -383,7 +387,7 @@ async fn summary_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem
             );
         }
     }
-    let under_way: Vec<&api::RunView> = runs
+    let under_way: Vec<&RunView> = runs
         .iter()
         .filter(|r| !Status::from_name(&r.status).is_some_and(Status::is_final))
         .filter(|r| r.waiting_on.iter().all(|w| w.wants == "child run"))
@@ -393,7 +397,7 @@ async fn summary_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem
         let at = r.level.as_deref().map(|l| format!(" at `{l}`")).unwrap_or_default();
         run_line(&mut out, r, &at);
     }
-    let ended: Vec<&api::RunView> = runs
+    let ended: Vec<&RunView> = runs
         .iter()
         .filter(|r| Status::from_name(&r.status).is_some_and(Status::is_final))
         .take(10)
@@ -403,7 +407,7 @@ async fn summary_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem
         let verdict = r.verdict.as_deref().map(|v| format!(", verdict {v}")).unwrap_or_default();
         run_line(&mut out, r, &verdict);
     }
-    let records = super::caller_runs(app, caller, LISTED_RUNS).await?;
+    let records = caller_runs(app, caller, LISTED_RUNS).await?;
     let waves = app.deciding()?.wave_views(&records).await?;
     let s = baton_engine::wave_actions::summarize(&waves);
     let _ = writeln!(
@@ -418,7 +422,7 @@ async fn summary_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem
 }
 
 async fn waves_text(app: &Arc<App>, caller: &Caller) -> Result<String, Problem> {
-    let records = super::caller_runs(app, caller, LISTED_RUNS).await?;
+    let records = caller_runs(app, caller, LISTED_RUNS).await?;
     let waves = app.deciding()?.wave_views(&records).await?;
     let mut out = format!(
         "Here are Baton's recent waves ({}), newest first. `current` names the newest under way; wave_get shows one whole.\n",

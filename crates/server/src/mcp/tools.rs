@@ -9,30 +9,27 @@ use std::time::Duration;
 use baton_engine::Status;
 use rmcp::ErrorData;
 use rmcp::handler::server::common::schema_for_type;
-use rmcp::model::{CallToolResult, JsonObject, Tool, ToolAnnotations};
+use rmcp::model::{CallToolResult, Tool, ToolAnnotations};
 use rmcp::service::{RequestContext, RoleServer};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Progress, answered, failed};
-use crate::api::{self, App, Decide, RunView, StartRun};
+use super::calls::{LOOK_EVERY, NoArgs, args};
+use super::reply::{Progress, answered, failed};
+use crate::app::App;
 use crate::auth::Caller;
+use crate::event_wire::event_json;
 use crate::problem::Problem;
+use crate::runs::{self, Decide, RunView, StartRun};
+use crate::scenarios;
 
 /// The longest `run_start` may wait for its run, in seconds.
 pub(crate) const WAIT_S_MAX: f64 = 3_600.0;
 /// The most events one `run_events` page holds.
 const EVENTS_LIMIT_MAX: usize = 500;
-/// How long a waiting call looks at the store when nothing woke it.
-pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(500);
 
 // ---- arguments ----
-
-/// No arguments.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NoArgs {}
 
 /// A scenario by id.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -145,14 +142,14 @@ pub(crate) struct AnswerArgs {
 /// The scenarios the caller may start.
 #[derive(Debug, Serialize, JsonSchema)]
 pub(crate) struct ScenarioList {
-    pub scenarios: Vec<api::ScenarioSummary>,
+    pub scenarios: Vec<scenarios::ScenarioSummary>,
 }
 
 /// A scenario: what it is for, what it takes, its levels and graph.
 #[derive(Debug, Serialize, JsonSchema)]
 pub(crate) struct Described {
     #[serde(flatten)]
-    pub detail: api::ScenarioDetail,
+    pub detail: scenarios::ScenarioDetail,
     /// What a job's input is: free text every level's prompt reads as `input`.
     pub input: String,
     /// Example inputs the scenario's author gave.
@@ -165,7 +162,7 @@ pub(crate) struct Described {
 #[derive(Debug, Serialize, JsonSchema)]
 pub(crate) struct RunStarted {
     #[serde(flatten)]
-    pub started: api::Started,
+    pub started: runs::Started,
     /// The run as it stands when the call returns.
     pub run: RunView,
     /// How long the call waited, in seconds.
@@ -200,14 +197,6 @@ fn tool<A: JsonSchema + 'static, R: JsonSchema + 'static>(
         .with_annotations(annotations)
 }
 
-/// An object schema for results that are JSON objects of a documented shape.
-pub(crate) fn object_schema(description: &str) -> Arc<JsonObject> {
-    let mut schema = JsonObject::new();
-    schema.insert("type".to_owned(), Value::String("object".to_owned()));
-    schema.insert("description".to_owned(), Value::String(description.to_owned()));
-    Arc::new(schema)
-}
-
 /// Every tool, built once.
 pub(crate) fn list() -> &'static [Tool] {
     static TOOLS: OnceLock<Vec<Tool>> = OnceLock::new();
@@ -223,7 +212,7 @@ pub(crate) fn list() -> &'static [Tool] {
                 "One scenario: what it is for, the input it expects, its example inputs, budget, levels, edges (with their gates) and graph (Mermaid and dot).",
                 true,
             ),
-            tool::<ValidateArgs, api::Validation>(
+            tool::<ValidateArgs, scenarios::Validation>(
                 "scenario_validate",
                 "Check a scenario file (YAML text) as if it were in the scenarios directory: ok, and every diagnostic with file, line, column, the line's text and a hint. Nothing is stored.",
                 true,
@@ -248,12 +237,12 @@ pub(crate) fn list() -> &'static [Tool] {
                 "Cancel a run and every run below it (recorded once, with the reason and who). A run being driven stops at its next check.",
                 false,
             ),
-            tool::<DecideArgs, api::Decided>(
+            tool::<DecideArgs, runs::Decided>(
                 "run_approve",
                 "Approve a paused run's approval request (exactly once: a second decision is refused) and continue the run.",
                 false,
             ),
-            tool::<DecideArgs, api::Decided>(
+            tool::<DecideArgs, runs::Decided>(
                 "run_reject",
                 "Reject a paused run's approval request (exactly once) and continue the run down its rejection path.",
                 false,
@@ -271,19 +260,6 @@ pub(crate) fn list() -> &'static [Tool] {
 
 // ---- the dispatch ----
 
-/// Reads a tool's arguments, or says which one is wrong.
-pub(crate) fn args<T: serde::de::DeserializeOwned>(
-    tool: &str,
-    args: Value,
-) -> Result<T, ErrorData> {
-    serde_json::from_value(args).map_err(|e| {
-        ErrorData::invalid_params(
-            format!("{tool}: the arguments do not fit its input schema: {e}; tools/list shows it"),
-            None,
-        )
-    })
-}
-
 /// Calls the tool `name` for `caller`.
 pub(crate) async fn call(
     app: &Arc<App>,
@@ -300,28 +276,28 @@ pub(crate) async fn call(
         "scenario_describe" => describe(app, caller, args(name, arguments)?).await,
         "scenario_validate" => {
             let a: ValidateArgs = args(name, arguments)?;
-            api::validate(app, a.yaml).await.map(|v| answered(&v))
+            scenarios::validate(app, a.yaml).await.map(|v| answered(&v))
         }
         "run_start" => start(app, caller, args(name, arguments)?, context).await,
         "run_get" => {
             let a: RunArgs = args(name, arguments)?;
-            api::run_view(app, caller, &a.run_id).await.map(|v| answered(&v))
+            runs::run_view(app, caller, &a.run_id).await.map(|v| answered(&v))
         }
         "run_events" => events(app, caller, args(name, arguments)?).await,
         "run_cancel" => {
             let a: CancelArgs = args(name, arguments)?;
-            api::cancel(app, caller, &a.run_id, a.reason).await.map(|v| answered(&v))
+            runs::cancel(app, caller, &a.run_id, a.reason).await.map(|v| answered(&v))
         }
         "run_approve" | "run_reject" => {
             let a: DecideArgs = args(name, arguments)?;
             let decide = Decide { request_id: a.request_id, comment: a.comment, data: a.data };
-            api::decide(app, caller, &a.run_id, decide, name == "run_approve")
+            runs::decide(app, caller, &a.run_id, decide, name == "run_approve")
                 .await
                 .map(|v| answered(&v))
         }
         "run_answer" => {
             let a: AnswerArgs = args(name, arguments)?;
-            api::answer_run_with(app, caller, &a.run_id, a.answer).await.map(|v| answered(&v))
+            runs::answer_run_with(app, caller, &a.run_id, a.answer).await.map(|v| answered(&v))
         }
         wave if wave.starts_with("wave_") => {
             return super::waves::call(app, caller, name, arguments, context).await;
@@ -338,7 +314,7 @@ pub(crate) async fn call(
 
 async fn scenarios(app: &Arc<App>, caller: &Caller) -> Result<CallToolResult, Problem> {
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
-    let scenarios = registry.scenarios().map(|s| api::summary(s)).collect();
+    let scenarios = registry.scenarios().map(|s| scenarios::summary(s)).collect();
     Ok(answered(&ScenarioList { scenarios }))
 }
 
@@ -363,7 +339,7 @@ async fn describe(
         "max_level_runs": s.budget.max_level_runs,
     });
     Ok(answered(&Described {
-        detail: api::detail(s),
+        detail: scenarios::detail(s),
         input: "free text, given to every level's prompt as `input`; metadata (an object) is read by gates and prompts as `metadata`".to_owned(),
         examples: s.examples.clone(),
         budget,
@@ -398,7 +374,7 @@ pub(crate) async fn settled(app: &App, caller: &Caller, view: &RunView) -> Resul
                     return Ok(true);
                 }
                 for child in children {
-                    let v = api::run_view(app, caller, child).await?;
+                    let v = runs::run_view(app, caller, child).await?;
                     pending.push((
                         v.status,
                         v.waiting_on.into_iter().map(|w| (w.wants, w.level_id)).collect(),
@@ -440,13 +416,13 @@ async fn start(
         idempotency_key: a.idempotency_key,
         max_cost_usd: a.max_cost_usd,
     };
-    let (_, started) = api::start(app, caller, body, None).await?;
+    let (_, started) = runs::start(app, caller, body, None).await?;
     let run_id = started.run_id.clone();
     let began = std::time::Instant::now();
     let deadline = began + Duration::from_secs_f64(wait_s);
     let mut progress = Progress::of(context);
     let mut after = 0;
-    let mut view = api::run_view(app, caller, &run_id).await?;
+    let mut view = runs::run_view(app, caller, &run_id).await?;
     let mut cancelled = false;
     while !settled(app, caller, &view).await? && std::time::Instant::now() < deadline {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -461,11 +437,11 @@ async fn start(
             #[allow(clippy::cast_precision_loss)]
             progress.say(after as f64, None, describe_event(last)).await;
         }
-        view = api::run_view(app, caller, &run_id).await?;
+        view = runs::run_view(app, caller, &run_id).await?;
     }
     if cancelled && a.cancel_with_call {
         let reason = "the MCP call run_start that started it was cancelled (cancel_with_call)";
-        view = api::cancel(app, caller, &run_id, Some(reason.to_owned())).await?;
+        view = runs::cancel(app, caller, &run_id, Some(reason.to_owned())).await?;
     }
     let on_call_cancelled = if a.cancel_with_call {
         "cancels the run (cancel_with_call: true)"
@@ -501,8 +477,7 @@ async fn events(app: &Arc<App>, caller: &Caller, a: EventsArgs) -> Result<CallTo
     app.visible_run(caller, &a.run_id).await?;
     let events = app.store.load(&a.run_id, a.after).await?;
     let more = events.len() > limit;
-    let page: Vec<Value> =
-        events.iter().take(limit).map(|e| api::event_json(&a.run_id, e)).collect();
+    let page: Vec<Value> = events.iter().take(limit).map(|e| event_json(&a.run_id, e)).collect();
     let next_after = more.then(|| events.get(limit - 1).map(|e| e.seq)).flatten();
     Ok(answered(&EventPage { run_id: a.run_id, events: page, next_after }))
 }

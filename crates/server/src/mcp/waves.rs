@@ -20,12 +20,13 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::tools::{LOOK_EVERY, args, object_schema};
-use super::{Progress, answered, failed};
-use crate::api::{self, App, StartRun};
-use crate::api_more::{self, WaveDone, WaveTarget};
+use super::calls::{LOOK_EVERY, NoArgs, args, caller_runs, object_schema};
+use super::reply::{Progress, answered, failed};
+use crate::app::App;
 use crate::auth::Caller;
 use crate::problem::Problem;
+use crate::runs::{self, StartRun};
+use crate::waves::{WaveDone, WaveTarget, wave_act};
 
 /// Most of the caller's runs `current`, `wave_list` and `wave_summary` look through.
 const RUNS_SCANNED_MAX: usize = 500;
@@ -251,7 +252,7 @@ pub(crate) fn list() -> Vec<Tool> {
             schema_for_type::<WaveList>(),
             true,
         ),
-        tool::<super::tools::NoArgs>(
+        tool::<NoArgs>(
             "wave_summary",
             "The orchestration state: how many waves, how many under way, their assignments counted by stage and outcome, and what they spent.",
             object_schema("waves, under_way, assignments (by stage and outcome), cost_usd"),
@@ -305,7 +306,7 @@ pub(crate) async fn call(
                 .map(|waves| answered(&WaveList { waves }))
         }
         "wave_summary" => {
-            args::<super::tools::NoArgs>(name, arguments)?;
+            args::<NoArgs>(name, arguments)?;
             waves(app, caller, RUNS_SCANNED_MAX)
                 .await
                 .map(|w| CallToolResult::structured(wave_actions::summarize(&w)))
@@ -330,7 +331,7 @@ async fn resolve(app: &Arc<App>, caller: &Caller, wave_id: &str) -> Result<Strin
         })?;
         return Ok(wave_id.to_owned());
     }
-    let recent = super::caller_runs(app, caller, RUNS_SCANNED_MAX).await?;
+    let recent = caller_runs(app, caller, RUNS_SCANNED_MAX).await?;
     app.deciding()?.current_wave(&recent).await?.ok_or_else(|| {
         Problem::not_found(
             "no wave is under way (`current` names the newest run whose wave has not ended); plan one with wave_plan",
@@ -346,7 +347,7 @@ async fn act(
     t: &WaveTarget,
 ) -> Result<CallToolResult, Problem> {
     let run_id = resolve(app, caller, wave_id).await?;
-    api_more::wave_act(app, caller, &run_id, action, t).await.map(|d| answered(&d))
+    wave_act(app, caller, &run_id, action, t).await.map(|d| answered(&d))
 }
 
 async fn get(app: &Arc<App>, caller: &Caller, wave_id: &str) -> Result<Value, Problem> {
@@ -363,7 +364,7 @@ async fn waves(app: &Arc<App>, caller: &Caller, limit: usize) -> Result<Vec<Valu
             "limit must be 1 to {RUNS_SCANNED_MAX}, not {limit}"
         )));
     }
-    let recent = super::caller_runs(app, caller, RUNS_SCANNED_MAX).await?;
+    let recent = caller_runs(app, caller, RUNS_SCANNED_MAX).await?;
     let mut views = app.deciding()?.wave_views(&recent).await?;
     views.truncate(limit);
     Ok(views)
@@ -401,7 +402,7 @@ async fn plan(app: &Arc<App>, caller: &Caller, a: PlanArgs) -> Result<CallToolRe
         .map_err(Problem::bad_request)?;
     let input = json!({ "tasks": a.tasks, "context": a.context });
     let body = StartRun { input: input.to_string(), ..StartRun::default() };
-    let (_, started) = api::start(app, caller, body, Some(scenario)).await?;
+    let (_, started) = runs::start(app, caller, body, Some(scenario)).await?;
     // The server's workers plan it (or refuse the plan, which fails the run), then leave it
     // waiting for outside agents or for a wave_run, which may then drive it at once.
     let run_id = started.run_id;
@@ -453,7 +454,7 @@ async fn dispatch(
             worker_run: Some(link.worker_run_id),
             ..WaveTarget::default()
         };
-        match api_more::wave_act(app, caller, &run_id, "dispatch", &t).await {
+        match wave_act(app, caller, &run_id, "dispatch", &t).await {
             Ok(done) => dispatched.push(done),
             Err(p) if dispatched.is_empty() => return Err(p),
             Err(p) => {
@@ -561,7 +562,7 @@ async fn run(
             reason: Some("the MCP call wave_run was cancelled (cancel_with_call)".to_owned()),
             ..WaveTarget::default()
         };
-        api_more::wave_act(app, caller, &run_id, "cancel", &t).await?;
+        wave_act(app, caller, &run_id, "cancel", &t).await?;
     }
     let wave = engine
         .wave_view(&run_id)

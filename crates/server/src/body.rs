@@ -1,0 +1,64 @@
+//! A request body (`Body`), read within the size limit and parsed only once the handler has
+//! checked the caller may act on what it names, and the limit itself (`BodyLimit`), which
+//! the router's host check hands on for the 413's message.
+
+use axum::extract::Request;
+use axum::http::StatusCode;
+
+use crate::problem::Problem;
+
+/// A request body, read (within the size limit) but parsed only once the handler has
+/// checked the caller may act on what it names: another tenant's run is a 404 whatever the
+/// body holds. Every refusal is a problem+json.
+pub(crate) struct Body(axum::body::Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        let limit = req.extensions().get::<BodyLimit>().map(|l| l.0);
+        match axum::body::Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                match limit {
+                    Some(n) => format!(
+                        "the request body is larger than {n} bytes, the most this server takes (--body-max-bytes)"
+                    ),
+                    None => "the request body is larger than this server takes (--body-max-bytes)"
+                        .to_owned(),
+                },
+            )),
+            Err(e) => Err(Problem::new(e.status(), e.body_text())),
+        }
+    }
+}
+
+impl Body {
+    /// The body as JSON of `T`; an empty body is `T::default()` when `optional`.
+    pub(crate) fn parse<T: serde::de::DeserializeOwned + Default>(
+        &self,
+        optional: bool,
+    ) -> Result<T, Problem> {
+        if optional && self.0.iter().all(u8::is_ascii_whitespace) {
+            return Ok(T::default());
+        }
+        serde_json::from_slice(&self.0).map_err(|e| {
+            Problem::bad_request(format!(
+                "the request body is not what this takes: {e} (line {}, column {}); /openapi.json describes it",
+                e.line(),
+                e.column()
+            ))
+        })
+    }
+
+    /// The body as text.
+    pub(crate) fn text(&self) -> Result<String, Problem> {
+        String::from_utf8(self.0.to_vec())
+            .map_err(|_| Problem::bad_request("the request body is not UTF-8 text"))
+    }
+}
+
+/// The body size limit, for the 413's message.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BodyLimit(pub(crate) usize);

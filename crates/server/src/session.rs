@@ -1,0 +1,91 @@
+//! The browser's session (`/session`): who the request's token or cookie is, a bearer token
+//! traded for an HttpOnly, SameSite=Strict cookie, and signing out.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::app::App;
+use crate::auth::Caller;
+use crate::problem::Problem;
+
+/// Who the session is.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Session {
+    /// False when the request carries no valid token or session cookie.
+    pub signed_in: bool,
+    pub tenant: Option<String>,
+    pub role: Option<String>,
+    pub name: Option<String>,
+    /// False when the server runs without auth (no cookie is needed).
+    pub auth: bool,
+}
+
+impl Session {
+    fn of(caller: Caller, auth: bool) -> Self {
+        Session {
+            signed_in: true,
+            tenant: caller.tenant,
+            role: Some(caller.role.as_str().to_owned()),
+            name: Some(caller.name),
+            auth,
+        }
+    }
+}
+
+/// Who the request's token or session cookie is (never a 401: the UI asks this first).
+#[utoipa::path(get, path = "/session", responses((status = 200, body = Session)))]
+pub(crate) async fn get_session(
+    State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+) -> Json<Session> {
+    if app.settings.no_auth {
+        return Json(Session::of(Caller::local(), false));
+    }
+    match app.tokens.caller(&headers).await {
+        Ok(c) => Json(Session::of(c, true)),
+        Err(_) => {
+            Json(Session { signed_in: false, tenant: None, role: None, name: None, auth: true })
+        }
+    }
+}
+
+/// Trades the bearer token of the request for an HttpOnly, SameSite=Strict session cookie:
+/// how the web UI authenticates (a browser's EventSource cannot send headers, and a token
+/// never goes in a URL).
+#[utoipa::path(post, path = "/session", responses(
+    (status = 200, body = Session), (status = 401, body = Problem)))]
+pub(crate) async fn open_session(
+    State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, Problem> {
+    if app.settings.no_auth {
+        return Ok(Json(Session::of(Caller::local(), false)).into_response());
+    }
+    let bearer = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("Bearer "))
+        .map(|t| t.trim().to_owned());
+    // Without a bearer token, the session cookie's holder is told who they are.
+    let body = Session::of(app.tokens.caller(&headers).await?, true);
+    let Some(bearer) = bearer else { return Ok(Json(body).into_response()) };
+    let cookie = format!(
+        "{}={bearer}; HttpOnly; SameSite=Strict; Path=/; Max-Age=43200",
+        crate::auth::SESSION_COOKIE
+    );
+    Ok(([(axum::http::header::SET_COOKIE, cookie)], Json(body)).into_response())
+}
+
+/// Ends the browser's session (clears its cookie).
+#[utoipa::path(delete, path = "/session", responses((status = 204)))]
+pub(crate) async fn close_session() -> Response {
+    let cookie =
+        format!("{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0", crate::auth::SESSION_COOKIE);
+    (StatusCode::NO_CONTENT, [(axum::http::header::SET_COOKIE, cookie)]).into_response()
+}

@@ -1,0 +1,67 @@
+//! How the server runs: `Settings` (what `baton serve`, `baton mcp` and `baton worker`
+//! listen on, their limits, retries and timings) and `WorkerSettings` (who a `baton worker`
+//! is and how long its leases last).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// How the server runs: what it listens on and its limits.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The command serving, for its notes on stderr (`baton serve`, `baton mcp`).
+    pub name: &'static str,
+    pub listen: SocketAddr,
+    /// No tokens: every caller acts as an admin of runs of no tenant. Only on loopback.
+    pub no_auth: bool,
+    /// Runs driven at once.
+    pub workers: usize,
+    /// The largest request body, in bytes.
+    pub body_bytes_max: usize,
+    /// Runs a tenant may start per minute.
+    pub starts_per_minute: u32,
+    /// Event streams open at once per token.
+    pub streams_per_token: usize,
+    /// Host names (with port) requests may name besides the listen address's.
+    pub hosts: Vec<String>,
+    /// Drives of a run stopped by a transient failure: at most this many, the first after
+    /// `retry_first`, each wait doubled.
+    pub retries_max: u32,
+    pub retry_first: Duration,
+    /// How often the scenarios directory is looked at for changes.
+    pub refresh_every: Duration,
+    /// How long an event stream stays quiet before a keep-alive comment.
+    pub keep_alive: Duration,
+    /// Where to send OpenTelemetry traces (OTLP/HTTP, `http://HOST:PORT`); none: no traces.
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            name: "baton serve",
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            no_auth: false,
+            workers: 16,
+            body_bytes_max: 1 << 20,
+            starts_per_minute: 600_000,
+            streams_per_token: 64,
+            hosts: Vec::new(),
+            retries_max: 5,
+            retry_first: Duration::from_secs(1),
+            refresh_every: Duration::from_secs(1),
+            keep_alive: Duration::from_secs(15),
+            otlp_endpoint: None,
+        }
+    }
+}
+
+/// What `baton worker` is told: who it is, how long its leases last, when to stop.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// The name its leases are taken under (unique among the workers).
+    pub name: String,
+    /// How long a claimed run stays this worker's without a renewal.
+    pub lease: Duration,
+    /// Stop once nothing was claimed or driven for this long; none: run until stopped.
+    pub idle_exit: Option<Duration>,
+}
