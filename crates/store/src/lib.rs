@@ -10,6 +10,7 @@ pub mod run_holds;
 pub mod schema;
 pub mod sqlite;
 mod sqlite_log;
+mod sqlite_rows;
 mod stored;
 pub mod tokens;
 

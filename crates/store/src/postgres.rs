@@ -30,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
+use baton_engine::chain::{self, Check, GENESIS, Hash};
 use baton_engine::event::Event;
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{
@@ -46,7 +46,12 @@ use tokio_postgres::{AsyncMessage, NoTls, Row};
 use crate::schema::{self, Backend};
 use crate::tokens::{Role, TokenRecord, TokenStore};
 
+mod common;
 mod group;
+
+use common::{
+    Batch, Held, HeldRun, NOW_US, SERVER_DEADLINES, db_error, knows, lock, micros, pg, seq_param,
+};
 
 /// The version of the schema this binary reads and writes ([`crate::schema`]).
 pub fn schema_version() -> i64 {
@@ -69,26 +74,12 @@ const HOLD_OP_WAIT: Duration = Duration::from_secs(30);
 /// How long connecting to the server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The server-side deadlines of every connection, unless the URL's options set their own
-/// (`?options=-c%20lock_timeout%3D5s`): no statement runs longer than a minute, none waits
-/// more than 30 s for a lock another session holds, and a session left inside a
-/// transaction for a minute — its process stopped or cut off while holding row locks — is
-/// ended by the server, which releases them.
-const SERVER_DEADLINES: [(&str, &str); 3] = [
-    ("statement_timeout", "60s"),
-    ("lock_timeout", "30s"),
-    ("idle_in_transaction_session_timeout", "60s"),
-];
-
 /// A waiter for a run's events looks at the run at least this often, notification or not
 /// (a notification lost with the listen connection delays it by no more than this).
 const WAIT_LOOK_EVERY: Duration = Duration::from_millis(250);
 
 /// How long a hold lasts without a renewal, unless the store is told otherwise.
 pub const DEFAULT_HOLD_FOR: Duration = Duration::from_secs(30);
-
-/// The database's clock, in microseconds since the epoch: holds run out by one clock.
-const NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
 
 /// The advisory lock that serialises migrations between processes.
 const MIGRATION_LOCK: i64 = 0x6261_746f_6e00_0001;
@@ -194,24 +185,6 @@ enum HoldOp {
     Probe(String, oneshot::Sender<Result<bool, Error>>),
 }
 
-/// The runs this process holds, each with its epoch and how long it surely stays its own.
-type Held = Arc<Mutex<HashMap<String, HeldRun>>>;
-
-#[derive(Clone, Debug)]
-struct HeldRun {
-    /// 0 while the hold is being taken.
-    epoch: i64,
-    /// A new run's hold, taken by the statement that creates the run (no other process can
-    /// know its id before): no row of `holds` names it yet.
-    pending: bool,
-    /// The end of the run's log (last seq, head hash) as this process last loaded or
-    /// wrote it: its next append is built on it.
-    known: Option<(u64, Hash)>,
-    /// Until when (this process's monotonic clock) the hold is surely still this
-    /// process's: when its last renewal was sent, plus the hold's length.
-    valid_until: Arc<Mutex<std::time::Instant>>,
-}
-
 /// Whether a `--db` value names a PostgreSQL database.
 pub fn is_url(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://")
@@ -235,44 +208,9 @@ fn backend(e: impl std::fmt::Display) -> Error {
     Error::Backend(e.to_string())
 }
 
-/// A database error with its server message, when there is one.
-fn db_error(e: &tokio_postgres::Error) -> String {
-    use tokio_postgres::error::SqlState;
-    match e.as_db_error() {
-        Some(d) if [SqlState::QUERY_CANCELED, SqlState::LOCK_NOT_AVAILABLE].contains(d.code()) => {
-            let deadlines: Vec<String> = SERVER_DEADLINES
-                .iter()
-                .map(|(setting, value)| format!("{setting} {value}"))
-                .collect();
-            format!(
-                "{}: {} (a deadline of the connection: {} unless the URL's options set them; another session may hold the rows — a stopped or stalled process — or the server is overloaded)",
-                d.severity(),
-                d.message(),
-                deadlines.join(", ")
-            )
-        }
-        Some(d) => format!("{}: {}", d.severity(), d.message()),
-        None => e.to_string(),
-    }
-}
-
-// By value, so that it reads `.map_err(pg)`.
-#[allow(clippy::needless_pass_by_value)]
-fn pg(e: tokio_postgres::Error) -> Error {
-    Error::Backend(format!("postgres: {}", db_error(&e)))
-}
-
-fn micros(at: DateTime<Utc>) -> i64 {
-    at.timestamp_micros()
-}
-
 fn from_micros(us: i64, what: &str) -> Result<DateTime<Utc>, String> {
     DateTime::from_timestamp_micros(us)
         .ok_or_else(|| format!("column `{what}` holds {us}, not a time"))
-}
-
-fn seq_param(seq: u64) -> i64 {
-    i64::try_from(seq).unwrap_or(i64::MAX)
 }
 
 /// What a migration check found.
@@ -721,10 +659,6 @@ async fn listen(
     Ok(client)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// A run's record from the first columns of a row ([`RUN_COLUMNS`]), with its head hash.
 fn to_record(r: &Row) -> Result<(RunRecord, Option<Hash>), Error> {
     let run_id: String = r.try_get(0).map_err(pg)?;
@@ -918,85 +852,6 @@ async fn end_of_log(
     }
 }
 
-/// A batch of events as the insert statements take it: one array per column, each event's
-/// chain hash computed from the end of the log it is appended to.
-struct Batch {
-    seqs: Vec<i64>,
-    ats: Vec<i64>,
-    kinds: Vec<&'static str>,
-    versions: Vec<i32>,
-    levels: Vec<Option<String>>,
-    attempts: Vec<Option<i64>>,
-    datas: Vec<String>,
-    hashes: Vec<Vec<u8>>,
-    /// The run's last seq and head hash once the batch is appended.
-    last_seq: u64,
-    head: Hash,
-    updated_us: i64,
-    /// `last_seq` and `head` as the statements take them.
-    last_param: i64,
-    head_param: Vec<u8>,
-}
-
-impl Batch {
-    fn new(events: &[Event], end: Verified) -> Batch {
-        let n = events.len();
-        let mut b = Batch {
-            seqs: Vec::with_capacity(n),
-            ats: Vec::with_capacity(n),
-            kinds: Vec::with_capacity(n),
-            versions: Vec::with_capacity(n),
-            levels: Vec::with_capacity(n),
-            attempts: Vec::with_capacity(n),
-            datas: Vec::with_capacity(n),
-            hashes: Vec::with_capacity(n),
-            last_seq: end.last_seq + n as u64,
-            head: end.head,
-            updated_us: micros(events.last().map_or_else(Utc::now, |e| e.at)),
-            last_param: 0,
-            head_param: Vec::new(),
-        };
-        for e in events {
-            let payload = e.data.payload();
-            b.head = chain::link(&b.head, &Fields::of(e, &payload));
-            b.seqs.push(seq_param(e.seq));
-            b.ats.push(micros(e.at));
-            b.kinds.push(e.data.kind());
-            b.versions.push(i32::from(baton_engine::event::VERSION));
-            b.levels.push(e.level_id.clone());
-            b.attempts.push(e.attempt.map(i64::from));
-            b.datas.push(payload.to_string());
-            b.hashes.push(b.head.to_vec());
-        }
-        b.last_param = seq_param(b.last_seq);
-        b.head_param = b.head.to_vec();
-        b
-    }
-
-    /// Parameters `$1` to `$13` of both append statements.
-    fn params<'p>(
-        &'p self,
-        run_id: &'p &'p str,
-        status: &'p &'p str,
-    ) -> Vec<&'p (dyn tokio_postgres::types::ToSql + Sync)> {
-        vec![
-            run_id,
-            &self.seqs,
-            &self.ats,
-            &self.kinds,
-            &self.versions,
-            &self.levels,
-            &self.attempts,
-            &self.datas,
-            &self.hashes,
-            &self.last_param,
-            status,
-            &self.updated_us,
-            &self.head_param,
-        ]
-    }
-}
-
 /// The columns of a batch and the run's new end, parameters `$2` to `$13` of both append
 /// statements (`$1` is the run id).
 const BATCH_INSERT: &str = "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
@@ -1119,13 +974,6 @@ async fn load_checked(
     }
     let last_seq = check.finish(record.last_seq, head.as_ref())?;
     Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS) }))
-}
-
-/// Remembers where a run this process holds ends (after a whole load or an append).
-fn knows(held: &Held, run_id: &str, end: (u64, Hash)) {
-    if let Some(run) = lock(held).get_mut(run_id) {
-        run.known = Some(end);
-    }
 }
 
 impl PostgresStore {

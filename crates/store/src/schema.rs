@@ -12,8 +12,6 @@
 //! runner applies what a database lacks, each change in its own transaction, and a
 //! database at a newer version than the binary's is refused.
 
-use rusqlite::Connection;
-
 /// A change's form on one backend.
 #[derive(Clone, Copy, Debug)]
 pub enum Form<Fill: 'static> {
@@ -36,8 +34,15 @@ impl<Fill: Copy> Form<Fill> {
     }
 }
 
-/// Code that fills, on SQLite, what a change's SQL cannot (rows computed from old rows).
-pub type SqliteFill = fn(&Connection) -> rusqlite::Result<()>;
+/// Code that fills, on SQLite, what a change's SQL cannot (rows computed from old rows),
+/// named here and run by the SQLite store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SqliteFill {
+    /// Computes the hash chain over every event already stored, and each run's head hash.
+    HashExistingRuns,
+    /// Packs every run's old one-row-per-event log into batches.
+    PackExistingRuns,
+}
 
 /// One change to the store's schema.
 #[derive(Debug)]
@@ -69,7 +74,7 @@ pub const CHANGES: &[Change] = &[
         what: "the hash chain over each run's events, and each run's head hash",
         sqlite: Form::SqlThen(
             include_str!("../migrations/0003_chain.sql"),
-            crate::sqlite::hash_existing_runs,
+            SqliteFill::HashExistingRuns,
         ),
         postgres: Form::None(IN_POSTGRES_FIRST),
     },
@@ -92,7 +97,7 @@ pub const CHANGES: &[Change] = &[
         what: "the packed log: integer run keys, one row per commit batch",
         sqlite: Form::SqlThen(
             include_str!("../migrations/0007_packed.sql"),
-            crate::sqlite_log::pack_existing_runs,
+            SqliteFill::PackExistingRuns,
         ),
         postgres: Form::None(
             "PostgreSQL keeps one row per event, which its group appends and indexes read",

@@ -32,14 +32,15 @@ use baton_engine::store::{
     Error, EventStore, RunGuard, RunQuery, RunRecord, TenantOverride, Verified,
 };
 use chrono::{DateTime, SecondsFormat, Utc};
-use rusqlite::types::{FromSql, Type};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use tokio::sync::oneshot;
 
 use crate::run_holds::RunHolds;
+use crate::schema::SqliteFill;
 use crate::schema::{self, Backend};
-use crate::sqlite_log::{Dicts, Packer, Ready};
+use crate::sqlite_log::{Dicts, Packer, Ready, pack_existing_runs};
 pub use crate::sqlite_log::{RawBatch, put_raw_batches, raw_batches};
+use crate::sqlite_rows::{RUN_COLUMNS, backend, cached_row, to_record};
 use crate::tokens::{Role, TokenRecord, TokenStore};
 
 /// Most tries to prepare a database that another process is preparing at the same moment
@@ -216,10 +217,6 @@ impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Request")
     }
-}
-
-pub(crate) fn backend(e: impl std::fmt::Display) -> Error {
-    Error::Backend(e.to_string())
 }
 
 impl SqliteStore {
@@ -544,8 +541,10 @@ fn prepare(conn: &Connection, busy: std::time::Duration) -> rusqlite::Result<()>
                     return conn.execute_batch("COMMIT");
                 }
                 conn.execute_batch(sql)?;
-                if let Some(fill) = fill {
-                    fill(conn)?;
+                match fill {
+                    Some(SqliteFill::HashExistingRuns) => hash_existing_runs(conn)?,
+                    Some(SqliteFill::PackExistingRuns) => pack_existing_runs(conn)?,
+                    None => (),
                 }
                 conn.execute("INSERT INTO schema_version (version) VALUES (?1)", [version])?;
                 conn.execute_batch("COMMIT")
@@ -562,7 +561,7 @@ fn prepare(conn: &Connection, busy: std::time::Duration) -> rusqlite::Result<()>
 /// Migration 0003: chains the events of every run already in the database, as they are
 /// stored. A run whose chain cannot be computed (a payload that is not JSON) keeps no hash
 /// from that event on, so loading it reports the damage.
-pub(crate) fn hash_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
+fn hash_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
     let run_ids: Vec<String> = conn
         .prepare("SELECT run_id FROM runs")?
         .query_map([], |r| r.get(0))?
@@ -879,17 +878,6 @@ fn parse_time(s: &str) -> Result<DateTime<Utc>, Error> {
         .map_err(|e| Error::Backend(format!("bad time {s:?}: {e}")))
 }
 
-/// `query_row` through the connection's statement cache: the hot statements are parsed once
-/// per connection.
-fn cached_row<T, P: rusqlite::Params>(
-    conn: &Connection,
-    sql: &str,
-    params: P,
-    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-) -> rusqlite::Result<T> {
-    conn.prepare_cached(sql)?.query_row(params, f)
-}
-
 /// `execute` through the connection's statement cache.
 fn cached_exec<P: rusqlite::Params>(
     conn: &Connection,
@@ -920,38 +908,6 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Failure> {
     )
     .map_err(|e| Failure::Broken(backend(e)))?;
     Ok(())
-}
-
-/// Reads column `i` (called `name`, meant to hold `expected`), saying what it holds instead
-/// when it cannot be read: "column `attempt` holds text, where an integer belongs", never
-/// "Invalid column type Text at index: 5".
-pub(crate) fn named<T: FromSql>(
-    r: &Row<'_>,
-    i: usize,
-    name: &str,
-    expected: &str,
-) -> Result<T, String> {
-    fn what(t: Type) -> &'static str {
-        match t {
-            Type::Null => "null",
-            Type::Integer => "an integer",
-            Type::Real => "a real number",
-            Type::Text => "text",
-            Type::Blob => "a blob",
-        }
-    }
-    r.get::<_, T>(i).map_err(|e| match e {
-        rusqlite::Error::InvalidColumnType(_, _, t) => {
-            format!("column `{name}` holds {}, where {expected} belongs", what(t))
-        }
-        rusqlite::Error::IntegralValueOutOfRange(_, v) => {
-            format!("column `{name}` holds {v}, out of range for {expected}")
-        }
-        rusqlite::Error::FromSqlConversionFailure(_, t, e) => {
-            format!("column `{name}` holds {} that is not {expected}: {e}", what(t))
-        }
-        other => format!("column `{name}` cannot be read: {other}"),
-    })
 }
 
 fn lease(conn: &Connection, op: LeaseOp) -> Result<LeaseAnswer, Error> {
@@ -1118,49 +1074,6 @@ fn verify(conn: &Connection, dicts: &mut Dicts, run_id: &str) -> Result<Verified
     crate::sqlite_log::load_checked(conn, dicts, run_id, 0).map(|(_, verified)| verified)
 }
 
-/// A run's record read from a row of [`RUN_COLUMNS`], with its head hash (`None` when it
-/// has none); a column that cannot be read is reported with the run's id and its name.
-fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Option<Hash>), Error>> {
-    let run_id = match named::<String>(r, 0, "run_id", "text") {
-        Ok(id) => id,
-        Err(p) => return Ok(Err(Error::Backend(format!("a run in the database: {p}")))),
-    };
-    let fail = |p: String| Error::Damaged {
-        run_id: run_id.clone(),
-        seq: 1,
-        problem: format!("the run's record: {p}"),
-    };
-    let read = || -> Result<(RunRecord, Option<Hash>), String> {
-        let last_seq = named::<i64>(r, 5, "last_seq", "an integer")?;
-        let head = named::<Option<Vec<u8>>>(r, 6, "head_hash", "a blob")?;
-        Ok((
-            RunRecord {
-                run_id: run_id.clone(),
-                scenario_id: named(r, 1, "scenario_id", "text")?,
-                status: named(r, 2, "status", "text")?,
-                created_at: micros(named::<i64>(r, 3, "created_at", "an integer")?, "created_at")?,
-                updated_at: micros(named::<i64>(r, 4, "updated_at", "an integer")?, "updated_at")?,
-                last_seq: u64::try_from(last_seq)
-                    .map_err(|_| format!("column `last_seq` holds {last_seq}, not a count"))?,
-                parent_run_id: named(r, 7, "parent_run_id", "text or null")?,
-                root_run_id: named(r, 8, "root_run_id", "text or null")?,
-                idempotency_key: named(r, 9, "idempotency_key", "text or null")?,
-                tenant: named(r, 10, "tenant", "text or null")?,
-            },
-            head.as_deref().and_then(chain::from_bytes),
-        ))
-    };
-    Ok(read().map_err(fail))
-}
-
-/// A time column of `runs` (microseconds since the Unix epoch).
-fn micros(us: i64, column: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::from_timestamp_micros(us)
-        .ok_or_else(|| format!("column `{column}` holds {us}, not a time"))
-}
-
-const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant";
-
 fn run_with_head(
     conn: &Connection,
     run_id: &str,
@@ -1170,22 +1083,6 @@ fn run_with_head(
         &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
         [run_id],
         to_record,
-    )
-    .optional()
-    .map_err(backend)?
-    .transpose()
-}
-
-/// A run's record, its head hash and its integer key, for a load.
-pub(crate) fn run_for_load(
-    conn: &Connection,
-    run_id: &str,
-) -> Result<Option<(RunRecord, Option<Hash>, i64)>, Error> {
-    cached_row(
-        conn,
-        &format!("SELECT {RUN_COLUMNS}, rk FROM runs WHERE run_id = ?1"),
-        [run_id],
-        |r| Ok(to_record(r)?.map(|(record, head)| (record, head, r.get::<_, i64>(11).unwrap_or(0)))),
     )
     .optional()
     .map_err(backend)?

@@ -221,15 +221,15 @@ pub(crate) fn end_of_log(conn: &Connection, run_id: &str) -> Result<(i64, Verifi
             s.query_row([run_id], |r| {
                 Ok((
                     r.get::<_, i64>(0),
-                    crate::sqlite::named::<i64>(r, 1, "last_seq", "an integer"),
-                    crate::sqlite::named::<Option<Vec<u8>>>(r, 2, "head_hash", "a blob"),
+                    crate::sqlite_rows::named::<i64>(r, 1, "last_seq", "an integer"),
+                    crate::sqlite_rows::named::<Option<Vec<u8>>>(r, 2, "head_hash", "a blob"),
                 ))
             })
             .optional()
         })
-        .map_err(crate::sqlite::backend)?;
+        .map_err(crate::sqlite_rows::backend)?;
     let Some((rk, last, head)) = row else { return Err(Error::NotFound(run_id.to_owned())) };
-    let rk = rk.map_err(crate::sqlite::backend)?;
+    let rk = rk.map_err(crate::sqlite_rows::backend)?;
     let damaged =
         |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
     let last = last.map_err(|p| damaged(1, format!("the run's record: {p}")))?;
@@ -255,7 +255,7 @@ pub(crate) fn end_of_log(conn: &Connection, run_id: &str) -> Result<(i64, Verifi
             })
             .optional()
         })
-        .map_err(crate::sqlite::backend)?
+        .map_err(crate::sqlite_rows::backend)?
     };
     match stored {
         None if last == 0 => Ok((rk, Verified { last_seq: 0, head: GENESIS })),
@@ -385,7 +385,7 @@ fn write_packed(
     let known = runs.entry(rk).or_default();
     let before = known.len();
     let body = packed::pack(first, at_us, &refs, &mut Interner { conn, dicts }, Some(known))
-        .map_err(crate::sqlite::backend)?;
+        .map_err(crate::sqlite_rows::backend)?;
     *strings += known.len() - before;
     if matches!(status, "completed" | "failed" | "aborted" | "cancelled") {
         // An ended run takes no more appends from its driver: forget its strings.
@@ -399,7 +399,7 @@ fn write_packed(
     .and_then(|mut s| {
         s.execute(params![rk, first as i64, last as i64, at_us, body, hash.as_slice()])
     })
-    .map_err(crate::sqlite::backend)?;
+    .map_err(crate::sqlite_rows::backend)?;
     let updated = events[events.len() - 1].at;
     conn.prepare_cached(
         "UPDATE runs SET last_seq = ?2, status = ?3, updated_at = ?4, head_hash = ?5 WHERE rk = ?1",
@@ -407,7 +407,7 @@ fn write_packed(
     .and_then(|mut s| {
         s.execute(params![rk, last as i64, status, updated.timestamp_micros(), hash.as_slice()])
     })
-    .map_err(crate::sqlite::backend)?;
+    .map_err(crate::sqlite_rows::backend)?;
     Ok(())
 }
 
@@ -423,11 +423,11 @@ pub(crate) fn load_checked(
     // A deferred transaction that only reads: its snapshot is taken at the first read and
     // kept to the last; dropping it ends it. (Inside a caller's transaction, that one's.)
     let _snapshot = if conn.is_autocommit() {
-        Some(conn.unchecked_transaction().map_err(crate::sqlite::backend)?)
+        Some(conn.unchecked_transaction().map_err(crate::sqlite_rows::backend)?)
     } else {
         None
     };
-    let Some((record, head, rk)) = crate::sqlite::run_for_load(conn, run_id)? else {
+    let Some((record, head, rk)) = crate::sqlite_rows::run_for_load(conn, run_id)? else {
         return Err(Error::NotFound(run_id.to_owned()));
     };
     let damaged =
@@ -441,7 +441,7 @@ pub(crate) fn load_checked(
             "SELECT COALESCE(MAX(first_seq), 1) FROM batches WHERE rk = ?1 AND first_seq <= ?2",
         )
         .and_then(|mut s| s.query_row(params![rk, after as i64 + 1], |r| r.get(0)))
-        .map_err(crate::sqlite::backend)?;
+        .map_err(crate::sqlite_rows::backend)?;
     let start = u64::try_from(start).unwrap_or(1).max(1);
     let prev = if start == 1 {
         GENESIS
@@ -456,7 +456,7 @@ pub(crate) fn load_checked(
                 })
                 .optional()
             })
-            .map_err(crate::sqlite::backend)?;
+            .map_err(crate::sqlite_rows::backend)?;
         match before {
             Some((Some(end), Some(hash))) if end == start as i64 - 1 => chain::from_bytes(&hash)
                 .ok_or_else(|| {
@@ -471,12 +471,12 @@ pub(crate) fn load_checked(
         .prepare_cached(
             "SELECT first_seq, last_seq, at_us, body, hash FROM batches WHERE rk = ?1 AND first_seq >= ?2 ORDER BY first_seq",
         )
-        .map_err(crate::sqlite::backend)?;
-    let mut rows = stmt.query(params![rk, start as i64]).map_err(crate::sqlite::backend)?;
+        .map_err(crate::sqlite_rows::backend)?;
+    let mut rows = stmt.query(params![rk, start as i64]).map_err(crate::sqlite_rows::backend)?;
     let mut events = Vec::new();
-    while let Some(r) = rows.next().map_err(crate::sqlite::backend)? {
+    while let Some(r) = rows.next().map_err(crate::sqlite_rows::backend)? {
         let next = check.next_seq();
-        let named = crate::sqlite::named::<i64>;
+        let named = crate::sqlite_rows::named::<i64>;
         let first = named(r, 0, "first_seq", "an integer")
             .map_err(|p| damaged(next, format!("the batch after event {}: {p}", next - 1)))?;
         let first = u64::try_from(first).map_err(|_| {
@@ -486,8 +486,8 @@ pub(crate) fn load_checked(
         let column = |p: String| damaged(first, format!("its batch: {p}"));
         let last = named(r, 1, "last_seq", "an integer").map_err(column)?;
         let at_us = named(r, 2, "at_us", "an integer").map_err(column)?;
-        let body = crate::sqlite::named::<Vec<u8>>(r, 3, "body", "a blob").map_err(column)?;
-        let hash = crate::sqlite::named::<Vec<u8>>(r, 4, "hash", "a blob").map_err(column)?;
+        let body = crate::sqlite_rows::named::<Vec<u8>>(r, 3, "body", "a blob").map_err(column)?;
+        let hash = crate::sqlite_rows::named::<Vec<u8>>(r, 4, "hash", "a blob").map_err(column)?;
         let hash = chain::from_bytes(&hash)
             .ok_or_else(|| damaged(first, "its batch's hash is not 32 bytes".to_owned()))?;
         let batch = packed::unpack(first, at_us, &body, &mut resolver)

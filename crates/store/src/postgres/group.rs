@@ -17,7 +17,7 @@ use baton_engine::store::Error;
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Batch, Held, NOW_US, knows, pg, seq_param};
+use super::common::{Batch, Held, NOW_US, knows, lock, pg, seq_param};
 
 /// The most runs one group statement writes.
 const GROUP_RUNS_MAX: usize = 128;
@@ -125,7 +125,7 @@ async fn write_groups(
                 None => return,
             },
         };
-        if super::lock(&held).len() > 1 {
+        if lock(&held).len() > 1 {
             tokio::time::sleep(GATHER).await;
         }
         let (mut runs, mut events, mut bytes) = (HashSet::new(), 0, 0);
