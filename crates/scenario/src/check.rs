@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::de::{Located, from_node};
 use crate::diag::{Diagnostic, Diagnostics};
+pub use crate::digest::hex;
 use crate::expr::{self, Scope};
 use crate::files::{Files, check_template};
 use crate::graph;
@@ -1483,17 +1484,6 @@ fn checksum(node: &Node, files: &mut Files) -> (String, crate::model::Texts) {
     }
     let sum = hex(&hasher.finalize());
     (sum, crate::model::Texts { canonical, files: read })
-}
-
-/// Lower-case hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 15) as usize] as char);
-    }
-    out
 }
 
 /// What a verifier parameter must be.
