@@ -32,7 +32,7 @@ const LIMITS: [(&str, Resource); 6] = [
 
 /// The arguments that pass `limits` (all but the new-file bounds, which Baton counts
 /// itself) to init.
-pub(crate) fn limit_arguments(limits: &crate::Limits) -> Vec<String> {
+pub(crate) fn limit_arguments(limits: &crate::settings::Limits) -> Vec<String> {
     let values = [
         limits.cpu_s,
         limits.address_space_bytes,
@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn arguments_round_trip_and_the_program_follows_the_separator() {
-        let limits = crate::Limits {
+        let limits = crate::settings::Limits {
             cpu_s: 5,
             address_space_bytes: 6,
             data_bytes: 7,

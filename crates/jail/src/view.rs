@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::Settings;
+use crate::settings::{INIT_INSIDE, Program, Settings};
 
 /// System directories shown read-only when they exist (a symlink is shown as the same
 /// symlink, as on merged-/usr systems where `/bin` points into `/usr`).
@@ -99,7 +99,7 @@ impl View {
         a: &mut Vec<OsString>,
         tmp: &Path,
         workspace: &Path,
-        program: &crate::Program<'_>,
+        program: &Program<'_>,
         own: &[PathBuf],
         init: &Path,
     ) -> Result<(), String> {
@@ -160,7 +160,7 @@ impl View {
             m.bind(a, "--ro-bind", path, path);
         }
         m.bind(a, "--bind", workspace, workspace);
-        m.bind(a, "--ro-bind", init, Path::new(crate::INIT_INSIDE));
+        m.bind(a, "--ro-bind", init, Path::new(INIT_INSIDE));
         // Baton's state inside what is shown is covered: an empty directory, or an empty
         // file (covered, it cannot be renamed or removed: a mount point is busy).
         let mut covered: Vec<&PathBuf> = Vec::new();

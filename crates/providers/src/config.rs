@@ -1,5 +1,6 @@
 //! `baton.toml`: the providers Baton may call, their models and prices, and the routing
-//! default — or the same, derived from the environment when there is no file.
+//! default — or the same, derived from the environment when there is no file — and which
+//! configured models a `tier:provider/model` pattern names ([`find`], [`glob`]).
 //!
 //! ```toml
 //! [routing]
@@ -355,7 +356,7 @@ impl Config {
             }
         }
         if let Some(default) = &self.routing.default
-            && crate::resolve::find(self, default).is_none()
+            && find(self, default).is_none()
         {
             return Err(format!(
                 "routing.default `{default}` names no configured model (write tier:provider/model)"
@@ -363,6 +364,50 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Whether `pattern` (with `*` wildcards) matches `text` entirely.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && p[pi] != '*' && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// Every configured model, in configuration order.
+fn models(config: &Config) -> impl Iterator<Item = (&Provider, &Model)> {
+    config.providers.iter().flat_map(|p| p.models.iter().map(move |m| (p, m)))
+}
+
+/// The configured models a pattern matches, in order. A pattern without `/model` matches
+/// every model of the providers it names.
+pub(crate) fn matching<'a>(
+    config: &'a Config,
+    pattern: &'a str,
+) -> impl Iterator<Item = (&'a Provider, &'a Model)> + 'a {
+    let pattern = if pattern.contains('/') { pattern.to_owned() } else { format!("{pattern}/*") };
+    models(config)
+        .filter(move |(p, m)| glob(&pattern, &format!("{}:{}/{}", p.tier.as_str(), p.name, m.name)))
+}
+
+/// The first configured model a pattern matches.
+pub fn find<'a>(config: &'a Config, pattern: &'a str) -> Option<(&'a Provider, &'a Model)> {
+    matching(config, pattern).next()
 }
 
 fn price(name: &str, input: f64, output: f64, cached: Option<f64>) -> Model {

@@ -9,7 +9,8 @@
 
 use baton_scenario::model::{ModelConstraint, Tier};
 
-use crate::config::{Config, Model, Provider};
+use crate::config::{Config, Model, Provider, matching};
+pub use crate::config::{find, glob};
 
 /// One concrete choice.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,50 +27,6 @@ impl Choice<'_> {
     pub fn label(&self) -> String {
         format!("{}:{}/{}", self.tier.as_str(), self.provider.name, self.model.name)
     }
-}
-
-/// Whether `pattern` (with `*` wildcards) matches `text` entirely.
-pub fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
-    while ti < t.len() {
-        if pi < p.len() && p[pi] != '*' && p[pi] == t[ti] {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
-
-/// Every configured model, in configuration order.
-fn models(config: &Config) -> impl Iterator<Item = (&Provider, &Model)> {
-    config.providers.iter().flat_map(|p| p.models.iter().map(move |m| (p, m)))
-}
-
-/// The configured models a pattern matches, in order. A pattern without `/model` matches
-/// every model of the providers it names.
-fn matching<'a>(
-    config: &'a Config,
-    pattern: &'a str,
-) -> impl Iterator<Item = (&'a Provider, &'a Model)> + 'a {
-    let pattern = if pattern.contains('/') { pattern.to_owned() } else { format!("{pattern}/*") };
-    models(config)
-        .filter(move |(p, m)| glob(&pattern, &format!("{}:{}/{}", p.tier.as_str(), p.name, m.name)))
-}
-
-/// The first configured model a pattern matches.
-pub fn find<'a>(config: &'a Config, pattern: &'a str) -> Option<(&'a Provider, &'a Model)> {
-    matching(config, pattern).next()
 }
 
 /// The ordered candidates for a level: its first choice, then what to fail over to.

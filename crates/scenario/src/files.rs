@@ -422,7 +422,7 @@ fn seed_manifest(dir: &Path) -> Result<String, String> {
                     return Err(too_many());
                 }
                 let name = child.to_string_lossy().replace('\\', "/");
-                lines.push(format!("{} {name}", crate::check::hex(&Sha256::digest(&data))));
+                lines.push(format!("{} {name}", crate::digest::hex(&Sha256::digest(&data))));
             } else {
                 return Err(format!("holds `{}`, which is not a plain file", child.display()));
             }

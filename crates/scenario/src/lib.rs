@@ -11,6 +11,7 @@ pub mod capped;
 pub mod check;
 pub mod de;
 pub mod diag;
+pub mod digest;
 pub mod expr;
 pub mod files;
 pub mod graph;

@@ -25,8 +25,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::ast::{CmpOp, Literal};
 use super::resolve::{Gate, Node, PathRef};
-use super::{CmpOp, Literal};
 
 /// Which logic a gate is evaluated under; a run records the one it started with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

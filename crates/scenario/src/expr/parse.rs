@@ -20,7 +20,7 @@
 
 use std::fmt;
 
-use super::{CmpOp, Expr, ExprKind, Literal, Span};
+use super::ast::{CmpOp, Expr, ExprKind, Literal, Span};
 use crate::limits;
 
 /// Why an expression could not be parsed.

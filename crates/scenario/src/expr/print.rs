@@ -4,7 +4,7 @@
 
 use std::fmt::{self, Write as _};
 
-use super::{Expr, ExprKind, Literal};
+use super::ast::{Expr, ExprKind, Literal};
 
 const OR: u8 = 1;
 const AND: u8 = 2;

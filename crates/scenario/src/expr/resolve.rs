@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use super::{CmpOp, Expr, ExprKind, Literal, Span};
+use super::ast::{CmpOp, Expr, ExprKind, Literal, Span};
 use crate::suggest;
 
 /// The type of a value in the gate language.
