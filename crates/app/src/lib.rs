@@ -15,9 +15,11 @@ pub mod engines;
 pub mod error;
 pub mod fixture;
 pub mod fixtures;
+pub mod follow;
 pub mod forecast;
 pub mod instance;
 pub mod jail;
+pub mod listing;
 pub mod models;
 pub mod place;
 pub mod replay;
@@ -25,6 +27,7 @@ pub mod runs;
 pub mod scenarios;
 pub mod start;
 pub mod upkeep;
+pub mod waves;
 
 /// The store's token and role types, for the surfaces that manage tokens.
 pub use baton_store::{Role, Store, TokenRecord, TokenStore};

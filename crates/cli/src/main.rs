@@ -133,34 +133,33 @@ fn main() -> ExitCode {
                         .map(|i| vec![i])
                         .map_err(|e| anyhow::anyhow!("--input-file: {e}"))
                 }
-                (None, None, Some(f)) => drive::input_lines(&f),
+                (None, None, Some(f)) => {
+                    baton_app::start::input_lines(&f).map_err(anyhow::Error::from)
+                }
                 (None, None, None) => Err(anyhow::anyhow!("give --input TEXT or --input-file F")),
             };
             inputs.and_then(|mut inputs| {
-                let input = inputs.remove(0);
-                runtime.block_on(drive::run(
-                    &place,
-                    drive::RunArgs {
-                        job: baton_engine::job::JobRequest { pin: scenario.or(pin), intent, kind },
-                        max_cost_usd,
-                        max_forecast_usd,
-                        settle_timeout_s,
-                        idempotency_key,
-                        tenant,
-                        input,
-                        meta,
-                        script,
-                        json,
-                        stream,
-                        queue,
-                        more_inputs: inputs,
-                        cassette,
-                        record,
-                        workspace,
-                        branch,
-                        given: None,
-                    },
-                ))
+                let request = baton_app::start::JobStart {
+                    job: baton_engine::job::JobRequest { pin: scenario.or(pin), intent, kind },
+                    input: inputs.remove(0),
+                    metadata: meta.into_iter().map(|(k, v)| (k, v.into())).collect(),
+                    max_cost_usd,
+                    idempotency_key,
+                    tenant,
+                };
+                let setup = baton_app::start::Setup {
+                    max_forecast_usd,
+                    settle_timeout_s,
+                    script,
+                    cassette,
+                    record,
+                    workspace,
+                    branch,
+                    given: None,
+                };
+                let args =
+                    drive::RunArgs { request, setup, json, stream, queue, more_inputs: inputs };
+                runtime.block_on(drive::run(&place, args))
             })
         }
         Command::Wave(w) => runtime.block_on(async {
@@ -175,17 +174,15 @@ fn main() -> ExitCode {
                     script,
                     json,
                 } => {
-                    let args = cmd_wave::PlanArgs {
+                    let settings = baton_app::waves::PlanSettings {
                         tasks,
                         worker,
                         max_parallel,
                         timeout_s,
                         max_assignments,
                         context,
-                        script,
-                        json,
                     };
-                    cmd_wave::plan(&place, args).await
+                    cmd_wave::plan(&place, settings, script, json).await
                 }
                 WaveCommand::Dispatch { wave, assignment, task, worker_run, by, json } => {
                     cmd_wave::dispatch(&place, &wave, (assignment, task), worker_run, by, json)
@@ -201,16 +198,15 @@ fn main() -> ExitCode {
                     by,
                     json,
                 } => {
-                    let args = cmd_wave::RecordArgs {
+                    let record = baton_app::waves::Record {
                         assignment,
                         task,
                         outcome,
                         summary,
                         blockers,
                         by,
-                        json,
                     };
-                    cmd_wave::record(&place, &wave, args).await
+                    cmd_wave::record(&place, &wave, record, json).await
                 }
                 WaveCommand::Decide { wave, json } => cmd_wave::decide(&place, &wave, json).await,
                 WaveCommand::Complete { wave, by, json } => {
