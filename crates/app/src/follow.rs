@@ -30,6 +30,22 @@ impl Followed {
     }
 }
 
+/// The runs of a tree resumed from `root` to follow: each from its end, but `run_id` from
+/// its last event — the decision or answer that led here is shown, then what follows.
+pub async fn resumed(
+    store: &dyn EventStore,
+    root: &str,
+    run_id: &str,
+) -> Result<Vec<Followed>, baton_engine::exec::Error> {
+    let mut follow = Vec::new();
+    for (id, depth) in crate::runs::tree_of(store, root, true).await? {
+        let last = store.run(&id).await?.map_or(0, |r| r.last_seq);
+        let after = if id == run_id { last.saturating_sub(1) } else { last };
+        follow.push(Followed::new(&id, after, depth));
+    }
+    Ok(follow)
+}
+
 /// Emits the events of a run and of the runs it starts, after each one's `after`, as
 /// they arrive, until the first run ends or — with `stop` — until told to stop; then it
 /// reads the logs once more, so every event written before the stop is emitted, once and

@@ -25,7 +25,9 @@ pub mod place;
 pub mod replay;
 pub mod runs;
 pub mod scenarios;
+pub mod serving;
 pub mod start;
+pub mod tenants;
 pub mod upkeep;
 pub mod waves;
 

@@ -325,6 +325,58 @@ pub async fn decision_engine(place: &Place) -> anyhow::Result<Engine> {
     Ok(probe_engine(place, &store, &Registry::default()))
 }
 
+/// Largest approver's data file (`approve --data`), in bytes.
+pub const DATA_BYTES_MAX: u64 = 1024 * 1024;
+
+/// An approver's decision on a request a run waits for (`baton approve`).
+#[derive(Debug)]
+pub struct Decision {
+    /// The request (none: the one the run waits for).
+    pub request: Option<String>,
+    pub reject: bool,
+    pub comment: Option<String>,
+    pub by: Option<String>,
+    /// A file with the approver's data for the level's `output_schema`.
+    pub data: Option<std::path::PathBuf>,
+}
+
+/// Records `decision` on run `run_id` (no scenario loaded); the decision as recorded.
+pub async fn approve(
+    place: &Place,
+    run_id: &str,
+    decision: Decision,
+) -> anyhow::Result<baton_engine::event::ApprovalDecided> {
+    let data = decision.data.as_deref().map(read_data).transpose()?;
+    let engine = decision_engine(place).await?;
+    let decision = baton_engine::Decision {
+        request_id: decision.request,
+        approved: !decision.reject,
+        comment: decision.comment,
+        by: decision.by,
+        data,
+    };
+    Ok(engine.decide(run_id, decision).await?)
+}
+
+/// Reads the approver's data: a regular file of at most [`DATA_BYTES_MAX`] bytes holding JSON.
+fn read_data(path: &Path) -> Result<Value, crate::Error> {
+    let shown = path.display();
+    let bytes = baton_scenario::capped::read_bytes(path, DATA_BYTES_MAX)
+        .map_err(|e| crate::Error::invalid(format!("--data: {e}")))?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        crate::Error::invalid(format!("--data {shown}:{}:{}: not JSON: {e}", e.line(), e.column()))
+    })
+}
+
+/// Records `answer` (JSON) to the question run `run_id` waits on (no scenario loaded).
+pub async fn answer(place: &Place, run_id: &str, answer: &str) -> anyhow::Result<()> {
+    let value: Value = serde_json::from_str(answer).with_context(|| {
+        format!("--answer must be JSON (a string needs quotes: '\"yes\"'), got {answer}")
+    })?;
+    let engine = decision_engine(place).await?;
+    Ok(engine.answer(run_id, value).await?)
+}
+
 /// Why a run decided or answered is not continued here: its scenario version does not load
 /// (continued with `baton resume` once that is fixed); `None` when it can go on.
 pub async fn not_continued(place: &Place, run_id: &str) -> anyhow::Result<Option<anyhow::Error>> {

@@ -7,40 +7,24 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use baton_app::engines::WaveDrive;
 use baton_app::follow::{Followed, follow};
 use baton_app::listing::INTERRUPTED;
 use baton_app::place::{Place, open_existing_store};
-use baton_app::runs::{Cancelled, decision_engine};
+use baton_app::runs::Cancelled;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::drive::{going_on, print_event, print_json_line, print_timeline, resume, waiting_lines};
 use crate::escape;
-use crate::limits::DATA_BYTES_MAX;
 use crate::out::outln;
 
-/// Options of `baton approve`.
+/// Options of `baton approve` beside the decision: the model a continued run answers from,
+/// and whether to continue it here.
 #[derive(Debug)]
-pub(crate) struct Decision {
-    pub request: Option<String>,
-    pub reject: bool,
-    pub comment: Option<String>,
-    pub by: Option<String>,
-    /// A file with the approver's data for the level's `output_schema`.
-    pub data: Option<PathBuf>,
+pub(crate) struct Then {
     pub script: Option<PathBuf>,
     pub no_resume: bool,
-}
-
-/// Reads the approver's data: a regular file of at most [`DATA_BYTES_MAX`] bytes holding JSON.
-fn read_data(path: &Path) -> anyhow::Result<Value> {
-    let shown = path.display();
-    let bytes = baton_scenario::capped::read_bytes(path, DATA_BYTES_MAX)
-        .map_err(|e| anyhow::anyhow!("--data: {e}"))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| anyhow::anyhow!("--data {shown}:{}:{}: not JSON: {e}", e.line(), e.column()))
 }
 
 /// Continues a run after a decision or an answer was recorded, on the scenario version it
@@ -61,26 +45,22 @@ async fn continue_run(
     resume(place, run_id, script, false, false, WaveDrive::default()).await
 }
 
-pub(crate) async fn approve(place: &Place, run_id: &str, d: Decision) -> anyhow::Result<ExitCode> {
-    let data = d.data.as_deref().map(read_data).transpose()?;
-    let engine = decision_engine(place).await?;
-    let decision = baton_engine::Decision {
-        request_id: d.request,
-        approved: !d.reject,
-        comment: d.comment,
-        by: d.by,
-        data,
-    };
-    let decided = engine.decide(run_id, decision).await?;
+pub(crate) async fn approve(
+    place: &Place,
+    run_id: &str,
+    decision: baton_app::runs::Decision,
+    then: Then,
+) -> anyhow::Result<ExitCode> {
+    let decided = baton_app::runs::approve(place, run_id, decision).await?;
     outln!(
         "{} request {} of run {run_id}",
         if decided.approved { "approved" } else { "rejected" },
         escape::one_line(&decided.request_id)
     )?;
-    if d.no_resume {
+    if then.no_resume {
         return Ok(ExitCode::SUCCESS);
     }
-    continue_run(place, run_id, d.script.as_deref()).await
+    continue_run(place, run_id, then.script.as_deref()).await
 }
 
 pub(crate) async fn answer(
@@ -90,11 +70,7 @@ pub(crate) async fn answer(
     script: Option<&Path>,
     no_resume: bool,
 ) -> anyhow::Result<ExitCode> {
-    let value: Value = serde_json::from_str(answer).with_context(|| {
-        format!("--answer must be JSON (a string needs quotes: '\"yes\"'), got {answer}")
-    })?;
-    let engine = decision_engine(place).await?;
-    engine.answer(run_id, value).await?;
+    baton_app::runs::answer(place, run_id, answer).await?;
     outln!("answered run {run_id}")?;
     if no_resume {
         return Ok(ExitCode::SUCCESS);

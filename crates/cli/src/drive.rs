@@ -173,13 +173,7 @@ pub(crate) async fn resume(
         eprintln!("baton: warning: {warning}");
     }
     let (engine, root) = (&resumed.engine, &resumed.root);
-    // Show the decision or answer that led here, then what follows.
-    let mut follow = Vec::new();
-    for (id, depth) in baton_app::runs::tree_of(engine.store.as_ref(), root, true).await? {
-        let last = engine.store.run(&id).await?.map_or(0, |r| r.last_seq);
-        let after = if id == run_id { last.saturating_sub(1) } else { last };
-        follow.push(Followed::new(&id, after, depth));
-    }
+    let follow = baton_app::follow::resumed(engine.store.as_ref(), root, run_id).await?;
     let how = match resumed.replay {
         Some(recorded) => Driving::Replay(recorded),
         None => Driving::Continue,

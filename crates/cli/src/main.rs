@@ -23,9 +23,9 @@ mod limits;
 mod out;
 mod timeline;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
+use baton_app::Place;
 use clap::Parser as _;
 
 use crate::args::{
@@ -68,29 +68,19 @@ fn main() -> ExitCode {
         }
     }
     let cli = Cli::parse();
-    let postgres =
-        cli.db.to_str().filter(|db| baton_app::place::is_postgres_url(db)).map(str::to_owned);
-    let db = match (&postgres, &cli.data_dir) {
-        (Some(_), data) => data.clone().unwrap_or_else(|| PathBuf::from(".baton")).join("baton.db"),
-        (None, None) => cli.db.clone(),
-        (None, Some(_)) => {
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!(
-                    "error: --data-dir is for a PostgreSQL --db; a SQLite database keeps workspaces and snapshots in its own directory (move --db instead)"
-                );
-            }
-            return ExitCode::from(2);
+    let scenarios = cli.scenarios.clone();
+    let (config, snapshots) = (cli.config.clone(), cli.snapshots.clone());
+    let data_dir = cli.data_dir.as_deref();
+    let Some(place) =
+        Place::of_database(&cli.db, data_dir, scenarios, config, snapshots, cli.no_jail)
+    else {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!(
+                "error: --data-dir is for a PostgreSQL --db; a SQLite database keeps workspaces and snapshots in its own directory (move --db instead)"
+            );
         }
-    };
-    let place = baton_app::place::Place {
-        db,
-        postgres,
-        hold_for: None,
-        scenarios: cli.scenarios.clone(),
-        config: cli.config.clone(),
-        snapshots: cli.snapshots.clone(),
-        no_jail: cli.no_jail,
+        return ExitCode::from(2);
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
@@ -409,7 +399,8 @@ fn main() -> ExitCode {
             .block_on(cmd_run::approve(
                 &place,
                 &run,
-                cmd_run::Decision { request, reject, comment, by, data, script, no_resume },
+                baton_app::runs::Decision { request, reject, comment, by, data },
+                cmd_run::Then { script, no_resume },
             )),
         Command::Answer { run, answer, script, no_resume } => {
             runtime.block_on(cmd_run::answer(&place, &run, &answer, script.as_deref(), no_resume))
