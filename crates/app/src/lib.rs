@@ -6,9 +6,11 @@
 //! ([`Kind::surfaces`]). The surfaces parse, call and render: none of them assembles an
 //! engine or decides a rule of a job on its own.
 //!
-//! Modules, lowest first: `error`; `place` (where runs live, opening the store); `models`,
-//! `jail` and `scenarios` (what a job runs with); `engines` (assembling engines);
-//! `fixture` and `replay` (recorded jobs); `start` (starting a job); `instance` (an
+//! Modules, lowest first (the layers of ARCHITECTURE.md): `error`; `place` (where runs
+//! live, opening the store); `models`, `fixture`, `jail` and `serving` (what a job or a
+//! serving process runs with); `scenarios`; `engines` (assembling engines); `replay`,
+//! `forecast`, `listing` and `tenants` (what the store and the fixtures keep); `start`,
+//! `runs`, `follow`, `waves`, `fixtures` and `upkeep` (the use cases); `instance` (an
 //! opened instance).
 
 pub mod engines;

@@ -364,7 +364,11 @@ fn read_data(path: &Path) -> Result<Value, crate::error::Error> {
     let bytes = baton_scenario::capped::read_bytes(path, DATA_BYTES_MAX)
         .map_err(|e| crate::error::Error::invalid(format!("--data: {e}")))?;
     serde_json::from_slice(&bytes).map_err(|e| {
-        crate::error::Error::invalid(format!("--data {shown}:{}:{}: not JSON: {e}", e.line(), e.column()))
+        crate::error::Error::invalid(format!(
+            "--data {shown}:{}:{}: not JSON: {e}",
+            e.line(),
+            e.column()
+        ))
     })
 }
 
@@ -386,7 +390,10 @@ pub async fn not_continued(place: &Place, run_id: &str) -> anyhow::Result<Option
 }
 
 /// Refuses a `--by` or `--reason` given empty.
-pub fn check_who_and_why(by: Option<&str>, reason: Option<&str>) -> Result<(), crate::error::Error> {
+pub fn check_who_and_why(
+    by: Option<&str>,
+    reason: Option<&str>,
+) -> Result<(), crate::error::Error> {
     for (flag, value) in [("--by", by), ("--reason", reason)] {
         if value.is_some_and(|v| v.trim().is_empty()) {
             return Err(crate::error::Error::invalid(format!(
@@ -406,7 +413,8 @@ pub async fn existing_run(
     match store.run(run_id).await? {
         Some(record) => Ok(record),
         None => {
-            Err(crate::error::Error::not_found(format!("no run {run_id} in {}", place.db_shown())).into())
+            Err(crate::error::Error::not_found(format!("no run {run_id} in {}", place.db_shown()))
+                .into())
         }
     }
 }
