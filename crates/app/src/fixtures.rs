@@ -1,7 +1,8 @@
 //! Fixtures at work: recording one from a job, replaying every fixture and judging each
-//! against what it expects (`baton test`), accepting a replay as the new fixture, and
-//! comparing two recorded jobs (`baton diff`).
+//! against what it expects (`baton test`, reported as JSON or JUnit XML too), accepting a
+//! replay as the new fixture, and comparing two recorded jobs (`baton diff`).
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +15,7 @@ use baton_engine::job::{JobRequest, Start};
 use baton_engine::model::ModelProvider;
 use baton_engine::replay::{self, Change, Mismatch, Summary, Tree};
 use baton_scenario::{Registry, Scenario};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::engines::WaveDrive;
 use crate::fixture::{self, Fixture};
@@ -478,4 +479,118 @@ pub fn accept(dir: &std::path::Path, replayed: &Replayed) -> anyhow::Result<Summ
     };
     fixture::write(dir, &job, &replayed.tree.cassette(), &replayed.tree, &summary)?;
     Ok(summary)
+}
+
+/// One case of `baton test --format json`.
+fn case_json(r: &CaseResult) -> Value {
+    json!({
+        "fixture": r.name,
+        "scenario": r.scenario,
+        "case": r.case,
+        "passed": r.passed(),
+        "seconds": r.seconds,
+        "error": r.error,
+        "changes": r.changes,
+        "misses": r.misses,
+        "rerecorded": r.rerecorded,
+        "status": r.replayed.as_ref().map(|x| status_of(&x.outcome)),
+    })
+}
+
+/// The results as `baton test --format json` reports them.
+pub fn json_report(results: &[CaseResult]) -> Value {
+    let passed = results.iter().filter(|r| r.passed()).count();
+    json!({
+        "fixtures": results.len(),
+        "passed": passed,
+        "failed": results.len() - passed,
+        "cases": results.iter().map(case_json).collect::<Vec<_>>(),
+    })
+}
+
+/// The results as JUnit XML: one test suite per scenario, one test case per fixture.
+pub fn junit(results: &[CaseResult]) -> String {
+    let mut by: std::collections::BTreeMap<&str, Vec<&CaseResult>> = Default::default();
+    for r in results {
+        by.entry(r.scenario.as_str()).or_default().push(r);
+    }
+    let failures = results.iter().filter(|r| !r.passed()).count();
+    let total: f64 = results.iter().map(|r| r.seconds).sum();
+    let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        x,
+        "<testsuites name=\"baton test\" tests=\"{}\" failures=\"{failures}\" time=\"{total:.3}\">",
+        results.len()
+    );
+    for (scenario, cases) in by {
+        let failed = cases.iter().filter(|r| !r.passed()).count();
+        let time: f64 = cases.iter().map(|r| r.seconds).sum();
+        let _ = writeln!(
+            x,
+            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failed}\" time=\"{time:.3}\">",
+            xml(scenario),
+            cases.len()
+        );
+        for r in cases {
+            let _ = write!(
+                x,
+                "    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3}\"",
+                xml(scenario),
+                xml(&r.case),
+                r.seconds
+            );
+            if r.passed() {
+                x.push_str("/>\n");
+                continue;
+            }
+            let mut details = String::new();
+            if let Some(e) = &r.error {
+                let _ = writeln!(details, "error: {e}");
+            }
+            // A request the cassette lacks comes first: the changes follow from it.
+            for m in &r.misses {
+                let _ = writeln!(details, "{}", m.message());
+            }
+            for c in r.changes.iter().filter(|c| c.fails) {
+                let _ = writeln!(
+                    details,
+                    "{}{}: {}",
+                    c.what,
+                    c.level.as_deref().map(|l| format!(" {l}")).unwrap_or_default(),
+                    c.detail
+                );
+            }
+            let first = details.lines().next().unwrap_or("failed").to_owned();
+            let _ = writeln!(
+                x,
+                ">\n      <failure message=\"{}\">{}</failure>\n    </testcase>",
+                xml(&first),
+                xml(&details)
+            );
+        }
+        x.push_str("  </testsuite>\n");
+    }
+    x.push_str("</testsuites>\n");
+    x
+}
+
+/// Text as XML character data or an attribute value: markup characters escaped, and the
+/// characters XML 1.0 cannot hold at all (most C0 controls) written as `\u{..}`.
+fn xml(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\n' | '\t' | '\r' => out.push(c),
+            c if (c as u32) < 0x20 || c == '\u{fffe}' || c == '\u{ffff}' => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }

@@ -139,3 +139,51 @@ pub async fn guard(place: &Place, scenario: &Scenario, max: f64) -> anyhow::Resu
         Some(_) => Ok(()),
     }
 }
+
+/// A forecast made (`baton forecast`): the figures, each job's spend, where the jobs came
+/// from and how they were narrowed to the input.
+#[derive(Debug)]
+pub struct Made {
+    pub forecast: Forecast,
+    pub spends: Vec<JobSpend>,
+    pub from: String,
+    pub note: String,
+}
+
+/// What a job of `scenario_id` costs, from the jobs of `source` (like `input`, when given).
+pub async fn forecast(
+    place: &Place,
+    scenario_id: &str,
+    input: Option<&str>,
+    source: Source,
+) -> anyhow::Result<Made> {
+    let registry = crate::scenarios::registry(place)?;
+    let scenario = crate::scenarios::find_scenario(&registry, scenario_id, place)?;
+    let (jobs, from) = sample(place, scenario_id, &source).await?;
+    let (jobs, note) = like_input(jobs, input);
+    let spends: Vec<JobSpend> = jobs.iter().map(|(_, t)| JobSpend::of(t)).collect();
+    let Some(forecast) = Forecast::of(scenario_id, &spends, &scenario.budget) else {
+        bail!(
+            "no recorded job of scenario `{scenario_id}` in {from}; run it, or record fixtures (`baton fixture record`) and use --fixtures"
+        );
+    };
+    Ok(Made { forecast, spends, from, note })
+}
+
+impl Made {
+    /// The forecast as `baton forecast --json` reports it.
+    pub fn to_json(&self, scenario_id: &str) -> serde_json::Value {
+        let f = &self.forecast;
+        serde_json::json!({
+            "scenario": scenario_id,
+            "sample": f.sample,
+            "from": self.from,
+            "note": self.note.trim_start_matches("; "),
+            "p90_needs": P90_SAMPLE_MIN,
+            "total": f.total,
+            "levels": f.levels.iter().map(|(l, s)| serde_json::json!({"level": l, "spread": s})).collect::<Vec<_>>(),
+            "crossings": f.crossings,
+            "jobs": self.spends,
+        })
+    }
+}

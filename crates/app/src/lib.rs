@@ -6,25 +6,32 @@
 //! ([`Kind::surfaces`]). The surfaces parse, call and render: none of them assembles an
 //! engine or decides a rule of a job on its own.
 //!
-//! Modules, lowest first: `error`; `place` (where runs live, opening the store); `models`,
-//! `jail` and `scenarios` (what a job runs with); `engines` (assembling engines);
-//! `fixture` and `replay` (recorded jobs); `start` (starting a job); `instance` (an
+//! Modules, lowest first (the layers of ARCHITECTURE.md): `error`; `place` (where runs
+//! live, opening the store); `models`, `fixture`, `jail` and `serving` (what a job or a
+//! serving process runs with); `scenarios`; `engines` (assembling engines); `replay`,
+//! `forecast`, `listing` and `tenants` (what the store and the fixtures keep); `start`,
+//! `runs`, `follow`, `waves`, `fixtures` and `upkeep` (the use cases); `instance` (an
 //! opened instance).
 
 pub mod engines;
 pub mod error;
 pub mod fixture;
 pub mod fixtures;
+pub mod follow;
 pub mod forecast;
 pub mod instance;
 pub mod jail;
+pub mod listing;
 pub mod models;
 pub mod place;
 pub mod replay;
 pub mod runs;
 pub mod scenarios;
+pub mod serving;
 pub mod start;
+pub mod tenants;
 pub mod upkeep;
+pub mod waves;
 
 /// The store's token and role types, for the surfaces that manage tokens.
 pub use baton_store::{Role, Store, TokenRecord, TokenStore};

@@ -36,6 +36,26 @@ pub struct Place {
 }
 
 impl Place {
+    /// Where `--db` (a SQLite file or a PostgreSQL URL) and `--data-dir` put runs, with the
+    /// scenarios, configuration and snapshots given and no hold set; `None` for a
+    /// `--data-dir` beside a SQLite database, which keeps its files in its own directory.
+    pub fn of_database(
+        db: &Path,
+        data_dir: Option<&Path>,
+        scenarios: PathBuf,
+        config: Option<PathBuf>,
+        snapshots: Option<PathBuf>,
+        no_jail: bool,
+    ) -> Option<Place> {
+        let postgres = db.to_str().filter(|db| is_postgres_url(db)).map(str::to_owned);
+        let db = match (&postgres, data_dir) {
+            (Some(_), data) => data.unwrap_or(Path::new(".baton")).join("baton.db"),
+            (None, None) => db.to_path_buf(),
+            (None, Some(_)) => return None,
+        };
+        Some(Place { db, postgres, hold_for: None, scenarios, config, snapshots, no_jail })
+    }
+
     /// The run database as messages name it (a PostgreSQL URL without its password).
     pub fn db_shown(&self) -> String {
         match &self.postgres {

@@ -1,6 +1,7 @@
 //! Use cases on runs that exist: where a run of a tree is continued from, the tree below a
-//! run, resuming a job (on the version it started with, or moved to the current one; a
-//! replay going on as it began) and cancelling one.
+//! run and what a job came to, resuming a job (on the version it started with, or moved to
+//! the current one; a replay going on as it began), deciding, cancelling one and exporting
+//! its cassette.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,8 +13,9 @@ use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::pinning::Upgrade;
 use baton_engine::replay::Tree;
 use baton_engine::store::{EventStore, RunRecord};
-use baton_engine::{Engine, Status};
+use baton_engine::{Engine, Outcome, RunState, Status};
 use baton_scenario::{Registry, Scenario};
+use serde_json::{Value, json};
 
 use crate::engines::{
     WaveDrive, engine, engine_trusting, jobs, probe_engine, redactor, reloading_jobs,
@@ -222,4 +224,228 @@ pub async fn cancel(
         engine.settle_children(parent).await?;
     }
     Ok(cancelled)
+}
+
+/// A job as it stands when it was started again with its idempotency key: an engine over
+/// its store (that loads no scenario) and how its run of `run_id` is: ended, paused,
+/// waiting, or interrupted — driven by another process or by none.
+pub async fn standing(
+    place: &Place,
+    store: Arc<dyn EventStore>,
+    run_id: &str,
+) -> anyhow::Result<(Engine, Outcome)> {
+    let engine = probe_engine(place, &store, &Registry::default());
+    let state = engine.state(run_id).await?;
+    let outcome = if state.status.is_final() {
+        Outcome::Finished(state.status)
+    } else if state.status == Status::Paused {
+        Outcome::Paused
+    } else if state.status == Status::Waiting {
+        Outcome::Waiting
+    } else if store.is_held(run_id).await? {
+        Outcome::Interrupted("it is being driven by another process".to_owned())
+    } else {
+        Outcome::Interrupted("no process drives it".to_owned())
+    };
+    Ok((engine, outcome))
+}
+
+/// A run and every run below it, each with its depth and state.
+#[derive(Debug)]
+pub struct JobTree {
+    /// The state of the run the tree is read from.
+    pub state: RunState,
+    /// Every run of the tree, itself first, parents before children.
+    pub runs: Vec<(String, usize, RunState)>,
+}
+
+/// The tree of runs below `run_id`, with their states.
+pub async fn job_tree(engine: &Engine, run_id: &str) -> Result<JobTree, Error> {
+    let state = engine.state(run_id).await?;
+    let mut runs = Vec::new();
+    for (id, depth) in tree_of(engine.store.as_ref(), run_id, false).await? {
+        let s = if id == run_id { state.clone() } else { engine.state(&id).await? };
+        runs.push((id, depth, s));
+    }
+    Ok(JobTree { state, runs })
+}
+
+/// What a job came to, as JSON (`baton run --json` and every command that drives a job):
+/// its result, totals and what it waits for, and each run of its tree.
+pub fn result_json(run_id: &str, state: &RunState, runs: &[(String, usize, RunState)]) -> Value {
+    let tree: Vec<Value> = runs
+        .iter()
+        .map(|(id, depth, s)| {
+            json!({
+                "run_id": id,
+                "depth": depth,
+                "scenario_id": s.scenario_id,
+                "status": s.status.as_str(),
+                "pending_approvals": open_approvals(s),
+                "pending_question": s.pending_ask,
+            })
+        })
+        .collect();
+    json!({
+        "run_id": run_id,
+        "scenario_id": state.scenario_id,
+        "status": state.status.as_str(),
+        "final_output": state.final_output,
+        "aborted_reason": state.finished.as_ref().and_then(|f| f.aborted_reason.clone()),
+        "totals": state.totals,
+        "tree_totals": state.tree_totals(),
+        "checksum": state.checksum,
+        "selected": state.selected,
+        "pending_approvals": open_approvals(state),
+        "pending_question": state.pending_ask,
+        "tree": tree,
+    })
+}
+
+/// The approval requests a run waits for, as JSON.
+pub fn open_approvals(state: &baton_engine::RunState) -> Value {
+    state
+        .open_approvals()
+        .map(|p| {
+            json!({
+                "request_id": p.request.request_id,
+                "level_id": p.level_id,
+                "approver_role": p.request.approver_role,
+                "question": p.request.question,
+                "schema": p.request.schema,
+            })
+        })
+        .collect()
+}
+
+/// An engine that records decisions and answers: it needs no scenario, so it works from a
+/// directory where the scenarios do not load.
+pub async fn decision_engine(place: &Place) -> anyhow::Result<Engine> {
+    let store = open_existing_store(place).await?;
+    Ok(probe_engine(place, &store, &Registry::default()))
+}
+
+/// Largest approver's data file (`approve --data`), in bytes.
+pub const DATA_BYTES_MAX: u64 = 1024 * 1024;
+
+/// An approver's decision on a request a run waits for (`baton approve`).
+#[derive(Debug)]
+pub struct Decision {
+    /// The request (none: the one the run waits for).
+    pub request: Option<String>,
+    pub reject: bool,
+    pub comment: Option<String>,
+    pub by: Option<String>,
+    /// A file with the approver's data for the level's `output_schema`.
+    pub data: Option<std::path::PathBuf>,
+}
+
+/// Records `decision` on run `run_id` (no scenario loaded); the decision as recorded.
+pub async fn approve(
+    place: &Place,
+    run_id: &str,
+    decision: Decision,
+) -> anyhow::Result<baton_engine::event::ApprovalDecided> {
+    let data = decision.data.as_deref().map(read_data).transpose()?;
+    let engine = decision_engine(place).await?;
+    let decision = baton_engine::Decision {
+        request_id: decision.request,
+        approved: !decision.reject,
+        comment: decision.comment,
+        by: decision.by,
+        data,
+    };
+    Ok(engine.decide(run_id, decision).await?)
+}
+
+/// Reads the approver's data: a regular file of at most [`DATA_BYTES_MAX`] bytes holding JSON.
+fn read_data(path: &Path) -> Result<Value, crate::error::Error> {
+    let shown = path.display();
+    let bytes = baton_scenario::capped::read_bytes(path, DATA_BYTES_MAX)
+        .map_err(|e| crate::error::Error::invalid(format!("--data: {e}")))?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        crate::error::Error::invalid(format!(
+            "--data {shown}:{}:{}: not JSON: {e}",
+            e.line(),
+            e.column()
+        ))
+    })
+}
+
+/// Records `answer` (JSON) to the question run `run_id` waits on (no scenario loaded).
+pub async fn answer(place: &Place, run_id: &str, answer: &str) -> anyhow::Result<()> {
+    let value: Value = serde_json::from_str(answer).with_context(|| {
+        format!("--answer must be JSON (a string needs quotes: '\"yes\"'), got {answer}")
+    })?;
+    let engine = decision_engine(place).await?;
+    Ok(engine.answer(run_id, value).await?)
+}
+
+/// Why a run decided or answered is not continued here: its scenario version does not load
+/// (continued with `baton resume` once that is fixed); `None` when it can go on.
+pub async fn not_continued(place: &Place, run_id: &str) -> anyhow::Result<Option<anyhow::Error>> {
+    let probe = decision_engine(place).await?;
+    let state = probe.state(run_id).await?;
+    Ok(run_scenario(place, &probe, &state, run_id).await.err())
+}
+
+/// Refuses a `--by` or `--reason` given empty.
+pub fn check_who_and_why(
+    by: Option<&str>,
+    reason: Option<&str>,
+) -> Result<(), crate::error::Error> {
+    for (flag, value) in [("--by", by), ("--reason", reason)] {
+        if value.is_some_and(|v| v.trim().is_empty()) {
+            return Err(crate::error::Error::invalid(format!(
+                "{flag} is empty; give a value or leave the flag out"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A run's record, or why there is none.
+pub async fn existing_run(
+    place: &Place,
+    store: &dyn EventStore,
+    run_id: &str,
+) -> anyhow::Result<RunRecord> {
+    match store.run(run_id).await? {
+        Some(record) => Ok(record),
+        None => {
+            Err(crate::error::Error::not_found(format!("no run {run_id} in {}", place.db_shown()))
+                .into())
+        }
+    }
+}
+
+/// Cancels the run `run_id` of the database (see [`cancel`]), recorded as `by` with
+/// `reason`: a terminal's cancel, with the settle timeout of the configuration when it
+/// loads — a broken configuration never keeps a run from being stopped.
+pub async fn cancel_run(
+    place: &Place,
+    run_id: &str,
+    by: Option<String>,
+    reason: Option<String>,
+) -> anyhow::Result<Cancelled> {
+    check_who_and_why(by.as_deref(), reason.as_deref())?;
+    let store = open_existing_store(place).await?;
+    let probe = engine(
+        Arc::clone(&store),
+        Arc::new(ScriptedModel::default()),
+        &Registry::default(),
+        workspace_setup(place, None, None),
+        redactor(place),
+        jail(place),
+        jobs(place, Arc::new(Registry::default()), None, WaveDrive::default()).ok().map(Arc::new),
+    );
+    let record = existing_run(place, store.as_ref(), run_id).await?;
+    Ok(cancel(&probe, &record, by, reason).await?)
+}
+
+/// The model answers a run recorded, as a cassette (`baton cassette export`).
+pub async fn cassette_of(place: &Place, run_id: &str) -> anyhow::Result<cassette::Cassette> {
+    let store = open_existing_store(place).await?;
+    existing_run(place, store.as_ref(), run_id).await?;
+    Ok(cassette::from_events(&store.load(run_id, 0).await?))
 }

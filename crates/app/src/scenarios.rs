@@ -177,3 +177,54 @@ pub async fn merged(
         .into()),
     }
 }
+
+/// `baton validate`: the scenario files or directories of `paths` loaded, with the
+/// tenants' overrides of `overrides` merged over them and the configuration's models
+/// checked against them; every problem and warning found, and the scenarios when none of
+/// them is an error.
+pub fn validate(
+    paths: &[std::path::PathBuf],
+    overrides: Option<&Path>,
+    config: Option<&Path>,
+) -> anyhow::Result<(baton_scenario::Diagnostics, Option<Registry>)> {
+    let mut all = baton_scenario::Diagnostics::new();
+    let mut registry = match Registry::load(paths) {
+        Ok(loaded) => {
+            all.extend(loaded.warnings);
+            Some(loaded.registry)
+        }
+        Err(e) => {
+            all.extend(e.diagnostics);
+            None
+        }
+    };
+    // Each tenant's overrides are merged over the base and checked; the base registry is
+    // the one summarised.
+    if let (Some(dir), Some(base)) = (overrides, registry.as_ref()) {
+        // A file where a tenant directory belongs is an error the loader reports.
+        match baton_scenario::registry::read_overrides(dir) {
+            Ok(tenants) => {
+                for (tenant, list) in tenants {
+                    match base.with_overrides(&tenant, &list) {
+                        Ok(loaded) => all.extend(loaded.warnings),
+                        Err(e) => all.extend(e.diagnostics),
+                    }
+                }
+            }
+            Err(e) => all.extend(e.diagnostics),
+        }
+        if all.has_errors() {
+            registry = None;
+        }
+    }
+    // With a provider configuration, every model constraint must resolve to something.
+    if let (Some(path), Some(r)) = (crate::place::config_file(config), registry.as_ref()) {
+        for d in crate::models::check_models(r, &path)? {
+            all.push(d);
+        }
+        if all.has_errors() {
+            registry = None;
+        }
+    }
+    Ok((all, registry))
+}

@@ -9,14 +9,24 @@
 //! route nobody serves is data from elsewhere: the job runs the default, and the warning
 //! is recorded on its `scenario_selected`.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use baton_engine::Engine;
 use baton_engine::event::ScenarioSelected;
+use baton_engine::exec::Error as ExecError;
 use baton_engine::job::{JobRequest, Selection, Start};
+use baton_engine::model::{ModelProvider, ScriptedModel};
+use baton_engine::store::{Error as StoreError, EventStore};
 use baton_scenario::{Registry, Scenario};
 use serde_json::{Map, Value};
 
+use crate::engines::{WaveDrive, engine, job_settings, redactor, reloading_jobs, workspace_setup};
 use crate::error::Error;
+use crate::jail::jail;
+use crate::models::choose_model;
+use crate::place::{Place, open_existing_store, open_store};
+use crate::scenarios::registry;
 
 /// The longest idempotency key, in bytes.
 pub const KEY_BYTES_MAX: usize = 256;
@@ -122,7 +132,7 @@ pub fn select(
 /// wave's), and refuses it when it can reach a scenario that starts programs and the jail
 /// cannot be set up.
 pub fn plan(
-    place: &crate::place::Place,
+    place: &Place,
     registry: &Registry,
     selection: &Selection,
     request: JobStart,
@@ -150,4 +160,311 @@ pub fn plan(
         ..Start::default()
     };
     Ok(Planned { scenario, selected, start, warnings })
+}
+
+/// What a job is started with at a terminal, beside its [`JobStart`]: the model it answers
+/// from, where its files go, and the guards it starts under.
+#[derive(Debug, Default)]
+pub struct Setup {
+    /// Refuse to start when the scenario's forecast p90 cost is over this.
+    pub max_forecast_usd: Option<f64>,
+    pub settle_timeout_s: Option<f64>,
+    /// A scripted model's script.
+    pub script: Option<PathBuf>,
+    /// Replay model answers from this cassette instead of calling any model.
+    pub cassette: Option<PathBuf>,
+    /// Record every model answer into this cassette.
+    pub record: Option<PathBuf>,
+    /// The workspace directory, instead of a new one under the data directory.
+    pub workspace: Option<PathBuf>,
+    /// Name the completed run's result with this branch of the workspace repository.
+    pub branch: Option<String>,
+    /// Run this scenario instead of selecting one (a standalone wave's).
+    pub given: Option<Arc<Scenario>>,
+}
+
+/// A job planned over the scenarios directory (with its tenant's overrides), checked
+/// before anything is created: a bad argument never leaves a run.
+pub async fn plan_job(
+    place: &Place,
+    request: JobStart,
+    setup: &mut Setup,
+) -> anyhow::Result<(Planned, Arc<Registry>)> {
+    if let Some(branch) = &setup.branch {
+        check_branch_name(branch).map_err(|why| {
+            Error::invalid(format!(
+                "--branch {branch:?} is not a valid branch name: {why}; use letters, digits, '-', '_' and '/' (see git check-ref-format)"
+            ))
+        })?;
+    }
+    if let Some(path) = &setup.record {
+        check_writable_file(path).map_err(|why| {
+            Error::invalid(format!("cannot record the cassette to {}: {why}", path.display()))
+        })?;
+    }
+    check(&request)?;
+    // A tenant's overrides are in the database; with no database yet it has none. Nothing
+    // is created before every argument and file has been checked.
+    let registry = match &request.tenant {
+        Some(tenant) if place.db_exists() => {
+            let store = open_existing_store(place).await?;
+            crate::scenarios::merged(store.as_ref(), registry(place)?, tenant).await?
+        }
+        _ => registry(place)?,
+    };
+    let registry = Arc::new(registry);
+    let (selection, _, _) = job_settings(place)?;
+    let planned = plan(place, &registry, &selection, request, setup.given.take())?;
+    Ok((planned, registry))
+}
+
+/// A planned job ready to be created, or the run its idempotency key already names.
+#[derive(Debug)]
+pub enum Ready {
+    /// The engine to create it with, and what its first run starts from.
+    New { engine: Box<Engine>, first: Box<Start> },
+    /// The key was taken: the run it names, in the store that holds it.
+    Taken { store: Arc<dyn EventStore>, run_id: String },
+}
+
+/// Readies a planned job: the setup checked against its scenario (a branch needs a
+/// workspace, a workspace a scenario that reads files), the forecast guard, the model, the
+/// store (created when absent) and the engine.
+pub async fn ready(
+    place: &Place,
+    planned: Planned,
+    registry: &Arc<Registry>,
+    setup: Setup,
+) -> anyhow::Result<Ready> {
+    let scenario = &planned.scenario;
+    if setup.branch.is_some() && !baton_engine::exec::owns_workspace(scenario) {
+        return Err(Error::invalid(format!(
+            "--branch names the result in the run's workspace, and scenario `{}` has no tool_loop level (no workspace); leave --branch out",
+            scenario.id
+        ))
+        .into());
+    }
+    if let Some(dir) = &setup.workspace
+        && !baton_engine::exec::needs_workspace(scenario)
+    {
+        return Err(Error::invalid(format!(
+            "--workspace {}: scenario `{}` reads no files (no tool_loop level, no verifier that runs in a workspace), so the directory would not be used; drop --workspace",
+            dir.display(),
+            scenario.id
+        ))
+        .into());
+    }
+    if let Some(max) = setup.max_forecast_usd {
+        crate::forecast::guard(place, scenario, max).await?;
+    }
+    let chosen = choose_model(
+        setup.script.as_deref(),
+        place.config.as_deref(),
+        setup.cassette.as_deref(),
+        setup.record.as_deref(),
+        scenario,
+    );
+    let (model, source) = match chosen {
+        // A standalone wave calls no model until `baton wave run` runs its workers, with
+        // the model that command is given.
+        Err(_)
+            if baton_engine::exec::calls_no_model(scenario)
+                && setup.script.is_none()
+                && setup.cassette.is_none() =>
+        {
+            (Arc::new(ScriptedModel::default()) as Arc<dyn ModelProvider>, None)
+        }
+        other => other?,
+    };
+    let store = open_store(place).await?;
+    if let Some(key) = &planned.start.idempotency_key
+        && let Some(existing) = store.run_by_key(key).await?
+    {
+        return Ok(Ready::Taken { store, run_id: existing.run_id });
+    }
+    let jobs = reloading_jobs(
+        place,
+        store.as_ref(),
+        Arc::clone(registry),
+        setup.settle_timeout_s,
+        planned.start.tenant.as_deref(),
+        WaveDrive::default(),
+    )
+    .await?;
+    let engine = engine(
+        store,
+        model,
+        registry,
+        workspace_setup(place, setup.workspace, setup.branch),
+        redactor(place),
+        jail(place),
+        Some(jobs),
+    );
+    let first = Start { model_source: source, ..planned.start };
+    Ok(Ready::New { engine: Box::new(engine), first: Box::new(first) })
+}
+
+/// How a queued job came out.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Queued {
+    /// Its first run is created, durable and `running`, for a worker.
+    Created,
+    /// Its idempotency key was taken by this run.
+    Taken(String),
+}
+
+/// Creates a job's first run and leaves it to a worker (`baton run --queue`).
+pub async fn queue(
+    engine: &Engine,
+    run_id: &str,
+    scenario: &Arc<Scenario>,
+    first: Start,
+) -> Result<Queued, baton_engine::exec::Error> {
+    match engine.create_job(run_id, scenario, first).await {
+        Ok(()) => Ok(Queued::Created),
+        Err(ExecError::Store(StoreError::KeyTaken { run_id: taken, .. })) => {
+            Ok(Queued::Taken(taken))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The run that took an idempotency key, when `e` is a start refused for that (another
+/// process started a job with the key between the look and the start).
+pub fn key_taken_by(e: &anyhow::Error) -> Option<String> {
+    match e.downcast_ref::<ExecError>() {
+        Some(ExecError::Store(StoreError::KeyTaken { run_id, .. })) => Some(run_id.clone()),
+        _ => None,
+    }
+}
+
+/// Why `name` cannot be a branch (`refs/heads/NAME`), by the rules of `git
+/// check-ref-format --branch`; the workspace checks again with git when it names the
+/// result, this check only makes a bad name fail before the run instead of after it.
+fn check_branch_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("it is empty".to_owned());
+    }
+    if name.starts_with('-') {
+        return Err("it starts with '-'".to_owned());
+    }
+    if name == "@" {
+        return Err("it is '@'".to_owned());
+    }
+    for bad in ["..", "@{", "//"] {
+        if name.contains(bad) {
+            return Err(format!("it contains {bad:?}"));
+        }
+    }
+    if let Some(c) = name.chars().find(|c| {
+        c.is_ascii_control() || matches!(c, ' ' | '~' | '^' | ':' | '?' | '*' | '[' | '\\')
+    }) {
+        return Err(format!("it contains {c:?}"));
+    }
+    if name.starts_with('/') || name.ends_with('/') {
+        return Err("it starts or ends with '/'".to_owned());
+    }
+    if name.ends_with('.') {
+        return Err("it ends with '.'".to_owned());
+    }
+    for part in name.split('/') {
+        if part.starts_with('.') {
+            return Err(format!("its part {part:?} starts with '.'"));
+        }
+        if part.ends_with(".lock") {
+            return Err(format!("its part {part:?} ends with \".lock\""));
+        }
+    }
+    Ok(())
+}
+
+/// Why a file cannot be written at `path` (its directory is missing, or takes no new
+/// files), found before a run starts rather than at its first model call.
+fn check_writable_file(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("it is a directory; name a file".to_owned());
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    match std::fs::metadata(dir) {
+        Err(e) => {
+            return Err(format!(
+                "its directory {} cannot be used ({e}); create it or choose another path",
+                dir.display()
+            ));
+        }
+        Ok(m) if !m.is_dir() => return Err(format!("{} is not a directory", dir.display())),
+        Ok(_) => {}
+    }
+    // The file is written beside itself and renamed: the directory must take new files.
+    let probe = dir.join(format!(".baton-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(format!("cannot create files in {}: {e}", dir.display())),
+    }
+}
+
+/// The most jobs one `--input-lines` file queues.
+const INPUT_LINES_MAX: usize = 100_000;
+
+/// The inputs of `--input-lines`: each non-empty line of the file, at least one.
+pub fn input_lines(path: &Path) -> Result<Vec<String>, Error> {
+    let bytes_max = 64 * 1024 * 1024;
+    let text = baton_scenario::capped::read_text(path, bytes_max)
+        .map_err(|e| Error::invalid(format!("--input-lines: {e}")))?;
+    let lines: Vec<String> =
+        text.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect();
+    if lines.is_empty() {
+        return Err(Error::invalid(format!(
+            "--input-lines {}: no line holds an input; write one job's input per line",
+            path.display()
+        )));
+    }
+    if lines.len() > INPUT_LINES_MAX {
+        return Err(Error::invalid(format!(
+            "--input-lines {}: {} jobs, more than {INPUT_LINES_MAX} at once; split the file",
+            path.display(),
+            lines.len()
+        )));
+    }
+    Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branch_names_follow_git_check_ref_format() {
+        for ok in ["main", "feature/x", "v1.2", "a-b_c", "result@home", "ü"] {
+            assert_eq!(check_branch_name(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("", "it is empty"),
+            ("bad..name", "it contains \"..\""),
+            ("-x", "it starts with '-'"),
+            ("@", "it is '@'"),
+            ("a@{1}", "it contains \"@{\""),
+            ("a//b", "it contains \"//\""),
+            ("a b", "it contains ' '"),
+            ("a~1", "it contains '~'"),
+            ("a^", "it contains '^'"),
+            ("a:b", "it contains ':'"),
+            ("a?", "it contains '?'"),
+            ("a*", "it contains '*'"),
+            ("a[b", "it contains '['"),
+            ("a\\b", "it contains '\\\\'"),
+            ("a\tb", "it contains '\\t'"),
+            ("/a", "it starts or ends with '/'"),
+            ("a/", "it starts or ends with '/'"),
+            ("a.", "it ends with '.'"),
+            ("x/.hidden", "its part \".hidden\" starts with '.'"),
+            ("a.lock/b", "its part \"a.lock\" ends with \".lock\""),
+        ] {
+            assert_eq!(check_branch_name(bad), Err(why.to_owned()), "{bad:?}");
+        }
+    }
 }

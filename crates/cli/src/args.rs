@@ -428,7 +428,7 @@ pub(crate) enum Command {
     /// run waits for.
     Runs {
         /// Only runs with this status.
-        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(crate::cmd_run::run_statuses()))]
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(baton_app::listing::run_statuses()))]
         status: Option<String>,
         /// Show each job as a tree: its first run, and below it the runs it started.
         #[arg(long)]

@@ -4,11 +4,9 @@
 
 use std::process::ExitCode;
 
-use anyhow::bail;
-use baton_app::forecast::{Source, like_input, sample};
+use baton_app::forecast::Source;
 use baton_app::place::Place;
-use baton_engine::forecast::{Figures, Forecast, JobSpend, P90_SAMPLE_MIN};
-use serde_json::json;
+use baton_engine::forecast::{Figures, P90_SAMPLE_MIN};
 
 use crate::escape::one_line;
 use crate::out::outln;
@@ -21,33 +19,12 @@ pub(crate) async fn forecast(
     source: Source,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let registry = baton_app::scenarios::registry(place)?;
-    let scenario = baton_app::scenarios::find_scenario(&registry, scenario_id, place)?;
-    let (jobs, from) = sample(place, scenario_id, &source).await?;
-    let (jobs, note) = like_input(jobs, input);
-    let spends: Vec<JobSpend> = jobs.iter().map(|(_, t)| JobSpend::of(t)).collect();
-    let Some(f) = Forecast::of(scenario_id, &spends, &scenario.budget) else {
-        bail!(
-            "no recorded job of scenario `{scenario_id}` in {from}; run it, or record fixtures (`baton fixture record`) and use --fixtures"
-        );
-    };
+    let made = baton_app::forecast::forecast(place, scenario_id, input, source).await?;
     if json {
-        outln!(
-            "{}",
-            json!({
-                "scenario": scenario_id,
-                "sample": f.sample,
-                "from": from,
-                "note": note.trim_start_matches("; "),
-                "p90_needs": P90_SAMPLE_MIN,
-                "total": f.total,
-                "levels": f.levels.iter().map(|(l, s)| json!({"level": l, "spread": s})).collect::<Vec<_>>(),
-                "crossings": f.crossings,
-                "jobs": spends,
-            })
-        )?;
+        outln!("{}", made.to_json(scenario_id))?;
         return Ok(ExitCode::SUCCESS);
     }
+    let baton_app::forecast::Made { forecast: f, from, note, .. } = made;
     outln!("forecast for {scenario_id} from {} recorded job(s): {from}{note}", f.sample)?;
     if f.sample < P90_SAMPLE_MIN {
         outln!(

@@ -10,7 +10,9 @@ use baton_engine::Engine;
 use baton_engine::fork::{ForkEdits, fork_points};
 use serde_json::{Map, Value, json};
 
-use crate::drive::{self, Followed};
+use baton_app::follow::Followed;
+
+use crate::drive;
 use crate::out::outln;
 use baton_app::engines::WaveDrive;
 use baton_app::place::Place;

@@ -4,15 +4,14 @@
 
 #![allow(clippy::print_stderr)]
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use baton_app::fixture;
 use baton_app::fixtures::{CaseResult, Cases, RecordArgs, run_cases};
 use baton_app::place::Place;
-use baton_app::replay::{replay_report, status_of, strategy};
+use baton_app::replay::{replay_report, strategy};
 use baton_engine::replay::{Change, Mismatch};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::escape::{Layout, one_line, terminal_safe};
 use crate::out::{self, outln};
@@ -192,8 +191,10 @@ pub(crate) async fn test(place: &Place, args: TestArgs) -> anyhow::Result<std::p
                 started.elapsed().as_secs_f64()
             )?;
         }
-        TestFormat::Json => outln!("{}", json_report(&results))?,
-        TestFormat::Junit => out::write(format_args!("{}", junit(&results)))?,
+        TestFormat::Json => outln!("{}", baton_app::fixtures::json_report(&results))?,
+        TestFormat::Junit => {
+            out::write(format_args!("{}", baton_app::fixtures::junit(&results)))?;
+        }
     }
     Ok(std::process::ExitCode::from(if failed == 0 { 0 } else { 1 }))
 }
@@ -268,116 +269,4 @@ fn print_case(r: &CaseResult) -> std::io::Result<()> {
         print_change(c, true)?;
     }
     Ok(())
-}
-
-fn case_json(r: &CaseResult) -> Value {
-    json!({
-        "fixture": r.name,
-        "scenario": r.scenario,
-        "case": r.case,
-        "passed": r.passed(),
-        "seconds": r.seconds,
-        "error": r.error,
-        "changes": r.changes,
-        "misses": r.misses,
-        "rerecorded": r.rerecorded,
-        "status": r.replayed.as_ref().map(|x| status_of(&x.outcome)),
-    })
-}
-
-fn json_report(results: &[CaseResult]) -> Value {
-    let passed = results.iter().filter(|r| r.passed()).count();
-    json!({
-        "fixtures": results.len(),
-        "passed": passed,
-        "failed": results.len() - passed,
-        "cases": results.iter().map(case_json).collect::<Vec<_>>(),
-    })
-}
-
-/// The results as JUnit XML: one test suite per scenario, one test case per fixture.
-fn junit(results: &[CaseResult]) -> String {
-    let mut by: std::collections::BTreeMap<&str, Vec<&CaseResult>> = Default::default();
-    for r in results {
-        by.entry(r.scenario.as_str()).or_default().push(r);
-    }
-    let failures = results.iter().filter(|r| !r.passed()).count();
-    let total: f64 = results.iter().map(|r| r.seconds).sum();
-    let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    let _ = writeln!(
-        x,
-        "<testsuites name=\"baton test\" tests=\"{}\" failures=\"{failures}\" time=\"{total:.3}\">",
-        results.len()
-    );
-    for (scenario, cases) in by {
-        let failed = cases.iter().filter(|r| !r.passed()).count();
-        let time: f64 = cases.iter().map(|r| r.seconds).sum();
-        let _ = writeln!(
-            x,
-            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failed}\" time=\"{time:.3}\">",
-            xml(scenario),
-            cases.len()
-        );
-        for r in cases {
-            let _ = write!(
-                x,
-                "    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3}\"",
-                xml(scenario),
-                xml(&r.case),
-                r.seconds
-            );
-            if r.passed() {
-                x.push_str("/>\n");
-                continue;
-            }
-            let mut details = String::new();
-            if let Some(e) = &r.error {
-                let _ = writeln!(details, "error: {e}");
-            }
-            // A request the cassette lacks comes first: the changes follow from it.
-            for m in &r.misses {
-                let _ = writeln!(details, "{}", m.message());
-            }
-            for c in r.changes.iter().filter(|c| c.fails) {
-                let _ = writeln!(
-                    details,
-                    "{}{}: {}",
-                    c.what,
-                    c.level.as_deref().map(|l| format!(" {l}")).unwrap_or_default(),
-                    c.detail
-                );
-            }
-            let first = details.lines().next().unwrap_or("failed").to_owned();
-            let _ = writeln!(
-                x,
-                ">\n      <failure message=\"{}\">{}</failure>\n    </testcase>",
-                xml(&first),
-                xml(&details)
-            );
-        }
-        x.push_str("  </testsuite>\n");
-    }
-    x.push_str("</testsuites>\n");
-    x
-}
-
-/// Text as XML character data or an attribute value: markup characters escaped, and the
-/// characters XML 1.0 cannot hold at all (most C0 controls) written as `\u{..}`.
-fn xml(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\n' | '\t' | '\r' => out.push(c),
-            c if (c as u32) < 0x20 || c == '\u{fffe}' || c == '\u{ffff}' => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out
 }

@@ -43,7 +43,7 @@ pub(crate) async fn serve(
             args.listen
         );
     }
-    check_workers(args.workers)?;
+    baton_app::serving::check_workers(args.workers)?;
     let parts = parts(place, script.as_deref(), "baton serve").await?;
     let stop = CancelToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));
@@ -66,13 +66,6 @@ pub(crate) async fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
-fn check_workers(workers: usize) -> anyhow::Result<()> {
-    if workers == 0 || workers > 1024 {
-        bail!("--workers must be 1 to 1024, not {workers}");
-    }
-    Ok(())
-}
-
 /// `baton mcp`: MCP on stdin and stdout for the local user — an admin of `tenant`'s runs
 /// (none: runs of no tenant) whose decisions are recorded as `name`. Nothing but the
 /// protocol goes to stdout; notes go to stderr.
@@ -83,7 +76,7 @@ pub(crate) async fn mcp(
     settings: Settings,
     script: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    check_workers(settings.workers)?;
+    baton_app::serving::check_workers(settings.workers)?;
     if settings.body_bytes_max < 1024 {
         bail!("--message-max-bytes must be at least 1024, not {}", settings.body_bytes_max);
     }
@@ -127,19 +120,7 @@ pub(crate) async fn worker(
     args: WorkerArgs,
     settings: Settings,
 ) -> anyhow::Result<ExitCode> {
-    if args.concurrency == 0 || args.concurrency > 1024 {
-        bail!("--concurrency must be 1 to 1024, not {}", args.concurrency);
-    }
-    if !(3..=3600).contains(&args.lease_s) {
-        bail!("--lease-s must be 3 to 3600 seconds, not {}", args.lease_s);
-    }
-    let name = match args.name {
-        Some(name) if name.trim().is_empty() || name.chars().count() > 128 => {
-            bail!("--name must be 1 to 128 characters and not blank")
-        }
-        Some(name) => name,
-        None => format!("baton-worker-{}-{}", host_name(), std::process::id()),
-    };
+    let name = baton_app::serving::worker_name(args.concurrency, args.lease_s, args.name)?;
     if place.postgres.is_none() {
         eprintln!(
             "baton worker: note: {} is SQLite — workers share it only on this machine; use a PostgreSQL --db to spread runs over machines",
@@ -168,17 +149,6 @@ pub(crate) async fn worker(
     baton_server::work(settings, parts, worker, stop).await.map_err(anyhow::Error::msg)?;
     eprintln!("baton worker: stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-/// This machine's name, for a worker's default name.
-fn host_name() -> String {
-    use std::io::Read as _;
-    let mut read = String::new();
-    let _ = std::fs::File::open("/proc/sys/kernel/hostname")
-        .and_then(|f| f.take(256).read_to_string(&mut read));
-    let name: String =
-        read.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
-    if name.is_empty() { "host".to_owned() } else { name }
 }
 
 /// A stop token cancelled by the first interrupt or terminate signal (`stopping` said on

@@ -6,40 +6,14 @@
 //! so a stored override always loaded once; `baton run --tenant T` runs the merged
 //! scenarios, and the run records the merged checksum and its tenant.
 
-#![allow(clippy::print_stderr)]
-
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::bail;
-use baton_engine::store::{EventStore, TenantOverride};
-use baton_scenario::Registry;
-use baton_scenario::registry::Override;
 
 use crate::escape;
 use crate::out::outln;
-use baton_app::place::{Place, open_existing_store, open_store};
-use baton_app::scenarios::{as_overrides, check_tenant, registry, stored};
-
-/// Checks overrides of one tenant over the scenarios (the stored ones with `new` in place
-/// of the one for the same scenario); renders every problem with file:line:column.
-fn check(base: &Registry, tenant: &str, all: &[Override]) -> anyhow::Result<String> {
-    match base.with_overrides(tenant, all) {
-        Ok(loaded) => {
-            let ids: Vec<String> = all
-                .iter()
-                .filter_map(|o| loaded.registry.get(&o.scenario_id))
-                .map(|s| format!("{} (checksum {}…)", s.id, &s.checksum[..12]))
-                .collect();
-            Ok(ids.join(", "))
-        }
-        Err(e) => {
-            eprint!("{}", e.diagnostics.render());
-            bail!("tenant `{tenant}`: the override does not load; nothing was stored")
-        }
-    }
-}
+use baton_app::place::{Place, open_existing_store};
 
 pub(crate) async fn set(
     place: &Place,
@@ -47,29 +21,7 @@ pub(crate) async fn set(
     scenario: &str,
     file: &Path,
 ) -> anyhow::Result<ExitCode> {
-    check_tenant(tenant)?;
-    let yaml =
-        baton_scenario::capped::read_text(file, baton_scenario::limits::SOURCE_BYTES_MAX as u64)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let base = registry(place)?;
-    let store = open_store(place).await?;
-    let mut all: Vec<Override> = as_overrides(&store.tenant_overrides(Some(tenant)).await?)
-        .into_iter()
-        .filter(|o| o.scenario_id != scenario)
-        .collect();
-    all.push(Override {
-        scenario_id: scenario.to_owned(),
-        name: file.display().to_string(),
-        yaml: yaml.clone(),
-    });
-    let merged = check(&base, tenant, &all)?;
-    let stored = TenantOverride {
-        tenant: tenant.to_owned(),
-        scenario_id: scenario.to_owned(),
-        yaml,
-        updated_at: chrono::Utc::now(),
-    };
-    store.put_tenant_override(&stored).await?;
+    let merged = baton_app::tenants::set(place, tenant, scenario, file).await?;
     outln!("stored tenant {tenant}'s override of {scenario}; its scenarios now: {merged}")?;
     Ok(ExitCode::SUCCESS)
 }
@@ -116,43 +68,10 @@ pub(crate) async fn rm(place: &Place, tenant: &str, scenario: &str) -> anyhow::R
     Ok(ExitCode::SUCCESS)
 }
 
-/// Imports an overrides tree (`DIR/TENANT/SCENARIO_ID.yaml`, for GitOps): every tenant's
-/// files are checked together over the scenarios, and stored only when all load.
+/// Imports an overrides tree (`DIR/TENANT/SCENARIO_ID.yaml`), checked before any is
+/// stored (see the application layer's `tenants::import`).
 pub(crate) async fn import(place: &Place, dir: &Path) -> anyhow::Result<ExitCode> {
-    let tenants = match baton_scenario::registry::read_overrides(dir) {
-        Ok(t) => t,
-        Err(e) => {
-            eprint!("{}", e.diagnostics.render());
-            bail!("the overrides in {} cannot be read; nothing was stored", dir.display())
-        }
-    };
-    let base = registry(place)?;
-    let store: Arc<dyn EventStore> = open_store(place).await?;
-    // Each tenant's files are checked with the overrides it has stored already, as they
-    // will be merged.
-    for (tenant, list) in &tenants {
-        check_tenant(tenant)?;
-        let mut all: Vec<Override> = stored(store.as_ref(), tenant)
-            .await?
-            .into_iter()
-            .filter(|o| !list.iter().any(|n| n.scenario_id == o.scenario_id))
-            .collect();
-        all.extend(list.iter().cloned());
-        check(&base, tenant, &all)?;
-    }
-    let mut count = 0;
-    for (tenant, list) in &tenants {
-        for o in list {
-            let stored = TenantOverride {
-                tenant: tenant.clone(),
-                scenario_id: o.scenario_id.clone(),
-                yaml: o.yaml.clone(),
-                updated_at: chrono::Utc::now(),
-            };
-            store.put_tenant_override(&stored).await?;
-            count += 1;
-        }
-    }
-    outln!("imported {count} overrides of {} tenants from {}", tenants.len(), dir.display())?;
+    let (count, tenants) = baton_app::tenants::import(place, dir).await?;
+    outln!("imported {count} overrides of {tenants} tenants from {}", dir.display())?;
     Ok(ExitCode::SUCCESS)
 }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use baton_scenario::{Diagnostics, Registry};
+use baton_scenario::Registry;
 
 use crate::out::outln;
 
@@ -15,45 +15,7 @@ pub(crate) fn run(
     overrides: Option<&Path>,
     config: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
-    let mut all = Diagnostics::new();
-    let mut registry = match Registry::load(paths) {
-        Ok(loaded) => {
-            all.extend(loaded.warnings);
-            Some(loaded.registry)
-        }
-        Err(e) => {
-            all.extend(e.diagnostics);
-            None
-        }
-    };
-    // Each tenant's overrides are merged over the base and checked; the base registry is
-    // the one summarised.
-    if let (Some(dir), Some(base)) = (overrides, registry.as_ref()) {
-        // A file where a tenant directory belongs is an error the loader reports.
-        match baton_scenario::registry::read_overrides(dir) {
-            Ok(tenants) => {
-                for (tenant, list) in tenants {
-                    match base.with_overrides(&tenant, &list) {
-                        Ok(loaded) => all.extend(loaded.warnings),
-                        Err(e) => all.extend(e.diagnostics),
-                    }
-                }
-            }
-            Err(e) => all.extend(e.diagnostics),
-        }
-        if all.has_errors() {
-            registry = None;
-        }
-    }
-    // With a provider configuration, every model constraint must resolve to something.
-    if let (Some(path), Some(r)) = (baton_app::place::config_file(config), registry.as_ref()) {
-        for d in baton_app::models::check_models(r, &path)? {
-            all.push(d);
-        }
-        if all.has_errors() {
-            registry = None;
-        }
-    }
+    let (all, registry) = baton_app::scenarios::validate(paths, overrides, config)?;
     let ok = !all.has_errors();
     if json {
         let scenarios: Vec<serde_json::Value> = registry

@@ -4,151 +4,37 @@
 //! `dispatch` and `record` let an agent run workers itself; `run` makes this process the
 //! wave's active dispatcher; `decide`, `complete`, `cancel`, `get`, `list` and `summary`
 //! read and end waves. A wave is named by its run id, or `current`: the newest run with a
-//! wave under way. Every action goes through the engine's typed wave actions
-//! (`baton_engine::wave_actions`), each a conditional append.
+//! wave under way. Every action is the application layer's (`baton_app::waves`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use anyhow::{Context, bail};
-use baton_engine::Engine;
-use baton_engine::event::WorkerOutcome;
-use baton_engine::wave_actions::{self, Target, WaveAction, WaveReply};
-use baton_scenario::Scenario;
+use anyhow::bail;
+use baton_app::engines::WaveDrive;
+use baton_app::place::Place;
+use baton_app::start::{JobStart, Setup};
+use baton_app::waves::{self, PlanSettings};
+use baton_engine::wave_actions::{self, WaveReply};
 use serde_json::{Value, json};
 
 use crate::drive;
 use crate::escape::one_line;
 use crate::out::outln;
-use baton_app::engines::WaveDrive;
-use baton_app::place::Place;
-
-/// Largest task list `plan` reads, in bytes.
-const TASKS_BYTES_MAX: u64 = 1024 * 1024;
-/// Most runs `list`, `summary` and `current` look through, newest first.
-const RUNS_SCANNED_MAX: usize = 500;
-
-/// Options of `baton wave plan`.
-#[derive(Debug)]
-pub(crate) struct PlanArgs {
-    pub tasks: PathBuf,
-    pub worker: Option<String>,
-    pub max_parallel: Option<i64>,
-    pub timeout_s: Option<f64>,
-    pub max_assignments: Option<u32>,
-    pub context: Option<String>,
-    pub script: Option<PathBuf>,
-    pub json: bool,
-}
-
-/// The one-level scenario of a standalone wave, from the command's settings (checked
-/// here first, so the message names the flag).
-fn wave_scenario(place: &Place, args: &PlanArgs) -> anyhow::Result<Arc<Scenario>> {
-    let max_parallel = args
-        .max_parallel
-        .map(|n| baton_engine::wave::check_parallel(n, "--max-parallel"))
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    let timeout_ms = args
-        .timeout_s
-        .map(|s| {
-            baton_scenario::check::wave_timeout_ms(s).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "--timeout-s must be from 0.001 through 2147483.647 seconds (1 to 2147483647 ms), not {s}"
-                )
-            })
-        })
-        .transpose()?;
-    let standalone = wave_actions::Standalone {
-        worker: args.worker.clone(),
-        max_parallel,
-        timeout_ms,
-        max_assignments: args.max_assignments,
-        context: args.context.clone(),
-    };
-    wave_actions::standalone_scenario(&standalone, &place.scenarios).map_err(anyhow::Error::msg)
-}
 
 /// `baton wave plan`: a new run of a standalone wave; its assignments are planned (or the
 /// plan refused) before anything else happens.
-pub(crate) async fn plan(place: &Place, args: PlanArgs) -> anyhow::Result<ExitCode> {
-    let tasks = baton_scenario::capped::read_text(&args.tasks, TASKS_BYTES_MAX)
-        .map_err(|e| anyhow::anyhow!("--tasks: {e}"))?;
-    let parsed: Value = serde_json::from_str(&tasks).with_context(|| {
-        format!(
-            "--tasks {}: not JSON; give {{\"tasks\": [{{\"id\": …, \"title\": …}}], \"context\": …}}",
-            args.tasks.display()
-        )
-    })?;
-    if let Some(worker) = &args.worker {
-        let registry = baton_app::scenarios::registry(place)?;
-        if registry.get(worker).is_none() {
-            let ids: Vec<&str> = registry.scenarios().map(|s| s.id.as_str()).collect();
-            bail!(
-                "--worker: no scenario `{worker}` in {} (known: {})",
-                place.scenarios.display(),
-                ids.join(", ")
-            );
-        }
-    }
-    let scenario = wave_scenario(place, &args)?;
-    drive::run(
-        place,
-        drive::RunArgs {
-            queue: false,
-            more_inputs: Vec::new(),
-            job: baton_engine::job::JobRequest::default(),
-            max_cost_usd: None,
-            max_forecast_usd: None,
-            settle_timeout_s: None,
-            idempotency_key: None,
-            tenant: None,
-            input: parsed.to_string(),
-            meta: Vec::new(),
-            script: args.script,
-            json: args.json,
-            stream: false,
-            cassette: None,
-            record: None,
-            workspace: None,
-            branch: None,
-            given: Some(scenario),
-        },
-    )
-    .await
-}
-
-/// An engine for wave actions: the store, and the configuration's wave settings.
-async fn action_engine(place: &Place) -> anyhow::Result<Engine> {
-    baton_app::engines::wave_engine(place).await
-}
-
-/// The run a wave name stands for: `current` is the newest run with a wave under way.
-async fn resolve(engine: &Engine, wave: &str) -> anyhow::Result<String> {
-    if wave != "current" {
-        if engine.store.run(wave).await?.is_none() {
-            bail!(
-                "no run {wave}; name a wave by its run id (see `baton wave list`) or say `current`"
-            );
-        }
-        return Ok(wave.to_owned());
-    }
-    let runs: Vec<_> = engine.store.runs(None).await?.into_iter().take(RUNS_SCANNED_MAX).collect();
-    match engine.current_wave(&runs).await? {
-        Some(run_id) => Ok(run_id),
-        None => {
-            bail!("no wave is under way (`current` names the newest run whose wave has not ended)")
-        }
-    }
-}
-
-fn target(assignment: Option<String>, task: Option<String>) -> anyhow::Result<Target> {
-    match (assignment, task) {
-        (Some(a), None) => Ok(Target::Assignment(a)),
-        (None, Some(t)) => Ok(Target::Task(t)),
-        _ => bail!("name the assignment with --assignment ID or its task with --task ID"),
-    }
+pub(crate) async fn plan(
+    place: &Place,
+    settings: PlanSettings,
+    script: Option<std::path::PathBuf>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let (input, scenario) = waves::plan(place, &settings)?;
+    let request = JobStart { input, ..JobStart::default() };
+    let setup = Setup { script, given: Some(scenario), ..Setup::default() };
+    let args =
+        drive::RunArgs { request, setup, json, stream: false, queue: false, more_inputs: vec![] };
+    drive::run(place, args).await
 }
 
 fn print_reply(reply: &WaveReply, what: &str, json: bool) -> anyhow::Result<()> {
@@ -171,65 +57,33 @@ fn print_reply(reply: &WaveReply, what: &str, json: bool) -> anyhow::Result<()> 
 pub(crate) async fn dispatch(
     place: &Place,
     wave: &str,
-    target_: (Option<String>, Option<String>),
+    target: (Option<String>, Option<String>),
     worker_run: String,
     by: Option<String>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let target = target(target_.0, target_.1)?;
-    let engine = action_engine(place).await?;
-    let run_id = resolve(&engine, wave).await?;
-    let reply = engine.wave_act(&run_id, WaveAction::Dispatch { target, worker_run, by }).await?;
+    let reply = waves::dispatch(place, wave, target, worker_run, by).await?;
     let id = reply.assignment_id.clone().unwrap_or_default();
     print_reply(&reply, &format!("dispatched {id}: "), json)?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Options of `baton wave record`.
-#[derive(Debug)]
-pub(crate) struct RecordArgs {
-    pub assignment: Option<String>,
-    pub task: Option<String>,
-    pub outcome: String,
-    pub summary: Option<String>,
-    pub blockers: Vec<String>,
-    pub by: Option<String>,
-    pub json: bool,
 }
 
 /// `baton wave record`.
 pub(crate) async fn record(
     place: &Place,
     wave: &str,
-    args: RecordArgs,
+    record: waves::Record,
+    json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let target = target(args.assignment, args.task)?;
-    let Some(outcome) = WorkerOutcome::parse(&args.outcome) else {
-        bail!(
-            "--outcome must be one of completed, partial, blocked, failed, cancelled, not {:?}",
-            args.outcome
-        );
-    };
-    let engine = action_engine(place).await?;
-    let run_id = resolve(&engine, wave).await?;
-    let action = WaveAction::Record {
-        target,
-        outcome,
-        summary: args.summary.unwrap_or_default(),
-        blockers: args.blockers,
-        by: args.by,
-    };
-    let reply = engine.wave_act(&run_id, action).await?;
+    let (reply, outcome) = waves::record(place, wave, record).await?;
     let id = reply.assignment_id.clone().unwrap_or_default();
-    print_reply(&reply, &format!("recorded {id} {}: ", outcome.as_str()), args.json)?;
+    print_reply(&reply, &format!("recorded {id} {}: ", outcome.as_str()), json)?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `baton wave decide`.
 pub(crate) async fn decide(place: &Place, wave: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place).await?;
-    let run_id = resolve(&engine, wave).await?;
-    let reply = engine.wave_act(&run_id, WaveAction::Decide).await?;
+    let reply = waves::decide(place, wave).await?;
     print_reply(&reply, "", json)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -241,13 +95,11 @@ pub(crate) async fn complete(
     by: Option<String>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place).await?;
-    let run_id = resolve(&engine, wave).await?;
-    let reply = engine.wave_act(&run_id, WaveAction::Complete { by }).await?;
+    let reply = waves::complete(place, wave, by).await?;
     if !json {
         print_reply(&reply, "ended ", false)?;
     }
-    drive::resume(place, &run_id, None, json, false, WaveDrive::default()).await
+    drive::resume(place, &reply.run_id, None, json, false, WaveDrive::default()).await
 }
 
 /// `baton wave run`: this process dispatches the wave's planned assignments to its worker
@@ -259,22 +111,7 @@ pub(crate) async fn run(
     script: Option<&Path>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let max_parallel = max_parallel
-        .map(|n| baton_engine::wave::check_parallel(n, "--max-parallel"))
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    let engine = action_engine(place).await?;
-    let run_id = resolve(&engine, wave).await?;
-    let state = engine.state(&run_id).await?;
-    let Some(w) = wave_actions::wave_under_way(&state) else {
-        bail!("run {run_id} has no wave under way");
-    };
-    if w.plan.worker.is_none() {
-        bail!(
-            "wave {run_id} names no worker scenario, so only outside agents can run it (`baton wave dispatch|record`); plan a wave with --worker to run it here"
-        );
-    }
-    let drive = WaveDrive { active: true, max_parallel };
+    let (run_id, drive) = waves::to_run(place, wave, max_parallel).await?;
     drive::resume(place, &run_id, script, json, false, drive).await
 }
 
@@ -286,45 +123,29 @@ pub(crate) async fn cancel(
     by: Option<String>,
     reason: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    drive::check_who_and_why(by.as_deref(), reason.as_deref())?;
-    let engine = action_engine(place).await?;
-    let run_id = resolve(&engine, wave).await?;
-    engine.wave_act(&run_id, WaveAction::Cancel { by, reason }).await?;
+    let (engine, run_id) = waves::cancel(place, wave, by, reason).await?;
     outln!("cancel recorded for wave {run_id} and its workers")?;
-    let deadline = std::time::Instant::now()
-        + engine
-            .runtime
-            .jobs
-            .as_ref()
-            .map_or(std::time::Duration::from_secs(15), |j| j.settle_timeout)
-        + std::time::Duration::from_secs(5);
-    loop {
-        let state = engine.state(&run_id).await?;
-        if state.status.is_final() {
-            if let Some(w) = wave_actions::latest_wave(&state) {
-                let c = w.counts();
-                outln!(
-                    "wave {run_id} is {}: {} completed, {} partial, {} blocked, {} failed, {} cancelled, {} never started, {} unsettled",
-                    state.status.as_str(),
-                    c.completed,
-                    c.partial,
-                    c.blocked,
-                    c.failed,
-                    c.cancelled,
-                    c.planned,
-                    w.assignments.iter().filter(|a| a.unsettled).count()
-                )?;
-            }
-            return Ok(ExitCode::SUCCESS);
-        }
-        if std::time::Instant::now() > deadline {
-            outln!(
-                "wave {run_id}: the cancel is recorded; the process driving it has not ended it yet (see `baton wave get {run_id}`)"
-            )?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let Some(state) = waves::ended(&engine, &run_id).await? else {
+        outln!(
+            "wave {run_id}: the cancel is recorded; the process driving it has not ended it yet (see `baton wave get {run_id}`)"
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    if let Some(w) = wave_actions::latest_wave(&state) {
+        let c = w.counts();
+        outln!(
+            "wave {run_id} is {}: {} completed, {} partial, {} blocked, {} failed, {} cancelled, {} never started, {} unsettled",
+            state.status.as_str(),
+            c.completed,
+            c.partial,
+            c.blocked,
+            c.failed,
+            c.cancelled,
+            c.planned,
+            w.assignments.iter().filter(|a| a.unsettled).count()
+        )?;
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The table of a wave: one line per assignment.
@@ -387,8 +208,7 @@ pub(crate) async fn get(
     json: bool,
     watch: bool,
 ) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place).await?;
-    let run_id = resolve(&engine, wave).await?;
+    let (engine, run_id) = waves::open(place, wave).await?;
     let mut shown = None;
     loop {
         let state = engine.state(&run_id).await?;
@@ -413,16 +233,9 @@ pub(crate) async fn get(
     }
 }
 
-/// The runs that ran a wave, newest first, with their latest wave.
-async fn waves(engine: &Engine) -> anyhow::Result<Vec<Value>> {
-    let runs: Vec<_> = engine.store.runs(None).await?.into_iter().take(RUNS_SCANNED_MAX).collect();
-    Ok(engine.wave_views(&runs).await?)
-}
-
 /// `baton wave list`: waves, newest first.
 pub(crate) async fn list(place: &Place, json: bool) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place).await?;
-    let all = waves(&engine).await?;
+    let all = waves::all(place).await?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&all)?)?;
         return Ok(ExitCode::SUCCESS);
@@ -447,8 +260,7 @@ pub(crate) async fn list(place: &Place, json: bool) -> anyhow::Result<ExitCode> 
 /// `baton wave summary`: the orchestration state — waves under way and ended, their
 /// assignments counted by outcome, and what they spent.
 pub(crate) async fn summary(place: &Place, json: bool) -> anyhow::Result<ExitCode> {
-    let engine = action_engine(place).await?;
-    let all = waves(&engine).await?;
+    let all = waves::all(place).await?;
     let summary = wave_actions::summarize(&all);
     if json {
         outln!("{}", serde_json::to_string_pretty(&summary)?)?;

@@ -23,9 +23,9 @@ mod limits;
 mod out;
 mod timeline;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
+use baton_app::Place;
 use clap::Parser as _;
 
 use crate::args::{
@@ -68,29 +68,19 @@ fn main() -> ExitCode {
         }
     }
     let cli = Cli::parse();
-    let postgres =
-        cli.db.to_str().filter(|db| baton_app::place::is_postgres_url(db)).map(str::to_owned);
-    let db = match (&postgres, &cli.data_dir) {
-        (Some(_), data) => data.clone().unwrap_or_else(|| PathBuf::from(".baton")).join("baton.db"),
-        (None, None) => cli.db.clone(),
-        (None, Some(_)) => {
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!(
-                    "error: --data-dir is for a PostgreSQL --db; a SQLite database keeps workspaces and snapshots in its own directory (move --db instead)"
-                );
-            }
-            return ExitCode::from(2);
+    let scenarios = cli.scenarios.clone();
+    let (config, snapshots) = (cli.config.clone(), cli.snapshots.clone());
+    let data_dir = cli.data_dir.as_deref();
+    let Some(place) =
+        Place::of_database(&cli.db, data_dir, scenarios, config, snapshots, cli.no_jail)
+    else {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!(
+                "error: --data-dir is for a PostgreSQL --db; a SQLite database keeps workspaces and snapshots in its own directory (move --db instead)"
+            );
         }
-    };
-    let place = baton_app::place::Place {
-        db,
-        postgres,
-        hold_for: None,
-        scenarios: cli.scenarios.clone(),
-        config: cli.config.clone(),
-        snapshots: cli.snapshots.clone(),
-        no_jail: cli.no_jail,
+        return ExitCode::from(2);
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
@@ -133,34 +123,33 @@ fn main() -> ExitCode {
                         .map(|i| vec![i])
                         .map_err(|e| anyhow::anyhow!("--input-file: {e}"))
                 }
-                (None, None, Some(f)) => drive::input_lines(&f),
+                (None, None, Some(f)) => {
+                    baton_app::start::input_lines(&f).map_err(anyhow::Error::from)
+                }
                 (None, None, None) => Err(anyhow::anyhow!("give --input TEXT or --input-file F")),
             };
             inputs.and_then(|mut inputs| {
-                let input = inputs.remove(0);
-                runtime.block_on(drive::run(
-                    &place,
-                    drive::RunArgs {
-                        job: baton_engine::job::JobRequest { pin: scenario.or(pin), intent, kind },
-                        max_cost_usd,
-                        max_forecast_usd,
-                        settle_timeout_s,
-                        idempotency_key,
-                        tenant,
-                        input,
-                        meta,
-                        script,
-                        json,
-                        stream,
-                        queue,
-                        more_inputs: inputs,
-                        cassette,
-                        record,
-                        workspace,
-                        branch,
-                        given: None,
-                    },
-                ))
+                let request = baton_app::start::JobStart {
+                    job: baton_engine::job::JobRequest { pin: scenario.or(pin), intent, kind },
+                    input: inputs.remove(0),
+                    metadata: meta.into_iter().map(|(k, v)| (k, v.into())).collect(),
+                    max_cost_usd,
+                    idempotency_key,
+                    tenant,
+                };
+                let setup = baton_app::start::Setup {
+                    max_forecast_usd,
+                    settle_timeout_s,
+                    script,
+                    cassette,
+                    record,
+                    workspace,
+                    branch,
+                    given: None,
+                };
+                let args =
+                    drive::RunArgs { request, setup, json, stream, queue, more_inputs: inputs };
+                runtime.block_on(drive::run(&place, args))
             })
         }
         Command::Wave(w) => runtime.block_on(async {
@@ -175,17 +164,15 @@ fn main() -> ExitCode {
                     script,
                     json,
                 } => {
-                    let args = cmd_wave::PlanArgs {
+                    let settings = baton_app::waves::PlanSettings {
                         tasks,
                         worker,
                         max_parallel,
                         timeout_s,
                         max_assignments,
                         context,
-                        script,
-                        json,
                     };
-                    cmd_wave::plan(&place, args).await
+                    cmd_wave::plan(&place, settings, script, json).await
                 }
                 WaveCommand::Dispatch { wave, assignment, task, worker_run, by, json } => {
                     cmd_wave::dispatch(&place, &wave, (assignment, task), worker_run, by, json)
@@ -201,16 +188,15 @@ fn main() -> ExitCode {
                     by,
                     json,
                 } => {
-                    let args = cmd_wave::RecordArgs {
+                    let record = baton_app::waves::Record {
                         assignment,
                         task,
                         outcome,
                         summary,
                         blockers,
                         by,
-                        json,
                     };
-                    cmd_wave::record(&place, &wave, args).await
+                    cmd_wave::record(&place, &wave, record, json).await
                 }
                 WaveCommand::Decide { wave, json } => cmd_wave::decide(&place, &wave, json).await,
                 WaveCommand::Complete { wave, by, json } => {
@@ -413,7 +399,8 @@ fn main() -> ExitCode {
             .block_on(cmd_run::approve(
                 &place,
                 &run,
-                cmd_run::Decision { request, reject, comment, by, data, script, no_resume },
+                baton_app::runs::Decision { request, reject, comment, by, data },
+                cmd_run::Then { script, no_resume },
             )),
         Command::Answer { run, answer, script, no_resume } => {
             runtime.block_on(cmd_run::answer(&place, &run, &answer, script.as_deref(), no_resume))
