@@ -121,9 +121,24 @@ pub fn engine_trusting(
     )
 }
 
-/// The configuration's `[selection]` and `[jobs]` settings: the file's when there is one
-/// (a file that does not load is an error, never skipped), the defaults otherwise.
-pub fn job_settings(place: &Place) -> anyhow::Result<(Selection, Option<f64>, Option<u32>)> {
+/// How jobs start, from the configuration's `[selection]`, `[jobs]` and `[waves]`.
+#[derive(Clone, Debug)]
+pub struct JobSettings {
+    pub selection: Selection,
+    /// How long the end of a parent waits for its cancelled children, as configured.
+    pub settle_timeout_s: Option<f64>,
+    /// Most workers of a wave at once, for waves that set none, as configured.
+    pub max_parallel: Option<u32>,
+    /// How long a job's idempotency key names its run.
+    pub key_hold: chrono::Duration,
+}
+
+/// How long an idempotency key names its run when the configuration says nothing: a day.
+pub const KEY_HOLD_DEFAULT_S: u64 = 86_400;
+
+/// The configuration's job settings: the file's when there is one (a file that does not
+/// load is an error, never skipped), the defaults otherwise.
+pub fn job_settings(place: &Place) -> anyhow::Result<JobSettings> {
     let config = match config_file(place.config.as_deref()) {
         Some(path) => Config::from_file(&path)?,
         None => Config::default(),
@@ -136,9 +151,16 @@ pub fn job_settings(place: &Place) -> anyhow::Result<(Selection, Option<f64>, Op
         classifier: s.classifier.unwrap_or(d.classifier),
         classify_kinds: s.classify_kinds.unwrap_or(d.classify_kinds),
     };
-    // Checked when the file was read: 1 through 10.
-    let parallel = config.waves.max_parallel.and_then(|n| u32::try_from(n).ok());
-    Ok((selection, config.jobs.settle_timeout_s, parallel))
+    // Both checked when the file was read: 1 through 10, and at most thirty days.
+    let max_parallel = config.waves.max_parallel.and_then(|n| u32::try_from(n).ok());
+    let hold_s = config.jobs.idempotency_hold_s.unwrap_or(KEY_HOLD_DEFAULT_S);
+    let key_hold = chrono::Duration::seconds(i64::try_from(hold_s).unwrap_or(i64::MAX / 1_000));
+    Ok(JobSettings {
+        selection,
+        settle_timeout_s: config.jobs.settle_timeout_s,
+        max_parallel,
+        key_hold,
+    })
 }
 
 /// How this command drives waves: `baton wave run` dispatches manual waves too, under an
@@ -157,15 +179,17 @@ pub fn jobs(
     settle_timeout_s: Option<f64>,
     waves: WaveDrive,
 ) -> anyhow::Result<Jobs> {
-    let (selection, configured, parallel) = job_settings(place)?;
-    let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s.or(configured))
-        .map_err(|e| anyhow::anyhow!("--settle-timeout-s: {e}"))?;
-    let settings = WaveSettings {
-        max_parallel: parallel.unwrap_or(WaveSettings::default().max_parallel),
+    let settings = job_settings(place)?;
+    let settle_timeout =
+        baton_engine::job::settle_timeout(settle_timeout_s.or(settings.settle_timeout_s))
+            .map_err(|e| anyhow::anyhow!("--settle-timeout-s: {e}"))?;
+    let wave_settings = WaveSettings {
+        max_parallel: settings.max_parallel.unwrap_or(WaveSettings::default().max_parallel),
         drive_max_parallel: waves.max_parallel,
         active: waves.active,
     };
-    Ok(Jobs::new(registry, selection, place.scenarios.clone(), settle_timeout).with_waves(settings))
+    Ok(Jobs::new(registry, settings.selection, place.scenarios.clone(), settle_timeout)
+        .with_waves(wave_settings))
 }
 
 /// [`jobs`] that reload the scenarios directory when its files change (a job may run for

@@ -12,9 +12,12 @@ pub enum Kind {
     Invalid,
     /// What the request is addressed to is not there (a run, for the caller).
     NotFound,
-    /// The request is well formed but refused as things stand: a key taken by another run
-    /// or body, a tenant's overrides that do not load, a decision already made.
+    /// The request is well formed but refused as things stand: a tenant's overrides that
+    /// do not load, a decision already made.
     Refused,
+    /// The request repeats an earlier one's idempotency key with another body: the key
+    /// names that request's run, and this one is not it.
+    KeyReused,
     /// This instance cannot do it here: no usable jail for a job that starts programs, no
     /// model for a job that calls one.
     Unavailable,
@@ -40,6 +43,7 @@ impl Kind {
             Kind::Invalid => (1, 400, "https://baton.dev/problems/invalid"),
             Kind::NotFound => (1, 404, "https://baton.dev/problems/not-found"),
             Kind::Refused => (1, 409, "https://baton.dev/problems/refused"),
+            Kind::KeyReused => (1, 422, "https://baton.dev/problems/key-reused"),
             Kind::Unavailable => (1, 409, "https://baton.dev/problems/unavailable"),
             Kind::Internal => (1, 500, "https://baton.dev/problems/internal"),
         };
@@ -125,8 +129,14 @@ mod tests {
 
     #[test]
     fn every_kind_has_its_own_problem_type() {
-        let kinds =
-            [Kind::Invalid, Kind::NotFound, Kind::Refused, Kind::Unavailable, Kind::Internal];
+        let kinds = [
+            Kind::Invalid,
+            Kind::NotFound,
+            Kind::Refused,
+            Kind::KeyReused,
+            Kind::Unavailable,
+            Kind::Internal,
+        ];
         let mut types: Vec<&str> = kinds.iter().map(|k| k.surfaces().problem_type).collect();
         types.sort_unstable();
         types.dedup();

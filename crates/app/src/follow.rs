@@ -202,7 +202,7 @@ mod tests {
             last_seq: 0,
             parent_run_id: None,
             root_run_id: None,
-            idempotency_key: None,
+            idempotency: None,
             tenant: None,
         };
         let seen = Arc::new(Mutex::new(Vec::new()));

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use baton_engine::Engine;
-use baton_engine::job::{Jobs, Selection};
+use baton_engine::job::Jobs;
 use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::redact::Redactor;
 use baton_engine::store::EventStore;
@@ -16,6 +16,7 @@ use baton_engine::wave_drive::WaveSettings;
 use baton_scenario::{Registry, RegistryHandle, Scenario};
 use baton_store::TokenStore;
 
+use crate::engines::JobSettings;
 use crate::error::Error;
 use crate::place::Place;
 
@@ -36,7 +37,8 @@ pub struct Baton {
     start: Result<(Arc<dyn ModelProvider>, Option<String>), String>,
     /// Models of other sources runs recorded, loaded once each.
     recorded: Mutex<HashMap<Option<String>, Arc<dyn ModelProvider>>>,
-    selection: Selection,
+    /// How jobs start: their selection, their keys' hold.
+    jobs: JobSettings,
     settle_timeout: std::time::Duration,
     waves: WaveSettings,
     redactor: Redactor,
@@ -88,8 +90,8 @@ impl Baton {
         };
         let warnings =
             if warnings.iter().next().is_some() { warnings.render() } else { String::new() };
-        let (selection, settle_timeout_s, parallel) = crate::engines::job_settings(place)?;
-        let settle_timeout = baton_engine::job::settle_timeout(settle_timeout_s)
+        let settings = crate::engines::job_settings(place)?;
+        let settle_timeout = baton_engine::job::settle_timeout(settings.settle_timeout_s)
             .map_err(|e| Error::invalid(format!("settle_timeout_s: {e}")))?;
         let start = crate::models::load_model(script, place.config.as_deref(), None)
             .map_err(|e| format!("{e:#}"));
@@ -101,10 +103,10 @@ impl Baton {
             place: place.clone(),
             start,
             recorded: Mutex::default(),
-            selection,
+            jobs: settings.clone(),
             settle_timeout,
             waves: WaveSettings {
-                max_parallel: parallel.unwrap_or(WaveSettings::default().max_parallel),
+                max_parallel: settings.max_parallel.unwrap_or(WaveSettings::default().max_parallel),
                 ..WaveSettings::default()
             },
             redactor: crate::engines::redactor(place),
@@ -157,7 +159,7 @@ impl Baton {
         let model = self.model(answers)?;
         let jobs = Jobs::new(
             Arc::clone(registry),
-            self.selection.clone(),
+            self.jobs.selection.clone(),
             self.place.scenarios.clone(),
             self.settle_timeout,
         )
@@ -211,9 +213,9 @@ impl Baton {
         }
     }
 
-    /// How jobs choose their scenario.
-    pub fn selection(&self) -> &Selection {
-        &self.selection
+    /// How jobs start: how they choose their scenario, how long their keys hold.
+    pub fn jobs(&self) -> &JobSettings {
+        &self.jobs
     }
 
     /// Replays the recorded job whose first run is `run_id` (answers from its log, its

@@ -17,11 +17,13 @@ use baton_engine::event::ScenarioSelected;
 use baton_engine::exec::Error as ExecError;
 use baton_engine::job::{JobRequest, Selection, Start};
 use baton_engine::model::{ModelProvider, ScriptedModel};
-use baton_engine::store::{Error as StoreError, EventStore};
+use baton_engine::store::{Error as StoreError, EventStore, KeyClaim};
 use baton_scenario::{Registry, Scenario};
 use serde_json::{Map, Value};
 
-use crate::engines::{WaveDrive, engine, job_settings, redactor, reloading_jobs, workspace_setup};
+use crate::engines::{
+    JobSettings, WaveDrive, engine, job_settings, redactor, reloading_jobs, workspace_setup,
+};
 use crate::error::Error;
 use crate::jail::jail;
 use crate::models::choose_model;
@@ -68,6 +70,20 @@ pub fn check(request: &JobStart) -> Result<(), Error> {
         if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
             return Err(Error::invalid(format!("{field} is empty; give a value or leave it out")));
         }
+    }
+    if let Some(pin) = &request.job.pin
+        && (pin.contains(['/', '\\']) || pin.contains(".."))
+    {
+        return Err(Error::invalid(format!(
+            "scenario {pin:?} is a path; name a scenario by its id (the `id:` its file declares)"
+        )));
+    }
+    let input_max = baton_engine::limits::INPUT_BYTES_MAX;
+    if request.input.len() as u64 > input_max {
+        return Err(Error::invalid(format!(
+            "the input is larger than {}, the most a job takes; make it smaller",
+            baton_scenario::capped::size(input_max)
+        )));
     }
     if let Some(usd) = request.max_cost_usd
         && (!usd.is_finite() || usd <= 0.0)
@@ -121,11 +137,53 @@ pub fn select(
         // A typed pin that names nothing is the request's error; a default that is not
         // among the scenarios is the configuration's.
         if strict && registry.get(explicit.pin.as_deref().unwrap_or_default()).is_none() {
-            Error::invalid(message)
+            Error::new(crate::error::Kind::NotFound, message)
         } else {
             Error::refused(message)
         }
     })
+}
+
+/// The claim a job's idempotency key makes, held for `hold` from now: scoped to the job's
+/// tenant and bound to a digest of what the job asks for (its selection, input, metadata
+/// and cost cap), so that the same key with another request is told apart.
+pub fn key_claim(request: &JobStart, hold: chrono::Duration) -> Option<KeyClaim> {
+    let key = request.idempotency_key.clone()?;
+    let asked = serde_json::json!({
+        "scenario": request.job.pin,
+        "intent": request.job.intent,
+        "kind": request.job.kind,
+        "input": request.input,
+        "metadata": request.metadata,
+        "max_cost_usd": request.max_cost_usd,
+    });
+    let request = baton_engine::chain::hex(&baton_engine::chain::json_digest(&asked));
+    Some(KeyClaim { key, request, expires_at: chrono::Utc::now() + hold })
+}
+
+/// The run a job's key names already, when the job (of `tenant`, making `claim`) repeats
+/// the request that claimed it; none when no run of its tenant holds the key. The same
+/// key with another request is refused, naming the first run.
+pub async fn key_holder(
+    store: &dyn EventStore,
+    tenant: Option<&str>,
+    claim: Option<&KeyClaim>,
+) -> Result<Option<String>, Error> {
+    let Some(claim) = claim else { return Ok(None) };
+    let holder = store.run_by_key(tenant, &claim.key).await.map_err(|e| {
+        Error::new(crate::error::Kind::Internal, format!("looking up an idempotency key: {e}"))
+    })?;
+    let Some(holder) = holder else { return Ok(None) };
+    match &holder.idempotency {
+        Some(held) if !held.matches(&claim.request) => Err(Error::new(
+            crate::error::Kind::KeyReused,
+            format!(
+                "idempotency key {:?} names run {}, started with another request; send that request again to get its run, or use a new key for a new job",
+                claim.key, holder.run_id
+            ),
+        )),
+        _ => Ok(Some(holder.run_id)),
+    }
 }
 
 /// Plans a job: checks the request, selects its scenario (or takes `given`, a standalone
@@ -134,11 +192,13 @@ pub fn select(
 pub fn plan(
     place: &Place,
     registry: &Registry,
-    selection: &Selection,
+    settings: &JobSettings,
     request: JobStart,
     given: Option<Arc<Scenario>>,
 ) -> Result<Planned, Error> {
     check(&request)?;
+    let idempotency = key_claim(&request, settings.key_hold);
+    let selection = &settings.selection;
     let mut warnings = Vec::new();
     let (scenario, selected) = match given {
         Some(scenario) => (scenario, None),
@@ -155,7 +215,7 @@ pub fn plan(
         model_source: None,
         selected: selected.clone(),
         tree_max_cost_usd: request.max_cost_usd,
-        idempotency_key: request.idempotency_key,
+        idempotency,
         tenant: request.tenant,
         ..Start::default()
     };
@@ -213,8 +273,8 @@ pub async fn plan_job(
         _ => registry(place)?,
     };
     let registry = Arc::new(registry);
-    let (selection, _, _) = job_settings(place)?;
-    let planned = plan(place, &registry, &selection, request, setup.given.take())?;
+    let settings = job_settings(place)?;
+    let planned = plan(place, &registry, &settings, request, setup.given.take())?;
     Ok((planned, registry))
 }
 
@@ -277,10 +337,9 @@ pub async fn ready(
         other => other?,
     };
     let store = open_store(place).await?;
-    if let Some(key) = &planned.start.idempotency_key
-        && let Some(existing) = store.run_by_key(key).await?
-    {
-        return Ok(Ready::Taken { store, run_id: existing.run_id });
+    let (tenant, claim) = (planned.start.tenant.as_deref(), planned.start.idempotency.as_ref());
+    if let Some(run_id) = key_holder(store.as_ref(), tenant, claim).await? {
+        return Ok(Ready::Taken { store, run_id });
     }
     let jobs = reloading_jobs(
         place,
@@ -319,22 +378,35 @@ pub async fn queue(
     run_id: &str,
     scenario: &Arc<Scenario>,
     first: Start,
-) -> Result<Queued, baton_engine::exec::Error> {
-    match engine.create_job(run_id, scenario, first).await {
-        Ok(()) => Ok(Queued::Created),
-        Err(ExecError::Store(StoreError::KeyTaken { run_id: taken, .. })) => {
-            Ok(Queued::Taken(taken))
+) -> anyhow::Result<Queued> {
+    let keyed = first.idempotency.is_some().then(|| first.clone());
+    match (engine.create_job(run_id, scenario, first).await, keyed) {
+        (Ok(()), _) => Ok(Queued::Created),
+        (Err(e), Some(start)) => {
+            Ok(Queued::Taken(taken_meanwhile(e.into(), engine.store.as_ref(), &start).await?))
         }
-        Err(e) => Err(e),
+        (Err(e), None) => Err(e.into()),
     }
 }
 
-/// The run that took an idempotency key, when `e` is a start refused for that (another
-/// process started a job with the key between the look and the start).
-pub fn key_taken_by(e: &anyhow::Error) -> Option<String> {
-    match e.downcast_ref::<ExecError>() {
-        Some(ExecError::Store(StoreError::KeyTaken { run_id, .. })) => Some(run_id.clone()),
-        _ => None,
+/// When `e` refused a start because its key was taken meanwhile (another process started a
+/// job with it between [`key_holder`]'s look and the start): the run the key names, under
+/// the same rules. Any other error is returned as it is.
+pub async fn taken_meanwhile(
+    e: anyhow::Error,
+    store: &dyn EventStore,
+    start: &Start,
+) -> anyhow::Result<String> {
+    let taken = match e.downcast_ref::<ExecError>() {
+        Some(ExecError::Store(StoreError::KeyTaken { .. })) => true,
+        _ => matches!(e.downcast_ref::<StoreError>(), Some(StoreError::KeyTaken { .. })),
+    };
+    if !taken {
+        return Err(e);
+    }
+    match key_holder(store, start.tenant.as_deref(), start.idempotency.as_ref()).await? {
+        Some(run_id) => Ok(run_id),
+        None => Err(e),
     }
 }
 
@@ -411,6 +483,12 @@ fn check_writable_file(path: &Path) -> Result<(), String> {
 const INPUT_LINES_MAX: usize = 100_000;
 
 /// The inputs of `--input-lines`: each non-empty line of the file, at least one.
+/// A job's input read from a file (`--input-file`), no larger than a job takes.
+pub fn input_file(path: &Path) -> Result<String, Error> {
+    baton_scenario::capped::read_text(path, baton_engine::limits::INPUT_BYTES_MAX)
+        .map_err(|e| Error::invalid(format!("--input-file: {e}")))
+}
+
 pub fn input_lines(path: &Path) -> Result<Vec<String>, Error> {
     let bytes_max = 64 * 1024 * 1024;
     let text = baton_scenario::capped::read_text(path, bytes_max)

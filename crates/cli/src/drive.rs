@@ -58,7 +58,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     let RunArgs { request, mut setup, json, .. } = args;
     // The job's rules (the pin policy, the jail over every scenario it can reach) are the
     // application layer's; its warnings are said before anything else can fail.
-    let key = request.idempotency_key.clone();
+    let key = request.idempotency_key.clone().unwrap_or_default();
     let (planned, registry) = baton_app::start::plan_job(place, request, &mut setup).await?;
     for warning in &planned.warnings {
         eprintln!("baton: warning: {}", escape::one_line(warning));
@@ -68,7 +68,7 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         match baton_app::start::ready(place, planned, &registry, setup).await? {
             Ready::New { engine, first } => (engine, first),
             Ready::Taken { store, run_id } => {
-                return existing_run(place, store, &run_id, &key.unwrap_or_default(), json).await;
+                return existing_run(place, store, &run_id, &key, json).await;
             }
         };
     if args.stream {
@@ -87,15 +87,15 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
         return Ok(code);
     }
     let follow = vec![Followed::new(&run_id, 0, 0)];
-    match drive(&engine, &run_id, &scenario, json, follow, Driving::Start(first)).await {
+    let keyed = first.idempotency.is_some().then(|| (*first).clone());
+    match (drive(&engine, &run_id, &scenario, json, follow, Driving::Start(first)).await, keyed) {
         // Another process started a job with this key between the look above and here.
-        Err(e) => match (baton_app::start::key_taken_by(&e), key) {
-            (Some(run_id), Some(key)) => {
-                existing_run(place, Arc::clone(&engine.store), &run_id, &key, json).await
-            }
-            _ => Err(e),
-        },
-        done => done,
+        (Err(e), Some(start)) => {
+            let store = Arc::clone(&engine.store);
+            let run_id = baton_app::start::taken_meanwhile(e, store.as_ref(), &start).await?;
+            existing_run(place, store, &run_id, &key, json).await
+        }
+        (done, _) => done,
     }
 }
 
@@ -109,7 +109,7 @@ async fn queue(
     first: baton_engine::job::Start,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let key = first.idempotency_key.clone().unwrap_or_default();
+    let key = first.idempotency.as_ref().map(|c| c.key.clone()).unwrap_or_default();
     if let baton_app::start::Queued::Taken(taken) =
         baton_app::start::queue(engine, run_id, scenario, first).await?
     {

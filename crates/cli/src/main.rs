@@ -119,9 +119,7 @@ fn main() -> ExitCode {
             let inputs = match (input, input_file, input_lines) {
                 (Some(i), _, _) => Ok(vec![i]),
                 (None, Some(f), _) => {
-                    baton_scenario::capped::read_text(&f, baton_engine::limits::INPUT_BYTES_MAX)
-                        .map(|i| vec![i])
-                        .map_err(|e| anyhow::anyhow!("--input-file: {e}"))
+                    baton_app::start::input_file(&f).map(|i| vec![i]).map_err(anyhow::Error::from)
                 }
                 (None, None, Some(f)) => {
                     baton_app::start::input_lines(&f).map_err(anyhow::Error::from)

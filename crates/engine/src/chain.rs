@@ -184,6 +184,14 @@ pub fn canonical_json(value: &Value, out: &mut impl Write) {
     }
 }
 
+/// The sha256 of a JSON value's canonical form: equal values have equal digests, whatever
+/// the order of their keys.
+pub fn json_digest(value: &Value) -> Hash {
+    let mut h = Hasher(Sha256::new());
+    canonical_json(value, &mut h);
+    h.0.finalize().into()
+}
+
 /// Lower-case hex of a hash.
 pub fn hex(hash: &Hash) -> String {
     use std::fmt::Write as _;

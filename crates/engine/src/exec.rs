@@ -380,7 +380,7 @@ impl Engine {
             last_seq: 0,
             parent_run_id: start.parent.as_ref().map(|p| p.parent_run_id.clone()),
             root_run_id: start.parent.as_ref().map(|p| p.root_run_id.clone()),
-            idempotency_key: start.idempotency_key.clone(),
+            idempotency: start.idempotency.clone(),
             tenant: start.tenant.clone(),
         };
         let budget =

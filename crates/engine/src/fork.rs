@@ -169,7 +169,7 @@ impl Engine {
             last_seq: 0,
             parent_run_id: None,
             root_run_id: None,
-            idempotency_key: None,
+            idempotency: None,
             tenant: fork_state.tenant.clone(),
         };
         self.store.create_run(&record, copied).await?;

@@ -378,7 +378,7 @@ impl Engine {
                         link: c.link.clone(),
                         depth: c.depth,
                     }),
-                    idempotency_key: None,
+                    idempotency: None,
                     tenant: parent.tenant.clone(),
                     parent_seq: (child.started_seq > 0).then_some(child.started_seq),
                     replay: None,

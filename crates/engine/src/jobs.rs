@@ -370,8 +370,9 @@ pub struct Start {
     pub budget: Option<BudgetCaps>,
     /// For a child: where it hangs.
     pub parent: Option<ParentLink>,
-    /// The job's idempotency key: a second job with it gets the first's run instead.
-    pub idempotency_key: Option<String>,
+    /// The job's idempotency key, as its first run claims it: a second job of the tenant
+    /// with it (and the same request) gets this run instead, until the claim expires.
+    pub idempotency: Option<crate::store::KeyClaim>,
     /// The tenant whose overrides the scenarios were merged with (a child's is its
     /// parent's).
     pub tenant: Option<String>,

@@ -382,8 +382,10 @@ fn route(scenario: &Scenario, state: &RunState, source: &str) -> Step {
     let Some(index) = scenario.level_index(source) else {
         return finish(state, FinalStatus::Failed, Some(format!("unknown_level:{source}")));
     };
+    // A level that failed (its model call, its tools) ends the run failed — or, for a job
+    // the classifier routes, goes on in the fallback with the failure recorded.
     if let Some(error) = state.level(source).and_then(|l| l.error.clone()) {
-        return finish(state, FinalStatus::Failed, Some(error));
+        return end_or_chain(state, FinalStatus::Failed, Some(error));
     }
     let ctx = GateContext::new(state, source);
     let mut edges = scenario.edges_from(index).peekable();

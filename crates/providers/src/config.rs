@@ -174,6 +174,10 @@ pub struct JobsConfig {
     /// seconds (default 15, at most 120).
     #[serde(default)]
     pub settle_timeout_s: Option<f64>,
+    /// How long a job's idempotency key names its run, in seconds (default 86 400, a day;
+    /// from 60 through 2 592 000, thirty days). After it, a start with the key is a new job.
+    #[serde(default)]
+    pub idempotency_hold_s: Option<u64>,
 }
 
 /// Waves (`[waves]`).
@@ -305,6 +309,13 @@ impl Config {
         {
             return Err(format!(
                 "[jobs] settle_timeout_s must be more than 0 and at most 120 seconds, not {s}"
+            ));
+        }
+        if let Some(s) = self.jobs.idempotency_hold_s
+            && !(60..=2_592_000).contains(&s)
+        {
+            return Err(format!(
+                "[jobs] idempotency_hold_s must be from 60 through 2592000 seconds (thirty days), not {s}"
             ));
         }
         for (key, value) in [

@@ -198,8 +198,12 @@ impl EventStore for Notifying {
         self.inner.remove_tenant_override(tenant, scenario_id)
     }
 
-    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
-        self.inner.run_by_key(key)
+    fn run_by_key<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        self.inner.run_by_key(tenant, key)
     }
 
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {

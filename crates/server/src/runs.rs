@@ -140,7 +140,7 @@ async fn view(app: &App, record: RunRecord) -> Result<RunView, Problem> {
         tenant: record.tenant,
         parent_run_id: record.parent_run_id,
         root_run_id: record.root_run_id,
-        idempotency_key: record.idempotency_key,
+        idempotency_key: record.idempotency.map(|c| c.key),
         created_at: record.created_at,
         updated_at: record.updated_at,
         last_seq: record.last_seq,
@@ -209,20 +209,17 @@ pub(crate) async fn start(
         tenant: caller.tenant.clone(),
     };
     baton_app::start::check(&request)?;
-    if let Some(key) = &request.idempotency_key
-        && let Some(existing) = app.store.run_by_key(key).await?
+    let claim = baton_app::start::key_claim(&request, app.baton.jobs().key_hold);
+    let tenant = caller.tenant.as_deref();
+    if let Some(run_id) =
+        baton_app::start::key_holder(app.store.as_ref(), tenant, claim.as_ref()).await?
     {
-        return existing_run(caller, existing, key);
+        return existing_run(app, caller, &run_id).await;
     }
     app.starts.take(caller.tenant.as_deref().unwrap_or("local"))?;
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
-    let planned = baton_app::start::plan(
-        app.baton.place(),
-        &registry,
-        app.baton.selection(),
-        request,
-        given,
-    )?;
+    let planned =
+        baton_app::start::plan(app.baton.place(), &registry, app.baton.jobs(), request, given)?;
     let (scenario, selected) = (planned.scenario, planned.selected);
     for warning in &planned.warnings {
         app.warn(warning);
@@ -250,13 +247,16 @@ pub(crate) async fn start(
         Ok(()) => {}
         // Another start with this key got in between the look above and here.
         Err(baton_engine::exec::Error::Store(baton_engine::store::Error::KeyTaken {
-            run_id: first,
-            key,
+            key, ..
         })) => {
-            let Some(existing) = app.store.run(&first).await? else {
-                return Err(Problem::conflict(format!("idempotency key {key:?} is taken")));
+            let holder =
+                baton_app::start::key_holder(app.store.as_ref(), tenant, claim.as_ref()).await?;
+            let Some(run_id) = holder else {
+                return Err(Problem::conflict(format!(
+                    "idempotency key {key:?} was taken and let go while this job started; send the request again"
+                )));
             };
-            return existing_run(caller, existing, &key);
+            return existing_run(app, caller, &run_id).await;
         }
         Err(e) => return Err(e.into()),
     }
@@ -264,14 +264,16 @@ pub(crate) async fn start(
     Ok((true, started))
 }
 
-fn existing_run(
+/// The run an idempotency key named for this caller's tenant: answered as existing.
+async fn existing_run(
+    app: &Arc<App>,
     caller: &Caller,
-    existing: RunRecord,
-    key: &str,
+    run_id: &str,
 ) -> Result<(bool, Started), Problem> {
-    if !caller.sees(existing.tenant.as_deref()) {
-        return Err(Problem::conflict(format!("idempotency key {key:?} is taken; choose another")));
-    }
+    let existing = app.store.run(run_id).await?;
+    let Some(existing) = existing.filter(|r| caller.sees(r.tenant.as_deref())) else {
+        return Err(Problem::not_found(format!("run {run_id} is gone")));
+    };
     Ok((
         false,
         Started {

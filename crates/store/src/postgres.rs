@@ -84,7 +84,7 @@ pub const DEFAULT_HOLD_FOR: Duration = Duration::from_secs(30);
 /// The advisory lock that serialises migrations between processes.
 const MIGRATION_LOCK: i64 = 0x6261_746f_6e00_0001;
 
-const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant";
+const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us";
 
 /// A PostgreSQL database holding runs, events, scenario versions, overrides and tokens.
 pub struct PostgresStore {
@@ -682,8 +682,12 @@ fn to_record(r: &Row) -> Result<(RunRecord, Option<Hash>), Error> {
                     .map_err(|_| format!("column `last_seq` holds {last_seq}, not a count"))?,
                 parent_run_id: r.try_get(7).map_err(col)?,
                 root_run_id: r.try_get(8).map_err(col)?,
-                idempotency_key: r.try_get(9).map_err(col)?,
                 tenant: r.try_get(10).map_err(col)?,
+                idempotency: crate::stored::key_claim(
+                    r.try_get(9).map_err(col)?,
+                    r.try_get(11).map_err(col)?,
+                    r.try_get(12).map_err(col)?,
+                )?,
             },
             head.as_deref().and_then(chain::from_bytes),
         ))
@@ -729,8 +733,8 @@ async fn create(
             "WITH held AS (
                SELECT 1 FROM holds WHERE run_id = $1 AND holder = $20 AND epoch = $21 FOR SHARE
              ), run AS (
-               INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant)
-               SELECT $1, $14, $11, $15, $12, $10, $13, $16, $17, $18, $19
+               INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us)
+               SELECT $1, $14, $11, $15, $12, $10, $13, $16, $17, $18, $19, $22, $23
                 WHERE $20::text IS NULL OR EXISTS (SELECT 1 FROM held)
                RETURNING run_id
              ), inserted AS ({BATCH_INSERT} WHERE EXISTS (SELECT 1 FROM run))
@@ -746,15 +750,20 @@ async fn create(
     params[11] = &updated;
     let created = micros(run.created_at);
     let (holder, epoch) = fence.map_or((None, None), |(h, e)| (Some(h), Some(e)));
+    let claim = run.idempotency.as_ref();
+    let (key, request) = (claim.map(|c| &c.key), claim.map(|c| &c.request));
+    let expires = claim.map(|c| micros(c.expires_at));
     params.extend_from_slice(&[
         &run.scenario_id,
         &created,
         &run.parent_run_id,
         &run.root_run_id,
-        &run.idempotency_key,
+        &key,
         &run.tenant,
         &holder,
         &epoch,
+        &request,
+        &expires,
     ]);
     match c.query(&stmt, &params).await {
         Ok(rows) if rows.is_empty() => Err(Error::Fenced(run.run_id.clone())),
@@ -762,7 +771,7 @@ async fn create(
         Err(e) => Err(match unique_violation(&e).as_deref() {
             Some("runs_pkey") => Error::Exists(run.run_id.clone()),
             Some("runs_by_idempotency_key") => Error::KeyTaken {
-                key: run.idempotency_key.clone().unwrap_or_default(),
+                key: run.idempotency.as_ref().map(|c| c.key.clone()).unwrap_or_default(),
                 run_id: "another run".to_owned(),
             },
             _ => pg(e),
@@ -910,7 +919,7 @@ async fn load_checked(
     let (record, head) = to_record(first)?;
     let damaged =
         |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
-    const E: usize = 11;
+    const E: usize = 13;
     let seq_of = |r: &Row| r.try_get::<_, Option<i64>>(E).map_err(pg);
     let mut rest = &rows[..];
     if seq_of(first)?.is_none() {
@@ -1061,10 +1070,22 @@ impl EventStore for PostgresStore {
         Box::pin(async move {
             let epoch = self.epoch_of(&run.run_id);
             let pending = lock(&self.held).get(&run.run_id).is_some_and(|h| h.pending);
+            if let Some(claim) = &run.idempotency {
+                // A run whose claim expired lets the key go (a claim made after this, by
+                // anyone, is decided by the key's unique index).
+                let c = self.client().await?;
+                let release = "UPDATE runs SET idempotency_key = NULL, key_request = NULL, key_expires_us = NULL
+                    WHERE COALESCE(tenant, '') = COALESCE($1, '') AND idempotency_key = $2
+                      AND key_expires_us <= $3";
+                let now = micros(Utc::now());
+                c.execute(release, &[&run.tenant, &claim.key, &now]).await.map_err(pg)?;
+            }
             // A run this process holds is created in a group with other runs' appends (one
             // statement, which takes a new run's hold too); the slow path when that misses
-            // says what is wrong (the id or key taken, the hold lost).
+            // says what is wrong (the id taken, the hold lost). A run with an idempotency
+            // key takes the slow path, which names the run holding the key.
             if let Some(epoch) = epoch
+                && run.idempotency.is_none()
                 && check_numbering(&events, 1).is_ok()
             {
                 let batch = Batch::new(&events, Verified { last_seq: 0, head: GENESIS });
@@ -1084,7 +1105,6 @@ impl EventStore for PostgresStore {
                         },
                         parent_run_id: run.parent_run_id.clone(),
                         root_run_id: run.root_run_id.clone(),
-                        idempotency_key: run.idempotency_key.clone(),
                         tenant: run.tenant.clone(),
                         take_hold: pending,
                     }),
@@ -1114,8 +1134,8 @@ impl EventStore for PostgresStore {
                     Ok(())
                 }
                 Err(Error::KeyTaken { key, .. }) => {
-                    // Another process took the key at the same moment: name its run.
-                    let owner = self.run_by_key(&key).await?;
+                    // Another process holds the key: name its run.
+                    let owner = self.run_by_key(run.tenant.as_deref(), &key).await?;
                     Err(Error::KeyTaken {
                         key,
                         run_id: owner.map_or_else(|| "another run".to_owned(), |r| r.run_id),
@@ -1195,10 +1215,19 @@ impl EventStore for PostgresStore {
         })
     }
 
-    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+    fn run_by_key<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move {
-            let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = $1");
-            Ok(self.run_rows(&sql, &[&key]).await?.into_iter().next())
+            let sql = format!(
+                "SELECT {RUN_COLUMNS} FROM runs
+                  WHERE COALESCE(tenant, '') = COALESCE($1, '') AND idempotency_key = $2
+                    AND key_expires_us > $3"
+            );
+            let now = micros(Utc::now());
+            Ok(self.run_rows(&sql, &[&tenant, &key, &now]).await?.into_iter().next())
         })
     }
 

@@ -102,6 +102,7 @@ enum Request {
         reply: Reply<Vec<Option<RunRecord>>>,
     },
     RunByKey {
+        tenant: Option<String>,
         key: String,
         reply: Reply<Option<RunRecord>>,
     },
@@ -161,7 +162,7 @@ enum LeaseOp {
 }
 
 enum LeaseAnswer {
-    Claimed(Option<RunRecord>),
+    Claimed(Option<Box<RunRecord>>),
     Renewed(bool),
     Released,
 }
@@ -897,14 +898,24 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Failure> {
     if exists.is_some() {
         return Err(refused(Error::Exists(run.run_id.clone())));
     }
-    if let Some(key) = &run.idempotency_key
-        && let Some(owner) = run_by_key(conn, key).map_err(refused)?
-    {
-        return Err(refused(Error::KeyTaken { key: key.clone(), run_id: owner.run_id }));
+    let claim = run.idempotency.as_ref();
+    if let Some(claim) = claim {
+        let tenant = run.tenant.as_deref();
+        if let Some(owner) = run_by_key(conn, tenant, &claim.key).map_err(refused)? {
+            return Err(refused(Error::KeyTaken { key: claim.key.clone(), run_id: owner.run_id }));
+        }
+        // A run whose claim expired lets the key go.
+        cached_exec(
+            conn,
+            "UPDATE runs SET idempotency_key = NULL, key_request = NULL, key_expires_us = NULL
+              WHERE COALESCE(tenant, '') = COALESCE(?1, '') AND idempotency_key = ?2",
+            params![tenant, claim.key],
+        )
+        .map_err(|e| Failure::Broken(backend(e)))?;
     }
     cached_exec(conn,
-        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10)",
-        params![run.run_id, run.scenario_id, run.status, run.created_at.timestamp_micros(), run.updated_at.timestamp_micros(), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, run.idempotency_key, run.tenant],
+        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        params![run.run_id, run.scenario_id, run.status, run.created_at.timestamp_micros(), run.updated_at.timestamp_micros(), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, claim.map(|c| &c.key), run.tenant, claim.map(|c| &c.request), claim.map(|c| c.expires_at.timestamp_micros())],
     )
     .map_err(|e| Failure::Broken(backend(e)))?;
     Ok(())
@@ -927,7 +938,7 @@ fn lease(conn: &Connection, op: LeaseOp) -> Result<LeaseAnswer, Error> {
                 )
                 .optional()
                 .map_err(backend)?;
-            Ok(LeaseAnswer::Claimed(row.transpose()?.map(|(r, _)| r)))
+            Ok(LeaseAnswer::Claimed(row.transpose()?.map(|(r, _)| Box::new(r))))
         }
         LeaseOp::Renew { run_id, worker, now, until } => {
             let n = conn
@@ -963,8 +974,8 @@ fn read(conn: &Connection, dicts: &mut Dicts, r: Request) {
         Request::RunsNamed { ids, reply } => {
             let _ = reply.send(ids.iter().map(|id| run(conn, id)).collect());
         }
-        Request::RunByKey { key, reply } => {
-            let _ = reply.send(run_by_key(conn, &key));
+        Request::RunByKey { tenant, key, reply } => {
+            let _ = reply.send(run_by_key(conn, tenant.as_deref(), &key));
         }
         // Each a single statement, committed on its own.
         Request::PutOverride { o, reply } => {
@@ -1117,11 +1128,20 @@ fn overrides(conn: &Connection, tenant: Option<&str>) -> Result<Vec<TenantOverri
     Ok(out)
 }
 
-fn run_by_key(conn: &Connection, key: &str) -> Result<Option<RunRecord>, Error> {
+/// The run of `tenant` holding `key` unexpired.
+fn run_by_key(
+    conn: &Connection,
+    tenant: Option<&str>,
+    key: &str,
+) -> Result<Option<RunRecord>, Error> {
     cached_row(
         conn,
-        &format!("SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = ?1"),
-        [key],
+        &format!(
+            "SELECT {RUN_COLUMNS} FROM runs
+              WHERE COALESCE(tenant, '') = COALESCE(?1, '') AND idempotency_key = ?2
+                AND key_expires_us > ?3"
+        ),
+        params![tenant, key, Utc::now().timestamp_micros()],
         to_record,
     )
     .optional()
@@ -1296,8 +1316,13 @@ impl EventStore for SqliteStore {
         Box::pin(self.read(|reply| Request::Run { run_id: run_id.to_owned(), reply }))
     }
 
-    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
-        Box::pin(self.read(|reply| Request::RunByKey { key: key.to_owned(), reply }))
+    fn run_by_key<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+        let (tenant, key) = (tenant.map(str::to_owned), key.to_owned());
+        Box::pin(self.read(move |reply| Request::RunByKey { tenant, key, reply }))
     }
 
     fn runs_named<'a>(
@@ -1369,7 +1394,7 @@ impl EventStore for SqliteStore {
                 until: until.timestamp_micros(),
             };
             match self.ask(move |reply| Request::Lease(op, reply)).await? {
-                LeaseAnswer::Claimed(run) => Ok(run),
+                LeaseAnswer::Claimed(run) => Ok(run.map(|r| *r)),
                 _ => Err(Error::Backend("unexpected answer to a claim".to_owned())),
             }
         })

@@ -82,8 +82,12 @@ pub(crate) fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Opti
                     .map_err(|_| format!("column `last_seq` holds {last_seq}, not a count"))?,
                 parent_run_id: named(r, 7, "parent_run_id", "text or null")?,
                 root_run_id: named(r, 8, "root_run_id", "text or null")?,
-                idempotency_key: named(r, 9, "idempotency_key", "text or null")?,
                 tenant: named(r, 10, "tenant", "text or null")?,
+                idempotency: crate::stored::key_claim(
+                    named(r, 9, "idempotency_key", "text or null")?,
+                    named(r, 11, "key_request", "text or null")?,
+                    named(r, 12, "key_expires_us", "an integer or null")?,
+                )?,
             },
             head.as_deref().and_then(chain::from_bytes),
         ))
@@ -97,7 +101,7 @@ fn micros(us: i64, column: &str) -> Result<DateTime<Utc>, String> {
         .ok_or_else(|| format!("column `{column}` holds {us}, not a time"))
 }
 
-pub(crate) const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant";
+pub(crate) const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us";
 
 /// A run's record, its head hash and its integer key, for a load.
 pub(crate) fn run_for_load(
@@ -108,7 +112,7 @@ pub(crate) fn run_for_load(
         conn,
         &format!("SELECT {RUN_COLUMNS}, rk FROM runs WHERE run_id = ?1"),
         [run_id],
-        |r| Ok(to_record(r)?.map(|(record, head)| (record, head, r.get::<_, i64>(11).unwrap_or(0)))),
+        |r| Ok(to_record(r)?.map(|(record, head)| (record, head, r.get::<_, i64>(13).unwrap_or(0)))),
     )
     .optional()
     .map_err(backend)?

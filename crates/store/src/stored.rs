@@ -1,10 +1,29 @@
-//! What both stores do with an event's columns once read: check it against the run's hash
-//! chain and decode it, naming the run and the event when it cannot be.
+//! What both stores do with columns once read: check an event against the run's hash chain
+//! and decode it, naming the run and the event when it cannot be; make a run's idempotency
+//! claim of its three columns.
 
 use baton_engine::chain::{self, Check, Fields};
 use baton_engine::event::{Event, EventData};
 use baton_engine::store::Error;
 use chrono::DateTime;
+
+/// A run's idempotency claim from its `idempotency_key`, `key_request` and `key_expires_us`
+/// columns: none without a key; a key needs its expiry.
+pub(crate) fn key_claim(
+    key: Option<String>,
+    request: Option<String>,
+    expires_us: Option<i64>,
+) -> Result<Option<baton_engine::store::KeyClaim>, String> {
+    let Some(key) = key else { return Ok(None) };
+    let us = expires_us.ok_or("the idempotency key has no expiry (column `key_expires_us`)")?;
+    let expires_at = DateTime::from_timestamp_micros(us)
+        .ok_or_else(|| format!("column `key_expires_us` holds {us}, not a time"))?;
+    Ok(Some(baton_engine::store::KeyClaim {
+        key,
+        request: request.unwrap_or_default(),
+        expires_at,
+    }))
+}
 
 /// One stored event's columns, as read.
 pub(crate) struct Columns<'a> {

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use baton_engine::event::{Event, EventData, NewEvent, Warning};
-use baton_engine::store::{Error, EventStore, RunRecord, conformance};
+use baton_engine::store::{Error, EventStore, KeyClaim, RunRecord, conformance};
 use baton_store::postgres::{PostgresStore, ScratchSchema};
 
 fn base() -> String {
@@ -121,7 +121,7 @@ fn record(id: &str) -> RunRecord {
         last_seq: 0,
         parent_run_id: None,
         root_run_id: None,
-        idempotency_key: None,
+        idempotency: None,
         tenant: None,
     }
 }
@@ -498,8 +498,14 @@ async fn held_runs_are_created_in_groups_and_a_taken_key_is_named() {
     let schema = scratch("groupnew").await;
     let store = std::sync::Arc::new(PostgresStore::connect(&schema.url).await.unwrap());
     let other = PostgresStore::connect(&schema.url).await.unwrap();
-    let keyed =
-        |id: &str, key: &str| RunRecord { idempotency_key: Some(key.to_owned()), ..record(id) };
+    let keyed = |id: &str, key: &str| RunRecord {
+        idempotency: Some(KeyClaim {
+            key: key.to_owned(),
+            request: "r".to_owned(),
+            expires_at: chrono::Utc::now() + chrono::Duration::days(1),
+        }),
+        ..record(id)
+    };
     let first = store.hold("k1").await.unwrap();
     store.create_run(&keyed("k1", "job-7"), warnings(1, 2)).await.unwrap();
     // Twenty creations at once: a few statements.

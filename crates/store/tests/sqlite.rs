@@ -6,7 +6,7 @@
 
 use baton_engine::chain;
 use baton_engine::event::{Event, EventData, NewEvent, Warning};
-use baton_engine::store::{EventStore, RunRecord, conformance};
+use baton_engine::store::{EventStore, KeyClaim, RunRecord, conformance};
 use baton_store::SqliteStore;
 
 #[tokio::test]
@@ -141,7 +141,7 @@ fn record(id: &str) -> RunRecord {
         last_seq: 0,
         parent_run_id: None,
         root_run_id: None,
-        idempotency_key: None,
+        idempotency: None,
         tenant: None,
     }
 }
@@ -278,14 +278,51 @@ async fn migration_0005_opens_a_database_from_before_run_trees() {
     let store = SqliteStore::open(&db).unwrap();
     let old = store.run("old").await.unwrap().unwrap();
     assert_eq!(
-        (old.parent_run_id, old.root_run_id, old.idempotency_key, old.tenant),
+        (old.parent_run_id, old.root_run_id, old.idempotency, old.tenant),
         (None, None, None, None)
     );
     assert_eq!(store.load("old", 0).await.unwrap().len(), 2);
     let mut keyed = record("new");
-    keyed.idempotency_key = Some("k".to_owned());
+    keyed.idempotency = Some(KeyClaim {
+        key: "k".to_owned(),
+        request: "r".to_owned(),
+        expires_at: chrono::Utc::now() + chrono::Duration::days(1),
+    });
     store.create_run(&keyed, warnings(1, 1)).await.unwrap();
-    assert_eq!(store.run_by_key("k").await.unwrap().unwrap().run_id, "new");
+    assert_eq!(store.run_by_key(None, "k").await.unwrap().unwrap().run_id, "new");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn migration_0008_keeps_old_keys_for_a_day_from_their_run_matching_any_request() {
+    let (dir, db) = fresh_db("migrate-keys");
+    old_db(&db, 6, &[("old", warnings(1, 1)), ("recent", warnings(1, 1))]);
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        conn.execute("UPDATE runs SET idempotency_key = 'old-key' WHERE run_id = 'old'", [])
+            .unwrap();
+        conn.execute(
+            "UPDATE runs SET idempotency_key = 'recent-key', tenant = 'acme', created_at = ?1 WHERE run_id = 'recent'",
+            [now],
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&db).unwrap();
+    assert_eq!(store.run_by_key(None, "old-key").await.unwrap(), None, "a day has passed");
+    let recent = store.run_by_key(Some("acme"), "recent-key").await.unwrap().unwrap();
+    assert_eq!(recent.run_id, "recent");
+    let claim = recent.idempotency.unwrap();
+    assert!(claim.matches("any request"), "an old key matches any request");
+    assert_eq!(store.run_by_key(None, "recent-key").await.unwrap(), None, "per tenant");
+    let mut again = record("again");
+    again.idempotency = Some(KeyClaim {
+        key: "old-key".to_owned(),
+        request: "r".to_owned(),
+        expires_at: chrono::Utc::now() + chrono::Duration::days(1),
+    });
+    store.create_run(&again, warnings(1, 1)).await.unwrap();
+    assert_eq!(store.run_by_key(None, "old-key").await.unwrap().unwrap().run_id, "again");
     let _ = std::fs::remove_dir_all(dir);
 }
 

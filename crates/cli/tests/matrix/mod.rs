@@ -24,17 +24,42 @@ use super::{baton_command, scratch, text};
 /// How a case must come out.
 #[derive(Clone, Debug)]
 enum Expect {
-    /// A run of `scenario`, chosen `how`, with a warning that says `warning` (or none).
-    Started { scenario: &'static str, how: &'static str, warning: Option<&'static str> },
+    /// A run of `scenario`, chosen `how`, with a warning that says `warning` (or none); the
+    /// job goes on in scenario `chains_to.0` with a chain warning that says `chains_to.1`.
+    Started {
+        scenario: &'static str,
+        how: &'static str,
+        warning: Option<&'static str>,
+        chains_to: Option<Chain>,
+    },
     /// Refused with the problem type `kind` (the URI's last segment), saying `says`.
     Refused { kind: &'static str, says: &'static str },
     /// The same run both times (an idempotency key used twice): no second run.
     SameRun,
 }
 
-/// One job start: its request in the API's words (the CLI's flags are derived from it).
+/// Who starts a job: every surface acts for tenant `acme` (a `--tenant` flag, an operator
+/// token of the tenant, a `baton mcp --tenant`), and for `globex` where a case says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    Acme,
+    Globex,
+}
+
+impl Who {
+    fn tenant(self) -> &'static str {
+        match self {
+            Who::Acme => "acme",
+            Who::Globex => "globex",
+        }
+    }
+}
+
+/// One job start: who asks, its request in the API's words (the CLI's flags are derived
+/// from it), how it must come out.
 struct Case {
     name: &'static str,
+    who: Who,
     request: Value,
     expect: Expect,
 }
@@ -43,47 +68,84 @@ fn cases() -> Vec<Case> {
     vec![
         Case {
             name: "an unknown explicit scenario",
+            who: Who::Acme,
             request: json!({"scenario": "ecoh", "input": "x"}),
             expect: Expect::Refused {
-                kind: "invalid",
+                kind: "not-found",
                 says: "no scenario `ecoh`; did you mean `echo`? (known: builder, echo, hop, waver, worker)",
             },
         },
         Case {
+            name: "a scenario named by a path",
+            who: Who::Acme,
+            request: json!({"scenario": "../../etc/passwd", "input": "x"}),
+            expect: Expect::Refused {
+                kind: "invalid",
+                says: "scenario \"../../etc/passwd\" is a path; name a scenario by its id",
+            },
+        },
+        Case {
             name: "an empty scenario",
+            who: Who::Acme,
             request: json!({"scenario": " ", "input": "x"}),
             expect: Expect::Refused { kind: "invalid", says: "scenario is empty" },
         },
         Case {
             name: "a metadata pin that names nothing",
+            who: Who::Acme,
             request: json!({"metadata": {"scenario_id": "nope"}, "input": "x"}),
             expect: Expect::Started {
                 scenario: "echo",
                 how: "default",
                 warning: Some("no scenario `nope`; the job runs the default"),
+                chains_to: None,
             },
         },
         Case {
             name: "a metadata pin",
+            who: Who::Acme,
             request: json!({"metadata": {"scenario_id": "hop"}, "input": "x"}),
-            expect: Expect::Started { scenario: "hop", how: "pin", warning: None },
+            expect: Expect::Started { scenario: "hop", how: "pin", warning: None, chains_to: None },
         },
         Case {
             name: "an intent route nobody serves",
+            who: Who::Acme,
             request: json!({"intent": "astrology", "input": "x"}),
             expect: Expect::Started {
                 scenario: "echo",
                 how: "default",
                 warning: Some("no scenario serves intent route `astrology`"),
+                chains_to: None,
             },
         },
         Case {
             name: "a kind the classifier takes",
+            who: Who::Acme,
             request: json!({"kind": "task", "input": "x"}),
-            expect: Expect::Started { scenario: "hop", how: "classifier", warning: None },
+            expect: Expect::Started {
+                scenario: "hop",
+                how: "classifier",
+                warning: None,
+                chains_to: Some(("echo", "the classifier ended completed without a usable route")),
+            },
+        },
+        Case {
+            name: "a classifier that fails",
+            who: Who::Acme,
+            request: json!({"kind": "task", "input": "broken"}),
+            expect: Expect::Started {
+                scenario: "hop",
+                how: "classifier",
+                warning: None,
+                chains_to: Some((
+                    "echo",
+                    "the classifier ended failed without a usable route (model call failed (scripted): the classifier's provider refused the call",
+                )),
+            },
         },
         Case {
             name: "a wave whose workers start programs, without a jail",
+            who: Who::Acme,
             request: json!({"scenario": "waver", "input": "{\"tasks\": [{\"id\": \"a\", \"title\": \"A\"}]}"}),
             expect: Expect::Refused {
                 kind: "unavailable",
@@ -92,6 +154,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "a scenario that starts programs, without a jail",
+            who: Who::Acme,
             request: json!({"scenario": "builder", "input": "x"}),
             expect: Expect::Refused {
                 kind: "unavailable",
@@ -100,6 +163,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "a cost cap that is no amount",
+            who: Who::Acme,
             request: json!({"scenario": "echo", "input": "x", "max_cost_usd": -1.0}),
             expect: Expect::Refused {
                 kind: "invalid",
@@ -108,11 +172,45 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "an idempotency key used twice",
+            who: Who::Acme,
             request: json!({"scenario": "echo", "input": "x", "idempotency_key": "job-7"}),
             expect: Expect::SameRun,
         },
+        Case {
+            name: "the same idempotency key with another body",
+            who: Who::Acme,
+            request: json!({"scenario": "echo", "input": "y", "idempotency_key": "job-7"}),
+            expect: Expect::Refused {
+                kind: "key-reused",
+                says: "started with another request; send that request again to get its run",
+            },
+        },
+        Case {
+            name: "the same idempotency key from another tenant",
+            who: Who::Globex,
+            request: json!({"scenario": "echo", "input": "x", "idempotency_key": "job-7"}),
+            expect: Expect::Started {
+                scenario: "echo",
+                how: "pin",
+                warning: None,
+                chains_to: None,
+            },
+        },
+        Case {
+            name: "an input larger than a job takes",
+            who: Who::Acme,
+            request: json!({"scenario": "echo", "input": "x".repeat(4 * 1024 * 1024 + 1)}),
+            expect: Expect::Refused { kind: "invalid", says: "larger than 4 MiB" },
+        },
     ]
 }
+
+/// The largest request the server and MCP take here: past the largest input a job takes,
+/// so that the job's own limit is what refuses a larger one on every surface.
+const BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// The scenario a job must chain to, and what the chain's warning must say.
+type Chain = (&'static str, &'static str);
 
 /// What one start came to on one surface.
 #[derive(Debug)]
@@ -168,7 +266,7 @@ impl Lab {
         let script = dir.join("script.yaml");
         std::fs::write(
             &script,
-            "scenarios:\n  echo:\n    levels:\n      say: [{text: 'echoed'}]\n  hop:\n    levels:\n      route: [{text: 'hopped'}]\n",
+            "scenarios:\n  echo:\n    levels:\n      say: [{text: 'echoed'}]\n  hop:\n    cases:\n      - when: 'Route broken'\n        levels:\n          route: [{error: \"the classifier's provider refused the call\"}]\n    levels:\n      route: [{text: 'hopped'}]\n",
         )
         .unwrap();
         Lab { dir, config, script }
@@ -205,6 +303,58 @@ impl Lab {
         })
     }
 
+    /// The runs in `db`, once none is still going (waiting up to two minutes).
+    fn settle(&self, db: &Path) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let out = self.baton(db).args(["runs", "--json"]).output().unwrap();
+            let runs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let going: Vec<&Value> = runs
+                .iter()
+                .filter(|r| {
+                    !matches!(
+                        r["status"].as_str(),
+                        Some("completed" | "failed" | "aborted" | "cancelled")
+                    )
+                })
+                .collect();
+            if going.is_empty() {
+                return runs;
+            }
+            assert!(Instant::now() < deadline, "{}: runs still going: {going:?}", db.display());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The runs of the job whose first run is `root`, in the order they were created, each
+    /// with its scenario, status and events, [`masked`].
+    fn job(&self, db: &Path, root: &str) -> Value {
+        let mut tree: Vec<Value> = self
+            .settle(db)
+            .into_iter()
+            .filter(|r| r["run_id"] == root || r["root_run_id"] == root)
+            .collect();
+        tree.sort_by_key(|r| (r["run_id"] != root, r["created_at"].as_str().map(str::to_owned)));
+        let ids: Vec<(String, String)> = tree
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r["run_id"].as_str().unwrap().to_owned(), format!("<run {i}>")))
+            .collect();
+        let runs = tree.iter().map(|r| {
+            let run = r["run_id"].as_str().unwrap();
+            let out = self.baton(db).args(["events", run, "--json"]).output().unwrap();
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            let events: Vec<Value> =
+                text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+            json!({
+                "scenario_id": r["scenario_id"],
+                "status": r["status"],
+                "events": masked(&Value::Array(events), &ids),
+            })
+        });
+        Value::Array(runs.collect())
+    }
+
     /// The jobs in `db` (their first runs).
     fn roots(&self, db: &Path) -> usize {
         if !db.exists() {
@@ -216,8 +366,39 @@ impl Lab {
     }
 }
 
-/// The CLI's flags for a request.
-fn flags(request: &Value) -> Vec<String> {
+/// The first run of a job started on each surface.
+fn runs(got: &[Got]) -> Vec<String> {
+    got.iter()
+        .map(|g| match g {
+            Got::Run(run) => run.clone(),
+            Got::Refused { .. } => panic!("refused: {g:?}"),
+        })
+        .collect()
+}
+
+/// `value` with what differs between equal runs taken out: times and durations (`at`,
+/// `…_at`, `…_ms`), who wrote an event (`by`), and run ids, named by their place in the
+/// tree instead.
+fn masked(value: &Value, ids: &[(String, String)]) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| {
+                    !(*k == "at" || *k == "by" || k.ends_with("_at") || k.ends_with("_ms"))
+                })
+                .map(|(k, v)| (k.clone(), masked(v, ids)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(|v| masked(v, ids)).collect()),
+        Value::String(s) => Value::String(
+            ids.iter().fold(s.clone(), |s, (id, label)| s.replace(id.as_str(), label)),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The CLI's flags for a request: an input longer than a command line takes goes in a file.
+fn flags(lab: &Lab, request: &Value) -> Vec<String> {
     let mut args = Vec::new();
     if let Some(s) = request["scenario"].as_str() {
         args.push(format!("--scenario={s}"));
@@ -237,7 +418,14 @@ fn flags(request: &Value) -> Vec<String> {
     if let Some(key) = request["idempotency_key"].as_str() {
         args.extend(["--idempotency-key".to_owned(), key.to_owned()]);
     }
-    args.extend(["--input".to_owned(), request["input"].as_str().unwrap().to_owned()]);
+    let input = request["input"].as_str().unwrap();
+    if input.len() > 64 * 1024 {
+        let file = lab.dir.join("input.txt");
+        std::fs::write(&file, input).unwrap();
+        args.extend(["--input-file".to_owned(), file.display().to_string()]);
+    } else {
+        args.extend(["--input".to_owned(), input.to_owned()]);
+    }
     args
 }
 
@@ -263,11 +451,12 @@ fn cli_outcome(out: &Output) -> Got {
 }
 
 /// `baton run … --json`, driven to its end by the command itself.
-fn through_cli(lab: &Lab, db: &Path, request: &Value) -> Got {
+fn through_cli(lab: &Lab, db: &Path, who: Who, request: &Value) -> Got {
     let out = lab
         .baton(db)
         .arg("run")
-        .args(flags(request))
+        .args(["--tenant", who.tenant()])
+        .args(flags(lab, request))
         .args(["--script", lab.script.to_str().unwrap(), "--json"])
         .output()
         .unwrap();
@@ -275,20 +464,23 @@ fn through_cli(lab: &Lab, db: &Path, request: &Value) -> Got {
 }
 
 /// `baton run --queue … --json`; the runs it queued are driven by a `baton worker` after.
-fn through_queue(lab: &Lab, db: &Path, request: &Value) -> Got {
+fn through_queue(lab: &Lab, db: &Path, who: Who, request: &Value) -> Got {
     let out = lab
         .baton(db)
         .arg("run")
-        .args(flags(request))
+        .args(["--tenant", who.tenant()])
+        .args(flags(lab, request))
         .args(["--queue", "--script", lab.script.to_str().unwrap(), "--json"])
         .output()
         .unwrap();
     cli_outcome(&out)
 }
 
-/// `POST /runs` of a `baton serve` on this lab.
-fn through_rest(served: &Served, request: &Value) -> Got {
-    let r = http(&served.addr, "POST", "/runs", &[], Some(&request.to_string()));
+/// `POST /runs` of a `baton serve` on this lab, with the operator token of its tenant.
+fn through_rest(served: &Served, token: &str, request: &Value) -> Got {
+    let bearer = format!("Bearer {token}");
+    let auth = [("authorization", bearer.as_str())];
+    let r = http(&served.addr, "POST", "/runs", &auth, Some(&request.to_string()));
     let v: Value = serde_json::from_str(&r.body).unwrap_or_else(|_| panic!("{r:?}"));
     if r.status == 201 || r.status == 200 {
         return Got::Run(v["run_id"].as_str().unwrap().to_owned());
@@ -314,13 +506,16 @@ impl Drop for Mcp {
 }
 
 impl Mcp {
-    fn start(lab: &Lab, db: &Path) -> Mcp {
+    fn start(lab: &Lab, db: &Path, who: Who) -> Mcp {
         let mut child = lab
             .baton(db)
-            .args(["mcp", "--script", lab.script.to_str().unwrap()])
+            .args(["mcp", "--tenant", who.tenant(), "--script", lab.script.to_str().unwrap()])
+            .args(["--message-max-bytes", &BODY_BYTES_MAX.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(lab.dir.join("mcp.err")).unwrap())
+            .stderr(
+                std::fs::File::create(lab.dir.join(format!("mcp-{}.err", who.tenant()))).unwrap(),
+            )
             .spawn()
             .unwrap();
         let stdin = child.stdin.take().unwrap();
@@ -387,28 +582,45 @@ fn every_surface_starts_or_refuses_each_job_alike() {
     let lab = Lab::new("starts");
     let dbs: Vec<PathBuf> =
         ["cli", "queue", "rest", "mcp"].iter().map(|s| lab.dir.join(format!("{s}.db"))).collect();
+    let token = |who: Who| {
+        let out = lab
+            .baton(&dbs[2])
+            .args(["token", "create", "--tenant", who.tenant(), "--role", "operator"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_owned()
+    };
+    let tokens = [token(Who::Acme), token(Who::Globex)];
     let served = super::serve::serve_with(
         &lab.dir,
         &dbs[2],
         &[
-            "--no-auth",
             "--script",
             lab.script.to_str().unwrap(),
             "--config",
             lab.config.to_str().unwrap(),
+            "--body-max-bytes",
+            &BODY_BYTES_MAX.to_string(),
         ],
         &[("BATON_BWRAP", lab.dir.join("no-such-bwrap").as_os_str())],
     );
-    let mut mcp = Mcp::start(&lab, &dbs[3]);
+    let mut mcps = [Mcp::start(&lab, &dbs[3], Who::Acme), Mcp::start(&lab, &dbs[3], Who::Globex)];
     let mut queued = Vec::new();
+    // Each job started, with the chain it must make, by its first run on each surface.
+    let mut jobs: Vec<(&str, Option<Chain>, Vec<String>)> = Vec::new();
     for case in cases() {
-        let name = case.name;
-        let mut got = vec![
-            through_cli(&lab, &dbs[0], &case.request),
-            through_queue(&lab, &dbs[1], &case.request),
-            through_rest(&served, &case.request),
-            through_mcp(&mut mcp, &case.request),
-        ];
+        let (name, who) = (case.name, case.who);
+        let n = usize::from(who == Who::Globex);
+        let mut start = |request: &Value| {
+            vec![
+                through_cli(&lab, &dbs[0], who, request),
+                through_queue(&lab, &dbs[1], who, request),
+                through_rest(&served, &tokens[n], request),
+                through_mcp(&mut mcps[n], request),
+            ]
+        };
+        let mut got = start(&case.request);
         match case.expect {
             Expect::Refused { kind, says } => {
                 for (surface, g) in ["cli", "queue", "rest", "mcp"].iter().zip(&got) {
@@ -426,7 +638,7 @@ fn every_surface_starts_or_refuses_each_job_alike() {
                     assert_eq!(lab.roots(db), made, "{name}: {surface} made a run");
                 }
             }
-            Expect::Started { scenario, how, warning } => {
+            Expect::Started { scenario, how, warning, chains_to } => {
                 let selections: Vec<Value> = dbs
                     .iter()
                     .zip(&got)
@@ -449,14 +661,10 @@ fn every_surface_starts_or_refuses_each_job_alike() {
                 for (surface, s) in ["queue", "rest", "mcp"].iter().zip(&selections[1..]) {
                     assert_eq!(s, first, "{name}: {surface} recorded another start");
                 }
+                jobs.push((name, chains_to, runs(&got)));
             }
             Expect::SameRun => {
-                let again = [
-                    through_cli(&lab, &dbs[0], &case.request),
-                    through_queue(&lab, &dbs[1], &case.request),
-                    through_rest(&served, &case.request),
-                    through_mcp(&mut mcp, &case.request),
-                ];
+                let again = start(&case.request);
                 for (surface, (first, second)) in
                     ["cli", "queue", "rest", "mcp"].iter().zip(got.iter().zip(&again))
                 {
@@ -465,6 +673,7 @@ fn every_surface_starts_or_refuses_each_job_alike() {
                     };
                     assert_eq!(a, b, "{name}: {surface} started a second run");
                 }
+                jobs.push((name, None, runs(&got)));
                 for (db, g) in dbs.iter().zip(got.drain(..)) {
                     if let Got::Run(run) = g {
                         queued.push((db.clone(), run));
@@ -480,22 +689,35 @@ fn every_surface_starts_or_refuses_each_job_alike() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let status = |db: &Path| -> Vec<String> {
-        let out = lab.baton(db).args(["runs", "--json"]).output().unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let mut s: Vec<String> = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                format!("{} {}", r["scenario_id"].as_str().unwrap(), r["status"].as_str().unwrap())
-            })
-            .collect();
-        s.sort();
-        s
-    };
-    assert_eq!(status(&dbs[1]), status(&dbs[0]), "the worker drove the queued runs alike");
-    drop(mcp);
+    // Every job, driven by whichever process drove it, came to the same end with the same
+    // events on every surface: the runs of its tree, their scenarios and statuses, and each
+    // run's events with times, ids and who wrote them masked.
+    for db in &dbs {
+        lab.settle(db);
+    }
+    for (name, chains_to, roots) in &jobs {
+        let trees: Vec<Value> = dbs.iter().zip(roots).map(|(db, root)| lab.job(db, root)).collect();
+        for (surface, tree) in ["queue", "rest", "mcp"].iter().zip(&trees[1..]) {
+            assert_eq!(tree, &trees[0], "{name}: {surface} came to another end");
+        }
+        let runs = trees[0].as_array().unwrap();
+        match chains_to {
+            Some((scenario, says)) => {
+                assert_eq!(runs.len(), 2, "{name}: {}", trees[0]);
+                assert_eq!(runs[1]["scenario_id"], *scenario, "{name}");
+                let chained = runs[0]["events"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|e| e["kind"] == "scenario_chained")
+                    .unwrap_or_else(|| panic!("{name}: no scenario_chained"));
+                let warning = chained["data"]["warning"].as_str().unwrap_or_default();
+                assert!(warning.contains(says), "{name}: {warning}");
+            }
+            None => assert_eq!(runs.len(), 1, "{name}: {}", trees[0]),
+        }
+    }
+    drop(mcps);
     drop(served);
     let _ = std::fs::remove_dir_all(&lab.dir);
 }

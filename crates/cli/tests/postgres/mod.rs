@@ -626,14 +626,21 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
     let data = dir.join("data");
     let run = baton_pg(&schema.url, &data, &RELEASE_NOTES);
     assert_eq!(run.status.code(), Some(3), "{}", text(&run.stderr));
-    // Back to version 1, as a database made by the binary before holds existed.
+    // Back to version 1, as a database made by the binary before holds and per-tenant keys
+    // existed.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let config: tokio_postgres::Config = schema.url.parse().unwrap();
         let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         client
-            .batch_execute("DROP TABLE holds; DELETE FROM schema_version WHERE version > 1")
+            .batch_execute(
+                "DROP TABLE holds; DROP INDEX runs_by_idempotency_key;
+                 CREATE UNIQUE INDEX runs_by_idempotency_key ON runs (idempotency_key)
+                     WHERE idempotency_key IS NOT NULL;
+                 ALTER TABLE runs DROP COLUMN key_request, DROP COLUMN key_expires_us;
+                 DELETE FROM schema_version WHERE version > 1",
+            )
             .await
             .unwrap();
     });
@@ -641,12 +648,12 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
     assert_eq!(refused.status.code(), Some(1));
     let err = text(&refused.stderr);
     assert!(
-        err.contains("is at schema version 1, this binary needs 2: run `baton migrate"),
+        err.contains("is at schema version 1, this binary needs 3: run `baton migrate"),
         "{err}"
     );
     let migrated = baton_pg(&schema.url, &data, &["migrate"]);
     assert_eq!(migrated.status.code(), Some(0), "{}", text(&migrated.stderr));
-    assert!(text(&migrated.stdout).contains("schema version 1 → 2"), "{}", text(&migrated.stdout));
+    assert!(text(&migrated.stdout).contains("schema version 1 → 3"), "{}", text(&migrated.stdout));
     let again = baton_pg(&schema.url, &data, &["migrate"]);
     assert!(text(&again.stdout).contains("nothing to do"), "{}", text(&again.stdout));
     let listed = text(&baton_pg(&schema.url, &data, &["runs"]).stdout);

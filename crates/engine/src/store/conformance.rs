@@ -5,7 +5,7 @@ use chrono::{TimeZone, Utc};
 
 use crate::chain::{self, GENESIS};
 use crate::event::{Event, EventData, NewEvent, Warning};
-use crate::store::contract::{EventStore, RunRecord};
+use crate::store::contract::{EventStore, KeyClaim, RunRecord};
 use crate::store::error::Error;
 
 fn record(id: &str) -> RunRecord {
@@ -19,9 +19,20 @@ fn record(id: &str) -> RunRecord {
         last_seq: 0,
         parent_run_id: None,
         root_run_id: None,
-        idempotency_key: None,
+        idempotency: None,
         tenant: None,
     }
+}
+
+/// A claim of `key` by a request digested as `request`, held for a day from now or, when
+/// `expired`, a second past.
+fn claim(key: &str, request: &str, expired: bool) -> Option<KeyClaim> {
+    let expires_at = if expired {
+        Utc::now() - chrono::Duration::seconds(1)
+    } else {
+        Utc::now() + chrono::Duration::days(1)
+    };
+    Some(KeyClaim { key: key.to_owned(), request: request.to_owned(), expires_at })
 }
 
 fn events(from: u64, n: u64) -> Vec<Event> {
@@ -61,14 +72,14 @@ pub async fn run_all(store: &dyn EventStore, prefix: &str) {
 async fn purged_runs_are_gone(store: &dyn EventStore, prefix: &str) {
     let (gone, kept) = (format!("{prefix}-purged"), format!("{prefix}-kept"));
     let mut keyed = record(&gone);
-    keyed.idempotency_key = Some(format!("{prefix}-purged-key"));
+    keyed.idempotency = claim(&format!("{prefix}-purged-key"), "r", false);
     store.create_run(&keyed, events(1, 3)).await.expect("create");
     store.create_run(&record(&kept), events(1, 2)).await.expect("create");
     let removed = store.purge(&[gone.clone(), format!("{prefix}-never-was")]).await.expect("purge");
     assert_eq!(removed, 1, "one run named exists");
     assert_eq!(store.run(&gone).await.expect("run"), None);
     assert!(matches!(store.load(&gone, 0).await, Err(Error::NotFound(_))));
-    assert_eq!(store.run_by_key(&format!("{prefix}-purged-key")).await.expect("key"), None);
+    assert_eq!(store.run_by_key(None, &format!("{prefix}-purged-key")).await.expect("key"), None);
     assert_eq!(store.load(&kept, 0).await.expect("the other run stays").len(), 2);
     // The id may be used again: nothing of the old run is left to clash with.
     store.create_run(&record(&gone), events(1, 1)).await.expect("create again");
@@ -132,13 +143,14 @@ async fn runs_are_paged_newest_first_by_tenant(store: &dyn EventStore, prefix: &
     assert_eq!(only(roots).await.len(), 4, "the child run is not a root");
 }
 
-/// A child's record names its parent and root and a tenant; an idempotency key names
-/// one run, and a second run with it is refused naming the first.
+/// A child's record names its parent and root and a tenant; an idempotency key names one
+/// run of its tenant while it holds — a second run with it is refused naming the first,
+/// another tenant's run may hold the same key, and an expired claim lets the key go.
 async fn runs_keep_their_links_and_keys(store: &dyn EventStore, prefix: &str) {
     let root = format!("{prefix}-root");
     let key = format!("{prefix}-key");
     let mut first = record(&root);
-    first.idempotency_key = Some(key.clone());
+    first.idempotency = claim(&key, "body-1", false);
     first.tenant = Some("acme".to_owned());
     store.create_run(&first, events(1, 1)).await.expect("create a root");
     let mut child = record(&format!("{prefix}-child"));
@@ -150,16 +162,46 @@ async fn runs_keep_their_links_and_keys(store: &dyn EventStore, prefix: &str) {
     assert_eq!(read.parent_run_id.as_deref(), Some(root.as_str()));
     assert_eq!(read.root_run_id.as_deref(), Some(root.as_str()));
     assert_eq!(read.tenant.as_deref(), Some("acme"));
-    let found = store.run_by_key(&key).await.expect("by key").expect("the root");
+    let found = store.run_by_key(Some("acme"), &key).await.expect("by key").expect("the root");
     assert_eq!((found.run_id.as_str(), found.tenant.as_deref()), (root.as_str(), Some("acme")));
-    assert_eq!(store.run_by_key(&format!("{prefix}-nokey")).await.expect("by key"), None);
+    let held = found.idempotency.expect("the root's claim");
+    assert_eq!((held.key.as_str(), held.request.as_str()), (key.as_str(), "body-1"));
+    assert_eq!(
+        store.run_by_key(Some("acme"), &format!("{prefix}-nokey")).await.expect("by key"),
+        None
+    );
+    assert_eq!(store.run_by_key(None, &key).await.expect("by key"), None, "keys are per tenant");
+    assert_eq!(store.run_by_key(Some("other"), &key).await.expect("by key"), None);
     let mut second = record(&format!("{prefix}-again"));
-    second.idempotency_key = Some(key.clone());
+    second.idempotency = claim(&key, "body-1", false);
+    second.tenant = Some("acme".to_owned());
     match store.create_run(&second, events(1, 1)).await {
         Err(Error::KeyTaken { run_id, .. }) => assert_eq!(run_id, root),
         other => panic!("a second run with key {key} must be refused, got {other:?}"),
     }
     assert_eq!(store.run(&second.run_id).await.expect("read"), None);
+    // Another tenant's job, and a job of no tenant, may hold the same key.
+    for (n, tenant) in [(1, Some("other")), (2, None)] {
+        let mut elsewhere = record(&format!("{prefix}-elsewhere-{n}"));
+        elsewhere.idempotency = claim(&key, "body-2", false);
+        elsewhere.tenant = tenant.map(str::to_owned);
+        store.create_run(&elsewhere, events(1, 1)).await.expect("the same key in another tenant");
+        let found = store.run_by_key(tenant, &key).await.expect("by key").expect("its run");
+        assert_eq!(found.run_id, elsewhere.run_id);
+    }
+    // An expired claim is not found, and a new run takes the key from it.
+    let stale_key = format!("{prefix}-stale");
+    let mut stale = record(&format!("{prefix}-stale-1"));
+    stale.idempotency = claim(&stale_key, "old", true);
+    store.create_run(&stale, events(1, 1)).await.expect("create with an expired claim");
+    assert_eq!(store.run_by_key(None, &stale_key).await.expect("by key"), None);
+    let mut fresh = record(&format!("{prefix}-stale-2"));
+    fresh.idempotency = claim(&stale_key, "new", false);
+    store.create_run(&fresh, events(1, 1)).await.expect("an expired key is free again");
+    let found = store.run_by_key(None, &stale_key).await.expect("by key").expect("the new run");
+    assert_eq!(found.run_id, fresh.run_id);
+    let old = store.run(&stale.run_id).await.expect("read").expect("the old run stays");
+    assert_eq!(old.idempotency, None, "the old run let its key go");
 }
 
 /// Overrides are stored per tenant and scenario, replaced by a later one, listed by

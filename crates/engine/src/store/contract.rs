@@ -27,13 +27,40 @@ pub struct RunRecord {
     /// The first run of the job this one belongs to, for a child run (a root names none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub root_run_id: Option<String>,
-    /// The key the job was started with: it names this run and no other.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idempotency_key: Option<String>,
+    /// The key the job was started with: while it holds, it names this run and no other
+    /// of the run's tenant. Listed as its key alone.
+    #[serde(rename = "idempotency_key", skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<KeyClaim>,
     /// The tenant whose overrides the run's scenario was merged with (the runs it starts
     /// belong to it too).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+}
+
+/// A job's idempotency key as its first run holds it: scoped to the run's tenant, bound to
+/// the request that claimed it, and held until it expires. A second start with a held key
+/// gets the first run (with the same request) or a refusal (with another); once the key
+/// expires, a start with it begins a new job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyClaim {
+    pub key: String,
+    /// A digest of the request that claimed the key; empty for a key kept from before
+    /// requests were digested, which any request matches.
+    pub request: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl KeyClaim {
+    /// Whether `request` (a digest) is the one that claimed the key.
+    pub fn matches(&self, request: &str) -> bool {
+        self.request.is_empty() || self.request == request
+    }
+}
+
+impl Serialize for KeyClaim {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.key)
+    }
 }
 
 /// A tenant's override of one scenario: partial YAML, deep-merged over the base scenario.
@@ -150,7 +177,9 @@ pub fn check_numbering(events: &[Event], first: u64) -> Result<(), Error> {
 /// Where runs and their events live.
 pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Records a new run and its first events (numbered from 1), in one transaction. A run
-    /// whose idempotency key names another already is refused with [`Error::KeyTaken`].
+    /// whose idempotency key another run of its tenant holds, unexpired, is refused with
+    /// [`Error::KeyTaken`]; a holder whose claim expired lets the key go in the same
+    /// transaction.
     fn create_run<'a>(
         &'a self,
         run: &'a RunRecord,
@@ -202,8 +231,13 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         scenario_id: &'a str,
     ) -> BoxFuture<'a, Result<bool, Error>>;
 
-    /// The run created with this idempotency key, if any.
-    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
+    /// The run of `tenant` (none: of no tenant) holding this idempotency key unexpired, if
+    /// any.
+    fn run_by_key<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
 
     /// Every run, newest first, optionally only those with one status.
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>>;

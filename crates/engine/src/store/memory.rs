@@ -19,6 +19,11 @@ struct Lease {
     until: DateTime<Utc>,
 }
 
+/// Whether `run` still holds its idempotency key at `now`.
+fn holds(run: &RunRecord, now: DateTime<Utc>) -> bool {
+    run.idempotency.as_ref().is_some_and(|c| c.expires_at > now)
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
@@ -165,14 +170,21 @@ impl EventStore for MemoryStore {
                 if runs.contains_key(&run.run_id) {
                     return Err(Error::Exists(run.run_id.clone()));
                 }
-                if let Some(key) = &run.idempotency_key
-                    && let Some(owner) =
-                        runs.values().find(|l| l.record.idempotency_key.as_ref() == Some(key))
-                {
-                    return Err(Error::KeyTaken {
-                        key: key.clone(),
-                        run_id: owner.record.run_id.clone(),
+                if let Some(claim) = &run.idempotency {
+                    let now = Utc::now();
+                    let holder = runs.values_mut().find(|l| {
+                        l.record.tenant == run.tenant
+                            && l.record.idempotency.as_ref().is_some_and(|c| c.key == claim.key)
                     });
+                    if let Some(holder) = holder {
+                        if holds(&holder.record, now) {
+                            return Err(Error::KeyTaken {
+                                key: claim.key.clone(),
+                                run_id: holder.record.run_id.clone(),
+                            });
+                        }
+                        holder.record.idempotency = None;
+                    }
                 }
                 check_numbering(&events, 1)?;
                 let mut record = run.clone();
@@ -279,11 +291,20 @@ impl EventStore for MemoryStore {
         })
     }
 
-    fn run_by_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
+    fn run_by_key<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move {
+            let now = Utc::now();
             Ok(self.with(|runs| {
                 runs.values()
-                    .find(|l| l.record.idempotency_key.as_deref() == Some(key))
+                    .find(|l| {
+                        l.record.tenant.as_deref() == tenant
+                            && l.record.idempotency.as_ref().is_some_and(|c| c.key == key)
+                            && holds(&l.record, now)
+                    })
                     .map(|l| l.record.clone())
             }))
         })

@@ -106,7 +106,7 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
         last_seq: 0,
         parent_run_id: None,
         root_run_id: None,
-        idempotency_key: None,
+        idempotency: None,
         tenant: None,
     };
     store.create_run(&record, log).await.unwrap();

@@ -53,9 +53,10 @@ macro_rules! delegate_to_inner {
         }
         fn run_by_key<'a>(
             &'a self,
+            tenant: Option<&'a str>,
             key: &'a str,
         ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
-            self.inner.run_by_key(key)
+            self.inner.run_by_key(tenant, key)
         }
         fn put_scenario_texts<'a>(
             &'a self,

@@ -69,7 +69,6 @@ pub(super) struct NewRun {
     pub updated_us: i64,
     pub parent_run_id: Option<String>,
     pub root_run_id: Option<String>,
-    pub idempotency_key: Option<String>,
     pub tenant: Option<String>,
     /// Whether the statement takes the run's hold (epoch 1), for a new run's id.
     pub take_hold: bool,
@@ -180,12 +179,12 @@ async fn write_groups(
 
 /// The group statement: `$1`–`$8` one row per run that exists, in run id order (the order
 /// rows are locked in, so two groups never wait on each other crosswise), `$9` the holder,
-/// `$10`–`$18` one row per event, `$19`–`$31` one row per run it creates (made only while
+/// `$10`–`$18` one row per event, `$19`–`$30` one row per run it creates (made only while
 /// the process's hold on it stands, or — for a new run's id — with its hold taken here, by
-/// the session `$32`, `$33` for `$34` µs; a key or id already taken fails the whole
-/// statement, and each of its appends and creations takes the slow path, which names the
-/// conflict). `$35`, `$36` the runs whose holds this process gives back, and at which
-/// epochs. Returns the runs it applied.
+/// the session `$31`, `$32` for `$33` µs; an id already taken fails the whole statement,
+/// and each of its appends and creations takes the slow path, which names the conflict;
+/// a run with an idempotency key is never created here). `$34`, `$35` the runs whose holds
+/// this process gives back, and at which epochs. Returns the runs it applied.
 ///
 /// Each run's row and hold are looked up by key, one input row at a time (a `LATERAL`
 /// subquery that `OFFSET 0` keeps from being merged into a join): the statement is
@@ -208,9 +207,9 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
  ), fresh AS (
    SELECT * FROM UNNEST($19::text[], $20::text[], $21::text[], $22::bigint[], $23::bigint[],
                         $24::bigint[], $25::bytea[], $26::text[], $27::text[], $28::text[],
-                        $29::text[], $30::bigint[], $31::bool[])
+                        $29::bigint[], $30::bool[])
      AS n(run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash,
-          parent_run_id, root_run_id, idempotency_key, tenant, epoch, take_hold)
+          parent_run_id, root_run_id, tenant, epoch, take_hold)
  ), held AS (
    SELECT h.run_id
      FROM (SELECT run_id, epoch FROM input UNION ALL SELECT run_id, epoch FROM fresh) w
@@ -222,20 +221,20 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
    SELECT run_id FROM ended WHERE run_id IN (SELECT run_id FROM held)
  ), fresh_taken AS (
    INSERT INTO holds (run_id, holder, holder_pid, holder_since, until_us, epoch)
-   SELECT n.run_id, $9, $32, $33, {NOW_US} + $34, 1
+   SELECT n.run_id, $9, $31, $32, {NOW_US} + $33, 1
      FROM fresh n WHERE n.take_hold
    ON CONFLICT (run_id) DO NOTHING
    RETURNING run_id
  ), created AS (
    INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash,
-                     parent_run_id, root_run_id, idempotency_key, tenant)
+                     parent_run_id, root_run_id, tenant)
    SELECT n.run_id, n.scenario_id, n.status, n.created_us, n.updated_us, n.last_seq,
-          n.head_hash, n.parent_run_id, n.root_run_id, n.idempotency_key, n.tenant
+          n.head_hash, n.parent_run_id, n.root_run_id, n.tenant
      FROM fresh n
     WHERE n.run_id IN (SELECT run_id FROM held UNION ALL SELECT run_id FROM fresh_taken)
    RETURNING run_id
  ), given AS (
-   DELETE FROM holds h USING UNNEST($35::text[], $36::bigint[]) AS g(run_id, epoch)
+   DELETE FROM holds h USING UNNEST($34::text[], $35::bigint[]) AS g(run_id, epoch)
     WHERE h.run_id = g.run_id AND h.holder = $9 AND h.epoch = g.epoch
  ), inserted AS (
    INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
@@ -323,7 +322,7 @@ async fn write_group(
             .await
             .map_err(|e| Error::Backend(format!("postgres: no connection: {e}")))?;
         let stmt = c.prepare_cached(&GROUP_SQL).await.map_err(pg)?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 36] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 35] = [
             &run_ids,
             &known_last,
             &known_head,
@@ -351,7 +350,6 @@ async fn write_group(
             &fresh.head,
             &fresh.parents,
             &fresh.roots,
-            &fresh.keys,
             &fresh.tenants,
             &fresh.epochs,
             &fresh.take_hold,
@@ -417,7 +415,6 @@ struct Fresh<'a> {
     head: Vec<&'a [u8]>,
     parents: Vec<Option<&'a str>>,
     roots: Vec<Option<&'a str>>,
-    keys: Vec<Option<&'a str>>,
     tenants: Vec<Option<&'a str>>,
     epochs: Vec<i64>,
     take_hold: Vec<bool>,
@@ -434,7 +431,6 @@ impl<'a> Fresh<'a> {
         self.head.push(&a.batch.head_param);
         self.parents.push(new.parent_run_id.as_deref());
         self.roots.push(new.root_run_id.as_deref());
-        self.keys.push(new.idempotency_key.as_deref());
         self.tenants.push(new.tenant.as_deref());
         self.epochs.push(a.epoch);
         self.take_hold.push(new.take_hold);
