@@ -131,10 +131,16 @@ pub struct JobSettings {
     pub max_parallel: Option<u32>,
     /// How long a job's idempotency key names its run.
     pub key_hold: chrono::Duration,
+    /// Most keys one tenant's jobs hold at once.
+    pub keys_max: u64,
 }
 
 /// How long an idempotency key names its run when the configuration says nothing: a day.
 pub const KEY_HOLD_DEFAULT_S: u64 = 86_400;
+
+/// How many idempotency keys one tenant's jobs may hold at once when the configuration
+/// says nothing.
+pub const KEYS_MAX_DEFAULT: u64 = 100_000;
 
 /// The configuration's job settings: the file's when there is one (a file that does not
 /// load is an error, never skipped), the defaults otherwise.
@@ -160,6 +166,7 @@ pub fn job_settings(place: &Place) -> anyhow::Result<JobSettings> {
         settle_timeout_s: config.jobs.settle_timeout_s,
         max_parallel,
         key_hold,
+        keys_max: config.jobs.idempotency_keys_max.unwrap_or(KEYS_MAX_DEFAULT),
     })
 }
 

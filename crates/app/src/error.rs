@@ -18,6 +18,9 @@ pub enum Kind {
     /// The request repeats an earlier one's idempotency key with another body: the key
     /// names that request's run, and this one is not it.
     KeyReused,
+    /// A limit of the caller's is reached (the idempotency keys a tenant holds): the same
+    /// request succeeds once what holds the limit expires.
+    OverLimit,
     /// This instance cannot do it here: no usable jail for a job that starts programs, no
     /// model for a job that calls one.
     Unavailable,
@@ -44,6 +47,7 @@ impl Kind {
             Kind::NotFound => (1, 404, "https://baton.dev/problems/not-found"),
             Kind::Refused => (1, 409, "https://baton.dev/problems/refused"),
             Kind::KeyReused => (1, 422, "https://baton.dev/problems/key-reused"),
+            Kind::OverLimit => (1, 429, "https://baton.dev/problems/over-limit"),
             Kind::Unavailable => (1, 409, "https://baton.dev/problems/unavailable"),
             Kind::Internal => (1, 500, "https://baton.dev/problems/internal"),
         };
@@ -134,6 +138,7 @@ mod tests {
             Kind::NotFound,
             Kind::Refused,
             Kind::KeyReused,
+            Kind::OverLimit,
             Kind::Unavailable,
             Kind::Internal,
         ];

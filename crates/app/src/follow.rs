@@ -193,18 +193,7 @@ mod tests {
     async fn the_printer_emits_every_event_written_before_it_is_stopped_once_and_in_order() {
         let store: Arc<dyn EventStore> = Arc::new(MemoryStore::default());
         let now = Utc::now();
-        let record = RunRecord {
-            run_id: "r".to_owned(),
-            scenario_id: "s".to_owned(),
-            status: "running".to_owned(),
-            created_at: now,
-            updated_at: now,
-            last_seq: 0,
-            parent_run_id: None,
-            root_run_id: None,
-            idempotency: None,
-            tenant: None,
-        };
+        let record = RunRecord::new("r", "s", "running", now);
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&seen);
         // Started before the run exists, as `baton run` does.

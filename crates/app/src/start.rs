@@ -58,6 +58,8 @@ pub struct Planned {
     pub start: Start,
     /// Said before the job starts: how it fell back, that the jail is off.
     pub warnings: Vec<String>,
+    /// Most idempotency keys the job's tenant may hold (the settings it was planned under).
+    pub keys_max: u64,
 }
 
 /// Checks the request's own values.
@@ -186,6 +188,33 @@ pub async fn key_holder(
     }
 }
 
+/// Room for a new key of `tenant`'s (`claim`, when the job has one): refused while the
+/// tenant's jobs hold `keys_max` keys unexpired. The count is read before the job is
+/// created, so starts racing at the cap may pass it by their number, never more: a bound on
+/// what a tenant can hold, not an exact quota.
+pub async fn key_room(
+    store: &dyn EventStore,
+    tenant: Option<&str>,
+    claim: Option<&KeyClaim>,
+    keys_max: u64,
+) -> Result<(), Error> {
+    if claim.is_none() {
+        return Ok(());
+    }
+    let held = store.keys_held(tenant, keys_max).await.map_err(|e| {
+        Error::new(crate::error::Kind::Internal, format!("counting idempotency keys: {e}"))
+    })?;
+    if held >= keys_max {
+        return Err(Error::new(
+            crate::error::Kind::OverLimit,
+            format!(
+                "this tenant's jobs hold {keys_max} idempotency keys, the most `[jobs] idempotency_keys_max` allows; start without a key, or again once keys expire"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Plans a job: checks the request, selects its scenario (or takes `given`, a standalone
 /// wave's), and refuses it when it can reach a scenario that starts programs and the jail
 /// cannot be set up.
@@ -219,7 +248,7 @@ pub fn plan(
         tenant: request.tenant,
         ..Start::default()
     };
-    Ok(Planned { scenario, selected, start, warnings })
+    Ok(Planned { scenario, selected, start, warnings, keys_max: settings.keys_max })
 }
 
 /// What a job is started with at a terminal, beside its [`JobStart`]: the model it answers
@@ -341,6 +370,7 @@ pub async fn ready(
     if let Some(run_id) = key_holder(store.as_ref(), tenant, claim).await? {
         return Ok(Ready::Taken { store, run_id });
     }
+    key_room(store.as_ref(), tenant, claim, planned.keys_max).await?;
     let jobs = reloading_jobs(
         place,
         store.as_ref(),

@@ -74,10 +74,16 @@ pub(crate) fn durability(
 }
 
 pub(crate) fn peak_rss_kib() -> u64 {
+    status_kib("VmHWM:")
+}
+
+/// A size this process's `/proc/self/status` gives in KiB (`VmRSS:`, `VmHWM:`); 0 where it
+/// cannot be read.
+fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
         .unwrap_or(0)
 }
@@ -91,12 +97,7 @@ pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 pub(crate) fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap_or(0)
+    status_kib("VmRSS:")
 }
 
 pub(crate) fn uuid_like() -> String {

@@ -372,16 +372,11 @@ impl Engine {
     ) -> (RunRecord, Event) {
         let now = self.clock.now();
         let record = RunRecord {
-            run_id: run_id.to_owned(),
-            scenario_id: scenario.id.clone(),
-            status: Status::Running.as_str().to_owned(),
-            created_at: now,
-            updated_at: now,
-            last_seq: 0,
             parent_run_id: start.parent.as_ref().map(|p| p.parent_run_id.clone()),
             root_run_id: start.parent.as_ref().map(|p| p.root_run_id.clone()),
             idempotency: start.idempotency.clone(),
             tenant: start.tenant.clone(),
+            ..RunRecord::new(run_id, &scenario.id, Status::Running.as_str(), now)
         };
         let budget =
             start.budget.unwrap_or_else(|| crate::job::caps(scenario, start.tree_max_cost_usd));

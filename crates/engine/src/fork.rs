@@ -161,16 +161,8 @@ impl Engine {
         }
         let status = if fork_state.awaiting_person() { Status::Paused } else { Status::Running };
         let record = RunRecord {
-            run_id: new_run.to_owned(),
-            scenario_id: scenario.id.clone(),
-            status: status.as_str().to_owned(),
-            created_at: now,
-            updated_at: now,
-            last_seq: 0,
-            parent_run_id: None,
-            root_run_id: None,
-            idempotency: None,
             tenant: fork_state.tenant.clone(),
+            ..RunRecord::new(new_run, &scenario.id, status.as_str(), now)
         };
         self.store.create_run(&record, copied).await?;
         Ok(fork_state)

@@ -178,6 +178,10 @@ pub struct JobsConfig {
     /// from 60 through 2 592 000, thirty days). After it, a start with the key is a new job.
     #[serde(default)]
     pub idempotency_hold_s: Option<u64>,
+    /// Most idempotency keys one tenant's jobs hold at once (default 100 000; from 1 through
+    /// 10 000 000). A start with a new key past it is refused until keys expire.
+    #[serde(default)]
+    pub idempotency_keys_max: Option<u64>,
 }
 
 /// Waves (`[waves]`).
@@ -316,6 +320,13 @@ impl Config {
         {
             return Err(format!(
                 "[jobs] idempotency_hold_s must be from 60 through 2592000 seconds (thirty days), not {s}"
+            ));
+        }
+        if let Some(n) = self.jobs.idempotency_keys_max
+            && !(1..=10_000_000).contains(&n)
+        {
+            return Err(format!(
+                "[jobs] idempotency_keys_max must be from 1 through 10000000 keys, not {n}"
             ));
         }
         for (key, value) in [

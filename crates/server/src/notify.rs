@@ -206,6 +206,14 @@ impl EventStore for Notifying {
         self.inner.run_by_key(tenant, key)
     }
 
+    fn keys_held<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        self.inner.keys_held(tenant, limit)
+    }
+
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
         self.inner.runs(status)
     }

@@ -216,6 +216,8 @@ pub(crate) async fn start(
     {
         return existing_run(app, caller, &run_id).await;
     }
+    let keys_max = app.baton.jobs().keys_max;
+    baton_app::start::key_room(app.store.as_ref(), tenant, claim.as_ref(), keys_max).await?;
     app.starts.take(caller.tenant.as_deref().unwrap_or("local"))?;
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
     let planned =

@@ -1231,6 +1231,27 @@ impl EventStore for PostgresStore {
         })
     }
 
+    fn keys_held<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = query(
+                &c,
+                "SELECT COUNT(*) FROM (SELECT 1 FROM runs
+                  WHERE COALESCE(tenant, '') = COALESCE($1, '') AND idempotency_key IS NOT NULL
+                    AND key_expires_us > $2 LIMIT $3) AS held",
+                &[&tenant, &micros(Utc::now()), &limit],
+            )
+            .await?;
+            let held: i64 = rows.first().map_or(0, |r| r.get(0));
+            Ok(held.max(0) as u64)
+        })
+    }
+
     fn runs_named<'a>(
         &'a self,
         ids: &'a [String],

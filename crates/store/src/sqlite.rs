@@ -106,6 +106,11 @@ enum Request {
         key: String,
         reply: Reply<Option<RunRecord>>,
     },
+    KeysHeld {
+        tenant: Option<String>,
+        limit: u64,
+        reply: Reply<u64>,
+    },
     PutOverride {
         o: TenantOverride,
         reply: Reply<()>,
@@ -977,6 +982,9 @@ fn read(conn: &Connection, dicts: &mut Dicts, r: Request) {
         Request::RunByKey { tenant, key, reply } => {
             let _ = reply.send(run_by_key(conn, tenant.as_deref(), &key));
         }
+        Request::KeysHeld { tenant, limit, reply } => {
+            let _ = reply.send(keys_held(conn, tenant.as_deref(), limit));
+        }
         // Each a single statement, committed on its own.
         Request::PutOverride { o, reply } => {
             let written = conn
@@ -1148,6 +1156,22 @@ fn run_by_key(
     .map_err(backend)?
     .transpose()
     .map(|found| found.map(|(r, _)| r))
+}
+
+/// How many keys runs of `tenant` hold unexpired, up to `limit`.
+fn keys_held(conn: &Connection, tenant: Option<&str>, limit: u64) -> Result<u64, Error> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let held: i64 = conn
+        .prepare_cached(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM runs
+              WHERE COALESCE(tenant, '') = COALESCE(?1, '') AND idempotency_key IS NOT NULL
+                AND key_expires_us > ?2 LIMIT ?3)",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![tenant, Utc::now().timestamp_micros(), limit], |r| r.get(0))
+        })
+        .map_err(backend)?;
+    Ok(held.max(0) as u64)
 }
 
 /// A page of the run list, newest first after the cursor run (by its creation time, then
@@ -1323,6 +1347,15 @@ impl EventStore for SqliteStore {
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         let (tenant, key) = (tenant.map(str::to_owned), key.to_owned());
         Box::pin(self.read(move |reply| Request::RunByKey { tenant, key, reply }))
+    }
+
+    fn keys_held<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        let tenant = tenant.map(str::to_owned);
+        Box::pin(self.read(move |reply| Request::KeysHeld { tenant, limit, reply }))
     }
 
     fn runs_named<'a>(

@@ -112,18 +112,7 @@ async fn postgres_store_detects_damage() {
 
 fn record(id: &str) -> RunRecord {
     let at = chrono::Utc::now();
-    RunRecord {
-        run_id: id.to_owned(),
-        scenario_id: "demo".to_owned(),
-        status: "running".to_owned(),
-        created_at: at,
-        updated_at: at,
-        last_seq: 0,
-        parent_run_id: None,
-        root_run_id: None,
-        idempotency: None,
-        tenant: None,
-    }
+    RunRecord::new(id, "demo", "running", at)
 }
 
 fn warnings(from: u64, n: u64) -> Vec<Event> {

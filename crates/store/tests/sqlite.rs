@@ -132,18 +132,7 @@ fn warnings(from: u64, n: u64) -> Vec<Event> {
 
 fn record(id: &str) -> RunRecord {
     let at = chrono::DateTime::from_timestamp_micros(1_700_000_000_000_000).unwrap();
-    RunRecord {
-        run_id: id.to_owned(),
-        scenario_id: "demo".to_owned(),
-        status: "running".to_owned(),
-        created_at: at,
-        updated_at: at,
-        last_seq: 0,
-        parent_run_id: None,
-        root_run_id: None,
-        idempotency: None,
-        tenant: None,
-    }
+    RunRecord::new(id, "demo", "running", at)
 }
 
 #[tokio::test]

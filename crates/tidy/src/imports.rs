@@ -201,6 +201,12 @@ struct Collector {
 }
 
 impl Collector {
+    /// A path written outside a `use` item, in an expression, a type or a macro call.
+    fn inline_path(&mut self, segments: Vec<String>, line: usize) {
+        let inline = self.inline.clone();
+        self.out.push(Written { segments, glob: false, alias: None, in_use: false, line, inline });
+    }
+
     fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
         match tree {
             syn::UseTree::Path(p) => {
@@ -277,15 +283,7 @@ impl Collector {
                     break;
                 }
             }
-            let inline = self.inline.clone();
-            self.out.push(Written {
-                segments,
-                glob: false,
-                alias: None,
-                in_use: false,
-                line,
-                inline,
-            });
+            self.inline_path(segments, line);
         }
     }
 }
@@ -324,15 +322,7 @@ impl<'ast> Visit<'ast> for Collector {
         if path.leading_colon.is_none() && path.segments.len() > 1 {
             let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
             let line = path.segments[0].ident.span().start().line;
-            let inline = self.inline.clone();
-            self.out.push(Written {
-                segments,
-                glob: false,
-                alias: None,
-                in_use: false,
-                line,
-                inline,
-            });
+            self.inline_path(segments, line);
         }
         visit::visit_path(self, path);
     }

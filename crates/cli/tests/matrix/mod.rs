@@ -197,6 +197,15 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "a new idempotency key while the tenant holds its most",
+            who: Who::Acme,
+            request: json!({"scenario": "echo", "input": "x", "idempotency_key": "job-8"}),
+            expect: Expect::Refused {
+                kind: "over-limit",
+                says: "this tenant's jobs hold 1 idempotency keys, the most `[jobs] idempotency_keys_max` allows",
+            },
+        },
+        Case {
             name: "an input larger than a job takes",
             who: Who::Acme,
             request: json!({"scenario": "echo", "input": "x".repeat(4 * 1024 * 1024 + 1)}),
@@ -220,7 +229,8 @@ enum Got {
 }
 
 /// A test directory: the scenarios, the configuration (`echo` is the default and the
-/// fallback, `hop` the classifier of `task` jobs) and the script every model answers from.
+/// fallback, `hop` the classifier of `task` jobs, one idempotency key a tenant) and the
+/// script every model answers from.
 struct Lab {
     dir: PathBuf,
     config: PathBuf,
@@ -260,7 +270,7 @@ impl Lab {
         let config = dir.join("baton.toml");
         std::fs::write(
             &config,
-            "[selection]\ndefault = \"echo\"\nfallback = \"echo\"\nclassifier = \"hop\"\nclassify_kinds = [\"task\"]\n",
+            "[selection]\ndefault = \"echo\"\nfallback = \"echo\"\nclassifier = \"hop\"\nclassify_kinds = [\"task\"]\n\n[jobs]\nidempotency_keys_max = 1\n",
         )
         .unwrap();
         let script = dir.join("script.yaml");

@@ -10,18 +10,7 @@ use crate::store::error::Error;
 
 fn record(id: &str) -> RunRecord {
     let at = Utc.timestamp_opt(1_700_000_000, 0).single().unwrap_or_default();
-    RunRecord {
-        run_id: id.to_owned(),
-        scenario_id: "demo".to_owned(),
-        status: "running".to_owned(),
-        created_at: at,
-        updated_at: at,
-        last_seq: 0,
-        parent_run_id: None,
-        root_run_id: None,
-        idempotency: None,
-        tenant: None,
-    }
+    RunRecord::new(id, "demo", "running", at)
 }
 
 /// A claim of `key` by a request digested as `request`, held for a day from now or, when
@@ -202,6 +191,17 @@ async fn runs_keep_their_links_and_keys(store: &dyn EventStore, prefix: &str) {
     assert_eq!(found.run_id, fresh.run_id);
     let old = store.run(&stale.run_id).await.expect("read").expect("the old run stays");
     assert_eq!(old.idempotency, None, "the old run let its key go");
+    // The keys a tenant holds are counted unexpired only, up to the limit asked.
+    let counted = format!("{prefix}-counted");
+    for n in 0..3 {
+        let mut keyed = record(&format!("{prefix}-counted-{n}"));
+        keyed.idempotency = claim(&format!("{prefix}-k{n}"), "r", n == 2);
+        keyed.tenant = Some(counted.clone());
+        store.create_run(&keyed, events(1, 1)).await.expect("create a keyed run");
+    }
+    assert_eq!(store.keys_held(Some(&counted), 10).await.expect("count"), 2);
+    assert_eq!(store.keys_held(Some(&counted), 1).await.expect("count"), 1, "bounded");
+    assert_eq!(store.keys_held(Some(&format!("{prefix}-nobody")), 10).await.expect("count"), 0);
 }
 
 /// Overrides are stored per tenant and scenario, replaced by a later one, listed by

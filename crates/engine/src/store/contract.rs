@@ -37,6 +37,25 @@ pub struct RunRecord {
     pub tenant: Option<String>,
 }
 
+impl RunRecord {
+    /// A run just created at `at`: no events yet, no parent, key or tenant (set those with
+    /// struct update syntax).
+    pub fn new(run_id: &str, scenario_id: &str, status: &str, at: DateTime<Utc>) -> RunRecord {
+        RunRecord {
+            run_id: run_id.to_owned(),
+            scenario_id: scenario_id.to_owned(),
+            status: status.to_owned(),
+            created_at: at,
+            updated_at: at,
+            last_seq: 0,
+            parent_run_id: None,
+            root_run_id: None,
+            idempotency: None,
+            tenant: None,
+        }
+    }
+}
+
 /// A job's idempotency key as its first run holds it: scoped to the run's tenant, bound to
 /// the request that claimed it, and held until it expires. A second start with a held key
 /// gets the first run (with the same request) or a refusal (with another); once the key
@@ -238,6 +257,14 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         tenant: Option<&'a str>,
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
+
+    /// How many idempotency keys runs of `tenant` (none: of no tenant) hold unexpired,
+    /// counted up to `limit` (a bounded read: a count past it is `limit`).
+    fn keys_held<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<u64, Error>>;
 
     /// Every run, newest first, optionally only those with one status.
     fn runs<'a>(&'a self, status: Option<&'a str>) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>>;

@@ -291,6 +291,23 @@ impl EventStore for MemoryStore {
         })
     }
 
+    fn keys_held<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            let now = Utc::now();
+            let held = self.with(|runs| {
+                runs.values()
+                    .filter(|l| l.record.tenant.as_deref() == tenant && holds(&l.record, now))
+                    .take(usize::try_from(limit).unwrap_or(usize::MAX))
+                    .count()
+            });
+            Ok(held as u64)
+        })
+    }
+
     fn run_by_key<'a>(
         &'a self,
         tenant: Option<&'a str>,

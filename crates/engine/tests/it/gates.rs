@@ -97,18 +97,7 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
     ];
     let store = Arc::new(MemoryStore::new());
     let now = Utc::now();
-    let record = RunRecord {
-        run_id: "old-run".into(),
-        scenario_id: "confidence".into(),
-        status: "running".into(),
-        created_at: now,
-        updated_at: now,
-        last_seq: 0,
-        parent_run_id: None,
-        root_run_id: None,
-        idempotency: None,
-        tenant: None,
-    };
+    let record = RunRecord::new("old-run", "confidence", "running", now);
     store.create_run(&record, log).await.unwrap();
     let e = engine_on(store, script(ANSWERS));
     assert_eq!(e.state("old-run").await.unwrap().gate_semantics, Semantics::TwoValued);

@@ -58,6 +58,13 @@ macro_rules! delegate_to_inner {
         ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
             self.inner.run_by_key(tenant, key)
         }
+        fn keys_held<'a>(
+            &'a self,
+            tenant: Option<&'a str>,
+            limit: u64,
+        ) -> BoxFuture<'a, Result<u64, store::Error>> {
+            self.inner.keys_held(tenant, limit)
+        }
         fn put_scenario_texts<'a>(
             &'a self,
             checksum: &'a str,
