@@ -372,7 +372,7 @@ impl Metrics {
     }
 
     /// One HTTP answer.
-    pub(crate) fn answered(&self, method: &str, route: &str, status: u16) {
+    pub(crate) fn answered(&self, method: &'static str, route: &str, status: u16) {
         let labels = HttpLabels {
             method: method.to_owned(),
             route: route.to_owned(),

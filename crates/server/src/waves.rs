@@ -44,12 +44,16 @@ impl From<WaveReply> for WaveDone {
     }
 }
 
-/// Which assignment, by its id or its task's.
+/// Which assignment, by its id or its task's — named as MCP's wave tools name them
+/// (`assignment` and `task`, the names of earlier versions, are still taken).
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct WaveTarget {
-    pub assignment: Option<String>,
-    pub task: Option<String>,
+    /// The assignment (`assign-001`); or name it by `task_id`.
+    #[serde(alias = "assignment")]
+    pub assignment_id: Option<String>,
+    #[serde(alias = "task")]
+    pub task_id: Option<String>,
     /// For `dispatch`: the outside agent's run the assignment goes to.
     pub worker_run: Option<String>,
     /// For `record`: `completed`, `partial`, `blocked`, `failed` or `cancelled`.
@@ -62,11 +66,11 @@ pub(crate) struct WaveTarget {
 }
 
 fn target(t: &WaveTarget) -> Result<Target, Problem> {
-    match (&t.assignment, &t.task) {
+    match (&t.assignment_id, &t.task_id) {
         (Some(a), None) => Ok(Target::Assignment(a.clone())),
         (None, Some(task)) => Ok(Target::Task(task.clone())),
         _ => Err(Problem::bad_request(
-            "name the assignment with exactly one of `assignment` and `task`",
+            "name the assignment with exactly one of `assignment_id` and `task_id`",
         )),
     }
 }

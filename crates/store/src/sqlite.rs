@@ -21,6 +21,7 @@
 //! `BATON_FAILPOINT_ABORT_AFTER_WRITES=N`, it aborts right after the commit that makes the
 //! N-th event this process wrote durable, whichever runs they belong to (a job's tree).
 
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
@@ -240,12 +241,18 @@ impl SqliteStore {
     }
 
     /// Opens (creating when absent) the database at `path` and brings its schema up to date.
+    /// What it creates is its user's alone, whatever the umask: directories 0700, the file
+    /// 0600 — and SQLite gives the WAL and shared-memory files the database file's mode.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
                 .map_err(|e| Error::Backend(format!("cannot create {}: {e}", dir.display())))?;
         }
+        create_private(&path)?;
         Self::start(path, OpenFlags::default())
     }
 
@@ -459,6 +466,17 @@ fn open_failure(path: &Path, e: &rusqlite::Error) -> String {
     format!("cannot open the database {shown}: {e}")
 }
 
+/// Creates an empty file at `path`, readable and writable by its user alone, unless
+/// something is there already (an empty file is a new SQLite database, and the file
+/// `VACUUM INTO` may write into).
+fn create_private(path: &Path) -> Result<(), Error> {
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::Backend(format!("cannot create {}: {e}", path.display()))),
+    }
+}
+
 /// Copies the live database at `src` into a new file `dest` in one step (`VACUUM INTO`):
 /// the copy is the database as of one instant, taken through a read transaction of its own,
 /// so runs being appended by other connections or processes go on meanwhile (their later
@@ -490,6 +508,8 @@ pub fn backup(src: &Path, dest: &Path) -> Result<(), Error> {
     let conn = Connection::open_with_flags(src, flags)
         .map_err(|e| Error::Backend(format!("cannot open {}: {e}", src.display())))?;
     conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(backend)?;
+    // The copy holds every run: its user's alone, like the database.
+    create_private(dest)?;
     match conn.execute("VACUUM INTO ?1", [into]) {
         Ok(_) => Ok(()),
         Err(e) => {

@@ -104,6 +104,34 @@ fn fresh_db(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 }
 
 #[tokio::test]
+async fn a_new_database_its_side_files_and_backups_are_its_users_alone_under_umask_022() {
+    use std::os::unix::fs::PermissionsExt;
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    let (dir, _) = fresh_db("private");
+    let data = dir.join("data");
+    let db = data.join("nested").join("baton.db");
+    let store = SqliteStore::open(&db).unwrap();
+    store.create_run(&record("r"), warnings(1, 2)).await.unwrap();
+    let _held = store.hold("r").await.unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700, "a directory it creates");
+    assert_eq!(mode(&data.join("nested")), 0o700, "a directory it creates");
+    let copy = dir.join("copy.db");
+    baton_store::backup(&db, &copy).unwrap();
+    let mut files: Vec<std::path::PathBuf> =
+        std::fs::read_dir(data.join("nested")).unwrap().map(|e| e.unwrap().path()).collect();
+    files.push(copy);
+    for side in ["baton.db", "baton.db-wal", "baton.db-shm", "baton.db.holds"] {
+        assert!(files.iter().any(|f| f.ends_with(side)), "{side} in {files:?}");
+    }
+    for file in &files {
+        assert_eq!(mode(file), 0o600, "{}", file.display());
+    }
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
 async fn sqlite_store_detects_damage() {
     let (dir, db) = fresh_db("damage");
     let store = SqliteStore::open(&db).unwrap();

@@ -791,6 +791,17 @@ fn a_real_prometheus_scrapes_what_the_runs_did() {
     let text = http(addr, "GET", "/metrics", &[("Authorization", &bearer(&admin))], None);
     assert!(text.header("content-type").unwrap().starts_with("application/openmetrics-text"));
     assert!(text.body.ends_with("# EOF\n"), "{}", text.body);
+    // Made-up methods and paths, with a token and without, add no series: the method is
+    // `other`, the route `unmatched`.
+    let series =
+        |body: &str| body.lines().filter(|l| l.starts_with("baton_http_requests_total{")).count();
+    let before = series(&text.body);
+    for i in 0..500 {
+        let auth: &[(&str, &str)] = if i % 2 == 0 { &[("Authorization", &ann)] } else { &[] };
+        http(addr, &format!("M{i}X"), &format!("/nowhere/{i}"), auth, None);
+    }
+    let after = http(addr, "GET", "/metrics", &[("Authorization", &bearer(&admin))], None).body;
+    assert!(series(&after) <= before + 4, "{} series after, {before} before", series(&after));
 
     let p = prometheus(&dir, addr, &admin);
     let finished = scraped(
@@ -1215,7 +1226,7 @@ fn outside_agents_run_a_manual_wave_through_the_api() {
     let wave = http(addr, "GET", &format!("/runs/{run}/wave"), &[], None);
     assert_eq!(wave.status, 200, "{wave:?}");
     for (i, task) in ["t1", "t2"].iter().enumerate() {
-        let d = act("dispatch", json!({"task": task, "worker_run": format!("agent-{i}")}));
+        let d = act("dispatch", json!({"task_id": task, "worker_run": format!("agent-{i}")}));
         assert_eq!(d.status, 200, "{d:?}");
         let assignment = d.json()["assignment_id"].as_str().unwrap().to_owned();
         // One at a time: the other cannot be dispatched while this one is out.
@@ -1225,14 +1236,18 @@ fn outside_agents_run_a_manual_wave_through_the_api() {
         }
         let r = act(
             "record",
-            json!({"assignment": assignment, "outcome": "completed", "summary": format!("{task} done")}),
+            json!({"assignment_id": assignment, "outcome": "completed", "summary": format!("{task} done")}),
         );
         assert_eq!(r.status, 200, "{r:?}");
+        // `assignment` and `task`, the names of earlier versions, are still taken.
         let again = act("record", json!({"assignment": assignment, "outcome": "failed"}));
         assert_eq!(again.status, 409, "an assignment is settled once: {again:?}");
     }
     let bad = act("record", json!({"task": "t1", "outcome": "splendid"}));
     assert_eq!(bad.status, 400, "{bad:?}");
+    let both = act("record", json!({"assignment_id": "a", "task_id": "t1", "outcome": "failed"}));
+    assert_eq!(both.status, 400, "{both:?}");
+    assert!(both.body.contains("exactly one of `assignment_id` and `task_id`"), "{both:?}");
     assert_eq!(act("explode", json!({})).status, 404);
     let decided = act("decide", json!({}));
     assert_eq!(decided.json()["decision"], "complete", "{decided:?}");

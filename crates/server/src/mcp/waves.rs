@@ -275,8 +275,8 @@ pub(crate) async fn call(
         "wave_record" => {
             let a: RecordArgs = args(name, arguments)?;
             let t = WaveTarget {
-                assignment: a.assignment_id,
-                task: a.task_id,
+                assignment_id: a.assignment_id,
+                task_id: a.task_id,
                 outcome: Some(a.outcome),
                 summary: a.summary,
                 blockers: a.blockers,
@@ -449,8 +449,8 @@ async fn dispatch(
     let mut dispatched = Vec::with_capacity(a.links.len());
     for link in a.links {
         let t = WaveTarget {
-            assignment: link.assignment_id,
-            task: link.task_id,
+            assignment_id: link.assignment_id,
+            task_id: link.task_id,
             worker_run: Some(link.worker_run_id),
             ..WaveTarget::default()
         };
