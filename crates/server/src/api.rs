@@ -87,27 +87,25 @@ async fn count_answers(State(app): State<Arc<App>>, request: Request, next: Next
     response
 }
 
-/// The server's metrics in the Prometheus (OpenMetrics) text format: runs, levels, model
-/// calls, tokens and cost, retries and failovers, verifiers, approval idle time, stops,
-/// the queue, the store's commit latency and the HTTP answers. Server-wide, so it takes an
-/// admin token.
+/// The server's metrics — runs, levels, model calls, tokens and cost, retries and
+/// failovers, verifiers, approval idle time, stops, the queue, the store's commit latency
+/// and the HTTP answers — as OpenMetrics text when `Accept` asks for it, else in
+/// Prometheus' classic text format. Server-wide, so it takes an admin token.
 #[utoipa::path(get, path = "/metrics", responses(
-    (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
+    (status = 200, description = "OpenMetrics text, or the classic text format", content(
+        (String = "application/openmetrics-text"), (String = "text/plain"))),
     (status = 403, body = Problem)))]
 pub(crate) async fn metrics(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
+    headers: axum::http::HeaderMap,
 ) -> Result<Response, Problem> {
     caller.require(Role::Admin)?;
-    let text = app.metrics.render(app.workers.queue_depth(), app.workers.active());
-    Ok((
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response())
+    let accept =
+        headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let (text, content_type) =
+        app.metrics.render_for(accept, app.workers.queue_depth(), app.workers.active());
+    Ok(([(axum::http::header::CONTENT_TYPE, content_type)], text).into_response())
 }
 
 /// Refuses requests naming another host or coming from another origin's page.

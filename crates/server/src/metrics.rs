@@ -77,6 +77,31 @@ fn latency_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
 }
 
+/// OpenMetrics text in Prometheus' classic text format: a counter's samples keep their
+/// `_total` name and its `HELP` and `TYPE` lines take it too; `UNIT` lines and the closing
+/// `# EOF` go (the classic format has neither). Histograms and gauges read the same in both.
+fn classic(open: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let named = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters.contains(name).then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(named.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
 /// Every metric of the server.
 pub(crate) struct Metrics {
     registry: Registry,
@@ -381,8 +406,26 @@ impl Metrics {
         self.http.get_or_create(&labels).inc();
     }
 
+    /// The metrics in the format the scraper asks for: OpenMetrics when its `Accept` names
+    /// `application/openmetrics-text`, else Prometheus' classic text format (what
+    /// `promtool check metrics` and scrapers without OpenMetrics read). Returns the body and
+    /// its content type.
+    pub(crate) fn render_for(
+        &self,
+        accept: &str,
+        queue_depth: usize,
+        drives: usize,
+    ) -> (String, &'static str) {
+        let open = self.open_metrics(queue_depth, drives);
+        if accept.to_ascii_lowercase().contains("application/openmetrics-text") {
+            (open, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+        } else {
+            (classic(&open), "text/plain; version=0.0.4; charset=utf-8")
+        }
+    }
+
     /// The metrics as OpenMetrics text, with the workers' gauges as they are now.
-    pub(crate) fn render(&self, queue_depth: usize, drives: usize) -> String {
+    fn open_metrics(&self, queue_depth: usize, drives: usize) -> String {
         self.queue_depth.set(i64::try_from(queue_depth).unwrap_or(i64::MAX));
         self.drives.set(i64::try_from(drives).unwrap_or(i64::MAX));
         let mut out = String::new();

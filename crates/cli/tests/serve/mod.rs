@@ -788,14 +788,41 @@ fn a_real_prometheus_scrapes_what_the_runs_did() {
         http(addr, "POST", &format!("/runs/{run}/approve"), &[("Authorization", &ann)], None);
     assert_eq!(approve.status, 200);
     let done = wait_for(addr, &ann, &run, "completed", |v| v["status"] == "completed");
-    let text = http(addr, "GET", "/metrics", &[("Authorization", &bearer(&admin))], None);
-    assert!(text.header("content-type").unwrap().starts_with("application/openmetrics-text"));
-    assert!(text.body.ends_with("# EOF\n"), "{}", text.body);
+    let admin_auth = bearer(&admin);
+    let open_metrics = [
+        ("Authorization", admin_auth.as_str()),
+        ("Accept", "application/openmetrics-text; version=1.0.0"),
+    ];
+    let open = http(addr, "GET", "/metrics", &open_metrics, None);
+    assert!(open.header("content-type").unwrap().starts_with("application/openmetrics-text"));
+    assert!(open.body.ends_with("# EOF\n"), "{}", open.body);
+    // Asked for nothing in particular, the classic text format, which promtool passes.
+    let classic = http(addr, "GET", "/metrics", &[("Authorization", &admin_auth)], None);
+    assert!(classic.header("content-type").unwrap().starts_with("text/plain; version=0.0.4"));
+    assert!(classic.body.contains("# HELP baton_runs_started_total "), "{}", classic.body);
+    assert!(!classic.body.contains("# EOF") && !classic.body.contains("# UNIT"));
+    let promtool = repo().join(".peers/prometheus/usr/bin/promtool");
+    let mut check = std::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", promtool.display()));
+    check.stdin.take().unwrap().write_all(classic.body.as_bytes()).unwrap();
+    let checked = check.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}\n{}",
+        text(&checked.stdout),
+        text(&checked.stderr),
+        classic.body
+    );
     // Made-up methods and paths, with a token and without, add no series: the method is
     // `other`, the route `unmatched`.
     let series =
         |body: &str| body.lines().filter(|l| l.starts_with("baton_http_requests_total{")).count();
-    let before = series(&text.body);
+    let before = series(&open.body);
     for i in 0..500 {
         let auth: &[(&str, &str)] = if i % 2 == 0 { &[("Authorization", &ann)] } else { &[] };
         http(addr, &format!("M{i}X"), &format!("/nowhere/{i}"), auth, None);
