@@ -26,16 +26,43 @@ pub(crate) struct WaveDone {
     pub assignment_id: Option<String>,
     /// The controller's decision after the action (`dispatch`, `wait`, `complete` …).
     pub decision: String,
-    #[schema(value_type = Object)]
-    pub counts: Value,
+    pub counts: Counts,
     pub max_parallel: u32,
+}
+
+/// A wave's assignments, counted by stage and outcome.
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
+pub(crate) struct Counts {
+    pub assignments: u32,
+    pub planned: u32,
+    pub in_flight: u32,
+    pub completed: u32,
+    pub partial: u32,
+    pub blocked: u32,
+    pub failed: u32,
+    pub cancelled: u32,
+}
+
+impl From<baton_engine::event::WaveCounts> for Counts {
+    fn from(c: baton_engine::event::WaveCounts) -> Self {
+        Counts {
+            assignments: c.assignments,
+            planned: c.planned,
+            in_flight: c.in_flight,
+            completed: c.completed,
+            partial: c.partial,
+            blocked: c.blocked,
+            failed: c.failed,
+            cancelled: c.cancelled,
+        }
+    }
 }
 
 impl From<WaveReply> for WaveDone {
     fn from(r: WaveReply) -> Self {
         WaveDone {
             decision: r.decision.as_str().to_owned(),
-            counts: serde_json::to_value(r.counts).unwrap_or(Value::Null),
+            counts: r.counts.into(),
             run_id: r.run_id,
             level_id: r.level_id,
             assignment_id: r.assignment_id,

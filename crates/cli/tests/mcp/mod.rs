@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::serve::{http, serve, token};
 use super::{baton_in, repo, scratch, text};
@@ -121,6 +121,20 @@ fn the_python_client_over_stdio_starts_follows_and_approves_a_run_and_reads_reso
         assert_eq!(t["output"]["type"], "object", "{name}: {t}");
     }
     assert_eq!(tools.len(), TOOLS.len(), "{:?}", tools.keys());
+    // No schema holds a boolean subschema (some SDKs refuse the whole list over one), and
+    // the wave tools' results type their counts.
+    for (name, t) in tools {
+        for side in ["input", "output"] {
+            let found = boolean_subschemas(&t[side], &format!("{name}.{side}"));
+            assert!(found.is_empty(), "boolean subschemas: {found:?}");
+        }
+    }
+    let counts = &tools["wave_record"]["output"]["properties"]["counts"];
+    let counts = match counts.get("$ref").and_then(Value::as_str) {
+        Some(r) => &tools["wave_record"]["output"]["$defs"][r.rsplit('/').next().unwrap()],
+        None => counts,
+    };
+    assert_eq!(counts["properties"]["in_flight"]["type"], "integer", "{counts}");
     // run_start's input schema names its arguments, and refuses others.
     let start = &tools["run_start"]["input"];
     for arg in
@@ -128,7 +142,7 @@ fn the_python_client_over_stdio_starts_follows_and_approves_a_run_and_reads_reso
     {
         assert!(start["properties"].get(arg).is_some(), "{arg}: {start}");
     }
-    assert_eq!(start["additionalProperties"], false);
+    assert_eq!(start["additionalProperties"], json!({"not": {}}), "refuses other arguments");
 
     let ids: Vec<&str> = v["scenarios"]["scenarios"]
         .as_array()
@@ -410,6 +424,45 @@ fn over_streamable_http_each_call_acts_as_its_tokens_tenant_and_role() {
     assert!(!text(&out.stdout).contains("cancelled"), "{}", text(&out.stdout));
     drop(served);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Where `schema` (at `path`) holds `true` or `false` where a schema goes.
+fn boolean_subschemas(schema: &Value, path: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let Some(object) = schema.as_object() else {
+        if schema.is_boolean() {
+            found.push(path.to_owned());
+        }
+        return found;
+    };
+    for (key, value) in object {
+        let at = format!("{path}.{key}");
+        match key.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" => {
+                for (name, sub) in value.as_object().into_iter().flatten() {
+                    found.extend(boolean_subschemas(sub, &format!("{at}.{name}")));
+                }
+            }
+            "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
+                for (i, sub) in value.as_array().into_iter().flatten().enumerate() {
+                    found.extend(boolean_subschemas(sub, &format!("{at}[{i}]")));
+                }
+            }
+            "items"
+            | "additionalProperties"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
+            | "propertyNames"
+            | "unevaluatedProperties" => {
+                found.extend(boolean_subschemas(value, &at));
+            }
+            _ => {}
+        }
+    }
+    found
 }
 
 /// The Inspector's CLI (`mcp-inspector --cli`), a client written independently of both

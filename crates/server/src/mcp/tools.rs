@@ -8,14 +8,13 @@ use std::time::Duration;
 
 use baton_engine::Status;
 use rmcp::ErrorData;
-use rmcp::handler::server::common::schema_for_type;
 use rmcp::model::{CallToolResult, Tool, ToolAnnotations};
 use rmcp::service::{RequestContext, RoleServer};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::calls::{LOOK_EVERY, NoArgs, args};
+use super::calls::{LOOK_EVERY, NoArgs, args, schema_of};
 use super::reply::{Progress, answered, failed};
 use crate::app::App;
 use crate::auth::Caller;
@@ -192,8 +191,8 @@ fn tool<A: JsonSchema + 'static, R: JsonSchema + 'static>(
     read_only: bool,
 ) -> Tool {
     let annotations = ToolAnnotations::new().read_only(read_only).destructive(false);
-    Tool::new(name, description, schema_for_type::<A>())
-        .with_raw_output_schema(schema_for_type::<R>())
+    Tool::new(name, description, schema_of::<A>())
+        .with_raw_output_schema(schema_of::<R>())
         .with_annotations(annotations)
 }
 

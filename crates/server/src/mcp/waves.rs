@@ -13,14 +13,13 @@ use baton_engine::wave_actions;
 use baton_engine::wave_drive::WaveSettings;
 use baton_engine::{Outcome, Status};
 use rmcp::ErrorData;
-use rmcp::handler::server::common::schema_for_type;
 use rmcp::model::{CallToolResult, Tool, ToolAnnotations};
 use rmcp::service::{RequestContext, RoleServer};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::calls::{LOOK_EVERY, NoArgs, args, caller_runs, object_schema};
+use super::calls::{LOOK_EVERY, NoArgs, args, caller_runs, object_schema, schema_of};
 use super::reply::{Progress, answered, failed};
 use crate::app::App;
 use crate::auth::Caller;
@@ -193,7 +192,7 @@ fn tool<A: JsonSchema + 'static>(
     output: Arc<rmcp::model::JsonObject>,
     read_only: bool,
 ) -> Tool {
-    Tool::new(name, description, schema_for_type::<A>())
+    Tool::new(name, description, schema_of::<A>())
         .with_raw_output_schema(output)
         .with_annotations(ToolAnnotations::new().read_only(read_only).destructive(false))
 }
@@ -212,44 +211,44 @@ pub(crate) fn list() -> Vec<Tool> {
         tool::<DispatchArgs>(
             "wave_dispatch",
             "Mark planned assignments dispatched to workers you run yourself (each link an assignment and your worker's run id), within the wave's max_parallel. Record each outcome with wave_record before the wave's timeout.",
-            schema_for_type::<Dispatched>(),
+            schema_of::<Dispatched>(),
             false,
         ),
         tool::<RecordArgs>(
             "wave_record",
             "Record the outcome of an assignment you dispatched, exactly once: completed, partial, blocked (with blockers), failed or cancelled. Refused for one already settled, one a wave_run worker owns, and one past its timeout (recorded failed instead).",
-            schema_for_type::<WaveDone>(),
+            schema_of::<WaveDone>(),
             false,
         ),
         tool::<WaveArgs>(
             "wave_decide",
             "The controller's decision now: dispatch (more can start), wait, complete (all completed or partial), replan (one failed), escalate_to_amygdala (one blocked) or cancelled. Assignments past their timeout are recorded failed first.",
-            schema_for_type::<WaveDone>(),
+            schema_of::<WaveDone>(),
             false,
         ),
         tool::<WaveArgs>(
             "wave_complete",
             "End a wave whose decision is an end (complete, replan or escalate); its run then goes on to its end.",
-            schema_for_type::<WaveDone>(),
+            schema_of::<WaveDone>(),
             false,
         ),
         tool::<CancelArgs>(
             "wave_cancel",
             "Cancel a wave: every worker that has not settled is cancelled and waited for (up to the settle timeout), then the wave ends cancelled with what settled.",
-            schema_for_type::<WaveDone>(),
+            schema_of::<WaveDone>(),
             false,
         ),
         tool::<RunArgs>(
             "wave_run",
             "Run a planned wave here: its planned assignments go to its worker scenario as child runs, at most max_parallel at once, until the wave ends or waits for outside agents. Progress notifications follow each dispatch and settlement. An MCP cancellation of the call cancels the wave only with cancel_with_call: true.",
-            schema_for_type::<WaveRan>(),
+            schema_of::<WaveRan>(),
             false,
         ),
         tool::<WaveArgs>("wave_get", "One wave with every assignment.", object_schema(VIEW), true),
         tool::<ListArgs>(
             "wave_list",
             "Waves, newest first, each as wave_get shows it.",
-            schema_for_type::<WaveList>(),
+            schema_of::<WaveList>(),
             true,
         ),
         tool::<NoArgs>(
