@@ -4,8 +4,10 @@
 //! the same selection (the `scenario_selected` a run records, compared whole), or refused
 //! with the same kind (the application layer's table: the CLI's exit code, the HTTP status
 //! and problem type, the problem type MCP's error result carries) and the same words —
-//! because every surface starts jobs through the same code. Later start rules add their
-//! cases here, not as tests of one surface.
+//! because every surface starts jobs through the same code. Once every run has ended, each
+//! job's tree — its runs, their scenarios and statuses, and every event with times, ids and
+//! writers masked — must be the same on all four. Later start rules add their cases here,
+//! not as tests of one surface.
 //!
 //! Every process runs where no jail can be set up (`BATON_BWRAP` names nothing): a job that
 //! can reach a scenario starting programs must be refused before its first call, and the
@@ -25,13 +27,8 @@ use super::{baton_command, scratch, text};
 #[derive(Clone, Debug)]
 enum Expect {
     /// A run of `scenario`, chosen `how`, with a warning that says `warning` (or none); the
-    /// job goes on in scenario `chains_to.0` with a chain warning that says `chains_to.1`.
-    Started {
-        scenario: &'static str,
-        how: &'static str,
-        warning: Option<&'static str>,
-        chains_to: Option<Chain>,
-    },
+    /// job then goes as `then` says.
+    Started { scenario: &'static str, how: &'static str, warning: Option<&'static str>, then: Then },
     /// Refused with the problem type `kind` (the URI's last segment), saying `says`.
     Refused { kind: &'static str, says: &'static str },
     /// The same run both times (an idempotency key used twice): no second run.
@@ -72,7 +69,7 @@ fn cases() -> Vec<Case> {
             request: json!({"scenario": "ecoh", "input": "x"}),
             expect: Expect::Refused {
                 kind: "not-found",
-                says: "no scenario `ecoh`; did you mean `echo`? (known: builder, echo, hop, waver, worker)",
+                says: "no scenario `ecoh`; did you mean `echo`? (known: builder, echo, hop, relay, waver, worker)",
             },
         },
         Case {
@@ -98,14 +95,19 @@ fn cases() -> Vec<Case> {
                 scenario: "echo",
                 how: "default",
                 warning: Some("no scenario `nope`; the job runs the default"),
-                chains_to: None,
+                then: Then::Ends,
             },
         },
         Case {
             name: "a metadata pin",
             who: Who::Acme,
             request: json!({"metadata": {"scenario_id": "hop"}, "input": "x"}),
-            expect: Expect::Started { scenario: "hop", how: "pin", warning: None, chains_to: None },
+            expect: Expect::Started {
+                scenario: "hop",
+                how: "pin",
+                warning: None,
+                then: Then::Ends,
+            },
         },
         Case {
             name: "an intent route nobody serves",
@@ -115,7 +117,7 @@ fn cases() -> Vec<Case> {
                 scenario: "echo",
                 how: "default",
                 warning: Some("no scenario serves intent route `astrology`"),
-                chains_to: None,
+                then: Then::Ends,
             },
         },
         Case {
@@ -126,7 +128,7 @@ fn cases() -> Vec<Case> {
                 scenario: "hop",
                 how: "classifier",
                 warning: None,
-                chains_to: Some(("echo", "the classifier ended completed without a usable route")),
+                then: Then::Chains("echo", "the classifier ended completed without a usable route"),
             },
         },
         Case {
@@ -137,10 +139,10 @@ fn cases() -> Vec<Case> {
                 scenario: "hop",
                 how: "classifier",
                 warning: None,
-                chains_to: Some((
+                then: Then::Chains(
                     "echo",
                     "the classifier ended failed without a usable route (model call failed (scripted): the classifier's provider refused the call",
-                )),
+                ),
             },
         },
         Case {
@@ -150,6 +152,19 @@ fn cases() -> Vec<Case> {
             expect: Expect::Refused {
                 kind: "unavailable",
                 says: "scenario `waver` starts workers of scenario `worker`, which runs programs, and the jail cannot be set up",
+            },
+        },
+        Case {
+            name: "a chain to a scenario that starts programs, without a jail",
+            who: Who::Acme,
+            request: json!({"scenario": "relay", "input": "x"}),
+            expect: Expect::Started {
+                scenario: "relay",
+                how: "pin",
+                warning: None,
+                then: Then::ChainRefused(
+                    "the chain to scenario `builder` was refused: scenario `builder` runs programs, and the jail cannot be set up",
+                ),
             },
         },
         Case {
@@ -193,7 +208,7 @@ fn cases() -> Vec<Case> {
                 scenario: "echo",
                 how: "pin",
                 warning: None,
-                chains_to: None,
+                then: Then::Ends,
             },
         },
         Case {
@@ -218,8 +233,17 @@ fn cases() -> Vec<Case> {
 /// so that the job's own limit is what refuses a larger one on every surface.
 const BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-/// The scenario a job must chain to, and what the chain's warning must say.
-type Chain = (&'static str, &'static str);
+/// What a started job comes to.
+#[derive(Clone, Copy, Debug)]
+enum Then {
+    /// Its first run is the whole job.
+    Ends,
+    /// It goes on in scenario `.0`, with a chain warning that says `.1`.
+    Chains(&'static str, &'static str),
+    /// Its chain is refused when decided: the first run alone, failed with a reason that
+    /// says `.0`, and no child run.
+    ChainRefused(&'static str),
+}
 
 /// What one start came to on one surface.
 #[derive(Debug)]
@@ -260,6 +284,10 @@ impl Lab {
                 "id: worker\nversion: 1\nlevels:\n  - id: work\n    kind: prompt\n    prompt: {inline: \"Work on {{ input }}\"}\n  - id: check\n    kind: verifier\n    terminal: true\n    verifiers:\n      - {name: ok, uses: command, params: {argv: [\"true\"]}}\nedges:\n  - {from: work, to: check}\n",
             ),
             (
+                "relay",
+                "id: relay\nversion: 1\nlevels:\n  - id: pass\n    kind: prompt\n    prompt: {inline: \"Pass {{ input }} on\"}\n    response: {json: {}}\n    terminal: true\n",
+            ),
+            (
                 "waver",
                 "id: waver\nversion: 1\nlevels:\n  - id: build\n    kind: wave\n    terminal: true\n    wave: {worker: worker, max_parallel: 1}\nedges:\n  - {from: build, to: __end__, when: \"wave.decision == 'complete'\"}\n  - {from: build, to: __fail__}\n",
             ),
@@ -276,7 +304,7 @@ impl Lab {
         let script = dir.join("script.yaml");
         std::fs::write(
             &script,
-            "scenarios:\n  echo:\n    levels:\n      say: [{text: 'echoed'}]\n  hop:\n    cases:\n      - when: 'Route broken'\n        levels:\n          route: [{error: \"the classifier's provider refused the call\"}]\n    levels:\n      route: [{text: 'hopped'}]\n",
+            "scenarios:\n  echo:\n    levels:\n      say: [{text: 'echoed'}]\n  relay:\n    levels:\n      pass: [{text: '{\"chosen_intent_route\": \"builder\"}'}]\n  hop:\n    cases:\n      - when: 'Route broken'\n        levels:\n          route: [{error: \"the classifier's provider refused the call\"}]\n    levels:\n      route: [{text: 'hopped'}]\n",
         )
         .unwrap();
         Lab { dir, config, script }
@@ -618,7 +646,7 @@ fn every_surface_starts_or_refuses_each_job_alike() {
     let mut mcps = [Mcp::start(&lab, &dbs[3], Who::Acme), Mcp::start(&lab, &dbs[3], Who::Globex)];
     let mut queued = Vec::new();
     // Each job started, with the chain it must make, by its first run on each surface.
-    let mut jobs: Vec<(&str, Option<Chain>, Vec<String>)> = Vec::new();
+    let mut jobs: Vec<(&str, Then, Vec<String>)> = Vec::new();
     for case in cases() {
         let (name, who) = (case.name, case.who);
         let n = usize::from(who == Who::Globex);
@@ -648,7 +676,7 @@ fn every_surface_starts_or_refuses_each_job_alike() {
                     assert_eq!(lab.roots(db), made, "{name}: {surface} made a run");
                 }
             }
-            Expect::Started { scenario, how, warning, chains_to } => {
+            Expect::Started { scenario, how, warning, then } => {
                 let selections: Vec<Value> = dbs
                     .iter()
                     .zip(&got)
@@ -671,7 +699,7 @@ fn every_surface_starts_or_refuses_each_job_alike() {
                 for (surface, s) in ["queue", "rest", "mcp"].iter().zip(&selections[1..]) {
                     assert_eq!(s, first, "{name}: {surface} recorded another start");
                 }
-                jobs.push((name, chains_to, runs(&got)));
+                jobs.push((name, then, runs(&got)));
             }
             Expect::SameRun => {
                 let again = start(&case.request);
@@ -683,7 +711,7 @@ fn every_surface_starts_or_refuses_each_job_alike() {
                     };
                     assert_eq!(a, b, "{name}: {surface} started a second run");
                 }
-                jobs.push((name, None, runs(&got)));
+                jobs.push((name, Then::Ends, runs(&got)));
                 for (db, g) in dbs.iter().zip(got.drain(..)) {
                     if let Got::Run(run) = g {
                         queued.push((db.clone(), run));
@@ -705,14 +733,14 @@ fn every_surface_starts_or_refuses_each_job_alike() {
     for db in &dbs {
         lab.settle(db);
     }
-    for (name, chains_to, roots) in &jobs {
+    for (name, then, roots) in &jobs {
         let trees: Vec<Value> = dbs.iter().zip(roots).map(|(db, root)| lab.job(db, root)).collect();
         for (surface, tree) in ["queue", "rest", "mcp"].iter().zip(&trees[1..]) {
             assert_eq!(tree, &trees[0], "{name}: {surface} came to another end");
         }
         let runs = trees[0].as_array().unwrap();
-        match chains_to {
-            Some((scenario, says)) => {
+        match then {
+            Then::Chains(scenario, says) => {
                 assert_eq!(runs.len(), 2, "{name}: {}", trees[0]);
                 assert_eq!(runs[1]["scenario_id"], *scenario, "{name}");
                 let chained = runs[0]["events"]
@@ -724,7 +752,17 @@ fn every_surface_starts_or_refuses_each_job_alike() {
                 let warning = chained["data"]["warning"].as_str().unwrap_or_default();
                 assert!(warning.contains(says), "{name}: {warning}");
             }
-            None => assert_eq!(runs.len(), 1, "{name}: {}", trees[0]),
+            Then::Ends => assert_eq!(runs.len(), 1, "{name}: {}", trees[0]),
+            Then::ChainRefused(says) => {
+                assert_eq!(runs.len(), 1, "{name}: no child run: {}", trees[0]);
+                assert_eq!(runs[0]["status"], "failed", "{name}");
+                let events = runs[0]["events"].as_array().unwrap();
+                let end = events.iter().find(|e| e["kind"] == "scenario_finished").unwrap();
+                let reason = end["data"]["aborted_reason"].as_str().unwrap_or_default();
+                assert!(reason.contains(says), "{name}: {reason}");
+                let calls = events.iter().filter(|e| e["kind"] == "model_response").count();
+                assert_eq!(calls, 1, "{name}: no model is told of the refusal");
+            }
         }
     }
     drop(mcps);
