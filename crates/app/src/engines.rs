@@ -51,6 +51,7 @@ pub fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Regis
         redactor(place),
         jail(place),
         None,
+        None,
     )
 }
 
@@ -71,21 +72,11 @@ pub fn redactor(place: &Place) -> Redactor {
     Redactor::new(names.iter().filter_map(|n| std::env::var(n).ok()))
 }
 
-pub fn engine(
-    store: Arc<dyn EventStore>,
-    model: Arc<dyn ModelProvider>,
-    registry: &Registry,
-    workspaces: WorkspaceSetup,
-    redactor: Redactor,
-    jail: Arc<Jail>,
-    jobs: Option<Arc<Jobs>>,
-) -> Engine {
-    engine_trusting(store, model, registry, workspaces, redactor, jail, jobs, None)
-}
-
-/// [`engine`], with a `trust_validation` replay's recorded verifier outcomes.
+/// An engine over `store`, answering from `model`, with this instance's verifiers (or, for
+/// a `trust_validation` replay, the recorded verifier outcomes in `trusted`), the jail,
+/// workspaces and redactor, and `jobs` when it starts child runs.
 #[allow(clippy::too_many_arguments)]
-pub fn engine_trusting(
+pub fn engine(
     store: Arc<dyn EventStore>,
     model: Arc<dyn ModelProvider>,
     registry: &Registry,
@@ -234,5 +225,6 @@ pub async fn wave_engine(place: &Place) -> anyhow::Result<Engine> {
         redactor(place),
         jail(place),
         Some(Arc::new(jobs)),
+        None,
     ))
 }

@@ -204,7 +204,7 @@ async fn record_new(
         crate::models::load_model(args.script.as_deref(), place.config.as_deref(), Some(scenario))?;
     let store = crate::place::open_store(place).await?;
     let jobs = crate::engines::jobs(place, Arc::clone(registry), None, WaveDrive::default())?;
-    let engine = crate::engines::engine_trusting(
+    let engine = crate::engines::engine(
         store,
         model,
         registry,

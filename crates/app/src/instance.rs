@@ -172,6 +172,7 @@ impl Baton {
             self.redactor.clone(),
             crate::jail::jail(&self.place),
             Some(Arc::new(jobs)),
+            None,
         ))
     }
 

@@ -81,7 +81,7 @@ pub async fn replay_job(
     let store = place::open_store(place).await?;
     let jobs = engines::jobs(place, Arc::clone(&registry), None, WaveDrive::default())?
         .settling_as(Arc::new(from.recorded.settle_order(&new_root)));
-    let engine = engines::engine_trusting(
+    let engine = engines::engine(
         store,
         Arc::clone(&replayer) as Arc<dyn ModelProvider>,
         &registry,

@@ -18,8 +18,7 @@ use baton_scenario::{Registry, Scenario};
 use serde_json::{Value, json};
 
 use crate::engines::{
-    WaveDrive, engine, engine_trusting, jobs, probe_engine, redactor, reloading_jobs,
-    workspace_setup,
+    WaveDrive, engine, jobs, probe_engine, redactor, reloading_jobs, workspace_setup,
 };
 use crate::jail::jail;
 use crate::place::{Place, open_existing_store};
@@ -149,7 +148,7 @@ pub async fn resume(
             .settling_as(Arc::new(recorded.settle_order(&root)));
         let cassette = recorded.cassette();
         replay = Some(Box::new(recorded));
-        engine_trusting(
+        engine(
             store,
             Arc::new(cassette::Replayer::new(cassette)),
             &registry,
@@ -189,6 +188,7 @@ pub async fn resume(
             redactor(place),
             jail(place),
             Some(jobs),
+            None,
         )
     };
     Ok(Resumed { engine, root, root_scenario, scenario, upgrade: upgraded, replay, jail_warning })
@@ -438,6 +438,7 @@ pub async fn cancel_run(
         redactor(place),
         jail(place),
         jobs(place, Arc::new(Registry::default()), None, WaveDrive::default()).ok().map(Arc::new),
+        None,
     );
     let record = existing_run(place, store.as_ref(), run_id).await?;
     Ok(cancel(&probe, &record, by, reason).await?)

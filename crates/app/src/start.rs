@@ -388,6 +388,7 @@ pub async fn ready(
         redactor(place),
         jail(place),
         Some(jobs),
+        None,
     );
     let first = Start { model_source: source, ..planned.start };
     Ok(Ready::New { engine: Box::new(engine), first: Box::new(first) })

@@ -92,7 +92,7 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         None,
         &scenario,
     )?;
-    let engine = baton_app::engines::engine_trusting(
+    let engine = baton_app::engines::engine(
         store,
         model,
         &registry,

@@ -252,7 +252,9 @@ impl SqliteStore {
                 .create(dir)
                 .map_err(|e| Error::Backend(format!("cannot create {}: {e}", dir.display())))?;
         }
-        create_private(&path)?;
+        // Where the file cannot be made, SQLite's open below cannot make it either, and
+        // its failure is the one diagnosed (a read-only directory, a directory in the way).
+        let _ = create_private(&path);
         Self::start(path, OpenFlags::default())
     }
 
