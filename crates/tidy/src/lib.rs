@@ -109,6 +109,17 @@ mod tests {
         problems
     }
 
+    /// [`check`] of the demo crate with `lower.rs` as given and the other modules empty.
+    fn check_lower(lower: &str) -> Vec<String> {
+        check(&[
+            ("lib.rs", LIB),
+            ("lower.rs", lower),
+            ("left.rs", ""),
+            ("right.rs", ""),
+            ("upper.rs", UPPER),
+        ])
+    }
+
     const LIB: &str =
         "pub mod left;\npub mod lower;\npub mod right;\npub mod upper;\npub use upper::Up;\n";
     const UPPER: &str =
@@ -128,13 +139,7 @@ mod tests {
 
     #[test]
     fn a_use_of_a_higher_layer_fails() {
-        let problems = check(&[
-            ("lib.rs", LIB),
-            ("lower.rs", "use crate::upper::Up;\npub struct Low;\npub fn f(_: Up) {}\n"),
-            ("left.rs", ""),
-            ("right.rs", ""),
-            ("upper.rs", UPPER),
-        ]);
+        let problems = check_lower("use crate::upper::Up;\npub struct Low;\npub fn f(_: Up) {}\n");
         assert!(
             problems
                 .iter()
@@ -149,16 +154,9 @@ mod tests {
 
     #[test]
     fn an_inline_path_to_a_higher_layer_fails() {
-        let problems = check(&[
-            ("lib.rs", LIB),
-            (
-                "lower.rs",
-                "pub struct Low;\n\npub fn f() -> usize {\n    crate::upper::NAME.len()\n}\n",
-            ),
-            ("left.rs", ""),
-            ("right.rs", ""),
-            ("upper.rs", UPPER),
-        ]);
+        let problems = check_lower(
+            "pub struct Low;\n\npub fn f() -> usize {\n    crate::upper::NAME.len()\n}\n",
+        );
         assert!(
             problems
                 .iter()
@@ -169,27 +167,14 @@ mod tests {
 
     #[test]
     fn a_re_export_or_a_macro_call_does_not_hide_a_higher_layer() {
-        let through_root = check(&[
-            ("lib.rs", LIB),
-            ("lower.rs", "pub struct Low;\npub fn f(_: &crate::Up) {}\n"),
-            ("left.rs", ""),
-            ("right.rs", ""),
-            ("upper.rs", UPPER),
-        ]);
+        let through_root = check_lower("pub struct Low;\npub fn f(_: &crate::Up) {}\n");
         assert!(
             through_root.iter().any(|p| p.contains("uses `upper` through `crate::Up`")),
             "{through_root:#?}"
         );
-        let in_macro = check(&[
-            ("lib.rs", LIB),
-            (
-                "lower.rs",
-                "pub struct Low;\npub fn f() -> String {\n    format!(\"{}\", super::upper::NAME)\n}\n",
-            ),
-            ("left.rs", ""),
-            ("right.rs", ""),
-            ("upper.rs", UPPER),
-        ]);
+        let in_macro = check_lower(
+            "pub struct Low;\npub fn f() -> String {\n    format!(\"{}\", super::upper::NAME)\n}\n",
+        );
         assert!(
             in_macro.iter().any(|p| p.contains("lower.rs:3:") && p.contains("super::upper::NAME")),
             "{in_macro:#?}"

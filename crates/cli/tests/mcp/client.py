@@ -272,6 +272,19 @@ async def modern(server):
     return out
 
 
+async def listen_outcome(c, uri):
+    """What subscriptions/listen to `uri` came to: the error that ended it, or that it went on."""
+    try:
+        async with c.listen(resource_subscriptions=[uri]) as sub:
+            with anyio.move_on_after(5):
+                async for _ in sub:
+                    pass
+                return "went on"
+            return "went on"
+    except Exception as e:
+        return f"error: {e}"
+
+
 async def race(s):
     """One of several racers: connected, it waits for the go file, then makes the decision
     (`approve RUN` or `record WAVE TASK`) and prints what it got."""
@@ -307,6 +320,9 @@ async def main():
                     await c.call_tool("run_start", {"scenario": "quick_qa", "input": "2+2?", "wait_s": 30})
                 )
                 out["other_get"] = structured(await c.call_tool("run_get", {"run_id": sys.argv[5]}))
+                # Another tenant's timeline and a missing one are answered alike.
+                for key, run in [("other_listen", sys.argv[5]), ("missing_listen", "no-such-run")]:
+                    out[key] = await listen_outcome(c, f"baton://runs/{run}/timeline")
         print(json.dumps(out), flush=True)
         return
     if sys.argv[1] == "modern":

@@ -400,6 +400,15 @@ fn over_streamable_http_each_call_acts_as_its_tokens_tenant_and_role() {
     assert_eq!(modern["start"]["run"]["tenant"], "globex", "{modern}");
     assert_eq!(modern["start"]["run"]["status"], "completed", "{modern}");
     assert!(modern["other_get"]["error"].as_str().unwrap().contains("no run"), "{modern}");
+    // Listening to another tenant's timeline ends, as listening to a missing run's does,
+    // instead of going on silently (the client shows the end, not the server's words).
+    let listened = |key: &str, run: &str| {
+        let said = modern[key].as_str().unwrap_or_default().replace(run, "RUN");
+        let said: String = said.chars().filter(|c| !c.is_ascii_digit()).collect();
+        assert!(said.starts_with("error: "), "{key}: {said}");
+        said
+    };
+    assert_eq!(listened("other_listen", &run_id), listened("missing_listen", "no-such-run"));
 
     let theirs = client("tenants", &["http".to_owned(), url.clone(), b, run_id.clone()], &dir);
     for key in ["other_get", "other_events", "other_cancel", "other_wave"] {
@@ -426,43 +435,29 @@ fn over_streamable_http_each_call_acts_as_its_tokens_tenant_and_role() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Where `schema` (at `path`) holds `true` or `false` where a schema goes.
+/// Where `schema` (at `path`) holds `true` or `false` other than as a keyword's value that
+/// is a flag or data (`default`, `const`, `enum`, `examples`, `readOnly` …): every other
+/// boolean in a schema stands where a schema goes.
 fn boolean_subschemas(schema: &Value, path: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let Some(object) = schema.as_object() else {
-        if schema.is_boolean() {
-            found.push(path.to_owned());
-        }
-        return found;
-    };
-    for (key, value) in object {
-        let at = format!("{path}.{key}");
-        match key.as_str() {
-            "properties" | "patternProperties" | "$defs" | "definitions" => {
-                for (name, sub) in value.as_object().into_iter().flatten() {
-                    found.extend(boolean_subschemas(sub, &format!("{at}.{name}")));
-                }
-            }
-            "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
-                for (i, sub) in value.as_array().into_iter().flatten().enumerate() {
-                    found.extend(boolean_subschemas(sub, &format!("{at}[{i}]")));
-                }
-            }
-            "items"
-            | "additionalProperties"
-            | "not"
-            | "if"
-            | "then"
-            | "else"
-            | "contains"
-            | "propertyNames"
-            | "unevaluatedProperties" => {
-                found.extend(boolean_subschemas(value, &at));
-            }
-            _ => {}
-        }
+    const DATA: [&str; 4] = ["default", "const", "enum", "examples"];
+    const FLAGS: [&str; 4] = ["readOnly", "writeOnly", "deprecated", "uniqueItems"];
+    match schema {
+        Value::Bool(_) => vec![path.to_owned()],
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .flat_map(|(i, v)| boolean_subschemas(v, &format!("{path}[{i}]")))
+            .collect(),
+        Value::Object(object) => object
+            .iter()
+            .filter(|(k, v)| {
+                let flag = FLAGS.contains(&k.as_str()) && v.is_boolean();
+                !(DATA.contains(&k.as_str()) || flag)
+            })
+            .flat_map(|(k, v)| boolean_subschemas(v, &format!("{path}.{k}")))
+            .collect(),
+        _ => Vec::new(),
     }
-    found
 }
 
 /// The Inspector's CLI (`mcp-inspector --cli`), a client written independently of both

@@ -288,20 +288,28 @@ pub(crate) fn acceptable(requested: &SubscriptionFilter) -> SubscriptionFilter {
     accepted
 }
 
-/// Serves one `subscriptions/listen` until the host cancels it.
+/// Serves one `subscriptions/listen` until the host cancels it. A timeline the caller
+/// cannot read ends the listen with the answer a missing run gets — `resource_not_found`,
+/// the same words for another tenant's run as for none (the SDK has acknowledged the
+/// filter before this runs, and the acknowledgment cannot wait on the store).
 pub(crate) async fn listen(
     app: &Arc<App>,
     caller: &Caller,
     context: SubscriptionContext,
 ) -> Result<(), ErrorData> {
-    let mut tasks = Vec::new();
-    for uri in context.accepted().resource_subscriptions.clone().unwrap_or_default() {
-        let Some(run_id) = run_of(&uri) else { continue };
-        if app.visible_run(caller, run_id).await.is_err() {
-            continue;
+    let uris = context.accepted().resource_subscriptions.clone().unwrap_or_default();
+    let mut runs = Vec::with_capacity(uris.len());
+    for uri in uris {
+        let Some(run_id) = run_of(&uri).map(str::to_owned) else { continue };
+        if app.visible_run(caller, &run_id).await.is_err() {
+            return Err(not_found(&uri));
         }
+        runs.push((uri, run_id));
+    }
+    let mut tasks = Vec::new();
+    for (uri, run_id) in runs {
         let sink = context.sink().clone();
-        tasks.push(tokio::spawn(watch(Arc::clone(app), run_id.to_owned(), move || {
+        tasks.push(tokio::spawn(watch(Arc::clone(app), run_id, move || {
             let (sink, uri) = (sink.clone(), uri.clone());
             async move { sink.notify_resource_updated(uri).await.is_ok() }
         })));
