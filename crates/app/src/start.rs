@@ -188,11 +188,25 @@ pub async fn key_holder(
     }
 }
 
-/// Room for a new key of `tenant`'s (`claim`, when the job has one): refused while the
-/// tenant's jobs hold `keys_max` keys unexpired. The count is read before the job is
-/// created, so starts racing at the cap may pass it by their number, never more: a bound on
-/// what a tenant can hold, not an exact quota.
-pub async fn key_room(
+/// Where a job's key stands before the job is created: the run it names already (the same
+/// request again, [`key_holder`]), else room for it as a new key of `tenant`'s, refused
+/// while the tenant's jobs hold `keys_max` keys unexpired. The count is read before the job
+/// is created, so starts racing at the cap may pass it by their number, never more: a
+/// bound on what a tenant can hold, not an exact quota.
+pub async fn key_standing(
+    store: &dyn EventStore,
+    tenant: Option<&str>,
+    claim: Option<&KeyClaim>,
+    keys_max: u64,
+) -> Result<Option<String>, Error> {
+    if let Some(run_id) = key_holder(store, tenant, claim).await? {
+        return Ok(Some(run_id));
+    }
+    key_room(store, tenant, claim, keys_max).await?;
+    Ok(None)
+}
+
+async fn key_room(
     store: &dyn EventStore,
     tenant: Option<&str>,
     claim: Option<&KeyClaim>,
@@ -367,10 +381,9 @@ pub async fn ready(
     };
     let store = open_store(place).await?;
     let (tenant, claim) = (planned.start.tenant.as_deref(), planned.start.idempotency.as_ref());
-    if let Some(run_id) = key_holder(store.as_ref(), tenant, claim).await? {
+    if let Some(run_id) = key_standing(store.as_ref(), tenant, claim, planned.keys_max).await? {
         return Ok(Ready::Taken { store, run_id });
     }
-    key_room(store.as_ref(), tenant, claim, planned.keys_max).await?;
     let jobs = reloading_jobs(
         place,
         store.as_ref(),
@@ -513,13 +526,13 @@ fn check_writable_file(path: &Path) -> Result<(), String> {
 /// The most jobs one `--input-lines` file queues.
 const INPUT_LINES_MAX: usize = 100_000;
 
-/// The inputs of `--input-lines`: each non-empty line of the file, at least one.
 /// A job's input read from a file (`--input-file`), no larger than a job takes.
 pub fn input_file(path: &Path) -> Result<String, Error> {
     baton_scenario::capped::read_text(path, baton_engine::limits::INPUT_BYTES_MAX)
         .map_err(|e| Error::invalid(format!("--input-file: {e}")))
 }
 
+/// The inputs of `--input-lines`: each non-empty line of the file, at least one.
 pub fn input_lines(path: &Path) -> Result<Vec<String>, Error> {
     let bytes_max = 64 * 1024 * 1024;
     let text = baton_scenario::capped::read_text(path, bytes_max)

@@ -211,13 +211,12 @@ pub(crate) async fn start(
     baton_app::start::check(&request)?;
     let claim = baton_app::start::key_claim(&request, app.baton.jobs().key_hold);
     let tenant = caller.tenant.as_deref();
+    let keys_max = app.baton.jobs().keys_max;
     if let Some(run_id) =
-        baton_app::start::key_holder(app.store.as_ref(), tenant, claim.as_ref()).await?
+        baton_app::start::key_standing(app.store.as_ref(), tenant, claim.as_ref(), keys_max).await?
     {
         return existing_run(app, caller, &run_id).await;
     }
-    let keys_max = app.baton.jobs().keys_max;
-    baton_app::start::key_room(app.store.as_ref(), tenant, claim.as_ref(), keys_max).await?;
     app.starts.take(caller.tenant.as_deref().unwrap_or("local"))?;
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
     let planned =
