@@ -225,9 +225,9 @@ fn main() -> ExitCode {
             retries_max,
             retry_first_ms,
             otlp_endpoint,
-        } => runtime.block_on(cmd_serve::serve(
-            &place,
-            baton_server::Settings {
+            service,
+        } => {
+            let mut settings = baton_server::Settings {
                 listen,
                 no_auth,
                 workers,
@@ -239,9 +239,10 @@ fn main() -> ExitCode {
                 retry_first: std::time::Duration::from_millis(retry_first_ms),
                 otlp_endpoint,
                 ..baton_server::Settings::default()
-            },
-            script,
-        )),
+            };
+            service.apply(&mut settings);
+            runtime.block_on(cmd_serve::serve(&place, settings, script))
+        }
         Command::Worker {
             concurrency,
             lease_s,

@@ -14,6 +14,7 @@ mod postgres;
 mod reads;
 mod replay;
 mod serve;
+mod service;
 mod timeouts;
 mod trees;
 mod untrusted;

@@ -18,10 +18,16 @@ use serde_json::Value;
 use crate::app::App;
 use crate::auth::Caller;
 use crate::body::BodyLimit;
+use crate::peers::Client;
 use crate::problem::Problem;
 use crate::{events, fork_and_replay, mcp, overrides, runs, scenarios, session, ui, waves};
 
 pub(crate) fn router(app: Arc<App>) -> Router {
+    let (mcp_service, mcp_sessions) = mcp::http_service(&app);
+    tokio::spawn(Arc::clone(&mcp_sessions).sweep());
+    let mcp = Router::new()
+        .nest_service("/mcp", mcp_service)
+        .route_layer(middleware::from_fn_with_state(mcp_sessions, mcp::sessions::gate));
     let authed = Router::new()
         .route("/scenarios", get(scenarios::list_scenarios))
         .route("/scenarios/validate", post(scenarios::validate_scenario))
@@ -45,7 +51,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
             axum::routing::put(overrides::put_override).delete(overrides::delete_override),
         )
         .route("/metrics", get(metrics))
-        .nest_service("/mcp", mcp::http_service(&app))
+        .merge(mcp)
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
@@ -108,9 +114,19 @@ pub(crate) async fn metrics(
     Ok(([(axum::http::header::CONTENT_TYPE, content_type)], text).into_response())
 }
 
-/// Refuses requests naming another host or coming from another origin's page.
+/// Refuses requests naming another host or coming from another origin's page, and a
+/// body its `Content-Length` says is too large (413, before a byte of it is read).
 async fn check_host(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
-    request.extensions_mut().insert(BodyLimit(app.settings.body_bytes_max));
+    let most = app.settings.body_bytes_max;
+    request.extensions_mut().insert(BodyLimit(most));
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > most as u64) {
+        return crate::body::too_large(most).into_response();
+    }
     match app.hosts.check(request.method(), request.headers()) {
         Ok(()) => next.run(request).await,
         Err(p) => p.into_response(),
@@ -122,7 +138,8 @@ async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: N
     let caller = if app.settings.no_auth {
         Ok(Caller::local())
     } else {
-        app.tokens.caller(request.headers()).await
+        let client = request.extensions().get::<Client>().copied();
+        app.caller(request.headers(), client).await
     };
     match caller {
         Ok(c) => {

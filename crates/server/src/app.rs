@@ -17,9 +17,10 @@ use baton_scenario::registry::Override;
 use baton_scenario::{Registry, RegistryHandle};
 
 use crate::auth::{Caller, Hosts, Tokens};
-use crate::limits::{StartRate, Streams};
+use crate::limits::{Rate, Streams};
 use crate::metrics::Metrics;
 use crate::notify::Notifying;
+use crate::peers::Client;
 use crate::problem::Problem;
 use crate::settings::Settings;
 use crate::traces::Tracer;
@@ -44,7 +45,10 @@ pub(crate) struct App {
     pub(crate) baton: Arc<Baton>,
     pub(crate) workers: Workers,
     pub(crate) hosts: Hosts,
-    pub(crate) starts: StartRate,
+    /// Run starts per tenant.
+    pub(crate) starts: Rate,
+    /// Failed authentications per peer.
+    pub(crate) auth_failures: Rate,
     pub(crate) streams: Streams,
     pub(crate) stop: CancelToken,
     pub(crate) metrics: Arc<Metrics>,
@@ -74,8 +78,9 @@ impl App {
         let notifying = Arc::new(Notifying::new(parts.store, Arc::clone(&metrics), tracer));
         Arc::new(App {
             hosts: Hosts::new(bound, &settings.hosts),
-            starts: StartRate::new(settings.starts_per_minute),
-            streams: Streams::new(settings.streams_per_token),
+            starts: Rate::new(settings.starts_per_minute),
+            auth_failures: Rate::new(settings.auth_failures_per_minute),
+            streams: Streams::new(settings.streams_per_token, settings.streams_max),
             workers: Workers::new(settings.name, settings.workers),
             store: Arc::clone(&notifying) as Arc<dyn EventStore>,
             notifying,
@@ -168,6 +173,35 @@ impl App {
         }
     }
 
+    /// The caller a request's token or session cookie names. Failed attempts are counted
+    /// per peer: past `auth_failures_per_minute` of them a peer gets 429 without a look at
+    /// what it sent.
+    pub(crate) async fn caller(
+        &self,
+        headers: &axum::http::HeaderMap,
+        client: Option<Client>,
+    ) -> Result<Caller, Problem> {
+        let peer = client.map(|c| c.key.to_string());
+        if let Some(p) = &peer
+            && let Err(wait) = self.auth_failures.left(p)
+        {
+            return Err(Problem::too_many(
+                format!(
+                    "{p} failed to authenticate {} times in a minute, the most one peer may; try again in {wait} s",
+                    self.auth_failures.per_minute()
+                ),
+                wait,
+            ));
+        }
+        let found = self.tokens.caller(headers).await;
+        if found.as_ref().is_err_and(|p| p.status == 401)
+            && let Some(p) = &peer
+        {
+            let _ = self.auth_failures.take(p);
+        }
+        found
+    }
+
     /// Says `warning` on the server's log (stderr).
     #[allow(clippy::print_stderr)]
     pub(crate) fn warn(&self, warning: &str) {
@@ -208,6 +242,26 @@ pub(crate) async fn refresh_registry(app: Arc<App>) {
                 app.settings.name,
                 e.diagnostics.render()
             );
+        }
+    }
+}
+
+/// Ends the streams of revoked tokens: once a second, while any stream is open, the tokens
+/// holding streams are looked up, and each revoked one's streams are ended.
+pub(crate) async fn end_revoked_streams(app: Arc<App>) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let holding = app.streams.tokens();
+        if holding.is_empty() {
+            continue;
+        }
+        match app.tokens.revoked_among(&holding).await {
+            Ok(revoked) => {
+                for token in revoked {
+                    app.streams.end(&token, None);
+                }
+            }
+            Err(e) => app.warn(&format!("cannot look up revoked tokens: {e}")),
         }
     }
 }

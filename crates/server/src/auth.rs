@@ -146,6 +146,16 @@ impl Tokens {
     }
 }
 
+impl Tokens {
+    /// Which of the tokens `ids` are revoked (ids the store does not know count as revoked).
+    pub(crate) async fn revoked_among(&self, ids: &[String]) -> Result<Vec<String>, String> {
+        let all = self.store.tokens(None).await.map_err(|e| e.to_string())?;
+        let live: std::collections::HashSet<&str> =
+            all.iter().filter(|t| t.revoked_at.is_none()).map(|t| t.id.as_str()).collect();
+        Ok(ids.iter().filter(|id| *id != "local" && !live.contains(id.as_str())).cloned().collect())
+    }
+}
+
 /// The token a request carries: its bearer token, else its session cookie.
 fn presented(headers: &HeaderMap) -> Option<String> {
     if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {

@@ -19,16 +19,13 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
         let limit = req.extensions().get::<BodyLimit>().map(|l| l.0);
         match axum::body::Bytes::from_request(req, state).await {
             Ok(bytes) => Ok(Body(bytes)),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                match limit {
-                    Some(n) => format!(
-                        "the request body is larger than {n} bytes, the most this server takes (--body-max-bytes)"
-                    ),
-                    None => "the request body is larger than this server takes (--body-max-bytes)"
-                        .to_owned(),
-                },
-            )),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(match limit {
+                Some(n) => too_large(n),
+                None => Problem::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "the request body is larger than this server takes (--body-max-bytes)",
+                ),
+            }),
             Err(e) => Err(Problem::new(e.status(), e.body_text())),
         }
     }
@@ -57,6 +54,16 @@ impl Body {
         String::from_utf8(self.0.to_vec())
             .map_err(|_| Problem::bad_request("the request body is not UTF-8 text"))
     }
+}
+
+/// The 413 of a body over `most` bytes.
+pub(crate) fn too_large(most: usize) -> Problem {
+    Problem::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the request body is larger than {most} bytes, the most this server takes (--body-max-bytes)"
+        ),
+    )
 }
 
 /// The body size limit, for the 413's message.

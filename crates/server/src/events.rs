@@ -28,6 +28,7 @@ use crate::auth::Caller;
 use crate::event_wire::{Woke, ends, event_json, live_event};
 use crate::limits::StreamPlace;
 use crate::problem::Problem;
+use futures_util::StreamExt;
 
 /// The most events one JSON answer holds.
 pub(crate) const EVENTS_PAGE_MAX: usize = 5_000;
@@ -91,10 +92,12 @@ pub(crate) async fn run_events(
                 )
             })
             .transpose()?;
-        let place = app.streams.open(&caller.token_id)?;
+        let place = app.streams.open(&caller.token_id, None)?;
+        let ended = place.ended();
         let follower =
             crate::tree_events::TreeFollower::new(Arc::clone(&app), &id, from, place).await?;
-        let stream = futures_util::stream::unfold(follower, crate::tree_events::TreeFollower::next);
+        let stream = futures_util::stream::unfold(follower, crate::tree_events::TreeFollower::next)
+            .take_until(ended.cancelled_owned());
         return Ok(Sse::new(stream)
             .keep_alive(KeepAlive::new().interval(app.settings.keep_alive))
             .into_response());
@@ -116,7 +119,8 @@ pub(crate) async fn run_events(
             })
         })
         .transpose()?;
-    let place = app.streams.open(&caller.token_id)?;
+    let place = app.streams.open(&caller.token_id, None)?;
+    let ended = place.ended();
     let follower = Follower {
         live: app.live.subscribe(),
         app: Arc::clone(&app),
@@ -126,7 +130,8 @@ pub(crate) async fn run_events(
         done: false,
         _place: place,
     };
-    let stream = futures_util::stream::unfold(follower, Follower::next);
+    let stream =
+        futures_util::stream::unfold(follower, Follower::next).take_until(ended.cancelled_owned());
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(app.settings.keep_alive))
         .into_response())

@@ -27,6 +27,7 @@ mod api;
 mod app;
 pub mod auth;
 mod body;
+mod connections;
 mod event_wire;
 mod events;
 mod fork_and_replay;
@@ -36,6 +37,7 @@ mod metrics;
 mod notify;
 mod openapi;
 mod overrides;
+mod peers;
 mod problem;
 mod runs;
 mod scenarios;
@@ -56,8 +58,9 @@ use baton_app::Instance;
 use baton_engine::cancel::CancelToken;
 
 pub use openapi::document as openapi_document;
+pub use peers::Cidr;
 pub use problem::Problem;
-pub use settings::{Settings, WorkerSettings};
+pub use settings::{ConnectionLimits, Settings, WorkerSettings};
 
 /// Serves until `stop` is cancelled: then stops accepting, stops every drive (their runs
 /// are recorded interrupted, to be continued by the next server or `baton resume`) and
@@ -74,9 +77,9 @@ pub async fn serve(
             settings.listen
         ));
     }
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
+    let mut settings = settings;
+    settings.connections.max = connections::fit_open_files(settings.connections.max);
+    let listener = listen(settings.listen)?;
     let bound = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
     let (tracer, exporter) = match &settings.otlp_endpoint {
         Some(endpoint) => {
@@ -88,20 +91,33 @@ pub async fn serve(
     let app = app::App::new(settings, parts, bound, stop.clone(), tracer);
     app.workers.recover(&app, false).await;
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
+    let revoked = tokio::spawn(app::end_revoked_streams(Arc::clone(&app)));
     let router = api::router(Arc::clone(&app));
     ready(bound);
-    let shutdown = {
-        let stop = stop.clone();
-        async move { stop.cancelled().await }
-    };
-    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+    let limits = app.settings.connections.clone();
+    connections::serve(listener, router, limits, Arc::clone(&app.metrics), stop.clone()).await;
     refresh.abort();
+    revoked.abort();
     app.workers.drain().await;
     // The spans of the last drives are posted before the server returns.
     if let Some(exporter) = exporter {
         let _ = tokio::time::timeout(Duration::from_secs(15), exporter).await;
     }
-    served.map_err(|e| format!("the server stopped: {e}"))
+    Ok(())
+}
+
+/// A listening socket on `addr`, with room for a burst of connections to wait for accept.
+fn listen(addr: SocketAddr) -> Result<tokio::net::TcpListener, String> {
+    let cannot = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(cannot)?;
+    socket.set_reuseaddr(true).map_err(cannot)?;
+    socket.bind(addr).map_err(cannot)?;
+    socket.listen(4096).map_err(cannot)
 }
 
 /// `baton worker`: no listener — takes up the jobs the last process left interrupted or

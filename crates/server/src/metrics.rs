@@ -61,6 +61,11 @@ struct TriggerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabels {
     method: String,
     route: String,
@@ -121,6 +126,8 @@ pub(crate) struct Metrics {
     drives: Gauge,
     commit_seconds: Histogram,
     http: Family<HttpLabels, Counter>,
+    connections: Gauge,
+    connections_closed: Family<ReasonLabel, Counter>,
     /// What later events need from earlier ones of the same run: a level's kind, when an
     /// approval was asked, the run's scenario.
     open: Mutex<Open>,
@@ -174,6 +181,8 @@ impl Metrics {
             drives: Gauge::default(),
             commit_seconds: latency_buckets(),
             http: Family::default(),
+            connections: Gauge::default(),
+            connections_closed: Family::default(),
             open: Mutex::default(),
             registry: Registry::default(),
         };
@@ -247,6 +256,12 @@ impl Metrics {
             "http_requests",
             "HTTP answers, by method, route and status",
             m.http.clone(),
+        );
+        registry.register("http_connections", "HTTP connections open", m.connections.clone());
+        registry.register(
+            "http_connections_closed",
+            "HTTP connections the server closed or refused, by reason (shed, header_timeout, body_timeout, idle_timeout, write_timeout, full, peer_full)",
+            m.connections_closed.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -404,6 +419,16 @@ impl Metrics {
             status: status.to_string(),
         };
         self.http.get_or_create(&labels).inc();
+    }
+
+    /// How many HTTP connections are open.
+    pub(crate) fn connections_open(&self, n: usize) {
+        self.connections.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// One connection the server closed or refused, and why (one of a closed set).
+    pub(crate) fn connection_closed(&self, reason: &'static str) {
+        self.connections_closed.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// The metrics in the format the scraper asks for: OpenMetrics when its `Accept` names

@@ -217,7 +217,16 @@ pub(crate) async fn start(
     {
         return existing_run(app, caller, &run_id).await;
     }
-    app.starts.take(caller.tenant.as_deref().unwrap_or("local"))?;
+    let tenant_key = caller.tenant.as_deref().unwrap_or("local");
+    app.starts.take(tenant_key).map_err(|wait| {
+        Problem::too_many(
+            format!(
+                "tenant {tenant_key} may start {} runs a minute and has started them; try again in {wait} s",
+                app.starts.per_minute()
+            ),
+            wait,
+        )
+    })?;
     let registry = app.registry_for(caller.tenant.as_deref()).await?;
     let planned =
         baton_app::start::plan(app.baton.place(), &registry, app.baton.jobs(), request, given)?;

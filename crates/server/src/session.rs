@@ -3,15 +3,16 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::app::App;
 use crate::auth::Caller;
+use crate::peers::Client;
 use crate::problem::Problem;
 
 /// Who the session is.
@@ -42,12 +43,13 @@ impl Session {
 #[utoipa::path(get, path = "/session", responses((status = 200, body = Session)))]
 pub(crate) async fn get_session(
     State(app): State<Arc<App>>,
+    client: Option<Extension<Client>>,
     headers: axum::http::HeaderMap,
 ) -> Json<Session> {
     if app.settings.no_auth {
         return Json(Session::of(Caller::local(), false));
     }
-    match app.tokens.caller(&headers).await {
+    match app.caller(&headers, client.map(|c| c.0)).await {
         Ok(c) => Json(Session::of(c, true)),
         Err(_) => {
             Json(Session { signed_in: false, tenant: None, role: None, name: None, auth: true })
@@ -62,6 +64,7 @@ pub(crate) async fn get_session(
     (status = 200, body = Session), (status = 401, body = Problem)))]
 pub(crate) async fn open_session(
     State(app): State<Arc<App>>,
+    client: Option<Extension<Client>>,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, Problem> {
     if app.settings.no_auth {
@@ -73,7 +76,7 @@ pub(crate) async fn open_session(
         .and_then(|v| v.trim().strip_prefix("Bearer "))
         .map(|t| t.trim().to_owned());
     // Without a bearer token, the session cookie's holder is told who they are.
-    let body = Session::of(app.tokens.caller(&headers).await?, true);
+    let body = Session::of(app.caller(&headers, client.map(|c| c.0)).await?, true);
     let Some(bearer) = bearer else { return Ok(Json(body).into_response()) };
     let cookie = format!(
         "{}={bearer}; HttpOnly; SameSite=Strict; Path=/; Max-Age=43200",

@@ -1,6 +1,7 @@
 //! How the server runs: `Settings` (what `baton serve`, `baton mcp` and `baton worker`
 //! listen on, their limits, retries and timings) and `WorkerSettings` (who a `baton worker`
-//! is and how long its leases last).
+//! is and how long its leases last), with `ConnectionLimits` (the caps and timeouts of its
+//! connections).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -19,8 +20,16 @@ pub struct Settings {
     pub body_bytes_max: usize,
     /// Runs a tenant may start per minute.
     pub starts_per_minute: u32,
-    /// Event streams open at once per token.
+    /// Event streams and MCP sessions open at once per token.
     pub streams_per_token: usize,
+    /// Event streams and MCP sessions open at once on this server.
+    pub streams_max: usize,
+    /// How long an MCP session over HTTP lives without a request.
+    pub mcp_session_idle: Duration,
+    /// Failed authentications a peer may make a minute (more get 429).
+    pub auth_failures_per_minute: u32,
+    /// The connections' caps and timeouts.
+    pub connections: ConnectionLimits,
     /// Host names (with port) requests may name besides the listen address's.
     pub hosts: Vec<String>,
     /// Drives of a run stopped by a transient failure: at most this many, the first after
@@ -45,12 +54,51 @@ impl Default for Settings {
             body_bytes_max: 1 << 20,
             starts_per_minute: 600_000,
             streams_per_token: 64,
+            streams_max: 1024,
+            auth_failures_per_minute: 30,
+            mcp_session_idle: Duration::from_secs(600),
+            connections: ConnectionLimits::default(),
             hosts: Vec::new(),
             retries_max: 5,
             retry_first: Duration::from_secs(1),
             refresh_every: Duration::from_secs(1),
             keep_alive: Duration::from_secs(15),
             otlp_endpoint: None,
+        }
+    }
+}
+
+/// The connection caps and timeouts (`baton serve --connections-max` and the rest).
+#[derive(Clone, Debug)]
+pub struct ConnectionLimits {
+    /// Connections open at once.
+    pub max: usize,
+    /// Connections open at once from one peer (an IPv4 address or an IPv6 /64).
+    pub per_peer: usize,
+    /// How long a request head may take from its first byte; also how long a body may
+    /// pause.
+    pub header_timeout: Duration,
+    /// The slowest a body may arrive on average once `header_timeout` has passed, in bytes
+    /// a second.
+    pub body_rate_min: u64,
+    /// How long a connection may wait between requests.
+    pub idle_timeout: Duration,
+    /// How long a client may read nothing of a response.
+    pub write_timeout: Duration,
+    /// Proxies whose `Forwarded`/`X-Forwarded-For` name the client.
+    pub trusted_proxies: Vec<crate::peers::Cidr>,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max: 4096,
+            per_peer: 256,
+            header_timeout: Duration::from_secs(10),
+            body_rate_min: 1024,
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(60),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -64,4 +112,10 @@ pub struct WorkerSettings {
     pub lease: Duration,
     /// Stop once nothing was claimed or driven for this long; none: run until stopped.
     pub idle_exit: Option<Duration>,
+}
+
+/// Says `warning` on the server's log (stderr).
+#[allow(clippy::print_stderr)]
+pub(crate) fn warn(warning: &str) {
+    eprintln!("baton serve: warning: {warning}");
 }

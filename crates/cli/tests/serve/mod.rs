@@ -23,6 +23,13 @@ pub(super) struct Served {
     pub(super) addr: String,
 }
 
+impl Served {
+    /// The server's process id.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();

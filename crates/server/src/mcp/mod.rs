@@ -17,6 +17,7 @@
 mod calls;
 mod reply;
 mod resources;
+pub(crate) mod sessions;
 mod tools;
 mod waves;
 
@@ -211,10 +212,14 @@ impl ServerHandler for BatonMcp {
 /// state; it ends its streams when the server stops.
 pub(crate) fn http_service(
     app: &Arc<App>,
-) -> rmcp::transport::streamable_http_server::StreamableHttpService<
-    BatonMcp,
-    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-> {
+) -> (
+    rmcp::transport::streamable_http_server::StreamableHttpService<
+        BatonMcp,
+        rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+    >,
+    Arc<sessions::Sessions>,
+) {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService,
     };
@@ -233,11 +238,18 @@ pub(crate) fn http_service(
     config.max_request_body_bytes = app.settings.body_bytes_max;
     config.sse_keep_alive = Some(app.settings.keep_alive);
     let shared = Arc::clone(app);
-    StreamableHttpService::new(
+    let mut manager = LocalSessionManager::default();
+    // The gate closes a session idle past the limit; rmcp's own timer is a backstop.
+    manager.session_config.keep_alive =
+        Some(app.settings.mcp_session_idle + std::time::Duration::from_secs(60));
+    let manager = Arc::new(manager);
+    let gate = sessions::Sessions::new(Arc::clone(app), Arc::clone(&manager));
+    let service = StreamableHttpService::new(
         move || Ok(BatonMcp::new(Arc::clone(&shared), Who::Http)),
-        Arc::default(),
+        manager,
         config,
-    )
+    );
+    (service, gate)
 }
 
 /// Serves MCP on stdin and stdout for `caller` until the host closes stdin or `stop` is

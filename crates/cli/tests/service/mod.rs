@@ -1,0 +1,448 @@
+//! `baton serve` under attack, through its real binary over real TCP: 20 000 half-sent and
+//! trickling connections from 256 addresses while probes keep being answered (the siege,
+//! `siege.py`); the connection caps with small configured values — the longest-waiting
+//! connection without a whole request shed, 503 with `Retry-After` when nothing can go,
+//! 429 past a peer's cap; refusals before the body (413 from `Content-Length`, 401); failed
+//! authentications limited per client, behind a trusted proxy too; and MCP sessions held to
+//! the stream caps, bound to their token, ended by its revocation and by idleness.
+//!
+//! These tests assert times, so nextest runs them one at a time (`.config/nextest.toml`).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::serve::{Served, http, serve, token};
+use super::{baton_in, scratch, text};
+
+/// A connection that sent `head` (and nothing more yet).
+fn sent(addr: &str, head: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    s
+}
+
+/// The head of a request that never ends.
+fn half(addr: &str) -> String {
+    format!("POST /runs HTTP/1.1\r\nHost: {addr}\r\nContent-Type: appl")
+}
+
+/// What the server answered on `s` before closing it (or within `wait`), as text.
+fn answer(s: &mut TcpStream, wait: Duration) -> String {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// Whether the server closed `s` (reading returns end of file or a reset within `wait`).
+fn closed(s: &mut TcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Whether a streamed (chunked) answer on `s` ended — its last chunk came, or the server
+/// closed the connection — within `wait`.
+fn stream_ended(s: &mut TcpStream, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        s.set_read_timeout(Some(
+            deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+        ))
+        .unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(n) => {
+                raw.extend_from_slice(&buf[..n]);
+                if raw.windows(7).any(|w| w == b"\r\n0\r\n\r\n") {
+                    return true;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+fn server(name: &str, extra: &[&str]) -> (std::path::PathBuf, std::path::PathBuf, Served) {
+    let dir = scratch(name);
+    super::replay::copy_scenarios(&dir);
+    let db = dir.join("runs.db");
+    let served = serve(&dir, &db, extra);
+    (dir, db, served)
+}
+
+fn auth(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+#[test]
+#[allow(clippy::print_stderr)]
+fn twenty_thousand_slow_connections_leave_the_server_answering_within_a_second() {
+    let dir = scratch("siege");
+    super::replay::copy_scenarios(&dir);
+    let db = dir.join("runs.db");
+    let operator = token(&dir, &db, "acme", "operator", "probe");
+    let admin = token(&dir, &db, "acme", "admin", "ops");
+    let served = serve(&dir, &db, &["--header-timeout-s", "5"]);
+    let pid = served.pid().to_string();
+    let out = dir.join("siege.json");
+    let began = Instant::now();
+    let ran = std::process::Command::new("python3")
+        .arg(super::repo().join("crates/cli/tests/service/siege.py"))
+        .args([served.addr.as_str(), &operator, &pid, "5", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(ran.status.success(), "{}{}", text(&ran.stdout), text(&ran.stderr));
+    let seen: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+
+    let probes = seen["probes"].as_array().unwrap();
+    let mut took: Vec<f64> = probes.iter().map(|p| p["s"].as_f64().unwrap()).collect();
+    took.sort_by(f64::total_cmp);
+    let p99 = took[(took.len() * 99 / 100).min(took.len() - 1)];
+    let peak_mib = seen["peak_kib"].as_f64().unwrap() / 1024.0;
+    eprintln!(
+        "siege: {} probes, p99 {:.0} ms, slowest {:.0} ms; peak memory {peak_mib:.0} MiB; {:.0} s",
+        probes.len(),
+        p99 * 1000.0,
+        took.last().unwrap() * 1000.0,
+        began.elapsed().as_secs_f64()
+    );
+    assert!(probes.len() >= 200, "a probe every 100 ms throughout: {}", probes.len());
+    for p in probes {
+        assert_eq!(p["status"], 200, "every probe answered: {p}");
+        assert!(p["s"].as_f64().unwrap() <= 1.0, "every probe within 1 s: {p}");
+    }
+    assert!(peak_mib <= 200.0, "peak memory {peak_mib:.0} MiB");
+    let slow = seen["slow"].as_array().unwrap();
+    assert_eq!(slow.len(), 20_200);
+    for c in slow {
+        assert!(c.get("error").is_none(), "{c}");
+        let (last, shut) = (c["last"].as_f64(), c["closed"].as_f64());
+        let (Some(last), Some(shut)) = (last, shut) else {
+            panic!("a slow connection the server never closed: {c}")
+        };
+        assert!(shut - last <= 5.0 + 1.0, "closed {:.1} s after its last byte: {c}", shut - last);
+    }
+    // The cap was reached: connections were shed to take new ones.
+    let m = http(&served.addr, "GET", "/metrics", &[("Authorization", &auth(&admin))], None);
+    let shed = m
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("baton_http_connections_closed_total{reason=\"shed\"} "))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(shed > 1_000, "{}", m.body);
+    drop(served);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn at_the_cap_the_oldest_waiting_connection_goes_and_with_none_to_shed_a_503_says_when() {
+    let (dir, db, served) =
+        server("caps", &["--connections-max", "16", "--connections-per-peer", "64"]);
+    let operator = token(&dir, &db, "acme", "operator", "op");
+    let addr = served.addr.clone();
+    let mut waiting: Vec<TcpStream> = (0..16)
+        .map(|_| {
+            let s = sent(&addr, &half(&addr));
+            std::thread::sleep(Duration::from_millis(20));
+            s
+        })
+        .collect();
+    assert_eq!(http(&addr, "GET", "/healthz", &[], None).status, 200);
+    assert!(closed(&mut waiting[0], Duration::from_secs(5)), "the oldest was shed");
+    for s in &mut waiting[2..] {
+        assert!(!closed(s, Duration::from_millis(20)), "only the oldest goes");
+    }
+    drop(waiting);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Sixteen requests in progress (bodies on their way): nothing can be shed.
+    let body_head = format!(
+        "POST /scenarios/validate HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {operator}\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\nid: x\n"
+    );
+    let busy: Vec<TcpStream> = (0..16).map(|_| sent(&addr, &body_head)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut refused = TcpStream::connect(&addr).unwrap();
+    let said = answer(&mut refused, Duration::from_secs(5));
+    assert!(said.starts_with("HTTP/1.1 503"), "{said}");
+    assert!(said.to_ascii_lowercase().contains("retry-after: 1"), "{said}");
+    assert!(said.contains("application/problem+json") && said.contains("16 connections"), "{said}");
+    drop(busy);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(http(&addr, "GET", "/healthz", &[], None).status, 200);
+    drop(served);
+
+    // Past one peer's cap: 429, while the cap of the whole server is far.
+    let served = serve(&dir, &db, &["--connections-max", "64", "--connections-per-peer", "4"]);
+    let addr = served.addr.clone();
+    let mut mine: Vec<TcpStream> = (0..4).map(|_| sent(&addr, &half(&addr))).collect();
+    let mut fifth = TcpStream::connect(&addr).unwrap();
+    let said = answer(&mut fifth, Duration::from_secs(5));
+    assert!(said.starts_with("HTTP/1.1 429") && said.contains("127.0.0.1 holds 4"), "{said}");
+    drop(mine.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while http(&addr, "GET", "/healthz", &[], None).status != 200 {
+        assert!(Instant::now() < deadline, "a closed connection frees its place");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(served);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_too_large_or_unauthenticated_body_is_refused_before_it_is_sent_and_slow_ones_are_cut() {
+    let (dir, db, served) =
+        server("early", &["--body-max-bytes", "4096", "--header-timeout-s", "1"]);
+    let operator = token(&dir, &db, "acme", "operator", "op");
+    let addr = served.addr.clone();
+    // The answer comes while the client has not sent a byte of the body.
+    let mut big = sent(
+        &addr,
+        &format!(
+            "POST /runs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {operator}\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\n\r\n"
+        ),
+    );
+    let said = answer(&mut big, Duration::from_secs(5));
+    assert!(said.starts_with("HTTP/1.1 413") && said.contains("4096 bytes"), "{said}");
+    let mut stranger = sent(
+        &addr,
+        &format!(
+            "POST /runs HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        ),
+    );
+    let said = answer(&mut stranger, Duration::from_secs(5));
+    assert!(said.starts_with("HTTP/1.1 401"), "{said}");
+
+    // A head that never ends, and a body that stops, are closed after the timeout.
+    let mut head = sent(&addr, &half(&addr));
+    let mut body = sent(
+        &addr,
+        &format!(
+            "POST /scenarios/validate HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {operator}\r\nContent-Length: 100\r\n\r\nid"
+        ),
+    );
+    let began = Instant::now();
+    assert!(closed(&mut head, Duration::from_secs(6)), "a head past its timeout");
+    assert!(closed(&mut body, Duration::from_secs(6)), "a body that stopped");
+    assert!(began.elapsed() < Duration::from_secs(6), "{:?}", began.elapsed());
+    // An idle keep-alive connection between requests is not cut by the header timeout.
+    let mut kept = TcpStream::connect(&addr).unwrap();
+    kept.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    kept.write_all(
+        format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let said = answer(&mut kept, Duration::from_secs(5));
+    assert_eq!(said.matches("HTTP/1.1 200").count(), 2, "{said}");
+    drop(served);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn failed_authentications_are_limited_per_client_and_a_trusted_proxy_names_the_client() {
+    let (dir, db, served) = server("auth-rate", &["--auth-failures-per-minute", "3"]);
+    let operator = token(&dir, &db, "acme", "operator", "op");
+    let addr = served.addr.clone();
+    let get = |token: &str, forwarded: Option<&str>| {
+        let a = auth(token);
+        let mut headers = vec![("Authorization", a.as_str())];
+        if let Some(f) = forwarded {
+            headers.push(("X-Forwarded-For", f));
+        }
+        http(&addr, "GET", "/runs", &headers, None).status
+    };
+    // Not behind a trusted proxy, what a client says of itself changes nothing.
+    for i in 0..3 {
+        assert_eq!(get("baton_wrong", Some(&format!("203.0.113.{i}"))), 401);
+    }
+    assert_eq!(get("baton_wrong", Some("203.0.113.9")), 429);
+    assert_eq!(get(&operator, None), 429, "not even a good token, for a minute");
+    drop(served);
+
+    let served =
+        serve(&dir, &db, &["--auth-failures-per-minute", "3", "--trusted-proxy", "127.0.0.0/8"]);
+    let addr = served.addr.clone();
+    let get = |token: &str, forwarded: &str| {
+        let a = auth(token);
+        let headers = [("Authorization", a.as_str()), ("X-Forwarded-For", forwarded)];
+        http(&addr, "GET", "/runs", &headers, None)
+    };
+    for _ in 0..3 {
+        assert_eq!(get("baton_wrong", "203.0.113.5").status, 401);
+    }
+    let refused = get("baton_wrong", "203.0.113.5");
+    assert_eq!(refused.status, 429);
+    assert!(refused.body.contains("203.0.113.5 failed to authenticate 3 times"), "{refused:?}");
+    // A spoofed leftmost hop does not help: the nearest untrusted one counts.
+    assert_eq!(get(&operator, "198.51.100.1, 203.0.113.5").status, 429);
+    assert_eq!(get(&operator, "203.0.113.6").status, 200, "another client is not limited");
+    assert_eq!(get("baton_wrong", "203.0.113.6").status, 401);
+    drop(served);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An MCP request over HTTP: the status, the session id the answer names, its body.
+fn mcp(
+    addr: &str,
+    token: &str,
+    session: Option<&str>,
+    method: &str,
+    body: Option<&str>,
+) -> (u16, Option<String>, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!(
+        "{method} /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\n"
+    );
+    if let Some(id) = session {
+        req.push_str(&format!("Mcp-Session-Id: {id}\r\nMcp-Protocol-Version: 2025-11-25\r\n"));
+    }
+    let body = body.unwrap_or("");
+    if method == "POST" {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    // An SSE answer stays open after its message: read until the message is in.
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        let seen = String::from_utf8_lossy(&raw);
+        if seen.contains("\"jsonrpc\"") && (seen.contains("}\n\n") || seen.ends_with('}')) {
+            break;
+        }
+    }
+    let seen = String::from_utf8_lossy(&raw).into_owned();
+    let status = seen.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let session = seen.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("mcp-session-id").then(|| v.trim().to_owned())
+    });
+    (status, session, seen)
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+const PING: &str = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
+
+fn open_session(addr: &str, token: &str) -> Result<String, (u16, String)> {
+    let (status, session, said) = mcp(addr, token, None, "POST", Some(INITIALIZE));
+    match (status, session) {
+        (200, Some(id)) => {
+            let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+            mcp(addr, token, Some(&id), "POST", Some(note));
+            Ok(id)
+        }
+        _ => Err((status, said)),
+    }
+}
+
+#[test]
+#[allow(clippy::print_stderr)]
+fn mcp_sessions_take_stream_places_belong_to_their_token_and_end_with_it_or_when_idle() {
+    let (dir, db, served) =
+        server("mcp-sessions", &["--streams-per-token", "2", "--mcp-session-idle-s", "2"]);
+    let alice = token(&dir, &db, "acme", "operator", "alice");
+    let bob = token(&dir, &db, "acme", "operator", "bob");
+    let addr = served.addr.clone();
+    let first = open_session(&addr, &alice).unwrap();
+    let second = open_session(&addr, &alice).unwrap();
+    let (status, said) = open_session(&addr, &alice).expect_err("a third session of one token");
+    assert_eq!(status, 429, "{said}");
+    assert!(said.contains("event streams and MCP sessions open"), "{said}");
+    // Another token naming a session is told there is none.
+    let (status, _, said) = mcp(&addr, &bob, Some(&first), "POST", Some(PING));
+    assert_eq!(status, 404, "{said}");
+    // Closing one frees its place.
+    let (status, _, said) = mcp(&addr, &alice, Some(&second), "DELETE", None);
+    assert!((200..300).contains(&status), "{said}");
+    let third = open_session(&addr, &alice).unwrap();
+    let (status, _, said) = mcp(&addr, &alice, Some(&first), "POST", Some(PING));
+    assert_eq!(status, 200, "{said}");
+
+    // Idle sessions end: after the idle time, their ids name nothing and their places are free.
+    std::thread::sleep(Duration::from_millis(3000));
+    let (status, _, said) = mcp(&addr, &alice, Some(&third), "POST", Some(PING));
+    assert_eq!(status, 404, "{said}");
+    let kept = open_session(&addr, &alice).unwrap();
+    let _also = open_session(&addr, &alice).unwrap();
+
+    // Revoking the token ends its session's open stream within 2 s.
+    let mut listening = TcpStream::connect(&addr).unwrap();
+    listening
+        .write_all(
+            format!(
+                "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {alice}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {kept}\r\nMcp-Protocol-Version: 2025-11-25\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let mut head = [0u8; 12];
+    listening.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    listening.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&head));
+    let listed = baton_in(&dir, &db).args(["token", "list"]).output().unwrap();
+    let id = text(&listed.stdout)
+        .lines()
+        .find(|l| l.contains("alice"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let revoked = baton_in(&dir, &db).args(["token", "revoke", &id]).output().unwrap();
+    assert!(revoked.status.success(), "{}", text(&revoked.stderr));
+    let began = Instant::now();
+    assert!(stream_ended(&mut listening, Duration::from_secs(6)), "the stream ended");
+    let took = began.elapsed();
+    eprintln!("a revoked token's MCP stream ended {} ms after the revocation", took.as_millis());
+    assert!(took <= Duration::from_secs(6), "{took:?}");
+    drop(served);
+
+    // The server's own cap: sessions of different tokens, past it, 429.
+    let served = serve(&dir, &db, &["--streams-max", "2"]);
+    let addr = served.addr.clone();
+    let carol = token(&dir, &db, "acme", "operator", "carol");
+    let _a = open_session(&addr, &bob).unwrap();
+    let _b = open_session(&addr, &carol).unwrap();
+    let (status, said) = open_session(&addr, &bob).expect_err("past the server's cap");
+    assert_eq!(status, 429, "{said}");
+    assert!(said.contains("this server has 2"), "{said}");
+    drop(served);
+    let _ = std::fs::remove_dir_all(dir);
+}
