@@ -34,7 +34,7 @@ pub mod upkeep;
 pub mod waves;
 
 /// The store's token and role types, for the surfaces that manage tokens.
-pub use baton_store::{Role, Store, TokenRecord, TokenStore};
+pub use baton_store::{Role, SessionRecord, Store, TokenRecord, TokenStore};
 pub use error::{Error, Kind};
 pub use instance::{Answers, Baton, Instance};
 pub use place::Place;

@@ -749,9 +749,11 @@ pub(crate) enum WaveCommand {
 pub(crate) enum TokenCommand {
     /// Make a token for TENANT and print it (once; the database keeps only its SHA-256).
     Create {
+        /// The tenant whose runs it acts on (none for `--role metrics`).
         #[arg(long)]
-        tenant: String,
-        /// viewer (reads), operator (also starts, decides, cancels) or admin.
+        tenant: Option<String>,
+        /// viewer (reads), operator (also starts, decides, cancels) or admin (also the
+        /// tenant's overrides); or metrics: the server's metrics and nothing of any tenant.
         #[arg(long, default_value = "operator")]
         role: String,
         /// Who holds it: decisions made with it are recorded by this name (default: the
@@ -852,6 +854,19 @@ pub(crate) struct ServiceLimits {
     /// Failed authentications one client address may make a minute (more get 429).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) auth_failures_per_minute: u32,
+    /// The server is behind TLS (a proxy ends it): session cookies are `__Host-` and
+    /// `Secure`.
+    #[arg(long)]
+    pub(crate) secure_cookies: bool,
+    /// Seconds a browser session lasts, however much it is used.
+    #[arg(long, default_value_t = 28_800, value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub(crate) session_max_age_s: u64,
+    /// Seconds a browser session lasts unused.
+    #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub(crate) session_idle_s: u64,
+    /// Browser sessions one token may have; past it, the oldest is signed out of.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) sessions_per_token: u32,
     /// A proxy (an address or CIDR block) whose `Forwarded` or `X-Forwarded-For` names the
     /// client the per-client limits count; its own connections are not capped per client.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
@@ -874,5 +889,9 @@ impl ServiceLimits {
         settings.streams_max = self.streams_max as usize;
         settings.mcp_session_idle = Duration::from_secs(self.mcp_session_idle_s);
         settings.auth_failures_per_minute = self.auth_failures_per_minute;
+        settings.secure_cookies = self.secure_cookies;
+        settings.session_max_age = Duration::from_secs(self.session_max_age_s);
+        settings.session_idle = Duration::from_secs(self.session_idle_s);
+        settings.sessions_per_token = self.sessions_per_token as usize;
     }
 }

@@ -93,6 +93,7 @@ pub(crate) async fn mcp(
         role: Role::Admin,
         token_id: "local".to_owned(),
         name,
+        session: None,
     };
     let stop = stopped_by_signals(
         "baton mcp: stopping — running steps are cut and their runs recorded interrupted (again to exit at once)",
@@ -172,15 +173,27 @@ async fn stop_on_signal(stop: CancelToken) {
 /// `baton token create`: prints the token once, and its id.
 pub(crate) async fn create_token(
     place: &Place,
-    tenant: &str,
+    tenant: Option<&str>,
     role: &str,
     name: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
-    baton_app::scenarios::check_tenant(tenant)?;
     let Some(role) = Role::parse(role) else {
-        bail!("--role {} is none of viewer, operator, admin", escape::one_line(role));
+        bail!("--role {} is none of viewer, operator, admin, metrics", escape::one_line(role));
     };
-    let name = name.unwrap_or(tenant);
+    let tenant = match (role, tenant) {
+        (Role::Metrics, None) => "",
+        (Role::Metrics, Some(_)) => bail!(
+            "a metrics token reads the whole server's metrics and belongs to no tenant: leave out --tenant"
+        ),
+        (_, None) => {
+            bail!("--tenant is needed: a {} token acts on one tenant's runs", role.as_str())
+        }
+        (_, Some(t)) => {
+            baton_app::scenarios::check_tenant(t)?;
+            t
+        }
+    };
+    let name = name.unwrap_or(if tenant.is_empty() { "metrics" } else { tenant });
     if name.trim().is_empty() || name.chars().count() > baton_server::auth::NAME_CHARS_MAX {
         bail!(
             "--name must be 1 to {} characters and not blank",
@@ -190,8 +203,10 @@ pub(crate) async fn create_token(
     let store = baton_app::place::open_any(place).await?;
     let (token, record) = baton_server::auth::new_token(tenant, role, name, chrono::Utc::now());
     store.put_token(&record).await?;
+    let whose =
+        if tenant.is_empty() { "the server".to_owned() } else { format!("tenant {tenant}") };
     eprintln!(
-        "token {} for tenant {tenant}, role {}, named {}; it is shown once — keep it",
+        "token {} for {whose}, role {}, named {}; it is shown once — keep it",
         record.id,
         role.as_str(),
         escape::one_line(name)

@@ -274,7 +274,7 @@ fn main() -> ExitCode {
         Command::Token(t) => runtime.block_on(async {
             match t {
                 TokenCommand::Create { tenant, role, name } => {
-                    cmd_serve::create_token(&place, &tenant, &role, name.as_deref()).await
+                    cmd_serve::create_token(&place, tenant.as_deref(), &role, name.as_deref()).await
                 }
                 TokenCommand::List { tenant, json } => {
                     cmd_serve::list_tokens(&place, tenant.as_deref(), json).await

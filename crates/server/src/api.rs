@@ -94,9 +94,11 @@ async fn count_answers(State(app): State<Arc<App>>, request: Request, next: Next
 }
 
 /// The server's metrics — runs, levels, model calls, tokens and cost, retries and
-/// failovers, verifiers, approval idle time, stops, the queue, the store's commit latency
-/// and the HTTP answers — as OpenMetrics text when `Accept` asks for it, else in
-/// Prometheus' classic text format. Server-wide, so it takes an admin token.
+/// failovers, verifiers, approval idle time, stops, the queue, the store's commit latency,
+/// the HTTP answers and connections — as OpenMetrics text when `Accept` asks for it, else in
+/// Prometheus' classic text format. They are the whole server's, every tenant's figures
+/// together, so they take a metrics token (`baton token create --role metrics`), which
+/// belongs to no tenant; a tenant's token, even an admin's, gets 403.
 #[utoipa::path(get, path = "/metrics", responses(
     (status = 200, description = "OpenMetrics text, or the classic text format", content(
         (String = "application/openmetrics-text"), (String = "text/plain"))),
@@ -106,7 +108,13 @@ pub(crate) async fn metrics(
     Extension(caller): Extension<Caller>,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, Problem> {
-    caller.require(Role::Admin)?;
+    if caller.role != Role::Metrics && caller != Caller::local() {
+        return Err(Problem::forbidden(format!(
+            "/metrics shows every tenant's figures, so it takes a metrics token, which belongs to no tenant (`baton token create --role metrics`); token {} is tenant {}'s",
+            caller.token_id,
+            caller.tenant.as_deref().unwrap_or("none")
+        )));
+    }
     let accept =
         headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let (text, content_type) =
@@ -142,6 +150,13 @@ async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: N
         app.caller(request.headers(), client).await
     };
     match caller {
+        Ok(c) if c.role == Role::Metrics && request.uri().path() != "/metrics" => {
+            Problem::forbidden(format!(
+                "token {} is a metrics token: it reads /metrics and nothing of any tenant",
+                c.token_id
+            ))
+            .into_response()
+        }
         Ok(c) => {
             request.extensions_mut().insert(c);
             next.run(request).await

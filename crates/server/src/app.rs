@@ -85,7 +85,20 @@ impl App {
             store: Arc::clone(&notifying) as Arc<dyn EventStore>,
             notifying,
             metrics,
-            tokens: Tokens::new(parts.tokens),
+            tokens: Tokens::new(
+                parts.tokens,
+                crate::auth::SessionRules {
+                    cookie: if settings.secure_cookies {
+                        crate::auth::SECURE_SESSION_COOKIE
+                    } else {
+                        crate::auth::SESSION_COOKIE
+                    },
+                    secure: settings.secure_cookies,
+                    max_age: settings.session_max_age,
+                    idle: settings.session_idle,
+                    per_token: settings.sessions_per_token,
+                },
+            ),
             registry: Arc::new(parts.registry),
             scenarios_dir: parts.scenarios_dir,
             baton: parts.baton,
@@ -246,8 +259,9 @@ pub(crate) async fn refresh_registry(app: Arc<App>) {
     }
 }
 
-/// Ends the streams of revoked tokens: once a second, while any stream is open, the tokens
-/// holding streams are looked up, and each revoked one's streams are ended.
+/// Ends the streams of revoked tokens and of ended browser sessions: once a second, while
+/// any stream is open, the tokens and sessions holding streams are looked up, and each
+/// revoked token's and ended session's streams are ended.
 pub(crate) async fn end_revoked_streams(app: Arc<App>) {
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -262,6 +276,11 @@ pub(crate) async fn end_revoked_streams(app: Arc<App>) {
                 }
             }
             Err(e) => app.warn(&format!("cannot look up revoked tokens: {e}")),
+        }
+        for (token, session) in app.streams.sessions() {
+            if app.tokens.session_ended(&session).await {
+                app.streams.end(&token, Some(&session));
+            }
         }
     }
 }

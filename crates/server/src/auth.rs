@@ -5,13 +5,19 @@
 //! A token is `baton_` and 64 hex digits of randomness; the store keeps its SHA-256. A
 //! token looked up is remembered for [`TOKEN_CACHE_FOR`], so a revocation takes effect
 //! within that time.
+//!
+//! The browser's cookie never holds a token: it holds a session id (`bs_` and 64 hex
+//! digits), traded for a bearer token at `POST /session`. The store keeps the id's SHA-256
+//! and the token's; a session ends when it is signed out of, when its token is revoked,
+//! `session_max_age` after it was opened, `session_idle` after it was last used, or when
+//! its token opens more than `sessions_per_token` (the oldest goes).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, Method, header};
-use baton_app::{Role, TokenRecord, TokenStore};
+use baton_app::{Role, SessionRecord, TokenRecord, TokenStore};
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
@@ -19,8 +25,13 @@ use crate::problem::Problem;
 
 /// How long a looked-up token is believed without asking the store again.
 pub const TOKEN_CACHE_FOR: Duration = Duration::from_secs(2);
-/// The cookie the web UI authenticates with.
+/// The cookie the web UI authenticates with (over plain HTTP).
 pub const SESSION_COOKIE: &str = "baton_session";
+/// The cookie behind TLS: a `__Host-` cookie is sent only over HTTPS, to this host, for `/`.
+pub const SECURE_SESSION_COOKIE: &str = "__Host-baton_session";
+/// How stale a session's last-use time may get before a request writes it again (or a
+/// quarter of the idle time, if that is shorter).
+const SESSION_TOUCH_EVERY: Duration = Duration::from_secs(60);
 /// The longest token name (`--name`).
 pub const NAME_CHARS_MAX: usize = 128;
 
@@ -61,6 +72,8 @@ pub struct Caller {
     pub name: String,
     /// The token's id, for the per-token limits (`local` without auth).
     pub token_id: String,
+    /// The hash of the browser session the request came through, if any.
+    pub session: Option<String>,
 }
 
 impl Caller {
@@ -71,6 +84,7 @@ impl Caller {
             role: Role::Admin,
             name: "local".to_owned(),
             token_id: "local".to_owned(),
+            session: None,
         }
     }
 
@@ -95,58 +109,169 @@ impl Caller {
     }
 }
 
-/// Finds callers from their tokens.
+/// How browser sessions are kept.
+#[derive(Clone, Debug)]
+pub(crate) struct SessionRules {
+    /// The cookie's name ([`SESSION_COOKIE`], or [`SECURE_SESSION_COOKIE`] behind TLS).
+    pub(crate) cookie: &'static str,
+    /// Whether the cookie is `Secure` (the server is behind TLS).
+    pub(crate) secure: bool,
+    pub(crate) max_age: Duration,
+    pub(crate) idle: Duration,
+    pub(crate) per_token: usize,
+}
+
+/// Finds callers from their tokens and sessions.
 pub(crate) struct Tokens {
     store: Arc<dyn TokenStore>,
     seen: Mutex<HashMap<String, (Option<TokenRecord>, Instant)>>,
+    pub(crate) sessions: SessionRules,
+}
+
+/// What a request presents.
+enum Presented {
+    Bearer(String),
+    Session(String),
 }
 
 impl Tokens {
-    pub(crate) fn new(store: Arc<dyn TokenStore>) -> Self {
-        Tokens { store, seen: Mutex::default() }
+    pub(crate) fn new(store: Arc<dyn TokenStore>, sessions: SessionRules) -> Self {
+        Tokens { store, seen: Mutex::default(), sessions }
     }
 
     /// The caller a request's bearer token or session cookie names.
     pub(crate) async fn caller(&self, headers: &HeaderMap) -> Result<Caller, Problem> {
-        let Some(token) = presented(headers) else {
-            return Err(Problem::unauthorized(
+        match self.presented(headers) {
+            None => Err(Problem::unauthorized(
                 "no token: send `Authorization: Bearer TOKEN` (make one with `baton token create --tenant TENANT`)",
-            ));
-        };
-        let hash = digest(&token);
+            )),
+            Some(Presented::Bearer(token)) => self.by_hash(&digest(&token)).await,
+            Some(Presented::Session(id)) => {
+                let hash = digest(&id);
+                let session = self.live_session(&hash).await?;
+                let mut caller = self.by_hash(&session.token_sha256).await.map_err(|_| {
+                    Problem::unauthorized(
+                        "the session's token was revoked; sign in again with a valid token",
+                    )
+                })?;
+                caller.session = Some(hash);
+                Ok(caller)
+            }
+        }
+    }
+
+    /// The caller the token whose hash this is names.
+    async fn by_hash(&self, hash: &str) -> Result<Caller, Problem> {
         let cached = {
             let seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            seen.get(&hash).filter(|(_, at)| at.elapsed() < TOKEN_CACHE_FOR).map(|(t, _)| t.clone())
+            seen.get(hash).filter(|(_, at)| at.elapsed() < TOKEN_CACHE_FOR).map(|(t, _)| t.clone())
         };
         let record = match cached {
             Some(r) => r,
             None => {
                 let found = self
                     .store
-                    .token_by_hash(&hash)
+                    .token_by_hash(hash)
                     .await
                     .map_err(|e| Problem::internal(e.to_string()))?;
                 let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if seen.len() > 10_000 {
                     seen.retain(|_, (_, at)| at.elapsed() < TOKEN_CACHE_FOR);
                 }
-                seen.insert(hash, (found.clone(), Instant::now()));
+                seen.insert(hash.to_owned(), (found.clone(), Instant::now()));
                 found
             }
         };
         match record {
-            Some(t) if t.revoked_at.is_none() => {
-                Ok(Caller { tenant: Some(t.tenant), role: t.role, name: t.name, token_id: t.id })
-            }
+            Some(t) if t.revoked_at.is_none() => Ok(Caller {
+                tenant: Some(t.tenant),
+                role: t.role,
+                name: t.name,
+                token_id: t.id,
+                session: None,
+            }),
             Some(t) => {
                 Err(Problem::unauthorized(format!("token {} was revoked; ask for a new one", t.id)))
             }
             None => Err(Problem::unauthorized("the token is not known here")),
         }
     }
-}
 
-impl Tokens {
+    /// The session whose hash this is, if it is live (and its last use written, at most
+    /// once a minute); else why not.
+    async fn live_session(&self, hash: &str) -> Result<SessionRecord, Problem> {
+        let found =
+            self.store.session_by_hash(hash).await.map_err(|e| Problem::internal(e.to_string()))?;
+        let now = Utc::now();
+        let session = match found {
+            None => return Err(Problem::unauthorized("the session is not known here; sign in")),
+            Some(s) if s.revoked_at.is_some() => {
+                return Err(Problem::unauthorized("the session was signed out of; sign in"));
+            }
+            Some(s) => s,
+        };
+        let age = now.signed_duration_since(session.created_at).to_std().unwrap_or_default();
+        let idle = now.signed_duration_since(session.seen_at).to_std().unwrap_or_default();
+        if age > self.sessions.max_age || idle > self.sessions.idle {
+            return Err(Problem::unauthorized("the session expired; sign in again"));
+        }
+        if idle > SESSION_TOUCH_EVERY.min(self.sessions.idle / 4) {
+            self.store
+                .touch_session(hash, now)
+                .await
+                .map_err(|e| Problem::internal(e.to_string()))?;
+        }
+        Ok(session)
+    }
+
+    /// Opens a session for the token `bearer` names (already checked to be `caller`'s):
+    /// the session id for the cookie, and the hashes of the token's sessions it pushed out.
+    pub(crate) async fn open_session(
+        &self,
+        bearer: &str,
+        caller: &Caller,
+    ) -> Result<(String, Vec<String>), Problem> {
+        let id = format!("bs_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let now = Utc::now();
+        let record = SessionRecord {
+            sha256: digest(&id),
+            token_sha256: digest(bearer),
+            token_id: caller.token_id.clone(),
+            created_at: now,
+            seen_at: now,
+            revoked_at: None,
+        };
+        let forget = now - chrono::TimeDelta::from_std(self.sessions.max_age).unwrap_or_default();
+        let pushed = self
+            .store
+            .put_session(&record, self.sessions.per_token, forget)
+            .await
+            .map_err(|e| Problem::internal(e.to_string()))?;
+        Ok((id, pushed))
+    }
+
+    /// Signs out of the session the request's cookie names; its hash, if there was one.
+    pub(crate) async fn close_session(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Option<String>, Problem> {
+        let Some(id) = self.cookie(headers) else { return Ok(None) };
+        let hash = digest(&id);
+        self.store
+            .revoke_session(&hash, Utc::now())
+            .await
+            .map_err(|e| Problem::internal(e.to_string()))?;
+        Ok(Some(hash))
+    }
+
+    /// Whether the session whose hash this is has ended (signed out, expired, unknown).
+    pub(crate) async fn session_ended(&self, hash: &str) -> bool {
+        match self.live_session(hash).await {
+            Ok(_) => false,
+            Err(p) => p.status == 401,
+        }
+    }
+
     /// Which of the tokens `ids` are revoked (ids the store does not know count as revoked).
     pub(crate) async fn revoked_among(&self, ids: &[String]) -> Result<Vec<String>, String> {
         let all = self.store.tokens(None).await.map_err(|e| e.to_string())?;
@@ -154,27 +279,32 @@ impl Tokens {
             all.iter().filter(|t| t.revoked_at.is_none()).map(|t| t.id.as_str()).collect();
         Ok(ids.iter().filter(|id| *id != "local" && !live.contains(id.as_str())).cloned().collect())
     }
-}
 
-/// The token a request carries: its bearer token, else its session cookie.
-fn presented(headers: &HeaderMap) -> Option<String> {
-    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        let v = v.trim();
-        if let Some(t) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")) {
-            return Some(t.trim().to_owned());
-        }
-    }
-    for cookies in headers.get_all(header::COOKIE) {
-        let Ok(cookies) = cookies.to_str() else { continue };
-        for pair in cookies.split(';') {
-            if let Some((k, v)) = pair.trim().split_once('=')
-                && k == SESSION_COOKIE
-            {
-                return Some(v.to_owned());
+    /// The token a request carries: its bearer token, else its session cookie's id.
+    fn presented(&self, headers: &HeaderMap) -> Option<Presented> {
+        if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+            let v = v.trim();
+            if let Some(t) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")) {
+                return Some(Presented::Bearer(t.trim().to_owned()));
             }
         }
+        self.cookie(headers).map(Presented::Session)
     }
-    None
+
+    /// The session id in the request's cookie.
+    fn cookie(&self, headers: &HeaderMap) -> Option<String> {
+        for cookies in headers.get_all(header::COOKIE) {
+            let Ok(cookies) = cookies.to_str() else { continue };
+            for pair in cookies.split(';') {
+                if let Some((k, v)) = pair.trim().split_once('=')
+                    && k == self.sessions.cookie
+                {
+                    return Some(v.to_owned());
+                }
+            }
+        }
+        None
+    }
 }
 
 /// The hosts a request may name: on a loopback address, the loopback names with the port

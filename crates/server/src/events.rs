@@ -92,7 +92,7 @@ pub(crate) async fn run_events(
                 )
             })
             .transpose()?;
-        let place = app.streams.open(&caller.token_id, None)?;
+        let place = app.streams.open(&caller.token_id, caller.session.as_deref())?;
         let ended = place.ended();
         let follower =
             crate::tree_events::TreeFollower::new(Arc::clone(&app), &id, from, place).await?;
@@ -119,7 +119,7 @@ pub(crate) async fn run_events(
             })
         })
         .transpose()?;
-    let place = app.streams.open(&caller.token_id, None)?;
+    let place = app.streams.open(&caller.token_id, caller.session.as_deref())?;
     let ended = place.ended();
     let follower = Follower {
         live: app.live.subscribe(),

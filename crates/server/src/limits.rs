@@ -157,6 +157,21 @@ impl Streams {
         open.by_token.keys().cloned().collect()
     }
 
+    /// The browser sessions with streams open, each with its token.
+    pub(crate) fn sessions(&self) -> Vec<(String, String)> {
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pairs: Vec<(String, String)> = open
+            .by_token
+            .iter()
+            .flat_map(|(t, places)| {
+                places.iter().filter_map(|(_, s, _)| s.clone().map(|s| (t.clone(), s)))
+            })
+            .collect();
+        pairs.sort();
+        pairs.dedup();
+        pairs
+    }
+
     /// Ends every stream of `token`, or only those opened through `session`.
     pub(crate) fn end(&self, token: &str, session: Option<&str>) {
         let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);

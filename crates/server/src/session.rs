@@ -57,11 +57,15 @@ pub(crate) async fn get_session(
     }
 }
 
-/// Trades the bearer token of the request for an HttpOnly, SameSite=Strict session cookie:
-/// how the web UI authenticates (a browser's EventSource cannot send headers, and a token
-/// never goes in a URL).
+/// Trades the bearer token of the request for a session: an HttpOnly, SameSite=Strict
+/// cookie holding an opaque session id (never the token) — how the web UI authenticates (a
+/// browser's EventSource cannot send headers, and a token never goes in a URL). The session
+/// lasts `--session-max-age-s` at most and `--session-idle-s` unused, ends when signed out
+/// of or when its token is revoked, and a token opening more than `--sessions-per-token`
+/// signs its oldest out. Behind TLS (`--secure-cookies`) the cookie is `__Host-` and
+/// `Secure`.
 #[utoipa::path(post, path = "/session", responses(
-    (status = 200, body = Session), (status = 401, body = Problem)))]
+    (status = 200, body = Session), (status = 401, body = Problem), (status = 429, body = Problem)))]
 pub(crate) async fn open_session(
     State(app): State<Arc<App>>,
     client: Option<Extension<Client>>,
@@ -76,19 +80,40 @@ pub(crate) async fn open_session(
         .and_then(|v| v.trim().strip_prefix("Bearer "))
         .map(|t| t.trim().to_owned());
     // Without a bearer token, the session cookie's holder is told who they are.
-    let body = Session::of(app.caller(&headers, client.map(|c| c.0)).await?, true);
-    let Some(bearer) = bearer else { return Ok(Json(body).into_response()) };
+    let caller = app.caller(&headers, client.map(|c| c.0)).await?;
+    let Some(bearer) = bearer else { return Ok(Json(Session::of(caller, true)).into_response()) };
+    let (id, pushed_out) = app.tokens.open_session(&bearer, &caller).await?;
+    for old in &pushed_out {
+        app.streams.end(&caller.token_id, Some(old));
+    }
+    let rules = &app.tokens.sessions;
     let cookie = format!(
-        "{}={bearer}; HttpOnly; SameSite=Strict; Path=/; Max-Age=43200",
-        crate::auth::SESSION_COOKIE
+        "{}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{}",
+        rules.cookie,
+        rules.max_age.as_secs(),
+        if rules.secure { "; Secure" } else { "" }
     );
-    Ok(([(axum::http::header::SET_COOKIE, cookie)], Json(body)).into_response())
+    Ok(([(axum::http::header::SET_COOKIE, cookie)], Json(Session::of(caller, true)))
+        .into_response())
 }
 
-/// Ends the browser's session (clears its cookie).
+/// Signs out: ends the session the cookie names (its event streams and MCP sessions end
+/// with it) and clears the cookie.
 #[utoipa::path(delete, path = "/session", responses((status = 204)))]
-pub(crate) async fn close_session() -> Response {
-    let cookie =
-        format!("{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0", crate::auth::SESSION_COOKIE);
-    (StatusCode::NO_CONTENT, [(axum::http::header::SET_COOKIE, cookie)]).into_response()
+pub(crate) async fn close_session(
+    State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, Problem> {
+    if let Some(hash) = app.tokens.close_session(&headers).await? {
+        for token in app.streams.tokens() {
+            app.streams.end(&token, Some(&hash));
+        }
+    }
+    let rules = &app.tokens.sessions;
+    let cookie = format!(
+        "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0{}",
+        rules.cookie,
+        if rules.secure { "; Secure" } else { "" }
+    );
+    Ok((StatusCode::NO_CONTENT, [(axum::http::header::SET_COOKIE, cookie)]).into_response())
 }

@@ -24,6 +24,15 @@ pub struct Settings {
     pub streams_per_token: usize,
     /// Event streams and MCP sessions open at once on this server.
     pub streams_max: usize,
+    /// The server is behind TLS (a proxy ends it): session cookies are `__Host-` and
+    /// `Secure`.
+    pub secure_cookies: bool,
+    /// How long a browser session lasts, however much it is used.
+    pub session_max_age: Duration,
+    /// How long a browser session lasts unused.
+    pub session_idle: Duration,
+    /// Browser sessions one token may have open; past it, the oldest is signed out of.
+    pub sessions_per_token: usize,
     /// How long an MCP session over HTTP lives without a request.
     pub mcp_session_idle: Duration,
     /// Failed authentications a peer may make a minute (more get 429).
@@ -57,6 +66,10 @@ impl Default for Settings {
             streams_max: 1024,
             auth_failures_per_minute: 30,
             mcp_session_idle: Duration::from_secs(600),
+            secure_cookies: false,
+            session_max_age: Duration::from_secs(8 * 3600),
+            session_idle: Duration::from_secs(30 * 60),
+            sessions_per_token: 16,
             connections: ConnectionLimits::default(),
             hosts: Vec::new(),
             retries_max: 5,

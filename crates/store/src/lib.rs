@@ -16,7 +16,7 @@ pub mod tokens;
 
 pub use postgres::PostgresStore;
 pub use sqlite::{SqliteStore, backup};
-pub use tokens::{Role, TokenRecord, TokenStore};
+pub use tokens::{Role, SessionRecord, TokenRecord, TokenStore};
 
 /// A store of runs and of the server's tokens: what a process opens.
 pub trait Store: baton_engine::store::EventStore + TokenStore {}

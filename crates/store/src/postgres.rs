@@ -44,10 +44,11 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_postgres::{AsyncMessage, NoTls, Row};
 
 use crate::schema::{self, Backend};
-use crate::tokens::{Role, TokenRecord, TokenStore};
+use crate::tokens::{Role, SessionRecord, TokenRecord, TokenStore};
 
 mod common;
 mod group;
+mod sessions;
 
 use common::{
     Batch, Held, HeldRun, NOW_US, SERVER_DEADLINES, db_error, knows, lock, micros, pg, seq_param,
@@ -1686,6 +1687,41 @@ impl TokenStore for PostgresStore {
                 .map_err(pg)?;
             Ok(c.execute(&stmt, &[&id, &micros(at)]).await.map_err(pg)? == 1)
         })
+    }
+
+    fn put_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+        per_token: usize,
+        forget_before: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Vec<String>, Error>> {
+        Box::pin(async move {
+            let mut c = self.client().await?;
+            sessions::put(&mut c, session, per_token, forget_before).await
+        })
+    }
+
+    fn session_by_hash<'a>(
+        &'a self,
+        sha256: &'a str,
+    ) -> BoxFuture<'a, Result<Option<SessionRecord>, Error>> {
+        Box::pin(async move { sessions::by_hash(&self.client().await?, sha256).await })
+    }
+
+    fn touch_session<'a>(
+        &'a self,
+        sha256: &'a str,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move { sessions::touch(&self.client().await?, sha256, at).await })
+    }
+
+    fn revoke_session<'a>(
+        &'a self,
+        sha256: &'a str,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move { sessions::revoke(&self.client().await?, sha256, at).await })
     }
 }
 

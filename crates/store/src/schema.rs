@@ -115,6 +115,11 @@ pub const CHANGES: &[Change] = &[
         sqlite: Form::Sql(include_str!("../migrations/0008_idempotency.sql")),
         postgres: Form::Sql(include_str!("../migrations/postgres/0003_idempotency.sql")),
     },
+    Change {
+        what: "browser sessions: a session id's hash, its token, capped and expiring",
+        sqlite: Form::Sql(include_str!("../migrations/0009_sessions.sql")),
+        postgres: Form::Sql(include_str!("../migrations/postgres/0004_sessions.sql")),
+    },
 ];
 
 /// Which backend a schema version counts for.
@@ -191,19 +196,19 @@ mod tests {
 
     #[test]
     fn versions_count_each_backends_steps_in_order() {
-        assert_eq!(version(Backend::Sqlite), 8);
-        assert_eq!(version(Backend::Postgres), 3);
+        assert_eq!(version(Backend::Sqlite), 9);
+        assert_eq!(version(Backend::Postgres), 4);
         let numbers: Vec<i64> = postgres_steps().map(|(v, ..)| v).collect();
-        assert_eq!(numbers, [1, 2, 3]);
-        assert_eq!(postgres_steps().last().map(|(_, c, _)| c.what), Some(CHANGES[8].what));
+        assert_eq!(numbers, [1, 2, 3, 4]);
+        assert_eq!(postgres_steps().last().map(|(_, c, _)| c.what), Some(CHANGES[9].what));
     }
 
     #[test]
     fn a_database_at_another_version_is_refused_naming_both() {
-        let newer = refusal(Backend::Sqlite, "x.db", 9, "run `baton migrate`").unwrap();
-        assert!(newer.contains("schema version 9, newer than this binary's 8"), "{newer}");
+        let newer = refusal(Backend::Sqlite, "x.db", 10, "run `baton migrate`").unwrap();
+        assert!(newer.contains("schema version 10, newer than this binary's 9"), "{newer}");
         let older = refusal(Backend::Postgres, "pg", 1, "run `baton migrate --db pg`").unwrap();
-        assert!(older.contains("at schema version 1, this binary needs 3: run `baton migrate"));
-        assert_eq!(refusal(Backend::Sqlite, "x.db", 8, ""), None);
+        assert!(older.contains("at schema version 1, this binary needs 4: run `baton migrate"));
+        assert_eq!(refusal(Backend::Sqlite, "x.db", 9, ""), None);
     }
 }

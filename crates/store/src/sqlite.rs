@@ -42,7 +42,7 @@ use crate::schema::{self, Backend};
 use crate::sqlite_log::{Dicts, Packer, Ready, pack_existing_runs};
 pub use crate::sqlite_log::{RawBatch, put_raw_batches, raw_batches};
 use crate::sqlite_rows::{RUN_COLUMNS, backend, cached_row, to_record};
-use crate::tokens::{Role, TokenRecord, TokenStore};
+use crate::tokens::{Role, SessionRecord, TokenRecord, TokenStore};
 
 /// Most tries to prepare a database that another process is preparing at the same moment
 /// (waits growing by 10 ms), all within [`OPEN_BUSY_WAIT`].
@@ -158,6 +158,10 @@ enum TokenOp {
     ByHash(String, Reply<Option<TokenRecord>>),
     List(Option<String>, Reply<Vec<TokenRecord>>),
     Revoke(String, DateTime<Utc>, Reply<bool>),
+    PutSession(Box<SessionRecord>, usize, DateTime<Utc>, Reply<Vec<String>>),
+    SessionByHash(String, Reply<Option<SessionRecord>>),
+    TouchSession(String, DateTime<Utc>, Reply<()>),
+    RevokeSession(String, DateTime<Utc>, Reply<bool>),
 }
 
 /// A change to a lease, done by the writer thread.
@@ -1308,6 +1312,113 @@ fn token_op(conn: &Connection, op: TokenOp) {
                 .map_err(backend);
             let _ = reply.send(revoked);
         }
+        op => session_op(conn, op),
+    }
+}
+
+/// The session half of [`token_op`].
+fn session_op(conn: &Connection, op: TokenOp) {
+    const COLUMNS: &str = "sha256, token_sha256, token_id, created_at, seen_at, revoked_at";
+    let read = |r: &Row<'_>| -> rusqlite::Result<Result<SessionRecord, Error>> {
+        let (sha256, token_sha256, token_id, created, seen, revoked): (
+            String,
+            String,
+            String,
+            String,
+            String,
+            Option<String>,
+        ) = (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
+        let build = || -> Result<SessionRecord, Error> {
+            Ok(SessionRecord {
+                sha256,
+                token_sha256,
+                token_id,
+                created_at: parse_time(&created)?,
+                seen_at: parse_time(&seen)?,
+                revoked_at: revoked.as_deref().map(parse_time).transpose()?,
+            })
+        };
+        Ok(build())
+    };
+    match op {
+        TokenOp::PutSession(s, per_token, forget_before, reply) => {
+            let put = (|| -> rusqlite::Result<Vec<String>> {
+                let tx = conn.unchecked_transaction()?;
+                cached_exec(
+                    &tx,
+                    "DELETE FROM sessions WHERE created_at < ?1",
+                    params![time(forget_before)],
+                )?;
+                cached_exec(
+                    &tx,
+                    &format!("INSERT INTO sessions ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, NULL)"),
+                    params![
+                        s.sha256,
+                        s.token_sha256,
+                        s.token_id,
+                        time(s.created_at),
+                        time(s.seen_at)
+                    ],
+                )?;
+                let over: Vec<String> = {
+                    let mut stmt = tx.prepare_cached(
+                        "SELECT sha256 FROM sessions WHERE token_id = ?1 AND revoked_at IS NULL
+                          ORDER BY created_at DESC, sha256 DESC LIMIT -1 OFFSET ?2",
+                    )?;
+                    let rows = stmt.query_map(
+                        params![s.token_id, i64::try_from(per_token).unwrap_or(i64::MAX)],
+                        |r| r.get(0),
+                    )?;
+                    rows.collect::<rusqlite::Result<_>>()?
+                };
+                for hash in &over {
+                    cached_exec(
+                        &tx,
+                        "UPDATE sessions SET revoked_at = ?2 WHERE sha256 = ?1",
+                        params![hash, time(s.created_at)],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(over.into_iter().rev().collect())
+            })()
+            .map_err(|e| Error::Backend(format!("cannot keep a session: {e}")));
+            let _ = reply.send(put);
+        }
+        TokenOp::SessionByHash(hash, reply) => {
+            let found = cached_row(
+                conn,
+                &format!("SELECT {COLUMNS} FROM sessions WHERE sha256 = ?1"),
+                [&hash],
+                read,
+            )
+            .optional()
+            .map_err(backend)
+            .and_then(Option::transpose);
+            let _ = reply.send(found);
+        }
+        TokenOp::TouchSession(hash, at, reply) => {
+            let touched = cached_exec(
+                conn,
+                "UPDATE sessions SET seen_at = ?2 WHERE sha256 = ?1",
+                params![hash, time(at)],
+            )
+            .map(|_| ())
+            .map_err(backend);
+            let _ = reply.send(touched);
+        }
+        TokenOp::RevokeSession(hash, at, reply) => {
+            let revoked = cached_exec(
+                conn,
+                "UPDATE sessions SET revoked_at = ?2 WHERE sha256 = ?1 AND revoked_at IS NULL",
+                params![hash, time(at)],
+            )
+            .map(|n| n == 1)
+            .map_err(backend);
+            let _ = reply.send(revoked);
+        }
+        TokenOp::Put(..) | TokenOp::ByHash(..) | TokenOp::List(..) | TokenOp::Revoke(..) => {
+            token_op(conn, op);
+        }
     }
 }
 
@@ -1545,5 +1656,56 @@ impl TokenStore for SqliteStore {
         at: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(self.ask(move |reply| Request::Token(TokenOp::Revoke(id.to_owned(), at, reply))))
+    }
+
+    fn put_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+        per_token: usize,
+        forget_before: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Vec<String>, Error>> {
+        Box::pin(self.ask(move |reply| {
+            Request::Token(TokenOp::PutSession(
+                Box::new(session.clone()),
+                per_token,
+                forget_before,
+                reply,
+            ))
+        }))
+    }
+
+    fn session_by_hash<'a>(
+        &'a self,
+        sha256: &'a str,
+    ) -> BoxFuture<'a, Result<Option<SessionRecord>, Error>> {
+        Box::pin(
+            self.read(move |reply| {
+                Request::Token(TokenOp::SessionByHash(sha256.to_owned(), reply))
+            }),
+        )
+    }
+
+    fn touch_session<'a>(
+        &'a self,
+        sha256: &'a str,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(
+            self.ask(move |reply| {
+                Request::Token(TokenOp::TouchSession(sha256.to_owned(), at, reply))
+            }),
+        )
+    }
+
+    fn revoke_session<'a>(
+        &'a self,
+        sha256: &'a str,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(
+            self.ask(move |reply| {
+                Request::Token(TokenOp::RevokeSession(sha256.to_owned(), at, reply))
+            }),
+        )
     }
 }

@@ -89,6 +89,13 @@ pub(super) fn token(dir: &Path, db: &Path, tenant: &str, role: &str, name: &str)
     t
 }
 
+/// A metrics token (of no tenant) made with `baton token create --role metrics`.
+pub(super) fn metrics_token(dir: &Path, db: &Path) -> String {
+    let out = baton_in(dir, db).args(["token", "create", "--role", "metrics"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    text(&out.stdout).trim().to_owned()
+}
+
 pub(super) struct Reply {
     pub(super) status: u16,
     headers: Vec<(String, String)>,
@@ -96,11 +103,11 @@ pub(super) struct Reply {
 }
 
 impl Reply {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
     }
 
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(super) fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
@@ -779,12 +786,19 @@ fn scraped(p: &Prometheus, dir: &Path, query: &str, done: impl Fn(f64) -> bool) 
 #[test]
 fn a_real_prometheus_scrapes_what_the_runs_did() {
     let (dir, db) = with_scenarios("serve-metrics");
-    let admin = token(&dir, &db, "acme", "admin", "ops");
+    let admin = metrics_token(&dir, &db);
+    let tenant_admin = bearer(&token(&dir, &db, "acme", "admin", "ops"));
     let ann = bearer(&token(&dir, &db, "acme", "operator", "ann"));
     let server = serve(&dir, &db, &["--script", &release_notes_script()]);
     let addr = server.addr.as_str();
-    let refused = http(addr, "GET", "/metrics", &[("Authorization", &ann)], None);
-    assert_eq!(refused.status, 403, "server-wide metrics take an admin token: {refused:?}");
+    for tenants in [&ann, &tenant_admin] {
+        let refused = http(addr, "GET", "/metrics", &[("Authorization", tenants)], None);
+        assert_eq!(refused.status, 403, "every tenant's figures take a metrics token: {refused:?}");
+        assert!(refused.body.contains("--role metrics"), "{refused:?}");
+    }
+    // A metrics token reads nothing of any tenant.
+    let runs = http(addr, "GET", "/runs", &[("Authorization", &bearer(&admin))], None);
+    assert_eq!(runs.status, 403, "{runs:?}");
     let run =
         start(addr, &ann, &json!({"scenario": "release_notes", "input": "x"})).json()["run_id"]
             .as_str()

@@ -110,7 +110,7 @@ fn twenty_thousand_slow_connections_leave_the_server_answering_within_a_second()
     super::replay::copy_scenarios(&dir);
     let db = dir.join("runs.db");
     let operator = token(&dir, &db, "acme", "operator", "probe");
-    let admin = token(&dir, &db, "acme", "admin", "ops");
+    let admin = super::serve::metrics_token(&dir, &db);
     let served = serve(&dir, &db, &["--header-timeout-s", "5"]);
     let pid = served.pid().to_string();
     let out = dir.join("siege.json");
@@ -319,10 +319,22 @@ fn mcp(
     method: &str,
     body: Option<&str>,
 ) -> (u16, Option<String>, String) {
+    mcp_with(addr, ("Authorization", &auth(token)), session, method, body)
+}
+
+/// [`mcp`] authenticated by the header `who` (a bearer token, a session cookie).
+fn mcp_with(
+    addr: &str,
+    who: (&str, &str),
+    session: Option<&str>,
+    method: &str,
+    body: Option<&str>,
+) -> (u16, Option<String>, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut req = format!(
-        "{method} /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\n"
+        "{method} /mcp HTTP/1.1\r\nHost: {addr}\r\n{}: {}\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\n",
+        who.0, who.1
     );
     if let Some(id) = session {
         req.push_str(&format!("Mcp-Session-Id: {id}\r\nMcp-Protocol-Version: 2025-11-25\r\n"));
@@ -443,6 +455,117 @@ fn mcp_sessions_take_stream_places_belong_to_their_token_and_end_with_it_or_when
     let (status, said) = open_session(&addr, &bob).expect_err("past the server's cap");
     assert_eq!(status, 429, "{said}");
     assert!(said.contains("this server has 2"), "{said}");
+    drop(served);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The session cookie a `Set-Cookie` header sets: its name, value and attributes.
+fn set_cookie(reply: &super::serve::Reply) -> (String, String, String) {
+    let raw = reply.header("set-cookie").unwrap_or_else(|| panic!("no cookie: {reply:?}"));
+    let (pair, attributes) = raw.split_once(';').unwrap();
+    let (name, value) = pair.split_once('=').unwrap();
+    (name.to_owned(), value.to_owned(), attributes.to_owned())
+}
+
+#[test]
+fn a_browser_session_is_an_opaque_id_that_ends_on_sign_out_revocation_age_or_the_cap() {
+    let (dir, db, served) = server("sessions", &["--sessions-per-token", "2"]);
+    let ann = token(&dir, &db, "acme", "operator", "ann");
+    let addr = served.addr.clone();
+    let sign_in = |token: &str| {
+        let reply = http(&addr, "POST", "/session", &[("Authorization", &auth(token))], Some(""));
+        assert_eq!(reply.status, 200, "{reply:?}");
+        set_cookie(&reply)
+    };
+    let with = |cookie: &str, method: &str, path: &str| {
+        let c = format!("baton_session={cookie}");
+        http(&addr, method, path, &[("Cookie", c.as_str())], None)
+    };
+    let (name, id, attributes) = sign_in(&ann);
+    assert_eq!(name, "baton_session");
+    assert!(id.starts_with("bs_") && id.len() == 67 && !id.contains(&ann[6..]), "{id}");
+    for a in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=28800"] {
+        assert!(attributes.contains(a), "{attributes}");
+    }
+    assert!(!attributes.contains("Secure"), "plain HTTP: {attributes}");
+    assert_eq!(with(&id, "GET", "/runs").status, 200);
+    assert_eq!(with(&id, "GET", "/session").json()["name"], "ann");
+    // The store keeps the id's hash, never the id.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let kept: Vec<String> = conn
+        .prepare("SELECT sha256 FROM sessions")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(kept, [baton_server::auth::digest(&id)]);
+    assert!(!kept.contains(&id));
+
+    // Signing out ends the session and the MCP session it opened (its stream with it).
+    let cookie = format!("baton_session={id}");
+    let (status, mcp_id, said) =
+        mcp_with(&addr, ("Cookie", &cookie), None, "POST", Some(INITIALIZE));
+    assert_eq!(status, 200, "{said}");
+    let mcp_id = mcp_id.unwrap();
+    let mut listening = TcpStream::connect(&addr).unwrap();
+    listening
+        .write_all(
+            format!(
+                "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {mcp_id}\r\nMcp-Protocol-Version: 2025-11-25\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let mut head = [0u8; 12];
+    listening.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    listening.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let out = with(&id, "DELETE", "/session");
+    assert_eq!(out.status, 204, "{out:?}");
+    assert!(set_cookie(&out).2.contains("Max-Age=0"));
+    assert!(stream_ended(&mut listening, Duration::from_secs(6)), "signed out: the stream ended");
+    assert_eq!(with(&id, "GET", "/runs").status, 401, "the same cookie reads nothing");
+
+    // A token's third session signs its first out.
+    let (_, first, _) = sign_in(&ann);
+    let (_, second, _) = sign_in(&ann);
+    let (_, third, _) = sign_in(&ann);
+    assert_eq!(with(&first, "GET", "/runs").status, 401);
+    assert_eq!(with(&second, "GET", "/runs").status, 200);
+    assert_eq!(with(&third, "GET", "/runs").status, 200);
+    // Revoking the token ends its sessions.
+    let listed = baton_in(&dir, &db).args(["token", "list"]).output().unwrap();
+    let token_id = text(&listed.stdout)
+        .lines()
+        .find(|l| l.contains(" ann "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    assert!(baton_in(&dir, &db).args(["token", "revoke", &token_id]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while with(&third, "GET", "/runs").status != 401 {
+        assert!(Instant::now() < deadline, "a revoked token's session ends");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(served);
+
+    // Sessions expire, used or not; behind TLS the cookie is a Secure __Host- one.
+    let served = serve(&dir, &db, &["--session-max-age-s", "2", "--secure-cookies"]);
+    let addr = served.addr.clone();
+    let bob = token(&dir, &db, "acme", "operator", "bob");
+    let reply = http(&addr, "POST", "/session", &[("Authorization", &auth(&bob))], Some(""));
+    let (name, id, attributes) = set_cookie(&reply);
+    assert_eq!(name, "__Host-baton_session");
+    assert!(attributes.contains("Secure") && attributes.contains("Max-Age=2"), "{attributes}");
+    let cookie = format!("__Host-baton_session={id}");
+    let plain = format!("baton_session={id}");
+    assert_eq!(http(&addr, "GET", "/runs", &[("Cookie", &cookie)], None).status, 200);
+    assert_eq!(http(&addr, "GET", "/runs", &[("Cookie", &plain)], None).status, 401);
+    std::thread::sleep(Duration::from_millis(2500));
+    let expired = http(&addr, "GET", "/runs", &[("Cookie", &cookie)], None);
+    assert_eq!(expired.status, 401);
+    assert!(expired.body.contains("expired"), "{expired:?}");
     drop(served);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -125,7 +125,7 @@ pub(crate) async fn gate(
     if request.method() != Method::POST {
         return next.run(request).await;
     }
-    let place = match sessions.app.streams.open(&caller.token_id, None) {
+    let place = match sessions.app.streams.open(&caller.token_id, caller.session.as_deref()) {
         Ok(p) => p,
         Err(p) => return p.into_response(),
     };
