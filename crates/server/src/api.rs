@@ -69,8 +69,14 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
+/// Marks an answer to a request that did not authenticate.
+#[derive(Clone, Copy, Debug)]
+struct Unauthenticated;
+
 /// Counts every answer by method (one of HTTP's nine, else `other`: a stranger's made-up
-/// methods add no series), route (its pattern, never a run id) and status.
+/// methods add no series), route (its pattern, never a run id) and status. An answer to a
+/// request that did not authenticate is counted by its status alone (method `any`, route
+/// `unauthenticated`): what a stranger sends makes no series.
 async fn count_answers(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let method = match *request.method() {
         axum::http::Method::GET => "GET",
@@ -89,7 +95,11 @@ async fn count_answers(State(app): State<Arc<App>>, request: Request, next: Next
         .get::<axum::extract::MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let response = next.run(request).await;
-    app.metrics.answered(method, &route, response.status().as_u16());
+    if response.extensions().get::<Unauthenticated>().is_some() {
+        app.metrics.answered("any", "unauthenticated", response.status().as_u16());
+    } else {
+        app.metrics.answered(method, &route, response.status().as_u16());
+    }
     response
 }
 
@@ -161,7 +171,11 @@ async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: N
             request.extensions_mut().insert(c);
             next.run(request).await
         }
-        Err(p) => p.into_response(),
+        Err(p) => {
+            let mut refused = p.into_response();
+            refused.extensions_mut().insert(Unauthenticated);
+            refused
+        }
     }
 }
 

@@ -569,3 +569,148 @@ fn a_browser_session_is_an_opaque_id_that_ends_on_sign_out_revocation_age_or_the
     drop(served);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A small deterministic generator of made-up names.
+struct Made(u64);
+
+impl Made {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn word(&mut self) -> String {
+        format!("{:x}", self.next())
+    }
+}
+
+/// The series of every metric on a classic-format page.
+fn series(page: &str) -> std::collections::BTreeSet<String> {
+    page.lines()
+        .filter(|l| l.starts_with("baton_"))
+        .filter_map(|l| l.rsplit_once(' ').map(|(name, _)| name.to_owned()))
+        .collect()
+}
+
+/// Sends `requests` down one connection back to back and reads as many answers; their
+/// statuses.
+fn pipelined(addr: &str, requests: Vec<String>) -> Vec<u16> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    let count = requests.len();
+    let sending = std::thread::spawn(move || {
+        for r in requests {
+            if writer.write_all(r.as_bytes()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut raw: Vec<u8> = Vec::new();
+    let mut at = 0;
+    let mut statuses = Vec::with_capacity(count);
+    let mut buf = vec![0u8; 64 * 1024];
+    while statuses.len() < count {
+        let Some(end) = raw[at..].windows(4).position(|w| w == b"\r\n\r\n") else {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "the server closed after {} answers", statuses.len());
+            raw.extend_from_slice(&buf[..n]);
+            continue;
+        };
+        let head = String::from_utf8_lossy(&raw[at..at + end]).into_owned();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length").then(|| v.trim().parse().unwrap())
+            })
+            .unwrap_or_else(|| panic!("an answer without a length: {head}"));
+        if raw.len() < at + end + 4 + length {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "the server closed mid-answer");
+            raw.extend_from_slice(&buf[..n]);
+            continue;
+        }
+        statuses.push(head[9..12].parse().unwrap());
+        at += end + 4 + length;
+        if at > 1 << 20 {
+            raw.drain(..at);
+            at = 0;
+        }
+    }
+    sending.join().unwrap();
+    statuses
+}
+
+#[test]
+fn fifty_thousand_made_up_requests_add_at_most_ten_series() {
+    let (dir, db, served) = server("series", &["--auth-failures-per-minute", "1000000"]);
+    let operator = token(&dir, &db, "acme", "operator", "op");
+    let metrics = super::serve::metrics_token(&dir, &db);
+    let addr = served.addr.clone();
+    let page = || {
+        let reply = http(&addr, "GET", "/metrics", &[("Authorization", &auth(&metrics))], None);
+        assert_eq!(reply.status, 200);
+        series(&reply.body)
+    };
+    let before = page();
+    let mut made = Made(0x9e37_79b9_7f4a_7c15);
+    let connections: Vec<Vec<String>> = (0..10)
+        .map(|_| {
+            (0..5_000)
+                .map(|i| {
+                    let word = made.word();
+                    let method = match i % 4 {
+                        0 => format!("M{word}"),
+                        1 => "GET".to_owned(),
+                        _ => "POST".to_owned(),
+                    };
+                    let path = match i % 5 {
+                        0 => format!("/{word}"),
+                        1 => format!("/runs/{word}"),
+                        2 => format!("/scenarios/{word}"),
+                        _ => "/runs".to_owned(),
+                    };
+                    let (who, body) = if i % 3 == 0 {
+                        (format!("Authorization: Bearer baton_{word}\r\n"), String::new())
+                    } else if method == "POST" && path == "/runs" {
+                        let body = if i % 2 == 0 {
+                            format!(r#"{{"scenario":"s{word}","input":"x"}}"#)
+                        } else {
+                            format!(r#"{{"intent":"i{word}","input":"x"}}"#)
+                        };
+                        (format!("Authorization: Bearer {operator}\r\n"), body)
+                    } else {
+                        (String::new(), String::new())
+                    };
+                    format!(
+                        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{who}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let answering: Vec<_> = connections
+        .into_iter()
+        .map(|requests| {
+            let addr = addr.clone();
+            std::thread::spawn(move || pipelined(&addr, requests))
+        })
+        .collect();
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for a in answering {
+        for status in a.join().unwrap() {
+            *statuses.entry(status).or_default() += 1;
+        }
+    }
+    assert_eq!(statuses.values().sum::<usize>(), 50_000, "{statuses:?}");
+    assert!(!statuses.contains_key(&500), "{statuses:?}");
+    let after = page();
+    let added: Vec<&String> = after.difference(&before).collect();
+    assert!(added.len() <= 10, "{} series added: {added:#?}", added.len());
+    drop(served);
+    let _ = std::fs::remove_dir_all(dir);
+}
