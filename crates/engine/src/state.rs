@@ -417,6 +417,9 @@ impl RunState {
                     self.workspace_head.clone_from(&f.restored);
                 }
                 self.model_source.clone_from(&f.model_source);
+                // A fork answers from its own model source, whatever the run it was
+                // forked from replayed: it is no replay.
+                self.replay_of = None;
                 self.forked_from = Some((f.from_run_id.clone(), f.at_seq));
             }
             EventData::WavePlanned(p) => {

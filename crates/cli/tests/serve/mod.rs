@@ -1374,6 +1374,7 @@ fn a_run_is_replayed_and_forked_through_the_api() {
     assert_eq!(approve.status, 200);
     wait_for(addr, &auth, &run, "completed", |v| v["status"] == "completed");
     // A replay makes no model call and matches the recording, the approval made again.
+    let mut replays = Vec::new();
     for trust in [false, true] {
         let r = http(
             addr,
@@ -1388,6 +1389,7 @@ fn a_run_is_replayed_and_forked_through_the_api() {
         assert_eq!(report["status"], "completed", "{report}");
         let replayed = report["replay_run_id"].as_str().unwrap();
         assert_eq!(wait_for(addr, &auth, replayed, "its end", |_| true)["tenant"], "acme");
+        replays.push(replayed.to_owned());
     }
     // A fork at the pause goes on in the server and waits for its own approval.
     let points =
@@ -1425,6 +1427,37 @@ fn a_run_is_replayed_and_forked_through_the_api() {
     let fork = forked.json()["run_id"].as_str().unwrap().to_owned();
     let waiting = wait_for(addr, &auth, &fork, "paused", |v| v["status"] == "paused");
     assert_eq!(waiting["tenant"], "acme");
+    let approve =
+        http(addr, "POST", &format!("/runs/{fork}/approve"), &[("Authorization", &auth)], None);
+    assert_eq!(approve.status, 200, "{approve:?}");
+    let done = wait_for(addr, &auth, &fork, "completed", |v| v["status"] == "completed");
+    assert!(done["output"].as_str().unwrap().contains("## New"), "{done}");
+    // A fork of a replay is driven as any fork is (O-s4): it reaches the pause and, once
+    // approved, its end.
+    let replay_pause = http(
+        addr,
+        "GET",
+        &format!("/runs/{}/fork-points", replays[0]),
+        &[("Authorization", &auth)],
+        None,
+    )
+    .json()["fork_points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_u64)
+        .find(|p| *p == pause_seq)
+        .unwrap_or_else(|| panic!("the replay has the pause at {pause_seq} as a fork point"));
+    let forked = http(
+        addr,
+        "POST",
+        &format!("/runs/{}/fork", replays[0]),
+        &[("Authorization", &auth)],
+        Some(&json!({"at": replay_pause}).to_string()),
+    );
+    assert_eq!(forked.status, 201, "{forked:?}");
+    let fork = forked.json()["run_id"].as_str().unwrap().to_owned();
+    wait_for(addr, &auth, &fork, "paused", |v| v["status"] == "paused");
     let approve =
         http(addr, "POST", &format!("/runs/{fork}/approve"), &[("Authorization", &auth)], None);
     assert_eq!(approve.status, 200, "{approve:?}");
