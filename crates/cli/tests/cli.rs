@@ -567,6 +567,54 @@ fn a_bundled_scenario_runs_against_a_local_openai_compatible_server_through_bato
 }
 
 #[test]
+fn a_model_call_is_in_the_log_before_it_is_sent_with_its_hash_and_worst_case() {
+    let dir = scratch("sent-first");
+    // fakellm streams an answer a word every 10 ms: 200 words take two seconds.
+    let words = vec!["very"; 200].join(" ");
+    std::fs::write(
+        dir.join("rules.yaml"),
+        format!(
+            "version: 1\nrules:\n  - name: capital\n    when: {{messages_contain: \"capital of France\"}}\n    respond: {{content: '{{\"answer\": \"Paris, {words} much\", \"confidence\": 0.95, \"sources\": []}}'}}\n"
+        ),
+    )
+    .unwrap();
+    let server = fakellm(&dir.join("rules.yaml"));
+    std::fs::write(dir.join("baton.toml"), server.config()).unwrap();
+    let db = dir.join("runs.db");
+    let out = baton(&[
+        "--db",
+        db.to_str().unwrap(),
+        "--config",
+        dir.join("baton.toml").to_str().unwrap(),
+        "run",
+        "quick_qa",
+        "--input",
+        "What is the capital of France?",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let events = events_of(&db, &run);
+    let of = |kind: &str| events.iter().find(|e| e["kind"] == kind).unwrap().clone();
+    let (sent, answered) = (of("prompt_sent"), of("model_response"));
+    let at = |e: &serde_json::Value| {
+        chrono::DateTime::parse_from_rfc3339(e["at"].as_str().unwrap()).unwrap()
+    };
+    let took = at(&answered) - at(&sent);
+    assert!(took.num_milliseconds() >= 1500, "sent at its send time, {took} before the answer");
+    assert_eq!(sent["data"]["request_hash"], answered["data"]["request_hash"], "{sent}");
+    let worst = sent["data"]["worst_case_usd"].as_f64().unwrap();
+    assert!(worst >= answered["data"]["cost_usd"].as_f64().unwrap() && worst > 0.0, "{sent}");
+    // And before the answer in the log.
+    assert!(sent["seq"].as_u64() < answered["seq"].as_u64());
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_recorded_run_replays_from_its_cassette_and_any_run_exports_one() {
     let dir = std::env::temp_dir().join(format!("baton-cli-cassette-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -225,6 +225,10 @@ impl ModelProvider for Recorder {
     fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64 {
         self.inner.worst_case_cost_usd(request)
     }
+
+    fn reaches_out(&self, request: &ModelRequest) -> bool {
+        self.inner.reaches_out(request)
+    }
 }
 
 /// A request the cassette did not hold: where it was asked, and how it differs from the
@@ -432,6 +436,13 @@ impl ModelProvider for Replayer {
             (Ok(e), _) => e.cost_usd,
             (Err(_), Some(live)) => live.worst_case_cost_usd(request),
             (Err(_), None) => 0.0,
+        }
+    }
+
+    fn reaches_out(&self, request: &ModelRequest) -> bool {
+        match (self.answer(request, false), &self.live) {
+            (Ok(_), _) | (Err(_), None) => false,
+            (Err(_), Some(live)) => live.reaches_out(request),
         }
     }
 }

@@ -606,6 +606,7 @@ impl Engine {
                     });
                     let step_started = std::time::Instant::now();
                     let (settled, mut settled_rx) = settled_channel(scenario, level);
+                    let (sent, mut sent_rx) = tokio::sync::mpsc::channel(1);
                     let run = LevelRun {
                         scenario: Arc::clone(scenario),
                         renderer: Arc::clone(&renderer),
@@ -620,10 +621,12 @@ impl Engine {
                         clock: Arc::clone(&self.clock),
                         reservations: crate::reservation::Reservations::default(),
                         settled,
+                        sent: Some(sent),
                     };
-                    let events = w
-                        .run_watching(run, &cancel, &over_time, time_left, settled_rx.as_mut())
-                        .await?;
+                    let channels =
+                        StepChannels { settled: settled_rx.as_mut(), sent: &mut sent_rx };
+                    let events =
+                        w.run_watching(run, &cancel, &over_time, time_left, channels).await?;
                     if cancel.is_cancelled() {
                         // The step was cut short: keep none of its work, only what its model
                         // calls spent; the cancel is in the log (or the driver is stopping).
@@ -880,14 +883,19 @@ impl<'a> Writer<'a> {
     /// child: each is staged and committed as it arrives (one transaction per child), so a
     /// crash or a cancel keeps them. Once the step has stopped, the batches still queued
     /// are staged ahead of its own events; after a cancel they are dropped with the step.
+    ///
+    /// A call that reaches out sends its `prompt_sent` (after the step's events so far) on
+    /// `sent` and waits: it is committed, then the call is told to go on. When the step is
+    /// being cut, it is dropped instead, and the call is not made.
     pub(crate) async fn run_watching(
         &mut self,
         run: LevelRun,
         cancel: &CancelToken,
         over_time: &CancelToken,
         time_left: Option<Duration>,
-        mut settled: Option<&mut mpsc::Receiver<Vec<NewEvent>>>,
+        channels: StepChannels<'_>,
     ) -> Result<Vec<NewEvent>, Error> {
+        let StepChannels { mut settled, sent } = channels;
         let work = run.run();
         tokio::pin!(work);
         // Most steps finish without waiting for anything: try once before arming timers.
@@ -914,6 +922,21 @@ impl<'a> Writer<'a> {
                 events = &mut work => {
                     self.stage_queued(settled.as_deref_mut(), cancel);
                     return Ok(events);
+                }
+                Some((batch, go_on)) = sent.recv() => {
+                    if cancel.is_cancelled() {
+                        // The step is being cut: the call is not made.
+                        continue;
+                    }
+                    let expected = self.stored_seq + (self.pending.len() + batch.len()) as u64;
+                    self.stage(batch);
+                    self.flush().await?;
+                    if self.stored_seq == expected {
+                        let _ = go_on.send(());
+                    } else {
+                        // The log moved under us and the state was re-read: stop the step.
+                        cancel.cancel();
+                    }
                 }
                 batch = next_settled(settled.as_deref_mut()), if !cancel.is_cancelled() => {
                     let expected = self.stored_seq + (self.pending.len() + batch.len()) as u64;
@@ -983,4 +1006,11 @@ impl<'a> Writer<'a> {
             }
         }
     }
+}
+
+/// What a step sends its executor while it runs: its fan-out's settled children, and the
+/// `prompt_sent` of each call that reaches out.
+pub(crate) struct StepChannels<'a> {
+    pub(crate) settled: Option<&'a mut mpsc::Receiver<Vec<NewEvent>>>,
+    pub(crate) sent: &'a mut mpsc::Receiver<(Vec<NewEvent>, tokio::sync::oneshot::Sender<()>)>,
 }

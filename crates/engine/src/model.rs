@@ -181,6 +181,14 @@ pub trait ModelProvider: Send + Sync + std::fmt::Debug {
     /// The most this request can cost (prompt tokens plus `max_tokens` at the model's
     /// price), for the budget check made before the call.
     fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64;
+
+    /// Whether this call leaves the process (an HTTP provider's): then the engine commits
+    /// its `prompt_sent` — with the send time, the request hash and the worst case — before
+    /// sending it, so a call in flight is in the log even if the process dies during it.
+    /// An answer found locally (a script, a cassette) needs no record ahead of it.
+    fn reaches_out(&self, _request: &ModelRequest) -> bool {
+        true
+    }
 }
 
 /// A scripted model: answers from a YAML script, offline and deterministic.
@@ -545,6 +553,10 @@ impl ModelProvider for ScriptedModel {
 
     fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64 {
         self.response(request).and_then(|r| r.worst_case_usd.or(r.cost_usd)).unwrap_or(0.0)
+    }
+
+    fn reaches_out(&self, _request: &ModelRequest) -> bool {
+        false
     }
 }
 

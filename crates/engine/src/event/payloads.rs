@@ -124,6 +124,12 @@ pub struct PromptSent {
     pub prompt: String,
     /// 0 for the first call of the attempt, then one more per model call (repairs, answers).
     pub call: u32,
+    /// The hash of the request, as its answer (`model_response.request_hash`) names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_hash: Option<String>,
+    /// The most the call can cost, in US dollars (what the budget reserved for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst_case_usd: Option<f64>,
 }
 
 /// A model call failed for good (`ModelError::Failed`: a refusal, a 4xx, a malformed

@@ -90,12 +90,26 @@ impl Calls<'_> {
         request.call_index = self.call_index;
         let reservation = self.reserve(events, &request)?;
         if record_prompt {
-            events.push(self.run.event(EventData::PromptSent(PromptSent {
+            let sent = self.run.event(EventData::PromptSent(PromptSent {
                 template: template.to_owned(),
                 system: request.system.clone(),
                 prompt: request.prompt.clone(),
                 call: self.call,
-            })));
+                request_hash: Some(request.hash()),
+                worst_case_usd: Some(self.run.runtime.model.worst_case_cost_usd(&request)),
+            }));
+            match &self.run.sent {
+                Some(channel) if self.run.runtime.model.reaches_out(&request) => {
+                    // Committed before the call, after what the step did so far (in order).
+                    let mut batch = std::mem::take(events);
+                    batch.push(sent);
+                    let (ack, acked) = tokio::sync::oneshot::channel();
+                    if channel.send((batch, ack)).await.is_err() || acked.await.is_err() {
+                        return Err(Stop::Halted);
+                    }
+                }
+                _ => events.push(sent),
+            }
         }
         request.deadline = self.run.deadline;
         let result = self.run.runtime.model.call(&request, &self.run.cancel).await;

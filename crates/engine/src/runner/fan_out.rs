@@ -22,6 +22,7 @@ impl LevelRun {
             .filter(|(_, c)| matches!(c, ChildState::NotStarted))
             .map(|&(child, _)| {
                 let mut run = self.clone();
+                run.sent = None;
                 run.level = child;
                 run.attempt =
                     self.state.level(&self.scenario.levels[child].id).map_or(0, |l| l.attempts) + 1;

@@ -83,11 +83,20 @@ pub struct LevelRun {
     /// Where a fan-out sends each child's events once the child has finished, for the
     /// executor to commit then; without it, every child's events come back with the step.
     pub settled: Option<Settled>,
+    /// Where a call that reaches out commits its `prompt_sent` before it is made; without
+    /// it (a fan-out's children, whose events are committed as each settles), the record
+    /// comes back with the step.
+    pub sent: Option<Sent>,
 }
 
 /// The channel a fan-out sends its finished children's events through, one batch per
 /// child (so one with room for every child never refuses a batch).
 pub type Settled = tokio::sync::mpsc::Sender<Vec<NewEvent>>;
+
+/// The channel an attempt sends a call's `prompt_sent` (after the step's events so far)
+/// through to have it committed before the call is made; the executor answers once it is,
+/// and drops the answer when the step is being cut (the call is then not made).
+pub type Sent = tokio::sync::mpsc::Sender<(Vec<NewEvent>, tokio::sync::oneshot::Sender<()>)>;
 
 /// What an attempt cut at a deadline keeps of its events: the model calls it made, whose
 /// spend counts; nothing that would end, route or pause its level.
