@@ -12,7 +12,6 @@ use std::time::Duration;
 use baton_scenario::Scenario;
 use baton_scenario::expr::Semantics;
 use serde_json::{Map, Value};
-use tokio::sync::mpsc;
 
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
@@ -22,8 +21,11 @@ pub use crate::outcome::{Error, Outcome};
 use crate::plan::timed_out;
 use crate::plan::{Step, plan};
 use crate::render::Renderer;
+use crate::runner::settled_channel;
 use crate::runner::{LevelRun, Runtime};
-use crate::runner::{next_settled, settled_channel};
+use tokio::sync::mpsc;
+
+mod watch;
 use crate::state::{RunState, Status, fold};
 use crate::store::{self, EventStore, RunRecord};
 use crate::workspace::{Workspace, WorkspaceRequest, off_thread, workspace_notices};
@@ -871,140 +873,6 @@ impl<'a> Writer<'a> {
         self.state = Arc::new(self.engine.state(self.run_id).await?);
         self.stored_seq = self.state.last_seq;
         Ok(())
-    }
-
-    /// Runs a step; commits the staged events if it is slow, and watches the store for a
-    /// cancel request while it runs.
-    ///
-    /// When `time_left` runs out, `over_time` is cancelled and the step awaited until it
-    /// has stopped (its processes killed), so nothing it started outlives it.
-    ///
-    /// A fan-out's children that finish while it runs arrive on `settled`, one batch per
-    /// child: each is staged and committed as it arrives (one transaction per child), so a
-    /// crash or a cancel keeps them. Once the step has stopped, the batches still queued
-    /// are staged ahead of its own events; after a cancel they are dropped with the step.
-    ///
-    /// A call that reaches out sends its `prompt_sent` (after the step's events so far) on
-    /// `sent` and waits: it is committed, then the call is told to go on. When the step is
-    /// being cut, it is dropped instead, and the call is not made.
-    pub(crate) async fn run_watching(
-        &mut self,
-        run: LevelRun,
-        cancel: &CancelToken,
-        over_time: &CancelToken,
-        time_left: Option<Duration>,
-        channels: StepChannels<'_>,
-    ) -> Result<Vec<NewEvent>, Error> {
-        let StepChannels { mut settled, sent } = channels;
-        let work = run.run();
-        tokio::pin!(work);
-        // Most steps finish without waiting for anything: try once before arming timers.
-        let ready = std::future::poll_fn(|cx| match work.as_mut().poll(cx) {
-            std::task::Poll::Ready(events) => std::task::Poll::Ready(Some(events)),
-            std::task::Poll::Pending => std::task::Poll::Ready(None),
-        })
-        .await;
-        if let Some(events) = ready {
-            self.stage_queued(settled.as_deref_mut(), cancel);
-            return Ok(events);
-        }
-        let flush_at = tokio::time::sleep(FLUSH_AFTER);
-        tokio::pin!(flush_at);
-        let mut flushed = false;
-        let mut poll = tokio::time::interval(CANCEL_POLL);
-        poll.tick().await;
-        let started = tokio::time::Instant::now();
-        let mut heartbeat = tokio::time::interval_at(started + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
-        let out_of_time = tokio::time::sleep(time_left.unwrap_or(Duration::MAX / 4));
-        tokio::pin!(out_of_time);
-        loop {
-            tokio::select! {
-                events = &mut work => {
-                    self.stage_queued(settled.as_deref_mut(), cancel);
-                    return Ok(events);
-                }
-                Some((batch, go_on)) = sent.recv() => {
-                    if cancel.is_cancelled() {
-                        // The step is being cut: the call is not made.
-                        continue;
-                    }
-                    let expected = self.stored_seq + (self.pending.len() + batch.len()) as u64;
-                    self.stage(batch);
-                    self.flush().await?;
-                    if self.stored_seq == expected {
-                        let _ = go_on.send(());
-                    } else {
-                        // The log moved under us and the state was re-read: stop the step.
-                        cancel.cancel();
-                    }
-                }
-                batch = next_settled(settled.as_deref_mut()), if !cancel.is_cancelled() => {
-                    let expected = self.stored_seq + (self.pending.len() + batch.len()) as u64;
-                    self.stage(batch);
-                    self.flush().await?;
-                    if self.stored_seq != expected {
-                        // The log moved under us and the state was re-read: stop the step.
-                        cancel.cancel();
-                    }
-                }
-                () = self.engine.stop.cancelled(), if !cancel.is_cancelled() => {
-                    // The driver is stopping: cut the step; the drive records the stop.
-                    cancel.cancel();
-                }
-                () = &mut out_of_time, if time_left.is_some() && !over_time.is_cancelled() => {
-                    over_time.cancel();
-                }
-                () = &mut flush_at, if !flushed => {
-                    flushed = true;
-                    let staged = self.pending.len() as u64;
-                    let expected = self.stored_seq + staged;
-                    self.flush().await?;
-                    if self.stored_seq != expected {
-                        // The log moved under us and the state was re-read: stop the step.
-                        cancel.cancel();
-                    }
-                }
-                _ = heartbeat.tick() => {
-                    let elapsed_ms = crate::clock::elapsed_ms(started.into_std());
-                    let progress = cancel.progress();
-                    let beat = EventData::Heartbeat(crate::event::Heartbeat {
-                        elapsed_ms,
-                        streamed_bytes: progress.streamed_bytes(),
-                        tool_calls: progress.tool_calls(),
-                    });
-                    let level_id = run.scenario.levels[run.level].id.as_str();
-                    let event = NewEvent::level(level_id, run.attempt, beat);
-                    let expected = self.stored_seq + self.pending.len() as u64 + 1;
-                    self.stage(vec![event]);
-                    self.flush().await?;
-                    if self.stored_seq != expected {
-                        // The log moved under us and the state was re-read: stop the step.
-                        cancel.cancel();
-                    }
-                }
-                _ = poll.tick(), if self.create.is_none() => {
-                    let newer = self.engine.store.load(self.run_id, self.stored_seq).await?;
-                    if newer.iter().any(|e| matches!(e.data, EventData::CancelRequested(_))) {
-                        cancel.cancel();
-                    }
-                }
-            }
-        }
-    }
-
-    /// Stages the children's batches still queued when a step stopped, unless it was
-    /// cancelled (then the step is dropped whole).
-    pub(crate) fn stage_queued(
-        &mut self,
-        settled: Option<&mut mpsc::Receiver<Vec<NewEvent>>>,
-        cancel: &CancelToken,
-    ) {
-        let Some(settled) = settled else { return };
-        while let Ok(batch) = settled.try_recv() {
-            if !cancel.is_cancelled() {
-                self.stage(batch);
-            }
-        }
     }
 }
 

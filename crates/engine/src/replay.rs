@@ -5,8 +5,9 @@
 //! answers ([`Tree::cassette`]), the outside decisions in the order they were made
 //! ([`Tree::decisions`]) and the verifier outcomes a `trust_validation` replay uses instead
 //! of running verifiers ([`Tree::trusted`]). [`compare`] says where two trees' logs differ,
-//! event by event, with exactly what [`IGNORED_KEYS`] and [`IGNORED_KINDS`] name left out
-//! and the ids that come from time ([`Ids`]) read as their place in the tree. [`Summary`]
+//! event by event, with exactly what [`IGNORED_KEYS`] and [`IGNORED_KINDS`] name left out,
+//! the fields a recording predates ([`ADDED_LATER`]) compared only where it has them, and
+//! the ids that come from time ([`Ids`]) read as their place in the tree. [`Summary`]
 //! is what a fixture expects of a run (status, level path, verdicts, verifier outcomes,
 //! output, cost, tokens), and [`Summary::changes`] judges a replay's against the
 //! scenario's regression thresholds.
@@ -43,6 +44,22 @@ pub const IGNORED_KEYS: &[&str] = &[
     "waited_ms",
     "wait_ms",
 ];
+
+/// Payload fields later versions added to an event kind: a recording made before one
+/// existed is compared without it (its replay records it; the recording never could).
+pub const ADDED_LATER: &[(&str, &str)] =
+    &[("prompt_sent", "request_hash"), ("prompt_sent", "worst_case_usd")];
+
+/// Takes out of `replayed` the fields `recorded` lacks because it predates them.
+fn without_later_fields(recorded: &Value, replayed: &mut Value) {
+    let kind = recorded["kind"].as_str().unwrap_or_default();
+    let Some(data) = replayed.get_mut("data").and_then(Value::as_object_mut) else { return };
+    for (k, field) in ADDED_LATER {
+        if *k == kind && recorded["data"].get(field).is_none() {
+            data.remove(*field);
+        }
+    }
+}
 
 /// One run of a recorded job.
 #[derive(Clone, Debug, PartialEq)]
@@ -396,7 +413,10 @@ pub fn compare(recorded: &Tree, replay: &Tree) -> Vec<Mismatch> {
             });
             continue;
         };
-        let (a, b) = (kept(old, &old_ids), kept(new, &new_ids));
+        let (a, mut b) = (kept(old, &old_ids), kept(new, &new_ids));
+        for ((_, x), (_, y)) in a.iter().zip(b.iter_mut()) {
+            without_later_fields(x, y);
+        }
         let first = a.iter().zip(&b).position(|((_, x), (_, y))| x != y);
         match first {
             Some(i) => {

@@ -11,10 +11,32 @@ import json
 import sys
 
 import anyio
+import jsonschema
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+
+
+class Checked(ClientSession):
+    """A session that checks every structured tool result against the tool's declared
+    output schema with `jsonschema` (a validator independent of the server and of the SDK),
+    raising on any result that does not conform."""
+
+    validated = 0
+
+    async def call_tool(self, name, arguments=None, *args, **kwargs):
+        result = await super().call_tool(name, arguments, *args, **kwargs)
+        if not result.is_error and result.structured_content is not None:
+            if not hasattr(self, "_schemas"):
+                tools = (await self.list_tools()).tools
+                self._schemas = {t.name: t.output_schema for t in tools}
+            schema = self._schemas.get(name)
+            if schema is None:
+                raise AssertionError(f"{name} returned structured content but declares no output schema")
+            jsonschema.Draft202012Validator(schema).validate(result.structured_content)
+            Checked.validated += 1
+        return result
 
 
 def structured(result):
@@ -333,16 +355,18 @@ async def main():
     if sys.argv[2] == "stdio":
         params = StdioServerParameters(command=sys.argv[3], args=sys.argv[4:])
         async with stdio_client(params) as (read, write):
-            async with ClientSession(read, write, message_handler=on_message) as s:
+            async with Checked(read, write, message_handler=on_message) as s:
                 await s.initialize()
                 out = await step(s)
     else:
         url, token = sys.argv[3], sys.argv[4]
         client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
         async with client, streamable_http_client(url, http_client=client) as (read, write, *_):
-            async with ClientSession(read, write, message_handler=on_message) as s:
+            async with Checked(read, write, message_handler=on_message) as s:
                 await s.initialize()
                 out = await step(s)
+    if isinstance(out, dict):
+        out["validated"] = Checked.validated
     print(json.dumps(out), flush=True)
 
 

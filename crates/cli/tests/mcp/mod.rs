@@ -112,6 +112,8 @@ fn the_python_client_over_stdio_starts_follows_and_approves_a_run_and_reads_reso
 {
     let (dir, db, script) = setup("mcp-tour");
     let v = client("tour", &stdio(&dir, &db, &script), &dir);
+    // Every structured result conformed to its tool's declared output schema (jsonschema).
+    assert!(v["validated"].as_u64().unwrap() >= 8, "{}", v["validated"]);
 
     // Every tool, each with an object input schema and an object output schema.
     let tools = v["tools"].as_object().unwrap();
@@ -226,6 +228,7 @@ fn a_wave_of_three_is_planned_run_with_progress_recorded_by_hand_decided_complet
 {
     let (dir, db, script) = setup("mcp-wave");
     let v = client("wave", &stdio(&dir, &db, &script), &dir);
+    assert!(v["validated"].as_u64().unwrap() >= 5, "{}", v["validated"]);
 
     let plan = &v["plan"];
     let wave_id = plan["run_id"].as_str().unwrap();
