@@ -31,7 +31,7 @@ use crate::place::{Place, open_existing_store, open_store};
 use crate::scenarios::registry;
 
 /// The longest idempotency key, in bytes.
-pub const KEY_BYTES_MAX: usize = 256;
+pub const KEY_CHARS_MAX: usize = 256;
 
 /// What a job asks for, as every surface takes it.
 #[derive(Clone, Debug, Default)]
@@ -69,7 +69,7 @@ pub fn check(request: &JobStart) -> Result<(), Error> {
         ("intent", &request.job.intent),
         ("kind", &request.job.kind),
     ] {
-        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+        if value.as_deref().is_some_and(str::is_empty) {
             return Err(Error::invalid(format!("{field} is empty; give a value or leave it out")));
         }
     }
@@ -95,10 +95,10 @@ pub fn check(request: &JobStart) -> Result<(), Error> {
         )));
     }
     if let Some(key) = &request.idempotency_key
-        && (key.trim().is_empty() || key.len() > KEY_BYTES_MAX)
+        && (key.is_empty() || key.chars().count() > KEY_CHARS_MAX)
     {
         return Err(Error::invalid(format!(
-            "idempotency_key must be 1 to {KEY_BYTES_MAX} bytes and not blank"
+            "idempotency_key must be 1 to {KEY_CHARS_MAX} characters"
         )));
     }
     if let Some(tenant) = &request.tenant {

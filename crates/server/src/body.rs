@@ -32,7 +32,9 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
 }
 
 impl Body {
-    /// The body as JSON of `T`; an empty body is `T::default()` when `optional`.
+    /// The body as a JSON object read as `T`; when `optional`, an empty body or `null` is
+    /// `T::default()`. Anything else — an array, a number, a string — is refused, whatever
+    /// `T`'s deserializer would make of it.
     pub(crate) fn parse<T: serde::de::DeserializeOwned + Default>(
         &self,
         optional: bool,
@@ -40,13 +42,26 @@ impl Body {
         if optional && self.0.iter().all(u8::is_ascii_whitespace) {
             return Ok(T::default());
         }
-        serde_json::from_slice(&self.0).map_err(|e| {
+        let value: serde_json::Value = serde_json::from_slice(&self.0).map_err(|e| {
             Problem::bad_request(format!(
-                "the request body is not what this takes: {e} (line {}, column {}); /openapi.json describes it",
+                "the request body is not JSON: {e} (line {}, column {}); /openapi.json describes it",
                 e.line(),
                 e.column()
             ))
-        })
+        })?;
+        match value {
+            serde_json::Value::Null if optional => Ok(T::default()),
+            serde_json::Value::Object(_) => serde_json::from_value(value).map_err(|e| {
+                Problem::bad_request(format!(
+                    "the request body is not what this takes: {e}; /openapi.json describes it"
+                ))
+            }),
+            _ => Err(Problem::bad_request(if optional {
+                "the request body must be a JSON object, null or nothing; /openapi.json describes it"
+            } else {
+                "the request body must be a JSON object; /openapi.json describes it"
+            })),
+        }
     }
 
     /// The body as text.

@@ -40,6 +40,7 @@ const WAIT_EACH: Duration = Duration::from_secs(30);
 #[into_params(parameter_in = Query)]
 pub(crate) struct After {
     /// Only events after this seq (a stream's `Last-Event-ID` wins over it).
+    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     pub after: Option<u64>,
     /// A stream of the run and every run below it (a job's tree); its event ids are
     /// places in every run of the tree (`12(5,3(2))`).
@@ -59,7 +60,9 @@ pub(crate) struct EventPage {
 /// A run's events after a seq: JSON, or a live SSE stream with `Accept: text/event-stream`.
 #[utoipa::path(get, path = "/runs/{id}/events", params(("id" = String, Path, description = "The run id"), After), responses(
     (status = 200, body = EventPage, description = "JSON, or with Accept: text/event-stream a stream of events whose ids are their seqs"),
-    (status = 404, body = Problem), (status = 429, body = Problem)))]
+    (status = 404, body = Problem),
+    (status = 406, body = Problem, description = "`tree=true` without `Accept: text/event-stream`: the tree is a live stream only"),
+    (status = 429, body = Problem)))]
 pub(crate) async fn run_events(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -69,13 +72,17 @@ pub(crate) async fn run_events(
 ) -> Result<Response, Problem> {
     app.visible_run(&caller, &id).await?;
     let Query(q) = q.map_err(|e| Problem::bad_request(e.body_text()))?;
+    if q.after.is_some_and(|a| i64::try_from(a).is_err()) {
+        return Err(Problem::bad_request("after is past any seq (at most 2^63 - 1)"));
+    }
     let wants_stream = headers
         .get(header::ACCEPT)
         .and_then(|a| a.to_str().ok())
         .is_some_and(|a| a.contains("text/event-stream"));
     if q.tree {
         if !wants_stream {
-            return Err(Problem::bad_request(
+            return Err(Problem::new(
+                axum::http::StatusCode::NOT_ACCEPTABLE,
                 "tree=true is a live stream: ask for it with Accept: text/event-stream",
             ));
         }

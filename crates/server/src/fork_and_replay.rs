@@ -23,6 +23,8 @@ use crate::problem::Problem;
 pub(crate) struct ForkBody {
     /// The event the fork's log ends with, copied (a level boundary or a pause:
     /// `GET /runs/{id}/fork-points`).
+    #[serde(deserialize_with = "integral")]
+    #[schema(minimum = 0)]
     pub at: u64,
     /// A new input.
     pub input: Option<String>,
@@ -30,6 +32,22 @@ pub(crate) struct ForkBody {
     #[serde(default)]
     #[schema(value_type = Object)]
     pub scratchpad: serde_json::Map<String, Value>,
+}
+
+/// A seq as JSON writes it: a whole number from 0 through 2^63 - 1, however written (`12`
+/// or `12.0`, as JSON Schema's `integer` counts them).
+fn integral<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    let whole = n.as_u64().or_else(|| {
+        let f = n.as_f64()?;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        (f.fract() == 0.0 && (0.0..9.223_372_036_854_776e18).contains(&f)).then_some(f as u64)
+    });
+    whole.filter(|w| i64::try_from(*w).is_ok()).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "{n} is not a seq: a whole number from 0 through 2^63 - 1"
+        ))
+    })
 }
 
 /// The new run.

@@ -62,6 +62,31 @@ pub fn document() -> Value {
     doc
 }
 
+/// The operations that name a run by the `run_id` a start answers with, linked from
+/// `POST /runs` so a client (and a stateful test) can follow a start to them.
+fn run_links(paths: &serde_json::Map<String, Value>) -> Value {
+    let mut links = serde_json::Map::new();
+    for (path, item) in paths {
+        // A run has a wave only when its scenario plans one: no link promises it.
+        if !path.starts_with("/runs/{id}") || path.starts_with("/runs/{id}/wave") {
+            continue;
+        }
+        let Some(item) = item.as_object() else { continue };
+        for op in item.values() {
+            if let Some(id) = op.get("operationId").and_then(Value::as_str) {
+                links.insert(
+                    id.to_owned(),
+                    serde_json::json!({
+                        "operationId": id,
+                        "parameters": {"id": "$response.body#/run_id"}
+                    }),
+                );
+            }
+        }
+    }
+    Value::Object(links)
+}
+
 /// The operations anyone may call, without a token.
 const PUBLIC: [&str; 3] = ["/healthz", "/openapi.json", "/session"];
 
@@ -76,6 +101,14 @@ fn contract(doc: &mut Value) {
         "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
     });
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else { return };
+    let links = run_links(paths);
+    for status in ["200", "201"] {
+        if let Some(answer) =
+            paths.get_mut("/runs").and_then(|p| p["post"]["responses"].get_mut(status))
+        {
+            answer["links"] = links.clone();
+        }
+    }
     for (path, item) in paths.iter_mut() {
         let public = PUBLIC.contains(&path.as_str());
         let names_something = path.contains('{');

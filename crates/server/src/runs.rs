@@ -29,12 +29,16 @@ pub(crate) const PAGE_MAX: usize = 500;
 /// default), its input and metadata.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"scenario": "quick_qa", "input": "What is the capital of France?"}))]
 pub(crate) struct StartRun {
-    /// Run exactly this scenario.
+    /// Run exactly this scenario (a name, never a path).
+    #[schema(min_length = 1, pattern = r"^(?![\s\S]*\.\.)[^/\\]*$")]
     pub scenario: Option<String>,
     /// An intent route, looked up case-insensitively.
+    #[schema(min_length = 1)]
     pub intent: Option<String>,
     /// The job's kind (`task`, `question`, …), for the classifier.
+    #[schema(min_length = 1)]
     pub kind: Option<String>,
     #[serde(default)]
     pub input: String,
@@ -42,8 +46,10 @@ pub(crate) struct StartRun {
     #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
     /// A second start with this key gets the first one's run.
+    #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: Option<String>,
-    /// The job's cost cap, all its runs together.
+    /// The job's cost cap, all its runs together: a positive amount of US dollars.
+    #[schema(exclusive_minimum = 0.0)]
     pub max_cost_usd: Option<f64>,
 }
 
@@ -178,8 +184,11 @@ pub(crate) struct Started {
 #[utoipa::path(post, path = "/runs", request_body = StartRun, responses(
     (status = 201, body = Started, description = "The run was created and is being driven"),
     (status = 200, body = Started, description = "The idempotency key named an earlier run"),
-    (status = 400, body = Problem), (status = 409, body = Problem), (status = 413, body = Problem),
-    (status = 429, body = Problem)))]
+    (status = 400, body = Problem),
+    (status = 404, body = Problem, description = "`scenario` names no scenario (the closest are named)"),
+    (status = 409, body = Problem), (status = 413, body = Problem),
+    (status = 422, body = Problem, description = "The idempotency key was used with another request"),
+    (status = 429, body = Problem, description = "Past the tenant's start rate or its idempotency keys")))]
 pub(crate) async fn start_run(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -301,6 +310,7 @@ async fn existing_run(
 #[into_params(parameter_in = Query)]
 pub(crate) struct ListRuns {
     /// Only runs with this status.
+    #[param(pattern = "^(running|paused|waiting|interrupted|completed|aborted|cancelled|failed)$")]
     pub status: Option<String>,
     /// Only runs of this scenario.
     pub scenario: Option<String>,
@@ -310,6 +320,7 @@ pub(crate) struct ListRuns {
     /// The `next` of the previous page.
     pub after: Option<String>,
     /// At most this many (default 50, at most 500).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<usize>,
 }
 
@@ -524,6 +535,8 @@ pub(crate) async fn answer_run_with(
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CancelBody {
+    /// Why (not empty).
+    #[schema(min_length = 1)]
     pub reason: Option<String>,
 }
 

@@ -169,15 +169,20 @@ pub(crate) struct Validation {
 
 /// Checks a scenario file (the request body, YAML) as if it were in the scenarios
 /// directory: its templates and rubrics are read from there.
-#[utoipa::path(post, path = "/scenarios/validate", request_body(content = String, content_type = "application/yaml"), responses(
+#[utoipa::path(post, path = "/scenarios/validate", request_body(content = serde_json::Value, content_type = "application/yaml", description = "A scenario file: any YAML document (not empty), whose problems the answer lists"), responses(
     (status = 200, body = Validation),
+    (status = 400, body = Problem, description = "The body is empty or not UTF-8"),
     (status = 413, body = Problem)))]
 pub(crate) async fn validate_scenario(
     State(app): State<Arc<App>>,
     Extension(_caller): Extension<Caller>,
     body: Body,
 ) -> Result<Json<Validation>, Problem> {
-    Ok(Json(validate(&app, body.text()?).await?))
+    let text = body.text()?;
+    if text.trim().is_empty() {
+        return Err(Problem::bad_request("the body is empty: post a scenario file's YAML"));
+    }
+    Ok(Json(validate(&app, text).await?))
 }
 
 /// Checks a scenario file's text as if it were in the scenarios directory.

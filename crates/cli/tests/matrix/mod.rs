@@ -84,7 +84,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "an empty scenario",
             who: Who::Acme,
-            request: json!({"scenario": " ", "input": "x"}),
+            request: json!({"scenario": "", "input": "x"}),
             expect: Expect::Refused { kind: "invalid", says: "scenario is empty" },
         },
         Case {

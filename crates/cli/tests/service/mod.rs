@@ -714,3 +714,48 @@ fn fifty_thousand_made_up_requests_add_at_most_ten_series() {
     drop(served);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// schemathesis' verdict on the API against its own document, as `token` (or no one).
+fn schemathesis(addr: &str, token: Option<&str>, dir: &std::path::Path) -> (bool, String) {
+    let bin = super::repo().join(".peers/schemathesis/bin/schemathesis");
+    assert!(bin.exists(), "schemathesis is not installed at {}: run scripts/test", bin.display());
+    let mut command = std::process::Command::new(bin);
+    command
+        .arg("--config-file")
+        .arg(super::repo().join("crates/cli/tests/service/schemathesis.toml"))
+        .args(["run", &format!("http://{addr}/openapi.json")])
+        .args(["--checks", "all", "--seed", "1", "--max-examples", "25"])
+        .current_dir(dir)
+        .env("NO_COLOR", "1");
+    if let Some(t) = token {
+        command.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    let out = command.output().unwrap();
+    (out.status.success(), format!("{}{}", text(&out.stdout), text(&out.stderr)))
+}
+
+#[test]
+fn schemathesis_finds_the_api_as_its_openapi_document_says_with_a_token_and_without() {
+    // Every check on, none suppressed. The server's limit on failed authentications is
+    // raised: schemathesis leaves the token out of a request to every operation, far more
+    // than 30 times a minute from one address (the limit has its own test above).
+    let (dir, db, served) = server(
+        "schemathesis",
+        &["--auth-failures-per-minute", "1000000", "--script", "scenarios/scripts/quick_qa.yaml"],
+    );
+    let operator = token(&dir, &db, "acme", "operator", "st");
+    for who in [Some(operator.as_str()), None] {
+        let (passed, said) = schemathesis(&served.addr, who, &dir);
+        let summary = said.lines().rev().find(|l| l.contains("generated")).unwrap_or_default();
+        assert!(
+            passed,
+            "schemathesis ({}): {summary}\n{said}",
+            if who.is_some() { "operator" } else { "no token" }
+        );
+        for phase in ["Coverage", "Fuzzing", "Stateful"] {
+            assert!(said.contains(&format!("✅ {phase}")), "{phase} ran and passed:\n{said}");
+        }
+    }
+    drop(served);
+    let _ = std::fs::remove_dir_all(dir);
+}
