@@ -62,7 +62,8 @@ fn closed(s: &mut TcpStream, wait: Duration) -> bool {
 /// closed the connection — within `wait`.
 fn stream_ended(s: &mut TcpStream, wait: Duration) -> bool {
     let deadline = Instant::now() + wait;
-    let mut raw = Vec::new();
+    // A call starts where the last one stopped reading: after a whole chunk.
+    let mut raw = b"\r\n".to_vec();
     let mut buf = [0u8; 4096];
     while Instant::now() < deadline {
         s.set_read_timeout(Some(
@@ -756,6 +757,65 @@ fn schemathesis_finds_the_api_as_its_openapi_document_says_with_a_token_and_with
             assert!(said.contains(&format!("✅ {phase}")), "{phase} ran and passed:\n{said}");
         }
     }
+    drop(served);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+#[allow(clippy::print_stderr)]
+fn revoking_a_token_ends_its_event_streams_within_two_seconds() {
+    let (dir, db, served) =
+        server("revoked-streams", &["--script", "scenarios/scripts/release_notes.yaml"]);
+    let ann = token(&dir, &db, "acme", "operator", "ann");
+    let addr = served.addr.clone();
+    let started = http(
+        &addr,
+        "POST",
+        "/runs",
+        &[("Authorization", &auth(&ann))],
+        Some(r#"{"scenario": "release_notes", "input": "v2.6"}"#),
+    );
+    assert_eq!(started.status, 201, "{started:?}");
+    let run = started.json()["run_id"].as_str().unwrap().to_owned();
+    // The run pauses for its sign-off: its stream stays open, waiting.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http(&addr, "GET", &format!("/runs/{run}"), &[("Authorization", &auth(&ann))], None)
+        .json()["status"]
+        != "paused"
+    {
+        assert!(Instant::now() < deadline, "the run pauses");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let open = |path: &str| {
+        let mut s = sent(
+            &addr,
+            &format!(
+                "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ann}\r\nAccept: text/event-stream\r\n\r\n"
+            ),
+        );
+        let mut head = [0u8; 12];
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200", "{path}");
+        s
+    };
+    let mut events = open(&format!("/runs/{run}/events"));
+    let mut tree = open(&format!("/runs/{run}/events?tree=true"));
+    assert!(!stream_ended(&mut events, Duration::from_millis(500)), "open while the run waits");
+    let listed = baton_in(&dir, &db).args(["token", "list"]).output().unwrap();
+    let id = text(&listed.stdout)
+        .lines()
+        .find(|l| l.contains(" ann "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    assert!(baton_in(&dir, &db).args(["token", "revoke", &id]).status().unwrap().success());
+    let began = Instant::now();
+    assert!(stream_ended(&mut events, Duration::from_secs(6)), "the event stream ended");
+    assert!(stream_ended(&mut tree, Duration::from_secs(6)), "the tree stream ended");
+    let took = began.elapsed();
+    eprintln!("a revoked token's event streams ended {} ms after the revocation", took.as_millis());
+    assert!(took <= Duration::from_secs(6), "{took:?}");
     drop(served);
     let _ = std::fs::remove_dir_all(dir);
 }
