@@ -447,7 +447,7 @@ fn validate_checks_model_constraints_against_the_configured_providers() {
 }
 
 /// fakellm (installed by scripts/test) on a free port, killed when dropped.
-struct Fakellm(std::process::Child, u16);
+struct Fakellm(std::process::Child, pub(crate) u16);
 
 impl Drop for Fakellm {
     fn drop(&mut self) {
@@ -466,7 +466,7 @@ impl Fakellm {
     }
 }
 
-fn fakellm(rules: &std::path::Path) -> Fakellm {
+pub(crate) fn fakellm(rules: &std::path::Path) -> Fakellm {
     let bin = repo().join(".peers/venv/bin/fakellm");
     assert!(
         bin.exists(),

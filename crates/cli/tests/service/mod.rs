@@ -819,3 +819,161 @@ fn revoking_a_token_ends_its_event_streams_within_two_seconds() {
     drop(served);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The metric families of a classic-format page, each with its number of samples.
+fn families(page: &str) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in page.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            out.insert(rest.split(' ').next().unwrap_or_default().to_owned(), 0);
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            let family = out
+                .keys()
+                .filter(|f| name.starts_with(f.as_str()))
+                .max_by_key(|f| f.len())
+                .cloned();
+            if let Some(f) = family {
+                *out.entry(f).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn after_a_workload_every_metric_family_has_samples_that_promtool_passes() {
+    let dir = scratch("every-family");
+    super::replay::copy_scenarios(&dir);
+    let db = dir.join("runs.db");
+    // Two OpenAI-compatible servers: one always down (503), one that answers the capital
+    // question and refuses (400) a question about refusals.
+    std::fs::write(
+        dir.join("down.yaml"),
+        "version: 1\nrules:\n  - name: down\n    when: {}\n    respond: {status: 503, error: 'down for maintenance'}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("up.yaml"),
+        "version: 1\nrules:\n  - name: refuse\n    when: {messages_contain: \"refusal\"}\n    respond: {status: 400, error: 'refused'}\n  - name: capital\n    when: {messages_contain: \"capital\"}\n    respond: {content: '{\"answer\": \"Paris\", \"confidence\": 0.95, \"sources\": []}'}\n",
+    )
+    .unwrap();
+    let (down, up) = (super::fakellm(&dir.join("down.yaml")), super::fakellm(&dir.join("up.yaml")));
+    let provider = |name: &str, port: u16| {
+        format!(
+            "[[providers]]\nname = \"{name}\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\ntier = \"free\"\n# fakellm streams a mock answer where it would refuse.\nstream = false\n[[providers.models]]\nname = \"fake-model\"\ninput_usd_per_mtok = 0.5\noutput_usd_per_mtok = 1.0\n"
+        )
+    };
+    std::fs::write(
+        dir.join("baton.toml"),
+        format!(
+            "[routing]\ndefault = \"free:up/fake-model\"\n\n{}\n{}",
+            provider("down", down.1),
+            provider("up", up.1)
+        ),
+    )
+    .unwrap();
+    // A scenario that waits for a person, for the approvals' idle time.
+    std::fs::write(
+        dir.join("scenarios/sign_only.yaml"),
+        "id: sign_only\nversion: 1\nlevels:\n  - id: ask\n    kind: human_approval\n    approver_role: lead\n    prompt: {inline: \"Ship {{ input }}?\"}\n    terminal: true\nedges: []\n",
+    )
+    .unwrap();
+    let config = dir.join("baton.toml");
+    let served = serve(&dir, &db, &["--config", config.to_str().unwrap(), "--idle-timeout-s", "1"]);
+    let ann = token(&dir, &db, "acme", "operator", "ann");
+    let metrics = super::serve::metrics_token(&dir, &db);
+    let addr = served.addr.clone();
+    let start = |body: &str| {
+        let r = http(&addr, "POST", "/runs", &[("Authorization", &auth(&ann))], Some(body));
+        assert_eq!(r.status, 201, "{r:?}");
+        r.json()["run_id"].as_str().unwrap().to_owned()
+    };
+    let ended = |run: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let v = http(
+                &addr,
+                "GET",
+                &format!("/runs/{run}"),
+                &[("Authorization", &auth(&ann))],
+                None,
+            )
+            .json();
+            let status = v["status"].as_str().unwrap_or_default().to_owned();
+            // An interrupted run is driven again by the server.
+            if ["completed", "failed", "aborted", "cancelled", "paused"].contains(&status.as_str())
+            {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "{v}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Retries on the server that is down, a failover, an answer, a verifier.
+    let answered = start(r#"{"scenario": "quick_qa", "input": "What is the capital of France?"}"#);
+    assert_eq!(ended(&answered)["status"], "completed");
+    // A call refused for good.
+    let refused = start(r#"{"scenario": "quick_qa", "input": "A question about refusal"}"#);
+    assert_ne!(ended(&refused)["status"], "completed");
+    // A budget stop, and an approval decided after a wait.
+    let capped = start(
+        r#"{"scenario": "quick_qa", "input": "The capital of Peru?", "max_cost_usd": 1e-12}"#,
+    );
+    ended(&capped);
+    let signed = start(r#"{"scenario": "sign_only", "input": "v1"}"#);
+    assert_eq!(ended(&signed)["status"], "paused");
+    std::thread::sleep(Duration::from_millis(200));
+    let approve = http(
+        &addr,
+        "POST",
+        &format!("/runs/{signed}/approve"),
+        &[("Authorization", &auth(&ann))],
+        None,
+    );
+    assert_eq!(approve.status, 200, "{approve:?}");
+    // A connection left idle past its timeout.
+    let mut idle = TcpStream::connect(&addr).unwrap();
+    assert!(closed(&mut idle, Duration::from_secs(5)));
+
+    let scrape = |accept: Option<&str>| {
+        let a = auth(&metrics);
+        let mut headers = vec![("Authorization", a.as_str())];
+        if let Some(accept) = accept {
+            headers.push(("Accept", accept));
+        }
+        let r = http(&addr, "GET", "/metrics", &headers, None);
+        assert_eq!(r.status, 200, "{r:?}");
+        r.body
+    };
+    let classic = scrape(None);
+    let open = scrape(Some("application/openmetrics-text; version=1.0.0"));
+    assert!(open.ends_with("# EOF\n"), "{open}");
+    let counted = families(&classic);
+    let empty: Vec<&String> = counted.iter().filter(|(_, n)| **n == 0).map(|(f, _)| f).collect();
+    assert!(empty.is_empty(), "families without a sample: {empty:?}\n{classic}");
+    assert!(counted.len() >= 18, "{counted:?}");
+    // The OpenMetrics page has the same families, each with samples.
+    for family in counted.keys() {
+        let base = family.strip_suffix("_total").unwrap_or(family);
+        assert!(open.contains(&format!("# TYPE {base} ")), "{family} in OpenMetrics:\n{open}");
+    }
+    let promtool = super::repo().join(".peers/prometheus/usr/bin/promtool");
+    let check = |page: &str| {
+        let mut child = std::process::Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(page.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status.success(), format!("{}{}", text(&out.stdout), text(&out.stderr)))
+    };
+    let (passed, said) = check(&classic);
+    assert!(passed, "promtool check metrics: {said}\n{classic}");
+    drop(served);
+    drop((down, up));
+    let _ = std::fs::remove_dir_all(dir);
+}
