@@ -376,8 +376,8 @@ impl Connection {
                     request.headers(),
                     &registry.limits.trusted_proxies,
                 );
-                let mut request =
-                    request.map(|b| Body::new(BodyWatch { body: b, watch: Arc::clone(&watch) }));
+                let mut request = request
+                    .map(|b| Body::new(Guarded { body: b, guard: Receiving(Arc::clone(&watch)) }));
                 request.extensions_mut().insert(Client { key: PeerKey::of(client) });
                 let answer = router.clone().call(request);
                 let (registry, watch) = (Arc::clone(&registry), Arc::clone(&watch));
@@ -386,9 +386,9 @@ impl Connection {
                         Ok(r) => r,
                         Err(never) => match never {},
                     };
-                    Ok::<_, Infallible>(
-                        response.map(|b| Body::new(ResponseWatch { body: b, watch, registry })),
-                    )
+                    Ok::<_, Infallible>(response.map(|b| {
+                        Body::new(Guarded { body: b, guard: Responding { watch, registry } })
+                    }))
                 }
             })
         };
@@ -493,16 +493,26 @@ impl AsyncWrite for Watched {
     }
 }
 
-/// A request body, watched: once it has ended (or was dropped unread) the connection no
-/// longer owes bytes at the minimum rate.
-struct BodyWatch {
-    body: Incoming,
-    watch: Arc<Watch>,
+/// A body that holds `guard` while it is sent or read: the guard is told when the body
+/// has ended, and dropped with it.
+pub(crate) struct Guarded<B, G> {
+    pub(crate) body: B,
+    pub(crate) guard: G,
 }
 
-impl hyper::body::Body for BodyWatch {
-    type Data = hyper::body::Bytes;
-    type Error = hyper::Error;
+/// What a [`Guarded`] body holds.
+pub(crate) trait Guard: Send + Sync + Unpin + 'static {
+    /// The body has ended (its last frame, or an error).
+    fn ended(&self) {}
+}
+
+impl<B, G> hyper::body::Body for Guarded<B, G>
+where
+    B: hyper::body::Body + Unpin,
+    G: Guard,
+{
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -510,7 +520,7 @@ impl hyper::body::Body for BodyWatch {
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
-            self.watch.body_open.store(false, Ordering::Relaxed);
+            self.guard.ended();
         }
         polled
     }
@@ -524,41 +534,32 @@ impl hyper::body::Body for BodyWatch {
     }
 }
 
-impl Drop for BodyWatch {
-    fn drop(&mut self) {
-        self.watch.body_open.store(false, Ordering::Relaxed);
+/// A request body being received: once it has ended (or was dropped unread) the
+/// connection no longer owes bytes at the minimum rate.
+struct Receiving(Arc<Watch>);
+
+impl Guard for Receiving {
+    fn ended(&self) {
+        self.0.body_open.store(false, Ordering::Relaxed);
     }
 }
 
-/// A response body, watched: once it is sent (or dropped) the connection waits for its
-/// next request.
-struct ResponseWatch {
-    body: Body,
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.ended();
+    }
+}
+
+/// A response being sent: once it is (or is dropped) the connection waits for its next
+/// request.
+struct Responding {
     watch: Arc<Watch>,
     registry: Arc<Registry>,
 }
 
-impl hyper::body::Body for ResponseWatch {
-    type Data = hyper::body::Bytes;
-    type Error = axum::Error;
+impl Guard for Responding {}
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl Drop for ResponseWatch {
+impl Drop for Responding {
     fn drop(&mut self) {
         let w = &self.watch;
         w.body_open.store(false, Ordering::Relaxed);

@@ -125,7 +125,8 @@ pub(crate) struct ReplayBody {
 /// Replays a recorded job from its own log (no model is called) and answers once it is
 /// done: the new job's id, and whether its log matches the recording event by event.
 #[utoipa::path(post, path = "/runs/{id}/replay", params(("id" = String, Path, description = "The run id")), request_body = Option<ReplayBody>, responses(
-    (status = 200, description = "As `baton replay RUN --json` prints it"), (status = 404, body = Problem), (status = 409, body = Problem)))]
+    (status = 200, description = "As `baton replay RUN --json` prints it"), (status = 404, body = Problem), (status = 409, body = Problem),
+    (status = 429, body = Problem, description = "The token or the server holds as many streams as it may")))]
 pub(crate) async fn replay_run(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -135,6 +136,9 @@ pub(crate) async fn replay_run(
     caller.require(Role::Operator)?;
     app.visible_run(&caller, &id).await?;
     let body: ReplayBody = body.parse(true)?;
+    // A replay answers when it is done: while it runs it holds a stream place, as a live
+    // stream does.
+    let _place = app.streams.open(&caller.token_id, caller.session.as_deref())?;
     let report = app.baton.replay(&id, body.trust_validation).await.map_err(|e| {
         match e.downcast::<baton_app::Error>() {
             Ok(own) => Problem::from(own),

@@ -92,6 +92,19 @@ fn stream_ended(s: &mut TcpStream, wait: Duration) -> bool {
     false
 }
 
+/// Revokes, with `baton token revoke`, the token named `name`.
+fn revoke(dir: &std::path::Path, db: &std::path::Path, name: &str) {
+    let listed = baton_in(dir, db).args(["token", "list"]).output().unwrap();
+    let id = text(&listed.stdout)
+        .lines()
+        .find(|l| l.split_whitespace().nth(3) == Some(name))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no token named {name}"))
+        .to_owned();
+    let revoked = baton_in(dir, db).args(["token", "revoke", &id]).output().unwrap();
+    assert!(revoked.status.success(), "{}", text(&revoked.stderr));
+}
+
 fn server(name: &str, extra: &[&str]) -> (std::path::PathBuf, std::path::PathBuf, Served) {
     let dir = scratch(name);
     super::replay::copy_scenarios(&dir);
@@ -431,15 +444,7 @@ fn mcp_sessions_take_stream_places_belong_to_their_token_and_end_with_it_or_when
     listening.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     listening.read_exact(&mut head).unwrap();
     assert_eq!(&head, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&head));
-    let listed = baton_in(&dir, &db).args(["token", "list"]).output().unwrap();
-    let id = text(&listed.stdout)
-        .lines()
-        .find(|l| l.contains("alice"))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap()
-        .to_owned();
-    let revoked = baton_in(&dir, &db).args(["token", "revoke", &id]).output().unwrap();
-    assert!(revoked.status.success(), "{}", text(&revoked.stderr));
+    revoke(&dir, &db, "alice");
     let began = Instant::now();
     assert!(stream_ended(&mut listening, Duration::from_secs(6)), "the stream ended");
     let took = began.elapsed();
@@ -536,14 +541,7 @@ fn a_browser_session_is_an_opaque_id_that_ends_on_sign_out_revocation_age_or_the
     assert_eq!(with(&second, "GET", "/runs").status, 200);
     assert_eq!(with(&third, "GET", "/runs").status, 200);
     // Revoking the token ends its sessions.
-    let listed = baton_in(&dir, &db).args(["token", "list"]).output().unwrap();
-    let token_id = text(&listed.stdout)
-        .lines()
-        .find(|l| l.contains(" ann "))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap()
-        .to_owned();
-    assert!(baton_in(&dir, &db).args(["token", "revoke", &token_id]).status().unwrap().success());
+    revoke(&dir, &db, "ann");
     let deadline = Instant::now() + Duration::from_secs(6);
     while with(&third, "GET", "/runs").status != 401 {
         assert!(Instant::now() < deadline, "a revoked token's session ends");
@@ -802,14 +800,7 @@ fn revoking_a_token_ends_its_event_streams_within_two_seconds() {
     let mut events = open(&format!("/runs/{run}/events"));
     let mut tree = open(&format!("/runs/{run}/events?tree=true"));
     assert!(!stream_ended(&mut events, Duration::from_millis(500)), "open while the run waits");
-    let listed = baton_in(&dir, &db).args(["token", "list"]).output().unwrap();
-    let id = text(&listed.stdout)
-        .lines()
-        .find(|l| l.contains(" ann "))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap()
-        .to_owned();
-    assert!(baton_in(&dir, &db).args(["token", "revoke", &id]).status().unwrap().success());
+    revoke(&dir, &db, "ann");
     let began = Instant::now();
     assert!(stream_ended(&mut events, Duration::from_secs(6)), "the event stream ended");
     assert!(stream_ended(&mut tree, Duration::from_secs(6)), "the tree stream ended");

@@ -21,6 +21,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 
 use crate::app::App;
 use crate::auth::Caller;
+use crate::connections::{Guard, Guarded};
 use crate::limits::StreamPlace;
 use crate::problem::Problem;
 
@@ -151,6 +152,9 @@ pub(crate) async fn gate(
 /// One answer of a session being sent.
 struct Answering(Arc<AtomicUsize>);
 
+impl Guard for Answering {}
+impl Guard for StreamPlace {}
+
 impl Drop for Answering {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
@@ -158,42 +162,16 @@ impl Drop for Answering {
 }
 
 /// `response`, holding `guard` while its body is sent and cut when `ended` is cancelled.
-fn holding<G: Send + Sync + Unpin + 'static>(
+fn holding<G: Guard>(
     response: Response,
     guard: G,
     ended: tokio_util::sync::CancellationToken,
 ) -> Response {
     response.map(|body| {
-        let body = Holding { body, _guard: guard };
+        let body = Guarded { body, guard };
         axum::body::Body::from_stream(futures_util::StreamExt::take_until(
             axum::body::Body::new(body).into_data_stream(),
             ended.cancelled_owned(),
         ))
     })
-}
-
-/// A response body that holds a guard (a stream place, an answer's count) until dropped.
-struct Holding<G> {
-    body: axum::body::Body,
-    _guard: G,
-}
-
-impl<G: Send + Sync + Unpin + 'static> hyper::body::Body for Holding<G> {
-    type Data = hyper::body::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.body.size_hint()
-    }
 }
