@@ -148,7 +148,7 @@ impl Tokens {
             Some(Presented::Bearer(token)) => self.by_hash(&digest(&token)).await,
             Some(Presented::Session(id)) => {
                 let hash = digest(&id);
-                let session = self.live_session(&hash).await?;
+                let session = self.live_session(&hash, true).await?;
                 let mut caller = self.by_hash(&session.token_sha256).await.map_err(|_| {
                     Problem::unauthorized(
                         "the session's token was revoked; sign in again with a valid token",
@@ -197,9 +197,9 @@ impl Tokens {
         }
     }
 
-    /// The session whose hash this is, if it is live (and its last use written, at most
-    /// once a minute); else why not.
-    async fn live_session(&self, hash: &str) -> Result<SessionRecord, Problem> {
+    /// The session whose hash this is, if it is live; else why not. A request's look
+    /// (`used`) writes its last use, at most once a minute; the streams' watcher only looks.
+    async fn live_session(&self, hash: &str, used: bool) -> Result<SessionRecord, Problem> {
         let found =
             self.store.session_by_hash(hash).await.map_err(|e| Problem::internal(e.to_string()))?;
         let now = Utc::now();
@@ -215,7 +215,7 @@ impl Tokens {
         if age > self.sessions.max_age || idle > self.sessions.idle {
             return Err(Problem::unauthorized("the session expired; sign in again"));
         }
-        if idle > SESSION_TOUCH_EVERY.min(self.sessions.idle / 4) {
+        if used && idle > SESSION_TOUCH_EVERY.min(self.sessions.idle / 4) {
             self.store
                 .touch_session(hash, now)
                 .await
@@ -266,7 +266,7 @@ impl Tokens {
 
     /// Whether the session whose hash this is has ended (signed out, expired, unknown).
     pub(crate) async fn session_ended(&self, hash: &str) -> bool {
-        match self.live_session(hash).await {
+        match self.live_session(hash, false).await {
             Ok(_) => false,
             Err(p) => p.status == 401,
         }

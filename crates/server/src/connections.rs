@@ -285,7 +285,7 @@ pub(crate) async fn serve(
 fn refuse(registry: &Arc<Registry>, mut socket: TcpStream, why: Refused) {
     let (status, detail, reason) = match why {
         Refused::Full => (
-            "503 Service Unavailable",
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "the server holds {} connections, the most it takes, and every one has a request in progress; try again shortly",
                 registry.limits.max
@@ -293,7 +293,7 @@ fn refuse(registry: &Arc<Registry>, mut socket: TcpStream, why: Refused) {
             "full",
         ),
         Refused::PeerFull(peer) => (
-            "429 Too Many Requests",
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
             format!(
                 "{peer} holds {} connections to this server, the most one peer may; close one first",
                 registry.limits.per_peer
@@ -306,15 +306,12 @@ fn refuse(registry: &Arc<Registry>, mut socket: TcpStream, why: Refused) {
         registry.refusing.fetch_sub(1, Ordering::Relaxed);
         return;
     }
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.split_once(' ').map_or(status, |(_, t)| t),
-        "status": status.split_once(' ').and_then(|(s, _)| s.parse::<u16>().ok()),
-        "detail": detail,
-    })
-    .to_string();
+    let body =
+        serde_json::to_string(&crate::problem::Problem::new(status, detail)).unwrap_or_default();
     let answer = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: application/problem+json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        "HTTP/1.1 {} {}\r\ncontent-type: application/problem+json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or_default(),
         body.len()
     );
     let registry = Arc::clone(registry);
