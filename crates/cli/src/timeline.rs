@@ -74,7 +74,10 @@ pub(crate) fn line(e: &Event) -> Option<String> {
         ),
         EventData::LevelFinished(f) if f.skipped => format!("skipped   {level}"),
         EventData::LevelFinished(f) => match &f.error {
-            Some(err) => format!("failed    {level}: {err}"),
+            Some(err) => match f.error_kind {
+                Some(kind) => format!("failed    {level} ({}): {err}", kind.as_str()),
+                None => format!("failed    {level}: {err}"),
+            },
             None => format!(
                 "done      {level}{} ${:.4} {} tok {} ms",
                 f.verdict.as_ref().map_or(String::new(), |v| format!(" {v}")),
@@ -102,6 +105,9 @@ pub(crate) fn line(e: &Event) -> Option<String> {
         ),
         EventData::RetryScheduled(r) => {
             format!("retry     {level} ({}/{}): {}", r.retry, r.retries_max, preview(&r.reason, 80))
+        }
+        EventData::RetryAttempted(r) => {
+            format!("retry     {} attempt {}: {}", r.level, r.attempt, preview(&r.reason, 80))
         }
         EventData::CancelRequested(c) => format!(
             "cancel    requested{}{}",

@@ -13,6 +13,7 @@ mod pinning;
 mod postgres;
 mod reads;
 mod replay;
+mod routing;
 mod serve;
 mod service;
 mod timeouts;

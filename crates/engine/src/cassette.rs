@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::cancel::CancelToken;
 use crate::event::{Event, EventData, Usage};
 use crate::limits;
-use crate::model::{BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest};
+use crate::model::{BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, STOP_REFUSAL};
 
 /// Version of the cassette file format.
 pub const FORMAT: u32 = 1;
@@ -56,12 +56,14 @@ impl Entry {
             cost_usd: reply.cost_usd,
             error: None,
             stop_reason: reply.stop_reason.clone(),
-            ..Entry::failed(request, &reply.provider, "")
+            ..Entry::failed(request, &reply.provider, "", false)
         }
     }
 
     /// The recording of a call to `provider` that failed for good with `message`.
-    pub fn failed(request: &ModelRequest, provider: &str, message: &str) -> Entry {
+    /// The recording of a call that failed for good; a refusal keeps its stop reason
+    /// ([`STOP_REFUSAL`]), so its replay fails the same way.
+    pub fn failed(request: &ModelRequest, provider: &str, message: &str, refused: bool) -> Entry {
         Entry {
             request_hash: request.hash(),
             level_id: request.level_id.clone(),
@@ -75,7 +77,7 @@ impl Entry {
             usage: Usage::default(),
             cost_usd: 0.0,
             error: Some(message.to_owned()),
-            stop_reason: None,
+            stop_reason: refused.then(|| STOP_REFUSAL.to_owned()),
         }
     }
 }
@@ -203,8 +205,8 @@ impl ModelProvider for Recorder {
             let result = self.inner.call(request, cancel).await;
             let entry = match &result {
                 Ok(reply) => Entry::of(request, reply),
-                Err(ModelError::Failed { provider, message }) => {
-                    Entry::failed(request, provider, message)
+                Err(ModelError::Failed { provider, message, refused }) => {
+                    Entry::failed(request, provider, message, *refused)
                 }
                 // A cancel or an outage is no answer: the call is made again later.
                 Err(_) => return result,
@@ -217,6 +219,7 @@ impl ModelProvider for Recorder {
             snapshot.save(&self.path).map_err(|message| ModelError::Failed {
                 provider: "cassette".to_owned(),
                 message,
+                refused: false,
             })?;
             result
         })
@@ -402,6 +405,7 @@ impl ModelProvider for Replayer {
                         return Err(ModelError::Failed {
                             provider: e.provider.clone(),
                             message: message.clone(),
+                            refused: e.stop_reason.as_deref() == Some(STOP_REFUSAL),
                         });
                     }
                     return Ok(ModelReply {
@@ -423,6 +427,7 @@ impl ModelProvider for Replayer {
                 return Err(ModelError::Failed {
                     provider: "cassette".to_owned(),
                     message: miss.message(),
+                    refused: false,
                 });
             };
             let reply = live.call(request, cancel).await?;

@@ -393,6 +393,7 @@ impl Engine {
             model_source: start.model_source,
             workspace,
             gate_semantics: Semantics::CURRENT,
+            failures_routed: !start.failures_unrouted,
             parent: start.parent,
             tenant: start.tenant,
         }));

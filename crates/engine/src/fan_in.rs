@@ -46,6 +46,7 @@ pub fn children_in_attempt<'a>(
                     ok: l.ok.unwrap_or(false),
                     verdict: l.verdict.as_deref(),
                     error: l.error.as_deref(),
+                    error_kind: l.error_kind,
                     cost_usd: l.attempt_cost_usd,
                     tokens: l.attempt_tokens,
                 }),
@@ -62,6 +63,7 @@ pub struct ChildResult<'a> {
     pub ok: bool,
     pub verdict: Option<&'a str>,
     pub error: Option<&'a str>,
+    pub error_kind: Option<crate::event::ErrorKind>,
     pub cost_usd: f64,
     pub tokens: u64,
 }
@@ -87,8 +89,14 @@ pub fn aggregate(
             duration_ms,
         );
     };
-    if let Some((id, err)) = children.iter().find_map(|c| c.error.map(|e| (c.id, e))) {
-        return LevelFinished::failed(format!("fan-out child `{id}` failed: {err}"), duration_ms);
+    // The first child that failed with an error fails the fan-out the same way.
+    if let Some(child) = children.iter().find(|c| c.error.is_some()) {
+        let message =
+            format!("fan-out child `{}` failed: {}", child.id, child.error.unwrap_or_default());
+        return LevelFinished {
+            error_kind: child.error_kind,
+            ..LevelFinished::failed(message, duration_ms)
+        };
     }
     let cost: f64 = children.iter().map(|c| c.cost_usd).sum();
     let tokens: u64 = children.iter().map(|c| c.tokens).sum();
@@ -130,6 +138,7 @@ pub fn aggregate(
         scratchpad: Map::new(),
         conflict: (!pass).then(|| level.id.clone()),
         error: None,
+        error_kind: None,
         cost_usd: cost,
         tokens,
         duration_ms,

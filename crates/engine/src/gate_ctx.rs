@@ -75,6 +75,16 @@ impl Context for GateContext<'_> {
                     "verdict" => level.verdict.as_deref().map_or(Val::Undefined, Val::Str),
                     "output" => Val::Str(&level.output),
                     "ok" => level.ok.map_or(Val::Undefined, Val::Bool),
+                    "failed" => level.failed().map_or(Val::Undefined, Val::Bool),
+                    "error" => match (level.error_kind, seg.get(3).map(String::as_str)) {
+                        (Some(kind), Some("kind")) => Val::Str(kind.as_str()),
+                        (Some(_), Some("message")) => level
+                            .error
+                            .as_deref()
+                            .or(level.feedback.as_deref())
+                            .map_or(Val::Undefined, Val::Str),
+                        _ => Val::Undefined,
+                    },
                     "skipped" => Val::Bool(level.skipped),
                     "timed_out" => Val::Bool(level.timed_out),
                     "attempts" => num(level.attempts),

@@ -382,6 +382,7 @@ impl Engine {
                     tenant: parent.tenant.clone(),
                     parent_seq: (child.started_seq > 0).then_some(child.started_seq),
                     replay: None,
+                    failures_unrouted: !parent.failures_routed,
                 };
                 Box::pin(self.tree_loop(&c.child_run_id, &scenario, Some(start))).await
             }

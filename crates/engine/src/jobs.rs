@@ -381,6 +381,10 @@ pub struct Start {
     pub parent_seq: Option<u64>,
     /// For a replay's root: what it replays, recorded right after its start.
     pub replay: Option<crate::event::RunReplayed>,
+    /// Start the run under the rule from before failed attempts were routed by edges (a
+    /// failure ends the run at once): a replay of a run recorded under it, and a child of a
+    /// run started under it.
+    pub failures_unrouted: bool,
 }
 
 /// The caps of a new run of `scenario`: its scenario's, narrowed by a tree cap.

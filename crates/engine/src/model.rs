@@ -135,6 +135,9 @@ impl ModelRequest {
 /// `max_tokens`), as providers report it to the engine.
 pub const STOP_MAX_TOKENS: &str = "max_tokens";
 
+/// The stop reason of a refusal, as a cassette records a refused call.
+pub const STOP_REFUSAL: &str = "refusal";
+
 /// A model's answer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelReply {
@@ -159,7 +162,12 @@ pub enum ModelError {
     /// A permanent failure: the request or the configuration is wrong (an auth error, a
     /// 400, a refusal, a malformed answer); trying again will not help.
     #[error("model call failed ({provider}): {message}")]
-    Failed { provider: String, message: String },
+    Failed {
+        provider: String,
+        message: String,
+        /// The model refused to answer (every model the call tried refused).
+        refused: bool,
+    },
     /// A transient failure: every model the level may use failed with faults that pass
     /// (429, 5xx, timeouts, dropped connections, overloaded streams) after its retries.
     /// The run stops without ending, to be resumed.
@@ -248,6 +256,9 @@ pub struct ScriptedResponse {
     /// Fail the call with this message instead of answering.
     #[serde(default)]
     pub error: Option<String>,
+    /// Fail the call as a refusal: the model declined to answer, for this reason.
+    #[serde(default)]
+    pub refusal: Option<String>,
     /// Fail the call as an outage with this message: every model unavailable after its
     /// retries, a transient fault that leaves the run interrupted and resumable.
     #[serde(default)]
@@ -482,6 +493,7 @@ impl ModelProvider for ScriptedModel {
         Box::pin(async move {
             let Some(response) = self.response(request) else {
                 return Err(ModelError::Failed {
+                    refused: false,
                     provider: "scripted".to_owned(),
                     message: format!(
                         "the script has no response for level `{}` of scenario `{}` and no `default`; add one under `levels: {{{}: [...]}}` (or, for a job, under `scenarios: {{{}: {{levels: …}}}}`)",
@@ -505,6 +517,14 @@ impl ModelProvider for ScriptedModel {
                 return Err(ModelError::Failed {
                     provider: "scripted".to_owned(),
                     message: message.clone(),
+                    refused: false,
+                });
+            }
+            if let Some(reason) = &response.refusal {
+                return Err(ModelError::Failed {
+                    provider: "scripted".to_owned(),
+                    message: format!("the model refused: {reason}"),
+                    refused: true,
                 });
             }
             if let Some(message) = &response.unavailable {

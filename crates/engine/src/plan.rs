@@ -13,14 +13,14 @@ use serde_json::{Map, Value, json};
 
 use crate::event::{
     ApprovalDecided, BudgetCaps, BudgetExceeded, ChildRunSettled, EventData, FinalStatus,
-    GateDecision, LevelFinished, LevelStarted, LevelTimedOut, NewEvent, Reading, RunResumed,
-    ScenarioFinished, Totals, Warning, WaveDecided, WaveDecision,
+    GateDecision, LevelFinished, LevelStarted, LevelTimedOut, NewEvent, Reading, RetryAttempted,
+    RunResumed, ScenarioFinished, Totals, Warning, WaveDecided, WaveDecision,
 };
 use crate::fan_in::{self, ChildState};
 use crate::gate_ctx::GateContext;
 use crate::limits::{CHAIN_DEPTH_MAX, CHAIN_LINK};
 use crate::state::PendingApproval;
-use crate::state::{Next, RunState, Status};
+use crate::state::{LevelState, Next, RunState, Status};
 
 /// What the executor does next.
 #[derive(Clone, Debug, PartialEq)]
@@ -347,6 +347,7 @@ fn decided(level_id: &str, decision: &ApprovalDecided, terminal: bool) -> LevelF
             }
         }),
         error: None,
+        error_kind: None,
         cost_usd: 0.0,
         tokens: 0,
         duration_ms: 0,
@@ -382,14 +383,27 @@ fn route(scenario: &Scenario, state: &RunState, source: &str) -> Step {
     let Some(index) = scenario.level_index(source) else {
         return finish(state, FinalStatus::Failed, Some(format!("unknown_level:{source}")));
     };
-    // A level that failed (its model call, its tools) ends the run failed — or, for a job
-    // the classifier routes, goes on in the fallback with the failure recorded.
-    if let Some(error) = state.level(source).and_then(|l| l.error.clone()) {
-        return end_or_chain(state, FinalStatus::Failed, Some(error));
+    // A level that failed with an error (its model call, its tools) is routed only by the
+    // edges whose gates read how it ended (`level.X.failed`, `level.X.error.kind`,
+    // `attempt`); when none fires — or the run began before that rule, or the error is of
+    // no kind edges route — it ends the run failed, or, for a job the classifier routes,
+    // goes on in the fallback with the failure recorded.
+    let level = state.level(source);
+    let error = level.and_then(|l| l.error.clone());
+    if let Some(error) = &error
+        && !(state.failures_routed && level.is_some_and(|l| l.error_kind.is_some()))
+    {
+        return end_or_chain(state, FinalStatus::Failed, Some(error.clone()));
     }
     let ctx = GateContext::new(state, source);
-    let mut edges = scenario.edges_from(index).peekable();
+    let mut edges = scenario
+        .edges_from(index)
+        .filter(|e| error.is_none() || e.when.as_ref().is_some_and(|g| g.reads_outcome_of(source)))
+        .peekable();
     if edges.peek().is_none() {
+        if let Some(error) = error {
+            return end_or_chain(state, FinalStatus::Failed, Some(error));
+        }
         // A level without outgoing edges leads to the end.
         return decision(source, END, None, Vec::new(), false, None);
     }
@@ -411,11 +425,48 @@ fn route(scenario: &Scenario, state: &RunState, source: &str) -> Step {
                 Target::End => END,
                 Target::Fail => FAIL,
             };
-            return decision(source, target, expression, readings, false, None);
+            let mut step = decision(source, target, expression, readings, false, None);
+            // A retry the level-run cap stops is not attempted: the abort follows instead.
+            // Runs begun before retries were recorded keep the log they had.
+            if target == source
+                && state.failures_routed
+                && state.level_runs < state.budget.level_runs_max()
+                && let (Step::Append(events), Some(level)) = (&mut step, level)
+            {
+                events.push(retry_attempted(source, level));
+            }
+            return step;
         }
+    }
+    if let Some(error) = error {
+        return end_or_chain(state, FinalStatus::Failed, Some(error));
     }
     let warning = format!("no edge from `{source}` matched; the run falls through to the end");
     decision(source, END, None, Vec::new(), true, Some(warning))
+}
+
+/// The record of a gate sending `level` back to itself, with why its last attempt is
+/// retried.
+fn retry_attempted(source: &str, level: &LevelState) -> NewEvent {
+    let reason = match (level.error_kind, &level.error, &level.feedback) {
+        (Some(kind), Some(message), _) | (Some(kind), None, Some(message)) => {
+            format!("{}: {message}", kind.as_str())
+        }
+        (Some(kind), None, None) => kind.as_str().to_owned(),
+        (None, ..) => match &level.verdict {
+            Some(verdict) => format!("verdict {verdict}"),
+            None => "the gate sent the level back to itself".to_owned(),
+        },
+    };
+    NewEvent::level(
+        source,
+        level.attempts,
+        EventData::RetryAttempted(RetryAttempted {
+            level: source.to_owned(),
+            attempt: level.attempts + 1,
+            reason,
+        }),
+    )
 }
 
 fn decision(
@@ -545,6 +596,7 @@ fn skipped_with(skipped: bool) -> LevelFinished {
         scratchpad: serde_json::Map::new(),
         conflict: None,
         error: None,
+        error_kind: None,
         cost_usd: 0.0,
         tokens: 0,
         duration_ms: 0,

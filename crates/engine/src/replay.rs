@@ -47,8 +47,11 @@ pub const IGNORED_KEYS: &[&str] = &[
 
 /// Payload fields later versions added to an event kind: a recording made before one
 /// existed is compared without it (its replay records it; the recording never could).
-pub const ADDED_LATER: &[(&str, &str)] =
-    &[("prompt_sent", "request_hash"), ("prompt_sent", "worst_case_usd")];
+pub const ADDED_LATER: &[(&str, &str)] = &[
+    ("prompt_sent", "request_hash"),
+    ("prompt_sent", "worst_case_usd"),
+    ("level_finished", "error_kind"),
+];
 
 /// Takes out of `replayed` the fields `recorded` lacks because it predates them.
 fn without_later_fields(recorded: &Value, replayed: &mut Value) {

@@ -83,6 +83,8 @@ impl Engine {
                     start.tenant.clone_from(&s.tenant);
                     // A tree cap narrowed the run's own cap; the scenario's own is kept.
                     start.tree_max_cost_usd = s.budget.tree_max_cost_usd;
+                    // The replay runs under the rules the recording ran under.
+                    start.failures_unrouted = !s.failures_routed;
                 }
                 EventData::ScenarioSelected(s) => start.selected = Some(s.clone()),
                 _ => {}

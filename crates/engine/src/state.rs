@@ -102,6 +102,8 @@ pub struct LevelState {
     pub verdict: Option<String>,
     pub confidence: Option<f64>,
     pub error: Option<String>,
+    /// How the last finished attempt failed, when it did.
+    pub error_kind: Option<crate::event::ErrorKind>,
     /// Outcomes of the current attempt's verifiers, by name.
     pub verifiers: BTreeMap<String, VerifierFinished>,
     /// Model calls made by the current attempt.
@@ -128,6 +130,14 @@ pub struct LevelState {
     pub feedback: Option<String>,
     /// The current attempt was cut at the level's `timeout_s` (`level_timed_out`).
     pub timed_out: bool,
+}
+
+impl LevelState {
+    /// Whether the last finished attempt failed — an error, a timeout, a failed check — as
+    /// `level.X.failed` reads it; `None` while no attempt has finished.
+    pub fn failed(&self) -> Option<bool> {
+        self.ok.map(|ok| !ok || self.error_kind.is_some())
+    }
 }
 
 /// An approval request whose level has not finished yet.
@@ -178,6 +188,9 @@ pub struct RunState {
     pub workspace: Option<WorkspaceInfo>,
     /// The rule the run's gates are evaluated under, as `scenario_started` recorded it.
     pub gate_semantics: Semantics,
+    /// Whether a failed attempt is routed by its level's edges, as `scenario_started`
+    /// recorded it (false for runs begun before that rule).
+    pub failures_routed: bool,
     /// The workspace snapshot of the last finished tool-loop level (the base before any).
     pub workspace_head: Option<String>,
     pub levels: BTreeMap<String, LevelState>,
@@ -254,6 +267,7 @@ impl Default for RunState {
             model_source: None,
             workspace: None,
             gate_semantics: Semantics::CURRENT,
+            failures_routed: true,
             workspace_head: None,
             levels: BTreeMap::new(),
             in_flight: None,
@@ -394,6 +408,7 @@ impl RunState {
                 self.model_source.clone_from(&s.model_source);
                 self.workspace.clone_from(&s.workspace);
                 self.gate_semantics = s.gate_semantics;
+                self.failures_routed = s.failures_routed;
                 self.workspace_head = s.workspace.as_ref().map(|w| w.base.clone());
                 self.parent.clone_from(&s.parent);
                 self.tenant.clone_from(&s.tenant);
@@ -510,6 +525,7 @@ impl RunState {
                 level.ok = None;
                 level.skipped = false;
                 level.error = None;
+                level.error_kind = None;
                 level.timed_out = false;
                 level.verifiers.clear();
                 level.calls = 0;
@@ -592,6 +608,7 @@ impl RunState {
                     level.verdict.clone_from(&f.verdict);
                     level.confidence = f.confidence;
                     level.error.clone_from(&f.error);
+                    level.error_kind = f.error_kind;
                     level.duration_ms += f.duration_ms;
                     level.touched_paths.clone_from(&f.touched_paths);
                     level.attempt_cost_usd = f.cost_usd;
@@ -689,6 +706,7 @@ impl RunState {
             | EventData::ProviderRetry(_)
             | EventData::VerifierStarted(_)
             | EventData::RetryScheduled(_)
+            | EventData::RetryAttempted(_)
             | EventData::Heartbeat(_)
             | EventData::ToolCall(_)
             | EventData::ToolResult(_)

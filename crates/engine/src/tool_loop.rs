@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 
-use baton_scenario::model::LevelKind;
+use baton_scenario::model::{ErrorKind, LevelKind};
 use serde_json::{Map, Value, json};
 
 use crate::clock::elapsed_ms;
@@ -300,7 +300,7 @@ impl LevelRun {
             let first = calls.call == 0;
             let reply = match calls.send(&mut events, &prompt.name, request, first).await {
                 Ok(r) => r,
-                Err(Stop::Failed(message))
+                Err(Stop::Failed(message, _))
                     if turn == 0 && transport == Transport::Native && may_go_textual =>
                 {
                     events.push(self.event(EventData::Warning(Warning {
@@ -350,7 +350,11 @@ impl LevelRun {
                 Next::Cancelled => return Stop::Halted.finish(self, &mut events, started),
                 Next::Failed(message) => {
                     self.discard(&workspace).await;
-                    return Stop::Failed(message).finish(self, &mut events, started);
+                    return Stop::Failed(message, Some(ErrorKind::Tool)).finish(
+                        self,
+                        &mut events,
+                        started,
+                    );
                 }
                 Next::Continue | Next::Finished(_) => {}
             }
@@ -388,6 +392,7 @@ impl LevelRun {
             scratchpad: Map::new(),
             conflict: None,
             error: None,
+            error_kind: None,
             cost_usd: calls.cost_usd,
             tokens: calls.tokens,
             duration_ms: elapsed_ms(started),

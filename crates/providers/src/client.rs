@@ -666,6 +666,7 @@ impl Providers {
         let choices: Vec<Choice<'_>> = chain(&self.config, request.constraint.as_ref());
         if choices.is_empty() {
             return Err(ModelError::Failed {
+                refused: false,
                 provider: "policy".to_owned(),
                 message: format!(
                     "no configured model satisfies the constraint of level `{}`",
@@ -677,6 +678,8 @@ impl Providers {
         // Whether every model failed for a reason that passes (an outage), not a wrong
         // request or configuration.
         let mut all_transient = true;
+        // Whether every model refused to answer.
+        let mut all_refused = true;
         for choice in choices {
             let key = self.key(choice.provider);
             if choice.provider.api_key_env.is_some() && key.is_none() {
@@ -687,6 +690,7 @@ impl Providers {
                 );
                 failures.push(failover(&choice, reason));
                 all_transient = false;
+                all_refused = false;
                 continue;
             }
             match self
@@ -749,6 +753,7 @@ impl Providers {
                 Err(CallError::Cancelled) => return Err(ModelError::Cancelled),
                 Err(e) => {
                     all_transient &= e.transient();
+                    all_refused &= matches!(e, CallError::Refused { .. });
                     failures.push(failover(&choice, e.to_string()));
                 }
             }
@@ -759,7 +764,7 @@ impl Providers {
             // The failovers are not recorded on this path; their reasons are the message.
             return Err(ModelError::Unavailable { provider, message });
         }
-        Err(ModelError::Failed { provider, message })
+        Err(ModelError::Failed { provider, message, refused: all_refused })
     }
 }
 

@@ -12,8 +12,8 @@
 use std::fmt::Write as _;
 
 use crate::diag::Diagnostic;
-use crate::expr::Root;
-use crate::model::{END, FAIL, LevelIdx, LevelKind, Scenario, Target};
+use crate::expr::{Context, PathRef, Root, Semantics, Val};
+use crate::model::{END, ErrorKind, FAIL, LevelIdx, LevelKind, Response, Scenario, Target};
 use crate::source::Pos;
 
 /// Warnings about the graph's shape: unreachable levels, and levels whose outgoing edges
@@ -238,6 +238,134 @@ pub fn constant_exit_warnings(scenario: &Scenario, edge_pos: &[Pos]) -> Vec<Diag
             .with_help(
                 "make the exit read what the loop produces (`verdict`, `attempt`, `level.<id>` of a level in the loop), or add an unconditional exit",
             ),
+        );
+    }
+    out
+}
+
+/// The ways an attempt of `level` can fail, as `level.X.error.kind` names them.
+pub fn failure_kinds(scenario: &Scenario, level: LevelIdx) -> Vec<ErrorKind> {
+    let l = &scenario.levels[level];
+    let mut kinds = Vec::new();
+    match &l.kind {
+        LevelKind::Prompt { response, .. } => {
+            kinds.extend([ErrorKind::Provider, ErrorKind::Truncated, ErrorKind::Refused]);
+            if !matches!(response, Response::Markdown) {
+                kinds.push(ErrorKind::Invalid);
+            }
+        }
+        LevelKind::ToolLoop { .. } => {
+            kinds.extend([
+                ErrorKind::Provider,
+                ErrorKind::Truncated,
+                ErrorKind::Refused,
+                ErrorKind::Tool,
+            ]);
+        }
+        LevelKind::Verifier => kinds.push(ErrorKind::Verifier),
+        LevelKind::FanOut { children, .. } => {
+            for &child in children {
+                for kind in failure_kinds(scenario, child) {
+                    if !kinds.contains(&kind) {
+                        kinds.push(kind);
+                    }
+                }
+            }
+        }
+        LevelKind::HumanApproval { .. } | LevelKind::Wave(_) => {}
+    }
+    if !l.verifiers.is_empty() && !kinds.contains(&ErrorKind::Verifier) {
+        kinds.push(ErrorKind::Verifier);
+    }
+    if l.timeout_s.is_some() && !kinds.contains(&ErrorKind::Timeout) {
+        kinds.push(ErrorKind::Timeout);
+    }
+    kinds
+}
+
+/// Whether a failure of this kind comes with an error: such an attempt is routed only by
+/// the edges whose gates read how it ended ([`crate::expr::Gate::reads_outcome_of`]); the
+/// others (a timeout, an answer that did not read, a failed check) by every edge.
+pub fn is_error(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Provider | ErrorKind::Truncated | ErrorKind::Refused | ErrorKind::Tool
+    )
+}
+
+/// A level's last attempt as a gate sees it when it failed with `kind` and nothing else is
+/// known.
+struct FailedAs<'a> {
+    level: &'a str,
+    kind: ErrorKind,
+}
+
+impl Context for FailedAs<'_> {
+    fn lookup(&self, path: &PathRef) -> Val<'_> {
+        let s = &path.segments;
+        if path.root != Root::Level || s.get(1).map(String::as_str) != Some(self.level) {
+            return Val::Undefined;
+        }
+        match (s.get(2).map(String::as_str), s.get(3).map(String::as_str)) {
+            (Some("failed"), _) => Val::Bool(true),
+            (Some("ok"), _) => Val::Bool(!is_error(self.kind)),
+            (Some("timed_out"), _) => Val::Bool(self.kind == ErrorKind::Timeout),
+            (Some("error"), Some("kind")) => Val::Str(self.kind.as_str()),
+            _ => Val::Undefined,
+        }
+    }
+}
+
+/// Warnings for levels whose edges route failures by `level.X.failed` or
+/// `level.X.error.…` and leave a way the level can fail to no edge: such a failure ends
+/// the run. A gate counts as covering a kind unless it is certainly false for it, all else
+/// unknown.
+pub fn uncovered_failure_warnings(scenario: &Scenario, level_pos: &[Pos]) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for (i, level) in scenario.levels.iter().enumerate() {
+        let reads_failure = |p: &PathRef| {
+            p.root == Root::Level
+                && p.segments.get(1).is_some_and(|l| *l == level.id)
+                && p.segments.get(2).is_some_and(|f| f == "failed" || f == "error")
+        };
+        let guarded = scenario
+            .edges_from(i)
+            .any(|e| e.when.as_ref().is_some_and(|g| g.paths().iter().any(reads_failure)));
+        if !guarded {
+            continue;
+        }
+        let uncovered: Vec<&str> = failure_kinds(scenario, i)
+            .into_iter()
+            .filter(|&kind| {
+                let ctx = FailedAs { level: &level.id, kind };
+                !scenario.edges_from(i).any(|e| match &e.when {
+                    None => !is_error(kind),
+                    Some(gate) => {
+                        (!is_error(kind) || gate.reads_outcome_of(&level.id))
+                            && gate.value_under(Semantics::CURRENT, &ctx) != Val::Bool(false)
+                    }
+                })
+            })
+            .map(ErrorKind::as_str)
+            .collect();
+        if uncovered.is_empty() {
+            continue;
+        }
+        let pos = level_pos.get(i).copied().unwrap_or(Pos::UNKNOWN);
+        out.push(
+            Diagnostic::warning(
+                "uncovered-failure",
+                pos,
+                format!(
+                    "level `{}` routes its failures by gates, but no edge takes a `{}` failure: such an attempt ends the run failed",
+                    level.id,
+                    uncovered.join("`, `")
+                ),
+            )
+            .with_help(format!(
+                "add an edge for it (e.g. `when: level.{}.failed`) or to `__fail__` to make the end explicit",
+                level.id
+            )),
         );
     }
     out

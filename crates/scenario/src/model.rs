@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub use crate::expr::ErrorKind;
 use crate::expr::Gate;
 use crate::rubric::Rubric;
 use crate::schema::JsonSchema;

@@ -2,6 +2,7 @@
 //! schema version writes them.
 
 use baton_scenario::expr::Semantics;
+pub use baton_scenario::model::ErrorKind;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -79,6 +80,18 @@ pub struct ScenarioStarted {
     /// merged one's). Left out for a run of no tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// Whether a failed attempt is routed by its level's edges (`level.X.failed`,
+    /// `level.X.error.kind`, `attempt`) before it fails the run, and a gate-driven retry
+    /// recorded (`retry_attempted`). Runs started before that rule keep failing at once
+    /// and record no retries; left out when false, so their logs hash as they did.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub failures_routed: bool,
+}
+
+/// Whether `b` is false (for fields left out of a record when false).
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// Where a child run hangs in its tree.
@@ -334,6 +347,10 @@ pub struct LevelFinished {
     /// The escalation-tracker conflict this result counts a failure on.
     pub conflict: Option<String>,
     pub error: Option<String>,
+    /// How the attempt failed, when it did — an error, a timeout, a failed check: what
+    /// `level.X.error.kind` reads. Left out of a result that did not fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<ErrorKind>,
     pub cost_usd: f64,
     pub tokens: u64,
     pub duration_ms: u64,
@@ -347,7 +364,13 @@ pub struct LevelFinished {
 }
 
 impl LevelFinished {
-    /// The result of a level that could not run to a result.
+    /// The result of a level that could not run to a result, failed in a way edges route.
+    pub fn failed_as(kind: ErrorKind, message: String, duration_ms: u64) -> LevelFinished {
+        LevelFinished { error_kind: Some(kind), ..LevelFinished::failed(message, duration_ms) }
+    }
+
+    /// The result of a level that could not run to a result, for a reason no edge routes
+    /// (a template that does not render, a level that cannot run here): the run fails.
     pub fn failed(message: String, duration_ms: u64) -> LevelFinished {
         LevelFinished {
             ok: false,
@@ -359,6 +382,7 @@ impl LevelFinished {
             scratchpad: serde_json::Map::new(),
             conflict: None,
             error: Some(message),
+            error_kind: None,
             cost_usd: 0.0,
             tokens: 0,
             duration_ms,
@@ -430,7 +454,19 @@ pub struct Heartbeat {
     pub tool_calls: u64,
 }
 
-/// A level is asked again within its attempt because a check failed.
+/// A gate sent a level back to itself: the level runs another attempt (correx's
+/// `RetryAttempted`, bounded by the gate and `budget.max_level_runs`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RetryAttempted {
+    /// The level run again.
+    pub level: String,
+    /// The attempt about to begin (2 for the first retry).
+    pub attempt: u32,
+    /// Why the last attempt is retried: how it failed, or the gate that sent it back.
+    pub reason: String,
+}
+
+/// A level is asked again within its attempt because a check failed (`on_fail: retry`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RetryScheduled {
     /// 1 for the first retry.

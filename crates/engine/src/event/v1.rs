@@ -35,6 +35,7 @@ impl From<ScenarioStarted> for crate::event::payloads::ScenarioStarted {
             model_source: old.model_source,
             workspace: old.workspace,
             gate_semantics: Semantics::TwoValued,
+            failures_routed: false,
             parent: None,
             tenant: None,
         }

@@ -101,6 +101,7 @@ impl LevelRun {
             .fold((0.0, 0), |(c, t), (cost, tokens)| (c + cost, t + tokens));
         let mut finished = LevelFinished::failed(String::new(), elapsed);
         finished.error = None;
+        finished.error_kind = Some(ErrorKind::Timeout);
         finished.cost_usd = cost_usd;
         finished.tokens = tokens;
         finished.conflict = Some(format!("timed_out:{}", level.id));

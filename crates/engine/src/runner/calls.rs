@@ -139,7 +139,9 @@ impl Calls<'_> {
                 return Err(Stop::Interrupted(redactor.redact(&e.to_string()).into_owned()));
             }
             Err(e) => {
-                if let ModelError::Failed { provider, message } = &e {
+                let mut kind = None;
+                if let ModelError::Failed { provider, message, refused } = &e {
+                    kind = Some(if *refused { ErrorKind::Refused } else { ErrorKind::Provider });
                     events.push(self.run.event(EventData::ModelCallFailed(ModelCallFailed {
                         call: self.call,
                         call_index: request.call_index,
@@ -148,7 +150,7 @@ impl Calls<'_> {
                         message: redactor.redact(message).into_owned(),
                     })));
                 }
-                return Err(Stop::Failed(redactor.redact(&e.to_string()).into_owned()));
+                return Err(Stop::Failed(redactor.redact(&e.to_string()).into_owned(), kind));
             }
         };
         for mut failover in std::mem::take(&mut reply.failovers) {
@@ -191,10 +193,13 @@ impl Calls<'_> {
             // An answer cut at the output limit is never a success, whatever it parses as:
             // the attempt fails with that reason (and is retried or escalated as any).
             if stop_reason == STOP_MAX_TOKENS {
-                return Err(Stop::Failed(format!(
-                    "the answer of call {call} was cut at the output limit of {} tokens (stop reason `{STOP_MAX_TOKENS}`); raise the level's `max_tokens` or ask for a shorter answer",
-                    request.max_tokens
-                )));
+                return Err(Stop::Failed(
+                    format!(
+                        "the answer of call {call} was cut at the output limit of {} tokens (stop reason `{STOP_MAX_TOKENS}`); raise the level's `max_tokens` or ask for a shorter answer",
+                        request.max_tokens
+                    ),
+                    Some(ErrorKind::Truncated),
+                ));
             }
         }
         Ok(reply)

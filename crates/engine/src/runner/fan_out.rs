@@ -81,6 +81,7 @@ impl LevelRun {
                                     ok: f.ok,
                                     verdict: f.verdict.as_deref(),
                                     error: f.error.as_deref(),
+                                    error_kind: f.error_kind,
                                     cost_usd: f.cost_usd,
                                     tokens: f.tokens,
                                 });

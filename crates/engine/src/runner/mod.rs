@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use baton_scenario::Scenario;
-use baton_scenario::model::{LevelIdx, LevelKind, Mode, OnFail, Response, Uses, VerifierSpec};
+use baton_scenario::model::{
+    ErrorKind, LevelIdx, LevelKind, Mode, OnFail, Response, Uses, VerifierSpec,
+};
 use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value, json};
 
@@ -135,7 +137,8 @@ fn seconds(d: Duration) -> String {
 pub(crate) enum Stop {
     /// A budget refusal or a cancel: the planner decides what follows.
     Halted,
-    Failed(String),
+    /// The attempt failed, with how when edges may route it (`None`: the run fails).
+    Failed(String, Option<ErrorKind>),
     /// Every model the level may use was unavailable after its retries (a transient
     /// fault): the run stops without ending, the attempt to be run again on resume.
     Interrupted(String),
@@ -157,11 +160,11 @@ impl Stop {
                     reason,
                 ))));
             }
-            Stop::Failed(message) => {
-                events.push(run.event(EventData::LevelFinished(LevelFinished::failed(
-                    message,
-                    elapsed_ms(started),
-                ))));
+            Stop::Failed(message, kind) => {
+                events.push(run.event(EventData::LevelFinished(LevelFinished {
+                    error_kind: kind,
+                    ..LevelFinished::failed(message, elapsed_ms(started))
+                })));
             }
         }
         std::mem::take(events)

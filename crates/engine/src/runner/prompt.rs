@@ -52,6 +52,7 @@ impl LevelRun {
             .unwrap_or(0);
         let mut retries_left = retries_max;
         let mut json_failure: Option<Vec<String>> = None;
+        let mut unreadable_verdict = false;
         loop {
             let (mut verdict, confidence, parsed) = match response {
                 Response::Markdown => (None, None, None),
@@ -66,7 +67,10 @@ impl LevelRun {
                         }
                         match verdict::parse(&reply) {
                             Some(v) => (Some(v.verdict), v.confidence, None),
-                            None => (Some("FAIL".to_owned()), None, None),
+                            None => {
+                                unreadable_verdict = true;
+                                (Some("FAIL".to_owned()), None, None)
+                            }
                         }
                     }
                 },
@@ -143,6 +147,15 @@ impl LevelRun {
                 events.push(self.event(EventData::Warning(crate::event::Warning { message })));
             }
             let conflict = (verdict.as_deref() == Some("FAIL")).then(|| level.id.clone());
+            // An answer that did not read, or checks that failed, fail the attempt in a way
+            // edges can route; a FAIL the model gave on its own is its result.
+            let error_kind = if json_failure.is_some() || unreadable_verdict {
+                Some(ErrorKind::Invalid)
+            } else if !failed.is_empty() {
+                Some(ErrorKind::Verifier)
+            } else {
+                None
+            };
             events.push(self.event(EventData::LevelFinished(LevelFinished {
                 ok: true,
                 skipped: false,
@@ -153,6 +166,7 @@ impl LevelRun {
                 scratchpad,
                 conflict,
                 error: None,
+                error_kind,
                 cost_usd: calls.cost_usd,
                 tokens: calls.tokens,
                 duration_ms: elapsed_ms(started),

@@ -55,6 +55,7 @@ impl LevelRun {
             scratchpad,
             conflict: (verdict == "FAIL").then(|| format!("verify:{}", level.id)),
             error: None,
+            error_kind: (verdict == "FAIL").then_some(ErrorKind::Verifier),
             cost_usd: calls.cost_usd,
             tokens: calls.tokens,
             duration_ms: elapsed_ms(started),
@@ -263,7 +264,7 @@ async fn judge(
     let spent = calls.cost_usd;
     let answer = match calls.call(events, &format!("judge:{}", rubric.id), &prompt, true).await {
         Ok(text) => text,
-        Err(Stop::Failed(message)) => {
+        Err(Stop::Failed(message, _)) => {
             return verifier::unavailable(
                 spec,
                 &format!("the judge's model call failed: {message}"),

@@ -82,6 +82,7 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
             scratchpad: Map::new(),
             conflict: None,
             error: None,
+            error_kind: None,
             cost_usd: 0.0,
             tokens: 0,
             duration_ms: 0,

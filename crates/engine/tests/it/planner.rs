@@ -41,6 +41,7 @@ fn started() -> NewEvent {
         model_source: None,
         workspace: None,
         gate_semantics: baton_scenario::expr::Semantics::CURRENT,
+        failures_routed: true,
         parent: None,
         tenant: None,
     }))
@@ -72,6 +73,7 @@ fn finished(id: &str, attempt: u32, verdict: Option<&str>, cost: f64) -> NewEven
             scratchpad: serde_json::Map::new(),
             conflict: (verdict == Some("FAIL")).then(|| id.to_owned()),
             error: None,
+            error_kind: None,
             cost_usd: cost,
             tokens: 0,
             duration_ms: 0,
@@ -152,8 +154,12 @@ fn a_fail_verdict_falls_to_the_default_edge() {
         &s,
         &fold(&log(vec![started(), level_started("a", 1), finished("a", 1, Some("FAIL"), 0.0)])),
     ));
-    let [EventData::GateDecision(g)] = &events[..] else { panic!("{events:?}") };
+    let [EventData::GateDecision(g), EventData::RetryAttempted(r)] = &events[..] else {
+        panic!("{events:?}")
+    };
     assert_eq!(g.target, "a");
+    // The default edge sends `a` back to itself: a retry, with why.
+    assert_eq!((r.level.as_str(), r.attempt, r.reason.as_str()), ("a", 2, "verdict FAIL"));
 }
 
 #[test]

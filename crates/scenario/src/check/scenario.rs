@@ -273,6 +273,9 @@ impl Checker<'_> {
         for w in graph::constant_exit_warnings(&scenario, &edge_pos) {
             self.diags.push(w);
         }
+        for w in graph::uncovered_failure_warnings(&scenario, &level_pos) {
+            self.diags.push(w);
+        }
         let (sum, texts) = checksum(node, self.files);
         scenario.checksum = sum;
         scenario.texts = std::sync::Arc::new(texts);

@@ -22,4 +22,4 @@ mod resolve;
 pub use ast::{CmpOp, Expr, ExprKind, Literal, Span};
 pub use eval::{Context, JsonContext, Reading, Semantics, Val, json_val, walk};
 pub use parse::{ParseError, parse};
-pub use resolve::{Gate, PathRef, ResolveError, Root, Scope, Type, resolve};
+pub use resolve::{ErrorKind, Gate, PathRef, ResolveError, Root, Scope, Type, resolve};

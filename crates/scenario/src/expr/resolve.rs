@@ -22,6 +22,8 @@ pub enum Type {
     Str,
     /// A string that is always 'PASS' or 'FAIL' (or undefined).
     Verdict,
+    /// A string that is always one of [`ErrorKind::ALL`]'s names (or undefined).
+    ErrorKind,
     /// A list; it cannot be compared or tested.
     List,
     /// Known only at run time (scratchpad, input, metadata, parsed output, details).
@@ -35,8 +37,57 @@ impl Type {
             Type::Num => "a number",
             Type::Str => "a string",
             Type::Verdict => "a verdict ('PASS' or 'FAIL')",
+            Type::ErrorKind => "an error kind",
             Type::List => "a list",
             Type::Dynamic => "a value known at run time",
+        }
+    }
+}
+
+/// How an attempt of a level failed, as gates read it (`level.X.error.kind`) and
+/// `level_finished` records it. Cancels, budget stops, jail refusals and a damaged log are
+/// no attempt's failure: they are never routed by edges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The provider refused the request for good (a 4xx, a wrong answer, no model left).
+    Provider,
+    /// The answer was cut at the output limit (`max_tokens`).
+    Truncated,
+    /// The model refused to answer.
+    Refused,
+    /// The attempt ran past its level's `timeout_s`.
+    Timeout,
+    /// The answer did not read: not JSON, against its schema, or no verdict.
+    Invalid,
+    /// A verifier of the attempt failed.
+    Verifier,
+    /// A tool of a tool loop failed the attempt.
+    Tool,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order the docs list them.
+    pub const ALL: [ErrorKind; 7] = [
+        ErrorKind::Provider,
+        ErrorKind::Truncated,
+        ErrorKind::Refused,
+        ErrorKind::Timeout,
+        ErrorKind::Invalid,
+        ErrorKind::Verifier,
+        ErrorKind::Tool,
+    ];
+
+    /// The kind's name, as gates compare it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Provider => "provider",
+            ErrorKind::Truncated => "truncated",
+            ErrorKind::Refused => "refused",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::Verifier => "verifier",
+            ErrorKind::Tool => "tool",
         }
     }
 }
@@ -104,6 +155,8 @@ const LEVEL_FIELDS: &[(&str, Type)] = &[
     ("verdict", Type::Verdict),
     ("output", Type::Str),
     ("ok", Type::Bool),
+    ("failed", Type::Bool),
+    ("error", Type::Dynamic),
     ("skipped", Type::Bool),
     ("timed_out", Type::Bool),
     ("attempts", Type::Num),
@@ -116,6 +169,9 @@ const LEVEL_FIELDS: &[(&str, Type)] = &[
     ("touched_paths", Type::List),
     ("parsed", Type::Dynamic),
 ];
+
+/// What `level.<id>.error.<field>` reads: how the level's last attempt failed.
+const ERROR_FIELDS: &[(&str, Type)] = &[("kind", Type::ErrorKind), ("message", Type::Str)];
 
 /// What a gate may name: the scenario's levels and the source level's verifiers.
 ///
@@ -203,6 +259,23 @@ impl Gate {
     /// Every path the gate reads, in order of first appearance.
     pub fn paths(&self) -> &[PathRef] {
         &self.paths
+    }
+
+    /// Whether the gate reads how the last attempt of `level` — the edge's source — ended:
+    /// `attempt`, or `level.<level>.failed`, `.error.…`, `.ok` or `.timed_out`. Only such
+    /// an edge routes an attempt that failed with an error; the others were written for
+    /// results.
+    pub fn reads_outcome_of(&self, level: &str) -> bool {
+        self.paths.iter().any(|p| match p.root {
+            Root::Attempt => true,
+            Root::Level => {
+                p.segments.get(1).is_some_and(|l| l == level)
+                    && p.segments.get(2).is_some_and(|f| {
+                        matches!(f.as_str(), "failed" | "error" | "ok" | "timed_out")
+                    })
+            }
+            _ => false,
+        })
     }
 }
 
@@ -307,6 +380,7 @@ fn expect_condition(expr: &Expr, ty: Type) -> Result<(), ResolveError> {
     let help = match ty {
         Type::Num => format!("compare it, for example `{shown} >= 0.7`"),
         Type::Verdict => format!("compare it, for example `{shown} == 'PASS'`"),
+        Type::ErrorKind => format!("compare it, for example `{shown} == 'provider'`"),
         Type::Str => format!("compare it, for example `{shown} == 'done'`"),
         _ => "a condition must be true or false".to_owned(),
     };
@@ -346,7 +420,25 @@ fn check_comparison(
             });
         }
     }
-    let base = |t: Type| if t == Type::Verdict { Type::Str } else { t };
+    // An error kind compared with a string literal: the literal must be a kind.
+    for ((side, ty), (other, _)) in [((l, lt), (r, rt)), ((r, rt), (l, lt))] {
+        if ty == Type::ErrorKind
+            && let ExprKind::Literal(Literal::Str(s)) = &other.kind
+            && !ErrorKind::ALL.iter().any(|k| k.as_str() == s)
+        {
+            let names: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+            let help = match suggest::closest(s, names.iter().copied()) {
+                Some(near) => format!("did you mean '{near}'? kinds: {}", names.join(", ")),
+                None => format!("kinds: {}", names.join(", ")),
+            };
+            return Err(ResolveError {
+                message: format!("`{side}` is an error kind; '{s}' never matches"),
+                span: other.span,
+                help: Some(help),
+            });
+        }
+    }
+    let base = |t: Type| if matches!(t, Type::Verdict | Type::ErrorKind) { Type::Str } else { t };
     let (lb, rb) = (base(lt), base(rt));
     if lb != Type::Dynamic && rb != Type::Dynamic && lb != rb {
         return Err(ResolveError {
@@ -357,7 +449,7 @@ fn check_comparison(
     }
     if op.is_ordering() {
         for (side, ty) in [(l, lt), (r, rt)] {
-            if matches!(ty, Type::Bool | Type::Verdict) {
+            if matches!(ty, Type::Bool | Type::Verdict | Type::ErrorKind) {
                 return Err(ResolveError {
                     message: format!("`{side}` is {} and has no order", ty.name()),
                     span,
@@ -426,6 +518,9 @@ fn resolve_path(
                 let help = suggest::closest(id, ids.iter().copied())
                     .map(|near| format!("did you mean `{near}`?"));
                 return Err(err(format!("the scenario has no level `{id}`"), help));
+            }
+            if segments.get(2).map(String::as_str) == Some("error") {
+                return typed_field(segments, 3, ERROR_FIELDS, Root::Level, span);
             }
             typed_field(segments, 2, LEVEL_FIELDS, Root::Level, span)
         }
