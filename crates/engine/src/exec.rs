@@ -519,7 +519,13 @@ impl Engine {
                     }
                     return Ok(Outcome::Paused);
                 }
-                Step::Append(events) => w.stage(events),
+                Step::Append(mut events) => {
+                    // What configuration decides about a wave is written on the
+                    // `wave_planned` that plans it: every process that drives the wave
+                    // later reads it from the log, whatever its own configuration says.
+                    self.wave_settings().record_on(&mut events);
+                    w.stage(events);
+                }
                 Step::Chain { level_id, route, reason } => {
                     let events = self.chain(run_id, &w.state, &level_id, &route, reason).await?;
                     w.stage(events);

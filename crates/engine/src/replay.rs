@@ -46,11 +46,14 @@ pub const IGNORED_KEYS: &[&str] = &[
 ];
 
 /// Payload fields later versions added to an event kind: a recording made before one
-/// existed is compared without it (its replay records it; the recording never could).
+/// existed (the field absent, or null where it was an empty option) is compared without
+/// it (its replay records it; the recording never could).
 pub const ADDED_LATER: &[(&str, &str)] = &[
     ("prompt_sent", "request_hash"),
     ("prompt_sent", "worst_case_usd"),
     ("level_finished", "error_kind"),
+    ("wave_planned", "reports_required"),
+    ("wave_planned", "max_parallel"),
 ];
 
 /// Takes out of `replayed` the fields `recorded` lacks because it predates them.
@@ -58,7 +61,7 @@ fn without_later_fields(recorded: &Value, replayed: &mut Value) {
     let kind = recorded["kind"].as_str().unwrap_or_default();
     let Some(data) = replayed.get_mut("data").and_then(Value::as_object_mut) else { return };
     for (k, field) in ADDED_LATER {
-        if *k == kind && recorded["data"].get(field).is_none() {
+        if *k == kind && recorded["data"].get(field).is_none_or(Value::is_null) {
             data.remove(*field);
         }
     }

@@ -191,12 +191,13 @@ impl WaveState {
     /// Folds a worker child run's settlement: its assignment takes the run's result unless
     /// an outcome was recorded first.
     pub fn apply_child_settled(&mut self, c: &ChildRunSettled) {
+        let reports_required = self.plan.reports_required;
         let Some(a) = self.by_child_mut(&c.child_run_id) else { return };
         a.child_open = false;
         a.cost_usd = c.tree_totals.cost_usd;
         a.tokens = c.tree_totals.tokens;
         if a.settled.is_none() {
-            a.settled = Some(settlement_of(c));
+            a.settled = Some(settlement_of(c, reports_required));
         }
     }
 
@@ -320,45 +321,78 @@ impl WaveState {
     }
 }
 
-/// The settlement a worker's run gives its assignment: the worker report ending its
-/// output when it completed, else its status (completed → completed, failed or aborted →
-/// failed, cancelled → cancelled). A report that is there but does not read fails it.
-pub fn settlement_of(c: &ChildRunSettled) -> Settlement {
-    let by_status = |outcome: WorkerOutcome, summary: String| Settlement {
+/// The settlement a worker's run gives its assignment.
+///
+/// Where reports are required (every wave planned since), the stricter of the run's
+/// status (completed, failed or aborted → failed, cancelled → cancelled) and the worker
+/// report ending its output, in the order completed < partial < blocked < failed <
+/// cancelled; a completed run without a report fails (`report missing`), and a report
+/// that is there but does not read fails the assignment with why. Before, a completed
+/// run took its report when it had one and read as completed without.
+pub fn settlement_of(c: &ChildRunSettled, reports_required: bool) -> Settlement {
+    let settlement = |outcome: WorkerOutcome, summary: String, reason: Option<&str>| Settlement {
         outcome,
         summary,
         blockers: Vec::new(),
         by: None,
-        reason: None,
+        reason: reason.map(str::to_owned),
     };
     let ended = format!(
         "the worker run ended {}{}",
         c.status.as_str(),
         c.aborted_reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()
     );
-    match c.status {
-        FinalStatus::Completed => match c.final_output.as_deref().and_then(report_of) {
-            Some(Ok(report)) => report,
-            Some(Err(why)) => Settlement {
-                outcome: WorkerOutcome::Failed,
-                summary: format!("the worker report does not read: {why}"),
-                blockers: Vec::new(),
-                by: None,
-                reason: Some("report".to_owned()),
-            },
-            None => by_status(WorkerOutcome::Completed, ended),
-        },
-        FinalStatus::Failed | FinalStatus::Aborted => by_status(WorkerOutcome::Failed, ended),
-        FinalStatus::Cancelled => by_status(WorkerOutcome::Cancelled, ended),
+    let by_status = match c.status {
+        FinalStatus::Completed => WorkerOutcome::Completed,
+        FinalStatus::Failed | FinalStatus::Aborted => WorkerOutcome::Failed,
+        FinalStatus::Cancelled => WorkerOutcome::Cancelled,
+    };
+    let report = c.final_output.as_deref().and_then(report_of);
+    if !reports_required {
+        return match (c.status, report) {
+            (FinalStatus::Completed, Some(Ok(report))) => report,
+            (FinalStatus::Completed, Some(Err(why))) => settlement(
+                WorkerOutcome::Failed,
+                format!("the worker report does not read: {why}"),
+                Some("report"),
+            ),
+            _ => settlement(by_status, ended, None),
+        };
+    }
+    match report {
+        Some(Ok(report)) if report.outcome >= by_status => report,
+        Some(Ok(report)) => settlement(
+            by_status,
+            format!("{ended}; its report said {}: {}", report.outcome.as_str(), report.summary),
+            None,
+        ),
+        Some(Err(why)) => settlement(
+            by_status.max(WorkerOutcome::Failed),
+            format!("{ended}; the worker report does not read: {why}"),
+            Some("report"),
+        ),
+        None if by_status == WorkerOutcome::Completed => settlement(
+            WorkerOutcome::Failed,
+            format!(
+                "report missing: {ended} without a worker report (a ```worker_report or ```json block holding {{\"outcome\": …}})"
+            ),
+            Some("report"),
+        ),
+        None => settlement(by_status, ended, None),
     }
 }
 
-/// The worker report that ends `output`: the last fenced block tagged `worker_report`, else
-/// a JSON object that the output ends with and that has an `outcome`. `None` when there is
-/// none; an error when one is there but is not a report (`{outcome, summary, blockers}`
-/// with a known outcome).
+/// The worker report that ends `output`: the last fenced block tagged `worker_report`,
+/// else the last ```json block that names an `outcome`, else a JSON object with an
+/// `outcome` that the output ends with. `None` when there is none; an error when one is
+/// there but is not a report (`{outcome, summary, blockers}` with a known outcome).
 pub fn report_of(output: &str) -> Option<Result<Settlement, String>> {
-    let text = tagged_block(output, "worker_report").or_else(|| trailing_object(output))?;
+    let text = tagged_blocks(output, "worker_report")
+        .pop()
+        .or_else(|| {
+            tagged_blocks(output, "json").into_iter().rev().find(|b| b.contains("\"outcome\""))
+        })
+        .or_else(|| trailing_object(output))?;
     let value: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => return Some(Err(format!("not JSON: {e}"))),
@@ -403,10 +437,10 @@ pub fn read_report(value: &Value) -> Result<Settlement, String> {
     Ok(Settlement { outcome, summary, blockers, by: None, reason: None })
 }
 
-/// The body of the last fenced block whose info string is `tag`.
-fn tagged_block<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
+/// The bodies of the fenced blocks whose info string is `tag`, in order.
+fn tagged_blocks<'a>(text: &'a str, tag: &str) -> Vec<&'a str> {
     let opening = format!("```{tag}");
-    let mut found = None;
+    let mut found = Vec::new();
     let mut rest = text;
     let mut offset = 0;
     while let Some(i) = rest.find(&opening) {
@@ -418,7 +452,7 @@ fn tagged_block<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
         if at_line_start && after[..nl].trim().is_empty() {
             let body = &text[body_start..];
             let end = body.find("\n```").map_or(body.len(), |e| e + 1);
-            found = Some(&body[..end]);
+            found.push(&body[..end]);
         }
         offset = body_start;
         rest = &text[body_start..];
@@ -538,6 +572,19 @@ impl WaveSettings {
     pub fn parallel_for(&self, wave: &WaveState) -> u32 {
         self.drive_max_parallel.or(wave.plan.max_parallel).unwrap_or(self.max_parallel)
     }
+
+    /// Writes the configured parallelism on every `wave_planned` among `events` that sets
+    /// none of its own, so that the wave runs under it in every process from then on
+    /// (waves planned before read the configuration in force when they are driven).
+    pub fn record_on(&self, events: &mut [crate::event::NewEvent]) {
+        for event in events {
+            if let crate::event::EventData::WavePlanned(planned) = &mut event.data
+                && planned.max_parallel.is_none()
+            {
+                planned.max_parallel = Some(self.max_parallel);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -562,6 +609,7 @@ mod tests {
             worker: Some("w".to_owned()),
             command: None,
             dispatch: "auto".to_owned(),
+            reports_required: true,
         };
         WaveState::new("wave", 1, plan)
     }
@@ -660,23 +708,77 @@ mod tests {
     }
 
     #[test]
-    fn a_child_maps_its_status_when_it_has_no_report() {
-        let mut c = ChildRunSettled {
+    fn a_report_is_also_read_from_a_json_block_that_names_an_outcome() {
+        let text = "```json\n{\"files\": 2}\n```\nDone.\n```json\n{\"outcome\": \"failed\", \"summary\": \"no tests\"}\n```\n```json\n[1]\n```\n";
+        let r = report_of(text).expect("a report").expect("it reads");
+        assert_eq!((r.outcome, r.summary.as_str()), (WorkerOutcome::Failed, "no tests"));
+        let broken = "```json\n{\"outcome\": \"completed\",\n```\n";
+        assert!(report_of(broken).expect("a report").is_err());
+        assert!(report_of("```json\n{\"files\": 2}\n```\n").is_none());
+    }
+
+    fn settled(status: FinalStatus, output: &str) -> ChildRunSettled {
+        ChildRunSettled {
             child_run_id: "c".to_owned(),
             link: "l".to_owned(),
-            status: FinalStatus::Aborted,
-            aborted_reason: Some("cost".to_owned()),
-            final_output: Some("{\"outcome\": \"completed\"}".to_owned()),
+            status,
+            aborted_reason: None,
+            final_output: Some(output.to_owned()),
             totals: crate::event::Totals::default(),
             tree_totals: crate::event::Totals::default(),
+        }
+    }
+
+    #[test]
+    fn an_assignment_takes_the_stricter_of_its_run_status_and_its_report() {
+        let report = |o: WorkerOutcome| {
+            format!(
+                "```worker_report\n{{\"outcome\": \"{}\", \"summary\": \"s\"}}\n```\n",
+                o.as_str()
+            )
         };
-        assert_eq!(settlement_of(&c).outcome, WorkerOutcome::Failed);
+        let statuses = [
+            (FinalStatus::Completed, WorkerOutcome::Completed),
+            (FinalStatus::Failed, WorkerOutcome::Failed),
+            (FinalStatus::Aborted, WorkerOutcome::Failed),
+            (FinalStatus::Cancelled, WorkerOutcome::Cancelled),
+        ];
+        for (status, floor) in statuses {
+            for said in WorkerOutcome::ALL {
+                let got = settlement_of(&settled(status, &report(said)), true).outcome;
+                assert_eq!(
+                    got,
+                    said.max(floor),
+                    "{} with a report of {}",
+                    status.as_str(),
+                    said.as_str()
+                );
+            }
+            let missing = settlement_of(&settled(status, "plain text"), true);
+            assert_eq!(
+                missing.outcome,
+                if floor == WorkerOutcome::Completed { WorkerOutcome::Failed } else { floor }
+            );
+            let broken = settlement_of(&settled(status, "```worker_report\nnot json\n```"), true);
+            assert_eq!(broken.outcome, floor.max(WorkerOutcome::Failed));
+            assert_eq!(broken.reason.as_deref(), Some("report"));
+        }
+        let missing = settlement_of(&settled(FinalStatus::Completed, "done"), true);
+        assert!(missing.summary.starts_with("report missing"), "{}", missing.summary);
+        assert_eq!(missing.reason.as_deref(), Some("report"));
+    }
+
+    #[test]
+    fn a_wave_planned_before_reports_were_required_reads_as_it_did() {
+        let mut c = settled(FinalStatus::Aborted, "{\"outcome\": \"completed\"}");
+        c.aborted_reason = Some("cost".to_owned());
+        assert_eq!(settlement_of(&c, false).outcome, WorkerOutcome::Failed);
         c.status = FinalStatus::Cancelled;
-        assert_eq!(settlement_of(&c).outcome, WorkerOutcome::Cancelled);
+        assert_eq!(settlement_of(&c, false).outcome, WorkerOutcome::Cancelled);
         c.status = FinalStatus::Completed;
         c.final_output = Some("plain text".to_owned());
-        assert_eq!(settlement_of(&c).outcome, WorkerOutcome::Completed);
+        assert_eq!(settlement_of(&c, false).outcome, WorkerOutcome::Completed);
         c.final_output = Some("```worker_report\nnot json\n```".to_owned());
-        assert_eq!(settlement_of(&c).outcome, WorkerOutcome::Failed);
+        assert_eq!(settlement_of(&c, false).outcome, WorkerOutcome::Failed);
     }
 }

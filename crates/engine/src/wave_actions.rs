@@ -333,15 +333,18 @@ impl Engine {
             }
             let ended = self.state(child).await.ok().and_then(|s| s.finished);
             let Some(finished) = ended else { continue };
-            let settled = crate::wave::settlement_of(&crate::event::ChildRunSettled {
-                child_run_id: child.to_owned(),
-                link: String::new(),
-                status: finished.status,
-                aborted_reason: finished.aborted_reason,
-                final_output: finished.final_output,
-                totals: finished.totals,
-                tree_totals: finished.tree_totals.unwrap_or(finished.totals),
-            });
+            let settled = crate::wave::settlement_of(
+                &crate::event::ChildRunSettled {
+                    child_run_id: child.to_owned(),
+                    link: String::new(),
+                    status: finished.status,
+                    aborted_reason: finished.aborted_reason,
+                    final_output: finished.final_output,
+                    totals: finished.totals,
+                    tree_totals: finished.tree_totals.unwrap_or(finished.totals),
+                },
+                w.plan.reports_required,
+            );
             if let Some(entry) = view["assignments"].get_mut(i).and_then(Value::as_object_mut) {
                 entry.insert("outcome".to_owned(), json!(settled.outcome.as_str()));
                 entry.insert("summary".to_owned(), json!(settled.summary));

@@ -170,5 +170,6 @@ pub fn plan(spec: &WaveSpec, state: &RunState) -> Result<WavePlanned, String> {
             WaveDispatch::Manual => "manual",
         }
         .to_owned(),
+        reports_required: true,
     })
 }

@@ -791,3 +791,49 @@ fn a_wave_whose_workers_start_programs_is_refused_before_its_first_call_without_
     assert!(!db.exists() || roots(&db).is_empty(), "a run was created");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_configured_parallelism_is_recorded_when_the_wave_is_planned_and_read_from_the_log() {
+    let (dir, db) = setup("wave-configured", "");
+    let config = |n: u32| {
+        let path = dir.join(format!("baton-{n}.toml"));
+        std::fs::write(&path, format!("[waves]\nmax_parallel = {n}\n")).unwrap();
+        path
+    };
+    let (three, six) = (config(3), config(6));
+    let file = dir.join("tasks.json");
+    std::fs::write(&file, tasks(6)).unwrap();
+    // Planned under a configuration of 3, with no parallelism of its own…
+    let out = baton_in(&dir, &db)
+        .arg("--config")
+        .arg(&three)
+        .args(["wave", "plan", "--tasks", file.to_str().unwrap(), "--worker", "worker"])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    let wave = stdout.lines().find_map(|l| l.strip_prefix("run ")).unwrap_or_default().to_owned();
+    assert!(!wave.is_empty(), "{stdout}{}", text(&out.stderr));
+    let planned = tree_events(&dir, &db, &wave)
+        .into_iter()
+        .find(|e| e["kind"] == "wave_planned")
+        .expect("wave_planned");
+    assert_eq!(planned["data"]["max_parallel"], 3, "{planned}");
+    // …and driven by a process configured for 6: it runs at 3.
+    let slow = script(&dir, 400, &[]);
+    let out = baton_in(&dir, &db)
+        .arg("--config")
+        .arg(&six)
+        .args(["wave", "run", &wave, "--script", slow.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let v = view(&dir, &db, &wave);
+    assert_eq!(
+        (v["max_parallel"].as_u64(), v["counts"]["completed"].as_u64()),
+        (Some(3), Some(6)),
+        "{v}"
+    );
+    let at_once = most_at_once(&spans(&tree_events(&dir, &db, &wave), &wave));
+    assert!((2..=3).contains(&at_once), "at most the recorded 3 at once, found {at_once}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -730,8 +730,9 @@ pub struct WavePlanned {
     pub assignments: Vec<Assignment>,
     /// Text every worker receives beside its assignment.
     pub context: Option<String>,
-    /// The wave's own parallelism (the level's, else the plan's); without it, the
-    /// engine's default applies when workers are dispatched.
+    /// The wave's parallelism: the level's, else the plan's, else `[waves] max_parallel`
+    /// as configured where the wave was planned. Waves planned before that was recorded
+    /// have none, and run under the configuration of the process driving them.
     pub max_parallel: Option<u32>,
     /// Longest time one worker may take.
     pub timeout_ms: u64,
@@ -742,6 +743,12 @@ pub struct WavePlanned {
     pub command: Option<Vec<String>>,
     /// `auto` or `manual`.
     pub dispatch: String,
+    /// Whether a worker's run must end with a worker report: a completed run without one
+    /// fails its assignment (`report missing`), and the assignment takes the stricter of
+    /// the run's status and its report. Waves planned before reports were required read
+    /// a report-less completion as completed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reports_required: bool,
 }
 
 impl WavePlanned {
@@ -765,8 +772,9 @@ pub struct WaveDispatched {
     pub by: Option<String>,
 }
 
-/// How an assignment ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// How an assignment ended, from the least strict to the strictest (the order the
+/// stricter of a worker run's status and its report is taken in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkerOutcome {
     Completed,
