@@ -247,6 +247,7 @@ mod tests {
                     role: "r".to_owned(),
                     kind: "k".to_owned(),
                     parent: None,
+                    model_constraint_allow: None,
                 }),
             )
         };

@@ -182,7 +182,22 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             preview(&i.reason, 120)
         ),
         EventData::RunResumed(r) => {
-            format!("resumed   (resume {}) after: {}", r.resumes, preview(&r.after, 100))
+            let by = r.by.as_deref().map(|b| format!(" by {b}")).unwrap_or_default();
+            let process = r.process.as_deref().map(|p| format!(" in {p}")).unwrap_or_default();
+            format!(
+                "resumed   (resume {}){by}{} after: {}",
+                r.resumes,
+                preview(&process, 60),
+                preview(&r.after, 100)
+            )
+        }
+        EventData::RunPaused(p) => format!(
+            "paused    {}{}",
+            p.reason,
+            p.detail.as_deref().map(|d| format!(": {}", preview(d, 100))).unwrap_or_default()
+        ),
+        EventData::AgentHandoff(h) => {
+            format!("handoff   {level}: {} → {} (attempt {})", h.from_role, h.to_role, h.attempt)
         }
         EventData::Heartbeat(h) => {
             let mut line = format!("working   {level}: {:.0} s", h.elapsed_ms as f64 / 1000.0);

@@ -341,14 +341,50 @@ fn normalised_log(db: &std::path::Path, run: &str) -> Vec<serde_json::Value> {
         }
     }
     let out = baton_db(db, &["events", run, "--json"]);
-    text(&out.stdout)
+    let log = text(&out.stdout)
         .lines()
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
             scrub(&mut v);
             v
         })
+        .collect();
+    without_takeovers(log)
+}
+
+/// Whether an event (as `baton events --json` prints it) records a takeover: the pause of
+/// a lost driver, or the resumption by the process that took the run over.
+pub(crate) fn is_takeover(e: &serde_json::Value) -> bool {
+    (e["kind"] == "run_paused" && e["data"]["reason"] == "driver_lost")
+        || (e["kind"] == "run_resumed" && e["data"]["by"] == "takeover")
+}
+
+/// A log without its takeovers (what a kill adds to it), nor the numbers they shift
+/// (`seq`, `resumes`) or the process that resumed.
+pub(crate) fn without_takeovers(log: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    log.into_iter()
+        .filter(|e| !is_takeover(e))
+        .map(|mut e| {
+            if let Some(map) = e.as_object_mut() {
+                map.remove("seq");
+            }
+            if let Some(data) = e.get_mut("data").and_then(serde_json::Value::as_object_mut) {
+                data.remove("resumes");
+                data.remove("process");
+            }
+            e
+        })
         .collect()
+}
+
+/// How many times a run was taken over from a lost driver.
+fn takeovers(db: &std::path::Path, run: &str) -> usize {
+    let out = baton_db(db, &["events", run, "--json"]);
+    text(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["kind"] == "run_resumed" && e["data"]["by"] == "takeover")
+        .count()
 }
 
 /// The database's one job: its first run (a chained job's children hang below it).
@@ -374,6 +410,7 @@ fn killed_after_any_event_a_run_resumes_to_the_same_log() {
         "code_build",
     ];
     let base = std::env::temp_dir().join(format!("baton-cli-crash-{}", std::process::id()));
+    let mut takeovers_seen = 0;
     for scenario in scenarios {
         let script = format!("scenarios/scripts/{scenario}.yaml");
         let start = [
@@ -413,9 +450,16 @@ fn killed_after_any_event_a_run_resumes_to_the_same_log() {
                 log, reference,
                 "{scenario}: killed after event {n}, the resumed log differs"
             );
+            // A kill is one lost driver at most, and a takeover only after a kill.
+            let taken = takeovers(&db, &run);
+            assert!(taken <= usize::from(killed.status.code().is_none()), "{scenario}: {n}");
+            takeovers_seen += taken;
         }
         assert!(kills > 3, "{scenario}: the failpoint killed the first process only {kills} times");
     }
+    // A level commits with its results when it is quick: only the slower steps (a tool
+    // loop, a fan-out, a verifier) leave one in flight at a kill.
+    assert!(takeovers_seen > 0, "no kill left a level in flight");
     let _ = std::fs::remove_dir_all(base);
 }
 
@@ -2273,6 +2317,8 @@ fn a_fan_out_killed_with_one_child_finished_resumes_the_other_only() {
     drive_to_end(&db, &run);
     let log = normalised_log(&db, &run);
     assert_eq!(log, reference, "the resumed log differs from a run never killed");
+    // The process that resumed recorded that it took the run over from a lost driver.
+    assert_eq!(takeovers(&db, &run), 1);
     let fast_calls = log.iter().filter(|e| kind_of(e) == "model_response:fast").count();
     assert_eq!(fast_calls, 1, "the finished child was not called again");
     let _ = std::fs::remove_dir_all(dir);

@@ -66,6 +66,20 @@ pub struct Engine {
     /// How this engine dispatches waves, in place of its jobs' settings (a drive that is a
     /// wave's active dispatcher, with its own parallelism); none: the jobs' settings.
     pub wave_drive: Option<crate::wave_drive::WaveSettings>,
+    /// Who this engine's drives are, as `run_resumed.process` records it: `host:pid` by
+    /// default; `baton worker` and `baton serve` put their name first.
+    pub process: Arc<str>,
+}
+
+/// This process as `run_resumed.process` names it by default: `host:pid`.
+pub fn this_process() -> String {
+    use std::io::Read as _;
+    let mut host = String::new();
+    let _ = std::fs::File::open("/proc/sys/kernel/hostname")
+        .and_then(|f| f.take(256).read_to_string(&mut host));
+    let host: String =
+        host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
+    format!("{}:{}", if host.is_empty() { "host" } else { &host }, std::process::id())
 }
 
 /// Compiled templates by scenario checksum, for the whole process: a checksum covers every
@@ -84,6 +98,7 @@ impl Engine {
             kept: Arc::default(),
             live: None,
             wave_drive: None,
+            process: Arc::from(this_process()),
         }
     }
 
@@ -457,7 +472,13 @@ impl Engine {
         }
         let workspace = self.recorded_workspace(scenario, run_id, &state).await?;
         let workspace = crate::workspace::fenced(workspace, &_driving);
+        // A run whose level was in flight when its driver was lost (killed, its lease
+        // run out) is taken over: the pause nobody could record, then who goes on.
+        let lost = crate::plan::driver_lost(scenario, &state);
         let mut w = Writer::over_stored(self, run_id, state);
+        if lost {
+            w.stage(crate::plan::taken_over(&w.state, &self.process));
+        }
         w.stage(workspace_notices(workspace.as_ref()));
         let outcome = self.drive_writer(&mut w, scenario, workspace).await?;
         Ok((outcome, Arc::clone(&w.state)))
@@ -524,6 +545,11 @@ impl Engine {
                     // `wave_planned` that plans it: every process that drives the wave
                     // later reads it from the log, whatever its own configuration says.
                     self.wave_settings().record_on(&mut events);
+                    for event in &mut events {
+                        if let EventData::RunResumed(r) = &mut event.data {
+                            r.process = Some(self.process.to_string());
+                        }
+                    }
                     w.stage(events);
                 }
                 Step::Chain { level_id, route, reason } => {
@@ -777,13 +803,26 @@ impl<'a> Writer<'a> {
     }
 
     /// Folds events into the state and stages them for the next commit.
+    /// Stages `events`. An interruption (`run_interrupted`) is followed by the pause it
+    /// is (`run_paused`, reason `interrupted`), wherever it came from.
     pub(crate) fn stage(&mut self, events: Vec<NewEvent>) {
         let now = self.engine.clock.now();
         let state = Arc::make_mut(&mut self.state);
         for e in events {
-            let event = e.at(state.last_seq + 1, now);
-            state.apply(&event);
-            self.pending.push(event);
+            let paused = match &e.data {
+                EventData::RunInterrupted(i) => {
+                    Some(NewEvent::run(EventData::RunPaused(crate::event::RunPaused {
+                        reason: crate::event::PAUSE_INTERRUPTED.to_owned(),
+                        detail: Some(format!("{}: {}", i.cause, i.reason)),
+                    })))
+                }
+                _ => None,
+            };
+            for e in std::iter::once(e).chain(paused) {
+                let event = e.at(state.last_seq + 1, now);
+                state.apply(&event);
+                self.pending.push(event);
+            }
         }
     }
 

@@ -12,9 +12,11 @@ use baton_scenario::model::{END, FAIL, LevelIdx, LevelKind, Target, WaveDispatch
 use serde_json::{Map, Value, json};
 
 use crate::event::{
-    ApprovalDecided, BudgetCaps, BudgetExceeded, ChildRunSettled, EventData, FinalStatus,
-    GateDecision, LevelFinished, LevelStarted, LevelTimedOut, NewEvent, Reading, RetryAttempted,
-    RunResumed, ScenarioFinished, Totals, Warning, WaveDecided, WaveDecision,
+    AgentHandoff, ApprovalDecided, BudgetCaps, BudgetExceeded, ChildRunSettled, EventData,
+    FinalStatus, GateDecision, LevelFinished, LevelStarted, LevelTimedOut, NewEvent,
+    PAUSE_APPROVAL, PAUSE_DRIVER_LOST, PAUSE_QUESTION, RESUMED_BY_DRIVER, RESUMED_BY_TAKEOVER,
+    Reading, RetryAttempted, RunPaused, RunResumed, ScenarioFinished, Totals, Warning, WaveDecided,
+    WaveDecision,
 };
 use crate::fan_in::{self, ChildState};
 use crate::gate_ctx::GateContext;
@@ -72,6 +74,21 @@ pub fn plan(scenario: &Scenario, state: &RunState) -> Step {
         return Step::Append(vec![NewEvent::run(EventData::RunResumed(RunResumed {
             after: interrupted.reason.clone(),
             resumes: state.resumes + 1,
+            by: Some(RESUMED_BY_DRIVER.to_owned()),
+            process: None,
+        }))]);
+    }
+    // A run that waited for a person goes on once nobody is waited for: the decision that
+    // ended the wait is in the log; the resumption is recorded before anything it lets
+    // happen.
+    if let Some(paused) = &state.paused
+        && !state.awaiting_person()
+    {
+        return Step::Append(vec![NewEvent::run(EventData::RunResumed(RunResumed {
+            after: paused.reason.clone(),
+            resumes: state.resumes + 1,
+            by: state.last_decider.clone(),
+            process: None,
         }))]);
     }
     if state.aborted_reason.is_some() {
@@ -168,15 +185,100 @@ fn end_as(state: &RunState, settled: &ChildRunSettled) -> Vec<NewEvent> {
 fn start(scenario: &Scenario, state: &RunState, index: LevelIdx) -> Step {
     let level = &scenario.levels[index];
     let attempt = state.level(&level.id).map_or(0, |l| l.attempts) + 1;
-    Step::Append(vec![NewEvent::level(
+    let mut events = vec![NewEvent::level(
         &level.id,
         attempt,
         EventData::LevelStarted(LevelStarted {
             role: level.role.clone(),
             kind: level.kind_name().to_owned(),
             parent: None,
+            model_constraint_allow: Some(constraint_allow(level)),
         }),
-    )])
+    )];
+    // A retry (the level entered again from itself) is the same role's work going on.
+    if level.handoff && state.last_level.as_deref() != Some(level.id.as_str()) {
+        let from_role = match state.last_level.as_deref().and_then(|id| scenario.level(id)) {
+            Some(previous) => previous.role.clone(),
+            None => "user".to_owned(),
+        };
+        events.push(NewEvent::level(
+            &level.id,
+            attempt,
+            EventData::AgentHandoff(AgentHandoff {
+                from_role,
+                to_role: level.role.clone(),
+                level_id: level.id.clone(),
+                attempt,
+            }),
+        ));
+    }
+    Step::Append(events)
+}
+
+/// The `model.allow` a level runs under, as `level_started` records it.
+pub(crate) fn constraint_allow(level: &baton_scenario::Level) -> Vec<String> {
+    level.model.as_ref().map(|m| m.allow.clone()).unwrap_or_default()
+}
+
+/// Whether the driver of a run was lost without a word: a level of its own is in flight
+/// (not a wave, which waits for its workers between drives) while nothing else explains
+/// why nobody drives it — no interruption, pause, wait for a person or child, cancel or
+/// end. The process that drives it next records [`taken_over`].
+pub fn driver_lost(scenario: &Scenario, state: &RunState) -> bool {
+    let Some(id) = &state.in_flight else { return false };
+    let wave = scenario.level(id).is_some_and(|l| matches!(l.kind, LevelKind::Wave(_)));
+    state.status == Status::Running
+        && !wave
+        && state.interrupted.is_none()
+        && state.paused.is_none()
+        && state.cancel_requested.is_none()
+        && !state.awaiting_person()
+        && state.open_children().next().is_none()
+}
+
+/// The pause of a run whose driver was lost, and its resumption by `process`.
+pub fn taken_over(state: &RunState, process: &str) -> Vec<NewEvent> {
+    let level = state.in_flight.as_deref().unwrap_or_default();
+    vec![
+        NewEvent::run(EventData::RunPaused(RunPaused {
+            reason: PAUSE_DRIVER_LOST.to_owned(),
+            detail: Some(format!("the driver stopped without a word while level {level} ran")),
+        })),
+        NewEvent::run(EventData::RunResumed(RunResumed {
+            after: PAUSE_DRIVER_LOST.to_owned(),
+            resumes: state.resumes + 1,
+            by: Some(RESUMED_BY_TAKEOVER.to_owned()),
+            process: Some(process.to_owned()),
+        })),
+    ]
+}
+
+/// A run that waits for a person: the pause is recorded once (`run_paused`, with what it
+/// waits for), then the driver stops.
+fn pause(state: &RunState) -> Step {
+    if state.paused.is_some() {
+        return Step::Pause;
+    }
+    let (reason, detail) = match state.open_approvals().next() {
+        Some(p) => (
+            PAUSE_APPROVAL,
+            format!(
+                "level {} waits for {} to decide request {}",
+                p.level_id, p.request.approver_role, p.request.request_id
+            ),
+        ),
+        None => (
+            PAUSE_QUESTION,
+            format!(
+                "waits for an answer to question {}",
+                state.pending_ask.as_ref().map_or("", |a| a.call_id.as_str())
+            ),
+        ),
+    };
+    Step::Append(vec![NewEvent::run(EventData::RunPaused(RunPaused {
+        reason: reason.to_owned(),
+        detail: Some(detail),
+    }))])
 }
 
 fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
@@ -222,7 +324,7 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
         return Step::Run { level: index, attempt };
     }
     if state.awaiting_person() {
-        return Step::Pause;
+        return pause(state);
     }
     if let Some(finished) = fan_in_after_decisions(scenario, index, &children) {
         return Step::Append(vec![NewEvent::level(

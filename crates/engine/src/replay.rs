@@ -31,10 +31,14 @@ use crate::verifier::VerifierKey;
 /// replay's own record exists only in the replay.
 pub const IGNORED_KINDS: &[&str] = &["heartbeat", "run_replayed"];
 
-/// Payload fields a comparison leaves out, wherever they are nested: times and durations.
-/// `at` is every event's time; `deadline` an approval's (its request's time plus the
-/// level's timeout); `wait_ms` a provider retry's jittered wait.
+/// Payload fields a comparison leaves out, wherever they are nested: times and durations,
+/// and the process that drove. `at` is every event's time; `deadline` an approval's (its
+/// request's time plus the level's timeout); `wait_ms` a provider retry's jittered wait;
+/// `process` the driver a `run_resumed` names, `resumes` how many it counts (lost drivers
+/// included).
 pub const IGNORED_KEYS: &[&str] = &[
+    "process",
+    "resumes",
     "at",
     "deadline",
     "duration_ms",
@@ -54,7 +58,40 @@ pub const ADDED_LATER: &[(&str, &str)] = &[
     ("level_finished", "error_kind"),
     ("wave_planned", "reports_required"),
     ("wave_planned", "max_parallel"),
+    ("level_started", "model_constraint_allow"),
+    ("run_resumed", "by"),
 ];
+
+/// Whether an event records the life of a driver rather than of the run: an interruption,
+/// a lost driver, and the pause and resumption they are. Where a process stopped or died
+/// is not a fact a replay makes again; a comparison leaves them out (and `resumes`, which
+/// counts them).
+pub fn driver_life(e: &Event) -> bool {
+    match &e.data {
+        EventData::RunInterrupted(_) => true,
+        EventData::RunPaused(p) => {
+            p.reason == crate::event::PAUSE_INTERRUPTED
+                || p.reason == crate::event::PAUSE_DRIVER_LOST
+        }
+        EventData::RunResumed(r) => match r.by.as_deref() {
+            None => true,
+            Some(by) => {
+                by == crate::event::RESUMED_BY_DRIVER || by == crate::event::RESUMED_BY_TAKEOVER
+            }
+        },
+        _ => false,
+    }
+}
+
+/// Whether an event is one of the pauses and resumptions a recording made before they were
+/// recorded cannot hold (`run_paused`, and the `run_resumed` naming who ended a pause).
+fn pause_record(e: &Event) -> bool {
+    match &e.data {
+        EventData::RunPaused(_) => true,
+        EventData::RunResumed(r) => r.by.is_some(),
+        _ => false,
+    }
+}
 
 /// Takes out of `replayed` the fields `recorded` lacks because it predates them.
 fn without_later_fields(recorded: &Value, replayed: &mut Value) {
@@ -401,10 +438,11 @@ pub fn compare(recorded: &Tree, replay: &Tree) -> Vec<Mismatch> {
             new_ids.read_as(own, recorded);
         }
     }
-    let kept = |run: &TreeRun, ids: &Ids| -> Vec<(u64, Value)> {
+    let kept = |run: &TreeRun, ids: &Ids, without_pauses: bool| -> Vec<(u64, Value)> {
         run.events
             .iter()
-            .filter(|e| !IGNORED_KINDS.contains(&e.data.kind()))
+            .filter(|e| !IGNORED_KINDS.contains(&e.data.kind()) && !driver_life(e))
+            .filter(|e| !(without_pauses && pause_record(e)))
             .map(|e| (e.seq, normalized(e, ids)))
             .collect()
     };
@@ -419,7 +457,9 @@ pub fn compare(recorded: &Tree, replay: &Tree) -> Vec<Mismatch> {
             });
             continue;
         };
-        let (a, mut b) = (kept(old, &old_ids), kept(new, &new_ids));
+        // A recording that predates pauses in the log is compared without them.
+        let predates_pauses = !old.events.iter().any(pause_record);
+        let (a, mut b) = (kept(old, &old_ids, false), kept(new, &new_ids, predates_pauses));
         for ((_, x), (_, y)) in a.iter().zip(b.iter_mut()) {
             without_later_fields(x, y);
         }

@@ -225,8 +225,17 @@ pub struct RunState {
     pub level_runs: u32,
     /// Why the run stopped without ending, while it is interrupted (`run_interrupted`).
     pub interrupted: Option<crate::event::RunInterrupted>,
-    /// Times the run was resumed after an interruption.
+    /// Times the run was resumed (`run_resumed`) after an interruption, a wait for a
+    /// person or a lost driver.
     pub resumes: u32,
+    /// Why the run stopped being driven, from its `run_paused` until its `run_resumed`.
+    pub paused: Option<crate::event::RunPaused>,
+    /// The top-level level started last (the level before one being started).
+    pub last_level: Option<String>,
+    /// Who made the last decision a wait ended with: an approver's name (`approver` when
+    /// the decision names nobody, `timeout` when nobody decided in time), `user` for an
+    /// answer.
+    pub last_decider: Option<String>,
     /// When the run last began to wait for a person, while it waits.
     pub waiting_since: Option<DateTime<Utc>>,
     /// How the job's scenario was chosen, on a job's first run.
@@ -292,6 +301,9 @@ impl Default for RunState {
             level_runs: 0,
             interrupted: None,
             resumes: 0,
+            paused: None,
+            last_level: None,
+            last_decider: None,
             waiting_since: None,
             selected: None,
             replay_of: None,
@@ -537,6 +549,7 @@ impl RunState {
                 }
                 if s.parent.is_none() {
                     self.in_flight = Some(level_id.to_owned());
+                    self.last_level = Some(level_id.to_owned());
                     self.next = None;
                 }
                 self.level_runs += 1;
@@ -561,8 +574,10 @@ impl RunState {
             EventData::RunResumed(r) => {
                 self.status = Status::Running;
                 self.interrupted = None;
+                self.paused = None;
                 self.resumes = r.resumes;
             }
+            EventData::RunPaused(p) => self.paused = Some(p.clone()),
             // Money is spent only by model calls, each a `model_response`: a verifier's
             // cost (a judge's call) is reported here but counted there.
             EventData::VerifierFinished(v) => {
@@ -574,6 +589,7 @@ impl RunState {
                 self.status = Status::Paused;
             }
             EventData::UserAnswered(a) => {
+                self.last_decider = Some("user".to_owned());
                 self.answers.push((a.call_id.clone(), a.answer.clone()));
                 if self.pending_ask.as_ref().is_some_and(|p| p.call_id == a.call_id) {
                     self.status = Status::Running;
@@ -590,6 +606,11 @@ impl RunState {
             EventData::ApprovalDecided(d) => {
                 let was_pending =
                     self.pending_approvals.iter().any(|p| p.request.request_id == d.request_id);
+                self.last_decider = Some(if d.timed_out {
+                    "timeout".to_owned()
+                } else {
+                    d.by.clone().unwrap_or_else(|| "approver".to_owned())
+                });
                 self.decisions.insert(d.request_id.clone(), d.clone());
                 // The run goes on once nobody is waited for any more.
                 if was_pending && self.status == Status::Paused && !self.awaiting_person() {
@@ -699,6 +720,7 @@ impl RunState {
                 self.cancel_requested = Some(c.clone());
             }
             EventData::PromptSent(_)
+            | EventData::AgentHandoff(_)
             | EventData::RoutingDecision(_)
             | EventData::ModelStopped(_)
             | EventData::ModelCallFailed(_)

@@ -127,6 +127,8 @@ pub struct Level {
     pub mode: Mode,
     pub run_all: bool,
     pub terminal: bool,
+    /// Whether starting the level records `agent_handoff` (`handoff: true`).
+    pub handoff: bool,
     pub timeout_s: Option<f64>,
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// The fan-out level that runs this one as a child.

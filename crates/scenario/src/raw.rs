@@ -198,6 +198,10 @@ pub struct RawLevel {
     /// This level's output is the run's final output.
     #[serde(default)]
     pub terminal: Option<Located<bool>>,
+    /// Work passes to this level's role from the level before it: each run of the level
+    /// (not a retry of itself) records `agent_handoff` after `level_started`.
+    #[serde(default)]
+    pub handoff: Option<Located<bool>>,
     /// Longest time one attempt of this level may take, in seconds.
     #[serde(default)]
     pub timeout_s: Option<Located<f64>>,

@@ -393,6 +393,7 @@ async fn drive_root(
     engine.stop = app.stop.clone();
     engine.live = Some(app.live_sink());
     engine.wave_drive = waves;
+    engine.process = Arc::from(format!("{} {}", app.settings.name, engine.process));
     let scenario = engine.scenario_of(&state, &root).await?;
     match app.baton.check(&registry, &scenario) {
         Ok(Some(warning)) => app.warn(&warning),

@@ -320,13 +320,14 @@ fn normalised_tree(db: &Path, root: &str) -> Vec<Value> {
             _ => {}
         }
     }
-    tree_events(db, root)
+    let events = tree_events(db, root)
         .into_iter()
         .map(|mut e| {
             scrub(&mut e);
             e
         })
-        .collect()
+        .collect();
+    crate::without_takeovers(events)
 }
 
 /// Resumes a job until it ends, answering its questions with `answer`.

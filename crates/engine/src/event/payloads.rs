@@ -126,6 +126,22 @@ pub struct LevelStarted {
     pub kind: String,
     /// The fan-out level this one runs under, if any.
     pub parent: Option<String>,
+    /// The level's effective `model.allow` (its own, else the scenario's default); empty
+    /// when any model may serve it. Absent only from logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_constraint_allow: Option<Vec<String>>,
+}
+
+/// Work passes from one role to another: recorded after `level_started` of a level that
+/// declares `handoff: true`, once per run of that level and never on a retry (a level
+/// entered again from itself).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentHandoff {
+    /// The role of the level the run came from; `user` for the run's first level.
+    pub from_role: String,
+    pub to_role: String,
+    pub level_id: String,
+    pub attempt: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -522,11 +538,46 @@ pub struct RunInterrupted {
 /// not the level's failure, so it counts on no tracker.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunResumed {
-    /// Why the run had stopped, as `run_interrupted` said.
+    /// Why the run had stopped: what `run_interrupted` said, or the `reason` of the
+    /// `run_paused` it ends (`approval`, `question`, `driver_lost`).
     pub after: String,
     /// The how-many-th resume of the run this is (1 for the first).
     pub resumes: u32,
+    /// Who let the run go on: the person whose decision ended a wait, `takeover` when a
+    /// process took over a run whose driver was lost, `driver` when a process continued
+    /// an interrupted run. Absent from logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The process that drives the run on (`baton worker host:pid`, `host:pid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
 }
+
+/// The run stopped being driven without ending: it waits for a person (`approval`,
+/// `question`), or its driver stopped (`interrupted`, beside `run_interrupted`) or was
+/// lost (`driver_lost`, recorded by the process that takes the run over, just before its
+/// `run_resumed`). Every pause is followed by one `run_resumed` when the run goes on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunPaused {
+    /// `approval`, `question`, `interrupted` or `driver_lost`.
+    pub reason: String,
+    /// What it waits for or why it stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// [`RunPaused::reason`] of a run waiting for an approval.
+pub const PAUSE_APPROVAL: &str = "approval";
+/// [`RunPaused::reason`] of a run waiting for an answer.
+pub const PAUSE_QUESTION: &str = "question";
+/// [`RunPaused::reason`] of a run whose driver stopped (`run_interrupted`).
+pub const PAUSE_INTERRUPTED: &str = "interrupted";
+/// [`RunPaused::reason`] of a run whose driver was lost without a word.
+pub const PAUSE_DRIVER_LOST: &str = "driver_lost";
+/// [`RunResumed::by`] of a run a process continued after an interruption.
+pub const RESUMED_BY_DRIVER: &str = "driver";
+/// [`RunResumed::by`] of a run a process took over from a driver that was lost.
+pub const RESUMED_BY_TAKEOVER: &str = "takeover";
 
 /// Totals of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

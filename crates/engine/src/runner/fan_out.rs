@@ -39,6 +39,7 @@ impl LevelRun {
                     role: child.role.clone(),
                     kind: child.kind_name().to_owned(),
                     parent: Some(parent),
+                    model_constraint_allow: Some(crate::plan::constraint_allow(child)),
                 }))];
                 events.extend(run.bounded(true).await);
                 let last = unsettled.fetch_sub(1, Ordering::SeqCst) == 1;

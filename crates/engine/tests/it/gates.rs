@@ -67,6 +67,7 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
             role: "classify".into(),
             kind: "prompt".into(),
             parent: None,
+            model_constraint_allow: None,
         }),
     );
     let classify_finished = NewEvent::level(

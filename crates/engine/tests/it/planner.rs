@@ -55,6 +55,7 @@ fn level_started(id: &str, attempt: u32) -> NewEvent {
             role: id.into(),
             kind: "prompt".into(),
             parent: None,
+            model_constraint_allow: None,
         }),
     )
 }
@@ -346,7 +347,13 @@ levels:
     let mut events = vec![started(), level_started("ok", 1), request];
     let st = fold(&log(events.clone()));
     assert_eq!(st.status, Status::Paused);
-    assert_eq!(plan(&s, &st), Step::Pause);
+    // The pause is recorded once, saying what it waits for; then the driver stops.
+    let paused = appended(plan(&s, &st));
+    let [EventData::RunPaused(p)] = &paused[..] else { panic!("{paused:?}") };
+    assert_eq!(p.reason, "approval");
+    assert!(p.detail.as_deref().unwrap().contains("ok#1"), "{p:?}");
+    events.push(NewEvent::run(paused[0].clone()));
+    assert_eq!(plan(&s, &fold(&log(events.clone()))), Step::Pause);
     events.push(NewEvent::run(EventData::ApprovalDecided(ApprovalDecided {
         request_id: "ok#1".into(),
         approved: false,
@@ -355,7 +362,14 @@ levels:
         data: None,
         timed_out: false,
     })));
-    let decided = appended(plan(&s, &fold(&log(events))));
+    // The decision ends the pause before it has any effect: who made it resumes the run.
+    let resumed = appended(plan(&s, &fold(&log(events.clone()))));
+    let [EventData::RunResumed(r)] = &resumed[..] else { panic!("{resumed:?}") };
+    assert_eq!((r.after.as_str(), r.by.as_deref(), r.resumes), ("approval", Some("ann"), 1));
+    events.push(NewEvent::run(resumed[0].clone()));
+    let st = fold(&log(events));
+    assert!(st.paused.is_none());
+    let decided = appended(plan(&s, &st));
     let [EventData::LevelFinished(f)] = &decided[..] else { panic!("{decided:?}") };
     assert_eq!(f.verdict.as_deref(), Some("FAIL"));
     assert_eq!(f.conflict.as_deref(), Some("human_approval:ok"));
@@ -382,6 +396,7 @@ levels:
                 role: id.into(),
                 kind: kind.into(),
                 parent: Some("fan".into()),
+                model_constraint_allow: None,
             }),
         )
     };
@@ -421,7 +436,10 @@ levels:
     let st = fold(&log(events.clone()));
     assert_eq!(st.status, Status::Paused);
     assert_eq!(st.open_approvals().count(), 2);
-    assert_eq!(plan(&s, &st), Step::Pause);
+    let paused = appended(plan(&s, &st));
+    assert!(matches!(&paused[..], [EventData::RunPaused(_)]), "{paused:?}");
+    events.push(NewEvent::run(paused[0].clone()));
+    assert_eq!(plan(&s, &fold(&log(events.clone()))), Step::Pause);
 
     // The second branch is decided first: it finishes, the first still waits.
     events.push(decision("a2", true));
@@ -435,6 +453,11 @@ levels:
     assert_eq!(plan(&s, &st), Step::Pause);
 
     events.push(decision("a1", false));
+    // Nobody is waited for any more: the run resumes (once), then the branch closes.
+    let resumed = appended(plan(&s, &fold(&log(events.clone()))));
+    let [EventData::RunResumed(r)] = &resumed[..] else { panic!("{resumed:?}") };
+    assert_eq!(r.by.as_deref(), Some("approver"));
+    events.push(NewEvent::run(resumed[0].clone()));
     let closed = appended(plan(&s, &fold(&log(events.clone()))));
     events.push(NewEvent::level("a1", 1, closed[0].clone()));
     let st = fold(&log(events.clone()));
@@ -467,6 +490,7 @@ levels:
                 role: id.into(),
                 kind: "prompt".into(),
                 parent: Some("fan".into()),
+                model_constraint_allow: None,
             }),
         )
     };
@@ -541,4 +565,63 @@ edges:
         level_started("a", 2),
     ]);
     assert_eq!(retry, "retry of 1: a out / FAIL / - judge: too vague");
+}
+
+#[test]
+fn a_level_records_its_model_constraint_and_a_declared_handoff_but_not_on_a_retry() {
+    let s = scenario(
+        "
+id: hand
+version: 1
+levels:
+  - {id: a, kind: prompt, role: writer, prompt: {inline: A}, handoff: true, model: {allow: ['free:local/*']}}
+  - {id: b, kind: prompt, role: editor, prompt: {inline: B}, response: verdict, handoff: true}
+  - {id: c, kind: prompt, role: closer, prompt: {inline: C}, terminal: true}
+edges:
+  - {from: a, to: b}
+  - {from: b, to: b, when: \"verdict == 'FAIL'\"}
+  - {from: b, to: c}
+",
+    );
+    let step = |events: &[NewEvent]| match plan(&s, &fold(&log(events.to_vec()))) {
+        Step::Append(new) => new,
+        other => panic!("expected events to append, got {other:?}"),
+    };
+    let mut events = vec![started()];
+    let first = step(&events);
+    let [
+        NewEvent { data: EventData::LevelStarted(a), .. },
+        NewEvent { data: EventData::AgentHandoff(h), .. },
+    ] = &first[..]
+    else {
+        panic!("{first:?}")
+    };
+    assert_eq!(a.model_constraint_allow.as_deref(), Some(&["free:local/*".to_owned()][..]));
+    assert_eq!((h.from_role.as_str(), h.to_role.as_str(), h.attempt), ("user", "writer", 1));
+    events.extend(first);
+    events.extend([finished("a", 1, None, 0.0), gate("a", "b")]);
+    let second = step(&events);
+    let [
+        NewEvent { data: EventData::LevelStarted(b), .. },
+        NewEvent { data: EventData::AgentHandoff(h), level_id, .. },
+    ] = &second[..]
+    else {
+        panic!("{second:?}")
+    };
+    // A level without a constraint of its own or the scenario's may use any model.
+    assert_eq!(b.model_constraint_allow.as_deref(), Some(&[][..]));
+    assert_eq!((h.from_role.as_str(), h.to_role.as_str()), ("writer", "editor"));
+    assert_eq!((h.level_id.as_str(), level_id.as_deref()), ("b", Some("b")));
+    events.extend(second);
+    events.extend([finished("b", 1, Some("FAIL"), 0.0), gate("b", "b")]);
+    // The retry is the same role's work going on: no handoff.
+    let retry = step(&events);
+    let [NewEvent { data: EventData::LevelStarted(_), attempt: Some(2), .. }] = &retry[..] else {
+        panic!("{retry:?}")
+    };
+    events.extend(retry);
+    events.extend([finished("b", 2, Some("PASS"), 0.0), gate("b", "c")]);
+    // A level that declares none records none.
+    let last = step(&events);
+    assert!(matches!(&last[..], [NewEvent { data: EventData::LevelStarted(_), .. }]), "{last:?}");
 }

@@ -138,6 +138,7 @@ impl Checker<'_> {
             mode: raw.mode.as_ref().map_or(Mode::Serial, |m| m.value),
             run_all: raw.run_all.as_ref().is_some_and(|r| r.value),
             terminal: raw.terminal.as_ref().is_some_and(|t| t.value),
+            handoff: raw.handoff.as_ref().is_some_and(|t| t.value),
             timeout_s,
             metadata: raw.metadata.as_ref().map(|m| m.value.clone()).unwrap_or_default(),
             parent,
