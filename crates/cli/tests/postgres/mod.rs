@@ -255,6 +255,17 @@ fn a_killed_workers_job_is_taken_over_by_another_after_its_lease() {
     assert_eq!(finished_as(&log), ["completed"], "{log:?}");
     assert_eq!(count(&log, "level_finished"), 1, "the level is finished once: {log:?}");
     assert_eq!(count(&log, "model_response"), 1, "one answer is recorded: {log:?}");
+    // The takeover is in the log: the pause the dead worker could not record, then the
+    // second worker's resumption, before the level runs again.
+    let paused: Vec<&Value> = log.iter().filter(|e| e["kind"] == "run_paused").collect();
+    assert_eq!(paused.len(), 1, "{log:?}");
+    assert_eq!(paused[0]["data"]["reason"], "driver_lost");
+    let resumed: Vec<&Value> = log.iter().filter(|e| e["kind"] == "run_resumed").collect();
+    assert_eq!(resumed.len(), 1, "{log:?}");
+    assert_eq!(resumed[0]["data"]["by"], "takeover");
+    let process = resumed[0]["data"]["process"].as_str().unwrap();
+    assert!(process.starts_with("baton worker "), "{process}");
+    assert!(!process.ends_with(&format!(":{}", first.id())), "the second worker: {process}");
     assert!(killed.elapsed().as_secs() < 40, "taken over and finished in {:?}", killed.elapsed());
     let _ = std::fs::remove_dir_all(dir);
 }
