@@ -837,3 +837,33 @@ fn the_configured_parallelism_is_recorded_when_the_wave_is_planned_and_read_from
     assert!((2..=3).contains(&at_once), "at most the recorded 3 at once, found {at_once}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn worker_reports_fail_closed_a_json_report_of_failed_and_no_report_both_fail_and_the_wave_replans()
+{
+    let (dir, db) = setup("wave-reports", "");
+    std::fs::write(dir.join("scenarios/waver.yaml"), waver_with("max_parallel: 3")).unwrap();
+    let block = |outcome: &str| {
+        format!(
+            "All done.\n```json\n{{\"outcome\": \"{outcome}\", \"summary\": \"{outcome} here\"}}\n```\n"
+        )
+    };
+    let yaml = format!(
+        "scenarios:\n  worker:\n    levels:\n      work: [{{text: {:?}}}]\n    cases:\n      - when: \"quiet\"\n        levels:\n          work: [{{text: \"finished, nothing to report\"}}]\n      - when: \"broken\"\n        levels:\n          work: [{{text: {:?}}}]\n",
+        block("completed"),
+        block("failed")
+    );
+    let script = dir.join("reports.yaml");
+    std::fs::write(&script, yaml).unwrap();
+    let input = "{\"tasks\": [{\"id\": \"a\", \"title\": \"plain work\"}, {\"id\": \"b\", \"title\": \"quiet work\"}, {\"id\": \"c\", \"title\": \"broken work\"}]}";
+    let (code, result) = run_waver(&dir, &db, input, &script);
+    assert_eq!(code, Some(1), "{result}");
+    let v = view(&dir, &db, result["run_id"].as_str().unwrap());
+    let outcome = |i: usize| v["assignments"][i]["outcome"].as_str().unwrap().to_owned();
+    // Every worker run completed; what their reports say decides, the stricter way.
+    assert_eq!([outcome(0), outcome(1), outcome(2)], ["completed", "failed", "failed"], "{v}");
+    assert!(v["assignments"][1]["summary"].as_str().unwrap().starts_with("report missing"), "{v}");
+    assert_eq!(v["assignments"][2]["summary"], "failed here", "{v}");
+    assert_eq!(v["decision"], "replan", "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
