@@ -13,10 +13,15 @@ use crate::place::{Place, open_existing_store};
 /// (its driver died, or it stopped for a transient reason): `baton resume RUN` continues it.
 pub const INTERRUPTED: &str = Status::Interrupted.as_str();
 
-/// Every status a run can have in the run list (`runs --status`): the stored ones, and
-/// [`INTERRUPTED`].
-pub fn run_statuses() -> [&'static str; 8] {
+/// How the run list shows a run whose log does not pass its checks (`baton verify` says
+/// where): one damaged run is listed as such, never a reason to list none.
+pub const DAMAGED: &str = "damaged";
+
+/// Every status a run can have in the run list (`runs --status`): the stored ones,
+/// [`INTERRUPTED`] and [`DAMAGED`].
+pub fn run_statuses() -> [&'static str; 9] {
     [
+        DAMAGED,
         Status::Running.as_str(),
         Status::Paused.as_str(),
         Status::Waiting.as_str(),
@@ -72,6 +77,8 @@ pub struct Row {
     pub totals: Totals,
     pub waiting: Vec<Waiting>,
     pub requests: Vec<String>,
+    /// Why the run's log cannot be read, for a [`DAMAGED`] run.
+    pub damage: Option<String>,
 }
 
 /// The runs of the database, newest first (with `tree`, as trees), of `status` when given:
@@ -81,7 +88,7 @@ pub async fn list(place: &Place, status: Option<&str>, tree: bool) -> anyhow::Re
     let store = open_existing_store(place).await?;
     // A run is interrupted when its status is running and nobody holds it.
     // (A waiting run nobody drives is interrupted too: it is found among all of them.)
-    let stored = if status == Some(INTERRUPTED) { None } else { status };
+    let stored = if status == Some(INTERRUPTED) || status == Some(DAMAGED) { None } else { status };
     let mut list = Vec::new();
     for mut record in store.runs(stored).await? {
         if record.status == Status::Running.as_str() && !store.is_held(&record.run_id).await? {
@@ -89,14 +96,31 @@ pub async fn list(place: &Place, status: Option<&str>, tree: bool) -> anyhow::Re
         }
         let maybe_interrupted =
             status == Some(INTERRUPTED) && record.status == Status::Waiting.as_str();
-        if status.is_none_or(|s| s == record.status) || maybe_interrupted {
+        if status.is_none_or(|s| s == record.status) || maybe_interrupted || status == Some(DAMAGED)
+        {
             list.push(record);
         }
     }
     let list = if tree { as_tree(list) } else { list.into_iter().map(|r| (r, 0)).collect() };
     let mut rows = Vec::with_capacity(list.len());
     for (mut record, depth) in list {
-        let events = store.load(&record.run_id, 0).await?;
+        let events = match store.load(&record.run_id, 0).await {
+            Ok(events) => events,
+            Err(e @ StoreError::Damaged { .. }) => {
+                record.status = DAMAGED.to_owned();
+                if status.is_none_or(|s| s == DAMAGED) {
+                    let damage = Some(e.to_string());
+                    let totals = Totals::default();
+                    let (waiting, requests) = (Vec::new(), Vec::new());
+                    rows.push(Row { record, depth, totals, waiting, requests, damage });
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if status == Some(DAMAGED) {
+            continue;
+        }
         let state = baton_engine::state::fold(&events);
         if record.status == Status::Waiting.as_str()
             && !tree_is_live(store.as_ref(), &state).await?
@@ -130,7 +154,7 @@ pub async fn list(place: &Place, status: Option<&str>, tree: bool) -> anyhow::Re
         if status.is_some_and(|s| s != record.status) {
             continue;
         }
-        rows.push(Row { record, depth, totals: state.totals, waiting, requests });
+        rows.push(Row { record, depth, totals: state.totals, waiting, requests, damage: None });
     }
     Ok(rows)
 }
@@ -150,6 +174,9 @@ pub fn row_json(row: &Row, tree: bool) -> serde_json::Result<Value> {
         if row.record.status == INTERRUPTED {
             let resume = format!("baton resume {}", row.record.run_id);
             map.insert("continue_with".to_owned(), json!(resume));
+        }
+        if let Some(damage) = &row.damage {
+            map.insert("damage".to_owned(), json!(damage));
         }
     }
     Ok(json_row)
@@ -180,7 +207,13 @@ async fn tree_is_live(
             return Ok(true);
         }
         if record.status == Status::Waiting.as_str() {
-            let child = baton_engine::state::fold(&store.load(&id, 0).await?);
+            // A damaged child is driven by nobody: it is listed as damaged itself.
+            let events = match store.load(&id, 0).await {
+                Ok(events) => events,
+                Err(StoreError::Damaged { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let child = baton_engine::state::fold(&events);
             pending.extend(child.open_children().map(|c| c.started.child_run_id.clone()));
         }
     }
@@ -311,5 +344,6 @@ mod tests {
         }
         assert!(!statuses.contains(&Status::New.as_str()), "a run is listed once it started");
         assert!(statuses.contains(&INTERRUPTED));
+        assert!(statuses.contains(&DAMAGED));
     }
 }

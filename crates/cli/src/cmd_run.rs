@@ -135,7 +135,7 @@ pub(crate) async fn runs(
         "duration",
         "updated"
     )?;
-    for baton_app::listing::Row { record: r, depth, totals, waiting, requests } in rows {
+    for baton_app::listing::Row { record: r, depth, totals, waiting, requests, damage } in rows {
         let waits: Vec<String> =
             waiting.iter().map(|w| format!("{} ({})", w.level_id, w.wants)).collect();
         let row = format!(
@@ -155,6 +155,9 @@ pub(crate) async fn runs(
         }
         if r.status == INTERRUPTED {
             outln!("    no process drives it; continue it with `baton resume {}`", r.run_id)?;
+        }
+        if let Some(damage) = damage {
+            outln!("    {}", escape::one_line(&damage))?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -11,8 +11,8 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use baton_app::{Answers, Role};
 use baton_engine::job::{JobRequest, Start};
-use baton_engine::store::{RunQuery, RunRecord};
-use baton_engine::{Engine, Status};
+use baton_engine::store::{Error as StoreError, RunQuery, RunRecord};
+use baton_engine::{Engine, RunState, Status};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -77,7 +77,7 @@ pub(crate) struct RunView {
     pub run_id: String,
     pub scenario_id: String,
     /// `running`, `paused`, `waiting`, `interrupted`, `completed`, `aborted`, `cancelled`
-    /// or `failed`.
+    /// or `failed`; `damaged` when its log does not pass its checks (`reason` says where).
     pub status: String,
     pub tenant: Option<String>,
     pub parent_run_id: Option<String>,
@@ -102,7 +102,18 @@ pub(crate) struct RunView {
 }
 
 async fn view(app: &App, record: RunRecord) -> Result<RunView, Problem> {
-    let state = app.state(&record.run_id).await?;
+    let state = match app.state(&record.run_id).await {
+        Ok(state) => state,
+        // A damaged run is shown as damaged, saying where: one such run never hides the
+        // others of a list.
+        Err(baton_engine::exec::Error::Store(e @ StoreError::Damaged { .. })) => {
+            let mut view = run_view_of(record, &RunState::default(), Vec::new());
+            view.status = "damaged".to_owned();
+            view.reason = Some(e.to_string());
+            return Ok(view);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut status = record.status.clone();
     if status == Status::Running.as_str() && !app.store.is_held(&record.run_id).await? {
         status = Status::Interrupted.as_str().to_owned();
@@ -139,10 +150,17 @@ async fn view(app: &App, record: RunRecord) -> Result<RunView, Problem> {
             deadline: None,
         });
     }
-    Ok(RunView {
+    let mut view = run_view_of(record, &state, waiting_on);
+    view.status = status;
+    Ok(view)
+}
+
+/// A run's view from its record and its state, its status as stored.
+fn run_view_of(record: RunRecord, state: &RunState, waiting_on: Vec<Waiting>) -> RunView {
+    RunView {
         run_id: record.run_id,
         scenario_id: record.scenario_id,
-        status,
+        status: record.status,
         tenant: record.tenant,
         parent_run_id: record.parent_run_id,
         root_run_id: record.root_run_id,
@@ -162,7 +180,7 @@ async fn view(app: &App, record: RunRecord) -> Result<RunView, Problem> {
             .aborted_reason
             .clone()
             .or_else(|| state.interrupted.as_ref().map(|i| i.reason.clone())),
-    })
+    }
 }
 
 /// The run a start made (or found under its idempotency key).

@@ -302,6 +302,22 @@ fn a_damaged_run_is_neither_decided_on_nor_driven() {
         );
         assert_eq!(events_in(&conn, &run), before, "{args:?} appended nothing");
     }
+    // The run list still lists every run: the damaged one as damaged, saying where.
+    let other = run_bundled(&db, "release_notes", "v1.3");
+    let out = baton_db(&db, &["runs", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status_of = |id: &str| {
+        let row = rows.as_array().unwrap().iter().find(|r| r["run_id"] == id).unwrap();
+        (row["status"].as_str().unwrap().to_owned(), row["damage"].as_str().map(str::to_owned))
+    };
+    let (status, damage) = status_of(&run);
+    assert_eq!(status, "damaged");
+    assert!(damage.unwrap().contains(&format!("damaged at event {bad}")));
+    assert_eq!(status_of(&other), ("paused".to_owned(), None));
+    let out = baton_db(&db, &["runs", "--status", "damaged"]);
+    let listed = text(&out.stdout);
+    assert!(listed.contains(&run) && !listed.contains(&other), "{listed}");
 }
 
 /// Runs `baton` and kills it if it has not ended within `limit`.
