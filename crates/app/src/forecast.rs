@@ -65,16 +65,30 @@ pub async fn sample(
                 })
                 .collect();
             records.sort_by_key(|r| std::cmp::Reverse(r.created_at));
-            records.truncate(*n);
+            // A replay answers from a recording and spends nothing: it is not a job to
+            // forecast from. The newest N others are, looking at no more than RUNS_MAX.
+            records.truncate(RUNS_MAX);
             let probe =
                 crate::engines::probe_engine(place, &store, &baton_scenario::Registry::default());
             let mut jobs = Vec::new();
+            let mut replays = 0;
             for r in records {
+                if jobs.len() == *n {
+                    break;
+                }
+                let state = probe.state(&r.run_id).await?;
+                if state.replay_of.is_some() {
+                    replays += 1;
+                    continue;
+                }
                 let tree = probe.recorded_tree(&r.run_id).await?;
-                let input = probe.state(&r.run_id).await?.input;
-                jobs.push((input, tree));
+                jobs.push((state.input, tree));
             }
-            Ok((jobs, format!("the last ended jobs in {}", place.db_shown())))
+            let left_out = match replays {
+                0 => String::new(),
+                n => format!(" ({n} replay(s) left out)"),
+            };
+            Ok((jobs, format!("the last ended jobs in {}{left_out}", place.db_shown())))
         }
     }
 }

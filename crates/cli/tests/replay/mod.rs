@@ -553,6 +553,7 @@ fn a_forecast_gives_the_recorded_runs_own_figures_and_guards_a_run() {
     .unwrap();
     let db = dir.join("runs.db");
     let mut costs = Vec::new();
+    let mut first_runs = Vec::new();
     for i in 1..=12u32 {
         let (one, two) = (f64::from(i) * 0.0004, f64::from(13 - i) * 0.0001 + 0.005);
         let script = dir.join(format!("s{i}.yaml"));
@@ -565,6 +566,9 @@ fn a_forecast_gives_the_recorded_runs_own_figures_and_guards_a_run() {
         .unwrap();
         let v = start_json(&dir, &db, "priced", &script, &format!("job {i}"));
         costs.push(v["totals"]["cost_usd"].as_f64().unwrap());
+        if i <= 2 {
+            first_runs.push(v["run_id"].as_str().unwrap().to_owned());
+        }
         if i == 9 {
             // Nine runs: no p90, and it says how many it has.
             let out = run(&dir, &db, &["forecast", "priced"]);
@@ -592,6 +596,13 @@ fn a_forecast_gives_the_recorded_runs_own_figures_and_guards_a_run() {
             assert!(text(&out.stderr).contains("has 9 recorded job(s)"), "{}", both(&out));
         }
     }
+    // Replays spend nothing and are no jobs: the forecast leaves them out and says so.
+    for original in &first_runs {
+        let out = run(&dir, &db, &["replay", original]);
+        assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    }
+    let out = run(&dir, &db, &["forecast", "priced"]);
+    assert!(text(&out.stdout).contains("(2 replay(s) left out)"), "{}", both(&out));
     let f = run_json(&dir, &db, &["forecast", "priced", "--json"]);
     let mut sorted = costs.clone();
     sorted.sort_by(f64::total_cmp);
