@@ -43,7 +43,11 @@ pub(crate) fn line(e: &Event) -> Option<String> {
         EventData::VerifierFinished(v) => format!(
             "verifier  {level}/{}: {}{}",
             v.name,
-            if v.passed { "passed" } else { "FAILED" },
+            match (v.passed, v.not_run()) {
+                (true, _) => "passed",
+                (false, true) => "not run",
+                (false, false) => "FAILED",
+            },
             if v.reasons.is_empty() {
                 String::new()
             } else {

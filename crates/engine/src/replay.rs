@@ -598,7 +598,8 @@ impl Summary {
                         };
                         s.verdicts.insert(prefix(format!("{level}#{attempt}")), verdict);
                     }
-                    EventData::VerifierFinished(v) => {
+                    // A verifier that did not run has no outcome to keep.
+                    EventData::VerifierFinished(v) if !v.not_run() => {
                         s.verifiers.insert(
                             prefix(format!("{level}/{}", v.name)),
                             VerifierMark { passed: v.passed, score: v.score },

@@ -113,6 +113,21 @@ pub fn checked(
     }
 }
 
+/// The outcome of a verifier left out because an earlier one failed (serial mode): it did
+/// not pass, and it did not fail either — it is neither reported nor counted as a failure.
+pub fn not_run(spec: &VerifierSpec, why: &str) -> VerifierFinished {
+    let mut outcome = unavailable(spec, why);
+    outcome.details = serde_json::json!({ "not_run": true });
+    outcome
+}
+
+impl VerifierFinished {
+    /// Whether the verifier was left out without running ([`not_run`]).
+    pub fn not_run(&self) -> bool {
+        self.details.get("not_run").and_then(Value::as_bool).unwrap_or(false)
+    }
+}
+
 /// An outcome for a verifier that could not run.
 pub fn unavailable(spec: &VerifierSpec, why: &str) -> VerifierFinished {
     VerifierFinished {

@@ -310,7 +310,8 @@ impl Metrics {
                         model: f.model.clone(),
                     });
                 }
-                EventData::VerifierFinished(v) => {
+                // A verifier left out after an earlier one failed neither passed nor failed.
+                EventData::VerifierFinished(v) if !v.not_run() => {
                     seen.push(Seen::Verifier { name: v.name.clone(), passed: v.passed });
                 }
                 EventData::ApprovalRequested(a) => {

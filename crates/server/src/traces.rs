@@ -308,7 +308,7 @@ impl Tracer {
                             ("baton.verifier".to_owned(), Value::Str(v.name.clone())),
                             ("baton.passed".to_owned(), Value::Bool(v.passed)),
                         ]),
-                        error: (!v.passed).then(|| v.reasons.join("; ")),
+                        error: (!v.passed && !v.not_run()).then(|| v.reasons.join("; ")),
                     });
                 }
                 EventData::ScenarioFinished(f) => {

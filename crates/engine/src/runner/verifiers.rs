@@ -20,16 +20,23 @@ impl LevelRun {
         let failed = failures(&level.verifiers, &outcomes);
         let passed_names: Vec<&str> =
             outcomes.iter().filter(|o| o.passed).map(|o| o.name.as_str()).collect();
+        let not_run: Vec<&str> =
+            outcomes.iter().filter(|o| o.not_run()).map(|o| o.name.as_str()).collect();
         let summary = if failed.is_empty() {
             format!("all {} verifiers passed ({})", outcomes.len(), passed_names.join(", "))
         } else {
             let names: Vec<&str> = failed.iter().map(|(s, _)| s.name.as_str()).collect();
-            format!(
-                "{} of {} verifiers failed ({})",
-                failed.len(),
-                outcomes.len(),
-                names.join(", ")
-            )
+            let ran = outcomes.len() - not_run.len();
+            let mut summary =
+                format!("{} of {ran} verifiers failed ({})", failed.len(), names.join(", "));
+            if !not_run.is_empty() {
+                summary.push_str(&format!(
+                    "; {} not run after it ({})",
+                    not_run.len(),
+                    not_run.join(", ")
+                ));
+            }
+            summary
         };
         let mut scratchpad = Map::new();
         scratchpad.insert("build_result_summary".to_owned(), Value::String(summary.clone()));
@@ -75,7 +82,9 @@ pub(super) fn failures<'a>(
     specs
         .iter()
         .zip(outcomes)
-        .filter(|(spec, o)| !o.passed && spec.on_fail != OnFail::Ignore && !lost_race(o))
+        .filter(|(spec, o)| {
+            !o.passed && spec.on_fail != OnFail::Ignore && !lost_race(o) && !o.not_run()
+        })
         .collect()
 }
 
@@ -128,7 +137,7 @@ pub(super) async fn run_verifiers(
             let mut stopped = false;
             for spec in specs {
                 let outcome = if stopped {
-                    verifier::unavailable(spec, "not run: an earlier verifier failed (serial mode)")
+                    verifier::not_run(spec, "not run: an earlier verifier failed (serial mode)")
                 } else if spec.uses == Uses::LlmJudge {
                     judge(calls, spec, ctx, events).await
                 } else {

@@ -231,3 +231,41 @@ levels:
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!running(&marker), "the losing verifier's processes were killed");
 }
+
+#[tokio::test]
+async fn serial_mode_leaves_the_rest_out_after_a_failure_neither_passed_nor_failed() {
+    let scenario = crate::scenario(
+        r#"id: serially
+version: 1
+levels:
+  - id: checks
+    kind: verifier
+    mode: serial
+    terminal: true
+    verifiers:
+      - {name: first, uses: command, params: {argv: ["true"]}}
+      - {name: broken, uses: command, params: {argv: ["false"]}}
+      - {name: lint, uses: command, params: {argv: ["true"]}}
+      - {name: types, uses: command, params: {argv: ["true"]}}
+"#,
+    );
+    let engine = crate::engine(baton_engine::model::ScriptedModel::default());
+    let run_id = baton_engine::Engine::new_run_id();
+    engine.run(&run_id, &scenario, "x", serde_json::Map::new(), None).await.unwrap();
+    let state = engine.state(&run_id).await.unwrap();
+    let checks = &state.levels["checks"];
+    assert_eq!(checks.verdict.as_deref(), Some("FAIL"));
+    let v = &checks.verifiers;
+    assert!(v["first"].passed && !v["first"].not_run());
+    assert!(!v["broken"].passed && !v["broken"].not_run());
+    for name in ["lint", "types"] {
+        assert!(!v[name].passed && v[name].not_run(), "{name}: {:?}", v[name]);
+    }
+    // One failed of the two that ran; the two left out are named as not run, not failed.
+    let output = &checks.output;
+    assert!(
+        output.starts_with("1 of 2 verifiers failed (broken); 2 not run after it (lint, types)"),
+        "{output}"
+    );
+    assert!(!output.contains("- lint"), "no feedback for a verifier that did not run: {output}");
+}
