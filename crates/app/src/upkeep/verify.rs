@@ -3,7 +3,8 @@
 //! `verify` loads every run (or the ones named) through the store's checks — sequence from
 //! 1 without gaps, each event against its hash in the chain, `last_seq` and the head hash.
 //! The chain detects damage (a bad disk, a hand edit, a wrong restore), not tampering:
-//! whoever can write the database can recompute it.
+//! whoever can write the database can recompute it. The scenario versions a run is pinned
+//! to are checked too: their stored texts must load and hash to their checksum.
 
 use std::path::Path;
 
@@ -65,9 +66,13 @@ pub async fn verify(place: &Place, named: &[String]) -> anyhow::Result<Vec<(Stri
         named.to_vec()
     };
     let mut findings = Vec::with_capacity(ids.len());
+    let mut versions = Versions::default();
     for id in ids {
         let finding = match store.verify(&id).await {
-            Ok(v) => Finding::Intact { last_seq: v.last_seq, head: chain::hex(&v.head) },
+            Ok(v) => match versions.check_run(place, store.as_ref(), &id).await? {
+                Some(problem) => Finding::Damaged { seq: None, problem },
+                None => Finding::Intact { last_seq: v.last_seq, head: chain::hex(&v.head) },
+            },
             Err(Error::Damaged { seq, problem, .. }) => {
                 Finding::Damaged { seq: Some(seq), problem }
             }
@@ -79,6 +84,68 @@ pub async fn verify(place: &Place, named: &[String]) -> anyhow::Result<Vec<(Stri
         findings.push((id, finding));
     }
     Ok(findings)
+}
+
+/// The scenario versions `verify` has checked, each with what was wrong with its stored
+/// texts (none when they load and hash to their checksum).
+#[derive(Default)]
+struct Versions {
+    checked: std::collections::HashMap<String, Option<String>>,
+}
+
+impl Versions {
+    /// What is wrong with the stored texts of the scenario versions a run is pinned to
+    /// (its `scenario_started` and every `scenario_upgraded`): texts that no longer load, or
+    /// load to another checksum, mean the database was changed. A version kept by nobody
+    /// (a run from before versions were kept) is not a finding.
+    async fn check_run(
+        &mut self,
+        place: &Place,
+        store: &dyn baton_engine::store::EventStore,
+        run_id: &str,
+    ) -> anyhow::Result<Option<String>> {
+        use baton_engine::event::EventData;
+        let events = store.load(run_id, 0).await?;
+        for e in &events {
+            let (scenario, checksum) = match &e.data {
+                EventData::ScenarioStarted(s) => (&s.scenario_id, &s.checksum),
+                EventData::ScenarioUpgraded(u) => (&String::new(), &u.checksum),
+                _ => continue,
+            };
+            if !self.checked.contains_key(checksum) {
+                let problem = version_problem(place, store, scenario, checksum).await?;
+                self.checked.insert(checksum.clone(), problem);
+            }
+            if let Some(Some(problem)) = self.checked.get(checksum) {
+                return Ok(Some(format!("pinned to a damaged scenario version: {problem}")));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// What is wrong with the texts stored under `checksum`, if anything.
+async fn version_problem(
+    place: &Place,
+    store: &dyn baton_engine::store::EventStore,
+    scenario: &str,
+    checksum: &str,
+) -> anyhow::Result<Option<String>> {
+    let Some(json) = store.scenario_texts(checksum).await? else { return Ok(None) };
+    let short: String = checksum.chars().take(12).collect();
+    let texts: baton_scenario::model::Texts = match serde_json::from_str(&json) {
+        Ok(texts) => texts,
+        Err(e) => return Ok(Some(format!("the texts stored for {short}… do not read: {e}"))),
+    };
+    let name = format!("{scenario} (stored version {short}…)");
+    Ok(match baton_scenario::Registry::load_texts(&name, &place.scenarios, &texts) {
+        Err(e) => Some(format!("the texts stored for {short}… do not load: {e}")),
+        Ok(loaded) if loaded.checksum != checksum => Some(format!(
+            "the texts stored for {short}… hash to {}, not to {checksum}",
+            loaded.checksum
+        )),
+        Ok(_) => None,
+    })
 }
 
 /// Copies the live SQLite database into the new file `dest`, in one consistent step; the

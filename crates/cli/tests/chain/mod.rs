@@ -425,3 +425,38 @@ fn a_backup_taken_while_runs_go_on_verifies_and_is_never_overwritten() {
     assert!(text(&missing.stderr).contains("no database at"), "{}", text(&missing.stderr));
     assert!(!dir.join("nothing.db").exists(), "verify creates no database");
 }
+
+#[test]
+fn verify_checks_the_scenario_versions_runs_are_pinned_to() {
+    let dir = temp("pinned");
+    let db = dir.join("baton.db");
+    let notes = run_bundled(&db, "release_notes", "v1.2");
+    let qa = run_bundled(&db, "quick_qa", "the capital of France?");
+    let out = baton_db(&db, &["verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    // A word of a stored template changed by hand: the version no longer hashes to its
+    // checksum, and every run pinned to it is reported (the other is intact).
+    let conn = Connection::open(&db).unwrap();
+    let changed = conn
+        .execute(
+            "UPDATE scenario_texts SET texts = replace(texts, 'release', 'relapse') WHERE scenario_id = 'release_notes'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let out = baton_db(&db, &["verify", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", text(&out.stdout), text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let finding = |id: &str| {
+        report["runs"].as_array().unwrap().iter().find(|r| r["run_id"] == id).unwrap().clone()
+    };
+    let bad = finding(&notes);
+    assert_eq!(bad["intact"], false, "{bad}");
+    let problem = bad["problem"].as_str().unwrap();
+    assert!(
+        problem.starts_with("pinned to a damaged scenario version: the texts stored for "),
+        "{problem}"
+    );
+    assert_eq!(finding(&qa)["intact"], true);
+    let _ = std::fs::remove_dir_all(dir);
+}
