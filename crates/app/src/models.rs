@@ -112,19 +112,30 @@ pub fn recorded_model(
     script: Option<&Path>,
     config: Option<&Path>,
 ) -> anyhow::Result<Arc<dyn ModelProvider>> {
+    Ok(model_for(source, script, config)?.0)
+}
+
+/// [`recorded_model`], and where its answers come from when that is not `source` (a
+/// `--script` or `--config` given now): what the runs it starts should record.
+pub fn model_for(
+    source: Option<&str>,
+    script: Option<&Path>,
+    config: Option<&Path>,
+) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
     if script.is_some() || config.is_some() {
-        return Ok(load_model(script, config, None)?.0);
+        return load_model(script, config, None);
     }
-    match source {
-        Some(s) if s.starts_with("cassette:") => Ok(replay(Path::new(&s["cassette:".len()..]))?.0),
+    let model = match source {
+        Some(s) if s.starts_with("cassette:") => replay(Path::new(&s["cassette:".len()..]))?.0,
         Some(s) if s.starts_with("script:") => {
-            Ok(load_model(Some(Path::new(&s["script:".len()..])), None, None)?.0)
+            load_model(Some(Path::new(&s["script:".len()..])), None, None)?.0
         }
         Some(s) if s.starts_with("config:") => {
-            Ok(load_model(None, Some(Path::new(&s["config:".len()..])), None)?.0)
+            load_model(None, Some(Path::new(&s["config:".len()..])), None)?.0
         }
-        _ => Ok(load_model(None, None, None)?.0),
-    }
+        _ => load_model(None, None, None)?.0,
+    };
+    Ok((model, None))
 }
 
 /// Whether a level of this kind calls a model itself.

@@ -159,18 +159,24 @@ pub async fn resume(
             trusted,
         )
     } else {
-        let model = match crate::models::recorded_model(
-            root_state.model_source.as_deref(),
-            script,
-            place.config.as_deref(),
-        ) {
-            // A run of manual waves calls no model; `baton wave run` needs one for its
-            // workers.
-            Err(_) if baton_engine::exec::calls_no_model(&root_scenario) && !waves.active => {
-                Arc::new(ScriptedModel::default()) as Arc<dyn ModelProvider>
+        // A job whose root calls no model (a wave) answers its workers as they recorded:
+        // the script a `baton wave run --script` gave them.
+        let source = match &root_state.model_source {
+            Some(source) => Some(source.clone()),
+            None if baton_engine::exec::calls_no_model(&root_scenario) => {
+                workers_model_source(&probe, &root_state).await?
             }
-            other => other?,
+            None => None,
         };
+        let (model, children_source) =
+            match crate::models::model_for(source.as_deref(), script, place.config.as_deref()) {
+                // A run of manual waves calls no model; `baton wave run` needs one for its
+                // workers.
+                Err(_) if baton_engine::exec::calls_no_model(&root_scenario) && !waves.active => {
+                    (Arc::new(ScriptedModel::default()) as Arc<dyn ModelProvider>, None)
+                }
+                other => other?,
+            };
         let jobs = reloading_jobs(
             place,
             store.as_ref(),
@@ -180,7 +186,7 @@ pub async fn resume(
             waves,
         )
         .await?;
-        engine(
+        let mut engine = engine(
             store,
             model,
             &registry,
@@ -189,9 +195,30 @@ pub async fn resume(
             jail(place),
             Some(jobs),
             None,
-        )
+        );
+        engine.children_model_source = children_source;
+        engine
     };
     Ok(Resumed { engine, root, root_scenario, scenario, upgrade: upgraded, replay, jail_warning })
+}
+
+/// Where the answers of a model-less root's open children come from, as the first of them
+/// that recorded one says (the workers of a wave `baton wave run --script` dispatched).
+async fn workers_model_source(
+    probe: &Engine,
+    root: &baton_engine::RunState,
+) -> anyhow::Result<Option<String>> {
+    for child in root.open_children() {
+        let id = &child.started.child_run_id;
+        match probe.state(id).await {
+            Ok(state) if state.model_source.is_some() => return Ok(state.model_source),
+            // A worker recorded but not yet created has nothing to say.
+            Ok(_)
+            | Err(baton_engine::exec::Error::Store(baton_engine::store::Error::NotFound(_))) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
 }
 
 /// How a cancel came out.

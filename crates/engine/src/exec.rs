@@ -69,6 +69,10 @@ pub struct Engine {
     /// Who this engine's drives are, as `run_resumed.process` records it: `host:pid` by
     /// default; `baton worker` and `baton serve` put their name first.
     pub process: Arc<str>,
+    /// Where the answers of the child runs this engine starts come from, when not where
+    /// their parent's came from (a drive given its own `--script`, such as `baton wave run
+    /// --script`): recorded on each child, so that a later process answers it the same way.
+    pub children_model_source: Option<String>,
 }
 
 /// This process as `run_resumed.process` names it by default: `host:pid`.
@@ -99,6 +103,7 @@ impl Engine {
             live: None,
             wave_drive: None,
             process: Arc::from(this_process()),
+            children_model_source: None,
         }
     }
 

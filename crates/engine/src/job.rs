@@ -367,7 +367,10 @@ impl Engine {
                 let start = Start {
                     input: c.input.clone(),
                     metadata: c.metadata.clone(),
-                    model_source: parent.model_source.clone(),
+                    model_source: self
+                        .children_model_source
+                        .clone()
+                        .or_else(|| parent.model_source.clone()),
                     selected: None,
                     tree_max_cost_usd: c.budget.tree_max_cost_usd,
                     budget: Some(c.budget),

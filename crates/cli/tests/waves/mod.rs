@@ -867,3 +867,51 @@ fn worker_reports_fail_closed_a_json_report_of_failed_and_no_report_both_fail_an
     assert_eq!(v["decision"], "replan", "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn workers_a_wave_run_script_dispatched_record_it_and_a_resume_after_a_kill_answers_them_from_it() {
+    let (dir, db) = setup("wave-run-kill", "");
+    let file = dir.join("tasks.json");
+    std::fs::write(&file, tasks(2)).unwrap();
+    let out = baton(
+        &dir,
+        &db,
+        &["wave", "plan", "--tasks", file.to_str().unwrap(), "--worker", "worker"],
+    );
+    let stdout = text(&out.stdout);
+    let wave = stdout.lines().find_map(|l| l.strip_prefix("run ")).unwrap_or_default().to_owned();
+    assert!(!wave.is_empty(), "{stdout}{}", text(&out.stderr));
+    let slow = script(&dir, 3000, &[]);
+    let mut running = baton_in(&dir, &db)
+        .args(["wave", "run", &wave, "--script", slow.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed while both workers wait for their (slow) answers.
+    let started = std::time::Instant::now();
+    while tree_events(&dir, &db, &wave).iter().filter(|e| e["kind"] == "prompt_sent").count() < 2 {
+        assert!(started.elapsed().as_secs() < 30, "the workers never asked their model");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    running.kill().unwrap();
+    let _ = running.wait();
+    // Each worker recorded where its answers come from.
+    let events = tree_events(&dir, &db, &wave);
+    let sources: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "scenario_started" && e["run_id"] != wave.as_str())
+        .map(|e| &e["data"]["model_source"])
+        .collect();
+    assert_eq!(sources.len(), 2, "{events:?}");
+    for source in sources {
+        assert!(source.as_str().is_some_and(|s| s.starts_with("script:")), "{source}");
+    }
+    // A resume without --script answers them from it, and the wave completes.
+    let out = baton(&dir, &db, &["resume", &wave]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let v = view(&dir, &db, &wave);
+    assert_eq!(v["counts"]["completed"], 2, "{v}");
+    assert_eq!(v["decision"], "complete", "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
