@@ -206,3 +206,51 @@ fn validate_knows_the_error_kinds_and_warns_of_failures_no_edge_takes() {
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(!said.contains("uncovered-failure"), "{said}");
 }
+
+#[test]
+fn a_classifier_whose_call_fails_lands_the_job_in_quick_qa_saying_why() {
+    // The bundled scenarios and selection: a `task` job is classified by intent_classifier,
+    // whose own model call fails for good.
+    let dir = std::env::temp_dir().join(format!("baton-routing-classifier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("script.yaml");
+    std::fs::write(
+        &script,
+        "scenarios:\n  intent_classifier:\n    levels:\n      classify: [{error: 'the classifier provider is down for good'}]\n  quick_qa:\n    levels:\n      answer: [{text: '{\"answer\": \"Paris\", \"confidence\": 0.97, \"sources\": []}'}]\n",
+    )
+    .unwrap();
+    let db = dir.join("runs.db");
+    let scenarios = super::repo().join("scenarios");
+    let out = baton(&[
+        "--scenarios",
+        scenarios.to_str().unwrap(),
+        "--db",
+        db.to_str().unwrap(),
+        "run",
+        "--kind",
+        "task",
+        "--script",
+        script.to_str().unwrap(),
+        "--input",
+        "What is the capital of France?",
+        "--json",
+    ]);
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}{}", text(&out.stdout), text(&out.stderr)));
+    assert_eq!(result["status"], "completed", "{result}{}", text(&out.stderr));
+    assert!(result["final_output"].as_str().unwrap().contains("Paris"), "{result}");
+    let run = result["run_id"].as_str().unwrap();
+    let events = baton(&["--db", db.to_str().unwrap(), "events", run, "--tree", "--json"]);
+    let log: Vec<serde_json::Value> =
+        text(&events.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let chained = of_kind(&log, "scenario_chained");
+    assert_eq!(chained.len(), 1, "{log:#?}");
+    assert_eq!(chained[0]["data"]["to"], "quick_qa", "{}", chained[0]);
+    let warning = chained[0]["data"]["warning"].as_str().unwrap();
+    assert!(
+        warning.contains("the classifier ended failed")
+            && warning.contains("the classifier provider is down for good"),
+        "{warning}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
