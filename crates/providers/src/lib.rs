@@ -9,6 +9,7 @@
 pub mod anthropic;
 pub mod client;
 pub mod config;
+pub mod egress;
 pub mod openai;
 pub mod resolve;
 pub mod sse;
