@@ -18,6 +18,11 @@ use crate::script;
 /// `worker` answers in one prompt level; `waver` runs a wave of `worker`s from its input
 /// and ends on its decision.
 fn registry(wave_extra: &str) -> Arc<Registry> {
+    registry_with(&format!("max_parallel: 2{wave_extra}"))
+}
+
+/// [`registry`] with these settings beside the wave's worker.
+fn registry_with(settings: &str) -> Arc<Registry> {
     let dir = std::env::temp_dir().join(format!(
         "baton-engine-waves-{}-{}",
         std::process::id(),
@@ -32,7 +37,7 @@ fn registry(wave_extra: &str) -> Arc<Registry> {
     std::fs::write(
         dir.join("waver.yaml"),
         format!(
-            "id: waver\nversion: 1\nlevels:\n  - id: build\n    kind: wave\n    wave: {{worker: worker, max_parallel: 2{wave_extra}}}\nedges:\n  - {{from: build, to: __end__, when: \"wave.decision == 'complete'\"}}\n  - {{from: build, to: __fail__}}\n"
+            "id: waver\nversion: 1\nlevels:\n  - id: build\n    kind: wave\n    wave: {{worker: worker, {settings}}}\nedges:\n  - {{from: build, to: __end__, when: \"wave.decision == 'complete'\"}}\n  - {{from: build, to: __fail__}}\n"
         ),
     )
     .unwrap();
@@ -217,4 +222,34 @@ async fn a_drive_override_of_max_parallel_is_not_stored() {
     assert_eq!(most_at_once(&spans(&e, &run).await), 1);
     let st = e.state(&run).await.unwrap();
     assert_eq!(st.waves["build"].plan.max_parallel, Some(2));
+}
+
+#[tokio::test]
+async fn a_wave_plans_from_assignments_or_a_bare_list_with_the_defaults_of_3_at_once_and_600_s() {
+    // No parallelism or timeout on the level, in the plan or in the configuration.
+    let r = registry_with("max_assignments: 12");
+    let r_bare = registry_with("dispatch: auto");
+    for (registry, input) in [
+        (
+            &r,
+            "{\"assignments\": [{\"id\": \"a\", \"title\": \"A\"}, {\"id\": \"b\", \"title\": \"B\"}]}",
+        ),
+        (&r_bare, "[{\"id\": \"a\", \"title\": \"A\"}, {\"id\": \"b\", \"title\": \"B\"}]"),
+    ] {
+        let e = engine(registry, &script_with(""), WaveSettings::default());
+        let (run, outcome) = run_wave(&e, registry, input.to_owned()).await;
+        assert_eq!(outcome, Outcome::Finished(Status::Completed), "{input}");
+        let log = e.store.load(&run, 0).await.unwrap();
+        let planned = log
+            .iter()
+            .find_map(|ev| match &ev.data {
+                EventData::WavePlanned(p) => Some(p.clone()),
+                _ => None,
+            })
+            .unwrap();
+        let ids: Vec<&str> = planned.assignments.iter().map(|a| a.task_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"], "{input}");
+        assert_eq!(planned.max_parallel, Some(3), "the default when nothing sets one: {input}");
+        assert_eq!(planned.timeout_ms, 600_000, "{input}");
+    }
 }
