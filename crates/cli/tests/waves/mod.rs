@@ -915,3 +915,62 @@ fn workers_a_wave_run_script_dispatched_record_it_and_a_resume_after_a_kill_answ
     assert_eq!(v["decision"], "complete", "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A worker the wave recorded (`child_run_started`) but never created — its driver was
+/// killed between the two — is released by a cancel of the wave: recorded
+/// `child_run_unsettled` `not created`, never created afterwards, and the wave ends
+/// cancelled.
+#[test]
+fn a_cancel_releases_a_worker_that_was_recorded_but_never_created() {
+    let (dir, _) = setup("wave-never-created", "");
+    let fast = script(&dir, 0, &[]);
+    let input = tasks(2);
+    let start = ["run", "waver", "--input", input.as_str(), "--script", fast.to_str().unwrap()];
+    // The first kill after which the wave has recorded a worker that does not exist.
+    let found = (1..=12).find_map(|n| {
+        let db = dir.join(format!("kill-{n}.db"));
+        let _ = baton_command()
+            .arg("--scenarios")
+            .arg(dir.join("scenarios"))
+            .arg("--db")
+            .arg(&db)
+            .current_dir(&dir)
+            .args(start)
+            .env("BATON_BWRAP", bwrap())
+            .env("BATON_FAILPOINT_ABORT_AFTER_WRITES", n.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        let root = roots(&db).pop()?;
+        let events = tree_events(&dir, &db, &root);
+        let recorded: Vec<String> = events
+            .iter()
+            .filter(|e| e["kind"] == "child_run_started")
+            .map(|e| e["data"]["child_run_id"].as_str().unwrap().to_owned())
+            .collect();
+        let missing: Vec<String> = recorded
+            .into_iter()
+            .filter(|id| !events.iter().any(|e| e["run_id"] == id.as_str()))
+            .collect();
+        (!missing.is_empty()).then_some((db, root, missing))
+    });
+    let (db, root, missing) = found.expect("a kill between recording a worker and creating it");
+    let out = baton(&dir, &db, &["cancel", &root, "--by", "ops"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let events = tree_events(&dir, &db, &root);
+    for id in &missing {
+        let released = events.iter().find(|e| {
+            e["kind"] == "child_run_unsettled" && e["data"]["child_run_id"] == id.as_str()
+        });
+        let released = released.unwrap_or_else(|| panic!("{id} was not released: {events:?}"));
+        assert_eq!(released["data"]["status"], "not created", "{released}");
+        assert!(!events.iter().any(|e| e["run_id"] == id.as_str()), "{id} was created after all");
+    }
+    let ended = events
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "scenario_finished" && e["run_id"] == root.as_str());
+    assert_eq!(ended.unwrap()["data"]["status"], "cancelled");
+    let _ = std::fs::remove_dir_all(&dir);
+}
