@@ -574,6 +574,23 @@ fn normalised(dir: &Path, db: &Path, root: &str) -> (Vec<String>, BTreeMap<Strin
     (root_kinds, workers)
 }
 
+/// Runs `args` in `dir` on `db`, the process killed right after its `n`-th write.
+fn killed_after_writes(dir: &Path, db: &Path, args: &[&str], n: usize) -> std::process::ExitStatus {
+    baton_command()
+        .arg("--scenarios")
+        .arg(dir.join("scenarios"))
+        .arg("--db")
+        .arg(db)
+        .current_dir(dir)
+        .args(args)
+        .env("BATON_BWRAP", bwrap())
+        .env("BATON_FAILPOINT_ABORT_AFTER_WRITES", n.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+}
+
 /// Kill the process right after the N-th event it wrote, whichever run of the wave it
 /// belongs to, for every N; resume from a new process; the wave ends as one never killed,
 /// each assignment started and settled once and each worker run begun once.
@@ -592,19 +609,7 @@ fn killed_after_any_event_of_a_wave_it_resumes_without_running_an_assignment_twi
     let mut kills = 0;
     for n in 1..=total {
         let db = dir.join(format!("kill-{n}.db"));
-        let killed = baton_command()
-            .arg("--scenarios")
-            .arg(dir.join("scenarios"))
-            .arg("--db")
-            .arg(&db)
-            .current_dir(&dir)
-            .args(start)
-            .env("BATON_BWRAP", bwrap())
-            .env("BATON_FAILPOINT_ABORT_AFTER_WRITES", n.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
+        let killed = killed_after_writes(&dir, &db, &start, n);
         kills += usize::from(killed.code().is_none());
         let Some(root) = roots(&db).pop() else { panic!("no wave after a kill at {n}") };
         let resumed = baton(&dir, &db, &["resume", &root]);
@@ -929,19 +934,7 @@ fn a_cancel_releases_a_worker_that_was_recorded_but_never_created() {
     // The first kill after which the wave has recorded a worker that does not exist.
     let found = (1..=12).find_map(|n| {
         let db = dir.join(format!("kill-{n}.db"));
-        let _ = baton_command()
-            .arg("--scenarios")
-            .arg(dir.join("scenarios"))
-            .arg("--db")
-            .arg(&db)
-            .current_dir(&dir)
-            .args(start)
-            .env("BATON_BWRAP", bwrap())
-            .env("BATON_FAILPOINT_ABORT_AFTER_WRITES", n.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
+        killed_after_writes(&dir, &db, &start, n);
         let root = roots(&db).pop()?;
         let events = tree_events(&dir, &db, &root);
         let recorded: Vec<String> = events
