@@ -132,6 +132,7 @@ pub async fn work(
     stop: CancelToken,
 ) -> Result<(), String> {
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    let settings = Settings { driver_name: Some(worker.name.clone()), ..settings };
     let app = app::App::new(settings, parts, local, stop.clone(), None);
     app.workers.recover(&app, true).await;
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));

@@ -51,6 +51,9 @@ pub struct Settings {
     pub keep_alive: Duration,
     /// Where to send OpenTelemetry traces (OTLP/HTTP, `http://HOST:PORT`); none: no traces.
     pub otlp_endpoint: Option<String>,
+    /// The name this process drives runs under, as `run_resumed.process` records it after
+    /// the command (`baton worker NAME`); none: this host and process id.
+    pub driver_name: Option<String>,
 }
 
 impl Default for Settings {
@@ -77,6 +80,7 @@ impl Default for Settings {
             refresh_every: Duration::from_secs(1),
             keep_alive: Duration::from_secs(15),
             otlp_endpoint: None,
+            driver_name: None,
         }
     }
 }

@@ -393,7 +393,10 @@ async fn drive_root(
     engine.stop = app.stop.clone();
     engine.live = Some(app.live_sink());
     engine.wave_drive = waves;
-    engine.process = Arc::from(format!("{} {}", app.settings.name, engine.process));
+    engine.process = Arc::from(match &app.settings.driver_name {
+        Some(name) => format!("{} {name} ({})", app.settings.name, engine.process),
+        None => format!("{} {}", app.settings.name, engine.process),
+    });
     let scenario = engine.scenario_of(&state, &root).await?;
     match app.baton.check(&registry, &scenario) {
         Ok(Some(warning)) => app.warn(&warning),

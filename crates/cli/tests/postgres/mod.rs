@@ -245,6 +245,7 @@ fn a_killed_workers_job_is_taken_over_by_another_after_its_lease() {
         &data,
         &["--script", script_arg, "--lease-s", "3", "--idle-exit-s", "6"],
     );
+    let second_pid = second.id();
     std::thread::sleep(std::time::Duration::from_millis(300));
     first.kill().unwrap();
     let killed = std::time::Instant::now();
@@ -264,8 +265,9 @@ fn a_killed_workers_job_is_taken_over_by_another_after_its_lease() {
     assert_eq!(resumed.len(), 1, "{log:?}");
     assert_eq!(resumed[0]["data"]["by"], "takeover");
     let process = resumed[0]["data"]["process"].as_str().unwrap();
-    assert!(process.starts_with("baton worker "), "{process}");
-    assert!(!process.ends_with(&format!(":{}", first.id())), "the second worker: {process}");
+    // The second worker, by its name (by default its host and process id) and its process.
+    assert!(process.starts_with("baton worker baton-worker-"), "{process}");
+    assert!(process.ends_with(&format!(":{second_pid})")), "the second worker: {process}");
     assert!(killed.elapsed().as_secs() < 40, "taken over and finished in {:?}", killed.elapsed());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -548,7 +548,7 @@ pub struct RunResumed {
     /// an interrupted run. Absent from logs written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
-    /// The process that drives the run on (`baton worker host:pid`, `host:pid`).
+    /// The process that drives the run on (`baton worker NAME (host:pid)`, `host:pid`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process: Option<String>,
 }
