@@ -112,7 +112,13 @@ pub(crate) async fn run(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let (run_id, drive) = waves::to_run(place, wave, max_parallel).await?;
-    drive::resume(place, &run_id, script, json, false, drive).await
+    let code = drive::resume(place, &run_id, script, json, false, drive).await?;
+    if !json {
+        outln!(
+            "the wave's table: `baton wave get {run_id}` (`--watch` to follow it live; `baton serve` shows its run at /#/runs/{run_id})"
+        )?;
+    }
+    Ok(code)
 }
 
 /// `baton wave cancel`: cancels the wave's run and its workers, and waits (up to the

@@ -832,6 +832,12 @@ fn the_configured_parallelism_is_recorded_when_the_wave_is_planned_and_read_from
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    // It points to where the wave can be followed.
+    assert!(
+        text(&out.stdout).contains(&format!("`baton wave get {wave}` (`--watch`")),
+        "{}",
+        text(&out.stdout)
+    );
     let v = view(&dir, &db, &wave);
     assert_eq!(
         (v["max_parallel"].as_u64(), v["counts"]["completed"].as_u64()),
