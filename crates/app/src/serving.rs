@@ -29,17 +29,8 @@ pub fn worker_name(
             Err(Error::invalid("--name must be 1 to 128 characters and not blank"))
         }
         Some(name) => Ok(name),
-        None => Ok(format!("baton-worker-{}-{}", host_name(), std::process::id())),
+        None => {
+            Ok(format!("baton-worker-{}-{}", baton_engine::exec::host_name(), std::process::id()))
+        }
     }
-}
-
-/// This machine's name, for a worker's default name.
-fn host_name() -> String {
-    use std::io::Read as _;
-    let mut read = String::new();
-    let _ = std::fs::File::open("/proc/sys/kernel/hostname")
-        .and_then(|f| f.take(256).read_to_string(&mut read));
-    let name: String =
-        read.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
-    if name.is_empty() { "host".to_owned() } else { name }
 }

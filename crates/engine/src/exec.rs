@@ -75,15 +75,25 @@ pub struct Engine {
     pub children_model_source: Option<String>,
 }
 
-/// This process as `run_resumed.process` names it by default: `host:pid`.
-pub fn this_process() -> String {
+/// This process as `run_resumed.process` names it by default: `host:pid`, worked out once.
+pub fn this_process() -> Arc<str> {
+    static PROCESS: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    Arc::clone(
+        PROCESS
+            .get_or_init(|| Arc::from(format!("{}:{}", host_name(), std::process::id()).as_str())),
+    )
+}
+
+/// This machine's name as the kernel gives it (letters, digits and `-`, at most 64), for
+/// naming processes; `host` when it cannot be read.
+pub fn host_name() -> String {
     use std::io::Read as _;
-    let mut host = String::new();
+    let mut read = String::new();
     let _ = std::fs::File::open("/proc/sys/kernel/hostname")
-        .and_then(|f| f.take(256).read_to_string(&mut host));
-    let host: String =
-        host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
-    format!("{}:{}", if host.is_empty() { "host" } else { &host }, std::process::id())
+        .and_then(|f| f.take(256).read_to_string(&mut read));
+    let name: String =
+        read.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
+    if name.is_empty() { "host".to_owned() } else { name }
 }
 
 /// Compiled templates by scenario checksum, for the whole process: a checksum covers every
@@ -102,7 +112,7 @@ impl Engine {
             kept: Arc::default(),
             live: None,
             wave_drive: None,
-            process: Arc::from(this_process()),
+            process: this_process(),
             children_model_source: None,
         }
     }

@@ -7,9 +7,10 @@
 //! unspecified, reserved and benchmarking ranges — and the IPv6 forms that carry such an
 //! IPv4 address (mapped, compatible, NAT64, 6to4) — are refused unless the policy allows
 //! private addresses. The client [`EgressPolicy::client`] builds resolves each name once per
-//! connection through the guard and connects to exactly the addresses it checked (a name
-//! that changes its answer between a check and the connection cannot slip through), checks
-//! every redirect again, follows at most [`REDIRECTS_MAX`], and ignores proxy settings of
+//! connection through the guard (within [`RESOLVE_TIMEOUT`], at most [`ADDRESSES_MAX`]
+//! addresses) and connects to exactly the addresses it checked (a name that changes its
+//! answer between a check and the connection cannot slip through), checks every redirect
+//! again, follows at most [`REDIRECTS_MAX`], and ignores proxy settings of
 //! the environment, which would connect elsewhere than what was checked.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -21,6 +22,12 @@ use serde::Deserialize;
 
 /// The most redirects one request follows.
 pub const REDIRECTS_MAX: usize = 5;
+
+/// The longest a name may take to resolve.
+pub const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The most addresses of one name that are checked and tried.
+pub const ADDRESSES_MAX: usize = 16;
 
 /// Where outbound requests may go (`[egress]` in baton.toml).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -129,9 +136,12 @@ impl Resolve for GuardedResolver {
         let policy = Arc::clone(&self.policy);
         let host = name.as_str().to_owned();
         Box::pin(async move {
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+            let lookup = tokio::net::lookup_host((host.as_str(), 0));
+            let found: Vec<SocketAddr> = tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
                 .await
+                .map_err(|_| format!("`{host}` did not resolve within {RESOLVE_TIMEOUT:?}"))?
                 .map_err(|e| format!("cannot resolve `{host}`: {e}"))?
+                .take(ADDRESSES_MAX)
                 .collect();
             if found.is_empty() {
                 return Err(format!("`{host}` resolves to no address").into());

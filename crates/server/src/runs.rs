@@ -108,7 +108,7 @@ async fn view(app: &App, record: RunRecord) -> Result<RunView, Problem> {
         // others of a list.
         Err(baton_engine::exec::Error::Store(e @ StoreError::Damaged { .. })) => {
             let mut view = run_view_of(record, &RunState::default(), Vec::new());
-            view.status = "damaged".to_owned();
+            view.status = baton_app::listing::DAMAGED.to_owned();
             view.reason = Some(e.to_string());
             return Ok(view);
         }
