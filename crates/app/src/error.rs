@@ -113,7 +113,7 @@ impl Error {
             Some(E::Refused { .. } | E::WrongScenario { .. } | E::ChecksumChanged { .. }) => {
                 Kind::Refused
             }
-            Some(E::Data { .. }) => Kind::Invalid,
+            Some(E::Data { .. } | E::Invalid { .. }) => Kind::Invalid,
             _ => Kind::Internal,
         }
     }

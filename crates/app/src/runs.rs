@@ -408,6 +408,31 @@ pub async fn answer(place: &Place, run_id: &str, answer: &str) -> anyhow::Result
     Ok(engine.answer(run_id, value).await?)
 }
 
+/// Sends `message` from `by` to run `run_id`, whoever asks (`baton steer`, `POST
+/// /runs/{id}/steer`, MCP `run_steer`): recorded once as `steering_received`, for the next
+/// model call of a steerable level of the scenario version the run is pinned to. Refused
+/// with nothing written when the run has ended, has no steerable level running or ahead,
+/// or holds 16 messages no call has taken; a message is at most 8 KiB of text.
+pub async fn steer(
+    place: &Place,
+    engine: &Engine,
+    run_id: &str,
+    message: &str,
+    by: &str,
+) -> Result<baton_engine::event::SteeringReceived, crate::error::Error> {
+    use crate::error::Error as AppError;
+    let typed = |e: anyhow::Error| AppError::new(AppError::kind_of(&e), format!("{e:#}"));
+    let state = engine.state(run_id).await.map_err(|e| typed(e.into()))?;
+    if state.status.is_final() {
+        return Err(AppError::refused(format!(
+            "run {run_id} has ended ({}); nothing was recorded",
+            state.status.as_str()
+        )));
+    }
+    let scenario = run_scenario(place, engine, &state, run_id).await.map_err(typed)?;
+    engine.steer(run_id, &scenario, message, by).await.map_err(|e| typed(e.into()))
+}
+
 /// Why a run decided or answered is not continued here: its scenario version does not load
 /// (continued with `baton resume` once that is fixed); `None` when it can go on.
 pub async fn not_continued(place: &Place, run_id: &str) -> anyhow::Result<Option<anyhow::Error>> {

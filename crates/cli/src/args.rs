@@ -414,6 +414,18 @@ pub(crate) enum Command {
         #[arg(long)]
         no_resume: bool,
     },
+    /// Send a message to a running run: recorded once, and given to the next model call of
+    /// a level that declares `steerable: true` (refused when no such level is running or
+    /// ahead, or after the run ended). The process driving the run takes it in as it goes.
+    Steer {
+        run: String,
+        /// The message (text, at most 8 KiB).
+        #[arg(long)]
+        message: String,
+        /// Who sends it (recorded in the log); the login name when left out.
+        #[arg(long, value_parser = parse_by)]
+        by: Option<String>,
+    },
     /// Stop a run and every run it started: a paused run (or one whose process died) ends
     /// here, after its child runs have settled; a running one stops at its driver's next
     /// check. Exit 0 once the cancel is recorded.

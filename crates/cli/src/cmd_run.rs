@@ -78,6 +78,28 @@ pub(crate) async fn answer(
     continue_run(place, run_id, script).await
 }
 
+/// Records a steering message for the run (see the application layer's `runs::steer`).
+pub(crate) async fn steer(
+    place: &Place,
+    run_id: &str,
+    message: &str,
+    by: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let by = by.unwrap_or_else(|| {
+        std::env::var("USER")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+            .unwrap_or_else(|| "terminal".to_owned())
+    });
+    let engine = baton_app::runs::decision_engine(place).await?;
+    let sent = baton_app::runs::steer(place, &engine, run_id, message, &by).await?;
+    outln!(
+        "recorded steering message {} for run {run_id}: the next model call of a steerable level takes it",
+        escape::one_line(&sent.id)
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Records a cancel and ends the run here when nobody drives it (see the application
 /// layer's `runs::cancel_run`).
 pub(crate) async fn cancel(

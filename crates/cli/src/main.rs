@@ -404,6 +404,9 @@ fn main() -> ExitCode {
         Command::Answer { run, answer, script, no_resume } => {
             runtime.block_on(cmd_run::answer(&place, &run, &answer, script.as_deref(), no_resume))
         }
+        Command::Steer { run, message, by } => {
+            runtime.block_on(cmd_run::steer(&place, &run, &message, by))
+        }
         Command::Cancel { run, by, reason } => {
             runtime.block_on(cmd_run::cancel(&place, &run, by, reason))
         }

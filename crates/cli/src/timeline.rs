@@ -200,6 +200,12 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             p.reason,
             p.detail.as_deref().map(|d| format!(": {}", preview(d, 100))).unwrap_or_default()
         ),
+        EventData::SteeringReceived(m) => {
+            format!("steering  {} from {}: {}", m.id, m.by, preview(&m.message, 80))
+        }
+        EventData::SteeringDelivered(d) => {
+            format!("steered   {level}: call {} took {}", d.call_index, d.ids.join(", "))
+        }
         EventData::AgentHandoff(h) => {
             format!("handoff   {level}: {} → {} (attempt {})", h.from_role, h.to_role, h.attempt)
         }

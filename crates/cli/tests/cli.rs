@@ -16,6 +16,7 @@ mod replay;
 mod routing;
 mod serve;
 mod service;
+mod steering;
 mod timeouts;
 mod trees;
 mod untrusted;

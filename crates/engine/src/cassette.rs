@@ -43,6 +43,10 @@ pub struct Entry {
     /// The stop reason the answer came with, when it was not a plain end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// How the call was routed (the provider and model chosen, and why), when a router
+    /// chose: the replay records the same decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<crate::event::RoutingDecision>,
 }
 
 impl Entry {
@@ -56,6 +60,7 @@ impl Entry {
             cost_usd: reply.cost_usd,
             error: None,
             stop_reason: reply.stop_reason.clone(),
+            routing: reply.routing.clone(),
             ..Entry::failed(request, &reply.provider, "", false)
         }
     }
@@ -78,6 +83,7 @@ impl Entry {
             cost_usd: 0.0,
             error: Some(message.to_owned()),
             stop_reason: refused.then(|| STOP_REFUSAL.to_owned()),
+            routing: None,
         }
     }
 }
@@ -124,12 +130,17 @@ pub fn from_events(events: &[Event]) -> Cassette {
     // A level's call index counts its answers in the run, as the engine's does.
     let mut calls: BTreeMap<String, u32> = BTreeMap::new();
     let mut entries: Vec<Entry> = Vec::new();
+    // The routing decision recorded before each level's answer, for that answer.
+    let mut routed: BTreeMap<String, crate::event::RoutingDecision> = BTreeMap::new();
     for e in events {
         let level = e.level_id.clone().unwrap_or_default();
         let attempt = e.attempt.unwrap_or(0);
         match &e.data {
             EventData::PromptSent(p) => {
                 prompts.insert((level, attempt, p.call), p.prompt.clone());
+            }
+            EventData::RoutingDecision(r) => {
+                routed.insert(level, r.clone());
             }
             EventData::ModelResponse(r) => entries.push(Entry {
                 call_index: {
@@ -140,6 +151,7 @@ pub fn from_events(events: &[Event]) -> Cassette {
                 request_hash: r.request_hash.clone(),
                 prompt: prompts.remove(&(level.clone(), attempt, r.call)).unwrap_or_default(),
                 turns: Vec::new(),
+                routing: routed.remove(&level),
                 level_id: level,
                 provider: r.provider.clone(),
                 model: r.model.clone(),
@@ -160,6 +172,7 @@ pub fn from_events(events: &[Event]) -> Cassette {
                 request_hash: f.request_hash.clone(),
                 prompt: prompts.remove(&(level.clone(), attempt, f.call)).unwrap_or_default(),
                 turns: Vec::new(),
+                routing: routed.remove(&level),
                 level_id: level,
                 provider: f.provider.clone(),
                 model: String::new(),
@@ -415,7 +428,7 @@ impl ModelProvider for Replayer {
                         tool_calls: e.tool_calls.clone(),
                         usage: e.usage,
                         cost_usd: e.cost_usd,
-                        routing: None,
+                        routing: e.routing.clone(),
                         stop_reason: e.stop_reason.clone(),
                         failovers: Vec::new(),
                     });

@@ -1,5 +1,5 @@
 //! The outside decisions on a run, each made exactly once: an approval decided, a
-//! question answered, a cancel, and the conditional append they all go through
+//! question answered, a cancel, a steering message, and the conditional append they all go through
 //! ([`Engine::append_external`]), which re-reads the log and checks the decision still
 //! applies before it writes.
 
@@ -234,6 +234,77 @@ impl Engine {
             message: format!(
                 "gave up recording {kind} after {EXTERNAL_APPEND_TRIES_MAX} tries: another writer advanced the log before each; nothing was recorded, try again"
             ),
+        })
+    }
+}
+
+impl Engine {
+    /// Records `message` from `by` for run `run_id` of `scenario`, exactly once: refused
+    /// (nothing written) when the run has ended, when no steerable level is running or
+    /// ahead, or when the run already holds [`crate::steering::UNDELIVERED_MAX`] messages no call took.
+    pub async fn steer(
+        &self,
+        run_id: &str,
+        scenario: &baton_scenario::Scenario,
+        message: &str,
+        by: &str,
+    ) -> Result<crate::event::SteeringReceived, Error> {
+        crate::steering::check_message(message, by)
+            .map_err(|message| Error::Invalid { run_id: run_id.to_owned(), message })?;
+        let recorded = self
+            .append_external(run_id, |state, _, _| {
+                let refuse =
+                    |message: String| Error::Refused { run_id: run_id.to_owned(), message };
+                if state.status.is_final() {
+                    return Err(refuse(format!(
+                        "the run has ended ({}); nothing was recorded",
+                        state.status.as_str()
+                    )));
+                }
+                if state.scenario_id != scenario.id {
+                    return Err(Error::WrongScenario {
+                        run_id: run_id.to_owned(),
+                        expected: state.scenario_id.clone(),
+                        found: scenario.id.clone(),
+                    });
+                }
+                if !crate::steering::steerable_ahead(scenario, state) {
+                    let steerable: Vec<&str> = scenario
+                        .levels
+                        .iter()
+                        .filter(|l| l.steerable)
+                        .map(|l| l.id.as_str())
+                        .collect();
+                    return Err(refuse(format!(
+                        "no steerable level is running or ahead ({}); nothing was recorded",
+                        if steerable.is_empty() {
+                            format!(
+                                "scenario `{}` has none: a prompt or tool_loop level takes steering with `steerable: true`",
+                                scenario.id
+                            )
+                        } else {
+                            format!("the steerable levels are {}", steerable.join(", "))
+                        }
+                    )));
+                }
+                if state.steering.len() >= crate::steering::UNDELIVERED_MAX {
+                    return Err(refuse(format!(
+                        "the run holds {} steering messages no model call has taken yet; send more once it has (nothing was recorded)",
+                        crate::steering::UNDELIVERED_MAX
+                    )));
+                }
+                let received = crate::event::SteeringReceived {
+                    id: format!("steer-{}", state.steering_received + 1),
+                    by: by.to_owned(),
+                    message: message.to_owned(),
+                };
+                let event = NewEvent::run(EventData::SteeringReceived(received.clone()));
+                Ok(Some((event, received)))
+            })
+            .await?;
+        recorded.ok_or_else(|| Error::Refused {
+            run_id: run_id.to_owned(),
+            message: "the message was not recorded".to_owned(),
         })
     }
 }

@@ -25,6 +25,7 @@ use crate::runner::settled_channel;
 use crate::runner::{LevelRun, Runtime};
 use tokio::sync::mpsc;
 
+mod steered;
 mod watch;
 use crate::state::{RunState, Status, fold};
 use crate::store::{self, EventStore, RunRecord};
@@ -73,6 +74,9 @@ pub struct Engine {
     /// their parent's came from (a drive given its own `--script`, such as `baton wave run
     /// --script`): recorded on each child, so that a later process answers it the same way.
     pub children_model_source: Option<String>,
+    /// The steering a replay gives each call, by the replay's run id (set by
+    /// [`Engine::replay`] from the recording).
+    replayed_steering: Arc<Mutex<HashMap<String, Arc<crate::steering::Script>>>>,
 }
 
 /// This process as `run_resumed.process` names it by default: `host:pid`, worked out once.
@@ -114,6 +118,7 @@ impl Engine {
             wave_drive: None,
             process: this_process(),
             children_model_source: None,
+            replayed_steering: Arc::default(),
         }
     }
 
@@ -281,6 +286,7 @@ impl Engine {
             create: Some(record),
             has_results: false,
             conflicts: 0,
+            steering: None,
         };
         if let Some(selected) = selected {
             w.stage(vec![NewEvent::run(EventData::ScenarioSelected(selected))]);
@@ -657,6 +663,8 @@ impl Engine {
                     let step_started = std::time::Instant::now();
                     let (settled, mut settled_rx) = settled_channel(scenario, level);
                     let (sent, mut sent_rx) = tokio::sync::mpsc::channel(1);
+                    let steering = self.mailbox(run_id, &w.state);
+                    w.steering = Some(steering.clone());
                     let run = LevelRun {
                         scenario: Arc::clone(scenario),
                         renderer: Arc::clone(&renderer),
@@ -672,11 +680,14 @@ impl Engine {
                         reservations: crate::reservation::Reservations::default(),
                         settled,
                         sent: Some(sent),
+                        steering,
                     };
                     let channels =
                         StepChannels { settled: settled_rx.as_mut(), sent: &mut sent_rx };
                     let events =
-                        w.run_watching(run, &cancel, &over_time, time_left, channels).await?;
+                        w.run_watching(run, &cancel, &over_time, time_left, channels).await;
+                    w.steering = None;
+                    let events = events?;
                     if cancel.is_cancelled() {
                         // The step was cut short: keep none of its work, only what its model
                         // calls spent; the cancel is in the log (or the driver is stopping).
@@ -800,6 +811,8 @@ pub(crate) struct Writer<'a> {
     has_results: bool,
     /// Appends lost to another writer since the last one that went in.
     conflicts: u32,
+    /// The mailbox of the step running, which steering messages that arrive go to.
+    pub(crate) steering: Option<crate::steering::Mailbox>,
 }
 
 impl<'a> Writer<'a> {
@@ -814,6 +827,7 @@ impl<'a> Writer<'a> {
             create: None,
             has_results: false,
             conflicts: 0,
+            steering: None,
         }
     }
 
@@ -869,33 +883,43 @@ impl<'a> Writer<'a> {
 
     /// Appends `events` after the stored ones; false when another writer got in first and
     /// the state was re-read instead.
-    pub(crate) async fn write(&mut self, events: Vec<Event>) -> Result<bool, Error> {
-        let status = self.status();
-        let first = self.stored_seq + 1;
-        let count = events.len() as u64;
-        match self.engine.store.append(self.run_id, first, events, status.as_str()).await {
-            Ok(()) => {
-                self.stored_seq += count;
-                self.conflicts = 0;
-                Ok(true)
-            }
-            // Another writer (a cancel, an approval) got in first: drop what was staged,
-            // re-read and re-plan — a bounded number of times in a row.
-            Err(store::Error::Conflict { expected, actual, .. }) => {
-                self.conflicts += 1;
-                if self.conflicts >= CONFLICTS_IN_A_ROW_MAX {
-                    return Err(Error::Refused {
-                        run_id: self.run_id.to_owned(),
-                        message: format!(
-                            "gave up driving after {CONFLICTS_IN_A_ROW_MAX} appends in a row were refused (the last wrote event {expected}, the store expected {actual}): another writer keeps advancing the log, or the run's record disagrees with its events; check it with `baton verify {}`",
-                            self.run_id
-                        ),
-                    });
+    pub(crate) async fn write(&mut self, mut events: Vec<Event>) -> Result<bool, Error> {
+        loop {
+            let status = self.status();
+            let first = self.stored_seq + 1;
+            let count = events.len() as u64;
+            let written = events.clone();
+            match self.engine.store.append(self.run_id, first, written, status.as_str()).await {
+                Ok(()) => {
+                    self.stored_seq += count;
+                    self.conflicts = 0;
+                    return Ok(true);
                 }
-                self.reload().await?;
-                Ok(false)
+                // Another writer (a cancel, an approval) got in first: drop what was staged,
+                // re-read and re-plan — a bounded number of times in a row. Steering
+                // messages alone change nothing that was staged: they are taken in and
+                // the same events written after them.
+                Err(store::Error::Conflict { expected, actual, .. }) => {
+                    self.conflicts += 1;
+                    if self.conflicts >= CONFLICTS_IN_A_ROW_MAX {
+                        return Err(Error::Refused {
+                            run_id: self.run_id.to_owned(),
+                            message: format!(
+                                "gave up driving after {CONFLICTS_IN_A_ROW_MAX} appends in a row were refused (the last wrote event {expected}, the store expected {actual}): another writer keeps advancing the log, or the run's record disagrees with its events; check it with `baton verify {}`",
+                                self.run_id
+                            ),
+                        });
+                    }
+                    match self.after_steering(events).await? {
+                        Some(renumbered) => events = renumbered,
+                        None => {
+                            self.reload().await?;
+                            return Ok(false);
+                        }
+                    }
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => Err(e.into()),
         }
     }
 

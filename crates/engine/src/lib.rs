@@ -35,6 +35,7 @@ pub mod run_ids;
 pub mod runner;
 pub mod scratchpad;
 pub mod state;
+pub mod steering;
 pub mod store;
 pub mod textdiff;
 pub mod tool_loop;

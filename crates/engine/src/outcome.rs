@@ -21,6 +21,10 @@ pub enum Error {
     /// The approver's data was refused; nothing was recorded.
     #[error("run {run_id}, approval request {request_id}: {message}; nothing was recorded")]
     Data { run_id: String, request_id: String, message: String },
+    /// What a person sent was refused as it is (an empty or oversized steering message);
+    /// nothing was recorded.
+    #[error("run {run_id}: {message}; nothing was recorded")]
+    Invalid { run_id: String, message: String },
     #[error("template: {0}")]
     Template(String),
     #[error(transparent)]

@@ -28,8 +28,10 @@ pub use crate::verifier::Trusted;
 use crate::verifier::VerifierKey;
 
 /// Event kinds a comparison leaves out: a heartbeat says only that time passed, and a
-/// replay's own record exists only in the replay.
-pub const IGNORED_KINDS: &[&str] = &["heartbeat", "run_replayed"];
+/// replay's own record exists only in the replay. A steering message is recorded where it
+/// arrived, which a replay cannot know: the replay records it where a call took it, and
+/// the deliveries (`steering_delivered`) and the prompts that carry it are compared.
+pub const IGNORED_KINDS: &[&str] = &["heartbeat", "run_replayed", "steering_received"];
 
 /// Payload fields a comparison leaves out, wherever they are nested: times and durations,
 /// and the process that drove. `at` is every event's time; `deadline` an approval's (its
@@ -439,9 +441,19 @@ pub fn compare(recorded: &Tree, replay: &Tree) -> Vec<Mismatch> {
         }
     }
     let kept = |run: &TreeRun, ids: &Ids, without_pauses: bool| -> Vec<(u64, Value)> {
-        run.events
+        let compared: Vec<&Event> =
+            run.events.iter().filter(|e| !IGNORED_KINDS.contains(&e.data.kind())).collect();
+        compared
             .iter()
-            .filter(|e| !IGNORED_KINDS.contains(&e.data.kind()) && !driver_life(e))
+            .enumerate()
+            // A call whose driver was lost before its answer was never made as far as the
+            // run goes (it is made again): its prompt is left out with the driver's life.
+            .filter(|(i, e)| {
+                !(matches!(e.data, EventData::PromptSent(_))
+                    && compared.get(i + 1).is_some_and(|next| driver_life(next)))
+            })
+            .map(|(_, e)| *e)
+            .filter(|e| !driver_life(e))
             .filter(|e| !(without_pauses && pause_record(e)))
             .map(|e| (e.seq, normalized(e, ids)))
             .collect()

@@ -93,6 +93,7 @@ impl Engine {
         if let Some(why) = recorded.unreplayable() {
             return Err(refuse(why));
         }
+        self.steer_as_recorded(new_root, recorded);
         let outcome = self.run_job(new_root, scenario, start).await?;
         self.make_decisions(new_root, scenario, recorded, outcome, 0).await
     }
@@ -105,6 +106,7 @@ impl Engine {
         scenario: &Arc<Scenario>,
         recorded: &Tree,
     ) -> Result<Outcome, Error> {
+        self.steer_as_recorded(root, recorded);
         let mut made = 0;
         for run in &self.recorded_tree(root).await?.runs {
             made += run
@@ -119,6 +121,21 @@ impl Engine {
         }
         let outcome = self.drive_tree(root, scenario).await?;
         self.make_decisions(root, scenario, recorded, outcome, made).await
+    }
+
+    /// Gives each call of the replay's runs the steering messages the recording's call was
+    /// given (a replay is steered as its recording was, without anyone sending them).
+    fn steer_as_recorded(&self, new_root: &str, recorded: &Tree) {
+        let ids = recorded.new_ids(new_root);
+        let scripts = recorded
+            .runs
+            .iter()
+            .filter_map(|run| {
+                let id = ids.get(&run.links)?;
+                Some((id.clone(), crate::steering::script_of(&run.events)))
+            })
+            .collect();
+        self.replay_steering(scripts);
     }
 
     /// Makes the recording's decisions after the first `made`, one at each pause.

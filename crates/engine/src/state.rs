@@ -257,6 +257,10 @@ pub struct RunState {
     pub tenant: Option<String>,
     /// Each wave level's current attempt, by level id.
     pub waves: BTreeMap<String, crate::wave::WaveState>,
+    /// Steering messages recorded and not yet delivered to a model call, oldest first.
+    pub steering: Vec<crate::event::SteeringReceived>,
+    /// Steering messages recorded, delivered or not (the next one is `steer-N+1`).
+    pub steering_received: u32,
 }
 
 impl Default for RunState {
@@ -314,6 +318,8 @@ impl Default for RunState {
             children: Vec::new(),
             tenant: None,
             waves: BTreeMap::new(),
+            steering: Vec::new(),
+            steering_received: 0,
         }
     }
 }
@@ -718,6 +724,13 @@ impl RunState {
             }
             EventData::CancelRequested(c) => {
                 self.cancel_requested = Some(c.clone());
+            }
+            EventData::SteeringReceived(m) => {
+                self.steering_received += 1;
+                self.steering.push(m.clone());
+            }
+            EventData::SteeringDelivered(d) => {
+                self.steering.retain(|m| !d.ids.contains(&m.id));
             }
             EventData::PromptSent(_)
             | EventData::AgentHandoff(_)

@@ -279,7 +279,11 @@ impl LevelRun {
                 );
             }
             let textual = transport == Transport::Textual;
-            let request = ModelRequest {
+            // A person's steering is a user turn after the conversation so far; it stays in
+            // the conversation once a call has taken it.
+            let steer = calls.steering();
+            let steered = steer.as_ref().map(|s| Turn::User { text: s.text() });
+            let mut request = ModelRequest {
                 scenario_id: self.scenario.id.clone(),
                 level_id: level.id.clone(),
                 call_index: 0,
@@ -297,8 +301,9 @@ impl LevelRun {
                 tools: if textual { Vec::new() } else { specs.clone() },
                 deadline: None,
             };
+            request.turns.extend(steered.clone());
             let first = calls.call == 0;
-            let reply = match calls.send(&mut events, &prompt.name, request, first).await {
+            let reply = match calls.send(&mut events, &prompt.name, request, first, steer).await {
                 Ok(r) => r,
                 Err(Stop::Failed(message, _))
                     if turn == 0 && transport == Transport::Native && may_go_textual =>
@@ -320,6 +325,7 @@ impl LevelRun {
                 }
             };
             turn += 1;
+            turns.extend(steered);
             let mut requested: Vec<Result<ToolCall, String>> = match transport {
                 Transport::Native => reply.tool_calls.iter().cloned().map(Ok).collect(),
                 Transport::Textual => parse_tool_blocks(&reply.text, turn),

@@ -373,8 +373,14 @@ pub fn uncovered_failure_warnings(scenario: &Scenario, level_pos: &[Pos]) -> Vec
 
 /// Which levels a run can reach from the entry.
 pub fn reachable(scenario: &Scenario) -> Vec<bool> {
+    reachable_from(scenario, &[scenario.entry])
+}
+
+/// Which levels a run can reach from `start` (each of which counts as reached), by edges and
+/// fan-outs' children.
+pub fn reachable_from(scenario: &Scenario, start: &[LevelIdx]) -> Vec<bool> {
     let mut seen = vec![false; scenario.levels.len()];
-    let mut stack = vec![scenario.entry];
+    let mut stack = start.to_vec();
     while let Some(i) = stack.pop() {
         if std::mem::replace(&mut seen[i], true) {
             continue;

@@ -129,6 +129,8 @@ pub struct Level {
     pub terminal: bool,
     /// Whether starting the level records `agent_handoff` (`handoff: true`).
     pub handoff: bool,
+    /// Whether steering messages reach the level's model calls (`steerable: true`).
+    pub steerable: bool,
     pub timeout_s: Option<f64>,
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// The fan-out level that runs this one as a child.

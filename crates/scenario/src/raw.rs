@@ -202,6 +202,10 @@ pub struct RawLevel {
     /// (not a retry of itself) records `agent_handoff` after `level_started`.
     #[serde(default)]
     pub handoff: Option<Located<bool>>,
+    /// A person may steer the level while the run goes on (`baton steer`): each message is
+    /// given to the level's next model call, once. Prompt and tool_loop levels only.
+    #[serde(default)]
+    pub steerable: Option<Located<bool>>,
     /// Longest time one attempt of this level may take, in seconds.
     #[serde(default)]
     pub timeout_s: Option<Located<f64>>,

@@ -40,6 +40,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/runs/{id}/reject", post(runs::reject_run))
         .route("/runs/{id}/answer", post(runs::answer_run))
         .route("/runs/{id}/cancel", post(runs::cancel_run))
+        .route("/runs/{id}/steer", post(runs::steer_run))
         .route("/runs/{id}/fork-points", get(fork_and_replay::fork_points))
         .route("/runs/{id}/fork", post(fork_and_replay::fork_run))
         .route("/runs/{id}/replay", post(fork_and_replay::replay_run))

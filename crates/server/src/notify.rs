@@ -113,7 +113,7 @@ impl Notifying {
         }
     }
 
-    fn notifier(&self, run_id: &str) -> Arc<Notify> {
+    fn waiter(&self, run_id: &str) -> Arc<Notify> {
         let mut waiting = self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // Notifiers nobody holds any more are dropped as new ones are made.
         if waiting.len() > 1024 {
@@ -287,6 +287,10 @@ impl EventStore for Notifying {
         self.inner.scenario_texts(checksum)
     }
 
+    fn notifier(&self, run_id: &str) -> Option<Arc<Notify>> {
+        Some(self.waiter(run_id))
+    }
+
     /// Waits for this process's appends to the run, looking at the store at least every
     /// [`POLL_EVERY`] for other processes'.
     fn wait_for_events<'a>(
@@ -297,7 +301,7 @@ impl EventStore for Notifying {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let deadline = tokio::time::Instant::now() + timeout;
-            let notify = self.notifier(run_id);
+            let notify = self.waiter(run_id);
             loop {
                 // Registered before the look, so an append between the two is not missed.
                 let woken = notify.notified();

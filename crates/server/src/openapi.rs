@@ -24,6 +24,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         crate::runs::approve_run,
         crate::runs::reject_run,
         crate::runs::answer_run,
+        crate::runs::steer_run,
         crate::runs::cancel_run,
         crate::fork_and_replay::fork_points,
         crate::fork_and_replay::fork_run,

@@ -76,7 +76,9 @@ impl Problem {
             | E::Refused { .. }
             | E::WrongScenario { .. }
             | E::ChecksumChanged { .. } => Problem::conflict(e.to_string()),
-            E::Data { .. } => Problem::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+            E::Data { .. } | E::Invalid { .. } => {
+                Problem::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+            }
             _ => Problem::internal(e.to_string()),
         }
     }

@@ -549,6 +549,59 @@ pub(crate) async fn answer_run_with(
     run_view(app, caller, id).await
 }
 
+/// A steering message.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SteerBody {
+    /// The message: text with something other than white space, no NUL, at most 8 KiB
+    /// (2 048 characters always fit).
+    #[schema(min_length = 1, max_length = 2048, pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
+    pub message: String,
+}
+
+/// A steering message as recorded.
+#[derive(Debug, Serialize, ToSchema, schemars::JsonSchema)]
+pub(crate) struct Steered {
+    pub run_id: String,
+    /// The message's id in the run (`steer-N`).
+    pub id: String,
+    /// Who sent it: the caller's token holder.
+    pub by: String,
+}
+
+/// Sends a message to a running run: recorded once, and given to the next model call of a
+/// level that declares `steerable: true`. 409 when the run has ended, no steerable level
+/// is running or ahead, or 16 messages wait already.
+#[utoipa::path(post, path = "/runs/{id}/steer", params(("id" = String, Path, description = "The run id")), request_body = SteerBody, responses(
+    (status = 200, body = Steered), (status = 400, body = Problem), (status = 404, body = Problem),
+    (status = 409, body = Problem)))]
+pub(crate) async fn steer_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Json<Steered>, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(&caller, &id).await?;
+    let body: SteerBody = body.parse(false)?;
+    Ok(Json(steer(&app, &caller, &id, &body.message).await?))
+}
+
+/// Records a steering message from the caller (the operator role in the run's tenant).
+pub(crate) async fn steer(
+    app: &Arc<App>,
+    caller: &Caller,
+    id: &str,
+    message: &str,
+) -> Result<Steered, Problem> {
+    caller.require(Role::Operator)?;
+    app.visible_run(caller, id).await?;
+    let engine = app.deciding()?;
+    let sent =
+        baton_app::runs::steer(app.baton.place(), &engine, id, message, &caller.name).await?;
+    Ok(Steered { run_id: id.to_owned(), id: sent.id, by: sent.by })
+}
+
 /// A cancel.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-use super::serve::{http, serve, token};
+use super::serve::{bearer, http, serve, start, token, wait_for};
 use super::{baton_in, repo, scratch, text};
 
 /// A worker that answers a report, and a scenario whose one level takes seconds.
@@ -84,7 +84,7 @@ fn stdio(dir: &Path, db: &Path, script: &Path) -> Vec<String> {
     t
 }
 
-const TOOLS: [&str; 20] = [
+const TOOLS: [&str; 21] = [
     "scenarios_list",
     "scenario_describe",
     "scenario_validate",
@@ -94,6 +94,7 @@ const TOOLS: [&str; 20] = [
     "run_cancel",
     "run_approve",
     "run_reject",
+    "run_steer",
     "run_answer",
     "wave_plan",
     "wave_dispatch",
@@ -463,11 +464,16 @@ fn boolean_subschemas(schema: &Value, path: &str) -> Vec<String> {
     }
 }
 
+/// What the Inspector's CLI did, whether it succeeded or not.
+fn inspector_output(args: &[String]) -> std::process::Output {
+    let bin = repo().join(".peers/npm/node_modules/.bin/mcp-inspector");
+    Command::new(&bin).arg("--cli").args(args).output().unwrap()
+}
+
 /// The Inspector's CLI (`mcp-inspector --cli`), a client written independently of both
 /// Baton and the Python SDK.
 fn inspector(args: &[String]) -> Value {
-    let bin = repo().join(".peers/npm/node_modules/.bin/mcp-inspector");
-    let out = Command::new(&bin).arg("--cli").args(args).output().unwrap();
+    let out = inspector_output(args);
     assert!(
         out.status.success(),
         "inspector {args:?}:\n{}\n{}",
@@ -630,5 +636,104 @@ fn racing_mcp_processes_and_the_cli_make_one_approval_and_one_wave_record() {
     let log =
         text(&baton_in(&dir, &db).args(["events", &wave_id, "--json"]).output().unwrap().stdout);
     assert_eq!(log.matches("\"wave_recorded\"").count(), 1, "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An approval, then a level that takes steering.
+const GATED: &str = "id: gated\nversion: 1\nlevels:\n  - {id: ask, kind: human_approval, prompt: {inline: 'Go?'}}\n  - {id: write, kind: prompt, steerable: true, prompt: {inline: 'Write it.'}, terminal: true}\nedges:\n  - {from: ask, to: write}\n  - {from: write, to: __end__}\n";
+
+#[test]
+fn a_run_is_steered_over_http_and_mcp_by_operators_of_its_tenant_and_by_no_one_else() {
+    let (dir, db, script) = setup("mcp-steer");
+    std::fs::write(dir.join("scenarios/gated.yaml"), GATED).unwrap();
+    let mut answers = std::fs::read_to_string(&script).unwrap();
+    answers.push_str("  gated:\n    levels:\n      write: [{text: written}]\n");
+    std::fs::write(&script, answers).unwrap();
+    let alice = bearer(&token(&dir, &db, "acme", "operator", "alice"));
+    let vera = bearer(&token(&dir, &db, "acme", "viewer", "vera"));
+    let bob = bearer(&token(&dir, &db, "globex", "operator", "bob"));
+    let served = serve(&dir, &db, &["--script", script.to_str().unwrap()]);
+    let addr = served.addr.as_str();
+    let run = start(addr, &alice, &json!({"scenario": "gated", "input": "x"})).json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_for(addr, &alice, &run, "paused", |v| v["status"] == "paused");
+    let steer = |auth: &str, body: &Value| {
+        http(
+            addr,
+            "POST",
+            &format!("/runs/{run}/steer"),
+            &[("Authorization", auth)],
+            Some(&body.to_string()),
+        )
+    };
+    let by_viewer = steer(&vera, &json!({"message": "M-VIEWER"}));
+    assert_eq!(by_viewer.status, 403, "{by_viewer:?}");
+    let by_stranger = steer(&bob, &json!({"message": "M-STRANGER"}));
+    assert_eq!(by_stranger.status, 404, "another tenant's run is not there: {by_stranger:?}");
+    let empty = steer(&alice, &json!({"message": " "}));
+    assert_eq!(empty.status, 400, "{empty:?}");
+    let sent = steer(&alice, &json!({"message": "M-HTTP"}));
+    assert_eq!(sent.status, 200, "{sent:?}");
+    assert_eq!(
+        (sent.json()["id"].clone(), sent.json()["by"].clone()),
+        (json!("steer-1"), json!("alice"))
+    );
+
+    // The same use case as an MCP tool, as the token's holder.
+    let url = format!("http://{addr}/mcp");
+    let auth = format!("Authorization: {alice}");
+    let call = |args: &[&str]| {
+        let mut all: Vec<String> = [
+            url.as_str(),
+            "--transport",
+            "http",
+            "--header",
+            auth.as_str(),
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "run_steer",
+            "--tool-arg",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        inspector_output(&all)
+    };
+    let by_mcp = call(&[&format!("run_id={run}"), "message=M-MCP"]);
+    assert!(by_mcp.status.success(), "{}{}", text(&by_mcp.stdout), text(&by_mcp.stderr));
+    let by_mcp: Value = serde_json::from_slice(&by_mcp.stdout).unwrap();
+    assert_eq!(by_mcp["structuredContent"]["id"], "steer-2", "{by_mcp}");
+    assert_eq!(by_mcp["structuredContent"]["by"], "alice", "{by_mcp}");
+
+    // Approved: the steerable level's one call takes both, in order.
+    let approved =
+        http(addr, "POST", &format!("/runs/{run}/approve"), &[("Authorization", &alice)], None);
+    assert_eq!(approved.status, 200, "{approved:?}");
+    wait_for(addr, &alice, &run, "completed", |v| v["status"] == "completed");
+    let events = baton_in(&dir, &db).args(["events", &run, "--json"]).output().unwrap();
+    let log: Vec<Value> =
+        text(&events.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let delivered: Vec<&Value> = log.iter().filter(|e| e["kind"] == "steering_delivered").collect();
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(delivered[0]["data"]["ids"], json!(["steer-1", "steer-2"]));
+    let prompt = log.iter().find(|e| e["kind"] == "prompt_sent").unwrap()["data"]["prompt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(prompt.find("M-HTTP").unwrap() < prompt.find("M-MCP").unwrap(), "{prompt}");
+
+    // Once the run has ended: 409 over HTTP, an error result over MCP; nothing written.
+    let late = steer(&alice, &json!({"message": "M-LATE"}));
+    assert_eq!(late.status, 409, "{late:?}");
+    assert!(late.body.contains("has ended"), "{}", late.body);
+    let late_mcp = call(&[&format!("run_id={run}"), "message=M-LATE"]);
+    assert!(!late_mcp.status.success());
+    assert!(text(&late_mcp.stdout).contains("isError"), "{}", text(&late_mcp.stdout));
+    let after = baton_in(&dir, &db).args(["events", &run, "--json"]).output().unwrap();
+    assert_eq!(text(&after.stdout).lines().count(), log.len());
+    drop(served);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -256,12 +256,18 @@ impl Stream {
     }
 }
 
-fn bearer(token: &str) -> String {
+pub(super) fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
 /// Polls a run until `done` says so (at most 60 s).
-fn wait_for(addr: &str, auth: &str, run: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+pub(super) fn wait_for(
+    addr: &str,
+    auth: &str,
+    run: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let r = http(addr, "GET", &format!("/runs/{run}"), &[("Authorization", auth)], None);
@@ -275,7 +281,7 @@ fn wait_for(addr: &str, auth: &str, run: &str, what: &str, done: impl Fn(&Value)
     }
 }
 
-fn start(addr: &str, auth: &str, body: &Value) -> Reply {
+pub(super) fn start(addr: &str, auth: &str, body: &Value) -> Reply {
     http(addr, "POST", "/runs", &[("Authorization", auth)], Some(&body.to_string()))
 }
 

@@ -17,9 +17,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod payloads;
+pub mod steering;
 pub mod v1;
 
 pub use payloads::*;
+pub use steering::{SteeringDelivered, SteeringReceived};
 
 /// Schema version of every payload written today.
 ///
@@ -118,6 +120,8 @@ pub enum EventData {
     WaveDecided(WaveDecided),
     RunReplayed(RunReplayed),
     RunForked(RunForked),
+    SteeringReceived(SteeringReceived),
+    SteeringDelivered(SteeringDelivered),
 }
 
 impl EventData {
@@ -171,6 +175,8 @@ impl EventData {
             EventData::WaveDecided(_) => "wave_decided",
             EventData::RunReplayed(_) => "run_replayed",
             EventData::RunForked(_) => "run_forked",
+            EventData::SteeringReceived(_) => "steering_received",
+            EventData::SteeringDelivered(_) => "steering_delivered",
         }
     }
 
@@ -295,6 +301,8 @@ impl EventData {
             "wave_decided" => WaveDecided,
             "run_replayed" => RunReplayed,
             "run_forked" => RunForked,
+            "steering_received" => SteeringReceived,
+            "steering_delivered" => SteeringDelivered,
         }
     }
 }

@@ -36,6 +36,8 @@ impl Writer<'_> {
         channels: StepChannels<'_>,
     ) -> Result<Vec<NewEvent>, Error> {
         let StepChannels { mut settled, sent } = channels;
+        let steering = run.steering.clone();
+        let wake = self.engine.store.notifier(self.run_id);
         let work = run.run();
         tokio::pin!(work);
         // Most steps finish without waiting for anything: try once before arming timers.
@@ -68,10 +70,8 @@ impl Writer<'_> {
                         // The step is being cut: the call is not made.
                         continue;
                     }
-                    let expected = self.stored_seq + (self.pending.len() + batch.len()) as u64;
                     self.stage(batch);
-                    self.flush().await?;
-                    if self.stored_seq == expected {
+                    if self.flush().await? {
                         let _ = go_on.send(());
                     } else {
                         // The log moved under us and the state was re-read: stop the step.
@@ -79,10 +79,8 @@ impl Writer<'_> {
                     }
                 }
                 batch = next_settled(settled.as_deref_mut()), if !cancel.is_cancelled() => {
-                    let expected = self.stored_seq + (self.pending.len() + batch.len()) as u64;
                     self.stage(batch);
-                    self.flush().await?;
-                    if self.stored_seq != expected {
+                    if !self.flush().await? {
                         // The log moved under us and the state was re-read: stop the step.
                         cancel.cancel();
                     }
@@ -96,10 +94,7 @@ impl Writer<'_> {
                 }
                 () = &mut flush_at, if !flushed => {
                     flushed = true;
-                    let staged = self.pending.len() as u64;
-                    let expected = self.stored_seq + staged;
-                    self.flush().await?;
-                    if self.stored_seq != expected {
+                    if !self.flush().await? {
                         // The log moved under us and the state was re-read: stop the step.
                         cancel.cancel();
                     }
@@ -114,22 +109,41 @@ impl Writer<'_> {
                     });
                     let level_id = run.scenario.levels[run.level].id.as_str();
                     let event = NewEvent::level(level_id, run.attempt, beat);
-                    let expected = self.stored_seq + self.pending.len() as u64 + 1;
                     self.stage(vec![event]);
-                    self.flush().await?;
-                    if self.stored_seq != expected {
+                    if !self.flush().await? {
                         // The log moved under us and the state was re-read: stop the step.
                         cancel.cancel();
                     }
                 }
+                // What other processes append: a cancel stops the step, a steering message
+                // goes to its mailbox. The store's notice, where it gives one, is as good as
+                // a poll, sooner.
+                () = appended(wake.as_deref()), if self.create.is_none() => {
+                    self.look_for_news(cancel, &steering).await?;
+                }
                 _ = poll.tick(), if self.create.is_none() => {
-                    let newer = self.engine.store.load(self.run_id, self.stored_seq).await?;
-                    if newer.iter().any(|e| matches!(e.data, EventData::CancelRequested(_))) {
-                        cancel.cancel();
-                    }
+                    self.look_for_news(cancel, &steering).await?;
                 }
             }
         }
+    }
+
+    /// Reads what other processes appended since the last stored event: a cancel request
+    /// cancels the step, steering messages go to its mailbox.
+    async fn look_for_news(
+        &mut self,
+        cancel: &CancelToken,
+        steering: &crate::steering::Mailbox,
+    ) -> Result<(), Error> {
+        let newer = self.engine.store.load(self.run_id, self.stored_seq).await?;
+        for e in &newer {
+            match &e.data {
+                EventData::CancelRequested(_) => cancel.cancel(),
+                EventData::SteeringReceived(m) => steering.post(m),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Stages the children's batches still queued when a step stopped, unless it was
@@ -145,5 +159,13 @@ impl Writer<'_> {
                 self.stage(batch);
             }
         }
+    }
+}
+
+/// Resolves when the store says the run was appended to; never without a notifier.
+async fn appended(wake: Option<&tokio::sync::Notify>) {
+    match wake {
+        Some(notify) => notify.notified().await,
+        None => std::future::pending().await,
     }
 }

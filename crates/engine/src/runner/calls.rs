@@ -30,12 +30,18 @@ impl Calls<'_> {
             }
             _ => None,
         };
+        // A person's steering reaches the level's own calls, not its judges'.
+        let steer = if template.starts_with("judge:") { None } else { self.steering() };
+        let prompt = match &steer {
+            Some(taken) => format!("{prompt}\n\n{}", taken.text()),
+            None => prompt.to_owned(),
+        };
         let request = ModelRequest {
             scenario_id: self.run.scenario.id.clone(),
             level_id: level.id.clone(),
             call_index: self.call_index,
             system: None,
-            prompt: prompt.to_owned(),
+            prompt,
             json,
             schema,
             max_tokens: limits::MAX_TOKENS_DEFAULT,
@@ -44,7 +50,18 @@ impl Calls<'_> {
             tools: Vec::new(),
             deadline: None,
         };
-        Ok(self.send(events, template, request, true).await?.text)
+        Ok(self.send(events, template, request, true, steer).await?.text)
+    }
+
+    /// The steering messages for the next call, when the level is steerable and any wait;
+    /// the call that is given them records their delivery with its answer (or gives them
+    /// back when it fails).
+    pub(crate) fn steering(&self) -> Option<crate::steering::Taken> {
+        let level = &self.run.scenario.levels[self.run.level];
+        if !level.steerable {
+            return None;
+        }
+        self.run.steering.take(&level.id, self.run.attempt, self.call_index)
     }
 
     /// Counts a call that failed without an answer, so the next one gets the next index.
@@ -86,9 +103,31 @@ impl Calls<'_> {
         template: &str,
         mut request: ModelRequest,
         record_prompt: bool,
+        steer: Option<crate::steering::Taken>,
     ) -> Result<ModelReply, Stop> {
         request.call_index = self.call_index;
-        let reservation = self.reserve(events, &request)?;
+        let result = self.send_steered(events, template, &mut request, record_prompt).await;
+        match (&result, steer) {
+            (Ok(_), Some(taken)) => {
+                let (received, delivered) = taken.delivered(request.call_index);
+                events.extend(received);
+                events.push(self.run.event(delivered));
+            }
+            (Err(_), Some(taken)) => self.run.steering.put_back(taken),
+            (_, None) => {}
+        }
+        result
+    }
+
+    /// [`Calls::send`] but for the steering it carries.
+    async fn send_steered(
+        &mut self,
+        events: &mut Vec<NewEvent>,
+        template: &str,
+        request: &mut ModelRequest,
+        record_prompt: bool,
+    ) -> Result<ModelReply, Stop> {
+        let reservation = self.reserve(events, request)?;
         if record_prompt {
             let sent = self.run.event(EventData::PromptSent(PromptSent {
                 template: template.to_owned(),
@@ -96,10 +135,10 @@ impl Calls<'_> {
                 prompt: request.prompt.clone(),
                 call: self.call,
                 request_hash: Some(request.hash()),
-                worst_case_usd: Some(self.run.runtime.model.worst_case_cost_usd(&request)),
+                worst_case_usd: Some(self.run.runtime.model.worst_case_cost_usd(request)),
             }));
             match &self.run.sent {
-                Some(channel) if self.run.runtime.model.reaches_out(&request) => {
+                Some(channel) if self.run.runtime.model.reaches_out(request) => {
                     // Committed before the call, after what the step did so far (in order).
                     let mut batch = std::mem::take(events);
                     batch.push(sent);
@@ -112,7 +151,7 @@ impl Calls<'_> {
             }
         }
         request.deadline = self.run.deadline;
-        let result = self.run.runtime.model.call(&request, &self.run.cancel).await;
+        let result = self.run.runtime.model.call(request, &self.run.cancel).await;
         // Every HTTP-level retry the client made is recorded, whatever the call's outcome,
         // and so is what a call cut short spent.
         let progress = self.run.cancel.progress();

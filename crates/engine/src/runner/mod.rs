@@ -89,6 +89,8 @@ pub struct LevelRun {
     /// it (a fan-out's children, whose events are committed as each settles), the record
     /// comes back with the step.
     pub sent: Option<Sent>,
+    /// The steering messages the step's calls of steerable levels take, once.
+    pub steering: crate::steering::Mailbox,
 }
 
 /// The channel a fan-out sends its finished children's events through, one batch per

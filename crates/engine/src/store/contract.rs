@@ -372,6 +372,13 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         checksum: &'a str,
     ) -> BoxFuture<'a, Result<Option<String>, Error>>;
 
+    /// What wakes a waiter when this process appends to the run, for stores that can tell
+    /// (a running step then sees a cancel or a steering message at once, without waiting
+    /// for its next poll); `None` by default.
+    fn notifier(&self, _run_id: &str) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
+
     /// Resolves once the run has an event numbered above `after`, or after `timeout`;
     /// true when there is one. The default polls; stores that can notify do better.
     fn wait_for_events<'a>(

@@ -139,6 +139,7 @@ impl Checker<'_> {
             run_all: raw.run_all.as_ref().is_some_and(|r| r.value),
             terminal: raw.terminal.as_ref().is_some_and(|t| t.value),
             handoff: raw.handoff.as_ref().is_some_and(|t| t.value),
+            steerable: raw.steerable.as_ref().is_some_and(|t| t.value),
             timeout_s,
             metadata: raw.metadata.as_ref().map(|m| m.value.clone()).unwrap_or_default(),
             parent,
@@ -148,7 +149,7 @@ impl Checker<'_> {
     /// Refuses settings that the level's kind does not use.
     pub(super) fn fields_for_kind(&mut self, raw: &Located<RawLevel>, kind: RawKind) {
         use RawKind::{FanOut, HumanApproval, Prompt, ToolLoop, Verifier, Wave};
-        let present: [(&str, Option<Pos>, &[RawKind]); 12] = [
+        let present: [(&str, Option<Pos>, &[RawKind]); 13] = [
             ("prompt", raw.prompt.as_ref().map(|v| v.pos), &[Prompt, ToolLoop, HumanApproval]),
             ("response", raw.response.as_ref().map(|v| v.pos), &[Prompt]),
             ("model", raw.model.as_ref().map(|v| v.pos), &[Prompt, ToolLoop, Verifier]),
@@ -160,6 +161,7 @@ impl Checker<'_> {
             ("approver_role", raw.approver_role.as_ref().map(|v| v.pos), &[HumanApproval]),
             ("output_schema", raw.output_schema.as_ref().map(|v| v.pos), &[HumanApproval]),
             ("wave", raw.wave.as_ref().map(|v| v.pos), &[Wave]),
+            ("steerable", raw.steerable.as_ref().map(|v| v.pos), &[Prompt, ToolLoop]),
             (
                 "timeout_s",
                 raw.timeout_s.as_ref().map(|v| v.pos),

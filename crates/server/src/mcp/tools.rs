@@ -136,6 +136,16 @@ pub(crate) struct AnswerArgs {
     pub answer: Value,
 }
 
+/// A steering message for a running run.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SteerArgs {
+    /// The running run's id.
+    pub run_id: String,
+    /// The message (text, at most 8 KiB), given to the next model call of a steerable level.
+    pub message: String,
+}
+
 // ---- results ----
 
 /// The scenarios the caller may start.
@@ -246,6 +256,11 @@ pub(crate) fn list() -> &'static [Tool] {
                 "Reject a paused run's approval request (exactly once) and continue the run down its rejection path.",
                 false,
             ),
+            tool::<SteerArgs, runs::Steered>(
+                "run_steer",
+                "Send a message to a running run: recorded once (by you) and given to the next model call of a level that declares `steerable: true`. Refused when the run has ended or no steerable level is running or ahead.",
+                false,
+            ),
             tool::<AnswerArgs, RunView>(
                 "run_answer",
                 "Answer the question a waiting run asked (exactly once; checked against the question's schema) and continue the run.",
@@ -293,6 +308,10 @@ pub(crate) async fn call(
             runs::decide(app, caller, &a.run_id, decide, name == "run_approve")
                 .await
                 .map(|v| answered(&v))
+        }
+        "run_steer" => {
+            let a: SteerArgs = args(name, arguments)?;
+            runs::steer(app, caller, &a.run_id, &a.message).await.map(|v| answered(&v))
         }
         "run_answer" => {
             let a: AnswerArgs = args(name, arguments)?;
