@@ -81,6 +81,14 @@ impl Error {
         Error::new(Kind::Refused, message)
     }
 
+    pub fn over_limit(message: impl Into<String>) -> Self {
+        Error::new(Kind::OverLimit, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::new(Kind::Internal, message)
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Error::new(Kind::Unavailable, message)
     }
@@ -126,6 +134,13 @@ impl std::fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+impl From<baton_engine::store::Error> for Error {
+    fn from(e: baton_engine::store::Error) -> Self {
+        let kind = Error::kind_of(&anyhow::Error::from(e.clone()));
+        Error::new(kind, e.to_string())
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -55,6 +55,8 @@ pub struct Instance {
     pub baton: Arc<Baton>,
     pub store: Arc<dyn EventStore>,
     pub tokens: Arc<dyn TokenStore>,
+    /// The same store, for its webhooks and their outbox.
+    pub webhooks: Arc<dyn crate::WebhookStore>,
     pub registry: RegistryHandle,
     /// The scenarios directory (where a posted file's templates are read from).
     pub scenarios_dir: PathBuf,
@@ -98,6 +100,8 @@ impl Baton {
         let start_refusal = start.as_ref().err().cloned();
         let both = crate::place::open_any(place).await?;
         let store: Arc<dyn EventStore> = Arc::clone(&both) as Arc<dyn EventStore>;
+        let webhooks: Arc<dyn crate::WebhookStore> =
+            Arc::clone(&both) as Arc<dyn crate::WebhookStore>;
         let tokens: Arc<dyn TokenStore> = both;
         let baton = Baton {
             place: place.clone(),
@@ -115,6 +119,7 @@ impl Baton {
             baton: Arc::new(baton),
             store,
             tokens,
+            webhooks,
             registry,
             scenarios_dir: place.scenarios.clone(),
             warnings,

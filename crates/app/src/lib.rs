@@ -32,9 +32,11 @@ pub mod start;
 pub mod tenants;
 pub mod upkeep;
 pub mod waves;
+pub mod webhooks;
 
 /// The store's token and role types, for the surfaces that manage tokens.
-pub use baton_store::{Role, SessionRecord, Store, TokenRecord, TokenStore};
+pub use baton_store::webhooks::WebhookRecord;
+pub use baton_store::{Role, SessionRecord, Store, TokenRecord, TokenStore, WebhookStore};
 pub use error::{Error, Kind};
 pub use instance::{Answers, Baton, Instance};
 pub use place::Place;

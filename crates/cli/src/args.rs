@@ -361,6 +361,11 @@ pub(crate) enum Command {
     /// Bearer tokens of `baton serve`, each for one tenant with one role.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Webhooks: a tenant's URLs that are sent its runs' events (approvals requested,
+    /// questions asked, runs finished, waves decided), signed, retried and recorded;
+    /// `baton serve` and `baton worker` send them.
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
     /// Continue a run (after a crash, or after a decision or answer).
     Resume {
         run: String,
@@ -782,6 +787,53 @@ pub(crate) enum TokenCommand {
     },
     /// Revoke a token by its id (`tok_…`).
     Revoke { id: String },
+}
+
+/// Webhook commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum WebhookCommand {
+    /// Send TENANT's events to URL; prints the webhook's id and its signing secret (once).
+    Add {
+        /// The receiver (http or https; loopback and private addresses only when
+        /// `[egress] allow_private = true`).
+        #[arg(long)]
+        url: String,
+        /// The tenant whose runs it is sent (none: runs of no tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The event types, comma-separated (default: all): approval.requested,
+        /// question.asked, run.completed, run.failed, run.cancelled, run.aborted,
+        /// wave.decided.
+        #[arg(long, value_delimiter = ',')]
+        events: Vec<String>,
+    },
+    /// List the live webhooks of a tenant (never their secrets).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a webhook: nothing more is sent to it.
+    Rm {
+        id: String,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Give a webhook a new secret (printed once); the old one signs too for 24 hours.
+    Rotate {
+        id: String,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// A webhook's newest deliveries, each with every attempt.
+    Deliveries {
+        id: String,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Tenant commands.

@@ -47,6 +47,7 @@ pub(crate) async fn serve(
     let parts = parts(place, script.as_deref(), "baton serve").await?;
     let stop = CancelToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));
+    send_webhooks(place, &parts, "baton serve", &stop)?;
     let no_auth = settings.no_auth;
     baton_server::serve(settings, parts, stop, |bound| {
         if no_auth {
@@ -142,6 +143,7 @@ pub(crate) async fn worker(
         args.concurrency,
         place.db_shown()
     );
+    send_webhooks(place, &parts, &format!("baton worker {name}"), &stop)?;
     let worker = baton_server::WorkerSettings {
         name,
         lease: std::time::Duration::from_secs(args.lease_s),
@@ -150,6 +152,25 @@ pub(crate) async fn worker(
     baton_server::work(settings, parts, worker, stop).await.map_err(anyhow::Error::msg)?;
     eprintln!("baton worker: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sends the outbox's webhooks from this process until `stop` (`who` and this process name
+/// the leases it takes).
+fn send_webhooks(
+    place: &Place,
+    parts: &Instance,
+    who: &str,
+    stop: &CancelToken,
+) -> anyhow::Result<()> {
+    let settings = baton_app::webhooks::settings(place)?;
+    let owner = format!("{who} {}", baton_engine::exec::this_process());
+    tokio::spawn(baton_app::webhooks::run_sender(
+        std::sync::Arc::clone(&parts.webhooks),
+        settings,
+        owner,
+        stop.clone(),
+    ));
+    Ok(())
 }
 
 /// A stop token cancelled by the first interrupt or terminate signal (`stopping` said on

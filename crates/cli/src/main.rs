@@ -17,6 +17,7 @@ mod cmd_tenant;
 mod cmd_validate;
 mod cmd_verify;
 mod cmd_wave;
+mod cmd_webhook;
 mod drive;
 mod escape;
 mod limits;
@@ -282,6 +283,7 @@ fn main() -> ExitCode {
                 TokenCommand::Revoke { id } => cmd_serve::revoke_token(&place, &id).await,
             }
         }),
+        Command::Webhook(w) => runtime.block_on(cmd_webhook::run(&place, w)),
         Command::Tenant(t) => runtime.block_on(async {
             match t {
                 TenantCommand::Set { tenant, scenario, file } => {

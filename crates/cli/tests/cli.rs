@@ -21,6 +21,7 @@ mod timeouts;
 mod trees;
 mod untrusted;
 mod waves;
+mod webhooks;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -102,6 +102,13 @@ impl CallError {
 
 static CRYPTO: Once = Once::new();
 
+/// Installs the process's TLS crypto provider (ring), once, before any client is built.
+pub(crate) fn install_crypto() {
+    CRYPTO.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// An HTTP client for model providers.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -111,9 +118,7 @@ pub struct Client {
 impl Client {
     /// A client with Baton's timeouts.
     pub fn new() -> Result<Self, String> {
-        CRYPTO.call_once(|| {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        });
+        install_crypto();
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(READ_TIMEOUT)

@@ -194,6 +194,19 @@ pub struct WavesConfig {
     pub max_parallel: Option<i64>,
 }
 
+/// Webhooks (`[webhooks]`): how deliveries are retried.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhooksConfig {
+    /// The wait before the first retry, in seconds (default 10); each retry waits twice as
+    /// long as the one before, at most an hour, until 24 hours after the event.
+    #[serde(default)]
+    pub first_backoff_s: Option<f64>,
+    /// How long one attempt may take, in seconds (default 10).
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -210,6 +223,11 @@ pub struct Config {
     pub jobs: JobsConfig,
     #[serde(default)]
     pub waves: WavesConfig,
+    /// Where outbound requests made for a user may go (webhooks).
+    #[serde(default)]
+    pub egress: crate::egress::EgressPolicy,
+    #[serde(default)]
+    pub webhooks: WebhooksConfig,
 }
 
 /// Largest `baton.toml` read, in bytes.
@@ -301,6 +319,20 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        if let Some(s) = self.webhooks.first_backoff_s
+            && (!s.is_finite() || !(0.1..=3600.0).contains(&s))
+        {
+            return Err(format!(
+                "[webhooks] first_backoff_s must be from 0.1 through 3600 seconds, not {s}"
+            ));
+        }
+        if let Some(s) = self.webhooks.timeout_s
+            && (!s.is_finite() || !(0.1..=60.0).contains(&s))
+        {
+            return Err(format!(
+                "[webhooks] timeout_s must be from 0.1 through 60 seconds, not {s}"
+            ));
+        }
         if let Some(n) = self.waves.max_parallel
             && !(1..=10).contains(&n)
         {

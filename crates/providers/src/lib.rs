@@ -13,6 +13,7 @@ pub mod egress;
 pub mod openai;
 pub mod resolve;
 pub mod sse;
+pub mod webhook;
 
 use serde_json::Value;
 

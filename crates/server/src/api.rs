@@ -20,7 +20,9 @@ use crate::auth::Caller;
 use crate::body::BodyLimit;
 use crate::peers::Client;
 use crate::problem::Problem;
-use crate::{events, fork_and_replay, mcp, overrides, runs, scenarios, session, ui, waves};
+use crate::{
+    events, fork_and_replay, mcp, overrides, runs, scenarios, session, ui, waves, webhooks,
+};
 
 pub(crate) fn router(app: Arc<App>) -> Router {
     let (mcp_service, mcp_sessions) = mcp::http_service(&app);
@@ -41,6 +43,10 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/runs/{id}/answer", post(runs::answer_run))
         .route("/runs/{id}/cancel", post(runs::cancel_run))
         .route("/runs/{id}/steer", post(runs::steer_run))
+        .route("/webhooks", get(webhooks::list_webhooks).post(webhooks::add_webhook))
+        .route("/webhooks/{id}", axum::routing::delete(webhooks::remove_webhook))
+        .route("/webhooks/{id}/rotate", post(webhooks::rotate_webhook))
+        .route("/webhooks/{id}/deliveries", get(webhooks::webhook_deliveries))
         .route("/runs/{id}/fork-points", get(fork_and_replay::fork_points))
         .route("/runs/{id}/fork", post(fork_and_replay::fork_run))
         .route("/runs/{id}/replay", post(fork_and_replay::replay_run))

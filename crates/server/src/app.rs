@@ -40,6 +40,8 @@ pub(crate) struct App {
     /// The same store, for what only the notifying decorator knows (the runs' recent tails).
     pub(crate) notifying: Arc<Notifying>,
     pub(crate) tokens: Tokens,
+    /// Webhooks and their outbox (the same store).
+    pub(crate) webhooks: Arc<dyn baton_app::WebhookStore>,
     pub(crate) registry: Arc<RegistryHandle>,
     pub(crate) scenarios_dir: PathBuf,
     pub(crate) baton: Arc<Baton>,
@@ -85,6 +87,7 @@ impl App {
             store: Arc::clone(&notifying) as Arc<dyn EventStore>,
             notifying,
             metrics,
+            webhooks: Arc::clone(&parts.webhooks),
             tokens: Tokens::new(
                 parts.tokens,
                 crate::auth::SessionRules {

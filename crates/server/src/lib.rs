@@ -47,6 +47,7 @@ mod traces;
 mod tree_events;
 mod ui;
 mod waves;
+mod webhooks;
 mod worker_pool;
 mod workers;
 

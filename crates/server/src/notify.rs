@@ -287,8 +287,15 @@ impl EventStore for Notifying {
         self.inner.scenario_texts(checksum)
     }
 
-    fn notifier(&self, run_id: &str) -> Option<Arc<Notify>> {
-        Some(self.waiter(run_id))
+    /// The store's own notifier where it has one (PostgreSQL's hears every process's
+    /// appends, this one's included), else this process's.
+    fn notifier<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Option<Arc<Notify>>> {
+        Box::pin(async move {
+            match self.inner.notifier(run_id).await {
+                Some(n) => Some(n),
+                None => Some(self.waiter(run_id)),
+            }
+        })
     }
 
     /// Waits for this process's appends to the run, looking at the store at least every

@@ -11,14 +11,17 @@ pub mod schema;
 pub mod sqlite;
 mod sqlite_log;
 mod sqlite_rows;
+mod sqlite_webhooks;
 mod stored;
 pub mod tokens;
+pub mod webhooks;
 
 pub use postgres::PostgresStore;
 pub use sqlite::{SqliteStore, backup};
 pub use tokens::{Role, SessionRecord, TokenRecord, TokenStore};
+pub use webhooks::WebhookStore;
 
-/// A store of runs and of the server's tokens: what a process opens.
-pub trait Store: baton_engine::store::EventStore + TokenStore {}
+/// A store of runs, of the server's tokens and of webhooks: what a process opens.
+pub trait Store: baton_engine::store::EventStore + TokenStore + WebhookStore {}
 
-impl<T: baton_engine::store::EventStore + TokenStore> Store for T {}
+impl<T: baton_engine::store::EventStore + TokenStore + WebhookStore> Store for T {}

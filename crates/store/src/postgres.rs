@@ -49,6 +49,7 @@ use crate::tokens::{Role, SessionRecord, TokenRecord, TokenStore};
 mod common;
 mod group;
 mod sessions;
+mod webhooks;
 
 use common::{
     Batch, Held, HeldRun, NOW_US, SERVER_DEADLINES, db_error, knows, lock, micros, pg, seq_param,
@@ -1533,6 +1534,23 @@ impl EventStore for PostgresStore {
                 return Ok(true);
             }
             self.hold_op(|tx| HoldOp::Probe(run_id.to_owned(), tx)).await
+        })
+    }
+
+    /// Wakes on every process's appends to the run (the listen connection's notices);
+    /// none when that connection cannot be opened.
+    fn notifier<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Option<Arc<Notify>>> {
+        Box::pin(async move {
+            self.listening
+                .get_or_try_init(|| listen(&self.config, &self.shown, Arc::clone(&self.waiters)))
+                .await
+                .ok()?;
+            let mut waiters = lock(&self.waiters);
+            // Notifiers nobody holds any more are dropped as new ones are made.
+            if waiters.len() > 1024 {
+                waiters.retain(|_, n| Arc::strong_count(n) > 1);
+            }
+            Some(Arc::clone(waiters.entry(run_id.to_owned()).or_default()))
         })
     }
 

@@ -120,6 +120,11 @@ pub const CHANGES: &[Change] = &[
         sqlite: Form::Sql(include_str!("../migrations/0009_sessions.sql")),
         postgres: Form::Sql(include_str!("../migrations/postgres/0004_sessions.sql")),
     },
+    Change {
+        what: "webhooks, the outbox of their deliveries and every attempt",
+        sqlite: Form::Sql(include_str!("../migrations/0010_webhooks.sql")),
+        postgres: Form::Sql(include_str!("../migrations/postgres/0005_webhooks.sql")),
+    },
 ];
 
 /// Which backend a schema version counts for.
@@ -196,19 +201,19 @@ mod tests {
 
     #[test]
     fn versions_count_each_backends_steps_in_order() {
-        assert_eq!(version(Backend::Sqlite), 9);
-        assert_eq!(version(Backend::Postgres), 4);
+        assert_eq!(version(Backend::Sqlite), 10);
+        assert_eq!(version(Backend::Postgres), 5);
         let numbers: Vec<i64> = postgres_steps().map(|(v, ..)| v).collect();
-        assert_eq!(numbers, [1, 2, 3, 4]);
-        assert_eq!(postgres_steps().last().map(|(_, c, _)| c.what), Some(CHANGES[9].what));
+        assert_eq!(numbers, [1, 2, 3, 4, 5]);
+        assert_eq!(postgres_steps().last().map(|(_, c, _)| c.what), Some(CHANGES[10].what));
     }
 
     #[test]
     fn a_database_at_another_version_is_refused_naming_both() {
-        let newer = refusal(Backend::Sqlite, "x.db", 10, "run `baton migrate`").unwrap();
-        assert!(newer.contains("schema version 10, newer than this binary's 9"), "{newer}");
+        let newer = refusal(Backend::Sqlite, "x.db", 11, "run `baton migrate`").unwrap();
+        assert!(newer.contains("schema version 11, newer than this binary's 10"), "{newer}");
         let older = refusal(Backend::Postgres, "pg", 1, "run `baton migrate --db pg`").unwrap();
-        assert!(older.contains("at schema version 1, this binary needs 4: run `baton migrate"));
-        assert_eq!(refusal(Backend::Sqlite, "x.db", 9, ""), None);
+        assert!(older.contains("at schema version 1, this binary needs 5: run `baton migrate"));
+        assert_eq!(refusal(Backend::Sqlite, "x.db", 10, ""), None);
     }
 }

@@ -42,6 +42,7 @@ use crate::schema::{self, Backend};
 use crate::sqlite_log::{Dicts, Packer, Ready, pack_existing_runs};
 pub use crate::sqlite_log::{RawBatch, put_raw_batches, raw_batches};
 use crate::sqlite_rows::{RUN_COLUMNS, backend, cached_row, to_record};
+use crate::sqlite_webhooks::WebhookOp;
 use crate::tokens::{Role, SessionRecord, TokenRecord, TokenStore};
 
 /// Most tries to prepare a database that another process is preparing at the same moment
@@ -150,6 +151,7 @@ enum Request {
         reply: Reply<u64>,
     },
     Token(TokenOp),
+    Webhook(WebhookOp),
 }
 
 /// A read or change of the tokens table, done by the connection's thread.
@@ -1042,6 +1044,7 @@ fn read(conn: &Connection, dicts: &mut Dicts, r: Request) {
             let _ = reply.send(runs_page(conn, &query));
         }
         Request::Token(op) => token_op(conn, op),
+        Request::Webhook(op) => crate::sqlite_webhooks::webhook_op(conn, op),
         Request::Purge { ids, reply } => {
             let _ = reply.send(purge(conn, &ids));
         }
@@ -1707,5 +1710,92 @@ impl TokenStore for SqliteStore {
                 Request::Token(TokenOp::RevokeSession(sha256.to_owned(), at, reply))
             }),
         )
+    }
+}
+
+impl crate::webhooks::WebhookStore for SqliteStore {
+    fn put_webhook<'a>(
+        &'a self,
+        webhook: &'a crate::webhooks::WebhookRecord,
+        per_tenant: usize,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.ask(move |reply| {
+            Request::Webhook(WebhookOp::Put(Box::new(webhook.clone()), per_tenant, reply))
+        }))
+    }
+
+    fn webhook<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::webhooks::WebhookRecord>, Error>> {
+        Box::pin(self.read(move |reply| Request::Webhook(WebhookOp::Get(id.to_owned(), reply))))
+    }
+
+    fn webhooks(&self) -> BoxFuture<'_, Result<Vec<crate::webhooks::WebhookRecord>, Error>> {
+        Box::pin(self.read(move |reply| Request::Webhook(WebhookOp::List(reply))))
+    }
+
+    fn remove_webhook<'a>(
+        &'a self,
+        id: &'a str,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(
+            self.ask(move |reply| Request::Webhook(WebhookOp::Remove(id.to_owned(), at, reply))),
+        )
+    }
+
+    fn rotate_webhook<'a>(
+        &'a self,
+        id: &'a str,
+        secret: &'a str,
+        previous_until: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.ask(move |reply| {
+            Request::Webhook(WebhookOp::Rotate(
+                id.to_owned(),
+                secret.to_owned(),
+                previous_until,
+                reply,
+            ))
+        }))
+    }
+
+    fn claim_deliveries<'a>(
+        &'a self,
+        owner: &'a str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Vec<crate::webhooks::Claimed>, Error>> {
+        Box::pin(self.ask(move |reply| {
+            Request::Webhook(WebhookOp::Claim { owner: owner.to_owned(), now, until, max, reply })
+        }))
+    }
+
+    fn record_attempt<'a>(
+        &'a self,
+        owner: &'a str,
+        attempt: &'a crate::webhooks::Attempt,
+        after: &'a crate::webhooks::AfterAttempt,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.ask(move |reply| {
+            Request::Webhook(WebhookOp::Record(
+                owner.to_owned(),
+                Box::new(attempt.clone()),
+                after.clone(),
+                reply,
+            ))
+        }))
+    }
+
+    fn deliveries<'a>(
+        &'a self,
+        webhook_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<crate::webhooks::DeliveryLog>, Error>> {
+        Box::pin(self.read(move |reply| {
+            Request::Webhook(WebhookOp::Deliveries(webhook_id.to_owned(), limit, reply))
+        }))
     }
 }

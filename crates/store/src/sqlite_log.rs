@@ -320,7 +320,9 @@ pub(crate) fn write_batch(
     if events.is_empty() {
         return Ok(());
     }
-    let written = write_packed(conn, packer, (end.0, end.1.head), events, ready, status);
+    // The deliveries the events cause go in with them, in the same transaction.
+    let written = write_packed(conn, packer, (end.0, end.1.head), events, ready, status)
+        .and_then(|()| crate::sqlite_webhooks::enqueue(conn, end.0, events));
     if written.is_err() {
         packer.reset();
     }

@@ -30,6 +30,7 @@ async fn postgres_store_conforms() {
     let again = PostgresStore::connect(&schema.url).await.unwrap();
     conformance::reopened(&again, "pg").await;
     baton_store::tokens::conformance::run_all(&again).await;
+    baton_store::webhooks::conformance::run_all(&again, "pg").await;
 }
 
 /// A second connection editing the tables the way a person or a bad disk would.

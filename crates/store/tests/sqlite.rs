@@ -14,6 +14,7 @@ async fn sqlite_store_conforms() {
     let dir = std::env::temp_dir().join(format!("baton-sqlite-{}", uuid::Uuid::now_v7()));
     let store = SqliteStore::open(dir.join("nested/baton.db")).unwrap();
     conformance::run_all(&store, "sql").await;
+    baton_store::webhooks::conformance::run_all(&store, "sql").await;
     // Reopening the same file sees everything that was committed.
     drop(store);
     let again = SqliteStore::open(dir.join("nested/baton.db")).unwrap();

@@ -37,7 +37,6 @@ impl Writer<'_> {
     ) -> Result<Vec<NewEvent>, Error> {
         let StepChannels { mut settled, sent } = channels;
         let steering = run.steering.clone();
-        let wake = self.engine.store.notifier(self.run_id);
         let work = run.run();
         tokio::pin!(work);
         // Most steps finish without waiting for anything: try once before arming timers.
@@ -50,6 +49,7 @@ impl Writer<'_> {
             self.stage_queued(settled.as_deref_mut(), cancel);
             return Ok(events);
         }
+        let wake = self.engine.store.notifier(self.run_id).await;
         let flush_at = tokio::time::sleep(FLUSH_AFTER);
         tokio::pin!(flush_at);
         let mut flushed = false;

@@ -375,8 +375,11 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// What wakes a waiter when this process appends to the run, for stores that can tell
     /// (a running step then sees a cancel or a steering message at once, without waiting
     /// for its next poll); `None` by default.
-    fn notifier(&self, _run_id: &str) -> Option<std::sync::Arc<tokio::sync::Notify>> {
-        None
+    fn notifier<'a>(
+        &'a self,
+        _run_id: &'a str,
+    ) -> BoxFuture<'a, Option<std::sync::Arc<tokio::sync::Notify>>> {
+        Box::pin(async { None })
     }
 
     /// Resolves once the run has an event numbered above `after`, or after `timeout`;
