@@ -297,6 +297,7 @@ impl Engine {
     async fn await_end(&self, run_id: &str) -> Result<Outcome, Error> {
         let timeout = self.jobs().map_or(Duration::from_secs(15), |j| j.settle_timeout);
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut backoff = crate::clock::Backoff::SETTLE;
         loop {
             let state = match self.state(run_id).await {
                 Ok(state) => state,
@@ -314,7 +315,8 @@ impl Engine {
             if tokio::time::Instant::now() >= deadline {
                 return Err(store::Error::Busy(run_id.to_owned()).into());
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Woken by the run's next event where the store can tell, else after the wait.
+            self.store.wait_for_events(run_id, state.last_seq, backoff.next(deadline)).await?;
         }
     }
 
@@ -499,10 +501,11 @@ impl Engine {
                     // A creator is at work: wait (within the deadline) until the child is
                     // stored, then cancel it like any other.
                     Err(store::Error::Busy(_)) => {
+                        let mut backoff = crate::clock::Backoff::SETTLE;
                         while self.store.run(id).await?.is_none()
                             && tokio::time::Instant::now() < deadline
                         {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            tokio::time::sleep(backoff.next(deadline)).await;
                         }
                         if self.store.run(id).await?.is_none() {
                             continue;
@@ -530,7 +533,9 @@ impl Engine {
             };
             self.close_child(run_id, &id, EventData::ChildRunUnsettled(unsettled)).await?;
         }
-        // Wait for the children other processes are ending.
+        // Wait for the children other processes are ending, looking again soon at first
+        // and seldom later.
+        let mut backoff = crate::clock::Backoff::SETTLE;
         loop {
             let mut open = Vec::new();
             let state = self.state(run_id).await?;
@@ -560,7 +565,7 @@ impl Engine {
                 }
                 return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(backoff.next(deadline)).await;
         }
     }
 

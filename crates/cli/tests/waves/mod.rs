@@ -973,3 +973,72 @@ fn a_cancel_releases_a_worker_that_was_recorded_but_never_created() {
     assert_eq!(ended.unwrap()["data"]["status"], "cancelled");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A worker whose two levels take steering; its first answer takes two seconds.
+const STEERED_WORKER: &str = "id: worker\nversion: 1\nlevels:\n  - {id: draft, kind: prompt, steerable: true, prompt: {inline: 'Draft {{ input }}'}}\n  - {id: work, kind: prompt, steerable: true, prompt: {inline: 'Work on {{ input }}'}, terminal: true}\nedges:\n  - {from: draft, to: work}\n  - {from: work, to: __end__}\n";
+
+#[test]
+fn a_wave_s_worker_is_steered_by_its_run_id_while_the_wave_runs() {
+    let (dir, db) = setup("wave-steered", "");
+    std::fs::write(dir.join("scenarios/worker.yaml"), STEERED_WORKER).unwrap();
+    let report = "```worker_report\n{\"outcome\": \"completed\", \"summary\": \"done\"}\n```\n";
+    let script = dir.join("script.yaml");
+    std::fs::write(
+        &script,
+        format!(
+            "scenarios:\n  worker:\n    levels:\n      draft: [{{text: drafted, delay_ms: 2000}}]\n      work: [{{text: {report:?}}}]\n"
+        ),
+    )
+    .unwrap();
+    let mut wave = baton_in(&dir, &db)
+        .args([
+            "run",
+            "waver",
+            "--input",
+            &tasks(1),
+            "--script",
+            script.to_str().unwrap(),
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The worker's run, once the wave has started it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let worker = loop {
+        let out = baton(&dir, &db, &["runs", "--json"]);
+        let listed: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let found = listed.as_array().and_then(|runs| {
+            runs.iter()
+                .find(|r| r["scenario_id"] == "worker")
+                .and_then(|r| r["run_id"].as_str().map(str::to_owned))
+        });
+        if let Some(id) = found {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "no worker run: {}", text(&out.stdout));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let steered =
+        baton(&dir, &db, &["steer", &worker, "--message", "M-WORKER use SQLite", "--by", "lead"]);
+    assert_eq!(steered.status.code(), Some(0), "{}", text(&steered.stderr));
+    let out = wave.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "completed", "{result}");
+    let log = baton(&dir, &db, &["events", &worker, "--json"]);
+    let log: Vec<Value> =
+        text(&log.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let delivered: Vec<&Value> = log.iter().filter(|e| e["kind"] == "steering_delivered").collect();
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    let level = delivered[0]["level_id"].as_str().unwrap();
+    let prompts: Vec<&str> = log
+        .iter()
+        .filter(|e| e["kind"] == "prompt_sent")
+        .filter(|e| e["data"]["prompt"].as_str().unwrap().contains("M-WORKER use SQLite"))
+        .map(|e| e["level_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(prompts, [level], "the one call that took it carried it");
+    let _ = std::fs::remove_dir_all(dir);
+}
