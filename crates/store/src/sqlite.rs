@@ -19,7 +19,9 @@
 //! right after that commit, before its writer hears back — as if `baton cancel` from
 //! another process got in first — so a test can cancel a run at every event; with
 //! `BATON_FAILPOINT_ABORT_AFTER_WRITES=N`, it aborts right after the commit that makes the
-//! N-th event this process wrote durable, whichever runs they belong to (a job's tree).
+//! N-th event this process wrote durable, whichever runs they belong to (a job's tree); with
+//! `BATON_FAILPOINT_CANCEL_ROOT_AFTER_WRITES=N`, a `cancel_requested` is appended to the
+//! job's root right after that commit (a cancel at any point of a wave's tree).
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -323,6 +325,7 @@ impl SqliteStore {
             abort_after: number("BATON_FAILPOINT_ABORT_AFTER_EVENT"),
             abort_after_writes: number("BATON_FAILPOINT_ABORT_AFTER_WRITES"),
             cancel_after: number("BATON_FAILPOINT_CANCEL_AFTER_EVENT"),
+            cancel_root_after_writes: number("BATON_FAILPOINT_CANCEL_ROOT_AFTER_WRITES"),
         };
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
@@ -651,6 +654,7 @@ struct Failpoints {
     abort_after: Option<u64>,
     abort_after_writes: Option<u64>,
     cancel_after: Option<u64>,
+    cancel_root_after_writes: Option<u64>,
 }
 
 fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoints, stats: &Stats) {
@@ -755,6 +759,8 @@ fn write_group(
     let mut written_here = 0u64;
     // The run whose write crossed the cancel failpoint, with its status.
     let mut crossed: Option<(String, String)> = None;
+    // The run whose write made the process's writes cross the root-cancel failpoint.
+    let mut crossed_writes: Option<String> = None;
     for (w, outcome) in writes.iter().zip(&outcomes) {
         if outcome.is_err() {
             continue;
@@ -769,7 +775,14 @@ fn write_group(
             _ => None,
         };
         if let Some((run_id, events, status)) = done {
+            let before = *written + written_here;
             written_here += events.len() as u64;
+            if failpoint
+                .cancel_root_after_writes
+                .is_some_and(|n| before < n && n <= *written + written_here)
+            {
+                crossed_writes = Some(run_id.to_owned());
+            }
             let last = events.last().map_or(0, |e| e.seq);
             highest = highest.max(last);
             let first = events.first().map_or(0, |e| e.seq);
@@ -794,6 +807,28 @@ fn write_group(
     {
         // Test failpoint: another process's cancel, before the writer goes on.
         let _ = cancel_now(conn, packer, &run_id, &status);
+    }
+    if committed.is_ok()
+        && let Some(run_id) = crossed_writes
+    {
+        // Test failpoint: `baton cancel` of the job's root from another process, right after
+        // the commit that made this process's N-th event durable, whichever run it was of.
+        let root: Option<(String, String)> = conn
+            .query_row(
+                "SELECT r.run_id, r.status FROM runs w
+                   JOIN runs r ON r.run_id = coalesce(w.root_run_id, w.run_id)
+                  WHERE w.run_id = ?1",
+                [&run_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .ok()
+            .flatten();
+        if let Some((root, status)) = root
+            && !matches!(status.as_str(), "completed" | "failed" | "aborted" | "cancelled")
+        {
+            let _ = cancel_now(conn, packer, &root, &status);
+        }
     }
     let mut outcomes = outcomes.into_iter();
     for w in writes {

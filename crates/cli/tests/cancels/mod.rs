@@ -19,12 +19,17 @@ const POINTS_MAX: usize = 14;
 
 /// A `baton` with the venv's tools on PATH and the cancel failpoint at `n` (if any).
 fn baton_at(db: &Path, args: &[&str], n: Option<usize>) -> Output {
+    baton_with(db, args, n.map(|n| ("BATON_FAILPOINT_CANCEL_AFTER_EVENT", n)))
+}
+
+/// A `baton` with the venv's tools on PATH and a failpoint (its variable and value).
+fn baton_with(db: &Path, args: &[&str], failpoint: Option<(&str, usize)>) -> Output {
     let venv = repo().join(".peers/venv/bin");
     let path = format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default());
     let mut c = super::baton_command();
     c.arg("--db").arg(db).args(args).env("PATH", path);
-    if let Some(n) = n {
-        c.env("BATON_FAILPOINT_CANCEL_AFTER_EVENT", n.to_string());
+    if let Some((name, n)) = failpoint {
+        c.env(name, n.to_string());
     }
     c.output().unwrap()
 }
@@ -199,5 +204,106 @@ fn cancelled_after_any_event_every_bundled_scenario_ends_cancelled_with_its_work
         total += points.len();
     }
     assert!(effective * 2 >= total, "only {effective} of {total} cancels took effect");
+    let _ = std::fs::remove_dir_all(base);
+}
+
+/// Every run of a database: its id, whether it is a job's root, and its status.
+fn all_runs(db: &Path) -> Vec<(String, bool, String)> {
+    let out = baton_with(db, &["runs", "--json"], None);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap().to_owned(),
+                r.get("parent_run_id").is_none(),
+                r["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn cancelled_after_any_event_of_a_wave_it_ends_cancelled_with_every_worker_ended() {
+    let base = std::env::temp_dir().join(format!("baton-cli-cancel-wave-{}", std::process::id()));
+    let start = [
+        "run",
+        "feature_wave",
+        "--script",
+        "scenarios/scripts/feature_wave.yaml",
+        "--input",
+        "a greet CLI in Python",
+    ];
+    let reference_db = base.join("ref.db");
+    let out = baton_with(&reference_db, &start, None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let root = only_run(&reference_db).unwrap();
+    let reference = normalised_log(&reference_db, &root);
+    // Every event the job's process writes, whichever run of the tree: root and workers.
+    let total: usize = all_runs(&reference_db)
+        .iter()
+        .map(|(id, _, _)| normalised_log(&reference_db, id).len())
+        .sum();
+    assert!(total > reference.len(), "the workers write too");
+    let mut points: BTreeSet<usize> = (1..=4).chain(total - 3..total).collect();
+    let mut x = 0x5eed_u64;
+    while points.len() < POINTS_MAX && points.len() < total - 1 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        points.insert(usize::try_from(x % (total as u64 - 1)).unwrap() + 1);
+    }
+    let mut cancelled = 0;
+    for &n in &points {
+        let db = base.join(format!("{n}.db"));
+        let out = baton_with(&db, &start, Some(("BATON_FAILPOINT_CANCEL_ROOT_AFTER_WRITES", n)));
+        assert!(
+            matches!(out.status.code(), Some(0 | 4 | 5)),
+            "after write {n}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let run = only_run(&db).unwrap();
+        let log = normalised_log(&db, &run);
+        let end = log.last().unwrap();
+        assert_eq!(end["kind"], "scenario_finished", "after write {n} the wave did not end");
+        // Every run of the tree has ended, and no program of it is still running.
+        for (id, _, status) in all_runs(&db) {
+            assert!(
+                ["completed", "failed", "aborted", "cancelled"].contains(&status.as_str()),
+                "after write {n}: run {id} is {status}"
+            );
+        }
+        let running =
+            anything_running_in(&db.parent().unwrap().join("workspaces").display().to_string());
+        assert!(running.is_empty(), "after write {n}: still running: {running:?}");
+        if end["data"]["status"] != "cancelled" {
+            // The cancel came with the job's last commit: the job ended as the one never
+            // cancelled (its workers may have settled in another order: they run at once).
+            let finished = reference.last().unwrap();
+            assert_eq!(
+                (&end["data"]["status"], &end["data"]["final_output"]),
+                (&finished["data"]["status"], &finished["data"]["final_output"]),
+                "cancelled after write {n}, not ended so"
+            );
+            assert!(n + 4 > total, "a cancel after write {n} of {total} was not recorded");
+            continue;
+        }
+        cancelled += 1;
+        // No worker is admitted and no level starts after the cancel.
+        let at = log.iter().position(|e| e["kind"] == "cancel_requested").unwrap();
+        assert!(
+            !log[at..]
+                .iter()
+                .any(|e| e["kind"] == "level_started" || e["kind"] == "wave_dispatched"),
+            "after write {n}: work started after the cancel"
+        );
+    }
+    assert!(
+        cancelled * 2 >= points.len(),
+        "only {cancelled} of {} cancels took effect",
+        points.len()
+    );
     let _ = std::fs::remove_dir_all(base);
 }
