@@ -990,7 +990,7 @@ fn a_wave_s_worker_is_steered_by_its_run_id_while_the_wave_runs() {
         ),
     )
     .unwrap();
-    let mut wave = baton_in(&dir, &db)
+    let wave = baton_in(&dir, &db)
         .args([
             "run",
             "waver",
