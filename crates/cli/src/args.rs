@@ -501,8 +501,15 @@ pub(crate) enum Command {
     /// the workspaces they made and their snapshots from Baton's directories.
     Purge {
         /// An RFC 3339 time (2026-11-01T00:00:00Z) or an age (30d, 12h, 45m, 90s).
-        #[arg(long, value_name = "TIME")]
-        finished_before: String,
+        #[arg(long, value_name = "TIME", required_unless_present = "job", conflicts_with = "job")]
+        finished_before: Option<String>,
+        /// Remove this one job instead (named by any of its runs), whenever it ended.
+        #[arg(long, value_name = "RUN")]
+        job: Option<String>,
+        /// With --job: remove it even when runs of it have not ended (a run left half-made,
+        /// links that never completed); refused while a process drives one.
+        #[arg(long, requires = "job")]
+        unended: bool,
         /// Keep jobs with a failed or aborted run.
         #[arg(long)]
         keep_failed: bool,

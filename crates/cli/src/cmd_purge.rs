@@ -12,12 +12,22 @@ use crate::out::outln;
 
 pub(crate) async fn purge(
     place: &Place,
-    before: &str,
+    before: Option<&str>,
+    job: Option<String>,
+    unended: bool,
     keep_failed: bool,
     dry_run: bool,
 ) -> anyhow::Result<ExitCode> {
-    let before = plan::parse_before(before, Utc::now())?;
-    let purge = plan::plan(place, before, keep_failed).await?;
+    let which = match (job, before) {
+        (Some(run_id), _) => plan::Which::Job { run_id, unended },
+        (None, Some(before)) => plan::Which::EndedBefore {
+            before: plan::parse_before(before, Utc::now())?,
+            keep_failed,
+        },
+        (None, None) => anyhow::bail!("give --finished-before TIME or --job RUN"),
+    };
+    let purge = plan::plan(place, &which).await?;
+    let before = purge.before;
     let (doomed, runs, paths) = (&purge.doomed, &purge.runs, &purge.paths);
     if doomed.is_empty() {
         outln!("nothing ended before {} to purge", before.to_rfc3339())?;
@@ -59,11 +69,14 @@ pub(crate) async fn purge(
         let verb = if dry_run { "would remove" } else { "removed" };
         outln!("{verb} {shown} ({})", crate::escape::one_line(what))?;
     }
-    outln!(
-        "{verb} {} job(s), {} run(s) that ended before {}",
-        doomed.len(),
-        runs.len(),
-        before.to_rfc3339()
-    )?;
+    match which {
+        plan::Which::Job { .. } => outln!("{verb} {} job(s), {} run(s)", doomed.len(), runs.len())?,
+        plan::Which::EndedBefore { .. } => outln!(
+            "{verb} {} job(s), {} run(s) that ended before {}",
+            doomed.len(),
+            runs.len(),
+            before.to_rfc3339()
+        )?,
+    }
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

@@ -445,8 +445,15 @@ fn main() -> ExitCode {
         }
         Command::Verify { runs, json } => runtime.block_on(cmd_verify::verify(&place, &runs, json)),
         Command::Migrate => runtime.block_on(cmd_verify::migrate(&place)),
-        Command::Purge { finished_before, keep_failed, dry_run } => {
-            runtime.block_on(cmd_purge::purge(&place, &finished_before, keep_failed, dry_run))
+        Command::Purge { finished_before, job, unended, keep_failed, dry_run } => {
+            runtime.block_on(cmd_purge::purge(
+                &place,
+                finished_before.as_deref(),
+                job,
+                unended,
+                keep_failed,
+                dry_run,
+            ))
         }
         Command::Gc { dry_run } => runtime.block_on(cmd_gc::gc(&place, dry_run)),
         Command::Backup { dest } => cmd_verify::backup(&place, &dest),

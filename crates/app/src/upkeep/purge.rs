@@ -5,7 +5,10 @@
 //! snapshot repositories.
 //!
 //! A job goes only when every one of its runs has ended and the last of them changed before
-//! the time; `--keep-failed` keeps jobs with a failed or aborted run. A workspace directory
+//! the time; `--keep-failed` keeps jobs with a failed or aborted run. An operator can also
+//! name one job (`--job`, by any of its runs): it goes whenever it ended, and with
+//! `--unended` even when some of its runs have not — a run left half-made, with links that
+//! never completed, is deleted this way instead of being repaired by guesswork. A workspace directory
 //! is removed only when it lies in Baton's `workspaces/` directory (one the user named with
 //! `--workspace` is the user's), and a snapshot repository only when no run that stays
 //! names the same workspace. Nothing a process holds is touched.
@@ -63,12 +66,20 @@ pub struct Purge {
     pub paths: Vec<(PathBuf, String)>,
 }
 
-/// The jobs of `place` that ended before `before`, and what purging them removes.
-pub async fn plan(
-    place: &Place,
-    before: DateTime<Utc>,
-    keep_failed: bool,
-) -> anyhow::Result<Purge> {
+/// Which jobs a purge takes.
+#[derive(Clone, Debug)]
+pub enum Which {
+    /// Every job that ended before the time (`--finished-before`), but failed ones with
+    /// `keep_failed`.
+    EndedBefore { before: DateTime<Utc>, keep_failed: bool },
+    /// The job of this run (`--job`), ended or, with `unended`, not.
+    Job { run_id: String, unended: bool },
+}
+
+/// The jobs of `place` that `which` names, and what purging them removes. A job named
+/// alone is refused, saying why, when it has not ended (without `unended`) or a process
+/// drives one of its runs.
+pub async fn plan(place: &Place, which: &Which) -> anyhow::Result<Purge> {
     let store = open_existing_store(place).await?;
     let all = store.runs(None).await?;
     // Every run, by its job (a root stands for its own job).
@@ -77,19 +88,68 @@ pub async fn plan(
         let root = r.root_run_id.clone().unwrap_or_else(|| r.run_id.clone());
         jobs.entry(root).or_default().push(r);
     }
+    let named = match which {
+        Which::Job { run_id, .. } => {
+            let Some(r) = all.iter().find(|r| &r.run_id == run_id) else {
+                return Err(crate::error::Error::not_found(format!(
+                    "no run {run_id} in {}",
+                    place.db_shown()
+                ))
+                .into());
+            };
+            Some(r.root_run_id.clone().unwrap_or_else(|| r.run_id.clone()))
+        }
+        Which::EndedBefore { .. } => None,
+    };
+    let before = match which {
+        Which::EndedBefore { before, .. } => *before,
+        Which::Job { .. } => Utc::now(),
+    };
     let mut doomed = Vec::new();
     for (root, runs) in &jobs {
-        let ended = runs.iter().all(|r| Status::from_name(&r.status).is_some_and(Status::is_final));
-        let last_change = runs.iter().map(|r| r.updated_at).max();
-        let failed = runs.iter().any(|r| matches!(r.status.as_str(), "failed" | "aborted"));
-        if !ended || last_change.is_none_or(|t| t >= before) || (keep_failed && failed) {
+        if named.as_ref().is_some_and(|n| n != root) {
             continue;
         }
-        let mut held = false;
-        for r in runs {
-            held |= store.is_held(&r.run_id).await?;
+        let open: Vec<&&RunRecord> = runs
+            .iter()
+            .filter(|r| !Status::from_name(&r.status).is_some_and(Status::is_final))
+            .collect();
+        let last_change = runs.iter().map(|r| r.updated_at).max();
+        let failed = runs.iter().any(|r| matches!(r.status.as_str(), "failed" | "aborted"));
+        match which {
+            Which::EndedBefore { before, keep_failed } => {
+                if !open.is_empty()
+                    || last_change.is_none_or(|t| t >= *before)
+                    || (*keep_failed && failed)
+                {
+                    continue;
+                }
+            }
+            Which::Job { unended, .. } => {
+                if !open.is_empty() && !unended {
+                    let listed: Vec<String> =
+                        open.iter().map(|r| format!("{} ({})", r.run_id, r.status)).collect();
+                    return Err(crate::error::Error::refused(format!(
+                        "job {root} has runs that have not ended: {}; add --unended to remove it anyway (cancel it first to keep its record)",
+                        listed.join(", ")
+                    ))
+                    .into());
+                }
+            }
         }
-        if held {
+        let mut held = None;
+        for r in runs {
+            if store.is_held(&r.run_id).await? {
+                held = Some(r.run_id.clone());
+            }
+        }
+        if let Some(held) = held {
+            if named.is_some() {
+                return Err(crate::error::Error::refused(format!(
+                    "run {held} of job {root} is being driven by a process; stop it (`baton cancel {root}`) before removing the job"
+                ))
+                .into());
+            }
             continue;
         }
         doomed.push(Doomed {

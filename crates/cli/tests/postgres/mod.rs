@@ -759,6 +759,19 @@ fn purge_removes_ended_jobs_and_everything_they_left(db: &Db<'_>, marker: &str) 
     assert_eq!(gone.status.code(), Some(1), "{}", text(&gone.stdout));
     let verified = db.baton(&["verify"]);
     assert_eq!(verified.status.code(), Some(0), "{}", text(&verified.stdout));
+
+    // An operator removes one job by name: an unended one only when told so.
+    let refused = db.baton(&["purge", "--job", &waiting]);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stdout));
+    let said = text(&refused.stderr);
+    assert!(said.contains("has runs that have not ended") && said.contains("--unended"), "{said}");
+    let removed = db.baton(&["purge", "--job", &waiting, "--unended"]);
+    assert_eq!(removed.status.code(), Some(0), "{}", text(&removed.stderr));
+    assert!(text(&removed.stdout).contains(&format!("purged job {waiting}")));
+    assert!(!text(&db.baton(&["runs"]).stdout).contains(&waiting));
+    let missing = db.baton(&["purge", "--job", "no-such-run"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains("no run no-such-run"), "{}", text(&missing.stderr));
 }
 
 #[test]
