@@ -12,6 +12,7 @@ use crate::sqlite_rows::backend;
 use crate::webhooks::{
     AfterAttempt, Attempt, Claimed, Delivery, DeliveryLog, DeliveryState, WebhookRecord,
 };
+use crate::webhooks::{DELIVERY_COLUMNS, WEBHOOK_COLUMNS as COLUMNS};
 
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
@@ -32,12 +33,6 @@ pub(crate) enum WebhookOp {
     Record(String, Box<Attempt>, AfterAttempt, Reply<bool>),
     Deliveries(String, usize, Reply<Vec<DeliveryLog>>),
 }
-
-const COLUMNS: &str =
-    "id, tenant, url, types, secret, previous_secret, previous_until_us, created_us, removed_us";
-
-const DELIVERY_COLUMNS: &str =
-    "id, webhook_id, run_id, seq, type, body, created_us, next_us, attempts, state, last_error";
 
 fn at(us: Option<i64>) -> Option<DateTime<Utc>> {
     us.and_then(DateTime::from_timestamp_micros)

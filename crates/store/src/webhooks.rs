@@ -25,6 +25,14 @@ pub const TYPES: &[&str] = &[
     "wave.decided",
 ];
 
+/// The columns of `webhooks` both stores read, in this order.
+pub(crate) const WEBHOOK_COLUMNS: &str =
+    "id, tenant, url, types, secret, previous_secret, previous_until_us, created_us, removed_us";
+
+/// The columns of `webhook_deliveries` both stores read, in this order.
+pub(crate) const DELIVERY_COLUMNS: &str =
+    "id, webhook_id, run_id, seq, type, body, created_us, next_us, attempts, state, last_error";
+
 /// Largest delivery body: past it the event's payload is left out (the body says where to
 /// read it).
 pub const BODY_BYTES_MAX: usize = 64 * 1024;

@@ -13,29 +13,30 @@ use crate::webhooks::{
     AfterAttempt, Attempt, Claimed, Delivery, DeliveryLog, DeliveryState, WebhookRecord,
     WebhookStore,
 };
-
-const COLUMNS: &str =
-    "id, tenant, url, types, secret, previous_secret, previous_until_us, created_us, removed_us";
-
-const DELIVERY_COLUMNS: &str =
-    "id, webhook_id, run_id, seq, type, body, created_us, next_us, attempts, state, last_error";
+use crate::webhooks::{DELIVERY_COLUMNS, WEBHOOK_COLUMNS as COLUMNS};
 
 fn at(us: Option<i64>) -> Option<DateTime<Utc>> {
     us.and_then(DateTime::from_timestamp_micros)
 }
 
 fn webhook_of(r: &Row) -> Result<WebhookRecord, Error> {
-    let types: String = r.try_get(3).map_err(pg)?;
+    webhook_from(r, 0)
+}
+
+/// A webhook from the row's columns [`COLUMNS`], the first at `first`.
+fn webhook_from(r: &Row, first: usize) -> Result<WebhookRecord, Error> {
+    let c = |i: usize| first + i;
+    let types: String = r.try_get(c(3)).map_err(pg)?;
     Ok(WebhookRecord {
-        id: r.try_get(0).map_err(pg)?,
-        tenant: r.try_get(1).map_err(pg)?,
-        url: r.try_get(2).map_err(pg)?,
+        id: r.try_get(c(0)).map_err(pg)?,
+        tenant: r.try_get(c(1)).map_err(pg)?,
+        url: r.try_get(c(2)).map_err(pg)?,
         types: types.split(',').filter(|t| !t.is_empty()).map(str::to_owned).collect(),
-        secret: r.try_get(4).map_err(pg)?,
-        previous_secret: r.try_get(5).map_err(pg)?,
-        previous_until: at(r.try_get(6).map_err(pg)?),
-        created_at: at(Some(r.try_get(7).map_err(pg)?)).unwrap_or_default(),
-        removed_at: at(r.try_get(8).map_err(pg)?),
+        secret: r.try_get(c(4)).map_err(pg)?,
+        previous_secret: r.try_get(c(5)).map_err(pg)?,
+        previous_until: at(r.try_get(c(6)).map_err(pg)?),
+        created_at: at(Some(r.try_get(c(7)).map_err(pg)?)).unwrap_or_default(),
+        removed_at: at(r.try_get(c(8)).map_err(pg)?),
     })
 }
 
@@ -213,20 +214,9 @@ impl WebhookStore for PostgresStore {
                 .map_err(pg)?;
             rows.iter()
                 .map(|r| {
+                    // The delivery's columns, then the webhook's.
                     let delivery = delivery_of(r)?;
-                    let w = |i: usize| 11 + i;
-                    let types: String = r.try_get(w(3)).map_err(pg)?;
-                    let webhook = WebhookRecord {
-                        id: r.try_get(w(0)).map_err(pg)?,
-                        tenant: r.try_get(w(1)).map_err(pg)?,
-                        url: r.try_get(w(2)).map_err(pg)?,
-                        types: types.split(',').map(str::to_owned).collect(),
-                        secret: r.try_get(w(4)).map_err(pg)?,
-                        previous_secret: r.try_get(w(5)).map_err(pg)?,
-                        previous_until: at(r.try_get(w(6)).map_err(pg)?),
-                        created_at: at(Some(r.try_get(w(7)).map_err(pg)?)).unwrap_or_default(),
-                        removed_at: at(r.try_get(w(8)).map_err(pg)?),
-                    };
+                    let webhook = webhook_from(r, DELIVERY_COLUMNS.split(", ").count())?;
                     Ok(Claimed { delivery, webhook })
                 })
                 .collect()
