@@ -1629,6 +1629,12 @@ fn the_readme_documents_every_key_of_baton_toml_and_its_examples_parse() {
         "settle_timeout_s",
         "[waves]",
         "max_parallel",
+        "[egress]",
+        "allow_hosts",
+        "allow_private",
+        "[webhooks]",
+        "first_backoff_s",
+        "timeout_s",
     ] {
         assert!(section.contains(&format!("`{key}")) || section.contains(key), "{key}");
     }
