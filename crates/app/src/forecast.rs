@@ -82,7 +82,7 @@ pub async fn sample(
                     continue;
                 }
                 let tree = probe.recorded_tree(&r.run_id).await?;
-                jobs.push((state.input, tree));
+                jobs.push((state.session.input, tree));
             }
             let left_out = match replays {
                 0 => String::new(),

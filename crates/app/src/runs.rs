@@ -317,7 +317,7 @@ pub fn result_json(run_id: &str, state: &RunState, runs: &[(String, usize, RunSt
         "run_id": run_id,
         "scenario_id": state.scenario_id,
         "status": state.status.as_str(),
-        "final_output": state.final_output,
+        "final_output": state.session.final_output,
         "aborted_reason": state.finished.as_ref().and_then(|f| f.aborted_reason.clone()),
         "totals": state.totals,
         "tree_totals": state.tree_totals(),

@@ -296,7 +296,7 @@ pub(crate) async fn report(
             "interrupted: run {run_id} stopped without ending ({}); nothing is lost — continue it with `baton resume {run_id}`",
             escape::one_line(reason)
         )?;
-    } else if let Some(output) = &state.final_output {
+    } else if let Some(output) = &state.session.final_output {
         outln!("output:\n{}", escape::terminal_safe(output, escape::Layout::Block))?;
     }
     Ok(())

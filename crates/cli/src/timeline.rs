@@ -203,6 +203,11 @@ pub(crate) fn line(e: &Event) -> Option<String> {
         EventData::SteeringReceived(m) => {
             format!("steering  {} from {}: {}", m.id, m.by, preview(&m.message, 80))
         }
+        EventData::LateResultDiscarded(l) => format!(
+            "late      {level}: a result{} ({} bytes) came after the cancel and was dropped",
+            l.verdict.as_ref().map_or(String::new(), |v| format!(" ({v})")),
+            l.output_bytes
+        ),
         EventData::SteeringDelivered(d) => {
             format!("steered   {level}: call {} took {}", d.call_index, d.ids.join(", "))
         }

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use crate::event::{ApprovalDecided, CancelRequested, Event, EventData, NewEvent, UserAnswered};
 use crate::exec::{EXTERNAL_APPEND_TRIES_MAX, Engine, Error, Outcome, Writer, settle_workspace};
-use crate::state::{PendingApproval, RunState, Status, fold};
+use crate::state::{PendingApproval, RunState, fold};
 use crate::store;
 use crate::workspace::{WorkspaceRequest, off_thread};
 
@@ -65,7 +65,7 @@ impl Engine {
             let Some(ask) = &state.pending_ask else {
                 return Err(refuse("the run is not waiting for an answer".to_owned()));
             };
-            if state.answers.iter().any(|(id, _)| id == &ask.call_id) {
+            if state.session.answers.iter().any(|(id, _)| id == &ask.call_id) {
                 let at = log.iter().rev().find_map(|e| match &e.data {
                     EventData::UserAnswered(a) if a.call_id == ask.call_id => Some(e.at),
                     _ => None,
@@ -222,7 +222,7 @@ impl Engine {
             let stamped = event.at(seq, now);
             let mut next = state;
             next.apply(&stamped);
-            let status = if next.awaiting_person() { Status::Paused } else { next.status };
+            let status = next.recorded_status();
             match self.store.append(run_id, seq, vec![stamped], status.as_str()).await {
                 Ok(()) => return Ok(Some(out)),
                 Err(store::Error::Conflict { .. }) => {}
@@ -287,14 +287,14 @@ impl Engine {
                         }
                     )));
                 }
-                if state.steering.len() >= crate::steering::UNDELIVERED_MAX {
+                if state.session.steering.len() >= crate::steering::UNDELIVERED_MAX {
                     return Err(refuse(format!(
                         "the run holds {} steering messages no model call has taken yet; send more once it has (nothing was recorded)",
                         crate::steering::UNDELIVERED_MAX
                     )));
                 }
                 let received = crate::event::SteeringReceived {
-                    id: format!("steer-{}", state.steering_received + 1),
+                    id: format!("steer-{}", state.session.steering_received + 1),
                     by: by.to_owned(),
                     message: message.to_owned(),
                 };

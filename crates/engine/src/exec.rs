@@ -25,6 +25,7 @@ use crate::runner::settled_channel;
 use crate::runner::{LevelRun, Runtime};
 use tokio::sync::mpsc;
 
+mod late;
 mod steered;
 mod watch;
 use crate::state::{RunState, Status, fold};
@@ -692,11 +693,16 @@ impl Engine {
                         // The step was cut short: keep none of its work, only what its model
                         // calls spent; the cancel is in the log (or the driver is stopping).
                         // A run not yet in the store has no other writer: nothing to re-read.
+                        // A result the step reached anyway is dropped, and said so.
+                        let late = Writer::late_result(
+                            events.iter().map(|e| (e.level_id.as_deref(), e.attempt, &e.data)),
+                        );
                         let spent = spend_of(events);
                         if w.create.is_none() {
                             w.reload().await?;
                         }
                         w.stage(spent);
+                        w.stage_late_result(late);
                         continue;
                     }
                     if let Some(reason) = cancel.progress().take_interruption() {
@@ -782,7 +788,7 @@ pub(crate) async fn settle_workspace(
     let Some(info) = state.workspace.clone() else { return Ok(()) };
     let head = state.workspace_head.clone().unwrap_or_else(|| info.base.clone());
     match state.status {
-        Status::Cancelled if edits => {
+        _ if edits && state.ended_by_cancel() => {
             off_thread(move || workspace.restore(&info.base)).await?;
         }
         Status::Completed => {
@@ -874,11 +880,7 @@ impl<'a> Writer<'a> {
     }
 
     pub(crate) fn status(&self) -> Status {
-        if self.state.awaiting_person() && !self.state.status.is_final() {
-            Status::Paused
-        } else {
-            self.state.status
-        }
+        self.state.recorded_status()
     }
 
     /// Appends `events` after the stored ones; false when another writer got in first and
@@ -910,10 +912,28 @@ impl<'a> Writer<'a> {
                             ),
                         });
                     }
+                    // A level's result that a cancel got in ahead of is dropped with the
+                    // rest, and said so; what its calls spent is kept.
+                    let lost = || {
+                        events
+                            .iter()
+                            .chain(&self.pending)
+                            .map(|e| (e.level_id.as_deref(), e.attempt, &e.data))
+                    };
+                    let late = Self::late_result(lost());
+                    let spent: Vec<NewEvent> = lost()
+                        .filter(|(_, _, data)| data.spend().is_some())
+                        .map(|(level_id, attempt, data)| NewEvent {
+                            level_id: level_id.map(str::to_owned),
+                            attempt,
+                            data: data.clone(),
+                        })
+                        .collect();
                     match self.after_steering(events).await? {
                         Some(renumbered) => events = renumbered,
                         None => {
                             self.reload().await?;
+                            self.stage_after_cancel(spent, late);
                             return Ok(false);
                         }
                     }

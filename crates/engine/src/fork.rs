@@ -123,7 +123,9 @@ impl Engine {
         };
         for (key, value) in &edits.scratchpad {
             crate::scratchpad::check_key(key)
-                .and_then(|()| crate::scratchpad::check_write(&state.scratchpad, key, value))
+                .and_then(|()| {
+                    crate::scratchpad::check_write(&state.session.scratchpad, key, value)
+                })
                 .map_err(|why| refuse(format!("--set scratchpad.{key}: {why}")))?;
         }
         let (workspace, restored) = match &state.workspace {

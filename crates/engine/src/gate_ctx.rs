@@ -103,11 +103,13 @@ impl Context for GateContext<'_> {
                 }
             }
             Root::Scratchpad => s
+                .session
                 .scratchpad
                 .get(&seg[1])
                 .and_then(|v| walk(v, &seg[2..]))
                 .map_or(Val::Undefined, json_val),
             Root::Metadata => s
+                .session
                 .metadata
                 .get(&seg[1])
                 .and_then(|v| walk(v, &seg[2..]))
@@ -137,9 +139,10 @@ impl Context for GateContext<'_> {
             Root::Result => Val::Undefined,
             Root::Input => {
                 if seg.len() == 1 {
-                    return Val::Str(&s.input);
+                    return Val::Str(&s.session.input);
                 }
-                s.input_json
+                s.session
+                    .input_json
                     .as_ref()
                     .and_then(|v| walk(v, &seg[1..]))
                     .map_or(Val::Undefined, json_val)

@@ -123,7 +123,7 @@ impl Engine {
         };
         let child_run_id = child_run_id(run_id, CHAIN_LINK);
         let slice = state.tree_cost_left();
-        let mut metadata = state.metadata.clone();
+        let mut metadata = state.session.metadata.clone();
         metadata.insert("chained_from".to_owned(), Value::String(state.scenario_id.clone()));
         metadata.insert("chosen_intent_route".to_owned(), Value::String(route.to_owned()));
         events.extend([
@@ -141,7 +141,7 @@ impl Engine {
                 scenario_id: target.id.clone(),
                 scenario_version: target.version,
                 checksum: target.checksum.clone(),
-                input: state.input.clone(),
+                input: state.session.input.clone(),
                 metadata,
                 budget: caps(&target, slice),
                 depth,

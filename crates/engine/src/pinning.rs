@@ -11,7 +11,7 @@ use baton_scenario::{Scenario, Texts};
 
 use crate::event::{EventData, NewEvent, ScenarioUpgraded};
 use crate::exec::{EXTERNAL_APPEND_TRIES_MAX, Engine, Error};
-use crate::state::{Next, RunState, Status};
+use crate::state::{Next, RunState};
 use crate::store;
 
 /// What asking to upgrade a run did.
@@ -78,7 +78,7 @@ impl Engine {
             let seq = state.last_seq + 1;
             let event = NewEvent::run(EventData::ScenarioUpgraded(upgraded.clone()))
                 .at(seq, self.clock.now());
-            let status = if state.awaiting_person() { Status::Paused } else { state.status };
+            let status = state.recorded_status();
             match self.store.append(run_id, seq, vec![event], status.as_str()).await {
                 Ok(()) => return Ok(Upgrade::Moved(upgraded)),
                 // A decision or an answer landed meanwhile: check again on the new log.

@@ -646,7 +646,13 @@ pub fn cancelled(state: &RunState) -> Vec<NewEvent> {
         };
         events.push(NewEvent::level(id, wave.attempt, EventData::WaveDecided(decided)));
     }
-    events.extend(end(state, FinalStatus::Cancelled, Some("cancelled_by_user".to_owned())));
+    // A result that came after the cancel was dropped: the run ends `aborted`, as the
+    // reference names a worker whose success came after its abort.
+    let (status, reason) = match &state.late_result {
+        Some(_) => (FinalStatus::Aborted, crate::event::LATE_RESULT_AFTER_CANCEL),
+        None => (FinalStatus::Cancelled, "cancelled_by_user"),
+    };
+    events.extend(end(state, status, Some(reason.to_owned())));
     events
 }
 
@@ -663,8 +669,8 @@ pub(crate) fn end(state: &RunState, status: FinalStatus, reason: Option<String>)
         events.push(NewEvent::level(id, attempt, EventData::LevelFinished(skipped())));
     }
     let final_output = match status {
-        FinalStatus::Completed => state.final_output.clone().or_else(|| last_output(state)),
-        _ => state.final_output.clone(),
+        FinalStatus::Completed => state.session.final_output.clone().or_else(|| last_output(state)),
+        _ => state.session.final_output.clone(),
     };
     events.push(NewEvent::run(EventData::ScenarioFinished(ScenarioFinished {
         status,
@@ -679,7 +685,7 @@ pub(crate) fn end(state: &RunState, status: FinalStatus, reason: Option<String>)
 
 /// Without a terminal level, the run's output is that of the last level that produced one.
 fn last_output(state: &RunState) -> Option<String> {
-    state.last_output.clone()
+    state.session.last_output.clone()
 }
 
 fn skipped() -> LevelFinished {

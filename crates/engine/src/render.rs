@@ -95,21 +95,28 @@ impl Object for Ctx {
     fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
         let s = &self.state;
         Some(match key.as_str()? {
-            "input" => minijinja::Value::from(s.input.as_str()),
+            "input" => minijinja::Value::from(s.session.input.as_str()),
             "level" => minijinja::Value::from_object(Levels(Arc::clone(s))),
-            "scratchpad" => serde(&s.scratchpad),
+            "scratchpad" => serde(&s.session.scratchpad),
             "feedback" => {
-                let feedback =
-                    s.scratchpad.get("build_feedback").or_else(|| s.scratchpad.get("feedback"));
+                let feedback = s
+                    .session
+                    .scratchpad
+                    .get("build_feedback")
+                    .or_else(|| s.session.scratchpad.get("feedback"));
                 feedback.map_or(minijinja::Value::from(()), serde)
             }
-            "metadata" => serde(&s.metadata),
+            "metadata" => serde(&s.session.metadata),
             "attempt" => minijinja::Value::from(s.level(&self.level_id).map_or(1, |l| l.attempts)),
             "scenario" => serde(&json!({"id": s.scenario_id, "version": s.scenario_version})),
             "catalog" => serde(self.catalog.as_ref()),
             "answers" => {
-                let answers: Vec<Value> =
-                    s.answers.iter().map(|(id, a)| json!({"call_id": id, "answer": a})).collect();
+                let answers: Vec<Value> = s
+                    .session
+                    .answers
+                    .iter()
+                    .map(|(id, a)| json!({"call_id": id, "answer": a}))
+                    .collect();
                 serde(&answers)
             }
             "run" => serde(&json!({"id": self.run_id})),

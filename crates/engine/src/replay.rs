@@ -623,7 +623,7 @@ impl Summary {
             if run.links.is_empty() {
                 s.status = state.status.as_str().to_owned();
                 // An output naming a run or a workspace names it by its place.
-                s.output = state.final_output.as_deref().map(|o| ids.rename(o));
+                s.output = state.session.final_output.as_deref().map(|o| ids.rename(o));
                 let totals = state.tree_totals();
                 s.cost_usd = totals.cost_usd;
                 s.tokens = totals.tokens;

@@ -168,18 +168,41 @@ impl ChildRun {
     }
 }
 
+/// A run's session: what it works on and with — its input and metadata, the notes its
+/// levels leave (the scratchpad), the answers people gave, its outputs and the steering
+/// messages waiting. Prompts and gates read it; the orchestration state beside it in
+/// [`RunState`] (status, the level in flight, what comes next, waits, counters) is what
+/// the planner decides on. Both are folds of the one log.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SessionState {
+    pub input: String,
+    /// The input read as JSON, when it is JSON (gates read `input.<path>` from it).
+    pub input_json: Option<Value>,
+    pub metadata: Map<String, Value>,
+    pub scratchpad: Map<String, Value>,
+    /// Answers to `ask_user` requests, by call id, in order.
+    pub answers: Vec<(String, Value)>,
+    pub final_output: Option<String>,
+    /// The output of the last top-level level that finished with one.
+    pub last_output: Option<String>,
+    /// Steering messages recorded and not yet delivered to a model call, oldest first.
+    pub steering: Vec<crate::event::SteeringReceived>,
+    /// Steering messages recorded, delivered or not (the next one is `steer-N+1`).
+    pub steering_received: u32,
+}
+
 /// The state of a run, as of its last event.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunState {
+    /// The session: the data the run works on and with, apart from this orchestration
+    /// state (where the run stands in its graph, what it waits for, what comes next).
+    #[serde(flatten)]
+    pub session: SessionState,
     pub status: Status,
     pub last_seq: u64,
     pub scenario_id: String,
     pub scenario_version: u32,
     pub checksum: String,
-    pub input: String,
-    /// The input read as JSON, when it is JSON (gates read `input.<path>` from it).
-    pub input_json: Option<Value>,
-    pub metadata: Map<String, Value>,
     pub started_at: Option<DateTime<Utc>>,
     pub budget: BudgetCaps,
     pub max_attempts_per_conflict: u32,
@@ -204,22 +227,19 @@ pub struct RunState {
     pub confidence: Option<f64>,
     /// Failures counted per conflict.
     pub tracker: BTreeMap<String, u32>,
-    pub scratchpad: Map<String, Value>,
     pub totals: Totals,
     pub budget_exceeded: Option<BudgetExceeded>,
     pub aborted_reason: Option<String>,
     pub cancel_requested: Option<CancelRequested>,
+    /// A level's result dropped because the cancel came first: the cancel then ends the
+    /// run `aborted` (`late_result_after_cancel`).
+    pub late_result: Option<crate::event::LateResultDiscarded>,
     /// Every approval request whose level has not finished, in the order they were made
     /// (a fan-out's approval children each ask their own). Decided ones stay here until the
     /// planner closes their level.
     pub pending_approvals: Vec<PendingApproval>,
     pub decisions: BTreeMap<String, ApprovalDecided>,
     pub pending_ask: Option<AskUser>,
-    /// Answers to `ask_user` requests, by call id, in order.
-    pub answers: Vec<(String, Value)>,
-    pub final_output: Option<String>,
-    /// The output of the last top-level level that finished with one.
-    pub last_output: Option<String>,
     pub finished: Option<ScenarioFinished>,
     /// Level executions started, all levels together.
     pub level_runs: u32,
@@ -257,23 +277,17 @@ pub struct RunState {
     pub tenant: Option<String>,
     /// Each wave level's current attempt, by level id.
     pub waves: BTreeMap<String, crate::wave::WaveState>,
-    /// Steering messages recorded and not yet delivered to a model call, oldest first.
-    pub steering: Vec<crate::event::SteeringReceived>,
-    /// Steering messages recorded, delivered or not (the next one is `steer-N+1`).
-    pub steering_received: u32,
 }
 
 impl Default for RunState {
     fn default() -> Self {
         RunState {
+            session: SessionState::default(),
             status: Status::New,
             last_seq: 0,
             scenario_id: String::new(),
             scenario_version: 0,
             checksum: String::new(),
-            input: String::new(),
-            input_json: None,
-            metadata: Map::new(),
             started_at: None,
             budget: BudgetCaps::default(),
             max_attempts_per_conflict: 3,
@@ -290,17 +304,14 @@ impl Default for RunState {
             escalate_now: false,
             confidence: None,
             tracker: BTreeMap::new(),
-            scratchpad: Map::new(),
             totals: Totals::default(),
             budget_exceeded: None,
             aborted_reason: None,
             cancel_requested: None,
+            late_result: None,
             pending_approvals: Vec::new(),
             decisions: BTreeMap::new(),
             pending_ask: None,
-            answers: Vec::new(),
-            final_output: None,
-            last_output: None,
             finished: None,
             level_runs: 0,
             interrupted: None,
@@ -318,8 +329,6 @@ impl Default for RunState {
             children: Vec::new(),
             tenant: None,
             waves: BTreeMap::new(),
-            steering: Vec::new(),
-            steering_received: 0,
         }
     }
 }
@@ -352,7 +361,7 @@ impl RunState {
         let ask = self
             .pending_ask
             .as_ref()
-            .is_some_and(|a| !self.answers.iter().any(|(id, _)| id == &a.call_id));
+            .is_some_and(|a| !self.session.answers.iter().any(|(id, _)| id == &a.call_id));
         approval || ask
     }
 
@@ -392,6 +401,25 @@ impl RunState {
     }
 
     /// Applies one event. Total: an event that does not fit the state is absorbed.
+    /// The status the run's record in the store keeps for it, a cache of the log: `paused`
+    /// while it waits for a person and has not ended, else the folded status. Every writer
+    /// records it with its append, and `baton verify` checks the record against it.
+    pub fn recorded_status(&self) -> Status {
+        if self.awaiting_person() && !self.status.is_final() { Status::Paused } else { self.status }
+    }
+
+    /// Whether the run is a wave's worker (a child a wave started for an assignment).
+    pub fn is_wave_worker(&self) -> bool {
+        self.parent.as_ref().is_some_and(|p| p.link.starts_with(crate::wave::LINK_PREFIX))
+    }
+
+    /// Whether the run ended by its cancel: `cancelled`, or `aborted` because a level's
+    /// result came after the cancel. Either way its work is discarded.
+    pub fn ended_by_cancel(&self) -> bool {
+        self.status == Status::Cancelled
+            || (self.status == Status::Aborted && self.late_result.is_some())
+    }
+
     pub fn apply(&mut self, event: &Event) {
         self.apply_data(event);
         // The time waited for a person, from the events' own times: from the first event
@@ -417,9 +445,9 @@ impl RunState {
                 self.scenario_id.clone_from(&s.scenario_id);
                 self.scenario_version = s.scenario_version;
                 self.checksum.clone_from(&s.checksum);
-                self.input.clone_from(&s.input);
-                self.input_json = serde_json::from_str(&s.input).ok();
-                self.metadata.clone_from(&s.metadata);
+                self.session.input.clone_from(&s.input);
+                self.session.input_json = serde_json::from_str(&s.input).ok();
+                self.session.metadata.clone_from(&s.metadata);
                 self.started_at = Some(event.at);
                 self.budget = s.budget;
                 self.max_attempts_per_conflict = s.max_attempts_per_conflict;
@@ -435,11 +463,11 @@ impl RunState {
             EventData::RunReplayed(r) => self.replay_of = Some(r.clone()),
             EventData::RunForked(f) => {
                 if let Some(input) = &f.input {
-                    self.input.clone_from(input);
-                    self.input_json = serde_json::from_str(input).ok();
+                    self.session.input.clone_from(input);
+                    self.session.input_json = serde_json::from_str(input).ok();
                 }
                 for (key, value) in &f.scratchpad {
-                    crate::scratchpad::apply(&mut self.scratchpad, key, value);
+                    crate::scratchpad::apply(&mut self.session.scratchpad, key, value);
                 }
                 if let Some(u) = &f.scenario {
                     self.scenario_version = u.version;
@@ -491,7 +519,7 @@ impl RunState {
                 }
             }
             EventData::ScratchpadWritten(w) => {
-                crate::scratchpad::apply(&mut self.scratchpad, &w.key, &w.value);
+                crate::scratchpad::apply(&mut self.session.scratchpad, &w.key, &w.value);
             }
             EventData::ScenarioChained(c) => self.chained = Some(c.clone()),
             EventData::ChildRunStarted(c) => {
@@ -596,7 +624,7 @@ impl RunState {
             }
             EventData::UserAnswered(a) => {
                 self.last_decider = Some("user".to_owned());
-                self.answers.push((a.call_id.clone(), a.answer.clone()));
+                self.session.answers.push((a.call_id.clone(), a.answer.clone()));
                 if self.pending_ask.as_ref().is_some_and(|p| p.call_id == a.call_id) {
                     self.status = Status::Running;
                 }
@@ -668,7 +696,7 @@ impl RunState {
                     self.in_flight = None;
                     self.route_pending = Some(level_id.to_owned());
                     if f.ok && !f.skipped && !f.output.is_empty() {
-                        self.last_output = Some(f.output.clone());
+                        self.session.last_output = Some(f.output.clone());
                     }
                     if f.ok
                         && !f.skipped
@@ -685,9 +713,9 @@ impl RunState {
                 self.pending_approvals.retain(|p| p.level_id != level_id);
                 for (key, value) in &f.scratchpad {
                     if value.is_null() {
-                        self.scratchpad.remove(key);
+                        self.session.scratchpad.remove(key);
                     } else {
-                        self.scratchpad.insert(key.clone(), value.clone());
+                        self.session.scratchpad.insert(key.clone(), value.clone());
                     }
                 }
                 if let Some(conflict) = &f.conflict {
@@ -701,7 +729,7 @@ impl RunState {
                     self.workspace_head.clone_from(&f.snapshot);
                 }
                 if f.terminal && f.ok && !f.skipped {
-                    self.final_output = Some(f.output.clone());
+                    self.session.final_output = Some(f.output.clone());
                 }
             }
             EventData::GateDecision(g) => {
@@ -725,12 +753,15 @@ impl RunState {
             EventData::CancelRequested(c) => {
                 self.cancel_requested = Some(c.clone());
             }
+            EventData::LateResultDiscarded(l) => {
+                self.late_result = Some(l.clone());
+            }
             EventData::SteeringReceived(m) => {
-                self.steering_received += 1;
-                self.steering.push(m.clone());
+                self.session.steering_received += 1;
+                self.session.steering.push(m.clone());
             }
             EventData::SteeringDelivered(d) => {
-                self.steering.retain(|m| !d.ids.contains(&m.id));
+                self.session.steering.retain(|m| !d.ids.contains(&m.id));
             }
             EventData::PromptSent(_)
             | EventData::AgentHandoff(_)
@@ -760,7 +791,7 @@ impl RunState {
                 };
                 // The run's output as it ended: a chained job's is the chained run's.
                 if f.final_output.is_some() {
-                    self.final_output.clone_from(&f.final_output);
+                    self.session.final_output.clone_from(&f.final_output);
                 }
                 self.finished = Some(f.clone());
                 self.in_flight = None;

@@ -255,7 +255,7 @@ impl LevelRun {
         let mut turns: Vec<Turn> = Vec::new();
         let mut touched: BTreeSet<String> = BTreeSet::new();
         // The run's notes with this attempt's writes, as the scratchpad tools see them.
-        let mut pad = self.state.scratchpad.clone();
+        let mut pad = self.state.session.scratchpad.clone();
         let mut last_text = String::new();
         let mut turn = 0;
         let ending = loop {

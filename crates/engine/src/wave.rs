@@ -23,7 +23,7 @@ use baton_scenario::limits::{WAVE_PARALLEL_DEFAULT, WAVE_PARALLEL_MAX};
 
 use crate::event::{
     Assignment, ChildRunSettled, FinalStatus, WaveCounts, WaveDecided, WaveDecision,
-    WaveDispatched, WavePlanned, WaveRecorded, WorkerOutcome,
+    WaveDispatched, WaveOrder, WavePlanned, WaveRecorded, WorkerOutcome,
 };
 
 /// Longest task title, in characters.
@@ -258,19 +258,22 @@ impl WaveState {
         WaveDecision::Complete
     }
 
-    /// The planned assignments that may be dispatched now under `max_parallel`, in plan
-    /// order.
+    /// The planned assignments that may be dispatched now under `max_parallel`, in the
+    /// wave's recorded admission order ([`admission_order`]).
     pub fn admissible(&self, max_parallel: u32) -> Vec<&Assignment> {
         if self.decide(false, max_parallel) != WaveDecision::Dispatch {
             return Vec::new();
         }
         let free = max_parallel.saturating_sub(self.counts().in_flight) as usize;
-        self.assignments
+        let waiting: Vec<&Assignment> = self
+            .assignments
             .iter()
             .filter(|a| a.dispatched.is_none() && a.settled.is_none())
-            .take(free)
             .map(|a| &a.assignment)
-            .collect()
+            .collect();
+        let mut admitted = admission_order(self.plan.order, waiting);
+        admitted.truncate(free);
+        admitted
     }
 
     /// What the wave spent, all assignments together.
@@ -321,10 +324,29 @@ impl WaveState {
     }
 }
 
+/// The scheduling hook: the waiting assignments (in plan order) in the order `order`
+/// admits them. A strategy is a pure function of the wave's folded state, named on
+/// `wave_planned`: the dispatcher, `baton wave dispatch` and every replay call this one
+/// function, so they agree on what comes next; a new strategy is a new [`WaveOrder`].
+pub fn admission_order(order: WaveOrder, mut waiting: Vec<&Assignment>) -> Vec<&Assignment> {
+    match order {
+        WaveOrder::Plan => {}
+        // A stable sort: the plan's order among equals.
+        WaveOrder::Priority => waiting.sort_by_key(|a| match a.priority.as_deref() {
+            Some("high") => 0,
+            Some("medium") => 1,
+            Some("low") => 2,
+            _ => 3,
+        }),
+    }
+    waiting
+}
+
 /// The settlement a worker's run gives its assignment.
 ///
 /// Where reports are required (every wave planned since), the stricter of the run's
-/// status (completed, failed or aborted → failed, cancelled → cancelled) and the worker
+/// status (completed, failed or aborted → failed, cancelled or aborted by a result that
+/// came after the cancel → cancelled) and the worker
 /// report ending its output, in the order completed < partial < blocked < failed <
 /// cancelled; a completed run without a report fails (`report missing`), and a report
 /// that is there but does not read fails the assignment with why. Before, a completed
@@ -342,8 +364,11 @@ pub fn settlement_of(c: &ChildRunSettled, reports_required: bool) -> Settlement 
         c.status.as_str(),
         c.aborted_reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()
     );
+    let late = c.aborted_reason.as_deref() == Some(crate::event::LATE_RESULT_AFTER_CANCEL);
     let by_status = match c.status {
         FinalStatus::Completed => WorkerOutcome::Completed,
+        // A worker whose result came after its cancel was cancelled, not failed.
+        FinalStatus::Aborted if late => WorkerOutcome::Cancelled,
         FinalStatus::Failed | FinalStatus::Aborted => WorkerOutcome::Failed,
         FinalStatus::Cancelled => WorkerOutcome::Cancelled,
     };
@@ -610,6 +635,7 @@ mod tests {
             command: None,
             dispatch: "auto".to_owned(),
             reports_required: true,
+            order: WaveOrder::Plan,
         };
         WaveState::new("wave", 1, plan)
     }
@@ -648,6 +674,35 @@ mod tests {
         assert_eq!(w.decide(false, 2), WaveDecision::Dispatch);
         let next: Vec<String> = w.admissible(2).iter().map(|a| a.id.clone()).collect();
         assert_eq!(next, ["assign-003"]);
+    }
+
+    #[test]
+    fn the_priority_order_admits_high_before_medium_before_low_and_the_plan_among_equals() {
+        let mut w = wave(6);
+        let priorities = [Some("low"), None, Some("high"), Some("medium"), Some("high"), None];
+        for (a, p) in w.assignments.iter_mut().zip(priorities) {
+            a.assignment.priority = p.map(str::to_owned);
+        }
+        let ids = |w: &WaveState, n: u32| -> Vec<String> {
+            w.admissible(n).iter().map(|a| a.id.clone()).collect()
+        };
+        // The plan's order, recorded or not, takes them as planned.
+        assert_eq!(ids(&w, 3), ["assign-001", "assign-002", "assign-003"]);
+        w.plan.order = WaveOrder::Priority;
+        assert_eq!(
+            ids(&w, 6),
+            ["assign-003", "assign-005", "assign-004", "assign-001", "assign-002", "assign-006"]
+        );
+        // The window slides in that order.
+        dispatch(&mut w, "assign-003");
+        dispatch(&mut w, "assign-005");
+        assert_eq!(ids(&w, 3), ["assign-004"]);
+        // The order is a recorded setting: absent from a plan written before it existed.
+        let mut planned = serde_json::to_value(&w.plan).expect("a plan serializes");
+        assert_eq!(planned["order"], "priority");
+        planned.as_object_mut().expect("a plan is an object").remove("order");
+        let old: WavePlanned = serde_json::from_value(planned).expect("an older plan reads");
+        assert_eq!(old.order, WaveOrder::Plan);
     }
 
     #[test]
@@ -766,6 +821,21 @@ mod tests {
         let missing = settlement_of(&settled(FinalStatus::Completed, "done"), true);
         assert!(missing.summary.starts_with("report missing"), "{}", missing.summary);
         assert_eq!(missing.reason.as_deref(), Some("report"));
+    }
+
+    #[test]
+    fn a_worker_aborted_by_a_result_after_its_cancel_counts_cancelled_not_failed() {
+        let mut c = settled(FinalStatus::Aborted, "");
+        c.final_output = None;
+        c.aborted_reason = Some(crate::event::LATE_RESULT_AFTER_CANCEL.to_owned());
+        for required in [true, false] {
+            let s = settlement_of(&c, required);
+            assert_eq!(s.outcome, WorkerOutcome::Cancelled, "reports required: {required}");
+            assert!(s.summary.contains(crate::event::LATE_RESULT_AFTER_CANCEL), "{}", s.summary);
+        }
+        // Any other abort (a budget, a limit) still fails the assignment.
+        c.aborted_reason = Some("budget_exceeded:cost".to_owned());
+        assert_eq!(settlement_of(&c, true).outcome, WorkerOutcome::Failed);
     }
 
     #[test]

@@ -148,7 +148,16 @@ impl Engine {
                         if a.dispatched.is_some() || a.settled.is_some() {
                             return Err(refused(format!("assignment `{id}` is already {}", a.stage())));
                         }
-                        if !w.admissible(parallel).iter().any(|p| &p.id == id) {
+                        let admissible = w.admissible(parallel);
+                        if !admissible.is_empty() && !admissible.iter().any(|p| &p.id == id) {
+                            let next: Vec<&str> = admissible.iter().map(|p| p.id.as_str()).collect();
+                            return Err(refused(format!(
+                                "assignment `{id}` is not next in the wave's `{}` order: dispatch {} first",
+                                w.plan.order.as_str(),
+                                next.join(", ")
+                            )));
+                        }
+                        if admissible.is_empty() {
                             return Err(refused(format!(
                                 "assignment `{id}` cannot be dispatched now: the decision is `{}` ({} in flight of at most {parallel})",
                                 w.decide(false, parallel).as_str(),

@@ -16,7 +16,7 @@ use crate::wave::{TASK_ID_CHARS_MAX, TEXT_BYTES_MAX, TITLE_CHARS_MAX};
 /// is an error naming its JSON pointer, before any worker exists.
 pub fn plan(spec: &WaveSpec, state: &RunState) -> Result<WavePlanned, String> {
     let (data, whence) = match &spec.source {
-        WaveSource::Input => match &state.input_json {
+        WaveSource::Input => match &state.session.input_json {
             Some(v) => (v, "the run's input".to_owned()),
             None => {
                 return Err(
@@ -171,5 +171,6 @@ pub fn plan(spec: &WaveSpec, state: &RunState) -> Result<WavePlanned, String> {
         }
         .to_owned(),
         reports_required: true,
+        order: spec.order,
     })
 }

@@ -686,7 +686,7 @@ async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
     engine.run(&run_id, &scenario, "there", serde_json::Map::new(), None).await.unwrap();
     let state = engine.state(&run_id).await.unwrap();
     assert_eq!(
-        state.final_output.as_deref(),
+        state.session.final_output.as_deref(),
         Some("Hello! A reply streamed in many small pieces.")
     );
     let streamed: Vec<u64> = engine

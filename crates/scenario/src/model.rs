@@ -10,6 +10,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 pub use crate::expr::ErrorKind;
+pub use crate::raw::WaveOrder;
+
 use crate::expr::Gate;
 use crate::rubric::Rubric;
 use crate::schema::JsonSchema;
@@ -198,6 +200,8 @@ pub struct WaveSpec {
     pub max_assignments: u32,
     pub dispatch: WaveDispatch,
     pub context: Option<String>,
+    /// The order planned assignments are admitted in.
+    pub order: WaveOrder,
 }
 
 /// Where a wave's assignments come from.

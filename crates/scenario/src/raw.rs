@@ -257,6 +257,45 @@ pub struct RawWave {
     /// after it).
     #[serde(default)]
     pub context: Option<Located<String>>,
+    /// The order planned assignments are admitted in: `plan` (the default) or `priority`
+    /// (`high`, `medium`, `low`, then none; the plan's order among equals). Recorded on
+    /// `wave_planned`.
+    #[serde(default)]
+    pub order: Option<Located<WaveOrder>>,
+}
+
+/// The order a wave admits its planned assignments in: the scheduling strategy, chosen
+/// by the scenario (`wave.order`) and recorded on `wave_planned`, so every driver of the
+/// wave and every replay of it admits the same assignments in the same order.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum WaveOrder {
+    /// The plan's order.
+    #[default]
+    Plan,
+    /// `high` before `medium` before `low` before no priority; the plan's order among
+    /// equals.
+    Priority,
+}
+
+impl WaveOrder {
+    pub const ALL: [WaveOrder; 2] = [WaveOrder::Plan, WaveOrder::Priority];
+
+    /// The order as written.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WaveOrder::Plan => "plan",
+            WaveOrder::Priority => "priority",
+        }
+    }
+
+    /// Whether it is the plan's order (the default, left out of the log).
+    #[allow(clippy::trivially_copy_pass_by_ref)]
+    pub fn is_plan(&self) -> bool {
+        *self == WaveOrder::Plan
+    }
 }
 
 /// Who dispatches a wave's assignments.

@@ -175,7 +175,7 @@ fn run_view_of(record: RunRecord, state: &RunState, waiting_on: Vec<Waiting>) ->
         verdict: state.verdict.clone(),
         waiting_on,
         children: state.children.iter().map(|c| c.started.child_run_id.clone()).collect(),
-        output: state.final_output.clone(),
+        output: state.session.final_output.clone(),
         reason: state
             .aborted_reason
             .clone()

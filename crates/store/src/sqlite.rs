@@ -21,7 +21,12 @@
 //! `BATON_FAILPOINT_ABORT_AFTER_WRITES=N`, it aborts right after the commit that makes the
 //! N-th event this process wrote durable, whichever runs they belong to (a job's tree); with
 //! `BATON_FAILPOINT_CANCEL_ROOT_AFTER_WRITES=N`, a `cancel_requested` is appended to the
-//! job's root right after that commit (a cancel at any point of a wave's tree).
+//! job's root right after that commit (a cancel at any point of a wave's tree); with
+//! `BATON_FAILPOINT_CANCEL_BEFORE_KIND=KIND`, a `cancel_requested` is appended to every
+//! unended run of a job's tree (as `baton cancel` of its root writes them) right before the
+//! first append of this process that holds an event of that kind, so that append is refused
+//! as another writer's would be (a cancel that got in between a step's result and its
+//! commit).
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -326,6 +331,7 @@ impl SqliteStore {
             abort_after_writes: number("BATON_FAILPOINT_ABORT_AFTER_WRITES"),
             cancel_after: number("BATON_FAILPOINT_CANCEL_AFTER_EVENT"),
             cancel_root_after_writes: number("BATON_FAILPOINT_CANCEL_ROOT_AFTER_WRITES"),
+            cancel_before_kind: std::env::var("BATON_FAILPOINT_CANCEL_BEFORE_KIND").ok(),
         };
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
@@ -649,15 +655,22 @@ fn hash_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 /// The test failpoints of the module's doc, as the environment set them.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Failpoints {
     abort_after: Option<u64>,
     abort_after_writes: Option<u64>,
     cancel_after: Option<u64>,
     cancel_root_after_writes: Option<u64>,
+    /// Taken (set to `None`) when it fires: it fires once per process.
+    cancel_before_kind: Option<String>,
 }
 
-fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoints, stats: &Stats) {
+fn serve(
+    mut conn: Connection,
+    rx: &mpsc::Receiver<Request>,
+    mut failpoint: Failpoints,
+    stats: &Stats,
+) {
     // Events this process has written, for the writes failpoint.
     let mut written = 0u64;
     let mut packer = Packer::default();
@@ -675,7 +688,8 @@ fn serve(mut conn: Connection, rx: &mpsc::Receiver<Request>, failpoint: Failpoin
         let (leases, reads): (Vec<Request>, Vec<Request>) =
             reads.into_iter().partition(|r| matches!(r, Request::Lease(..)));
         if !writes.is_empty() {
-            write_group(&mut conn, &mut packer, writes, failpoint, &mut written);
+            cancel_before_kind(&mut conn, &mut packer, &writes, &mut failpoint.cancel_before_kind);
+            write_group(&mut conn, &mut packer, writes, &failpoint, &mut written);
             let commits = stats.commits.fetch_add(1, Ordering::Relaxed) + 1;
             if commits.is_multiple_of(COMMITS_PER_CHECKPOINT) {
                 // A passive checkpoint never blocks readers; what it cannot copy now waits
@@ -720,11 +734,63 @@ fn serve_reads(conn: &Connection, rx: &std::sync::Mutex<mpsc::Receiver<Request>>
     }
 }
 
+/// Test failpoint: `baton cancel` of a job from another process, right before the first
+/// append of an event of `kind` to one of its runs commits (which the cancel then makes a
+/// conflict). Fires once: `kind` is taken.
+fn cancel_before_kind(
+    conn: &mut Connection,
+    packer: &mut Packer,
+    writes: &[Request],
+    kind: &mut Option<String>,
+) {
+    let Some(wanted) = kind.as_deref() else { return };
+    let hit = writes.iter().find_map(|w| match w {
+        Request::Append { run_id, events, .. }
+            if events.iter().any(|e| e.data.kind() == wanted) =>
+        {
+            Some(run_id.clone())
+        }
+        _ => None,
+    });
+    let Some(run_id) = hit else { return };
+    *kind = None;
+    // Root first, then the rest of its tree, as `baton cancel` of the root writes them.
+    let Some((root, _)) = root_of(conn, &run_id) else { return };
+    let tree: Vec<(String, String)> = conn
+        .prepare(
+            "SELECT run_id, status FROM runs WHERE coalesce(root_run_id, run_id) = ?1
+              ORDER BY run_id = ?1 DESC, run_id",
+        )
+        .and_then(|mut q| {
+            q.query_map([&root], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()
+        })
+        .unwrap_or_default();
+    for (id, status) in tree {
+        if !matches!(status.as_str(), "completed" | "failed" | "aborted" | "cancelled") {
+            let _ = cancel_now(conn, packer, &id, &status);
+        }
+    }
+}
+
+/// The job's root of run `run_id` (itself for a root), with its status.
+fn root_of(conn: &Connection, run_id: &str) -> Option<(String, String)> {
+    conn.query_row(
+        "SELECT r.run_id, r.status FROM runs w
+           JOIN runs r ON r.run_id = coalesce(w.root_run_id, w.run_id)
+          WHERE w.run_id = ?1",
+        [run_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()
+    .ok()
+    .flatten()
+}
+
 fn write_group(
     conn: &mut Connection,
     packer: &mut Packer,
     writes: Vec<Request>,
-    failpoint: Failpoints,
+    failpoint: &Failpoints,
     written: &mut u64,
 ) {
     let begin = |conn: &mut Connection| conn.execute_batch("BEGIN IMMEDIATE").map_err(backend);
@@ -813,18 +879,7 @@ fn write_group(
     {
         // Test failpoint: `baton cancel` of the job's root from another process, right after
         // the commit that made this process's N-th event durable, whichever run it was of.
-        let root: Option<(String, String)> = conn
-            .query_row(
-                "SELECT r.run_id, r.status FROM runs w
-                   JOIN runs r ON r.run_id = coalesce(w.root_run_id, w.run_id)
-                  WHERE w.run_id = ?1",
-                [&run_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .ok()
-            .flatten();
-        if let Some((root, status)) = root
+        if let Some((root, status)) = root_of(conn, &run_id)
             && !matches!(status.as_str(), "completed" | "failed" | "aborted" | "cancelled")
         {
             let _ = cancel_now(conn, packer, &root, &status);

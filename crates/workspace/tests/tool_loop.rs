@@ -96,7 +96,7 @@ async fn a_loop_that_never_finishes_stops_at_max_iterations() {
         )
     );
     let state = engine.state(&run_id).await.unwrap();
-    assert!(state.final_output.unwrap().starts_with("stopped after 3 turns"));
+    assert!(state.session.final_output.unwrap().starts_with("stopped after 3 turns"));
 }
 
 #[tokio::test]
@@ -106,7 +106,10 @@ async fn a_turn_without_tool_calls_ends_the_loop_with_its_text() {
     let (engine, run_id, outcome) =
         run(dir.path(), &s, "levels:\n  work:\n    - text: All done.\n").await;
     assert_eq!(outcome, Outcome::Finished(Status::Completed));
-    assert_eq!(engine.state(&run_id).await.unwrap().final_output.as_deref(), Some("All done."));
+    assert_eq!(
+        engine.state(&run_id).await.unwrap().session.final_output.as_deref(),
+        Some("All done.")
+    );
 }
 
 #[tokio::test]
@@ -165,7 +168,7 @@ async fn tool_errors_go_back_to_the_model_and_the_run_goes_on() {
     assert!(results[3].0.contains("finish needs a string argument `summary`"), "{results:?}");
     assert!(!results[4].1 && !results[5].1, "{results:?}");
     let state = engine.state(&run_id).await.unwrap();
-    assert_eq!(state.final_output.as_deref(), Some("wrote notes/a.txt"));
+    assert_eq!(state.session.final_output.as_deref(), Some("wrote notes/a.txt"));
     assert_eq!(state.levels["work"].touched_paths, ["notes/a.txt"]);
     let workspace = dir.path().join("workspaces").join(&run_id);
     assert_eq!(std::fs::read_to_string(workspace.join("notes/a.txt")).unwrap(), "one\n");

@@ -4,7 +4,8 @@
 //! 1 without gaps, each event against its hash in the chain, `last_seq` and the head hash.
 //! The chain detects damage (a bad disk, a hand edit, a wrong restore), not tampering:
 //! whoever can write the database can recompute it. The scenario versions a run is pinned
-//! to are checked too: their stored texts must load and hash to their checksum.
+//! to are checked too: their stored texts must load and hash to their checksum; and so is
+//! the run's record, a cache of its log: its status must be the folded log's.
 
 use std::path::Path;
 
@@ -69,10 +70,16 @@ pub async fn verify(place: &Place, named: &[String]) -> anyhow::Result<Vec<(Stri
     let mut versions = Versions::default();
     for id in ids {
         let finding = match store.verify(&id).await {
-            Ok(v) => match versions.check_run(place, store.as_ref(), &id).await? {
-                Some(problem) => Finding::Damaged { seq: None, problem },
-                None => Finding::Intact { last_seq: v.last_seq, head: chain::hex(&v.head) },
-            },
+            Ok(v) => {
+                let problem = match versions.check_run(place, store.as_ref(), &id).await? {
+                    Some(problem) => Some(problem),
+                    None => record_problem(store.as_ref(), &id).await?,
+                };
+                match problem {
+                    Some(problem) => Finding::Damaged { seq: None, problem },
+                    None => Finding::Intact { last_seq: v.last_seq, head: chain::hex(&v.head) },
+                }
+            }
             Err(Error::Damaged { seq, problem, .. }) => {
                 Finding::Damaged { seq: Some(seq), problem }
             }
@@ -84,6 +91,24 @@ pub async fn verify(place: &Place, named: &[String]) -> anyhow::Result<Vec<(Stri
         findings.push((id, finding));
     }
     Ok(findings)
+}
+
+/// What is wrong with the run's record, which caches what its log says: its status must
+/// be the one the folded log gives (the record is never the truth — every decision is
+/// taken on the log — but listings and filters read it).
+async fn record_problem(
+    store: &dyn baton_engine::store::EventStore,
+    run_id: &str,
+) -> anyhow::Result<Option<String>> {
+    let Some(record) = store.run(run_id).await? else { return Ok(None) };
+    let state = baton_engine::state::fold(&store.load(run_id, 0).await?);
+    let folded = state.recorded_status().as_str();
+    Ok((record.status != folded).then(|| {
+        format!(
+            "the run's record says `{}` but its log says `{folded}`: the log is intact and decides; the record, a cache of it, is rewritten by the run's next event (`baton resume {run_id}`, a decision), or restore a backup",
+            record.status
+        )
+    }))
 }
 
 /// The scenario versions `verify` has checked, each with what was wrong with its stored

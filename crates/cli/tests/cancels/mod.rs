@@ -307,3 +307,77 @@ fn cancelled_after_any_event_of_a_wave_it_ends_cancelled_with_every_worker_ended
     );
     let _ = std::fs::remove_dir_all(base);
 }
+
+#[test]
+fn a_workers_result_that_comes_after_its_cancel_ends_it_aborted_and_its_assignment_cancelled() {
+    // A wave of two workers: one answers after 300 ms, the other after 5 s. The failpoint
+    // records a cancel of the first and of the wave's run right before the first's result
+    // is committed, as a `baton cancel` from another process would between the answer and
+    // its commit; the wave's cancel then stops the second while it works.
+    let dir = super::scratch("late-result");
+    std::fs::create_dir_all(dir.join("scenarios")).unwrap();
+    std::fs::write(
+        dir.join("scenarios/worker.yaml"),
+        "id: worker\nversion: 1\nlevels:\n  - id: work\n    kind: prompt\n    prompt: {inline: \"Work on {{ input }}\"}\n    terminal: true\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("scenarios/waver.yaml"),
+        "id: waver\nversion: 1\nlevels:\n  - id: build\n    kind: wave\n    terminal: true\n    wave: {worker: worker, max_parallel: 2}\nedges:\n  - {from: build, to: __end__, when: \"wave.decision == 'complete'\"}\n  - {from: build, to: __fail__}\n",
+    )
+    .unwrap();
+    let report = "```worker_report\n{\"outcome\": \"completed\", \"summary\": \"done\"}\n```\n";
+    std::fs::write(
+        dir.join("script.yaml"),
+        format!(
+            "scenarios:\n  worker:\n    levels:\n      work: [{{text: {report:?}, delay_ms: 300}}]\n    cases:\n      - when: \"two\"\n        levels:\n          work: [{{text: {report:?}, delay_ms: 5000}}]\n"
+        ),
+    )
+    .unwrap();
+    let db = dir.join("runs.db");
+    let input = r#"{"tasks": [{"id": "t1", "title": "one"}, {"id": "t2", "title": "two"}]}"#;
+    let out = super::baton_in(&dir, &db)
+        .args(["run", "waver", "--input", input, "--script", "script.yaml"])
+        .env("BATON_FAILPOINT_CANCEL_BEFORE_KIND", "level_finished")
+        .output()
+        .unwrap();
+    let root = only_run(&db).unwrap_or_else(|| panic!("no run: {}", text(&out.stderr)));
+    let log = normalised_log(&db, &root);
+    let end = &log.last().unwrap()["data"];
+    assert_eq!(end["status"], "cancelled", "{}", text(&out.stderr));
+    let decided = log
+        .iter()
+        .rfind(|e| e["kind"] == "wave_decided")
+        .unwrap_or_else(|| panic!("no wave decision: {log:?}"));
+    assert_eq!(decided["data"]["decision"], "cancelled");
+    let counts = &decided["data"]["counts"];
+    assert_eq!((&counts["cancelled"], &counts["failed"]), (&2.into(), &0.into()), "{counts}");
+    // The worker whose result came after its cancel ended `aborted`, saying why; its result
+    // is in no `level_finished` of its log, only the size of what was dropped.
+    let workers: Vec<(String, String)> = all_runs(&db)
+        .into_iter()
+        .filter(|(_, is_root, _)| !is_root)
+        .map(|(id, _, status)| (id, status))
+        .collect();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let late: Vec<&(String, String)> = workers.iter().filter(|(_, s)| s == "aborted").collect();
+    assert_eq!(late.len(), 1, "one worker's result came after its cancel: {workers:?}");
+    let worker_log = normalised_log(&db, &late[0].0);
+    let finished = &worker_log.last().unwrap()["data"];
+    assert_eq!(finished["aborted_reason"], "late_result_after_cancel", "{finished}");
+    let dropped = worker_log
+        .iter()
+        .find(|e| e["kind"] == "late_result_discarded")
+        .unwrap_or_else(|| panic!("nothing says a result was dropped: {worker_log:?}"));
+    assert_eq!(dropped["level_id"], "work");
+    assert_eq!(dropped["data"]["output_bytes"], report.len());
+    assert!(
+        !worker_log.iter().any(|e| e["kind"] == "level_finished" && e["data"]["skipped"] == false),
+        "the late result was kept"
+    );
+    // What its model call spent still counts.
+    assert_eq!(finished["totals"]["tokens"], 70, "{finished}");
+    // The other worker was stopped by the wave's cancel.
+    assert!(workers.iter().any(|(_, s)| s == "cancelled"), "{workers:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}

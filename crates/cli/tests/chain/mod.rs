@@ -460,3 +460,28 @@ fn verify_checks_the_scenario_versions_runs_are_pinned_to() {
     assert_eq!(finding(&qa)["intact"], true);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_run_record_that_disagrees_with_its_log_is_found_by_verify_and_the_log_decides() {
+    let dir = temp("record-cache");
+    let db = dir.join("baton.db");
+    let run = run_bundled(&db, "release_notes", "v1.2");
+    let out = baton_db(&db, &["verify", &run]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The record says the paused run completed: a cache that no longer matches the log.
+    let conn = Connection::open(&db).unwrap();
+    conn.execute("UPDATE runs SET status = 'completed' WHERE run_id = ?1", [&run]).unwrap();
+    let out = baton_db(&db, &["verify", &run]);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("the run's record says `completed` but its log says `paused`"), "{said}");
+    // The log decides: the approval it waits for is taken, and the run goes on to its end.
+    let out = baton_db(&db, &["approve", &run, "--no-resume"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let script = "scenarios/scripts/release_notes.yaml";
+    let out = baton_within(&db, &["resume", &run, "--script", script], Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Its next events rewrote the record: the cache agrees again.
+    let out = baton_db(&db, &["verify", &run]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+}

@@ -1042,3 +1042,49 @@ fn a_wave_s_worker_is_steered_by_its_run_id_while_the_wave_runs() {
     assert_eq!(prompts, [level], "the one call that took it carried it");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_priority_ordered_wave_admits_high_before_medium_before_low_as_recorded_on_its_plan() {
+    let dir = scratch("wave-priority");
+    std::fs::create_dir_all(dir.join("scenarios")).unwrap();
+    std::fs::write(dir.join("scenarios/worker.yaml"), WORKER).unwrap();
+    std::fs::write(
+        dir.join("scenarios/waver.yaml"),
+        waver_with("max_parallel: 1, order: priority"),
+    )
+    .unwrap();
+    let db = dir.join("runs.db");
+    let input = r#"{"tasks": [
+        {"id": "t1", "title": "one", "priority": "low"},
+        {"id": "t2", "title": "two"},
+        {"id": "t3", "title": "three", "priority": "high"},
+        {"id": "t4", "title": "four", "priority": "medium"}]}"#;
+    let (code, result) = run_waver(&dir, &db, input, &script(&dir, 0, &[]));
+    assert_eq!(code, Some(0), "{result}");
+    let root = roots(&db).pop().unwrap();
+    let events = tree_events(&dir, &db, &root);
+    let planned = events.iter().find(|e| e["kind"] == "wave_planned").unwrap();
+    assert_eq!(planned["data"]["order"], "priority", "{planned}");
+    // One at a time, so the dispatches are the admission order.
+    let dispatched: Vec<&str> = events
+        .iter()
+        .filter(|e| e["kind"] == "wave_dispatched" && e["run_id"] == root.as_str())
+        .map(|e| e["data"]["assignment_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(dispatched, ["assign-003", "assign-004", "assign-001", "assign-002"]);
+    // The plan's order stays the default, and is not written.
+    std::fs::write(dir.join("scenarios/waver.yaml"), waver_with("max_parallel: 1")).unwrap();
+    let (code, result) = run_waver(&dir, &db, input, &script(&dir, 0, &[]));
+    assert_eq!(code, Some(0), "{result}");
+    let root = roots(&db).into_iter().find(|r| *r != root).unwrap();
+    let events = tree_events(&dir, &db, &root);
+    let planned = events.iter().find(|e| e["kind"] == "wave_planned").unwrap();
+    assert!(planned["data"].get("order").is_none(), "{planned}");
+    let dispatched: Vec<&str> = events
+        .iter()
+        .filter(|e| e["kind"] == "wave_dispatched" && e["run_id"] == root.as_str())
+        .map(|e| e["data"]["assignment_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(dispatched, ["assign-001", "assign-002", "assign-003", "assign-004"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,12 +16,16 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod late;
 pub mod payloads;
 pub mod steering;
 pub mod v1;
+pub mod wave;
 
+pub use late::{LATE_RESULT_AFTER_CANCEL, LateResultDiscarded};
 pub use payloads::*;
 pub use steering::{SteeringDelivered, SteeringReceived};
+pub use wave::*;
 
 /// Schema version of every payload written today.
 ///
@@ -122,6 +126,7 @@ pub enum EventData {
     RunForked(RunForked),
     SteeringReceived(SteeringReceived),
     SteeringDelivered(SteeringDelivered),
+    LateResultDiscarded(LateResultDiscarded),
 }
 
 impl EventData {
@@ -177,6 +182,7 @@ impl EventData {
             EventData::RunForked(_) => "run_forked",
             EventData::SteeringReceived(_) => "steering_received",
             EventData::SteeringDelivered(_) => "steering_delivered",
+            EventData::LateResultDiscarded(_) => "late_result_discarded",
         }
     }
 
@@ -303,6 +309,7 @@ impl EventData {
             "run_forked" => RunForked,
             "steering_received" => SteeringReceived,
             "steering_delivered" => SteeringDelivered,
+            "late_result_discarded" => LateResultDiscarded,
         }
     }
 }

@@ -15,8 +15,8 @@ impl Engine {
     pub(super) fn mailbox(&self, run_id: &str, state: &RunState) -> crate::steering::Mailbox {
         let script = lock_map(&self.replayed_steering).get(run_id).cloned();
         match script {
-            Some(script) => crate::steering::Mailbox::replaying(&state.steering, script),
-            None => crate::steering::Mailbox::new(&state.steering),
+            Some(script) => crate::steering::Mailbox::replaying(&state.session.steering, script),
+            None => crate::steering::Mailbox::new(&state.session.steering),
         }
     }
 

@@ -22,10 +22,10 @@ impl LevelRun {
         let ctx = VerifyContext {
             workspace: self.workspace_dir(),
             jail: Arc::clone(&self.runtime.jail),
-            input: self.state.input.clone(),
+            input: self.state.session.input.clone(),
             output,
             parsed,
-            scratchpad: self.state.scratchpad.clone(),
+            scratchpad: self.state.session.scratchpad.clone(),
         };
         run_verifiers(self, calls, &level.verifiers, level.mode, level.run_all, &ctx, events).await
     }

@@ -21,8 +21,8 @@ impl LevelRun {
                 return events;
             }
         };
-        if !self.state.answers.is_empty() {
-            let answers: Vec<&Value> = self.state.answers.iter().map(|(_, a)| a).collect();
+        if !self.state.session.answers.is_empty() {
+            let answers: Vec<&Value> = self.state.session.answers.iter().map(|(_, a)| a).collect();
             text.push_str(&format!(
                 "\n\nThe user answered your questions: {}",
                 Value::from(answers.into_iter().cloned().collect::<Vec<_>>())
@@ -137,7 +137,7 @@ impl LevelRun {
             }
             // A JSON answer's `scratchpad` object writes notes, each its own event.
             let (writes, refused) =
-                crate::scratchpad::from_answer(&self.state.scratchpad, parsed.as_ref());
+                crate::scratchpad::from_answer(&self.state.session.scratchpad, parsed.as_ref());
             for (key, value) in writes {
                 events.push(self.event(EventData::ScratchpadWritten(
                     crate::event::ScratchpadWritten { key, value },

@@ -12,7 +12,7 @@ impl LevelRun {
         let mut calls = self.calls();
         // A verifier level checks the work so far: the workspace, and for judges the output
         // of the last level that produced one.
-        let last = self.state.last_output.clone().unwrap_or_default();
+        let last = self.state.session.last_output.clone().unwrap_or_default();
         let outcomes = self.verify(&mut calls, last, None, &mut events).await;
         if let Some(reason) = interrupted_judge(&outcomes) {
             return Stop::Interrupted(reason).finish(self, &mut events, started);

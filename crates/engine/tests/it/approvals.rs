@@ -120,7 +120,7 @@ async fn each_approval_branch_waits_for_its_own_decision() {
     let log = e.store.load(&run, 0).await.unwrap();
     assert_eq!(route(&log), vec!["checks->ship", "ship->__end__"]);
     let st = e.state(&run).await.unwrap();
-    assert_eq!(st.final_output.as_deref(), Some("shipped"));
+    assert_eq!(st.session.final_output.as_deref(), Some("shipped"));
     assert_eq!(st.level("checks").unwrap().output, "3 of 3 children passed (all_pass): PASS");
     assert_eq!(
         st.level("security").unwrap().parsed,
@@ -168,7 +168,7 @@ async fn a_rejected_branch_fails_the_fan_in() {
     assert_eq!(st.level("checks").unwrap().verdict.as_deref(), Some("FAIL"));
     assert_eq!(st.level("security").unwrap().verdict.as_deref(), Some("FAIL"));
     assert_eq!(st.tracker.get("human_approval:security"), Some(&1));
-    assert_eq!(st.final_output.as_deref(), Some("stopped"));
+    assert_eq!(st.session.final_output.as_deref(), Some("stopped"));
 }
 
 #[tokio::test]

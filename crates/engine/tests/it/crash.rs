@@ -1,7 +1,8 @@
 //! Crash anywhere, resume anywhere: stopping after any append and resuming in a fresh
 //! engine gives the same log as a run that never stopped (timestamps, ids and durations
 //! aside), and no model call in the log is made again (a fan-out's children that finished
-//! before the stop included). Also: folding a log in pieces equals folding it at once.
+//! before the stop included). Also: folding a log in pieces equals folding it at once, and
+//! the orchestration state and the session fold apart.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -225,6 +226,70 @@ async fn folding_in_pieces_equals_folding_at_once() {
             Ok(())
         })
         .unwrap();
+}
+
+#[tokio::test]
+async fn the_orchestration_state_and_the_session_are_folded_apart() {
+    let s = scenario(SCENARIO);
+    let e = engine_on(Arc::new(MemoryStore::new()), script(SCRIPT));
+    let run = e.start(&s, "go", Map::new()).await.unwrap();
+    to_the_end(&e, &run, &s).await;
+    let mut log = e.store.load(&run, 0).await.unwrap();
+    // A note and a steering message mid-run: events of the session alone.
+    let at = log[2].at;
+    let note = EventData::ScratchpadWritten(baton_engine::event::ScratchpadWritten {
+        key: "seen".to_owned(),
+        value: Value::Bool(true),
+    });
+    let steer = EventData::SteeringReceived(baton_engine::event::SteeringReceived {
+        id: "steer-1".to_owned(),
+        by: "tester".to_owned(),
+        message: "shorter, please".to_owned(),
+    });
+    for data in [note, steer] {
+        log.insert(3, Event { seq: 0, at, level_id: None, attempt: None, data });
+    }
+    for (n, e) in log.iter_mut().enumerate() {
+        e.seq = n as u64 + 1;
+    }
+    // The state in two parts: the orchestration's (without the count of events) and the
+    // session's.
+    let parts = |st: &baton_engine::state::RunState| {
+        let mut all = serde_json::to_value(st).unwrap();
+        let session = serde_json::to_value(&st.session).unwrap();
+        let all_map = all.as_object_mut().unwrap();
+        for key in session.as_object().unwrap().keys() {
+            all_map.remove(key);
+        }
+        all_map.remove("last_seq");
+        (all, session)
+    };
+    let mut state = baton_engine::state::RunState::default();
+    let (mut orchestration_moved, mut session_moved) = (0, 0);
+    for ev in &log {
+        let before = parts(&state);
+        state.apply(ev);
+        let after = parts(&state);
+        let kind = ev.data.kind();
+        match kind {
+            "scratchpad_written" | "steering_received" => {
+                assert_eq!(before.0, after.0, "{kind} moved the orchestration state");
+                assert_ne!(before.1, after.1, "{kind} left the session as it was");
+                session_moved += 1;
+            }
+            "level_started" | "gate_decision" | "prompt_sent" | "routing_decision"
+            | "budget_consumed" | "approval_requested" | "approval_decided" | "run_paused"
+            | "run_resumed" | "scenario_finished" => {
+                assert_eq!(before.1, after.1, "{kind} moved the session");
+                orchestration_moved += usize::from(before.0 != after.0);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(session_moved, 2);
+    assert!(orchestration_moved > 3, "{orchestration_moved}");
+    // Folded at once, the same two parts.
+    assert_eq!(parts(&fold(&log)), parts(&state));
 }
 
 #[tokio::test]

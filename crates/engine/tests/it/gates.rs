@@ -106,7 +106,7 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
     assert_eq!(e.drive("old-run", &s).await.unwrap(), Outcome::Finished(Status::Completed));
     let events = e.store.load("old-run", 0).await.unwrap();
     assert_eq!(route(&events), vec!["classify->review", "review->__end__"]);
-    assert_eq!(e.state("old-run").await.unwrap().final_output.as_deref(), Some("reviewed"));
+    assert_eq!(e.state("old-run").await.unwrap().session.final_output.as_deref(), Some("reviewed"));
 }
 
 #[tokio::test]

@@ -55,7 +55,7 @@ levels:
         ]
     );
     let st = e.state(&run).await.unwrap();
-    assert_eq!(st.final_output.as_deref(), Some("PASS: good"));
+    assert_eq!(st.session.final_output.as_deref(), Some("PASS: good"));
     assert_eq!(st.level("execute").unwrap().attempts, 2);
     let EventData::ScenarioFinished(f) = &log.last().unwrap().data else { panic!() };
     assert_eq!(f.checksum, s.checksum);
@@ -73,7 +73,7 @@ async fn repeated_failures_escalate() {
     let r = route(&log);
     assert_eq!(r.iter().filter(|x| *x == "accept->execute").count(), 2, "{r:?}");
     assert!(r.contains(&"accept->escalate".to_owned()), "{r:?}");
-    assert_eq!(e.state(&run).await.unwrap().final_output.as_deref(), Some("work"));
+    assert_eq!(e.state(&run).await.unwrap().session.final_output.as_deref(), Some("work"));
 }
 
 #[tokio::test]
@@ -146,9 +146,12 @@ edges:
         "stderr reaches the next attempt: {second_prompt}"
     );
     let st = e.state(&run).await.unwrap();
-    assert!(st.scratchpad.get("build_feedback").is_none(), "a pass clears the feedback");
+    assert!(st.session.scratchpad.get("build_feedback").is_none(), "a pass clears the feedback");
     assert!(
-        st.scratchpad["build_result_summary"].as_str().unwrap().contains("all 1 verifiers passed")
+        st.session.scratchpad["build_result_summary"]
+            .as_str()
+            .unwrap()
+            .contains("all 1 verifiers passed")
     );
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -611,7 +614,7 @@ levels:
     e.drive(&run, &s).await.unwrap();
     let st = e.state(&run).await.unwrap();
     assert_eq!(st.verdict.as_deref(), Some("FAIL"));
-    assert!(st.scratchpad["feedback"].as_str().unwrap().contains("not valid JSON"));
+    assert!(st.session.scratchpad["feedback"].as_str().unwrap().contains("not valid JSON"));
 }
 
 #[tokio::test]
@@ -815,7 +818,7 @@ async fn an_llm_judge_scores_against_its_rubric_and_its_call_is_in_the_log() {
         "judge costs count once: {}",
         st.totals.cost_usd
     );
-    assert_eq!(st.final_output.as_deref(), Some("second answer"));
+    assert_eq!(st.session.final_output.as_deref(), Some("second answer"));
 }
 
 #[tokio::test]
@@ -852,7 +855,7 @@ async fn a_long_step_writes_heartbeats_while_it_runs() {
     let beat = k.iter().position(|x| x == "heartbeat:brief").expect("a heartbeat while brief ran");
     let done = k.iter().position(|x| x == "level_finished:brief").unwrap();
     assert!(beat < done, "{k:?}");
-    assert_eq!(e.state(&run).await.unwrap().final_output.as_deref(), Some("PASS"));
+    assert_eq!(e.state(&run).await.unwrap().session.final_output.as_deref(), Some("PASS"));
 }
 
 #[tokio::test]

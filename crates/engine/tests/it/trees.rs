@@ -165,7 +165,7 @@ async fn a_tree_completes_with_one_driver_and_each_child_is_settled_once() {
     assert_eq!(outcome, Outcome::Finished(Status::Completed));
     assert_eq!(store.most.load(Ordering::SeqCst), 1, "one run held at a time");
     let st = e.state(&root).await.unwrap();
-    assert_eq!(st.final_output.as_deref(), Some("the answer"));
+    assert_eq!(st.session.final_output.as_deref(), Some("the answer"));
     assert_eq!(st.tree_totals().cost_usd, 0.25);
     // ask → relay → answer, each child named from its parent, each settled once.
     let relay = job::child_run_id(&root, "chain");
@@ -306,5 +306,5 @@ async fn a_route_longer_than_any_id_is_cut_before_it_is_recorded_and_goes_to_the
     assert_eq!(chained.to, "answer");
     assert!(chained.route.chars().count() <= baton_engine::limits::ROUTE_CHARS_MAX + 1);
     assert!(chained.warning.unwrap().len() < 2_000);
-    assert_eq!(e.state(&root).await.unwrap().final_output.as_deref(), Some("fallback"));
+    assert_eq!(e.state(&root).await.unwrap().session.final_output.as_deref(), Some("fallback"));
 }

@@ -128,8 +128,11 @@ async fn six_assignments_run_at_most_two_at_once_and_complete() {
     assert_eq!(most_at_once(&s), 2, "two workers overlapped, never three: {s:?}");
     // Each worker got its assignment and the shared context.
     let child = e.state(&st.children[0].started.child_run_id).await.unwrap();
-    assert!(child.input.contains("assign-001") && child.input.contains("Goal: a todo API"));
-    assert_eq!(child.metadata["wave_task_id"], "t1");
+    assert!(
+        child.session.input.contains("assign-001")
+            && child.session.input.contains("Goal: a todo API")
+    );
+    assert_eq!(child.session.metadata["wave_task_id"], "t1");
     assert!((st.tree_totals().cost_usd - 0.06).abs() < 1e-9);
     // The parent's commits per assignment: a dispatch and a settlement at most.
     let log = e.store.load(&run, 0).await.unwrap();

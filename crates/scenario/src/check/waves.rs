@@ -137,6 +137,7 @@ impl Checker<'_> {
             max_assignments,
             dispatch,
             context: w.context.as_ref().map(|c| c.value.clone()),
+            order: w.order.as_ref().map(|o| o.value).unwrap_or_default(),
         }))
     }
 }
