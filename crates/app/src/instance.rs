@@ -64,6 +64,9 @@ pub struct Instance {
     pub warnings: String,
     /// Why runs cannot be started until the configuration is fixed (no model), if so.
     pub start_refusal: Option<String>,
+    /// How webhooks are sent and which receivers are allowed (`[webhooks]`, `[egress]`),
+    /// read once when the instance opens.
+    pub webhook_settings: crate::webhooks::Settings,
 }
 
 impl std::fmt::Debug for Instance {
@@ -93,6 +96,7 @@ impl Baton {
         let warnings =
             if warnings.iter().next().is_some() { warnings.render() } else { String::new() };
         let settings = crate::engines::job_settings(place)?;
+        let webhook_settings = crate::webhooks::settings(place)?;
         let settle_timeout = baton_engine::job::settle_timeout(settings.settle_timeout_s)
             .map_err(|e| Error::invalid(format!("settle_timeout_s: {e}")))?;
         let start = crate::models::load_model(script, place.config.as_deref(), None)
@@ -124,6 +128,7 @@ impl Baton {
             scenarios_dir: place.scenarios.clone(),
             warnings,
             start_refusal,
+            webhook_settings,
         })
     }
 

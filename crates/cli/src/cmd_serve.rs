@@ -47,7 +47,7 @@ pub(crate) async fn serve(
     let parts = parts(place, script.as_deref(), "baton serve").await?;
     let stop = CancelToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));
-    send_webhooks(place, &parts, "baton serve", &stop)?;
+    send_webhooks(&parts, "baton serve", &stop);
     let no_auth = settings.no_auth;
     baton_server::serve(settings, parts, stop, |bound| {
         if no_auth {
@@ -143,7 +143,7 @@ pub(crate) async fn worker(
         args.concurrency,
         place.db_shown()
     );
-    send_webhooks(place, &parts, &format!("baton worker {name}"), &stop)?;
+    send_webhooks(&parts, &format!("baton worker {name}"), &stop);
     let worker = baton_server::WorkerSettings {
         name,
         lease: std::time::Duration::from_secs(args.lease_s),
@@ -156,21 +156,14 @@ pub(crate) async fn worker(
 
 /// Sends the outbox's webhooks from this process until `stop` (`who` and this process name
 /// the leases it takes).
-fn send_webhooks(
-    place: &Place,
-    parts: &Instance,
-    who: &str,
-    stop: &CancelToken,
-) -> anyhow::Result<()> {
-    let settings = baton_app::webhooks::settings(place)?;
+fn send_webhooks(parts: &Instance, who: &str, stop: &CancelToken) {
     let owner = format!("{who} {}", baton_engine::exec::this_process());
     tokio::spawn(baton_app::webhooks::run_sender(
         std::sync::Arc::clone(&parts.webhooks),
-        settings,
+        parts.webhook_settings.clone(),
         owner,
         stop.clone(),
     ));
-    Ok(())
 }
 
 /// A stop token cancelled by the first interrupt or terminate signal (`stopping` said on

@@ -42,6 +42,8 @@ pub(crate) struct App {
     pub(crate) tokens: Tokens,
     /// Webhooks and their outbox (the same store).
     pub(crate) webhooks: Arc<dyn baton_app::WebhookStore>,
+    /// How webhooks are sent and which receivers are allowed, as the instance opened.
+    pub(crate) webhook_settings: baton_app::webhooks::Settings,
     pub(crate) registry: Arc<RegistryHandle>,
     pub(crate) scenarios_dir: PathBuf,
     pub(crate) baton: Arc<Baton>,
@@ -88,6 +90,7 @@ impl App {
             notifying,
             metrics,
             webhooks: Arc::clone(&parts.webhooks),
+            webhook_settings: parts.webhook_settings.clone(),
             tokens: Tokens::new(
                 parts.tokens,
                 crate::auth::SessionRules {

@@ -124,11 +124,9 @@ pub(crate) async fn add_webhook(
 ) -> Result<(StatusCode, Json<WebhookView>), Problem> {
     caller.require(Role::Admin)?;
     let body: NewWebhook = body.parse(false)?;
-    let settings =
-        webhooks::settings(app.baton.place()).map_err(|e| Problem::internal(format!("{e:#}")))?;
     let added = webhooks::add(
         app.webhooks.as_ref(),
-        &settings,
+        &app.webhook_settings,
         caller.tenant.as_deref(),
         &body.url,
         &body.events,

@@ -684,13 +684,19 @@ enum Db<'a> {
 }
 
 impl Db<'_> {
-    fn baton(&self, args: &[&str]) -> std::process::Output {
+    /// `baton ARGS` on this database, not started yet.
+    fn command(&self, args: &[&str]) -> std::process::Command {
         let mut c = baton_command();
         match self {
             Db::Sqlite(db) => c.arg("--db").arg(db),
             Db::Postgres(url, data) => c.arg("--db").arg(url).arg("--data-dir").arg(data),
         };
-        c.args(args).output().unwrap()
+        c.args(args);
+        c
+    }
+
+    fn baton(&self, args: &[&str]) -> std::process::Output {
+        self.command(args).output().unwrap()
     }
 
     fn data(&self) -> PathBuf {
@@ -759,6 +765,45 @@ fn purge_removes_ended_jobs_and_everything_they_left(db: &Db<'_>, marker: &str) 
     assert_eq!(gone.status.code(), Some(1), "{}", text(&gone.stdout));
     let verified = db.baton(&["verify"]);
     assert_eq!(verified.status.code(), Some(0), "{}", text(&verified.stdout));
+
+    // A job a process is driving is not removed, even when told to remove an unended one.
+    let slow = db.data().join("slow-quick-qa.yaml");
+    std::fs::write(
+        &slow,
+        "levels:\n  answer:\n    - text: '{\"answer\": \"Paris\", \"confidence\": 0.9, \"sources\": []}'\n      delay_ms: 20000\n",
+    )
+    .unwrap();
+    let mut driver =
+        db.command(&["run", "quick_qa", "--script", slow.to_str().unwrap(), "--input", "slow"]);
+    let mut driver = driver
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let driven = loop {
+        let listed: serde_json::Value =
+            serde_json::from_slice(&db.baton(&["runs", "--json"]).stdout).unwrap_or_default();
+        let found = listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["scenario_id"] == "quick_qa" && r["status"] == "running");
+        if let Some(r) = found {
+            break r["run_id"].as_str().unwrap().to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "the slow run never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let held = db.baton(&["purge", "--job", &driven, "--unended"]);
+    let said = text(&held.stderr);
+    assert_eq!(held.status.code(), Some(1), "{said}");
+    assert!(said.contains("is being driven by a process"), "{said}");
+    assert!(text(&db.baton(&["runs"]).stdout).contains(&driven), "the driven job stays");
+    let _ = driver.kill();
+    let _ = driver.wait();
+    let removed = db.baton(&["purge", "--job", &driven, "--unended"]);
+    assert_eq!(removed.status.code(), Some(0), "{}", text(&removed.stderr));
 
     // An operator removes one job by name: an unended one only when told so.
     let refused = db.baton(&["purge", "--job", &waiting]);
