@@ -199,6 +199,30 @@ async fn an_append_in_one_process_wakes_a_waiter_in_another() {
     assert!(after < std::time::Duration::from_secs(2), "woken in {after:?}");
 }
 
+/// A run's notifier (what a running step watches for steering and cancels) wakes on another
+/// process's append to that run, and not on appends to other runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_notifier_wakes_on_another_process_append_to_that_run_only() {
+    let schema = scratch("notifier").await;
+    let a = PostgresStore::connect(&schema.url).await.unwrap();
+    let b = PostgresStore::connect(&schema.url).await.unwrap();
+    a.create_run(&record("n1"), warnings(1, 1)).await.unwrap();
+    a.create_run(&record("n2"), warnings(1, 1)).await.unwrap();
+    let notify = b.notifier("n2").await.expect("PostgreSQL notifies");
+    let woken = notify.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    a.append("n1", 2, warnings(2, 1), "running").await.unwrap();
+    let early = tokio::time::timeout(std::time::Duration::from_millis(500), woken.as_mut()).await;
+    assert!(early.is_err(), "woken by another run's append");
+    let started = std::time::Instant::now();
+    a.append("n2", 2, warnings(2, 1), "running").await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), woken)
+        .await
+        .expect("the append to n2 wakes its notifier");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
 /// Processes racing to append to one run at the same number: exactly one wins each round,
 /// the others are told who advanced the log, and the log stays intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
