@@ -1059,32 +1059,28 @@ fn a_priority_ordered_wave_admits_high_before_medium_before_low_as_recorded_on_i
         {"id": "t2", "title": "two"},
         {"id": "t3", "title": "three", "priority": "high"},
         {"id": "t4", "title": "four", "priority": "medium"}]}"#;
-    let (code, result) = run_waver(&dir, &db, input, &script(&dir, 0, &[]));
-    assert_eq!(code, Some(0), "{result}");
-    let root = roots(&db).pop().unwrap();
-    let events = tree_events(&dir, &db, &root);
-    let planned = events.iter().find(|e| e["kind"] == "wave_planned").unwrap();
-    assert_eq!(planned["data"]["order"], "priority", "{planned}");
-    // One at a time, so the dispatches are the admission order.
-    let dispatched: Vec<&str> = events
-        .iter()
-        .filter(|e| e["kind"] == "wave_dispatched" && e["run_id"] == root.as_str())
-        .map(|e| e["data"]["assignment_id"].as_str().unwrap())
-        .collect();
+    // A wave run to its end: its recorded order, and its dispatches (one at a time, so
+    // they are the admission order).
+    let waved = |known: &[String]| -> (Value, Vec<String>) {
+        let (code, result) = run_waver(&dir, &db, input, &script(&dir, 0, &[]));
+        assert_eq!(code, Some(0), "{result}");
+        let root = roots(&db).into_iter().find(|r| !known.contains(r)).unwrap();
+        let events = tree_events(&dir, &db, &root);
+        let planned = events.iter().find(|e| e["kind"] == "wave_planned").unwrap();
+        let dispatched = events
+            .iter()
+            .filter(|e| e["kind"] == "wave_dispatched" && e["run_id"] == root.as_str())
+            .map(|e| e["data"]["assignment_id"].as_str().unwrap().to_owned())
+            .collect();
+        (planned["data"].get("order").cloned().unwrap_or(Value::Null), dispatched)
+    };
+    let (order, dispatched) = waved(&[]);
+    assert_eq!(order, "priority");
     assert_eq!(dispatched, ["assign-003", "assign-004", "assign-001", "assign-002"]);
     // The plan's order stays the default, and is not written.
     std::fs::write(dir.join("scenarios/waver.yaml"), waver_with("max_parallel: 1")).unwrap();
-    let (code, result) = run_waver(&dir, &db, input, &script(&dir, 0, &[]));
-    assert_eq!(code, Some(0), "{result}");
-    let root = roots(&db).into_iter().find(|r| *r != root).unwrap();
-    let events = tree_events(&dir, &db, &root);
-    let planned = events.iter().find(|e| e["kind"] == "wave_planned").unwrap();
-    assert!(planned["data"].get("order").is_none(), "{planned}");
-    let dispatched: Vec<&str> = events
-        .iter()
-        .filter(|e| e["kind"] == "wave_dispatched" && e["run_id"] == root.as_str())
-        .map(|e| e["data"]["assignment_id"].as_str().unwrap())
-        .collect();
+    let (order, dispatched) = waved(&roots(&db));
+    assert_eq!(order, Value::Null);
     assert_eq!(dispatched, ["assign-001", "assign-002", "assign-003", "assign-004"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
