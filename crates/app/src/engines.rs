@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::redact::Redactor;
 use baton_engine::Engine;
 use baton_engine::clock::SystemClock;
 use baton_engine::job::{Jobs, Selection};
 use baton_engine::model::{ModelProvider, ScriptedModel};
-use baton_engine::redact::Redactor;
 use baton_engine::runner::Runtime;
 use baton_engine::store::EventStore;
 use baton_engine::verifier::Verifiers;
@@ -49,7 +49,7 @@ pub fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Regis
         registry,
         workspace_setup(place, None, None),
         redactor(place),
-        jail(place),
+        &jail(place),
         None,
         None,
     )
@@ -82,7 +82,7 @@ pub fn engine(
     registry: &Registry,
     workspaces: WorkspaceSetup,
     redactor: Redactor,
-    jail: Arc<Jail>,
+    jail: &Arc<Jail>,
     jobs: Option<Arc<Jobs>>,
     trusted: Option<Arc<baton_engine::replay::Trusted>>,
 ) -> Engine {
@@ -92,11 +92,11 @@ pub fn engine(
         .map(|s| json!({"id": s.id, "display_name": s.display_name, "description": s.description, "examples": s.examples}))
         .collect();
     let mut verifiers = Verifiers::builtin();
-    baton_verifiers::register(&mut verifiers);
+    baton_verifiers::register(&mut verifiers, jail);
     if let Some(trusted) = trusted {
         verifiers = verifiers.trusting(trusted);
     }
-    Engine::new(
+    let mut engine = Engine::new(
         store,
         Arc::new(Runtime {
             model,
@@ -104,12 +104,13 @@ pub fn engine(
             workspace: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
             workspaces: Some(workspaces),
             catalog: Arc::new(Value::Array(catalog)),
-            redactor,
-            jail,
+            redactor: Arc::new(redactor),
             jobs,
         }),
         Arc::new(SystemClock),
-    )
+    );
+    engine.process = crate::serving::this_process();
+    engine
 }
 
 /// How jobs start, from the configuration's `[selection]`, `[jobs]` and `[waves]`.
@@ -223,7 +224,7 @@ pub async fn wave_engine(place: &Place) -> anyhow::Result<Engine> {
         &Registry::default(),
         workspace_setup(place, None, None),
         redactor(place),
-        jail(place),
+        &jail(place),
         Some(Arc::new(jobs)),
         None,
     ))

@@ -167,7 +167,7 @@ pub fn read(dir: &Path) -> anyhow::Result<Fixture> {
     }
     let expected: Summary = serde_json::from_str(&small("expected.json")?)
         .with_context(|| format!("fixture {}: expected.json is not valid", dir.display()))?;
-    let cassette = Cassette::load(&dir.join("cassette.json"))
+    let cassette = baton_providers::cassette_file::load(&dir.join("cassette.json"))
         .map_err(|e| anyhow::anyhow!("fixture {}: {e}", dir.display()))?;
     let log_path = dir.join("log.jsonl");
     let log =

@@ -210,7 +210,7 @@ async fn record_new(
         registry,
         crate::engines::workspace_setup(place, None, None),
         crate::engines::redactor(place),
-        crate::jail::jail(place),
+        &crate::jail::jail(place),
         Some(Arc::new(jobs)),
         None,
     );
@@ -455,7 +455,8 @@ pub async fn run_cases(
         {
             let mut cassette = f.cassette.clone();
             cassette.entries.extend(replayed.live_entries.iter().cloned());
-            cassette.save(&dir.join("cassette.json")).map_err(anyhow::Error::msg)?;
+            baton_providers::cassette_file::save(&cassette, &dir.join("cassette.json"))
+                .map_err(anyhow::Error::msg)?;
         }
         results.push(r);
     }

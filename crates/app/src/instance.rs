@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::redact::Redactor;
 use baton_engine::Engine;
 use baton_engine::job::Jobs;
 use baton_engine::model::{ModelProvider, ScriptedModel};
-use baton_engine::redact::Redactor;
 use baton_engine::store::EventStore;
 use baton_engine::wave_drive::WaveSettings;
 use baton_scenario::{Registry, RegistryHandle, Scenario};
@@ -180,7 +180,7 @@ impl Baton {
             registry,
             crate::engines::workspace_setup(&self.place, None, None),
             self.redactor.clone(),
-            crate::jail::jail(&self.place),
+            &crate::jail::jail(&self.place),
             Some(Arc::new(jobs)),
             None,
         ))

@@ -112,7 +112,9 @@ pub fn check_jail(
     scenario: &Arc<Scenario>,
 ) -> Result<Option<String>, Error> {
     let jail = jail(place);
-    if let Some(why) = baton_engine::job::jail_refusal(&jail, registry, scenario) {
+    let mut verifiers = baton_engine::verifier::Verifiers::builtin();
+    baton_verifiers::register(&mut verifiers, &jail);
+    if let Some(why) = baton_engine::job::program_refusal(&verifiers, registry, scenario) {
         return Err(Error::unavailable(why));
     }
     if jail.is_off()

@@ -15,6 +15,7 @@
 
 pub mod engines;
 pub mod error;
+pub mod feed;
 pub mod fixture;
 pub mod fixtures;
 pub mod follow;
@@ -24,6 +25,7 @@ pub mod jail;
 pub mod listing;
 pub mod models;
 pub mod place;
+pub mod redact;
 pub mod replay;
 pub mod runs;
 pub mod scenarios;

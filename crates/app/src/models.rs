@@ -25,13 +25,13 @@ pub fn load_model(
     check: Option<&Scenario>,
 ) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
     if let Some(path) = script.filter(|p| p.extension().is_some_and(|e| e == "json"))
-        && let Ok(loaded) = cassette::Cassette::load(path)
+        && let Ok(loaded) = baton_providers::cassette_file::load(path)
     {
         // A cassette given where a script is expected: replay it (read once).
         return Ok(replaying(path, loaded));
     }
     if let Some(path) = script {
-        let model = ScriptedModel::load(path).map_err(|e| anyhow::anyhow!("--script: {e}"))?;
+        let model = load_script(path).map_err(|e| anyhow::anyhow!("--script: {e}"))?;
         let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         return Ok((Arc::new(model), Some(format!("script:{}", absolute.display()))));
     }
@@ -74,7 +74,7 @@ pub fn load_model(
 
 /// A model that answers from a cassette only.
 fn replay(path: &Path) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
-    let cassette = cassette::Cassette::load(path).map_err(anyhow::Error::msg)?;
+    let cassette = baton_providers::cassette_file::load(path).map_err(anyhow::Error::msg)?;
     Ok(replaying(path, cassette))
 }
 
@@ -101,7 +101,10 @@ pub fn choose_model(
     }
     let (model, source) = load_model(script, config, Some(scenario))?;
     match record_to {
-        Some(path) => Ok((Arc::new(cassette::Recorder::new(model, path.to_path_buf())), source)),
+        Some(path) => Ok((
+            Arc::new(baton_providers::cassette_file::Recorder::new(model, path.to_path_buf())),
+            source,
+        )),
         None => Ok((model, source)),
     }
 }
@@ -214,4 +217,20 @@ pub fn check_models(
         }
     }
     Ok(out)
+}
+
+/// Reads and parses a script file (a regular file of at most `SCRIPT_BYTES_MAX` bytes);
+/// errors name the file.
+pub fn load_script(path: &std::path::Path) -> Result<ScriptedModel, String> {
+    let text = baton_scenario::capped::read_text(path, baton_engine::limits::SCRIPT_BYTES_MAX)
+        .map_err(|e| format!("cannot read the script: {e}"))?;
+    ScriptedModel::parse(&text, &path.display().to_string())
+}
+
+/// Writes a cassette file, atomically.
+pub fn save_cassette(
+    cassette: &baton_engine::cassette::Cassette,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    baton_providers::cassette_file::save(cassette, path)
 }

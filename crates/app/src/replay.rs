@@ -87,7 +87,7 @@ pub async fn replay_job(
         &registry,
         engines::workspace_setup(place, None, None),
         engines::redactor(place),
-        crate::jail::jail(place),
+        &crate::jail::jail(place),
         Some(Arc::new(jobs)),
         trusted,
     );

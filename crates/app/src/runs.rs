@@ -154,7 +154,7 @@ pub async fn resume(
             &registry,
             workspace_setup(place, None, None),
             redactor(place),
-            jail(place),
+            &jail(place),
             Some(Arc::new(jobs)),
             trusted,
         )
@@ -192,7 +192,7 @@ pub async fn resume(
             &registry,
             workspace_setup(place, None, None),
             redactor(place),
-            jail(place),
+            &jail(place),
             Some(jobs),
             None,
         );
@@ -488,7 +488,7 @@ pub async fn cancel_run(
         &Registry::default(),
         workspace_setup(place, None, None),
         redactor(place),
-        jail(place),
+        &jail(place),
         jobs(place, Arc::new(Registry::default()), None, WaveDrive::default()).ok().map(Arc::new),
         None,
     );

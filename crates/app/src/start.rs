@@ -399,7 +399,7 @@ pub async fn ready(
         registry,
         workspace_setup(place, setup.workspace, setup.branch),
         redactor(place),
-        jail(place),
+        &jail(place),
         Some(jobs),
         None,
     );

@@ -210,14 +210,13 @@ fn engine_with(store: Arc<dyn EventStore>, jobs: Option<Arc<Jobs>>) -> Engine {
     Engine::new(
         store,
         Arc::new(Runtime {
-            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             jobs,
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: PathBuf::from("."),
             workspaces: None,
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
-            redactor: baton_engine::redact::Redactor::default(),
+            redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
         }),
         Arc::new(SystemClock),
     )
@@ -864,7 +863,7 @@ async fn reopen(
 /// first program paid to set the jail up (finding bubblewrap, its probe).
 async fn jail_cost(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     use baton_engine::cancel::CancelToken;
-    use baton_engine::verifier::{Program, run_program};
+    use baton_verifiers::program::{Program, run_program};
     let tmp = std::env::temp_dir().join(format!("baton-bench-jail-{}", uuid_like()));
     let workspace = tmp.join("workspace");
     std::fs::create_dir_all(&workspace)?;

@@ -455,16 +455,28 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print a run's events (JSON lines with --json).
+    /// Print a run's events, or with --all every run's in the order they were committed
+    /// (JSON lines with --json).
     Events {
-        run: String,
-        /// Keep printing new events until the run ends.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        run: Option<String>,
+        /// Keep printing new events (until the run ends; with --all, until stopped).
         #[arg(long)]
         follow: bool,
         /// Also print the events of every run it started, nested under the event that
         /// started each (with --json, every line names its run).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "all")]
         tree: bool,
+        /// Every run's events, one feed in commit order; each line names its run and, with
+        /// --json, its cursor.
+        #[arg(long)]
+        all: bool,
+        /// With --all: only the events after this cursor (`MAJOR-MINOR`, as printed).
+        #[arg(long, requires = "all", value_parser = parse_cursor)]
+        after: Option<baton_engine::store::FeedCursor>,
+        /// With --all: only runs of this tenant (every tenant's without it).
+        #[arg(long, requires = "all")]
+        tenant: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -965,4 +977,10 @@ impl ServiceLimits {
         settings.session_idle = Duration::from_secs(self.session_idle_s);
         settings.sessions_per_token = self.sessions_per_token as usize;
     }
+}
+
+/// A feed cursor as `baton events --all` prints it.
+fn parse_cursor(text: &str) -> Result<baton_engine::store::FeedCursor, String> {
+    baton_engine::store::FeedCursor::parse(text)
+        .ok_or_else(|| format!("`{text}` is not a feed cursor: two numbers, `MAJOR-MINOR`, as `baton events --all` prints them"))
 }

@@ -98,7 +98,7 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         &registry,
         baton_app::engines::workspace_setup(place, None, None),
         baton_app::engines::redactor(place),
-        baton_app::jail::jail(place),
+        &baton_app::jail::jail(place),
         Some(jobs),
         None,
     );

@@ -193,10 +193,10 @@ pub(crate) async fn export_cassette(
     let cassette = baton_app::runs::cassette_of(place, run_id).await?;
     match out {
         Some(path) => {
-            cassette.save(path).map_err(anyhow::Error::msg)?;
+            baton_app::models::save_cassette(&cassette, path).map_err(anyhow::Error::msg)?;
             outln!("wrote {} recorded answers to {}", cassette.entries.len(), path.display())?;
         }
-        None => outln!("{}", serde_json::to_string_pretty(&cassette)?)?,
+        None => outln!("{}", cassette.to_text())?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -239,6 +239,53 @@ pub(crate) async fn events(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every run's events (of `tenant` when given) after `after`, in the order they were
+/// committed: each line names its run (and, as JSON, its cursor); without `follow` it
+/// ends with the cursor to go on from.
+pub(crate) async fn feed(
+    place: &Place,
+    tenant: &Option<Option<String>>,
+    after: baton_engine::store::FeedCursor,
+    follow_on: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let store = open_existing_store(place).await?;
+    let wait =
+        if follow_on { std::time::Duration::from_secs(30) } else { std::time::Duration::ZERO };
+    let mut at = after;
+    loop {
+        let page =
+            baton_app::feed::next_page(store.as_ref(), tenant, at, baton_app::feed::PAGE_MAX, wait)
+                .await?;
+        for e in &page.events {
+            let printed =
+                if json { print_feed_line(e) } else { print_timeline(&e.event, 1, &e.run_id) };
+            if going_on(printed)?.is_break() {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        let before = std::mem::replace(&mut at, page.next);
+        if page.events.is_empty() && !follow_on && at == before {
+            break;
+        }
+    }
+    if !json {
+        outln!("next      --after {at}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A feed event as a JSON line naming its run and its cursor.
+fn print_feed_line(e: &baton_app::feed::FeedEvent) -> std::io::Result<()> {
+    let mut line: serde_json::Value =
+        serde_json::from_str(&crate::timeline::json_line(&e.event)).unwrap_or_default();
+    if let serde_json::Value::Object(map) = &mut line {
+        map.insert("run_id".to_owned(), serde_json::json!(e.run_id));
+        map.insert("cursor".to_owned(), serde_json::json!(e.cursor.to_string()));
+    }
+    outln!("{line}")
 }
 
 #[cfg(test)]

@@ -415,8 +415,13 @@ fn main() -> ExitCode {
         Command::Runs { status, tree, json } => {
             runtime.block_on(cmd_run::runs(&place, status.as_deref(), tree, json))
         }
-        Command::Events { run, follow, tree, json } => {
+        Command::Events { run: Some(run), follow, tree, json, .. } => {
             runtime.block_on(cmd_run::events(&place, &run, follow, tree, json))
+        }
+        Command::Events { run: None, follow, after, tenant, json, .. } => {
+            let tenant = tenant.map(Some);
+            let after = after.unwrap_or(baton_engine::store::FeedCursor::START);
+            runtime.block_on(cmd_run::feed(&place, &tenant, after, follow, json))
         }
         Command::Validate { paths, format, overrides } => {
             let paths = if paths.is_empty() { vec![cli.scenarios.clone()] } else { paths };

@@ -2442,3 +2442,105 @@ fn attack_a_model_cannot_silence_the_scanners_unless_the_scenario_allows_it() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn events_all_is_every_runs_log_in_commit_order_by_tenant_resumable_and_followed() {
+    let dir = scratch("feed");
+    let db = dir.join("runs.db");
+    let start = |tenant: &str| {
+        let out = baton_db(
+            &db,
+            &[
+                "run",
+                "release_notes",
+                "--script",
+                "scenarios/scripts/release_notes.yaml",
+                "--input",
+                "PR 1: CSV export",
+                "--tenant",
+                tenant,
+            ],
+        );
+        assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+        text(&out.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned()
+    };
+    let (a, b) = (start("acme"), start("globex"));
+    let out = baton_db(&db, &["approve", &a, "--by", "ann"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let lines = |args: &[&str]| -> Vec<serde_json::Value> {
+        let mut all = vec!["events", "--all", "--json"];
+        all.extend_from_slice(args);
+        let out = baton_db(&db, &all);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let cursor = |v: &serde_json::Value| -> (u64, u64) {
+        let (x, y) = v["cursor"].as_str().unwrap().split_once('-').unwrap();
+        (x.parse().unwrap(), y.parse().unwrap())
+    };
+    let whole = lines(&[]);
+    assert!(whole.windows(2).all(|w| cursor(&w[0]) < cursor(&w[1])), "cursors grow");
+    for run in [&a, &b] {
+        let seqs: Vec<u64> = whole
+            .iter()
+            .filter(|e| e["run_id"] == run.as_str())
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect();
+        let log = text(&baton_db(&db, &["events", run, "--json"]).stdout).lines().count() as u64;
+        assert_eq!(seqs, (1..=log).collect::<Vec<_>>(), "run {run}, whole and in order");
+    }
+    // a's approval and what followed were committed after b started: they come after b's.
+    let b_first = whole.iter().position(|e| e["run_id"] == b.as_str()).unwrap();
+    let approved = whole.iter().position(|e| e["kind"] == "approval_decided").unwrap();
+    assert!(b_first < approved, "commit order across runs");
+    let acme = lines(&["--tenant", "acme"]);
+    assert!(!acme.is_empty() && acme.iter().all(|e| e["run_id"] == a.as_str()), "acme's only");
+    let cut = whole.len() / 2;
+    let from = whole[cut]["cursor"].as_str().unwrap().to_owned();
+    assert_eq!(lines(&["--after", &from]), whole[cut + 1..], "exactly the rest after {from}");
+    let shown = text(&baton_db(&db, &["events", "--all"]).stdout);
+    let last = whole.last().unwrap()["cursor"].as_str().unwrap();
+    assert!(shown.trim_end().ends_with(&format!("next      --after {last}")), "{shown}");
+    let bad = baton_db(&db, &["events", "--all", "--after", "7"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad.stderr).contains("is not a feed cursor"), "{}", text(&bad.stderr));
+    // A follower from the end prints what is committed next: b's approval and its end.
+    let mut follower = baton_command()
+        .args([
+            "--db",
+            db.to_str().unwrap(),
+            "events",
+            "--all",
+            "--follow",
+            "--json",
+            "--after",
+            last,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = follower.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let out = baton_db(&db, &["approve", &b, "--by", "gus"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let mut followed = Vec::new();
+    while !followed.iter().any(|e: &serde_json::Value| e["kind"] == "scenario_finished") {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the follower prints b's end");
+        followed.push(serde_json::from_str(&line).unwrap());
+    }
+    let _ = follower.kill();
+    let _ = follower.wait();
+    assert!(followed.iter().all(|e| e["run_id"] == b.as_str()), "{followed:?}");
+    assert_eq!(followed[0]["kind"], "approval_decided");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,19 +1,17 @@
 //! Cassettes: recorded model answers, keyed by request, that drive a run without any model.
 //!
-//! `Recorder` wraps a real provider and writes every request it answers; `Replayer` answers
+//! Recording into a file is the embedder's (`baton-providers`' `cassette_file`); `Replayer` answers
 //! from a cassette only — a request with no recording is a hard error naming the level, the
 //! request's hash and how it differs from the nearest recorded request. A run's own log can
 //! be exported as a cassette ([`from_events`]), so any run becomes a regression fixture.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use crate::cancel::CancelToken;
 use crate::event::{Event, EventData, Usage};
-use crate::limits;
 use crate::model::{BoxFuture, ModelError, ModelProvider, ModelReply, ModelRequest, STOP_REFUSAL};
 
 /// Version of the cassette file format.
@@ -96,30 +94,22 @@ pub struct Cassette {
 }
 
 impl Cassette {
-    /// Reads a cassette file.
-    pub fn load(path: &Path) -> Result<Cassette, String> {
-        let text = baton_scenario::capped::read_text(path, limits::CASSETTE_BYTES_MAX)
-            .map_err(|e| format!("cannot read the cassette: {e}"))?;
-        let c: Cassette = serde_json::from_str(&text)
-            .map_err(|e| format!("cassette {} is not valid: {e}", path.display()))?;
+    /// Reads a cassette from its text; `origin` (the file) names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Cassette, String> {
+        let c: Cassette = serde_json::from_str(text)
+            .map_err(|e| format!("cassette {origin} is not valid: {e}"))?;
         if c.format != FORMAT {
             return Err(format!(
-                "cassette {} has format {}; this build reads {FORMAT}",
-                path.display(),
+                "cassette {origin} has format {}; this build reads {FORMAT}",
                 c.format
             ));
         }
         Ok(c)
     }
 
-    /// Writes the cassette, atomically (a temporary file renamed over the old one).
-    pub fn save(&self, path: &Path) -> Result<(), String> {
-        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, text)
-            .map_err(|e| format!("cannot write cassette {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, path)
-            .map_err(|e| format!("cannot write cassette {}: {e}", path.display()))
+    /// The cassette's text, as its file holds it.
+    pub fn to_text(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
     }
 }
 
@@ -187,64 +177,6 @@ pub fn from_events(events: &[Event]) -> Cassette {
         }
     }
     Cassette { format: FORMAT, entries }
-}
-
-/// Wraps a provider and records every answer into a cassette file.
-#[derive(Debug)]
-pub struct Recorder {
-    inner: Arc<dyn ModelProvider>,
-    path: PathBuf,
-    cassette: Mutex<Cassette>,
-}
-
-impl Recorder {
-    /// Records `inner`'s answers into `path` (starting a new cassette).
-    pub fn new(inner: Arc<dyn ModelProvider>, path: PathBuf) -> Self {
-        Recorder {
-            inner,
-            path,
-            cassette: Mutex::new(Cassette { format: FORMAT, entries: Vec::new() }),
-        }
-    }
-}
-
-impl ModelProvider for Recorder {
-    fn call<'a>(
-        &'a self,
-        request: &'a ModelRequest,
-        cancel: &'a CancelToken,
-    ) -> BoxFuture<'a, Result<ModelReply, ModelError>> {
-        Box::pin(async move {
-            let result = self.inner.call(request, cancel).await;
-            let entry = match &result {
-                Ok(reply) => Entry::of(request, reply),
-                Err(ModelError::Failed { provider, message, refused }) => {
-                    Entry::failed(request, provider, message, *refused)
-                }
-                // A cancel or an outage is no answer: the call is made again later.
-                Err(_) => return result,
-            };
-            let snapshot = {
-                let mut c = lock(&self.cassette);
-                c.entries.push(entry);
-                c.clone()
-            };
-            snapshot.save(&self.path).map_err(|message| ModelError::Failed {
-                provider: "cassette".to_owned(),
-                message,
-                refused: false,
-            })?;
-            result
-        })
-    }
-
-    fn worst_case_cost_usd(&self, request: &ModelRequest) -> f64 {
-        self.inner.worst_case_cost_usd(request)
-    }
-
-    fn reaches_out(&self, request: &ModelRequest) -> bool {
-        self.inner.reaches_out(request)
-    }
 }
 
 /// A request the cassette did not hold: where it was asked, and how it differs from the

@@ -4,7 +4,6 @@
 //! applies before it writes.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value};
@@ -205,7 +204,7 @@ impl Engine {
         ) -> Result<Option<(NewEvent, T)>, Error>,
     ) -> Result<Option<T>, Error> {
         let mut kind = "the decision";
-        for tries in 0..EXTERNAL_APPEND_TRIES_MAX {
+        for _ in 0..EXTERNAL_APPEND_TRIES_MAX {
             // A run that does not exist is `NotFound` from the load (every store's
             // conformance), so the log is the one read a try makes.
             let log = self.store.load(run_id, 0).await?;
@@ -215,9 +214,6 @@ impl Engine {
                 return Ok(None);
             };
             kind = event.data.kind();
-            if tries == 0 {
-                decision_barrier().await;
-            }
             let seq = state.last_seq + 1;
             let stamped = event.at(seq, now);
             let mut next = state;
@@ -308,26 +304,6 @@ impl Engine {
         })
     }
 }
-
-/// Test hook: with `BATON_TEST_DECISION_BARRIER=DIR` in the environment, an outside
-/// decision that found its request open creates `DIR/loaded.PID` and waits (at most
-/// [`DECISION_BARRIER_WAIT`]) until `DIR/go` exists before it appends, so a test can show
-/// that racing deciders all read the log before any of them wrote.
-async fn decision_barrier() {
-    let Some(dir) = std::env::var_os("BATON_TEST_DECISION_BARRIER") else {
-        return;
-    };
-    let dir = std::path::PathBuf::from(dir);
-    let _ = std::fs::write(dir.join(format!("loaded.{}", std::process::id())), b"");
-    let go = dir.join("go");
-    let started = std::time::Instant::now();
-    while !go.exists() && started.elapsed() < DECISION_BARRIER_WAIT {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Longest a decision waits at the test barrier of [`decision_barrier`].
-const DECISION_BARRIER_WAIT: Duration = Duration::from_secs(60);
 
 /// ` by NAME at TIME` for a decided request, from the log.
 fn decided_by(log: &[Event], request_id: &str) -> String {

@@ -68,8 +68,9 @@ pub struct Engine {
     /// How this engine dispatches waves, in place of its jobs' settings (a drive that is a
     /// wave's active dispatcher, with its own parallelism); none: the jobs' settings.
     pub wave_drive: Option<crate::wave_drive::WaveSettings>,
-    /// Who this engine's drives are, as `run_resumed.process` records it: `host:pid` by
-    /// default; `baton worker` and `baton serve` put their name first.
+    /// Who this engine's drives are, as `run_resumed.process` records it: `pid:PID` unless
+    /// the embedder names it (Baton's own: `host:pid`, and `baton worker` and `baton
+    /// serve` put their name first).
     pub process: Arc<str>,
     /// Where the answers of the child runs this engine starts come from, when not where
     /// their parent's came from (a drive given its own `--script`, such as `baton wave run
@@ -78,27 +79,6 @@ pub struct Engine {
     /// The steering a replay gives each call, by the replay's run id (set by
     /// [`Engine::replay`] from the recording).
     replayed_steering: Arc<Mutex<HashMap<String, Arc<crate::steering::Script>>>>,
-}
-
-/// This process as `run_resumed.process` names it by default: `host:pid`, worked out once.
-pub fn this_process() -> Arc<str> {
-    static PROCESS: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
-    Arc::clone(
-        PROCESS
-            .get_or_init(|| Arc::from(format!("{}:{}", host_name(), std::process::id()).as_str())),
-    )
-}
-
-/// This machine's name as the kernel gives it (letters, digits and `-`, at most 64), for
-/// naming processes; `host` when it cannot be read.
-pub fn host_name() -> String {
-    use std::io::Read as _;
-    let mut read = String::new();
-    let _ = std::fs::File::open("/proc/sys/kernel/hostname")
-        .and_then(|f| f.take(256).read_to_string(&mut read));
-    let name: String =
-        read.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
-    if name.is_empty() { "host".to_owned() } else { name }
 }
 
 /// Compiled templates by scenario checksum, for the whole process: a checksum covers every
@@ -117,7 +97,7 @@ impl Engine {
             kept: Arc::default(),
             live: None,
             wave_drive: None,
-            process: this_process(),
+            process: Arc::from(format!("pid:{}", std::process::id()).as_str()),
             children_model_source: None,
             replayed_steering: Arc::default(),
         }

@@ -103,7 +103,7 @@ impl Engine {
         };
         // A chain to a scenario that starts programs where no jail can be set up ends the
         // run failed with the jail's reason before the child exists: no model is told.
-        if let Some(why) = jail_refusal(&self.runtime.jail, &registry, &target) {
+        if let Some(why) = program_refusal(&self.runtime.verifiers, &registry, &target) {
             let message = format!("the chain to scenario `{}` was refused: {why}", target.id);
             events.push(NewEvent::run(EventData::Warning(crate::event::Warning {
                 message: message.clone(),

@@ -264,15 +264,16 @@ pub fn starting_programs(registry: &Registry, scenario: &Arc<Scenario>) -> Optio
 }
 
 /// Why a job starting at `scenario` cannot run here: it reaches a scenario that starts
-/// programs (see [`starting_programs`]) and the jail cannot be set up. None when it can
-/// run, the jail being off included (a run says that on its own).
-pub fn jail_refusal(
-    jail: &baton_jail::Jail,
+/// programs (see [`starting_programs`]) and the verifiers that would start them say they
+/// cannot (their jail cannot be set up). None when it can run, the jail being off
+/// included (a run says that on its own).
+pub fn program_refusal(
+    verifiers: &crate::verifier::Verifiers,
     registry: &Registry,
     scenario: &Arc<Scenario>,
 ) -> Option<String> {
-    let why = jail.refusal()?;
     let starting = starting_programs(registry, scenario)?;
+    let why = program_uses(&starting).find_map(|uses| verifiers.refusal(uses))?;
     Some(if starting.id == scenario.id {
         format!("scenario `{}` runs programs, and {why}", scenario.id)
     } else {
@@ -406,15 +407,20 @@ pub fn caps(scenario: &Scenario, tree_max_cost_usd: Option<f64>) -> BudgetCaps {
 /// Whether runs of the scenario start programs themselves (which then run in the jail): a
 /// verifier that runs one (a build, a scanner, an MCP server) or a wave level's command.
 pub fn starts_programs(scenario: &Scenario) -> bool {
-    scenario
+    program_uses(scenario).next().is_some()
+}
+
+/// The verifiers that start programs in runs of the scenario: those it declares that run
+/// one, and `command` for a wave level's command workers (child runs with a command
+/// verifier).
+fn program_uses(scenario: &Scenario) -> impl Iterator<Item = Uses> + '_ {
+    let declared = scenario.levels.iter().flat_map(|l| &l.verifiers).map(|v| v.uses);
+    let waves = scenario
         .levels
         .iter()
-        .flat_map(|l| &l.verifiers)
-        .any(|v| crate::verifier::runs_programs(v.uses))
-        || scenario
-            .levels
-            .iter()
-            .any(|l| matches!(&l.kind, LevelKind::Wave(w) if w.command.is_some()))
+        .filter(|l| matches!(&l.kind, LevelKind::Wave(w) if w.command.is_some()))
+        .map(|_| Uses::Command);
+    declared.filter(|&uses| reads_files(uses)).chain(waves)
 }
 
 /// Whether runs of the scenario edit a workspace of their own: it has a tool-loop level.
@@ -431,8 +437,8 @@ pub fn needs_workspace(scenario: &Scenario) -> bool {
         || scenario.levels.iter().flat_map(|l| &l.verifiers).any(|v| reads_files(v.uses))
 }
 
-/// Whether a verifier reads the workspace: every kind but the schema check and the judge,
-/// which read the level's answer only.
+/// Whether a verifier reads the workspace, running programs on it: every kind but the
+/// schema check and the judge, which read the level's answer only.
 fn reads_files(uses: Uses) -> bool {
     !matches!(uses, Uses::Schema | Uses::LlmJudge)
 }

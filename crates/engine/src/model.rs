@@ -398,14 +398,6 @@ impl ScriptedModel {
         self
     }
 
-    /// Reads and parses a script file (a regular file of at most
-    /// [`limits::SCRIPT_BYTES_MAX`] bytes); errors name the file.
-    pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let text = baton_scenario::capped::read_text(path, limits::SCRIPT_BYTES_MAX)
-            .map_err(|e| format!("cannot read the script: {e}"))?;
-        ScriptedModel::parse(&text, &path.display().to_string())
-    }
-
     /// Parses a script; errors name the line.
     pub fn parse(text: &str, file: &str) -> Result<Self, String> {
         let node = Node::parse(text, SourceId(0))

@@ -31,7 +31,7 @@
 //! but for the scrubbed environment and the process group.
 //!
 //! **Boundary:** builds commands; does not spawn, read output or time out — the caller
-//! (`baton_engine::verifier::run_program`, the MCP client) does, the same way in or out
+//! (`baton_verifiers::program::run_program`, the MCP client) does, the same way in or out
 //! of the jail.
 
 pub mod init;

@@ -7,6 +7,7 @@
 //! Neither does I/O; the HTTP clients feed them.
 
 pub mod anthropic;
+pub mod cassette_file;
 pub mod client;
 pub mod config;
 pub mod egress;

@@ -671,14 +671,13 @@ async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
     let engine = baton_engine::Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(baton_engine::runner::Runtime {
-            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             jobs: None,
             model: Arc::new(providers),
             verifiers: baton_engine::verifier::Verifiers::builtin(),
             workspace: PathBuf::from("."),
             workspaces: None,
             catalog: Arc::new(json!([])),
-            redactor: baton_engine::redact::Redactor::default(),
+            redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
         }),
         Arc::new(baton_engine::clock::SystemClock),
     );

@@ -21,7 +21,7 @@ use crate::body::BodyLimit;
 use crate::peers::Client;
 use crate::problem::Problem;
 use crate::{
-    events, fork_and_replay, mcp, overrides, runs, scenarios, session, ui, waves, webhooks,
+    events, feed, fork_and_replay, mcp, overrides, runs, scenarios, session, ui, waves, webhooks,
 };
 
 pub(crate) fn router(app: Arc<App>) -> Router {
@@ -38,6 +38,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/runs", get(runs::list_runs).post(runs::start_run))
         .route("/runs/{id}", get(runs::get_run))
         .route("/runs/{id}/events", get(events::run_events))
+        .route("/events", get(feed::feed_events))
         .route("/runs/{id}/approve", post(runs::approve_run))
         .route("/runs/{id}/reject", post(runs::reject_run))
         .route("/runs/{id}/answer", post(runs::answer_run))

@@ -30,6 +30,7 @@ mod body;
 mod connections;
 mod event_wire;
 mod events;
+mod feed;
 mod fork_and_replay;
 mod limits;
 mod mcp;

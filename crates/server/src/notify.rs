@@ -225,6 +225,15 @@ impl EventStore for Notifying {
         self.inner.runs_page(query)
     }
 
+    fn feed<'a>(
+        &'a self,
+        tenant: &'a Option<Option<String>>,
+        after: baton_engine::store::FeedCursor,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<baton_engine::store::FeedRef>, Error>> {
+        self.inner.feed(tenant, after, limit)
+    }
+
     fn runs_named<'a>(
         &'a self,
         ids: &'a [String],

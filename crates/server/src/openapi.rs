@@ -21,6 +21,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         crate::runs::list_runs,
         crate::runs::get_run,
         crate::events::run_events,
+        crate::feed::feed_events,
         crate::runs::approve_run,
         crate::runs::reject_run,
         crate::runs::answer_run,

@@ -4,6 +4,7 @@
 //! Each store implements `baton_engine::store::EventStore` and passes its conformance
 //! suite. The kernel never names a concrete store; the CLI wires one in.
 
+mod barrier;
 pub mod packed;
 pub mod postgres;
 pub mod run_holds;

@@ -34,8 +34,8 @@ use baton_engine::chain::{self, Check, GENESIS, Hash};
 use baton_engine::event::Event;
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{
-    Error, EventStore, Fence, RunGuard, RunQuery, RunRecord, TenantOverride, Verified,
-    check_numbering,
+    Error, EventStore, FeedCursor, FeedRef, Fence, RunGuard, RunQuery, RunRecord, TenantOverride,
+    Verified, check_numbering,
 };
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -1156,6 +1156,9 @@ impl EventStore for PostgresStore {
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
+            if let Some(dir) = crate::barrier::reached(&events) {
+                crate::barrier::wait(&dir).await;
+            }
             let commits = &self.commits;
             // The driver's appends follow each other on the end it knows: written in a
             // group with other runs' (one statement), the slow path when that misses.
@@ -1427,6 +1430,52 @@ impl EventStore for PostgresStore {
                 ],
             )
             .await
+        })
+    }
+
+    /// The feed by (transaction id, position): only rows of transactions older than every
+    /// one still running are read, so none committed later can fall below a cursor given.
+    fn feed<'a>(
+        &'a self,
+        tenant: &'a Option<Option<String>>,
+        after: FeedCursor,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<FeedRef>, Error>> {
+        Box::pin(async move {
+            let (filtered, tenant) = match tenant {
+                Some(t) => (true, t.as_deref()),
+                None => (false, None),
+            };
+            let tx = after.major.to_string();
+            let pos = i64::try_from(after.minor).unwrap_or(i64::MAX);
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let c = self.client().await?;
+            let rows = query(
+                &c,
+                "SELECT e.tx::text, e.pos, e.run_id, e.seq FROM events e
+                   JOIN runs r ON r.run_id = e.run_id
+                  WHERE (e.tx, e.pos) > ($1::text::xid8, $2::bigint)
+                    AND e.tx < pg_snapshot_xmin(pg_current_snapshot())
+                    AND (NOT $3 OR r.tenant IS NOT DISTINCT FROM $4::text)
+                  ORDER BY e.tx, e.pos LIMIT $5",
+                &[&tx, &pos, &filtered, &tenant, &limit],
+            )
+            .await?;
+            rows.iter()
+                .map(|row| {
+                    let tx: String = row.get(0);
+                    let major = tx.parse::<u64>().map_err(|e| {
+                        Error::Backend(format!("the feed read a transaction id {tx:?}: {e}"))
+                    })?;
+                    let pos: i64 = row.get(1);
+                    let seq: i64 = row.get(3);
+                    Ok(FeedRef {
+                        cursor: FeedCursor { major, minor: u64::try_from(pos).unwrap_or_default() },
+                        run_id: row.get(2),
+                        seq: u64::try_from(seq).unwrap_or_default(),
+                    })
+                })
+                .collect()
         })
     }
 

@@ -26,7 +26,7 @@
 //! unended run of a job's tree (as `baton cancel` of its root writes them) right before the
 //! first append of this process that holds an event of that kind, so that append is refused
 //! as another writer's would be (a cancel that got in between a step's result and its
-//! commit).
+//! commit). The decision barrier of `crate::barrier` holds its append in the writer.
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -37,7 +37,7 @@ use baton_engine::chain::{self, Fields, GENESIS, Hash};
 use baton_engine::event::{Event, EventData};
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{
-    Error, EventStore, RunGuard, RunQuery, RunRecord, TenantOverride, Verified,
+    Error, EventStore, FeedCursor, FeedRef, RunGuard, RunQuery, RunRecord, TenantOverride, Verified,
 };
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
@@ -152,6 +152,12 @@ enum Request {
     RunsPage {
         query: RunQuery,
         reply: Reply<Vec<RunRecord>>,
+    },
+    Feed {
+        tenant: Option<Option<String>>,
+        after: FeedCursor,
+        limit: usize,
+        reply: Reply<Vec<FeedRef>>,
     },
     Purge {
         ids: Vec<String>,
@@ -689,6 +695,7 @@ fn serve(
             reads.into_iter().partition(|r| matches!(r, Request::Lease(..)));
         if !writes.is_empty() {
             cancel_before_kind(&mut conn, &mut packer, &writes, &mut failpoint.cancel_before_kind);
+            decision_barrier(&writes);
             write_group(&mut conn, &mut packer, writes, &failpoint, &mut written);
             let commits = stats.commits.fetch_add(1, Ordering::Relaxed) + 1;
             if commits.is_multiple_of(COMMITS_PER_CHECKPOINT) {
@@ -730,6 +737,17 @@ fn serve_reads(conn: &Connection, rx: &std::sync::Mutex<mpsc::Receiver<Request>>
         match next {
             Ok(r) => read(conn, &mut dicts, r),
             Err(_) => return,
+        }
+    }
+}
+
+/// The test barrier (`crate::barrier`) before the first append of an outside decision.
+fn decision_barrier(writes: &[Request]) {
+    for w in writes {
+        if let Request::Append { events, .. } = w
+            && let Some(dir) = crate::barrier::reached(events)
+        {
+            crate::barrier::wait_blocking(&dir);
         }
     }
 }
@@ -1132,6 +1150,9 @@ fn read(conn: &Connection, dicts: &mut Dicts, r: Request) {
         }
         Request::RunsPage { query, reply } => {
             let _ = reply.send(runs_page(conn, &query));
+        }
+        Request::Feed { tenant, after, limit, reply } => {
+            let _ = reply.send(crate::sqlite_log::feed(conn, &tenant, after, limit));
         }
         Request::Token(op) => token_op(conn, op),
         Request::Webhook(op) => crate::sqlite_webhooks::webhook_op(conn, op),
@@ -1701,6 +1722,20 @@ impl EventStore for SqliteStore {
         query: &'a RunQuery,
     ) -> BoxFuture<'a, Result<Vec<RunRecord>, Error>> {
         Box::pin(self.read(move |reply| Request::RunsPage { query: query.clone(), reply }))
+    }
+
+    fn feed<'a>(
+        &'a self,
+        tenant: &'a Option<Option<String>>,
+        after: FeedCursor,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<FeedRef>, Error>> {
+        Box::pin(self.read(move |reply| Request::Feed {
+            tenant: tenant.clone(),
+            after,
+            limit,
+            reply,
+        }))
     }
 
     /// Whether some process holds the run: its byte of `<database>.holds` is locked. A

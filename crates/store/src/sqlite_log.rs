@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
 use baton_engine::event::{Event, EventData, VERSION};
-use baton_engine::store::{Error, Verified, check_numbering};
+use baton_engine::store::{Error, FeedCursor, FeedRef, Verified, check_numbering};
 use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -411,6 +411,63 @@ fn write_packed(
     })
     .map_err(crate::sqlite_rows::backend)?;
     Ok(())
+}
+
+/// The feed after `after` (`major` a batch's place in the `feed` table, `minor` the last
+/// event of that batch already given): at most `limit` events of `tenant`'s runs (every
+/// run's when `None`), batch by batch in commit order.
+pub(crate) fn feed(
+    conn: &Connection,
+    tenant: &Option<Option<String>>,
+    after: FeedCursor,
+    limit: usize,
+) -> Result<Vec<FeedRef>, Error> {
+    let backend = crate::sqlite_rows::backend;
+    let (filtered, tenant) = match tenant {
+        Some(t) => (true, t.as_deref()),
+        None => (false, None),
+    };
+    let Ok(major) = i64::try_from(after.major) else { return Ok(Vec::new()) };
+    // One batch more than the limit: the first may hold only events already given.
+    let batches = i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX);
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT f.pos, r.run_id, f.first_seq, f.last_seq FROM feed f JOIN runs r ON r.rk = f.rk
+              WHERE f.pos >= ?1 AND (?2 = 0 OR r.tenant IS ?3)
+              ORDER BY f.pos LIMIT ?4",
+        )
+        .map_err(backend)?;
+    let rows = stmt
+        .query_map(params![major, filtered, tenant, batches], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })
+        .map_err(backend)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (pos, run_id, first, last) = row.map_err(backend)?;
+        let pos = u64::try_from(pos).unwrap_or_default();
+        for seq in
+            u64::try_from(first).unwrap_or_default()..=u64::try_from(last).unwrap_or_default()
+        {
+            if pos == after.major && seq <= after.minor {
+                continue;
+            }
+            if out.len() == limit {
+                return Ok(out);
+            }
+            out.push(FeedRef {
+                cursor: FeedCursor { major: pos, minor: seq },
+                run_id: run_id.clone(),
+                seq,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The run's events after `after`, checked against the chain and the run's record — both

@@ -629,3 +629,56 @@ async fn a_hold_given_back_is_the_givers_to_take_again_at_once() {
         drop(theirs);
     }
 }
+
+/// The feed never gives a cursor below which a transaction still running may commit: while
+/// another session's transaction that wrote first is open, an event committed after it is
+/// held back; once it commits, its event comes first and none is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_holds_back_what_an_open_transaction_may_still_precede() {
+    use baton_engine::store::{FeedCursor, FeedRef};
+    let schema = scratch("feed").await;
+    let store = PostgresStore::connect(&schema.url).await.unwrap();
+    store.create_run(&record("early"), warnings(1, 1)).await.unwrap();
+    store.create_run(&record("late"), warnings(1, 1)).await.unwrap();
+    // Other tests' transactions on this server may hold the feed back a while too.
+    let settled = |after: FeedCursor, count: usize| {
+        let store = &store;
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let feed: Vec<FeedRef> = store.feed(&None, after, 100).await.unwrap();
+                if feed.len() >= count || std::time::Instant::now() > deadline {
+                    return feed;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let first = settled(FeedCursor::START, 2).await;
+    assert_eq!(first.len(), 2, "{first:?}");
+    let seen = first[1].cursor;
+    let config: tokio_postgres::Config = schema.url.parse().unwrap();
+    let (mut client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let open = client.transaction().await.unwrap();
+    open.execute(
+        "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
+         VALUES ('early', 2, 0, 'warning', 1, 'l1', 1, '{\"message\":\"slow\"}', NULL)",
+        &[],
+    )
+    .await
+    .unwrap();
+    store.append("late", 2, warnings(2, 1), "running").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let held = store.feed(&None, seen, 100).await.unwrap();
+    assert!(held.is_empty(), "the late commit waits for the open transaction: {held:?}");
+    open.commit().await.unwrap();
+    let after = settled(seen, 2).await;
+    let places: Vec<(&str, u64)> = after.iter().map(|r| (r.run_id.as_str(), r.seq)).collect();
+    assert_eq!(
+        places,
+        [("early", 2), ("late", 2)],
+        "the slow transaction's event first, none skipped"
+    );
+    assert!(after.iter().all(|r| r.cursor > seen));
+}

@@ -18,14 +18,14 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::confined::Confined;
+use crate::program::{Program, jailed_command, kill_group, over_limits};
 use baton_engine::cancel::CancelToken;
 use baton_engine::clock::elapsed_ms;
 use baton_engine::event::VerifierFinished;
 use baton_engine::model::BoxFuture;
-use baton_engine::verifier::{
-    Program, Verifier, VerifyContext, checked, jailed_command, kill_group, over_limits, tail,
-    unavailable,
-};
+use baton_engine::verifier::{VerifyContext, checked, tail, unavailable};
+use baton_jail::Jail;
 use baton_scenario::expr::{self, JsonContext, Scope};
 use baton_scenario::model::VerifierSpec;
 use serde_json::{Map, Value, json};
@@ -110,6 +110,7 @@ impl Server {
     async fn start(
         argv: &[String],
         ctx: &VerifyContext,
+        jail: &Jail,
         env: &Map<String, Value>,
         network: bool,
     ) -> Result<Server, String> {
@@ -119,7 +120,7 @@ impl Server {
         let env: Vec<(String, String)> =
             env.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect();
         let jailed = jailed_command(
-            &ctx.jail,
+            jail,
             &Program {
                 argv: argv.to_vec(),
                 cwd: ctx.workspace.clone(),
@@ -374,6 +375,7 @@ impl McpVerifier {
         &self,
         spec: &VerifierSpec,
         ctx: &VerifyContext,
+        jail: &Jail,
         started: Instant,
     ) -> VerifierFinished {
         let argv: Vec<String> = spec
@@ -403,7 +405,7 @@ impl McpVerifier {
                 None => false,
             };
             if !alive {
-                match Server::start(&argv, ctx, &env, network).await {
+                match Server::start(&argv, ctx, jail, &env, network).await {
                     Ok(s) => {
                         servers.insert(key.clone(), Arc::new(Mutex::new(s)));
                     }
@@ -415,7 +417,7 @@ impl McpVerifier {
                 None => return unavailable(spec, "the MCP server is gone"),
             }
         } else {
-            match Server::start(&argv, ctx, &env, network).await {
+            match Server::start(&argv, ctx, jail, &env, network).await {
                 Ok(s) => Arc::new(Mutex::new(s)),
                 Err(why) => return unavailable(spec, &why),
             }
@@ -502,18 +504,19 @@ fn condition_holds(condition: &str, structured: Option<&Value>) -> Result<(bool,
     ))
 }
 
-impl Verifier for McpVerifier {
+impl Confined for McpVerifier {
     fn verify<'a>(
         &'a self,
         spec: &'a VerifierSpec,
         ctx: &'a VerifyContext,
+        jail: &'a Jail,
         cancel: &'a CancelToken,
     ) -> BoxFuture<'a, VerifierFinished> {
         Box::pin(async move {
             let started = Instant::now();
             let timeout = Duration::from_secs_f64(spec.timeout_s.unwrap_or(TIMEOUT_S_DEFAULT));
             let mut outcome = tokio::select! {
-                outcome = self.check(spec, ctx, started) => outcome,
+                outcome = self.check(spec, ctx, jail, started) => outcome,
                 () = tokio::time::sleep(timeout) => unavailable(
                     spec,
                     &format!("the MCP server did not answer within {:.0} s", timeout.as_secs_f64()),

@@ -42,13 +42,15 @@ use baton_engine::cancel::CancelToken;
 use baton_engine::clock::elapsed_ms;
 use baton_engine::event::VerifierFinished;
 use baton_engine::model::BoxFuture;
-use baton_engine::verifier::{
-    Program, Ran, Verifier, VerifyContext, checked, run_program, unavailable,
-};
+use baton_engine::verifier::{VerifyContext, checked, unavailable};
+use baton_jail::Jail;
 use baton_scenario::model::VerifierSpec;
 use serde_json::{Map, Value, json};
 
 mod tool;
+
+use crate::confined::Confined;
+use crate::program::{Program, Ran, run_program};
 
 use tool::{
     BATON_DIR, Scratch, Unavailable, allow_suppressions, clean_tail, first_line, locate, not_run,
@@ -99,31 +101,33 @@ pub struct Semgrep;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Gitleaks;
 
-impl Verifier for Semgrep {
+impl Confined for Semgrep {
     fn verify<'a>(
         &'a self,
         spec: &'a VerifierSpec,
         ctx: &'a VerifyContext,
+        jail: &'a Jail,
         cancel: &'a CancelToken,
     ) -> BoxFuture<'a, VerifierFinished> {
         Box::pin(async move {
             let started = Instant::now();
-            let outcome = semgrep(spec, ctx, cancel, started).await;
+            let outcome = semgrep(spec, ctx, jail, cancel, started).await;
             settle(spec, outcome, started)
         })
     }
 }
 
-impl Verifier for Gitleaks {
+impl Confined for Gitleaks {
     fn verify<'a>(
         &'a self,
         spec: &'a VerifierSpec,
         ctx: &'a VerifyContext,
+        jail: &'a Jail,
         cancel: &'a CancelToken,
     ) -> BoxFuture<'a, VerifierFinished> {
         Box::pin(async move {
             let started = Instant::now();
-            let outcome = gitleaks(spec, ctx, cancel, started).await;
+            let outcome = gitleaks(spec, ctx, jail, cancel, started).await;
             settle(spec, outcome, started)
         })
     }
@@ -182,6 +186,7 @@ struct SemgrepFinding {
 async fn semgrep(
     spec: &VerifierSpec,
     ctx: &VerifyContext,
+    jail: &Jail,
     cancel: &CancelToken,
     started: Instant,
 ) -> Result<VerifierFinished, Unavailable> {
@@ -255,7 +260,7 @@ async fn semgrep(
         timeout: timeout(spec),
         network: false,
     };
-    let ran = run_program(&program, &ctx.jail, cancel).await.map_err(|e| not_run("semgrep", &e))?;
+    let ran = run_program(&program, jail, cancel).await.map_err(|e| not_run("semgrep", &e))?;
     let stderr = clean_tail(&ran.stderr);
     let parsed = read_report(&report);
 
@@ -431,6 +436,7 @@ struct Leak {
 async fn gitleaks(
     spec: &VerifierSpec,
     ctx: &VerifyContext,
+    jail: &Jail,
     cancel: &CancelToken,
     started: Instant,
 ) -> Result<VerifierFinished, Unavailable> {
@@ -504,7 +510,7 @@ async fn gitleaks(
             network: false,
         };
         let ran: Ran =
-            run_program(&program, &ctx.jail, cancel).await.map_err(|e| not_run("gitleaks", &e))?;
+            run_program(&program, jail, cancel).await.map_err(|e| not_run("gitleaks", &e))?;
         let stderr = clean_tail(&ran.stderr);
         match ran.code {
             Some(0 | GITLEAKS_LEAKS_EXIT) => {}

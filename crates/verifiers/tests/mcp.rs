@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use baton_engine::cancel::CancelToken;
 use baton_engine::event::VerifierFinished;
-use baton_engine::verifier::{Verifier, VerifyContext};
+use baton_engine::verifier::VerifyContext;
 use baton_scenario::model::{OnFail, Uses, VerifierSpec};
+use baton_verifiers::Confined;
 use baton_verifiers::mcp::McpVerifier;
 use serde_json::{Value, json};
 
@@ -45,7 +46,6 @@ fn spec(server: &[String], tool: &str, arguments: Value, extra: &Value) -> Verif
 
 fn ctx(workspace: PathBuf, input: &str) -> VerifyContext {
     VerifyContext {
-        jail: std::sync::Arc::new(baton_jail::Jail::off()),
         workspace,
         input: input.to_owned(),
         output: String::new(),
@@ -55,7 +55,7 @@ fn ctx(workspace: PathBuf, input: &str) -> VerifyContext {
 }
 
 async fn verify(v: &McpVerifier, spec: &VerifierSpec, ctx: &VerifyContext) -> VerifierFinished {
-    v.verify(spec, ctx, &CancelToken::new()).await
+    v.verify(spec, ctx, &baton_jail::Jail::off(), &CancelToken::new()).await
 }
 
 fn running(marker: &str) -> bool {

@@ -12,8 +12,10 @@ use std::process::Command;
 
 use baton_engine::cancel::CancelToken;
 use baton_engine::event::VerifierFinished;
-use baton_engine::verifier::{Verifier, VerifyContext};
+use baton_engine::verifier::VerifyContext;
+use baton_jail::Jail;
 use baton_scenario::model::{OnFail, Uses, VerifierSpec};
+use baton_verifiers::Confined;
 use baton_verifiers::scanners::{Gitleaks, Semgrep};
 use serde_json::{Value, json};
 
@@ -100,16 +102,15 @@ fn workspace(files: &[(&str, &str)]) -> tempfile::TempDir {
     dir
 }
 
-async fn run(verifier: &dyn Verifier, spec: &VerifierSpec, dir: &Path) -> VerifierFinished {
+async fn run(verifier: &dyn Confined, spec: &VerifierSpec, dir: &Path) -> VerifierFinished {
     let ctx = VerifyContext {
-        jail: std::sync::Arc::new(baton_jail::Jail::off()),
         workspace: dir.to_path_buf(),
         input: String::new(),
         output: String::new(),
         parsed: None,
         scratchpad: serde_json::Map::new(),
     };
-    verifier.verify(spec, &ctx, &CancelToken::new()).await
+    verifier.verify(spec, &ctx, &Jail::off(), &CancelToken::new()).await
 }
 
 /// The scenario's own rules file.

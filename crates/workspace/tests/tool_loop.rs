@@ -59,14 +59,13 @@ async fn run_opened(
     let engine = Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(Runtime {
-            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             jobs: None,
             model: Arc::new(model),
             verifiers: Verifiers::builtin(),
             workspace: dir.to_path_buf(),
             workspaces: Some(WorkspaceSetup { opener, dir: None, branch: None }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
-            redactor: baton_engine::redact::Redactor::default(),
+            redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
         }),
         Arc::new(SystemClock),
     );
@@ -470,14 +469,13 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
     let engine = Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(Runtime {
-            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             jobs: None,
             model: Arc::new(model()),
             verifiers: Verifiers::builtin(),
             workspace: dir.path().to_path_buf(),
             workspaces: Some(WorkspaceSetup { opener, dir: None, branch: None }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
-            redactor: baton_engine::redact::Redactor::default(),
+            redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
         }),
         Arc::new(SystemClock),
     );
@@ -497,7 +495,6 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
     let resumed = Engine::new(
         Arc::clone(&engine.store),
         Arc::new(Runtime {
-            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             jobs: None,
             model: Arc::new(model()),
             verifiers: Verifiers::builtin(),
@@ -511,7 +508,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
                 branch: None,
             }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
-            redactor: baton_engine::redact::Redactor::default(),
+            redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
         }),
         Arc::new(SystemClock),
     );

@@ -648,7 +648,8 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
         tokio::spawn(connection);
         client
             .batch_execute(
-                "DROP TRIGGER events_webhook_outbox ON events; DROP FUNCTION baton_webhook_outbox();
+                "DROP INDEX events_feed; ALTER TABLE events DROP COLUMN tx, DROP COLUMN pos;
+                 DROP TRIGGER events_webhook_outbox ON events; DROP FUNCTION baton_webhook_outbox();
                  DROP TABLE webhooks, webhook_deliveries, webhook_attempts;
                  DROP TABLE sessions; DROP TABLE holds; DROP INDEX runs_by_idempotency_key;
                  CREATE UNIQUE INDEX runs_by_idempotency_key ON runs (idempotency_key)
@@ -663,12 +664,12 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
     assert_eq!(refused.status.code(), Some(1));
     let err = text(&refused.stderr);
     assert!(
-        err.contains("is at schema version 1, this binary needs 5: run `baton migrate"),
+        err.contains("is at schema version 1, this binary needs 6: run `baton migrate"),
         "{err}"
     );
     let migrated = baton_pg(&schema.url, &data, &["migrate"]);
     assert_eq!(migrated.status.code(), Some(0), "{}", text(&migrated.stderr));
-    assert!(text(&migrated.stdout).contains("schema version 1 → 5"), "{}", text(&migrated.stdout));
+    assert!(text(&migrated.stdout).contains("schema version 1 → 6"), "{}", text(&migrated.stdout));
     let again = baton_pg(&schema.url, &data, &["migrate"]);
     assert!(text(&again.stdout).contains("nothing to do"), "{}", text(&again.stdout));
     let listed = text(&baton_pg(&schema.url, &data, &["runs"]).stdout);

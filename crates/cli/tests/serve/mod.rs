@@ -1507,3 +1507,100 @@ fn approving_a_chained_runs_request_through_the_api_completes_the_whole_job() {
     assert!(done["output"].as_str().unwrap().contains("## New"), "{done}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A cursor of the feed as a pair, to compare.
+fn feed_cursor(text: &str) -> (u64, u64) {
+    let (a, b) = text.split_once('-').unwrap();
+    (a.parse().unwrap(), b.parse().unwrap())
+}
+
+#[test]
+fn the_feed_is_every_run_of_a_tenant_in_commit_order_and_resumes_exactly_from_any_cursor() {
+    let (dir, db) = with_scenarios("serve-feed");
+    let acme = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let globex = bearer(&token(&dir, &db, "globex", "viewer", "gus"));
+    let globex_op = bearer(&token(&dir, &db, "globex", "operator", "gil"));
+    let script = repo().join("scenarios/scripts/intent_classifier.yaml").display().to_string();
+    let server = serve(&dir, &db, &["--script", &script]);
+    let addr = server.addr.as_str();
+    let job = json!({"kind": "task", "input": "What is the capital of France?"});
+    let mut roots = Vec::new();
+    for auth in [&acme, &globex_op, &acme] {
+        let started = start(addr, auth, &job);
+        assert_eq!(started.status, 201, "{started:?}");
+        let root = started.json()["run_id"].as_str().unwrap().to_owned();
+        wait_for(addr, auth, &root, "its end", |v| v["status"] == "completed");
+        roots.push(root);
+    }
+    let page = |auth: &str, query: &str| {
+        let r = http(addr, "GET", &format!("/events{query}"), &[("Authorization", auth)], None);
+        assert_eq!(r.status, 200, "{r:?}");
+        r.json()
+    };
+    let whole = page(&acme, "")["events"].as_array().unwrap().clone();
+    let cursors: Vec<(u64, u64)> =
+        whole.iter().map(|e| feed_cursor(e["cursor"].as_str().unwrap())).collect();
+    assert!(cursors.windows(2).all(|w| w[0] < w[1]), "cursors grow: {cursors:?}");
+    // Every run acme's feed names is acme's, whole and in order; globex's job is not in it.
+    let mut runs: Vec<String> =
+        whole.iter().map(|e| e["run_id"].as_str().unwrap().to_owned()).collect();
+    runs.sort();
+    runs.dedup();
+    assert!(runs.len() >= 4, "two jobs of two runs each: {runs:?}");
+    assert!(!runs.contains(&roots[1]), "another tenant's run is not in the feed");
+    for run in &runs {
+        let v = wait_for(addr, &acme, run, "its end", |v| v["status"] == "completed");
+        let seqs: Vec<u64> = whole
+            .iter()
+            .filter(|e| e["run_id"] == run.as_str())
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (1..=v["last_seq"].as_u64().unwrap()).collect::<Vec<_>>(), "run {run}");
+        let theirs =
+            http(addr, "GET", &format!("/runs/{run}"), &[("Authorization", &globex)], None);
+        assert_eq!(theirs.status, 404, "acme's run is not globex's");
+    }
+    // Pages of 7 following `next` are the same feed.
+    let mut paged = Vec::new();
+    let mut query = "?limit=7".to_owned();
+    loop {
+        let p = page(&acme, &query);
+        let events = p["events"].as_array().unwrap();
+        assert!(events.len() <= 7);
+        if events.is_empty() {
+            break;
+        }
+        paged.extend(events.iter().cloned());
+        query = format!("?limit=7&after={}", p["next"].as_str().unwrap());
+    }
+    assert_eq!(paged, whole, "paged");
+    // globex sees its own job only.
+    let theirs = page(&globex, "")["events"].as_array().unwrap().clone();
+    assert!(theirs.iter().any(|e| e["run_id"] == roots[1].as_str()));
+    assert!(theirs.iter().all(|e| !runs.contains(&e["run_id"].as_str().unwrap().to_owned())));
+    // The stream gives the same events, its ids the cursors; a reconnect from any id gets
+    // exactly what followed it.
+    let streamed = |last: Option<&str>, count: usize| {
+        let mut headers = vec![("Authorization", acme.as_str())];
+        if let Some(l) = last {
+            headers.push(("Last-Event-ID", l));
+        }
+        let mut s = stream_ids(addr, "/events", &headers);
+        (0..count)
+            .map(|_| {
+                let (id, kind, data) = s.next_raw().expect("an event of the feed");
+                assert_eq!(data["cursor"], id.as_str());
+                assert_eq!(data["kind"], kind.as_str());
+                data
+            })
+            .collect::<Vec<Value>>()
+    };
+    assert_eq!(streamed(None, whole.len()), whole, "the stream from the start");
+    for cut in [0, whole.len() / 2, whole.len() - 2] {
+        let from = whole[cut]["cursor"].as_str().unwrap();
+        assert_eq!(streamed(Some(from), whole.len() - cut - 1), whole[cut + 1..], "from {from}");
+    }
+    let bad = stream(addr, "/events", &[("Authorization", &acme), ("Last-Event-ID", "7")]);
+    assert_eq!(bad.err().map(|r| r.status), Some(400));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -21,7 +21,6 @@ impl LevelRun {
         let level = &self.scenario.levels[self.level];
         let ctx = VerifyContext {
             workspace: self.workspace_dir(),
-            jail: Arc::clone(&self.runtime.jail),
             input: self.state.session.input.clone(),
             output,
             parsed,

@@ -51,11 +51,9 @@ pub struct Runtime {
     pub workspaces: Option<crate::workspace::WorkspaceSetup>,
     /// The scenarios the intent classifier may choose from (`catalog` in templates).
     pub catalog: Arc<Value>,
-    /// Takes the secrets the process knows, and key-shaped tokens, out of provider errors,
-    /// verifier outcomes and MCP results before they are recorded.
-    pub redactor: crate::redact::Redactor,
-    /// What every program a run starts (verifiers, scanners, MCP servers) runs in.
-    pub jail: Arc<baton_jail::Jail>,
+    /// The embedder's: takes the secrets the process knows, and key-shaped tokens, out of
+    /// provider errors, verifier outcomes and MCP results before they are recorded.
+    pub redactor: Arc<dyn crate::redact::Redact>,
     /// The scenarios jobs select and chain to; without it, a run starts no child runs (a
     /// result naming an intent route ends the run with a warning).
     pub jobs: Option<Arc<crate::job::Jobs>>,

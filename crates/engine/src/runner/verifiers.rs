@@ -139,7 +139,7 @@ pub(super) async fn run_verifiers(
                 let outcome = if stopped {
                     verifier::not_run(spec, "not run: an earlier verifier failed (serial mode)")
                 } else if spec.uses == Uses::LlmJudge {
-                    judge(calls, spec, ctx, events).await
+                    judge(run, calls, spec, ctx, events).await
                 } else {
                     verify_one(run, spec, ctx, &run.cancel).await
                 };
@@ -164,7 +164,7 @@ pub(super) async fn run_verifiers(
             let mut slots = Vec::with_capacity(specs.len());
             for spec in specs {
                 if spec.uses == Uses::LlmJudge {
-                    slots.push(judge(calls, spec, ctx, events).await);
+                    slots.push(judge(run, calls, spec, ctx, events).await);
                 } else {
                     slots.push(done.next().unwrap_or_else(|| {
                         verifier::unavailable(spec, "the verifier did not run")
@@ -247,31 +247,30 @@ fn lost_race(outcome: &VerifierFinished) -> bool {
     outcome.details.get("race_lost_to").is_some()
 }
 
-/// An `llm_judge`: one model call, recorded in the step's events, that scores the level's
-/// output against each criterion of a rubric; the score is their weighted mean.
+/// An `llm_judge`: one model call, recorded in the step's events, between the [`Judge`]'s
+/// question and its scoring of the answer.
+///
+/// [`Judge`]: crate::verifier::Judge
 async fn judge(
+    run: &LevelRun,
     calls: &mut Calls<'_>,
     spec: &VerifierSpec,
     ctx: &VerifyContext,
     events: &mut Vec<NewEvent>,
 ) -> VerifierFinished {
     let started = Instant::now();
-    let Some(rubric) = &spec.rubric else {
-        return verifier::unavailable(spec, "the judge has no rubric");
+    let Some(judge) = run.runtime.verifiers.judge() else {
+        return verifier::unavailable(
+            spec,
+            "the `llm_judge` verifier is not available in this build",
+        );
     };
-    let mut prompt = format!(
-        "You are a strict reviewer. Score the work below against each criterion, from 0.0 (not met) to 1.0 (fully met).\n\n{}\n\nCriteria:\n",
-        rubric.body
-    );
-    for c in &rubric.criteria {
-        prompt.push_str(&format!("- {} (weight {}): {}\n", c.id, c.weight, c.description));
-    }
-    prompt.push_str(&format!(
-        "\nThe work:\n{}\n\nAnswer with only a JSON object: {{\"scores\": {{\"<criterion>\": <0.0 to 1.0>}}, \"reasons\": {{\"<criterion>\": \"<one sentence>\"}}}}",
-        ctx.output
-    ));
+    let asked = match judge.ask(spec, ctx) {
+        Ok(asked) => asked,
+        Err(why) => return verifier::unavailable(spec, &why),
+    };
     let spent = calls.cost_usd;
-    let answer = match calls.call(events, &format!("judge:{}", rubric.id), &prompt, true).await {
+    let answer = match calls.call(events, &asked.name, &asked.prompt, true).await {
         Ok(text) => text,
         Err(Stop::Failed(message, _)) => {
             return verifier::unavailable(
@@ -295,48 +294,10 @@ async fn judge(
             );
         }
     };
-    let cost_usd = calls.cost_usd - spent;
-    let duration_ms = elapsed_ms(started);
-    let parsed = verdict::parse_json(&answer);
-    let Some(scores) =
-        parsed.as_ref().and_then(|v| v.get("scores").cloned()).filter(Value::is_object)
-    else {
-        let mut failed =
-            verifier::unavailable(spec, "the judge did not answer with {\"scores\": {…}}");
-        failed.cost_usd = cost_usd;
-        failed.duration_ms = duration_ms;
-        return failed;
-    };
-    let reasons_given =
-        parsed.as_ref().and_then(|v| v.get("reasons").cloned()).unwrap_or(Value::Null);
-    let threshold =
-        spec.params.get("threshold").and_then(Value::as_f64).unwrap_or(rubric.pass_threshold);
-    let (mut weighted, mut weights) = (0.0, 0.0);
-    let mut reasons = Vec::new();
-    let mut per_criterion = Map::new();
-    for c in &rubric.criteria {
-        let score = scores.get(&c.id).and_then(Value::as_f64).map_or(0.0, |s| s.clamp(0.0, 1.0));
-        weighted += c.weight * score;
-        weights += c.weight;
-        per_criterion.insert(c.id.clone(), json!(score));
-        if score < threshold {
-            let why = reasons_given.get(&c.id).and_then(Value::as_str).unwrap_or(
-                if scores.get(&c.id).is_none() { "not scored" } else { "no reason given" },
-            );
-            reasons.push(format!("{} {score:.2}: {why}", c.id));
-        }
-    }
-    let score = if weights > 0.0 { weighted / weights } else { 0.0 };
-    let passed = score >= threshold;
-    VerifierFinished {
-        name: spec.name.clone(),
-        passed,
-        score: Some(score),
-        reasons: if passed { Vec::new() } else { reasons },
-        cost_usd,
-        duration_ms,
-        details: json!({"rubric": rubric.id, "threshold": threshold, "scores": per_criterion}),
-    }
+    let mut outcome = judge.score(spec, &answer);
+    outcome.cost_usd = calls.cost_usd - spent;
+    outcome.duration_ms = elapsed_ms(started);
+    outcome
 }
 
 async fn verify_one(
@@ -350,21 +311,11 @@ async fn verify_one(
     {
         return recorded;
     }
-    let mut finished = match run.runtime.verifiers.get(spec.uses) {
+    match run.runtime.verifiers.get(spec.uses) {
         Some(v) => v.verify(spec, ctx, cancel).await,
         None => verifier::unavailable(
             spec,
             &format!("the `{}` verifier is not available in this build", spec.uses.as_str()),
         ),
-    };
-    // A program that ran unconfined (`--no-jail`) says so on its outcome.
-    if ctx.jail.is_off() && verifier::runs_programs(spec.uses) {
-        if finished.details.is_null() {
-            finished.details = Value::Object(serde_json::Map::new());
-        }
-        if let Value::Object(details) = &mut finished.details {
-            details.insert("jail".to_owned(), Value::from("off"));
-        }
     }
-    finished
 }

@@ -55,6 +55,7 @@ pub async fn run_all(store: &dyn EventStore, prefix: &str) {
     tenant_overrides_are_kept_per_tenant_and_scenario(store, prefix).await;
     runs_are_paged_newest_first_by_tenant(store, prefix).await;
     purged_runs_are_gone(store, prefix).await;
+    the_feed_follows_every_run_in_commit_order(store, prefix).await;
 }
 
 /// A purged run is gone — its record, its events, its key — and runs not named stay.
@@ -551,4 +552,77 @@ async fn runs_are_listed_by_status(store: &dyn EventStore, prefix: &str) {
     assert!(paused.iter().all(|r| r.status == "paused"));
     let all = store.runs(None).await.expect("list");
     assert!(all.len() >= 3);
+}
+
+/// The feed gives one tenant's events of every run in the order they were committed, each
+/// run's in its own order; pages of any size resumed from any cursor give exactly the rest;
+/// other tenants' events never appear in a tenant's feed; a purged run leaves it, and what
+/// is committed after gets cursors above every one given before.
+async fn the_feed_follows_every_run_in_commit_order(store: &dyn EventStore, prefix: &str) {
+    use super::{FeedCursor, FeedRef};
+    let tenant = Some(Some(format!("{prefix}-feed")));
+    let of_tenant = |id: &str, t: &Option<Option<String>>| {
+        let mut r = record(id);
+        r.tenant = t.clone().flatten();
+        r
+    };
+    let (a, b, c) =
+        (format!("{prefix}-feed-a"), format!("{prefix}-feed-b"), format!("{prefix}-feed-c"));
+    store.create_run(&of_tenant(&a, &tenant), events(1, 2)).await.expect("create a");
+    store.create_run(&of_tenant(&b, &tenant), events(1, 1)).await.expect("create b");
+    let other = Some(Some(format!("{prefix}-feed-other")));
+    store.create_run(&of_tenant(&c, &other), events(1, 1)).await.expect("create c");
+    store.append(&a, 3, events(3, 2), "running").await.expect("append a");
+    store.append(&b, 2, events(2, 1), "running").await.expect("append b");
+    let all = |after: FeedCursor, limit: usize| {
+        let tenant = &tenant;
+        async move { store.feed(tenant, after, limit).await.expect("the feed") }
+    };
+    // A store may hold back events behind transactions still running elsewhere (another
+    // process's, another test's): what is committed shows within a bound.
+    let settled = |count: usize| async move {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let feed = all(FeedCursor::START, 100).await;
+            if feed.len() >= count || std::time::Instant::now() > deadline {
+                return feed;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    let whole = settled(6).await;
+    let places: Vec<(String, u64)> = whole.iter().map(|r| (r.run_id.clone(), r.seq)).collect();
+    let expected: Vec<(String, u64)> = [(&a, 1), (&a, 2), (&b, 1), (&a, 3), (&a, 4), (&b, 2)]
+        .iter()
+        .map(|(run, seq)| ((*run).clone(), *seq))
+        .collect();
+    assert_eq!(places, expected, "the tenant's feed, in commit order");
+    assert!(whole.windows(2).all(|w| w[0].cursor < w[1].cursor), "cursors grow: {whole:?}");
+    for (i, from) in whole.iter().enumerate() {
+        let rest = all(from.cursor, 100).await;
+        assert_eq!(rest, whole[i + 1..].to_vec(), "the rest after {}", from.cursor);
+    }
+    let mut paged: Vec<FeedRef> = Vec::new();
+    let mut at = FeedCursor::START;
+    for _ in 0..10 {
+        let page = all(at, 2).await;
+        assert!(page.len() <= 2, "a page holds at most its limit");
+        let Some(last) = page.last() else { break };
+        at = last.cursor;
+        paged.extend(page);
+    }
+    assert_eq!(paged, whole, "pages of two give the same feed");
+    let others = store.feed(&other, FeedCursor::START, 100).await.expect("the other tenant");
+    assert_eq!(others.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(), [c.as_str()]);
+    store.purge(std::slice::from_ref(&a)).await.expect("purge a");
+    let after_purge = all(FeedCursor::START, 100).await;
+    assert!(after_purge.iter().all(|r| r.run_id == b), "a purged run leaves the feed");
+    store.append(&b, 3, events(3, 1), "running").await.expect("append b again");
+    let newest = settled(3).await;
+    let last = newest.last().expect("b's new event");
+    assert_eq!((last.run_id.as_str(), last.seq), (b.as_str(), 3));
+    assert!(
+        whole.iter().all(|r| r.cursor < last.cursor),
+        "a new event's cursor is above every old one"
+    );
 }

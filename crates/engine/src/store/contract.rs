@@ -117,6 +117,46 @@ impl RunQuery {
     }
 }
 
+/// A place in the feed of every run's events ([`EventStore::feed`]), as the store numbers
+/// it: written `MAJOR-MINOR`; [`FeedCursor::START`] is before everything. Cursors grow in
+/// the order the feed gives events and are never reused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FeedCursor {
+    pub major: u64,
+    pub minor: u64,
+}
+
+impl FeedCursor {
+    /// Before every event.
+    pub const START: FeedCursor = FeedCursor { major: 0, minor: 0 };
+
+    /// Reads `MAJOR-MINOR` (decimal numbers of at most 19 digits each).
+    pub fn parse(text: &str) -> Option<FeedCursor> {
+        let (major, minor) = text.split_once('-')?;
+        let number = |t: &str| -> Option<u64> {
+            if t.is_empty() || t.len() > 19 || !t.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            t.parse().ok()
+        };
+        Some(FeedCursor { major: number(major)?, minor: number(minor)? })
+    }
+}
+
+impl std::fmt::Display for FeedCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.major, self.minor)
+    }
+}
+
+/// One event's place in the feed: its cursor, its run and its number there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeedRef {
+    pub cursor: FeedCursor,
+    pub run_id: String,
+    pub seq: u64,
+}
+
 /// What a whole-log check found in an intact run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Verified {
@@ -371,6 +411,21 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         &'a self,
         checksum: &'a str,
     ) -> BoxFuture<'a, Result<Option<String>, Error>>;
+
+    /// The feed: every run's events (only `tenant`'s when given, `Some(None)` only runs of
+    /// no tenant) after `after`, at most `limit`, as references in the order they were
+    /// committed — each run's in its own order. Nothing committed later ever gets a cursor
+    /// at or below one already given (the feed holds back what an unfinished transaction
+    /// may still precede), so following it from the last cursor seen misses nothing.
+    /// Events come by reference: read them with [`EventStore::load`], which checks them.
+    fn feed<'a>(
+        &'a self,
+        _tenant: &'a Option<Option<String>>,
+        _after: FeedCursor,
+        _limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<FeedRef>, Error>> {
+        Box::pin(async { Err(Error::Backend("this store keeps no feed of its events".to_owned())) })
+    }
 
     /// What wakes a waiter when this process appends to the run, for stores that can tell
     /// (a running step then sees a cancel or a steering message at once, without waiting

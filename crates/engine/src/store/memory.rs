@@ -98,6 +98,25 @@ pub struct MemoryStore {
     texts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
     /// Tenants' overrides by (tenant, scenario id).
     overrides: Arc<Mutex<BTreeMap<(String, String), TenantOverride>>>,
+    /// The feed: every event's place, written under the runs' lock as it is appended.
+    feed: Arc<Mutex<Feed>>,
+}
+
+/// Every stored event's place in the feed, in the order they were appended: (position,
+/// run id, seq); positions count up from 1 and are never reused.
+#[derive(Debug, Default)]
+struct Feed {
+    places: Vec<(u64, String, u64)>,
+    next: u64,
+}
+
+impl Feed {
+    fn add(&mut self, run_id: &str, events: &[Event]) {
+        for e in events {
+            self.next += 1;
+            self.places.push((self.next, run_id.to_owned(), e.seq));
+        }
+    }
 }
 
 impl MemoryStore {
@@ -150,7 +169,10 @@ impl EventStore for MemoryStore {
     fn purge<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<u64, Error>> {
         Box::pin(async move {
             let removed = self.with(|runs| {
-                run_ids.iter().filter(|id| runs.remove(id.as_str()).is_some()).count() as u64
+                let removed =
+                    run_ids.iter().filter(|id| runs.remove(id.as_str()).is_some()).count() as u64;
+                lock(&self.feed).places.retain(|(_, run, _)| runs.contains_key(run));
+                removed
             });
             let mut leases = lock(&self.leases);
             for id in run_ids {
@@ -192,6 +214,7 @@ impl EventStore for MemoryStore {
                 if let Some(last) = events.last() {
                     record.updated_at = last.at;
                 }
+                lock(&self.feed).add(&run.run_id, &events);
                 let hashes = chain::hashes(GENESIS, &events);
                 let head = hashes.last().copied().unwrap_or(GENESIS);
                 let events = events.into_iter().zip(hashes).collect();
@@ -224,6 +247,7 @@ impl EventStore for MemoryStore {
                 if let Some(last) = events.last() {
                     log.record.updated_at = last.at;
                 }
+                lock(&self.feed).add(run_id, &events);
                 let hashes = chain::hashes(log.head, &events);
                 log.head = hashes.last().copied().unwrap_or(log.head);
                 log.events.extend(events.into_iter().zip(hashes));
@@ -233,6 +257,34 @@ impl EventStore for MemoryStore {
             })?;
             self.appended.notify_waiters();
             Ok(())
+        })
+    }
+
+    fn feed<'a>(
+        &'a self,
+        tenant: &'a Option<Option<String>>,
+        after: FeedCursor,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<FeedRef>, Error>> {
+        Box::pin(async move {
+            Ok(self.with(|runs| {
+                let feed = lock(&self.feed);
+                let from = feed.places.partition_point(|(pos, ..)| *pos <= after.major);
+                feed.places[from..]
+                    .iter()
+                    .filter(|(_, run, _)| {
+                        tenant.as_ref().is_none_or(|t| {
+                            runs.get(run.as_str()).is_some_and(|l| l.record.tenant == *t)
+                        })
+                    })
+                    .take(limit)
+                    .map(|(pos, run, seq)| FeedRef {
+                        cursor: FeedCursor { major: *pos, minor: 0 },
+                        run_id: run.clone(),
+                        seq: *seq,
+                    })
+                    .collect()
+            }))
         })
     }
 

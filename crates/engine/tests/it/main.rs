@@ -191,14 +191,18 @@ pub fn engine_with_jobs(
     Engine::new(
         store,
         Arc::new(Runtime {
-            jail: std::sync::Arc::new(baton_jail::Jail::off()),
             jobs,
             model: Arc::new(model),
-            verifiers: Verifiers::builtin(),
+            verifiers: {
+                let mut verifiers = Verifiers::builtin();
+                let jail = std::sync::Arc::new(baton_jail::Jail::off());
+                baton_verifiers::register(&mut verifiers, &jail);
+                verifiers
+            },
             workspace: PathBuf::from("."),
             workspaces: None,
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
-            redactor: baton_engine::redact::Redactor::default(),
+            redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
         }),
         Arc::new(SystemClock),
     )
