@@ -106,6 +106,7 @@ pub fn engine(
             catalog: Arc::new(Value::Array(catalog)),
             redactor: Arc::new(redactor),
             jobs,
+            runner: Arc::new(baton_runners::Runners),
         }),
         Arc::new(SystemClock),
     );

@@ -217,6 +217,7 @@ fn engine_with(store: Arc<dyn EventStore>, jobs: Option<Arc<Jobs>>) -> Engine {
             workspaces: None,
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
+            runner: std::sync::Arc::new(baton_runners::Runners),
         }),
         Arc::new(SystemClock),
     )

@@ -1,4 +1,6 @@
 //! A fan-out's fan-in: its children's results folded into the fan-out's own result, pure.
+//! What an aggregator decides is the scenario language's (`FanIn::decide`); this reads the
+//! children from the state and writes the decision as the fan-out's `level_finished`.
 //!
 //! The runner uses it when its step ends with every child settled; the planner uses it
 //! when some children were `human_approval` levels and the last of them has been decided,
@@ -7,7 +9,7 @@
 //! the children that finished in an earlier, interrupted step of that attempt are kept.
 
 use baton_scenario::Scenario;
-use baton_scenario::model::{Aggregator, Level, LevelIdx, LevelKind};
+use baton_scenario::model::{Level, LevelIdx, LevelKind};
 use serde_json::{Map, Value, json};
 
 use crate::event::LevelFinished;
@@ -100,34 +102,15 @@ pub fn aggregate(
     }
     let cost: f64 = children.iter().map(|c| c.cost_usd).sum();
     let tokens: u64 = children.iter().map(|c| c.tokens).sum();
-    let mut verdicts = Map::new();
-    let (mut weight_all, mut weight_pass, mut passed) = (0.0, 0.0, 0usize);
-    for child in children {
-        let pass = child.passed();
-        let w = fan_in.weights.get(child.id).copied().unwrap_or(1.0);
-        weight_all += w;
-        if pass {
-            passed += 1;
-            weight_pass += w;
-        }
-        verdicts.insert(
-            child.id.to_owned(),
-            Value::String(if pass { "PASS" } else { "FAIL" }.to_owned()),
-        );
-    }
-    let n = count;
-    let score = if weight_all > 0.0 { weight_pass / weight_all } else { 0.0 };
-    let pass = match fan_in.aggregator {
-        Aggregator::MajorityPass => passed * 2 > n,
-        Aggregator::AllPass => passed == n,
-        Aggregator::WeightedScore => score >= fan_in.threshold,
-    };
+    let results: Vec<(&str, bool)> = children.iter().map(|c| (c.id, c.passed())).collect();
+    let decided = fan_in.decide(&results, count);
+    let verdicts: Map<String, Value> = results
+        .iter()
+        .map(|&(id, pass)| (id.to_owned(), Value::from(if pass { "PASS" } else { "FAIL" })))
+        .collect();
+    let (pass, passed, score, n) = (decided.pass, decided.passed, decided.score, count);
     let verdict = if pass { "PASS" } else { "FAIL" };
-    let aggregator = match fan_in.aggregator {
-        Aggregator::MajorityPass => "majority_pass",
-        Aggregator::AllPass => "all_pass",
-        Aggregator::WeightedScore => "weighted_score",
-    };
+    let aggregator = fan_in.aggregator.as_str();
     LevelFinished {
         ok: true,
         skipped: false,

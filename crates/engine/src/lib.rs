@@ -1,10 +1,13 @@
-//! The Baton kernel: events, the projection, the pure planner, the executor and runners.
+//! The Baton kernel: events, the projection, the pure planner, the executor and the
+//! runners' interface.
 //!
 //! `fold(events) -> RunState` and `plan(&Scenario, &RunState) -> Step` do no I/O and read
-//! no clock. The executor performs each step through a runner and appends what happened.
-//! Runners reach the world only through the traits defined here — [`model::ModelProvider`],
-//! [`verifier::Verifier`], [`store::EventStore`], [`clock::Clock`] — so the kernel never
-//! names a concrete provider or store.
+//! no clock. The executor hands each step to the embedder's [`runner::LevelRunner`] and
+//! appends what happened. Everything reaches the world only through the traits defined
+//! here — [`model::ModelProvider`], [`verifier::Verifier`], [`redact::Redact`],
+//! [`workspace::Workspaces`], [`store::EventStore`], [`clock::Clock`] — so the kernel never
+//! names a concrete provider, store, verifier or runner, starts no program and opens no
+//! file.
 
 pub mod cancel;
 pub mod cassette;
@@ -38,8 +41,6 @@ pub mod state;
 pub mod steering;
 pub mod store;
 pub mod textdiff;
-pub mod tool_loop;
-pub mod verdict;
 pub mod verifier;
 pub mod wave;
 pub mod wave_actions;

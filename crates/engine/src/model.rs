@@ -574,7 +574,7 @@ impl ModelProvider for ScriptedModel {
 
 /// The key of the arguments that stand in for a call's arguments over the size limits:
 /// the call is refused, and neither the log nor the conversation holds them.
-pub(crate) const OMITTED_KEY: &str = "baton_omitted_argument_bytes";
+pub const OMITTED_KEY: &str = "baton_omitted_argument_bytes";
 
 /// Caps a model turn's tool calls before anything records them: a call whose arguments
 /// are over [`limits::TOOL_ARGUMENTS_BYTES_MAX`], or that would take the turn's arguments

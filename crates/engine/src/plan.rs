@@ -216,7 +216,7 @@ fn start(scenario: &Scenario, state: &RunState, index: LevelIdx) -> Step {
 }
 
 /// The `model.allow` a level runs under, as `level_started` records it.
-pub(crate) fn constraint_allow(level: &baton_scenario::Level) -> Vec<String> {
+pub fn constraint_allow(level: &baton_scenario::Level) -> Vec<String> {
     level.model.as_ref().map(|m| m.allow.clone()).unwrap_or_default()
 }
 

@@ -83,7 +83,7 @@ impl Mailbox {
 
     /// The messages for the call `call_index` of `level`'s attempt, if any: all those
     /// queued, or what a replay's recording gave that call.
-    pub(crate) fn take(&self, level: &str, attempt: u32, call_index: u32) -> Option<Taken> {
+    pub fn take(&self, level: &str, attempt: u32, call_index: u32) -> Option<Taken> {
         let mut inner = lock(&self.inner);
         let scripted = inner
             .script
@@ -101,7 +101,7 @@ impl Mailbox {
 
     /// Gives back what a call that failed took: the next call takes it (a replay's are
     /// dropped — its script gives them where the recording delivered them).
-    pub(crate) fn put_back(&self, taken: Taken) {
+    pub fn put_back(&self, taken: Taken) {
         if taken.replayed {
             return;
         }
@@ -128,7 +128,7 @@ impl Taken {
 
     /// The events that record the delivery to call `call_index` (a replay's messages are
     /// recorded as received first).
-    pub(crate) fn delivered(&self, call_index: u32) -> (Vec<NewEvent>, EventData) {
+    pub fn delivered(&self, call_index: u32) -> (Vec<NewEvent>, EventData) {
         let received = if self.replayed {
             self.messages
                 .iter()

@@ -589,7 +589,7 @@ async fn the_system_prompt_and_temperature_go_out_in_each_apis_shape() {
 /// each API's own shape, understood by an independent server.
 fn tool_turn(prompt: &str, allow: &str, call_id: &str, result: &str) -> ModelRequest {
     let mut r = request(prompt, allow, false);
-    r.tools = baton_engine::tool_loop::tool_specs();
+    r.tools = baton_runners::tool_loop::tool_specs();
     r.turns = vec![
         Turn::Assistant {
             text: String::new(),
@@ -643,7 +643,7 @@ rules:
         let cancel = CancelToken::new();
         for allow in ["free:local/*", "paid:claude/*"] {
             let mut first = request("look around", allow, false);
-            first.tools = baton_engine::tool_loop::tool_specs();
+            first.tools = baton_runners::tool_loop::tool_specs();
             let reply = providers.call(&first, &cancel).await.unwrap();
             assert_eq!(reply.tool_calls.len(), 1, "{port} {allow}: {reply:?}");
             assert_eq!(reply.tool_calls[0].name, "list_dir", "{port} {allow}");
@@ -678,6 +678,7 @@ async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
             workspaces: None,
             catalog: Arc::new(json!([])),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
+            runner: std::sync::Arc::new(baton_runners::Runners),
         }),
         Arc::new(baton_engine::clock::SystemClock),
     );

@@ -316,6 +316,43 @@ pub struct FanIn {
     pub weights: BTreeMap<String, f64>,
 }
 
+/// What a fan-in decided from its children's outcomes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FanInDecision {
+    /// Whether the fan-out passes.
+    pub pass: bool,
+    /// How many children passed.
+    pub passed: usize,
+    /// The passing children's share of the weight, 0 to 1.
+    pub score: f64,
+}
+
+impl FanIn {
+    /// What the aggregator decides of a fan-out of `count` children from those with a
+    /// result, given as (child id, passed); a child without one counts as not passed.
+    /// `majority_pass`: more than half pass; `all_pass`: every one does; `weighted_score`:
+    /// the passing children's share of the weight (a child not in `weights` weighs 1)
+    /// reaches `threshold`.
+    pub fn decide(&self, results: &[(&str, bool)], count: usize) -> FanInDecision {
+        let (mut weight_all, mut weight_pass, mut passed) = (0.0, 0.0, 0usize);
+        for &(id, pass) in results {
+            let w = self.weights.get(id).copied().unwrap_or(1.0);
+            weight_all += w;
+            if pass {
+                passed += 1;
+                weight_pass += w;
+            }
+        }
+        let score = if weight_all > 0.0 { weight_pass / weight_all } else { 0.0 };
+        let pass = match self.aggregator {
+            Aggregator::MajorityPass => passed * 2 > count,
+            Aggregator::AllPass => passed == count,
+            Aggregator::WeightedScore => score >= self.threshold,
+        };
+        FanInDecision { pass, passed, score }
+    }
+}
+
 /// A checked edge.
 #[derive(Debug)]
 pub struct Edge {

@@ -593,6 +593,17 @@ pub enum RawAggregator {
     AllPass,
 }
 
+impl RawAggregator {
+    /// The name as written in YAML.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RawAggregator::MajorityPass => "majority_pass",
+            RawAggregator::WeightedScore => "weighted_score",
+            RawAggregator::AllPass => "all_pass",
+        }
+    }
+}
+
 /// A guarded edge.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

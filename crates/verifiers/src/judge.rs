@@ -5,8 +5,8 @@
 //! events, replayed from the log).
 
 use baton_engine::event::VerifierFinished;
-use baton_engine::verdict;
 use baton_engine::verifier::{Judge, JudgeCall, VerifyContext, unavailable};
+use baton_runners::verdict;
 use baton_scenario::model::VerifierSpec;
 use serde_json::{Map, Value, json};
 

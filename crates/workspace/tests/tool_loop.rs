@@ -66,6 +66,7 @@ async fn run_opened(
             workspaces: Some(WorkspaceSetup { opener, dir: None, branch: None }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
+            runner: std::sync::Arc::new(baton_runners::Runners),
         }),
         Arc::new(SystemClock),
     );
@@ -476,6 +477,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
             workspaces: Some(WorkspaceSetup { opener, dir: None, branch: None }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
+            runner: std::sync::Arc::new(baton_runners::Runners),
         }),
         Arc::new(SystemClock),
     );
@@ -509,6 +511,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
             }),
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
+            runner: std::sync::Arc::new(baton_runners::Runners),
         }),
         Arc::new(SystemClock),
     );

@@ -37,7 +37,7 @@ impl Writer<'_> {
     ) -> Result<Vec<NewEvent>, Error> {
         let StepChannels { mut settled, sent } = channels;
         let steering = run.steering.clone();
-        let work = run.run();
+        let work = run.runtime.runner.run(run.clone());
         tokio::pin!(work);
         // Most steps finish without waiting for anything: try once before arming timers.
         let ready = std::future::poll_fn(|cx| match work.as_mut().poll(cx) {

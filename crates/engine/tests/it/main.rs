@@ -129,7 +129,6 @@ mod damage;
 mod gates;
 mod planner;
 mod runs;
-mod tool_loop;
 mod trees;
 mod verifiers;
 mod waves;
@@ -203,6 +202,7 @@ pub fn engine_with_jobs(
             workspaces: None,
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
+            runner: std::sync::Arc::new(baton_runners::Runners),
         }),
         Arc::new(SystemClock),
     )

@@ -1,10 +1,10 @@
 //! `prompt` levels: render, call, read the answer (markdown, a verdict, JSON with its
 //! schema), ask the user, retry on failed checks, write the scratchpad.
 
-use super::verifiers::{failures, feedback_text};
-use super::*;
+use crate::verifiers::{failures, feedback_text};
+use crate::*;
 
-impl LevelRun {
+impl Attempt {
     pub(super) async fn prompt(&self) -> Vec<NewEvent> {
         let started = Instant::now();
         let level = &self.scenario.levels[self.level];
@@ -108,11 +108,13 @@ impl LevelRun {
             if failed.iter().any(|(spec, _)| spec.on_fail == OnFail::Retry) && retries_left > 0 {
                 retries_left -= 1;
                 let feedback = feedback_text(&failed);
-                events.push(self.event(EventData::RetryScheduled(crate::event::RetryScheduled {
-                    retry: retries_max - retries_left,
-                    retries_max,
-                    reason: feedback.trim_end().to_owned(),
-                })));
+                events.push(self.event(EventData::RetryScheduled(
+                    baton_engine::event::RetryScheduled {
+                        retry: retries_max - retries_left,
+                        retries_max,
+                        reason: feedback.trim_end().to_owned(),
+                    },
+                )));
                 let retry = format!(
                     "{text}\n\nYour previous answer was:\n{reply}\n\nIt failed these checks; fix them:\n{feedback}"
                 );
@@ -136,15 +138,18 @@ impl LevelRun {
                 scratchpad.insert("feedback".to_owned(), Value::String(feedback));
             }
             // A JSON answer's `scratchpad` object writes notes, each its own event.
-            let (writes, refused) =
-                crate::scratchpad::from_answer(&self.state.session.scratchpad, parsed.as_ref());
+            let (writes, refused) = baton_engine::scratchpad::from_answer(
+                &self.state.session.scratchpad,
+                parsed.as_ref(),
+            );
             for (key, value) in writes {
                 events.push(self.event(EventData::ScratchpadWritten(
-                    crate::event::ScratchpadWritten { key, value },
+                    baton_engine::event::ScratchpadWritten { key, value },
                 )));
             }
             for message in refused {
-                events.push(self.event(EventData::Warning(crate::event::Warning { message })));
+                events
+                    .push(self.event(EventData::Warning(baton_engine::event::Warning { message })));
             }
             let conflict = (verdict.as_deref() == Some("FAIL")).then(|| level.id.clone());
             // An answer that did not read, or checks that failed, fail the attempt in a way

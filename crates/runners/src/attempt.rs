@@ -1,15 +1,11 @@
 //! One attempt of a level: its kind's work, bounded by the level's `timeout_s`, and its
 //! verifiers.
 
-use super::calls::Calls;
-use super::verifiers::run_verifiers;
-use super::*;
+use crate::calls::Calls;
+use crate::verifiers::run_verifiers;
+use crate::*;
 
-impl LevelRun {
-    pub(crate) fn id(&self) -> &str {
-        &self.scenario.levels[self.level].id
-    }
-
+impl Attempt {
     /// Runs this level's verifiers on `output` (and its parsed JSON).
     pub(super) async fn verify(
         &self,
@@ -29,13 +25,6 @@ impl LevelRun {
         run_verifiers(self, calls, &level.verifiers, level.mode, level.run_all, &ctx, events).await
     }
 
-    /// Where verifiers run: the run's workspace, else the runtime's directory.
-    pub(crate) fn workspace_dir(&self) -> PathBuf {
-        self.workspace
-            .as_ref()
-            .map_or_else(|| self.runtime.workspace.clone(), |w| w.root().to_path_buf())
-    }
-
     /// The model calls of this attempt, numbered on from the ones already in the log.
     pub(crate) fn calls(&self) -> Calls<'_> {
         let level = self.state.level(self.id());
@@ -48,21 +37,12 @@ impl LevelRun {
         }
     }
 
-    pub(crate) fn event(&self, data: EventData) -> NewEvent {
-        NewEvent::level(self.id(), self.attempt, data)
-    }
-
-    /// Runs the attempt and returns its events.
-    pub async fn run(&self) -> Vec<NewEvent> {
-        self.bounded(false).await
-    }
-
     /// Runs the attempt within the level's `timeout_s`. At the deadline the attempt's own
     /// cancel token fires (its model stream is dropped, its processes are killed) and the
     /// attempt is awaited until it has stopped, so nothing it started runs or writes after
     /// it; what it did is replaced by `level_timed_out` and a failed `level_finished`. The
     /// model calls it made are kept: their spend counts.
-    pub(super) async fn bounded(&self, in_fan_out: bool) -> Vec<NewEvent> {
+    pub(crate) async fn bounded(&self, in_fan_out: bool) -> Vec<NewEvent> {
         let level = &self.scenario.levels[self.level];
         // An approval's timeout bounds the wait for a person, not work.
         let limit = match level.kind {

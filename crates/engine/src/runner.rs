@@ -1,4 +1,8 @@
-//! Runners: the work of one attempt of a level, per kind, as a batch of events.
+//! The runners' interface: the [`Runtime`] a level's attempt reaches the world through, the
+//! [`LevelRun`] it reads, and the [`LevelRunner`] the executor hands each step to. The
+//! work of each level kind — prompts and their verdicts, tool loops, verifier levels and
+//! judges, fan-outs, approvals — is the embedder's (`baton-runners`): the kernel holds no
+//! runner of its own.
 //!
 //! A runner reads the state as of the start of its step, talks to the world only through
 //! the [`Runtime`]'s traits, and returns every event of the step; the executor appends
@@ -10,32 +14,26 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use baton_scenario::Scenario;
-use baton_scenario::model::{
-    ErrorKind, LevelIdx, LevelKind, Mode, OnFail, Response, Uses, VerifierSpec,
-};
-use baton_scenario::schema::JsonSchema;
-use serde_json::{Map, Value, json};
+use baton_scenario::model::{LevelIdx, LevelKind};
+use serde_json::Value;
 
 use crate::cancel::CancelToken;
-use crate::clock::elapsed_ms;
-use crate::event::{
-    ApprovalRequested, AskUser, BudgetExceeded, EventData, LevelFinished, LevelStarted,
-    LevelTimedOut, ModelCallFailed, ModelResponse, ModelStopped, NewEvent, PromptSent,
-    VerifierFinished, VerifierStarted,
-};
-use crate::fan_in::{self, ChildResult, ChildState};
-use crate::join::join_limited;
-use crate::limits;
-use crate::model::{ModelError, ModelProvider, ModelReply, ModelRequest, STOP_MAX_TOKENS};
-use crate::render::{self, Renderer};
-use crate::reservation::{Reservation, Reservations};
+use crate::event::{EventData, NewEvent};
+use crate::future::BoxFuture;
+use crate::model::ModelProvider;
+use crate::render::Renderer;
+use crate::reservation::Reservations;
 use crate::state::RunState;
-use crate::verdict;
-use crate::verifier::{self, Verifiers, VerifyContext};
+use crate::verifier::Verifiers;
+
+/// The work of one attempt of a level, by its kind: every event of the step.
+pub trait LevelRunner: Send + Sync + std::fmt::Debug {
+    /// Runs the attempt and returns its events (see the module's documentation).
+    fn run(&self, run: LevelRun) -> BoxFuture<'static, Vec<NewEvent>>;
+}
 
 /// What runners use to reach the world.
 #[derive(Debug)]
@@ -57,6 +55,8 @@ pub struct Runtime {
     /// The scenarios jobs select and chain to; without it, a run starts no child runs (a
     /// result naming an intent route ends the run with a warning).
     pub jobs: Option<Arc<crate::job::Jobs>>,
+    /// The work of each level kind (`baton-runners`).
+    pub runner: Arc<dyn LevelRunner>,
 }
 
 /// One attempt of one level, with everything it reads.
@@ -100,9 +100,28 @@ pub type Settled = tokio::sync::mpsc::Sender<Vec<NewEvent>>;
 /// and drops the answer when the step is being cut (the call is then not made).
 pub type Sent = tokio::sync::mpsc::Sender<(Vec<NewEvent>, tokio::sync::oneshot::Sender<()>)>;
 
+impl LevelRun {
+    /// The level's id.
+    pub fn id(&self) -> &str {
+        &self.scenario.levels[self.level].id
+    }
+
+    /// An event of this attempt of the level.
+    pub fn event(&self, data: EventData) -> NewEvent {
+        NewEvent::level(self.id(), self.attempt, data)
+    }
+
+    /// Where verifiers run: the run's workspace, else the runtime's directory.
+    pub fn workspace_dir(&self) -> PathBuf {
+        self.workspace
+            .as_ref()
+            .map_or_else(|| self.runtime.workspace.clone(), |w| w.root().to_path_buf())
+    }
+}
+
 /// What an attempt cut at a deadline keeps of its events: the model calls it made, whose
 /// spend counts; nothing that would end, route or pause its level.
-pub(crate) fn kept_when_cut(events: Vec<NewEvent>) -> Vec<NewEvent> {
+pub fn kept_when_cut(events: Vec<NewEvent>) -> Vec<NewEvent> {
     events
         .into_iter()
         .filter(|e| {
@@ -112,63 +131,9 @@ pub(crate) fn kept_when_cut(events: Vec<NewEvent>) -> Vec<NewEvent> {
         .collect()
 }
 
-/// The key of a judge's `details` that says its model was unavailable.
-const INTERRUPTED_KEY: &str = "interrupted";
-
-/// Why a judge of these outcomes could not be asked (every model unavailable), if one
-/// could not: its level stops without a result, to run again on resume.
-fn interrupted_judge(outcomes: &[VerifierFinished]) -> Option<String> {
-    outcomes
-        .iter()
-        .find_map(|o| o.details.get(INTERRUPTED_KEY).and_then(Value::as_str).map(str::to_owned))
-}
-
 /// The fact that a run stopped without ending, and why.
-pub(crate) fn interrupted(cause: &str, reason: String) -> crate::event::RunInterrupted {
+pub fn interrupted(cause: &str, reason: String) -> crate::event::RunInterrupted {
     crate::event::RunInterrupted { cause: cause.to_owned(), reason }
-}
-
-/// A duration as people read it: `1.5 s`.
-fn seconds(d: Duration) -> String {
-    format!("{} s", d.as_secs_f64())
-}
-
-/// Why a prompt level stopped before its result.
-pub(crate) enum Stop {
-    /// A budget refusal or a cancel: the planner decides what follows.
-    Halted,
-    /// The attempt failed, with how when edges may route it (`None`: the run fails).
-    Failed(String, Option<ErrorKind>),
-    /// Every model the level may use was unavailable after its retries (a transient
-    /// fault): the run stops without ending, the attempt to be run again on resume.
-    Interrupted(String),
-}
-
-impl Stop {
-    pub(crate) fn finish(
-        self,
-        run: &LevelRun,
-        events: &mut Vec<NewEvent>,
-        started: Instant,
-    ) -> Vec<NewEvent> {
-        match self {
-            // The planner sees the abort and closes the level as skipped.
-            Stop::Halted => {}
-            Stop::Interrupted(reason) => {
-                events.push(run.event(EventData::RunInterrupted(interrupted(
-                    crate::event::CAUSE_UNAVAILABLE,
-                    reason,
-                ))));
-            }
-            Stop::Failed(message, kind) => {
-                events.push(run.event(EventData::LevelFinished(LevelFinished {
-                    error_kind: kind,
-                    ..LevelFinished::failed(message, elapsed_ms(started))
-                })));
-            }
-        }
-        std::mem::take(events)
-    }
 }
 
 /// The channel a fan-out step sends its finished children through, with room for one
@@ -198,10 +163,3 @@ pub(crate) async fn next_settled(
     }
     std::future::pending().await
 }
-
-mod approval;
-mod attempt;
-mod calls;
-mod fan_out;
-mod prompt;
-mod verifiers;

@@ -1,9 +1,9 @@
 //! `fan_out` levels: children run at once, each settled child committed as it finishes,
 //! the fan-in read in declared order.
 
-use super::*;
+use crate::*;
 
-impl LevelRun {
+impl Attempt {
     /// Runs the fan-out's children that have not started in its current attempt (all of
     /// them, but after a step stopped part-way); the others are read from the state.
     /// Each child that finishes is sent to the executor through `settled` to be committed
@@ -17,7 +17,7 @@ impl LevelRun {
             return Vec::new();
         };
         let before = fan_in::children_in_attempt(&self.scenario, &self.state, self.level);
-        let runs: Vec<LevelRun> = before
+        let runs: Vec<Attempt> = before
             .iter()
             .filter(|(_, c)| matches!(c, ChildState::NotStarted))
             .map(|&(child, _)| {
@@ -39,7 +39,7 @@ impl LevelRun {
                     role: child.role.clone(),
                     kind: child.kind_name().to_owned(),
                     parent: Some(parent),
-                    model_constraint_allow: Some(crate::plan::constraint_allow(child)),
+                    model_constraint_allow: Some(baton_engine::plan::constraint_allow(child)),
                 }))];
                 events.extend(run.bounded(true).await);
                 let last = unsettled.fetch_sub(1, Ordering::SeqCst) == 1;
@@ -60,7 +60,7 @@ impl LevelRun {
         }
         let mut finished = Vec::with_capacity(children.len());
         let (mut budget_stop, mut waiting) = (false, false);
-        let mut interrupted: Option<crate::event::RunInterrupted> = None;
+        let mut interrupted: Option<baton_engine::event::RunInterrupted> = None;
         for (child, state) in &before {
             let child_id = self.scenario.levels[*child].id.as_str();
             match state {

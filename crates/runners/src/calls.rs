@@ -1,11 +1,11 @@
 //! The model calls of one attempt: each reserved against the budget before it is made,
 //! recorded with its routing, retries, failovers and stop reason.
 
-use super::*;
+use crate::*;
 
 /// The model calls of one attempt, with their running cost.
 pub(crate) struct Calls<'a> {
-    pub(crate) run: &'a LevelRun,
+    pub(crate) run: &'a Attempt,
     pub(super) call_index: u32,
     pub(crate) call: u32,
     pub(crate) cost_usd: f64,
@@ -56,7 +56,7 @@ impl Calls<'_> {
     /// The steering messages for the next call, when the level is steerable and any wait;
     /// the call that is given them records their delivery with its answer (or gives them
     /// back when it fails).
-    pub(crate) fn steering(&self) -> Option<crate::steering::Taken> {
+    pub(crate) fn steering(&self) -> Option<baton_engine::steering::Taken> {
         let level = &self.run.scenario.levels[self.run.level];
         if !level.steerable {
             return None;
@@ -103,7 +103,7 @@ impl Calls<'_> {
         template: &str,
         mut request: ModelRequest,
         record_prompt: bool,
-        steer: Option<crate::steering::Taken>,
+        steer: Option<baton_engine::steering::Taken>,
     ) -> Result<ModelReply, Stop> {
         request.call_index = self.call_index;
         let result = self.send_steered(events, template, &mut request, record_prompt).await;
@@ -208,7 +208,7 @@ impl Calls<'_> {
             reply.text.truncate(cut);
             reply.text.push_str("\n[answer cut at the size limit]");
         }
-        crate::model::cap_tool_calls(&mut reply.tool_calls);
+        baton_engine::model::cap_tool_calls(&mut reply.tool_calls);
         events.push(self.run.event(EventData::ModelResponse(ModelResponse {
             provider: reply.provider.clone(),
             model: reply.model.clone(),

@@ -1,7 +1,9 @@
 //! The tool loop's pure parts: the textual protocol's blocks, and the conversation bound.
 
+#![allow(clippy::unwrap_used)]
+
 use baton_engine::model::{ToolCall, ToolReply, Turn};
-use baton_engine::tool_loop::{bounded, parse_tool_blocks};
+use baton_runners::tool_loop::{bounded, parse_tool_blocks};
 use serde_json::json;
 
 #[test]

@@ -1,10 +1,10 @@
 //! `verifier` levels, and every level's verifiers: run in their mode (serial, parallel,
 //! race), judged by a model for `llm_judge`, their failures turned into feedback.
 
-use super::calls::Calls;
-use super::*;
+use crate::calls::Calls;
+use crate::*;
 
-impl LevelRun {
+impl Attempt {
     pub(super) async fn verifier_level(&self) -> Vec<NewEvent> {
         let started = Instant::now();
         let level = &self.scenario.levels[self.level];
@@ -117,7 +117,7 @@ pub(super) fn feedback_text(failed: &[(&VerifierSpec, &VerifierFinished)]) -> St
 
 /// Runs a level's verifiers in its mode; outcomes come back in declared order.
 pub(super) async fn run_verifiers(
-    run: &LevelRun,
+    run: &Attempt,
     calls: &mut Calls<'_>,
     specs: &[VerifierSpec],
     mode: Mode,
@@ -187,7 +187,7 @@ pub(super) async fn run_verifiers(
 /// not); the others are cancelled then (their processes killed) and reported as not
 /// needed. A cancel of the step cancels them all.
 async fn race(
-    run: &LevelRun,
+    run: &Attempt,
     specs: &[&VerifierSpec],
     ctx: &VerifyContext,
 ) -> Vec<VerifierFinished> {
@@ -250,9 +250,9 @@ fn lost_race(outcome: &VerifierFinished) -> bool {
 /// An `llm_judge`: one model call, recorded in the step's events, between the [`Judge`]'s
 /// question and its scoring of the answer.
 ///
-/// [`Judge`]: crate::verifier::Judge
+/// [`Judge`]: baton_engine::verifier::Judge
 async fn judge(
-    run: &LevelRun,
+    run: &Attempt,
     calls: &mut Calls<'_>,
     spec: &VerifierSpec,
     ctx: &VerifyContext,
@@ -301,7 +301,7 @@ async fn judge(
 }
 
 async fn verify_one(
-    run: &LevelRun,
+    run: &Attempt,
     spec: &VerifierSpec,
     ctx: &VerifyContext,
     cancel: &CancelToken,

@@ -1,8 +1,8 @@
 //! `human_approval` levels: the request, with its schema and deadline.
 
-use super::*;
+use crate::*;
 
-impl LevelRun {
+impl Attempt {
     pub(super) fn approval(&self) -> Vec<NewEvent> {
         let level = &self.scenario.levels[self.level];
         let LevelKind::HumanApproval { prompt, approver_role, output_schema } = &level.kind else {

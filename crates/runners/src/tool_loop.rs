@@ -19,17 +19,17 @@ use std::time::Instant;
 use baton_scenario::model::{ErrorKind, LevelKind};
 use serde_json::{Map, Value, json};
 
-use crate::clock::elapsed_ms;
-use crate::event::{
+use crate::{Attempt, Stop};
+use baton_engine::clock::elapsed_ms;
+use baton_engine::event::{
     EventData, FileCreated, LevelFinished, NewEvent, ToolCalled, ToolResult, Warning,
 };
-use crate::limits;
-use crate::model::{ModelRequest, ToolCall, ToolReply, ToolSpec, Turn};
-use crate::model::{OMITTED_KEY, cap_tool_calls};
-use crate::plan::over_caps;
-use crate::render;
-use crate::runner::{LevelRun, Stop};
-use crate::workspace::{FILE_TOOLS, ToolOutcome, off_thread};
+use baton_engine::limits;
+use baton_engine::model::{ModelRequest, ToolCall, ToolReply, ToolSpec, Turn};
+use baton_engine::model::{OMITTED_KEY, cap_tool_calls};
+use baton_engine::plan::over_caps;
+use baton_engine::render;
+use baton_engine::workspace::{FILE_TOOLS, ToolOutcome, off_thread};
 
 /// The standing rules of a tool-loop level, sent as its system prompt.
 pub const SYSTEM: &str = "You work inside a project workspace through file tools. Paths are relative to the workspace root; you cannot leave it, and `.git` and `.baton` are off limits. A tool that fails returns an error message: read it and adjust. Edits are kept only when the level ends, so work until the task is done, then call `finish` with a summary of what you changed.";
@@ -75,7 +75,7 @@ pub fn tool_specs() -> Vec<ToolSpec> {
         ),
     ]
     .into_iter()
-    .chain(crate::scratchpad::specs())
+    .chain(baton_engine::scratchpad::specs())
     .collect()
 }
 
@@ -213,7 +213,7 @@ fn oversized(arguments: &Value) -> Option<ToolOutcome> {
     )))
 }
 
-impl LevelRun {
+impl Attempt {
     /// One attempt of a tool-loop level.
     pub(crate) async fn tool_loop(&self) -> Vec<NewEvent> {
         let started = Instant::now();
@@ -415,7 +415,7 @@ impl LevelRun {
     /// the attempt.
     fn failed_workspace(
         &self,
-        error: crate::workspace::WorkspaceError,
+        error: baton_engine::workspace::WorkspaceError,
         fail: impl FnOnce(String, &mut Vec<NewEvent>) -> Vec<NewEvent>,
         events: &mut Vec<NewEvent>,
     ) -> Vec<NewEvent> {
@@ -429,7 +429,7 @@ impl LevelRun {
 
     /// Puts the workspace back to the last snapshot (best effort: a failure here leaves
     /// the next attempt's restore to do it).
-    async fn discard(&self, workspace: &Arc<dyn crate::workspace::Workspace>) {
+    async fn discard(&self, workspace: &Arc<dyn baton_engine::workspace::Workspace>) {
         if let Some(head) = self.state.workspace_head.clone() {
             let ws = Arc::clone(workspace);
             let _ = off_thread(move || ws.restore(&head)).await;
@@ -441,7 +441,7 @@ impl LevelRun {
     /// async workers stay free (heartbeats and the cancel poll go on during a long call).
     async fn run_tools(
         &self,
-        workspace: &Arc<dyn crate::workspace::Workspace>,
+        workspace: &Arc<dyn baton_engine::workspace::Workspace>,
         requested: Vec<Result<ToolCall, String>>,
         touched: &mut BTreeSet<String>,
         pad: &mut serde_json::Map<String, Value>,
@@ -487,9 +487,9 @@ impl LevelRun {
                                 "finish needs a string argument `summary`: what you changed and what remains",
                             ),
                         }
-                    } else if crate::scratchpad::TOOLS.contains(&call.name.as_str()) {
+                    } else if baton_engine::scratchpad::TOOLS.contains(&call.name.as_str()) {
                         let (outcome, write) =
-                            crate::scratchpad::call(pad, &call.name, &call.arguments);
+                            baton_engine::scratchpad::call(pad, &call.name, &call.arguments);
                         written = write;
                         outcome
                     } else if FILE_TOOLS.contains(&call.name.as_str()) {
@@ -525,7 +525,7 @@ impl LevelRun {
                             "there is no tool `{}`; the tools are {}, {}",
                             call.name,
                             FILE_TOOLS.join(", "),
-                            crate::scratchpad::TOOLS.join(", ")
+                            baton_engine::scratchpad::TOOLS.join(", ")
                         ))
                     };
                     (call, outcome)
@@ -534,7 +534,7 @@ impl LevelRun {
             self.record_result(&call, &outcome, events);
             if let Some((key, value)) = written.take() {
                 events.push(self.event(EventData::ScratchpadWritten(
-                    crate::event::ScratchpadWritten { key, value },
+                    baton_engine::event::ScratchpadWritten { key, value },
                 )));
             }
             if let Some(path) = &outcome.created {
