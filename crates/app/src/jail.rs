@@ -112,9 +112,10 @@ pub fn check_jail(
     scenario: &Arc<Scenario>,
 ) -> Result<Option<String>, Error> {
     let jail = jail(place);
-    let mut verifiers = baton_engine::verifier::Verifiers::builtin();
-    baton_verifiers::register(&mut verifiers, &jail);
-    if let Some(why) = baton_engine::job::program_refusal(&verifiers, registry, scenario) {
+    let refused = baton_engine::job::programs_refused(registry, scenario, |_| {
+        jail.refusal().map(ToString::to_string)
+    });
+    if let Some(why) = refused {
         return Err(Error::unavailable(why));
     }
     if jail.is_off()

@@ -81,6 +81,13 @@ pub struct Engine {
     replayed_steering: Arc<Mutex<HashMap<String, Arc<crate::steering::Script>>>>,
 }
 
+/// This process as `run_resumed.process` names it unless the embedder names it: `pid:PID`,
+/// worked out once.
+fn default_process() -> Arc<str> {
+    static PROCESS: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    Arc::clone(PROCESS.get_or_init(|| Arc::from(format!("pid:{}", std::process::id()).as_str())))
+}
+
 /// Compiled templates by scenario checksum, for the whole process: a checksum covers every
 /// template a scenario reads, so its compiled form never changes.
 static RENDERERS: std::sync::OnceLock<Mutex<HashMap<String, Arc<Renderer>>>> =
@@ -97,7 +104,7 @@ impl Engine {
             kept: Arc::default(),
             live: None,
             wave_drive: None,
-            process: Arc::from(format!("pid:{}", std::process::id()).as_str()),
+            process: default_process(),
             children_model_source: None,
             replayed_steering: Arc::default(),
         }

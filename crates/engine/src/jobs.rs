@@ -272,8 +272,20 @@ pub fn program_refusal(
     registry: &Registry,
     scenario: &Arc<Scenario>,
 ) -> Option<String> {
+    programs_refused(registry, scenario, |starting| {
+        program_uses(starting).find_map(|uses| verifiers.refusal(uses))
+    })
+}
+
+/// Why a job starting at `scenario` cannot run here, when it reaches a scenario that
+/// starts programs ([`starting_programs`]) and `why` says of it why they cannot run.
+pub fn programs_refused(
+    registry: &Registry,
+    scenario: &Arc<Scenario>,
+    why: impl FnOnce(&Scenario) -> Option<String>,
+) -> Option<String> {
     let starting = starting_programs(registry, scenario)?;
-    let why = program_uses(&starting).find_map(|uses| verifiers.refusal(uses))?;
+    let why = why(&starting)?;
     Some(if starting.id == scenario.id {
         format!("scenario `{}` runs programs, and {why}", scenario.id)
     } else {

@@ -16,7 +16,7 @@ use axum::http::{HeaderMap, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use baton_app::feed::{FeedEvent, PAGE_MAX, POLL};
+use baton_app::feed::{FeedEvent, PAGE_MAX};
 use baton_engine::store::FeedCursor;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -31,6 +31,8 @@ use crate::problem::Problem;
 
 /// How many events a stream reads from the store at once.
 const STREAM_PAGE: usize = 200;
+/// How long a stream waits for new events before it looks again (keep-alives go on).
+const WAIT_EACH: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Where the feed starts, and how much of it a JSON page holds.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -148,23 +150,25 @@ impl FeedFollower {
             if self.app.stop.is_cancelled() {
                 return None;
             }
-            match baton_app::feed::page(self.app.store.as_ref(), &self.tenant, self.at, STREAM_PAGE)
-                .await
-            {
+            // The same wait as `baton events --all --follow`, cut short when the server stops.
+            let waited = tokio::select! {
+                page = baton_app::feed::next_page(
+                    self.app.store.as_ref(),
+                    &self.tenant,
+                    self.at,
+                    STREAM_PAGE,
+                    WAIT_EACH,
+                ) => page,
+                () = self.app.stop.cancelled() => return None,
+            };
+            match waited {
                 Ok(page) => {
                     self.at = page.next;
-                    if !page.events.is_empty() {
-                        self.buffer.extend(page.events);
-                        continue;
-                    }
+                    self.buffer.extend(page.events);
                 }
                 // A log that cannot be read ends the stream; the client sees why by asking
                 // for the page.
                 Err(_) => return None,
-            }
-            tokio::select! {
-                () = tokio::time::sleep(POLL) => {}
-                () = self.app.stop.cancelled() => return None,
             }
         }
     }

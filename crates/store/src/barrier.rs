@@ -17,23 +17,25 @@ pub(crate) const WAIT_MAX: Duration = Duration::from_secs(60);
 /// The kinds of event an outside decision appends.
 const DECISIONS: [&str; 4] = ["approval_decided", "user_answered", "wave_recorded", "wave_decided"];
 
-/// The barrier's directory while it has not fired in this process.
-fn armed() -> &'static Mutex<Option<PathBuf>> {
-    static ARMED: OnceLock<Mutex<Option<PathBuf>>> = OnceLock::new();
-    ARMED.get_or_init(|| {
-        Mutex::new(std::env::var_os("BATON_TEST_DECISION_BARRIER").map(PathBuf::from))
-    })
+/// The barrier's directory while it has not fired in this process; `None` without the
+/// variable, so that an append without a barrier takes no lock.
+fn armed() -> Option<&'static Mutex<Option<PathBuf>>> {
+    static ARMED: OnceLock<Option<Mutex<Option<PathBuf>>>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| {
+            std::env::var_os("BATON_TEST_DECISION_BARRIER").map(|d| Mutex::new(Some(d.into())))
+        })
+        .as_ref()
 }
 
 /// The barrier's directory when these events hold a decision and it has not fired yet
 /// (it fires once per process); it is said to be reached (`loaded.PID`).
 pub(crate) fn reached(events: &[Event]) -> Option<PathBuf> {
-    let mut armed = armed().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    armed.as_ref()?;
+    let armed = armed()?;
     if !events.iter().any(|e| DECISIONS.contains(&e.data.kind())) {
         return None;
     }
-    let dir = armed.take()?;
+    let dir = armed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()?;
     let _ = std::fs::write(dir.join(format!("loaded.{}", std::process::id())), b"");
     Some(dir)
 }

@@ -37,7 +37,10 @@ impl Writer<'_> {
     ) -> Result<Vec<NewEvent>, Error> {
         let StepChannels { mut settled, sent } = channels;
         let steering = run.steering.clone();
-        let work = run.runtime.runner.run(run.clone());
+        // What a heartbeat names, kept before the attempt takes the run.
+        let (level_id, attempt) = (run.id().to_owned(), run.attempt);
+        let runner = std::sync::Arc::clone(&run.runtime.runner);
+        let work = runner.run(run);
         tokio::pin!(work);
         // Most steps finish without waiting for anything: try once before arming timers.
         let ready = std::future::poll_fn(|cx| match work.as_mut().poll(cx) {
@@ -107,8 +110,7 @@ impl Writer<'_> {
                         streamed_bytes: progress.streamed_bytes(),
                         tool_calls: progress.tool_calls(),
                     });
-                    let level_id = run.scenario.levels[run.level].id.as_str();
-                    let event = NewEvent::level(level_id, run.attempt, beat);
+                    let event = NewEvent::level(&level_id, attempt, beat);
                     self.stage(vec![event]);
                     if !self.flush().await? {
                         // The log moved under us and the state was re-read: stop the step.
