@@ -41,8 +41,8 @@ pub(crate) async fn verify(
         let runs: Vec<_> = findings
             .iter()
             .map(|(id, f)| match f {
-                Finding::Intact { last_seq, head } => {
-                    json!({"run_id": id, "intact": true, "last_seq": last_seq, "head": head})
+                Finding::Intact { last_seq, head, chain } => {
+                    json!({"run_id": id, "intact": true, "last_seq": last_seq, "head": head, "chain": chain})
                 }
                 Finding::Damaged { seq, problem } => {
                     json!({"run_id": id, "intact": false, "seq": seq, "problem": problem})

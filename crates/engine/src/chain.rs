@@ -1,15 +1,26 @@
 //! The hash chain over a run's events: how a store notices that its log was damaged.
 //!
-//! Every stored event carries `sha256(previous event's hash ‖ the event's logical form)`
-//! (the first event chains from [`GENESIS`]), and the run keeps the hash of its last event,
-//! its *head*. Loading a run recomputes the chain: an event that was edited, deleted,
-//! swapped, renumbered or cut off the tail breaks it at that event.
+//! Every stored event carries `sha256(previous event's hash ‖ the event's encoding)` (the
+//! first event chains from [`GENESIS`]), and the run keeps the hash of its last event, its
+//! *head*. Loading a run recomputes the chain: an event that was edited, deleted, swapped,
+//! renumbered or cut off the tail breaks it at that event.
 //!
-//! The hash covers a *logical* form — seq, time in microseconds, kind, schema version,
-//! level, attempt and the payload as canonical JSON (object keys sorted, no spaces) — not
-//! the bytes a store happens to keep, so moving a log to another layout or another store
-//! (JSON text to a binary column, SQLite to PostgreSQL) keeps its chain valid. Every store
-//! computes it here, with [`link`].
+//! An event's encoding is its envelope in fixed binary fields — seq, time in microseconds,
+//! kind, schema version, level, attempt, each string with its length in front — followed
+//! by its payload. How the payload is given is the run's chain [`Form`], recorded per run
+//! so that a log keeps the form it was written with:
+//! - [`Form::Encoded`] (every run created today): the payload's own encoding,
+//!   [`EventData::encode`](crate::event::EventData::encode), made once when the event is
+//!   appended and kept or re-derived byte for byte by every store — the very bytes a store
+//!   writes (PostgreSQL's `data` column, the JSON a SQLite batch unpacks to), so hashing
+//!   costs no second rendering;
+//! - [`Form::CanonicalJson`] (runs created before it): the payload as canonical JSON (object
+//!   keys sorted, no spaces) of its JSON value. A run of this form keeps it for every event
+//!   appended later, so its chain stays one chain.
+//!
+//! The hash is SHA-256: the x86 SHA extensions and the ARMv8 crypto extensions compute it
+//! in hardware (the `sha2` crate picks them at run time), it is the digest every auditor's
+//! tool knows, and older logs verify with the same algorithm.
 //!
 //! This is damage detection, not tamper-proofing: the chain has no key, so whoever can write
 //! the database can also recompute every hash after editing it. It catches a bad disk, a
@@ -29,8 +40,60 @@ pub type Hash = [u8; 32];
 /// What the first event of every run chains from.
 pub const GENESIS: Hash = [0; 32];
 
-/// Names this logical form, so that a later one can never produce the same bytes.
-const DOMAIN: &[u8] = b"baton.event.v1\0";
+/// Names the canonical-JSON form, so that no other form can produce the same bytes.
+const DOMAIN_V1: &[u8] = b"baton.event.v1\0";
+/// Names the encoded form.
+const DOMAIN_V2: &[u8] = b"baton.event.v2\0";
+
+/// How a run's events are hashed; recorded with the run when it is created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Form {
+    /// The payload as canonical JSON of its JSON value: runs created before the encoded
+    /// form existed.
+    CanonicalJson,
+    /// The payload's encoding, as appended and stored: every run created today.
+    #[default]
+    Encoded,
+}
+
+impl Form {
+    /// The number a store records the form as.
+    pub fn number(self) -> i64 {
+        match self {
+            Form::CanonicalJson => 1,
+            Form::Encoded => 2,
+        }
+    }
+
+    /// The form a store recorded as `n`; `None` for a number this build does not know.
+    pub fn from_number(n: i64) -> Option<Form> {
+        match n {
+            1 => Some(Form::CanonicalJson),
+            2 => Some(Form::Encoded),
+            _ => None,
+        }
+    }
+
+    /// The error for a run whose recorded form this build does not know.
+    pub fn unknown(run_id: &str, n: i64) -> Error {
+        Error::Damaged {
+            run_id: run_id.to_owned(),
+            seq: 1,
+            problem: format!(
+                "the run records hash chain form {n}, which this build does not know (it reads 1 and 2): upgrade Baton to read it"
+            ),
+        }
+    }
+}
+
+/// An event's payload as the chain takes it, in its run's [`Form`].
+#[derive(Clone, Copy, Debug)]
+pub enum Payload<'a> {
+    /// [`Form::CanonicalJson`]: the payload's JSON value.
+    Json(&'a Value),
+    /// [`Form::Encoded`]: the payload's encoding.
+    Encoded(&'a [u8]),
+}
 
 /// Every stored field of an event, as the chain sees it.
 #[derive(Clone, Copy, Debug)]
@@ -42,13 +105,13 @@ pub struct Fields<'a> {
     pub version: u16,
     pub level_id: Option<&'a str>,
     pub attempt: Option<u32>,
-    pub payload: &'a Value,
+    pub payload: Payload<'a>,
 }
 
 impl<'a> Fields<'a> {
-    /// The fields of an event about to be written with today's schema [`VERSION`];
-    /// `payload` is `event.data.payload()`.
-    pub fn of(event: &'a Event, payload: &'a Value) -> Self {
+    /// The fields of an event about to be written with today's schema [`VERSION`], its
+    /// payload given in its run's form.
+    pub fn of(event: &'a Event, payload: Payload<'a>) -> Self {
         Fields {
             seq: event.seq,
             at_us: event.at.timestamp_micros(),
@@ -64,15 +127,22 @@ impl<'a> Fields<'a> {
 /// The hash of an event whose predecessor's hash is `prev`.
 pub fn link(prev: &Hash, fields: &Fields<'_>) -> Hash {
     let mut h = Hasher(Sha256::new());
-    envelope(&mut h, prev, fields);
+    let domain = match fields.payload {
+        Payload::Json(_) => DOMAIN_V1,
+        Payload::Encoded(_) => DOMAIN_V2,
+    };
+    envelope(&mut h, domain, prev, fields);
     // The payload comes last, so it needs no length: nothing follows it.
-    canonical_json(fields.payload, &mut h);
+    match fields.payload {
+        Payload::Json(value) => canonical_json(value, &mut h),
+        Payload::Encoded(bytes) => h.0.update(bytes),
+    }
     h.0.finalize().into()
 }
 
 /// Everything an event's hash covers but its payload, in order.
-fn envelope(h: &mut Hasher, prev: &Hash, fields: &Fields<'_>) {
-    h.0.update(DOMAIN);
+fn envelope(h: &mut Hasher, domain: &[u8], prev: &Hash, fields: &Fields<'_>) {
+    h.0.update(domain);
     h.0.update(prev);
     h.0.update(fields.seq.to_be_bytes());
     h.0.update(fields.at_us.to_be_bytes());
@@ -94,27 +164,33 @@ fn envelope(h: &mut Hasher, prev: &Hash, fields: &Fields<'_>) {
     }
 }
 
-/// The hash of an event whose predecessor's hash is `prev`, with its payload given as its
-/// canonical JSON ([`canonical_json`]), made ahead (on another thread, say); `fields.payload`
-/// is not read.
-pub fn link_canonical(prev: &Hash, fields: &Fields<'_>, canonical: &[u8]) -> Hash {
-    let mut h = Hasher(Sha256::new());
-    envelope(&mut h, prev, fields);
-    h.0.update(canonical);
-    h.0.finalize().into()
-}
-
-/// The hashes of `events`, chained from `prev` (the hash of the event before the first).
-pub fn hashes(prev: Hash, events: &[Event]) -> Vec<Hash> {
+/// The hashes of `events` in a run of `form`, chained from `prev` (the hash of the event
+/// before the first).
+pub fn hashes_in(form: Form, prev: Hash, events: &[Event]) -> Vec<Hash> {
     let mut prev = prev;
+    let mut encoded = Vec::with_capacity(512);
     events
         .iter()
         .map(|e| {
-            let payload = e.data.payload();
-            prev = link(&prev, &Fields::of(e, &payload));
+            prev = match form {
+                Form::Encoded => {
+                    encoded.clear();
+                    e.data.encode_into(&mut encoded);
+                    link(&prev, &Fields::of(e, Payload::Encoded(&encoded)))
+                }
+                Form::CanonicalJson => {
+                    let payload = e.data.payload();
+                    link(&prev, &Fields::of(e, Payload::Json(&payload)))
+                }
+            };
             prev
         })
         .collect()
+}
+
+/// The hashes of `events` in a run created today ([`Form::Encoded`]), chained from `prev`.
+pub fn hashes(prev: Hash, events: &[Event]) -> Vec<Hash> {
+    hashes_in(Form::Encoded, prev, events)
 }
 
 /// Feeds a digest through `io::Write`, so the payload is encoded straight into it.
@@ -354,7 +430,7 @@ mod tests {
             version: 1,
             level_id: Some("l1"),
             attempt: Some(2),
-            payload,
+            payload: Payload::Json(payload),
         }
     }
 
@@ -381,6 +457,26 @@ mod tests {
         // A level id and a kind cannot trade bytes: every string carries its length.
         let shifted = Fields { kind: "warningl", level_id: Some("1"), ..fields(&payload) };
         assert_ne!(link(&GENESIS, &shifted), base);
+    }
+
+    #[test]
+    fn the_two_forms_never_meet_and_the_encoded_form_hashes_the_bytes_given() {
+        let payload = serde_json::json!({"message": "x"});
+        let text = br#"{"message":"x"}"#;
+        let json = link(&GENESIS, &fields(&payload));
+        let encoded =
+            link(&GENESIS, &Fields { payload: Payload::Encoded(text), ..fields(&payload) });
+        // The same payload, the same canonical text: the forms still differ by their domain.
+        assert_ne!(json, encoded);
+        let spaced = link(
+            &GENESIS,
+            &Fields { payload: Payload::Encoded(br#"{"message": "x"}"#), ..fields(&payload) },
+        );
+        assert_ne!(encoded, spaced, "the encoded form is the bytes themselves");
+        for n in [1, 2] {
+            assert_eq!(Form::from_number(n).map(Form::number), Some(n));
+        }
+        assert_eq!(Form::from_number(3), None);
     }
 
     #[test]

@@ -6,24 +6,31 @@
 //! its kind as a code of the database's `kinds` table, its schema version, its level (none,
 //! the previous event's, or a new name), its attempt, and its payload as a packed value.
 //!
+//! A payload comes in as JSON text — the event's encoding, which the hash chain hashes —
+//! and is packed straight from the text, with no JSON value built on the way; unpacking
+//! writes the very same text back (strings escaped as `serde_json` escapes them, numbers
+//! as it prints them, keys in their order), which a run of the encoded chain form hashes
+//! as it comes out.
+//!
 //! A packed value is one tag byte and what the tag needs: null, false, true, a small
-//! integer in the tag itself, a varint integer, an f64, a string, an array, an object with
-//! its keys inline, or an object whose key list is a *shape* of the database's `shapes`
-//! table followed by its values alone. Two kinds of string are special:
+//! integer in the tag itself, a varint integer, an f64, a number kept as its text (one
+//! that the other forms would print differently), a string, an array, an object with its
+//! keys inline, or an object whose key list is a *shape* of the database's `shapes` table
+//! followed by its values alone. Two kinds of string are special:
 //! - every string of [`SHARED_MIN`] bytes or more written inline takes the next *ordinal*
 //!   of its batch; a later copy of it, in the same batch or any later batch of the run, is
 //!   written as a reference (the first seq of the batch holding it, its ordinal) — so a
 //!   model's answer repeated as a level's output and a run's final output is stored once;
 //! - a string of exactly 64 lowercase hex digits (a sha256) is stored as its 32 bytes.
 //!
-//! Nothing here is lossy: a batch unpacks to the very payloads the engine wrote, which is
-//! what the hash chain ([`baton_engine::chain`]) is checked against. Anything that cannot be
+//! Nothing here is lossy: a batch unpacks to the very payload text the engine wrote, which
+//! is what the hash chain ([`baton_engine::chain`]) is checked against. Anything that cannot be
 //! unpacked (a cut blob, an unknown tag, a reference to nothing) is reported as damage of
 //! the batch by the caller.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
-use serde_json::{Map, Number, Value};
 use sha2::{Digest, Sha256};
 
 /// The body format this build writes and reads.
@@ -49,6 +56,7 @@ const T_HEX32: u8 = 8;
 const T_ARRAY: u8 = 9;
 const T_OBJECT: u8 = 10;
 const T_SHAPED: u8 = 11;
+const T_NUMTEXT: u8 = 12;
 /// Tags from here up are the integers `tag - T_SMALL`.
 const T_SMALL: u8 = 32;
 
@@ -106,7 +114,7 @@ pub trait Resolve {
     fn shared(&mut self, batch: u64, ordinal: u32) -> Result<String, String>;
 }
 
-/// One event as packed: every field of the envelope and the payload.
+/// One event as packed: every field of the envelope and the payload, as JSON text.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Unpacked {
     pub at_us: i64,
@@ -114,10 +122,10 @@ pub struct Unpacked {
     pub version: u16,
     pub level_id: Option<String>,
     pub attempt: Option<u32>,
-    pub payload: Value,
+    pub payload: Vec<u8>,
 }
 
-/// One event to pack, borrowed.
+/// One event to pack, borrowed; its payload JSON text.
 #[derive(Clone, Copy, Debug)]
 pub struct EventRef<'a> {
     pub at_us: i64,
@@ -125,7 +133,7 @@ pub struct EventRef<'a> {
     pub version: u16,
     pub level_id: Option<&'a str>,
     pub attempt: Option<u32>,
-    pub payload: &'a Value,
+    pub payload: &'a [u8],
 }
 
 impl Unpacked {
@@ -179,7 +187,10 @@ pub fn pack(
         }
         prev_level = e.level_id;
         put_varint(&mut w.out, e.attempt.map_or(0, |a| u64::from(a) + 1));
-        w.value(e.payload)?;
+        let end = skip_ws(e.payload, w.json(e.payload, 0, 0)?);
+        if end != e.payload.len() {
+            return Err(format!("a `{}` payload goes on after its value", e.kind));
+        }
     }
     Ok(w.out)
 }
@@ -193,22 +204,53 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
-    fn value(&mut self, v: &Value) -> Result<(), String> {
-        match v {
-            Value::Null => self.out.push(T_NULL),
-            Value::Bool(false) => self.out.push(T_FALSE),
-            Value::Bool(true) => self.out.push(T_TRUE),
-            Value::Number(n) => self.number(n),
-            Value::String(s) => self.string(s),
-            Value::Array(items) => {
-                self.out.push(T_ARRAY);
-                put_varint(&mut self.out, items.len() as u64);
-                for item in items {
-                    self.value(item)?;
-                }
+    /// Packs the JSON value that starts at `at` in `text` (after any whitespace); where it
+    /// ends.
+    fn json(&mut self, text: &[u8], at: usize, depth: usize) -> Result<usize, String> {
+        if depth > DEPTH_MAX {
+            return Err("a payload nests values too deep".to_owned());
+        }
+        let at = skip_ws(text, at);
+        match text.get(at) {
+            None => Err("a payload ends where a value should be".to_owned()),
+            Some(b'n') => self.literal(text, at, b"null", T_NULL),
+            Some(b't') => self.literal(text, at, b"true", T_TRUE),
+            Some(b'f') => self.literal(text, at, b"false", T_FALSE),
+            Some(b'"') => {
+                let end = string_end(text, at)?;
+                self.string(&unquote(&text[at..end])?);
+                Ok(end)
             }
-            Value::Object(map) => {
-                let keys: Vec<&str> = map.keys().map(String::as_str).collect();
+            Some(b'[') => {
+                let mut starts = Vec::new();
+                let close = items(text, at, b']', |i| {
+                    starts.push(i);
+                    value_end(text, i)
+                })?;
+                self.out.push(T_ARRAY);
+                put_varint(&mut self.out, starts.len() as u64);
+                for i in starts {
+                    self.json(text, i, depth + 1)?;
+                }
+                Ok(close)
+            }
+            Some(b'{') => {
+                let mut members: Vec<(Cow<'_, str>, usize)> = Vec::new();
+                let close = items(text, at, b'}', |i| {
+                    if text.get(i) != Some(&b'"') {
+                        return Err("a payload's object has a key that is not a string".to_owned());
+                    }
+                    let key_end = string_end(text, i)?;
+                    let key = unquote(&text[i..key_end])?;
+                    let colon = skip_ws(text, key_end);
+                    if text.get(colon) != Some(&b':') {
+                        return Err("a payload's object has a key without a value".to_owned());
+                    }
+                    let value = skip_ws(text, colon + 1);
+                    members.push((key, value));
+                    value_end(text, value)
+                })?;
+                let keys: Vec<&str> = members.iter().map(|(k, _)| k.as_ref()).collect();
                 let shapeable = !keys.is_empty()
                     && keys.len() <= SHAPE_KEYS_MAX
                     && keys.iter().all(|k| k.len() <= SHAPE_KEY_LEN_MAX);
@@ -217,41 +259,81 @@ impl Writer<'_> {
                     Some(id) => {
                         self.out.push(T_SHAPED);
                         put_varint(&mut self.out, id);
-                        for v in map.values() {
-                            self.value(v)?;
+                        for (_, i) in &members {
+                            self.json(text, *i, depth + 1)?;
                         }
                     }
                     None => {
                         self.out.push(T_OBJECT);
-                        put_varint(&mut self.out, map.len() as u64);
-                        for (k, v) in map {
+                        put_varint(&mut self.out, members.len() as u64);
+                        for (k, i) in &members {
                             put_bytes(&mut self.out, k.as_bytes());
-                            self.value(v)?;
+                            self.json(text, *i, depth + 1)?;
                         }
                     }
                 }
+                Ok(close)
+            }
+            Some(_) => {
+                let end = token_end(text, at);
+                self.number(&text[at..end])?;
+                Ok(end)
             }
         }
-        Ok(())
     }
 
-    fn number(&mut self, n: &Number) {
-        if let Some(u) = n.as_u64() {
-            match u8::try_from(u) {
-                Ok(small) if small <= u8::MAX - T_SMALL => self.out.push(T_SMALL + small),
-                _ => {
-                    self.out.push(T_UINT);
-                    put_varint(&mut self.out, u);
-                }
-            }
-        } else if let Some(i) = n.as_i64() {
-            // Negative (a non-negative one is a u64 above): -1 is 0, -2 is 1, ...
-            self.out.push(T_NEGINT);
-            put_varint(&mut self.out, !(i as u64));
+    fn literal(&mut self, text: &[u8], at: usize, word: &[u8], tag: u8) -> Result<usize, String> {
+        if text[at..].starts_with(word) && token_end(text, at) == at + word.len() {
+            self.out.push(tag);
+            Ok(at + word.len())
         } else {
-            self.out.push(T_F64);
-            self.out.extend_from_slice(&n.as_f64().unwrap_or(0.0).to_le_bytes());
+            Err(format!("a payload holds `{}`, not a JSON value", token(text, at)))
         }
+    }
+
+    /// A number as compact as the text allows: an integer as the integer, a fraction as an
+    /// f64 when printing the f64 gives the same text back, else the text itself.
+    fn number(&mut self, tok: &[u8]) -> Result<(), String> {
+        let bad =
+            || format!("a payload holds `{}`, not a JSON value", String::from_utf8_lossy(tok));
+        let text = std::str::from_utf8(tok).map_err(|_| bad())?;
+        // Digits alone, no `+`, no leading zero, no `-0`: the integer prints as this text.
+        let digits = text.strip_prefix('-').unwrap_or(text);
+        let plain = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'))
+            && text != "-0";
+        if plain {
+            if let Ok(u) = text.parse::<u64>() {
+                match u8::try_from(u) {
+                    Ok(small) if small <= u8::MAX - T_SMALL => self.out.push(T_SMALL + small),
+                    _ => {
+                        self.out.push(T_UINT);
+                        put_varint(&mut self.out, u);
+                    }
+                }
+                return Ok(());
+            }
+            if let Ok(i) = text.parse::<i64>() {
+                // Negative (a non-negative one is a u64 above): -1 is 0, -2 is 1, ...
+                self.out.push(T_NEGINT);
+                put_varint(&mut self.out, !(i as u64));
+                return Ok(());
+            }
+        }
+        // Whatever else it is, it must be a JSON number.
+        serde_json::from_slice::<serde_json::Number>(tok).map_err(|_| bad())?;
+        if let Ok(f) = text.parse::<f64>()
+            && f.is_finite()
+            && serde_json::to_vec(&f).is_ok_and(|printed| printed == tok)
+        {
+            self.out.push(T_F64);
+            self.out.extend_from_slice(&f.to_le_bytes());
+            return Ok(());
+        }
+        self.out.push(T_NUMTEXT);
+        put_bytes(&mut self.out, tok);
+        Ok(())
     }
 
     fn string(&mut self, s: &str) {
@@ -298,6 +380,115 @@ fn hex32(s: &str) -> Option<[u8; 32]> {
         out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
     }
     Some(out)
+}
+
+/// The first byte at or after `at` that is not JSON whitespace.
+fn skip_ws(text: &[u8], mut at: usize) -> usize {
+    while matches!(text.get(at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        at += 1;
+    }
+    at
+}
+
+/// Where the token (a number or a word) starting at `at` ends.
+fn token_end(text: &[u8], mut at: usize) -> usize {
+    while text.get(at).is_some_and(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+    {
+        at += 1;
+    }
+    at
+}
+
+/// The token at `at`, for a message.
+fn token(text: &[u8], at: usize) -> String {
+    let end = token_end(text, at).max(at + 1).min(text.len());
+    String::from_utf8_lossy(&text[at..end]).into_owned()
+}
+
+/// Where the JSON string whose opening quote is at `at` ends (after its closing quote).
+fn string_end(text: &[u8], at: usize) -> Result<usize, String> {
+    let mut i = at + 1;
+    while let Some(&b) = text.get(i) {
+        match b {
+            b'"' => return Ok(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+    Err("a payload's string is cut short".to_owned())
+}
+
+/// The text of a quoted JSON string: borrowed when it has no escapes, decoded when it has.
+fn unquote(quoted: &[u8]) -> Result<Cow<'_, str>, String> {
+    let inner = &quoted[1..quoted.len() - 1];
+    if !inner.iter().any(|&b| b == b'\\' || b < 0x20) {
+        return std::str::from_utf8(inner)
+            .map(Cow::Borrowed)
+            .map_err(|_| "a payload's string is not UTF-8".to_owned());
+    }
+    serde_json::from_slice::<String>(quoted)
+        .map(Cow::Owned)
+        .map_err(|e| format!("a payload's string cannot be read: {e}"))
+}
+
+/// Where the JSON value at `at` ends, skipped without being read: the writer's first look
+/// at an array's items or an object's members, which it packs once it knows them all.
+fn value_end(text: &[u8], at: usize) -> Result<usize, String> {
+    match text.get(at) {
+        Some(b'"') => string_end(text, at),
+        Some(b'{' | b'[') => {
+            let mut depth = 0usize;
+            let mut i = at;
+            while let Some(&b) = text.get(i) {
+                match b {
+                    b'"' => {
+                        i = string_end(text, i)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Ok(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+            Err("a payload's array or object is cut short".to_owned())
+        }
+        Some(_) => Ok(token_end(text, at)),
+        None => Err("a payload ends where a value should be".to_owned()),
+    }
+}
+
+/// Walks the items of the array or object opening at `at` and closing with `close`,
+/// handing `item` where each starts (it says where the item ends); where the whole ends.
+fn items(
+    text: &[u8],
+    at: usize,
+    close: u8,
+    mut item: impl FnMut(usize) -> Result<usize, String>,
+) -> Result<usize, String> {
+    let mut i = skip_ws(text, at + 1);
+    if text.get(i) == Some(&close) {
+        return Ok(i + 1);
+    }
+    loop {
+        i = skip_ws(text, item(i)?);
+        match text.get(i) {
+            Some(b',') => i = skip_ws(text, i + 1),
+            Some(&b) if b == close => return Ok(i + 1),
+            _ => return Err("a payload's array or object is not closed where it ends".to_owned()),
+        }
+    }
+}
+
+/// Writes `s` as a JSON string, escaped as `serde_json` escapes it.
+fn put_json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -383,7 +574,8 @@ fn read_body(
             0 => None,
             a => Some(u32::try_from(a - 1).map_err(|_| "an attempt out of range")?),
         };
-        let payload = r.value(0)?;
+        let mut payload = Vec::with_capacity(256);
+        r.json(0, &mut payload)?;
         events.push(Unpacked {
             at_us: at,
             kind,
@@ -415,17 +607,18 @@ struct Reader<'a> {
     resolve_refs: bool,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn byte(&mut self) -> Result<u8, String> {
         let b = *self.body.get(self.at).ok_or("its body is cut short")?;
         self.at += 1;
         Ok(b)
     }
 
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.body.len());
         let end = end.ok_or("its body is cut short")?;
-        let b = &self.body[self.at..end];
+        let body: &'a [u8] = self.body;
+        let b = &body[self.at..end];
         self.at = end;
         Ok(b)
     }
@@ -451,38 +644,56 @@ impl Reader<'_> {
     }
 
     fn text(&mut self) -> Result<String, String> {
-        let n = self.len()?;
-        let b = self.take(n)?;
-        String::from_utf8(b.to_vec())
-            .map_err(|_| "its body holds a string that is not UTF-8".into())
+        self.str().map(str::to_owned)
     }
 
-    fn value(&mut self, depth: usize) -> Result<Value, String> {
+    fn str(&mut self) -> Result<&'a str, String> {
+        let n = self.len()?;
+        let b = self.take(n)?;
+        std::str::from_utf8(b).map_err(|_| "its body holds a string that is not UTF-8".into())
+    }
+
+    /// Writes the next packed value to `out` as the JSON text it was packed from.
+    fn json(&mut self, depth: usize, out: &mut Vec<u8>) -> Result<(), String> {
         if depth > DEPTH_MAX {
             return Err("its body nests values too deep".to_owned());
         }
         let tag = self.byte()?;
-        Ok(match tag {
-            T_NULL => Value::Null,
-            T_FALSE => Value::Bool(false),
-            T_TRUE => Value::Bool(true),
-            T_UINT => Value::from(self.varint()?),
+        // Writing into a Vec cannot fail: the numbers' results are ignored for that reason.
+        match tag {
+            T_NULL => out.extend_from_slice(b"null"),
+            T_FALSE => out.extend_from_slice(b"false"),
+            T_TRUE => out.extend_from_slice(b"true"),
+            T_UINT => {
+                let _ = serde_json::to_writer(&mut *out, &self.varint()?);
+            }
             T_NEGINT => {
                 let v = self.varint()?;
                 let v = i64::try_from(v).map_err(|_| "a negative number out of range")?;
-                Value::from(!v)
+                let _ = serde_json::to_writer(&mut *out, &!v);
             }
             T_F64 => {
                 let b: [u8; 8] = self.take(8)?.try_into().map_err(|_| "its body is cut short")?;
                 let f = f64::from_le_bytes(b);
-                Value::Number(Number::from_f64(f).ok_or("a number that is not finite")?)
+                if !f.is_finite() {
+                    return Err("a number that is not finite".to_owned());
+                }
+                let _ = serde_json::to_writer(&mut *out, &f);
+            }
+            T_NUMTEXT => {
+                let n = self.len()?;
+                let text = self.take(n)?;
+                if text.is_empty() || token_end(text, 0) != text.len() {
+                    return Err("its body holds a number that is not one".to_owned());
+                }
+                out.extend_from_slice(text);
             }
             T_STR => {
-                let s = self.text()?;
+                let s = self.str()?;
                 if s.len() >= SHARED_MIN {
-                    self.shared.push(s.clone());
+                    self.shared.push(s.to_owned());
                 }
-                Value::String(s)
+                put_json_str(out, s);
             }
             T_HEX32 => {
                 let b = self.take(32)?;
@@ -491,57 +702,70 @@ impl Reader<'_> {
                     s.push(char::from_digit(u32::from(byte >> 4), 16).unwrap_or('0'));
                     s.push(char::from_digit(u32::from(byte & 0xf), 16).unwrap_or('0'));
                 }
-                self.shared.push(s.clone());
-                Value::String(s)
+                put_json_str(out, &s);
+                self.shared.push(s);
             }
             T_REF => {
                 let batch = self.varint()?;
                 let ordinal =
                     u32::try_from(self.varint()?).map_err(|_| "a reference out of range")?;
-                let s = if batch == self.first_seq {
-                    self.shared.get(ordinal as usize).cloned().ok_or_else(|| {
+                if batch == self.first_seq {
+                    let s = self.shared.get(ordinal as usize).ok_or_else(|| {
                         format!("a reference to string {ordinal} of its own batch, which it does not hold")
-                    })?
+                    })?;
+                    put_json_str(out, s);
                 } else if batch > self.first_seq {
                     return Err(format!("a reference to the later batch at {batch}"));
                 } else if !self.resolve_refs {
-                    return Ok(Value::Null);
+                    out.extend_from_slice(b"null");
                 } else {
-                    self.resolve.shared(batch, ordinal)?
-                };
-                Value::String(s)
+                    put_json_str(out, &self.resolve.shared(batch, ordinal)?);
+                }
             }
             T_ARRAY => {
                 let n = self.len()?;
-                let mut items = Vec::with_capacity(n.min(1024));
-                for _ in 0..n {
-                    items.push(self.value(depth + 1)?);
+                out.push(b'[');
+                for i in 0..n {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    self.json(depth + 1, out)?;
                 }
-                Value::Array(items)
+                out.push(b']');
             }
             T_OBJECT => {
                 let n = self.len()?;
-                let mut map = Map::new();
-                for _ in 0..n {
-                    let k = self.text()?;
-                    let v = self.value(depth + 1)?;
-                    map.insert(k, v);
+                out.push(b'{');
+                for i in 0..n {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    put_json_str(out, self.str()?);
+                    out.push(b':');
+                    self.json(depth + 1, out)?;
                 }
-                Value::Object(map)
+                out.push(b'}');
             }
             T_SHAPED => {
                 let id = self.varint()?;
                 let keys = self.resolve.shape(id)?;
-                let mut map = Map::new();
-                for k in keys.iter() {
-                    let v = self.value(depth + 1)?;
-                    map.insert(k.clone(), v);
+                out.push(b'{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    put_json_str(out, k);
+                    out.push(b':');
+                    self.json(depth + 1, out)?;
                 }
-                Value::Object(map)
+                out.push(b'}');
             }
-            small if small >= T_SMALL => Value::from(small - T_SMALL),
+            small if small >= T_SMALL => {
+                let _ = serde_json::to_writer(&mut *out, &(small - T_SMALL));
+            }
             other => return Err(format!("its body holds an unknown tag {other}")),
-        })
+        }
+        Ok(())
     }
 }
 
@@ -599,14 +823,77 @@ mod tests {
         }
     }
 
-    fn event(at_us: i64, kind: &str, level: Option<&str>, payload: Value) -> Unpacked {
+    /// An event whose payload is `payload` as `serde_json` writes it.
+    #[allow(clippy::needless_pass_by_value)]
+    fn event(at_us: i64, kind: &str, level: Option<&str>, payload: serde_json::Value) -> Unpacked {
         Unpacked {
             at_us,
             kind: kind.to_owned(),
             version: 2,
             level_id: level.map(str::to_owned),
             attempt: level.map(|_| 1),
-            payload,
+            payload: serde_json::to_vec(&payload).unwrap(),
+        }
+    }
+
+    fn pack_one(text: &[u8], dict: &mut Dict) -> Result<Vec<u8>, String> {
+        let e = EventRef {
+            at_us: 0,
+            kind: "warning",
+            version: 2,
+            level_id: None,
+            attempt: None,
+            payload: text,
+        };
+        pack(1, 0, &[e], dict, None)
+    }
+
+    #[test]
+    fn any_json_text_comes_back_byte_for_byte_and_anything_else_is_refused() {
+        let mut dict = Dict::default();
+        let texts: &[&str] = &[
+            r#"{"b":1,"a":[1E5,1.50,-0,0.1e1,-0.0,1e-7,12345678901234567890123,0]}"#,
+            r#"{"s":"tab\t\u2028 \ud83d\ude00 é","empty":{},"list":[],"nested":[[[]]]}"#,
+            r#"{"dup":1,"dup":2}"#,
+            r#""just a string""#,
+            "[true,false,null]",
+        ];
+        for text in texts {
+            let body = pack_one(text.as_bytes(), &mut dict).unwrap();
+            let batch = unpack(1, 0, &body, &mut dict).unwrap();
+            // Text the engine writes comes back as it went in; these are not all such
+            // text, so only the value is the same.
+            let back: serde_json::Value = serde_json::from_slice(&batch.events[0].payload).unwrap();
+            assert_eq!(back, serde_json::from_str::<serde_json::Value>(text).unwrap(), "{text}");
+        }
+        // Numbers that print another way are kept as their text.
+        let odd = br#"[1E5,1.50,-0,0.1e1,12345678901234567890123]"#;
+        let body = pack_one(odd, &mut dict).unwrap();
+        assert_eq!(unpack(1, 0, &body, &mut dict).unwrap().events[0].payload, odd.to_vec());
+        // Spaces between tokens are not kept: the engine's encoding has none.
+        let spaced = pack_one(br#"{ "a" : [ 1 , 2 ] }"#, &mut dict).unwrap();
+        assert_eq!(
+            unpack(1, 0, &spaced, &mut dict).unwrap().events[0].payload,
+            br#"{"a":[1,2]}"#.to_vec()
+        );
+        for bad in [
+            "",
+            "{",
+            r#"{"a"}"#,
+            r#"{"a":1,}"#,
+            "[1 2]",
+            "nul",
+            "tru",
+            "01",
+            "1.",
+            "+1",
+            r#""cut"#,
+            r#"{1:2}"#,
+            "[1]]",
+            "NaN",
+            "\"x\u{1}\"",
+        ] {
+            assert!(pack_one(bad.as_bytes(), &mut dict).is_err(), "{bad:?} must be refused");
         }
     }
 
@@ -650,6 +937,7 @@ mod tests {
         let refs: Vec<_> = first.iter().map(Unpacked::as_ref).collect();
         let body = pack(1, first[0].at_us, &refs, &mut dict, Some(&mut known)).unwrap();
         assert!(body.len() < text.len() + 240, "one copy of the text: {} bytes", body.len());
+        // Every payload comes back byte for byte.
         let batch = unpack(1, first[0].at_us, &body, &mut dict).unwrap();
         assert_eq!(batch.events, first);
         dict.batches.insert(1, batch.shared);

@@ -30,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton_engine::chain::{self, Check, GENESIS, Hash};
+use baton_engine::chain::{self, Check, Form, GENESIS, Hash};
 use baton_engine::event::Event;
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{
@@ -727,16 +727,16 @@ async fn create(
     run: &RunRecord,
     events: &[Event],
     fence: Option<(&str, i64)>,
-) -> Result<(u64, Hash), Error> {
+) -> Result<Verified, Error> {
     check_numbering(events, 1)?;
-    let b = Batch::new(events, Verified { last_seq: 0, head: GENESIS });
+    let b = Batch::new(events, Verified::fresh());
     let stmt = c
         .prepare_cached(&format!(
             "WITH held AS (
                SELECT 1 FROM holds WHERE run_id = $1 AND holder = $20 AND epoch = $21 FOR SHARE
              ), run AS (
-               INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us)
-               SELECT $1, $14, $11, $15, $12, $10, $13, $16, $17, $18, $19, $22, $23
+               INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us, chain)
+               SELECT $1, $14, $11, $15, $12, $10, $13, $16, $17, $18, $19, $22, $23, 2
                 WHERE $20::text IS NULL OR EXISTS (SELECT 1 FROM held)
                RETURNING run_id
              ), inserted AS ({BATCH_INSERT} WHERE EXISTS (SELECT 1 FROM run))
@@ -769,7 +769,7 @@ async fn create(
     ]);
     match c.query(&stmt, &params).await {
         Ok(rows) if rows.is_empty() => Err(Error::Fenced(run.run_id.clone())),
-        Ok(_) => Ok((b.last_seq, b.head)),
+        Ok(_) => Ok(b.end()),
         Err(e) => Err(match unique_violation(&e).as_deref() {
             Some("runs_pkey") => Error::Exists(run.run_id.clone()),
             Some("runs_by_idempotency_key") => Error::KeyTaken {
@@ -793,7 +793,7 @@ async fn end_of_log(
     // append to end), the second — its own snapshot, taken once the lock is held — reads
     // the stored hash of the last event. In one statement, a row locked after a wait would
     // be joined with the events of the snapshot from before it.
-    let head_sql = "SELECT last_seq, head_hash FROM runs WHERE run_id = $1 FOR UPDATE";
+    let head_sql = "SELECT last_seq, head_hash, chain FROM runs WHERE run_id = $1 FOR UPDATE";
     let last_sql = "SELECT hash FROM events
           WHERE run_id = $1 AND seq = (SELECT last_seq FROM runs WHERE run_id = $1)";
     let hold_sql = "SELECT holder, epoch FROM holds WHERE run_id = $1 FOR SHARE";
@@ -840,6 +840,8 @@ async fn end_of_log(
     let head = head.as_deref().and_then(chain::from_bytes).ok_or_else(|| {
         damaged(last + 1, "the run's record has no head hash (or not a 32-byte one)".to_owned())
     })?;
+    let form: i16 = row.try_get(2).map_err(pg)?;
+    let form = Form::from_number(form.into()).ok_or_else(|| Form::unknown(run_id, form.into()))?;
     let found = last_rows.first();
     let stored_hash: Option<Vec<u8>> =
         found.map(|r| r.try_get(0)).transpose().map_err(pg)?.flatten();
@@ -859,7 +861,7 @@ async fn end_of_log(
                 "the run's head hash does not match event {last}: events after it were lost or the run's record was changed"
             ),
         )),
-        Some(_) => Ok(Verified { last_seq: last, head }),
+        Some(_) => Ok(Verified { last_seq: last, head, form }),
     }
 }
 
@@ -880,7 +882,7 @@ async fn append(
     events: &[Event],
     status: &str,
     fence: Option<(&str, i64)>,
-) -> Result<(u64, Hash), Error> {
+) -> Result<Verified, Error> {
     let end = end_of_log(tx, run_id, fence).await?;
     let actual = end.last_seq + 1;
     if actual != expected {
@@ -896,7 +898,7 @@ async fn append(
         .await
         .map_err(pg)?;
     tx.query(&stmt, &b.params(&run_id, &status)).await.map_err(pg)?;
-    Ok((b.last_seq, b.head))
+    Ok(b.end())
 }
 
 /// The run's events after `after`, checked against the chain and the run's record, read in
@@ -909,7 +911,7 @@ async fn load_checked(
     let rows = query(
         c,
         &format!(
-            "SELECT {}, e.seq, e.at_us, e.kind, e.version, e.level_id, e.attempt, e.data, e.hash
+            "SELECT {}, e.seq, e.at_us, e.kind, e.version, e.level_id, e.attempt, e.data, e.hash, r.chain
                FROM runs r LEFT JOIN events e ON e.run_id = r.run_id AND e.seq >= $2
               WHERE r.run_id = $1 ORDER BY e.seq",
             RUN_COLUMNS.split(", ").map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ")
@@ -922,6 +924,8 @@ async fn load_checked(
     let damaged =
         |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
     const E: usize = 13;
+    let form: i16 = first.try_get(E + 8).map_err(pg)?;
+    let form = Form::from_number(form.into()).ok_or_else(|| Form::unknown(run_id, form.into()))?;
     let seq_of = |r: &Row| r.try_get::<_, Option<i64>>(E).map_err(pg);
     let mut rest = &rows[..];
     if seq_of(first)?.is_none() {
@@ -940,7 +944,10 @@ async fn load_checked(
                 Check::new(run_id, after, hash)
             }
             _ if after >= record.last_seq => {
-                return Ok((Vec::new(), Verified { last_seq: record.last_seq, head: GENESIS }));
+                return Ok((
+                    Vec::new(),
+                    Verified { last_seq: record.last_seq, head: GENESIS, form },
+                ));
             }
             _ => return Err(damaged(after, "the event is missing".to_owned())),
         }
@@ -981,10 +988,10 @@ async fn load_checked(
             data: &data,
             hash: hash.as_deref(),
         };
-        events.push(crate::stored::checked(&mut check, run_id, columns)?);
+        events.push(crate::stored::checked(&mut check, run_id, form, columns)?);
     }
     let last_seq = check.finish(record.last_seq, head.as_ref())?;
-    Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS) }))
+    Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS), form }))
 }
 
 impl PostgresStore {
@@ -1042,14 +1049,14 @@ impl PostgresStore {
     }
 
     /// The hold's epoch and the end of the log this process knows, for a run it holds.
-    fn known_end(&self, run_id: &str) -> Option<(i64, (u64, Hash))> {
+    fn known_end(&self, run_id: &str) -> Option<(i64, Verified)> {
         let held = lock(&self.held);
         let run = held.get(run_id).filter(|h| h.epoch != 0)?;
         Some((run.epoch, run.known?))
     }
 
     /// Remembers where a run this process holds ends (after a whole load or an append).
-    fn knows(&self, run_id: &str, end: (u64, Hash)) {
+    fn knows(&self, run_id: &str, end: Verified) {
         knows(&self.held, run_id, end);
     }
 
@@ -1090,7 +1097,7 @@ impl EventStore for PostgresStore {
                 && run.idempotency.is_none()
                 && check_numbering(&events, 1).is_ok()
             {
-                let batch = Batch::new(&events, Verified { last_seq: 0, head: GENESIS });
+                let batch = Batch::new(&events, Verified::fresh());
                 let (reply, answer) = oneshot::channel();
                 let append = group::KnownAppend {
                     run_id: run.run_id.clone(),
@@ -1163,16 +1170,16 @@ impl EventStore for PostgresStore {
             // The driver's appends follow each other on the end it knows: written in a
             // group with other runs' (one statement), the slow path when that misses.
             if let Some((epoch, known)) = self.known_end(run_id)
-                && known.0 + 1 == expected_seq
+                && known.last_seq + 1 == expected_seq
                 && check_numbering(&events, expected_seq).is_ok()
             {
                 let (reply, answer) = oneshot::channel();
                 let append = group::KnownAppend {
                     run_id: run_id.to_owned(),
-                    known,
+                    known: (known.last_seq, known.head),
                     epoch,
                     status: status.to_owned(),
-                    batch: Batch::new(&events, Verified { last_seq: known.0, head: known.1 }),
+                    batch: Batch::new(&events, known),
                     new: None,
                     reply,
                 };
@@ -1200,7 +1207,7 @@ impl EventStore for PostgresStore {
             let c = self.client().await?;
             let (events, end) = load_checked(&c, run_id, after).await?;
             if after == 0 {
-                self.knows(run_id, (end.last_seq, end.head));
+                self.knows(run_id, end);
             }
             Ok(events)
         })

@@ -47,7 +47,7 @@ use crate::run_holds::RunHolds;
 use crate::schema::SqliteFill;
 use crate::schema::{self, Backend};
 use crate::sqlite_log::{Dicts, Packer, Ready, pack_existing_runs};
-pub use crate::sqlite_log::{RawBatch, put_raw_batches, raw_batches};
+pub use crate::sqlite_log::{RawBatch, RawEvent, put_raw_batches, raw_batches};
 use crate::sqlite_rows::{RUN_COLUMNS, backend, cached_row, to_record};
 use crate::sqlite_webhooks::WebhookOp;
 use crate::tokens::{Role, SessionRecord, TokenRecord, TokenStore};
@@ -645,7 +645,7 @@ fn hash_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
                     version,
                     level_id: level_id.as_deref(),
                     attempt: r.get(5)?,
-                    payload: &payload,
+                    payload: chain::Payload::Json(&payload),
                 },
             );
             set_hash.execute(params![run_id, seq, hash.as_slice()])?;
@@ -1055,8 +1055,8 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Failure> {
         .map_err(|e| Failure::Broken(backend(e)))?;
     }
     cached_exec(conn,
-        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-        params![run.run_id, run.scenario_id, run.status, run.created_at.timestamp_micros(), run.updated_at.timestamp_micros(), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, claim.map(|c| &c.key), run.tenant, claim.map(|c| &c.request), claim.map(|c| c.expires_at.timestamp_micros())],
+        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us, chain) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+        params![run.run_id, run.scenario_id, run.status, run.created_at.timestamp_micros(), run.updated_at.timestamp_micros(), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, claim.map(|c| &c.key), run.tenant, claim.map(|c| &c.request), claim.map(|c| c.expires_at.timestamp_micros()), chain::Form::Encoded.number()],
     )
     .map_err(|e| Failure::Broken(backend(e)))?;
     Ok(())

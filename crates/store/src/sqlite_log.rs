@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use baton_engine::chain::{self, Check, Fields, GENESIS, Hash};
+use baton_engine::chain::{self, Check, Fields, Form, GENESIS, Hash, Payload};
 use baton_engine::event::{Event, EventData, VERSION};
 use baton_engine::store::{Error, FeedCursor, FeedRef, Verified, check_numbering};
 use chrono::{DateTime, Utc};
@@ -216,20 +216,24 @@ impl Resolve for Resolver<'_> {
 /// job; this one costs two rows).
 pub(crate) fn end_of_log(conn: &Connection, run_id: &str) -> Result<(i64, Verified), Error> {
     let row = conn
-        .prepare_cached("SELECT rk, last_seq, head_hash FROM runs WHERE run_id = ?1")
+        .prepare_cached("SELECT rk, last_seq, head_hash, chain FROM runs WHERE run_id = ?1")
         .and_then(|mut s| {
             s.query_row([run_id], |r| {
                 Ok((
                     r.get::<_, i64>(0),
                     crate::sqlite_rows::named::<i64>(r, 1, "last_seq", "an integer"),
                     crate::sqlite_rows::named::<Option<Vec<u8>>>(r, 2, "head_hash", "a blob"),
+                    r.get::<_, i64>(3).unwrap_or(0),
                 ))
             })
             .optional()
         })
         .map_err(crate::sqlite_rows::backend)?;
-    let Some((rk, last, head)) = row else { return Err(Error::NotFound(run_id.to_owned())) };
+    let Some((rk, last, head, form)) = row else {
+        return Err(Error::NotFound(run_id.to_owned()));
+    };
     let rk = rk.map_err(crate::sqlite_rows::backend)?;
+    let form = Form::from_number(form).ok_or_else(|| Form::unknown(run_id, form))?;
     let damaged =
         |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
     let last = last.map_err(|p| damaged(1, format!("the run's record: {p}")))?;
@@ -258,7 +262,7 @@ pub(crate) fn end_of_log(conn: &Connection, run_id: &str) -> Result<(i64, Verifi
         .map_err(crate::sqlite_rows::backend)?
     };
     match stored {
-        None if last == 0 => Ok((rk, Verified { last_seq: 0, head: GENESIS })),
+        None if last == 0 => Ok((rk, Verified { last_seq: 0, head: GENESIS, form })),
         None => Err(damaged(last, format!("the event is missing: the run records {last} events"))),
         Some((end, _)) if end != last as i64 => Err(damaged(
             (end.max(0) as u64 + 1).min(last),
@@ -270,7 +274,7 @@ pub(crate) fn end_of_log(conn: &Connection, run_id: &str) -> Result<(i64, Verifi
                 "the run's head hash does not match event {last}: events after it were lost or the run's record was changed"
             ),
         )),
-        Some(_) => Ok((rk, Verified { last_seq: last, head })),
+        Some(_) => Ok((rk, Verified { last_seq: last, head, form })),
     }
 }
 
@@ -321,40 +325,33 @@ pub(crate) fn write_batch(
         return Ok(());
     }
     // The deliveries the events cause go in with them, in the same transaction.
-    let written = write_packed(conn, packer, (end.0, end.1.head), events, ready, status)
-        .and_then(|()| crate::sqlite_webhooks::enqueue(conn, end.0, events));
+    let written =
+        write_packed(conn, packer, (end.0, end.1.head, end.1.form), events, ready, status)
+            .and_then(|()| crate::sqlite_webhooks::enqueue(conn, end.0, events));
     if written.is_err() {
         packer.reset();
     }
     written
 }
 
-/// An event made ready for the writer on the thread that appends it: its payload as a
-/// JSON value and that value's canonical form (what the chain hashes), so that the writer
-/// thread, which every append of the process waits on, only hashes and packs.
+/// An event made ready for the writer on the thread that appends it: its payload's
+/// encoding, which the chain hashes ([`Form::Encoded`]) and the packer packs as it is, so
+/// that the writer thread, which every append of the process waits on, only hashes and
+/// packs.
 #[derive(Debug)]
 pub(crate) struct Ready {
-    payload: serde_json::Value,
-    canonical: Vec<u8>,
+    encoded: Vec<u8>,
 }
 
 /// `events` made ready for [`write_batch`].
 pub(crate) fn ready(events: &[Event]) -> Vec<Ready> {
-    events
-        .iter()
-        .map(|e| {
-            let payload = e.data.payload();
-            let mut canonical = Vec::with_capacity(256);
-            chain::canonical_json(&payload, &mut canonical);
-            Ready { payload, canonical }
-        })
-        .collect()
+    events.iter().map(|e| Ready { encoded: e.data.encode() }).collect()
 }
 
 fn write_packed(
     conn: &Connection,
     packer: &mut Packer,
-    (rk, prev): (i64, Hash),
+    (rk, prev, form): (i64, Hash, Form),
     events: &[Event],
     ready: &[Ready],
     status: &str,
@@ -365,15 +362,24 @@ fn write_packed(
     let mut hash = prev;
     let mut refs = Vec::with_capacity(events.len());
     for (e, r) in events.iter().zip(ready) {
-        let fields = Fields::of(e, &serde_json::Value::Null);
-        hash = chain::link_canonical(&hash, &fields, &r.canonical);
+        // A run of the older form hashes its payloads' canonical JSON, read back here.
+        let value: serde_json::Value;
+        let payload = match form {
+            Form::Encoded => Payload::Encoded(&r.encoded),
+            Form::CanonicalJson => {
+                value = serde_json::from_slice(&r.encoded)
+                    .map_err(|e| Error::Backend(format!("an event's encoding is not JSON: {e}")))?;
+                Payload::Json(&value)
+            }
+        };
+        hash = chain::link(&hash, &Fields::of(e, payload));
         refs.push(packed::EventRef {
-            at_us: fields.at_us,
-            kind: fields.kind,
+            at_us: e.at.timestamp_micros(),
+            kind: e.data.kind(),
             version: VERSION,
-            level_id: fields.level_id,
+            level_id: e.level_id.as_deref(),
             attempt: e.attempt,
-            payload: &r.payload,
+            payload: &r.encoded,
         });
     }
     let first = events[0].seq;
@@ -486,13 +492,13 @@ pub(crate) fn load_checked(
     } else {
         None
     };
-    let Some((record, head, rk)) = crate::sqlite_rows::run_for_load(conn, run_id)? else {
+    let Some((record, head, rk, form)) = crate::sqlite_rows::run_for_load(conn, run_id)? else {
         return Err(Error::NotFound(run_id.to_owned()));
     };
     let damaged =
         |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
     if after > 0 && after >= record.last_seq {
-        return Ok((Vec::new(), Verified { last_seq: record.last_seq, head: GENESIS }));
+        return Ok((Vec::new(), Verified { last_seq: record.last_seq, head: GENESIS, form }));
     }
     // The batch holding event `after + 1`, and the hash the chain resumes from.
     let start: i64 = conn
@@ -562,6 +568,16 @@ pub(crate) fn load_checked(
         }
         // The whole batch is checked against its hash before any of it is believed.
         for (seq, e) in (first..).zip(&batch.events) {
+            // The batch unpacks to the very text the append encoded.
+            let value: serde_json::Value;
+            let payload = match form {
+                Form::Encoded => Payload::Encoded(&e.payload),
+                Form::CanonicalJson => {
+                    value = serde_json::from_slice(&e.payload)
+                        .map_err(|err| damaged(seq, format!("its payload is not JSON ({err})")))?;
+                    Payload::Json(&value)
+                }
+            };
             check.pass(&Fields {
                 seq,
                 at_us: e.at_us,
@@ -569,7 +585,7 @@ pub(crate) fn load_checked(
                 version: e.version,
                 level_id: e.level_id.as_deref(),
                 attempt: e.attempt,
-                payload: &e.payload,
+                payload,
             })?;
         }
         check.settle(first, &hash)?;
@@ -577,7 +593,7 @@ pub(crate) fn load_checked(
             if seq <= after {
                 continue;
             }
-            let data = EventData::decode_value(&e.kind, e.version, e.payload)
+            let data = EventData::decode_bytes(&e.kind, e.version, &e.payload)
                 .map_err(|err| Error::Backend(format!("run {run_id} event {seq}: {err}")))?;
             let at = DateTime::<Utc>::from_timestamp_micros(e.at_us)
                 .ok_or_else(|| damaged(seq, format!("its time, {} µs, is not a time", e.at_us)))?;
@@ -586,7 +602,7 @@ pub(crate) fn load_checked(
         resolver.batches.insert(first, batch.shared);
     }
     let last_seq = check.finish(record.last_seq, head.as_ref())?;
-    Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS) }))
+    Ok((events, Verified { last_seq, head: head.unwrap_or(GENESIS), form }))
 }
 
 /// Migration 0007: packs the per-event rows of every run into batches and drops them. A
@@ -649,7 +665,10 @@ pub(crate) fn pack_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
                     attempt: int(5).and_then(|a| u32::try_from(a).ok()),
                     // A payload that is not JSON is kept as a string: it no longer matches
                     // its hash, which is how it was damaged before.
-                    payload: serde_json::from_str(&data).unwrap_or(serde_json::Value::String(data)),
+                    payload: match serde_json::from_str::<serde::de::IgnoredAny>(&data) {
+                        Ok(_) => data.into_bytes(),
+                        Err(_) => serde_json::to_vec(&data).unwrap_or_default(),
+                    },
                 },
                 hash,
             ));
@@ -662,6 +681,8 @@ pub(crate) fn pack_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
             if *seq != i as i64 + 1 {
                 break;
             }
+            let payload: serde_json::Value =
+                serde_json::from_slice(&e.payload).unwrap_or(serde_json::Value::Null);
             let fields = Fields {
                 seq: *seq as u64,
                 at_us: e.at_us,
@@ -669,7 +690,7 @@ pub(crate) fn pack_existing_runs(conn: &Connection) -> rusqlite::Result<()> {
                 version: e.version,
                 level_id: e.level_id.as_deref(),
                 attempt: e.attempt,
-                payload: &e.payload,
+                payload: Payload::Json(&payload),
             };
             let h = chain::link(&prev, &fields);
             if Some(h) != *stored {
@@ -716,7 +737,18 @@ pub struct RawBatch {
     pub last_seq: i64,
     pub at_us: i64,
     pub hash: Vec<u8>,
-    pub events: Vec<Unpacked>,
+    pub events: Vec<RawEvent>,
+}
+
+/// One event of a [`RawBatch`]: its envelope and its payload as a JSON value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RawEvent {
+    pub at_us: i64,
+    pub kind: String,
+    pub version: u16,
+    pub level_id: Option<String>,
+    pub attempt: Option<u32>,
+    pub payload: serde_json::Value,
 }
 
 /// A batch row as read: first and last seq, time, body, hash.
@@ -740,7 +772,19 @@ pub fn raw_batches(conn: &Connection, run_id: &str) -> Result<Vec<RawBatch>, Str
     for (first_seq, last_seq, at_us, body, hash) in rows {
         let batch = packed::unpack(first_seq as u64, at_us, &body, &mut resolver)?;
         resolver.batches.insert(first_seq as u64, batch.shared);
-        out.push(RawBatch { first_seq, last_seq, at_us, hash, events: batch.events });
+        let events = batch
+            .events
+            .into_iter()
+            .map(|e| RawEvent {
+                at_us: e.at_us,
+                kind: e.kind,
+                version: e.version,
+                level_id: e.level_id,
+                attempt: e.attempt,
+                payload: serde_json::from_slice(&e.payload).unwrap_or(serde_json::Value::Null),
+            })
+            .collect();
+        out.push(RawBatch { first_seq, last_seq, at_us, hash, events });
     }
     Ok(out)
 }
@@ -761,7 +805,24 @@ pub fn put_raw_batches(
         let body = if b.events.is_empty() {
             vec![packed::FORMAT, 0]
         } else {
-            let refs: Vec<_> = b.events.iter().map(Unpacked::as_ref).collect();
+            let texts: Vec<Vec<u8>> = b
+                .events
+                .iter()
+                .map(|e| serde_json::to_vec(&e.payload).unwrap_or_default())
+                .collect();
+            let refs: Vec<_> = b
+                .events
+                .iter()
+                .zip(&texts)
+                .map(|(e, text)| packed::EventRef {
+                    at_us: e.at_us,
+                    kind: &e.kind,
+                    version: e.version,
+                    level_id: e.level_id.as_deref(),
+                    attempt: e.attempt,
+                    payload: text,
+                })
+                .collect();
             packed::pack(
                 b.first_seq.max(0) as u64,
                 b.at_us,

@@ -103,16 +103,25 @@ fn micros(us: i64, column: &str) -> Result<DateTime<Utc>, String> {
 
 pub(crate) const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us";
 
-/// A run's record, its head hash and its integer key, for a load.
-pub(crate) fn run_for_load(
-    conn: &Connection,
-    run_id: &str,
-) -> Result<Option<(RunRecord, Option<Hash>, i64)>, Error> {
+/// A run as a load reads it: its record, its head hash, its integer key and its chain's
+/// form.
+pub(crate) type RunForLoad = (RunRecord, Option<Hash>, i64, chain::Form);
+
+/// A run's record, its head hash, its integer key and its chain's form, for a load.
+pub(crate) fn run_for_load(conn: &Connection, run_id: &str) -> Result<Option<RunForLoad>, Error> {
     cached_row(
         conn,
-        &format!("SELECT {RUN_COLUMNS}, rk FROM runs WHERE run_id = ?1"),
+        &format!("SELECT {RUN_COLUMNS}, rk, chain FROM runs WHERE run_id = ?1"),
         [run_id],
-        |r| Ok(to_record(r)?.map(|(record, head)| (record, head, r.get::<_, i64>(13).unwrap_or(0)))),
+        |r| {
+            let rk = r.get::<_, i64>(13).unwrap_or(0);
+            let form = r.get::<_, i64>(14).unwrap_or(0);
+            Ok(to_record(r)?.and_then(|(record, head)| {
+                let form = chain::Form::from_number(form)
+                    .ok_or_else(|| chain::Form::unknown(run_id, form))?;
+                Ok((record, head, rk, form))
+            }))
+        },
     )
     .optional()
     .map_err(backend)?

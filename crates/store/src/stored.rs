@@ -2,7 +2,7 @@
 //! and decode it, naming the run and the event when it cannot be; make a run's idempotency
 //! claim of its three columns.
 
-use baton_engine::chain::{self, Check, Fields};
+use baton_engine::chain::{self, Check, Fields, Form, Payload};
 use baton_engine::event::{Event, EventData};
 use baton_engine::store::Error;
 use chrono::DateTime;
@@ -39,13 +39,26 @@ pub(crate) struct Columns<'a> {
     pub hash: Option<&'a [u8]>,
 }
 
-/// The event the columns hold, checked as the next link of `check`: a payload that is not
-/// JSON, a hash that does not match, a time out of range is damage at that event.
-pub(crate) fn checked(check: &mut Check<'_>, run_id: &str, c: Columns<'_>) -> Result<Event, Error> {
+/// The event the columns hold, checked as the next link of `check` in a run of chain
+/// `form`: a payload that is not JSON, a hash that does not match, a time out of range is
+/// damage at that event. A run of today's form hashes the stored text as it is.
+pub(crate) fn checked(
+    check: &mut Check<'_>,
+    run_id: &str,
+    form: Form,
+    c: Columns<'_>,
+) -> Result<Event, Error> {
     let damaged =
         |problem: String| Error::Damaged { run_id: run_id.to_owned(), seq: c.seq, problem };
-    let payload: serde_json::Value = serde_json::from_str(c.data)
-        .map_err(|e| damaged(format!("its payload is not JSON ({e})")))?;
+    let value: serde_json::Value;
+    let payload = match form {
+        Form::Encoded => Payload::Encoded(c.data.as_bytes()),
+        Form::CanonicalJson => {
+            value = serde_json::from_str(c.data)
+                .map_err(|e| damaged(format!("its payload is not JSON ({e})")))?;
+            Payload::Json(&value)
+        }
+    };
     let hash = c.hash.map(|h| chain::from_bytes(h).unwrap_or([0xff; 32]));
     let fields = Fields {
         seq: c.seq,
@@ -54,7 +67,7 @@ pub(crate) fn checked(check: &mut Check<'_>, run_id: &str, c: Columns<'_>) -> Re
         version: c.version,
         level_id: c.level_id.as_deref(),
         attempt: c.attempt,
-        payload: &payload,
+        payload,
     };
     check.event(&fields, hash.as_ref())?;
     let data = EventData::decode_str(c.kind, c.version, c.data)

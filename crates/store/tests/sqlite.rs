@@ -213,7 +213,7 @@ fn old_db(db: &std::path::Path, version: usize, runs: &[(&str, Vec<Event>)]) {
     }
     let hashed = version >= 3;
     for (id, events) in runs {
-        let hashes = chain::hashes(chain::GENESIS, events);
+        let hashes = chain::hashes_in(chain::Form::CanonicalJson, chain::GENESIS, events);
         let head = hashes.last().copied().unwrap_or(chain::GENESIS);
         conn.execute(
             "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq) VALUES (?1, 'demo', 'running', '2023-11-14T22:13:20.000000Z', '2023-11-14T22:13:20.000000Z', ?2)",
@@ -266,7 +266,7 @@ async fn migration_0007_packs_the_per_event_rows_of_an_older_build() {
     assert_eq!(store.load("old", 0).await.unwrap(), warnings(1, 4));
     assert_eq!(
         store.verify("old").await.unwrap().head,
-        chain::hashes(chain::GENESIS, &warnings(1, 4))[3]
+        chain::hashes_in(chain::Form::CanonicalJson, chain::GENESIS, &warnings(1, 4))[3]
     );
     assert_eq!(store.verify("empty").await.unwrap().last_seq, 0);
     assert_eq!(store.load("long", 0).await.unwrap(), long);
@@ -351,10 +351,28 @@ async fn migration_0003_chains_the_runs_already_stored() {
     old_db(&db, 2, &[("old", warnings(1, 4)), ("empty", Vec::new())]);
     let store = SqliteStore::open(&db).unwrap();
     let after = store.verify("old").await.unwrap();
-    assert_eq!(after.head, chain::hashes(chain::GENESIS, &warnings(1, 4))[3]);
+    assert_eq!(
+        after.head,
+        chain::hashes_in(chain::Form::CanonicalJson, chain::GENESIS, &warnings(1, 4))[3]
+    );
+    // A run stored before the encoded form keeps the form it was hashed in, appends too.
+    assert_eq!(after.form, chain::Form::CanonicalJson);
     assert_eq!(store.verify("empty").await.unwrap().last_seq, 0);
     store.append("old", 5, warnings(5, 1), "running").await.unwrap();
     assert_eq!(store.load("old", 0).await.unwrap().len(), 5);
+    let appended = store.verify("old").await.unwrap();
+    assert_eq!(appended.form, chain::Form::CanonicalJson);
+    assert_eq!(
+        appended.head,
+        chain::hashes_in(chain::Form::CanonicalJson, chain::GENESIS, &warnings(1, 5))[4]
+    );
+    // A run created today takes the encoded form.
+    store.create_run(&record("new"), warnings(1, 2)).await.unwrap();
+    let new = store.verify("new").await.unwrap();
+    assert_eq!(
+        (new.form, new.head),
+        (chain::Form::Encoded, chain::hashes(chain::GENESIS, &warnings(1, 2))[1])
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -19,8 +19,16 @@ use crate::place::Place;
 /// What `verify` found about one run.
 #[derive(Debug)]
 pub enum Finding {
-    Intact { last_seq: u64, head: String },
-    Damaged { seq: Option<u64>, problem: String },
+    /// `chain` names how its events are hashed (the form recorded with the run).
+    Intact {
+        last_seq: u64,
+        head: String,
+        chain: &'static str,
+    },
+    Damaged {
+        seq: Option<u64>,
+        problem: String,
+    },
 }
 
 fn no_database(db: &Path) -> anyhow::Error {
@@ -77,7 +85,14 @@ pub async fn verify(place: &Place, named: &[String]) -> anyhow::Result<Vec<(Stri
                 };
                 match problem {
                     Some(problem) => Finding::Damaged { seq: None, problem },
-                    None => Finding::Intact { last_seq: v.last_seq, head: chain::hex(&v.head) },
+                    None => Finding::Intact {
+                        last_seq: v.last_seq,
+                        head: chain::hex(&v.head),
+                        chain: match v.form {
+                            chain::Form::Encoded => "sha256-encoded",
+                            chain::Form::CanonicalJson => "sha256-canonical-json",
+                        },
+                    },
                 }
             }
             Err(Error::Damaged { seq, problem, .. }) => {

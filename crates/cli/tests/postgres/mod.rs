@@ -654,7 +654,8 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
                  DROP TABLE sessions; DROP TABLE holds; DROP INDEX runs_by_idempotency_key;
                  CREATE UNIQUE INDEX runs_by_idempotency_key ON runs (idempotency_key)
                      WHERE idempotency_key IS NOT NULL;
-                 ALTER TABLE runs DROP COLUMN key_request, DROP COLUMN key_expires_us;
+                 ALTER TABLE runs DROP COLUMN key_request, DROP COLUMN key_expires_us,
+                     DROP COLUMN chain;
                  DELETE FROM schema_version WHERE version > 1",
             )
             .await

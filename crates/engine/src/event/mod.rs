@@ -196,6 +196,73 @@ impl EventData {
         }
     }
 
+    /// The payload's encoding: its fields as JSON text, in the order the payload's struct
+    /// declares them, with no whitespace — what the store keeps and the hash chain hashes
+    /// ([`crate::chain::Form::Encoded`]). Made once per event, straight from the struct.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// [`EventData::encode`], appended to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        // Writing a payload into a Vec cannot fail: every payload is plain data (strings,
+        // numbers, JSON values with string keys).
+        let _ = match self {
+            EventData::ScenarioStarted(p) => serde_json::to_writer(&mut *out, p),
+            EventData::LevelStarted(p) => serde_json::to_writer(&mut *out, p),
+            EventData::PromptSent(p) => serde_json::to_writer(&mut *out, p),
+            EventData::RoutingDecision(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ModelResponse(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ModelStopped(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ModelCallFailed(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ModelCallCut(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ProviderFailover(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ProviderRetry(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ToolCall(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ToolResult(p) => serde_json::to_writer(&mut *out, p),
+            EventData::FileCreated(p) => serde_json::to_writer(&mut *out, p),
+            EventData::VerifierStarted(p) => serde_json::to_writer(&mut *out, p),
+            EventData::VerifierFinished(p) => serde_json::to_writer(&mut *out, p),
+            EventData::AskUser(p) => serde_json::to_writer(&mut *out, p),
+            EventData::UserAnswered(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ApprovalRequested(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ApprovalDecided(p) => serde_json::to_writer(&mut *out, p),
+            EventData::LevelFinished(p) => serde_json::to_writer(&mut *out, p),
+            EventData::LevelTimedOut(p) => serde_json::to_writer(&mut *out, p),
+            EventData::GateDecision(p) => serde_json::to_writer(&mut *out, p),
+            EventData::BudgetConsumed(p) => serde_json::to_writer(&mut *out, p),
+            EventData::BudgetExceeded(p) => serde_json::to_writer(&mut *out, p),
+            EventData::RetryScheduled(p) => serde_json::to_writer(&mut *out, p),
+            EventData::RetryAttempted(p) => serde_json::to_writer(&mut *out, p),
+            EventData::Heartbeat(p) => serde_json::to_writer(&mut *out, p),
+            EventData::CancelRequested(p) => serde_json::to_writer(&mut *out, p),
+            EventData::Warning(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ScenarioFinished(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ScenarioUpgraded(p) => serde_json::to_writer(&mut *out, p),
+            EventData::RunInterrupted(p) => serde_json::to_writer(&mut *out, p),
+            EventData::RunResumed(p) => serde_json::to_writer(&mut *out, p),
+            EventData::RunPaused(p) => serde_json::to_writer(&mut *out, p),
+            EventData::AgentHandoff(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ScenarioSelected(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ScenarioChained(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ChildRunStarted(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ChildRunSettled(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ChildRunUnsettled(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ScratchpadWritten(p) => serde_json::to_writer(&mut *out, p),
+            EventData::WavePlanned(p) => serde_json::to_writer(&mut *out, p),
+            EventData::WaveDispatched(p) => serde_json::to_writer(&mut *out, p),
+            EventData::WaveRecorded(p) => serde_json::to_writer(&mut *out, p),
+            EventData::WaveDecided(p) => serde_json::to_writer(&mut *out, p),
+            EventData::RunReplayed(p) => serde_json::to_writer(&mut *out, p),
+            EventData::RunForked(p) => serde_json::to_writer(&mut *out, p),
+            EventData::SteeringReceived(p) => serde_json::to_writer(&mut *out, p),
+            EventData::SteeringDelivered(p) => serde_json::to_writer(&mut *out, p),
+            EventData::LateResultDiscarded(p) => serde_json::to_writer(&mut *out, p),
+        };
+    }
+
     /// The payload alone, as JSON.
     pub fn payload(&self) -> Value {
         match serde_json::to_value(self) {
@@ -207,6 +274,19 @@ impl EventData {
     /// Decodes a stored payload, given as JSON text, of `kind` written with schema `version`.
     pub fn decode_str(kind: &str, version: u16, payload: &str) -> Result<EventData, DecodeError> {
         let mut de = serde_json::Deserializer::from_str(payload);
+        let data = Self::decode_from(kind, version, &mut de)?;
+        de.end().map_err(|e| DecodeError { kind: kind.to_owned(), message: e.to_string() })?;
+        Ok(data)
+    }
+
+    /// Decodes a stored payload, given as JSON text in bytes (an encoding, say), of `kind`
+    /// written with schema `version`.
+    pub fn decode_bytes(
+        kind: &str,
+        version: u16,
+        payload: &[u8],
+    ) -> Result<EventData, DecodeError> {
+        let mut de = serde_json::Deserializer::from_slice(payload);
         let data = Self::decode_from(kind, version, &mut de)?;
         de.end().map_err(|e| DecodeError { kind: kind.to_owned(), message: e.to_string() })?;
         Ok(data)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::chain::Hash;
+use crate::chain::{Form, Hash};
 use crate::event::Event;
 use crate::future::BoxFuture;
 
@@ -164,6 +164,15 @@ pub struct Verified {
     pub last_seq: u64,
     /// The hash of the run's last event ([`chain::GENESIS`] for a run without events).
     pub head: Hash,
+    /// How the run's events are hashed, as recorded with the run.
+    pub form: Form,
+}
+
+impl Verified {
+    /// The end of a run about to be created: no events, today's form.
+    pub fn fresh() -> Verified {
+        Verified { last_seq: 0, head: crate::chain::GENESIS, form: Form::Encoded }
+    }
 }
 
 /// Proof that this process drives a run: while it lives, no other process (or task) may

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 
-use crate::chain::{self, Check, Fields, GENESIS, Hash};
+use crate::chain::{self, Check, Fields, GENESIS, Hash, Payload};
 use crate::event::Event;
 use crate::future::BoxFuture;
 
@@ -57,15 +57,25 @@ impl Log {
         check.finish(self.record.last_seq, Some(&self.head)).map(|_| ())
     }
 
-    /// The checked events after `after`.
-    fn load(&self, after: u64) -> Result<Vec<Event>, Error> {
+    /// The events after `after` with their stored hashes and the hash to check them from,
+    /// copied out of the store's lock, and the run's end: what [`checked`] checks.
+    fn tail(&self, after: u64) -> Result<Tail, Error> {
         let run_id = &self.record.run_id;
-        let (mut check, start) = if after == 0 {
-            (Check::new(run_id, 0, GENESIS), 0)
+        let (prev, start) = if after == 0 {
+            (GENESIS, 0)
         } else {
             match self.events.iter().position(|(e, _)| e.seq == after) {
-                Some(i) => (Check::new(run_id, after, self.events[i].1), i + 1),
-                None if after >= self.record.last_seq => return Ok(Vec::new()),
+                Some(i) => (self.events[i].1, i + 1),
+                None if after >= self.record.last_seq => {
+                    return Ok(Tail {
+                        run_id: run_id.clone(),
+                        after,
+                        prev: self.head,
+                        events: Vec::new(),
+                        last_seq: after,
+                        head: self.head,
+                    });
+                }
                 None => {
                     return Err(
                         Check::new(run_id, after, GENESIS).damaged(after, "the event is missing")
@@ -73,14 +83,40 @@ impl Log {
                 }
             }
         };
-        let mut out = Vec::with_capacity(self.events.len().saturating_sub(start));
-        for (event, hash) in &self.events[start.min(self.events.len())..] {
-            let payload = event.data.payload();
-            check.event(&Fields::of(event, &payload), Some(hash))?;
-            out.push(event.clone());
+        Ok(Tail {
+            run_id: run_id.clone(),
+            after,
+            prev,
+            events: self.events[start.min(self.events.len())..].to_vec(),
+            last_seq: self.record.last_seq,
+            head: self.head,
+        })
+    }
+}
+
+/// A run's events as copied out of the store, not yet checked.
+struct Tail {
+    run_id: String,
+    after: u64,
+    prev: Hash,
+    events: Vec<(Event, Hash)>,
+    last_seq: u64,
+    head: Hash,
+}
+
+impl Tail {
+    /// The events, once each is checked against its hash, re-derived from the event as the
+    /// store holds it, and the run's end against its record.
+    fn checked(self) -> Result<Vec<Event>, Error> {
+        let mut check = Check::new(&self.run_id, self.after, self.prev);
+        let mut encoded = Vec::with_capacity(512);
+        for (event, hash) in &self.events {
+            encoded.clear();
+            event.data.encode_into(&mut encoded);
+            check.event(&Fields::of(event, Payload::Encoded(&encoded)), Some(hash))?;
         }
-        check.finish(self.record.last_seq, Some(&self.head))?;
-        Ok(out)
+        check.finish(self.last_seq, Some(&self.head))?;
+        Ok(self.events.into_iter().map(|(e, _)| e).collect())
     }
 }
 
@@ -188,6 +224,8 @@ impl EventStore for MemoryStore {
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
+            // A new run chains from nothing: its hashes are made before the lock is taken.
+            let hashes = chain::hashes(GENESIS, &events);
             self.with(|runs| {
                 if runs.contains_key(&run.run_id) {
                     return Err(Error::Exists(run.run_id.clone()));
@@ -215,7 +253,6 @@ impl EventStore for MemoryStore {
                     record.updated_at = last.at;
                 }
                 lock(&self.feed).add(&run.run_id, &events);
-                let hashes = chain::hashes(GENESIS, &events);
                 let head = hashes.last().copied().unwrap_or(GENESIS);
                 let events = events.into_iter().zip(hashes).collect();
                 runs.insert(run.run_id.clone(), Log { record, events, head });
@@ -232,6 +269,9 @@ impl EventStore for MemoryStore {
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
+            // The payloads are encoded before the lock is taken; under it, only hashed onto
+            // the head.
+            let encoded: Vec<Vec<u8>> = events.iter().map(|e| e.data.encode()).collect();
             self.with(|runs| {
                 let log = runs.get_mut(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
                 log.check_end()?;
@@ -248,9 +288,13 @@ impl EventStore for MemoryStore {
                     log.record.updated_at = last.at;
                 }
                 lock(&self.feed).add(run_id, &events);
-                let hashes = chain::hashes(log.head, &events);
-                log.head = hashes.last().copied().unwrap_or(log.head);
-                log.events.extend(events.into_iter().zip(hashes));
+                let mut head = log.head;
+                log.events.reserve(events.len());
+                for (event, bytes) in events.into_iter().zip(&encoded) {
+                    head = chain::link(&head, &Fields::of(&event, Payload::Encoded(bytes)));
+                    log.events.push((event, head));
+                }
+                log.head = head;
                 log.record.last_seq = log.events.len() as u64;
                 log.record.status = status.to_owned();
                 Ok(())
@@ -291,17 +335,25 @@ impl EventStore for MemoryStore {
     fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
         Box::pin(async move {
             self.with(|runs| {
-                runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?.load(after)
-            })
+                runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?.tail(after)
+            })?
+            .checked()
         })
     }
 
     fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>> {
         Box::pin(async move {
             self.with(|runs| {
-                let log = runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
-                let events = log.load(0)?;
-                Ok(Verified { last_seq: events.last().map_or(0, |e| e.seq), head: log.head })
+                runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?.tail(0)
+            })
+            .and_then(|tail| {
+                let head = tail.head;
+                let events = tail.checked()?;
+                Ok(Verified {
+                    last_seq: events.last().map_or(0, |e| e.seq),
+                    head,
+                    form: chain::Form::Encoded,
+                })
             })
         })
     }

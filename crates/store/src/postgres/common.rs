@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use baton_engine::chain::{self, Fields, Hash};
+use baton_engine::chain::{self, Fields, Form, Hash, Payload};
 use baton_engine::event::Event;
 use baton_engine::store::{Error, Verified};
 use chrono::{DateTime, Utc};
@@ -36,7 +36,7 @@ pub(super) struct HeldRun {
     pub(super) pending: bool,
     /// The end of the run's log (last seq, head hash) as this process last loaded or
     /// wrote it: its next append is built on it.
-    pub(super) known: Option<(u64, Hash)>,
+    pub(super) known: Option<Verified>,
     /// Until when (this process's monotonic clock) the hold is surely still this
     /// process's: when its last renewal was sent, plus the hold's length.
     pub(super) valid_until: Arc<Mutex<std::time::Instant>>,
@@ -95,6 +95,7 @@ pub(super) struct Batch {
     /// The run's last seq and head hash once the batch is appended.
     pub(super) last_seq: u64,
     pub(super) head: Hash,
+    pub(super) form: Form,
     pub(super) updated_us: i64,
     /// `last_seq` and `head` as the statements take them.
     pub(super) last_param: i64,
@@ -115,20 +116,30 @@ impl Batch {
             hashes: Vec::with_capacity(n),
             last_seq: end.last_seq + n as u64,
             head: end.head,
+            form: end.form,
             updated_us: micros(events.last().map_or_else(Utc::now, |e| e.at)),
             last_param: 0,
             head_param: Vec::new(),
         };
         for e in events {
-            let payload = e.data.payload();
-            b.head = chain::link(&b.head, &Fields::of(e, &payload));
+            // The text stored is the payload's encoding, which a run of today's form
+            // hashes as it is; a run of the older form hashes its value's canonical JSON.
+            let data = e.data.encode();
+            b.head = match end.form {
+                Form::Encoded => chain::link(&b.head, &Fields::of(e, Payload::Encoded(&data))),
+                Form::CanonicalJson => {
+                    let payload = serde_json::from_slice(&data).unwrap_or_default();
+                    chain::link(&b.head, &Fields::of(e, Payload::Json(&payload)))
+                }
+            };
             b.seqs.push(seq_param(e.seq));
             b.ats.push(micros(e.at));
             b.kinds.push(e.data.kind());
             b.versions.push(i32::from(baton_engine::event::VERSION));
             b.levels.push(e.level_id.clone());
             b.attempts.push(e.attempt.map(i64::from));
-            b.datas.push(payload.to_string());
+            // Encoded from plain data, the payload is UTF-8 JSON text.
+            b.datas.push(String::from_utf8(data).unwrap_or_default());
             b.hashes.push(b.head.to_vec());
         }
         b.last_param = seq_param(b.last_seq);
@@ -161,8 +172,15 @@ impl Batch {
 }
 
 /// Remembers where a run this process holds ends (after a whole load or an append).
-pub(super) fn knows(held: &Held, run_id: &str, end: (u64, Hash)) {
+pub(super) fn knows(held: &Held, run_id: &str, end: Verified) {
     if let Some(run) = lock(held).get_mut(run_id) {
         run.known = Some(end);
+    }
+}
+
+impl Batch {
+    /// The end of the run's log once the batch is appended.
+    pub(super) fn end(&self) -> Verified {
+        Verified { last_seq: self.last_seq, head: self.head, form: self.form }
     }
 }

@@ -227,9 +227,9 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
    RETURNING run_id
  ), created AS (
    INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash,
-                     parent_run_id, root_run_id, tenant)
+                     parent_run_id, root_run_id, tenant, chain)
    SELECT n.run_id, n.scenario_id, n.status, n.created_us, n.updated_us, n.last_seq,
-          n.head_hash, n.parent_run_id, n.root_run_id, n.tenant
+          n.head_hash, n.parent_run_id, n.root_run_id, n.tenant, 2
      FROM fresh n
     WHERE n.run_id IN (SELECT run_id FROM held UNION ALL SELECT run_id FROM fresh_taken)
    RETURNING run_id
@@ -390,7 +390,7 @@ async fn write_group(
             for a in group {
                 let done = applied.contains(&a.run_id);
                 if done {
-                    knows(held, &a.run_id, (a.batch.last_seq, a.batch.head));
+                    knows(held, &a.run_id, a.batch.end());
                 }
                 let _ = a.reply.send(Ok(done));
             }
