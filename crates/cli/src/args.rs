@@ -483,7 +483,7 @@ pub(crate) enum Command {
     /// Measure the kernel on a fixed workload with a zero-latency scripted model.
     Bench {
         /// linear5, gate_loop, fanout8, approval, paused, resume, reopen, chain3, wave,
-        /// takeover (PostgreSQL), jail or http.
+        /// takeover (PostgreSQL), jail, hash (what the hash chain costs per event) or http.
         #[arg(long, default_value = "linear5")]
         workload: String,
         /// memory, sqlite or postgres (with --bench-db postgres://…).

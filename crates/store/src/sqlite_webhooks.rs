@@ -81,11 +81,19 @@ pub(crate) fn enqueue(conn: &Connection, rk: i64, events: &[Event]) -> Result<()
     if !crate::webhooks::causes_deliveries(events) {
         return Ok(());
     }
-    let (run_id, tenant): (String, Option<String>) = conn
-        .query_row("SELECT run_id, tenant FROM runs WHERE rk = ?1", [rk], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
+    // The run, and whether its tenant has a webhook at all: without one, no delivery is
+    // made, and no body is written (read in the append's transaction, so a webhook added
+    // by another process is seen by the first append that commits after it).
+    let (run_id, tenant, hooked): (String, Option<String>, bool) = conn
+        .prepare_cached(
+            "SELECT r.run_id, r.tenant, EXISTS (SELECT 1 FROM webhooks w WHERE w.tenant IS r.tenant AND w.removed_us IS NULL)
+             FROM runs r WHERE r.rk = ?1",
+        )
+        .and_then(|mut s| s.query_row([rk], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))))
         .map_err(backend)?;
+    if !hooked {
+        return Ok(());
+    }
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO webhook_deliveries (id, webhook_id, run_id, seq, type, body, created_us, next_us)

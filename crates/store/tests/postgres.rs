@@ -82,6 +82,9 @@ async fn damage(client: &tokio_postgres::Client, run_id: &str, damage: conforman
         Damage::Attempt(n) => {
             on("UPDATE events SET attempt = 9 WHERE run_id = $1 AND seq = $2", n).await;
         }
+        Damage::Version(n) => {
+            on("UPDATE events SET version = 1 WHERE run_id = $1 AND seq = $2", n).await;
+        }
         Damage::Hash(n) => {
             on(
                 "UPDATE events SET hash = decode(repeat('00', 32), 'hex') WHERE run_id = $1 AND seq = $2",
@@ -107,6 +110,7 @@ async fn postgres_store_detects_damage() {
     let handle = tokio::runtime::Handle::current();
     let edit = |id: &str, d: conformance::Damage| {
         tokio::task::block_in_place(|| handle.block_on(damage(&client, id, d)));
+        true
     };
     conformance::damage_is_detected(&store, "pg", conformance::Links::Events, &edit).await;
 }
@@ -681,4 +685,80 @@ async fn the_feed_holds_back_what_an_open_transaction_may_still_precede() {
         "the slow transaction's event first, none skipped"
     );
     assert!(after.iter().all(|r| r.cursor > seen));
+}
+
+/// Every single-column edit of one stored event — its seq, time, kind, level, attempt,
+/// schema version, or one byte of its payload — at any event of a run of varied kinds is
+/// found by `verify`, which names that very event (PostgreSQL keeps a hash per event).
+#[test]
+fn verify_names_the_event_of_every_single_column_edit() {
+    use proptest::prelude::*;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (schema, store, client) = runtime.block_on(async {
+        let schema = scratch("edits").await;
+        let store = PostgresStore::connect(&schema.url).await.unwrap();
+        let config: tokio_postgres::Config = schema.url.parse().unwrap();
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        (schema, store, client)
+    });
+    let events = conformance::varied_events();
+    let n = events.len();
+    let case = std::sync::atomic::AtomicUsize::new(0);
+    let config = ProptestConfig { cases: 48, ..ProptestConfig::default() };
+    proptest!(config, |(column in 0usize..7, at in 0usize..n, place in 0.0..1.0f64, byte in 0u8..=255)| {
+        let id = format!("edit-{}", case.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let seq = i64::try_from(at + 1).unwrap();
+        let found = runtime.block_on(async {
+            let r = RunRecord::new(&id, "demo", "running", chrono::Utc::now());
+            store.create_run(&r, events[..2].to_vec()).await.unwrap();
+            store.append(&id, 3, events[2..].to_vec(), "running").await.unwrap();
+            store.verify(&id).await.unwrap();
+            let sql = match column {
+                0 => "UPDATE events SET seq = seq + 100 WHERE run_id = $1 AND seq = $2",
+                1 => "UPDATE events SET at_us = at_us + 1 WHERE run_id = $1 AND seq = $2",
+                2 => "UPDATE events SET kind = CASE WHEN kind = 'warning' THEN 'heartbeat' ELSE 'warning' END WHERE run_id = $1 AND seq = $2",
+                3 => "UPDATE events SET level_id = CASE WHEN level_id IS NULL THEN 'other' ELSE NULL END WHERE run_id = $1 AND seq = $2",
+                4 => "UPDATE events SET attempt = COALESCE(attempt, 0) + 1 WHERE run_id = $1 AND seq = $2",
+                5 => "UPDATE events SET version = 1 WHERE run_id = $1 AND seq = $2",
+                _ => "",
+            };
+            if sql.is_empty() {
+                // One byte of the payload text becomes another printable one.
+                let row = client
+                    .query_one("SELECT data FROM events WHERE run_id = $1 AND seq = $2", &[&id, &seq])
+                    .await
+                    .unwrap();
+                let mut data: Vec<u8> = row.get::<_, String>(0).into_bytes();
+                let i = ((place * data.len() as f64) as usize).min(data.len() - 1);
+                // Keep the text UTF-8: edit an ASCII byte (the payloads' first bytes are).
+                let i = (0..=i).rev().find(|&j| data[j].is_ascii()).unwrap();
+                let mut to = b' ' + byte % 95;
+                if to == data[i] {
+                    to = if to == b'~' { b' ' } else { to + 1 };
+                }
+                data[i] = to;
+                client
+                    .execute(
+                        "UPDATE events SET data = $3 WHERE run_id = $1 AND seq = $2",
+                        &[&id, &seq, &String::from_utf8(data).unwrap()],
+                    )
+                    .await
+                    .unwrap();
+            } else {
+                let changed = client.execute(sql, &[&id, &seq]).await.unwrap();
+                assert_eq!(changed, 1, "{sql}");
+            }
+            store.verify(&id).await
+        });
+        match found {
+            Err(Error::Damaged { run_id, seq: bad, .. }) => {
+                prop_assert_eq!(run_id, id);
+                prop_assert_eq!(bad, at as u64 + 1, "column {} of event {}", column, at + 1);
+            }
+            other => prop_assert!(false, "column {column} of event {}: {other:?}", at + 1),
+        }
+    });
+    drop(schema);
 }

@@ -81,6 +81,10 @@ fn damage(db: &std::path::Path, run_id: &str, damage: conformance::Damage) {
             let (b, i) = find(&batches, n);
             batches[b].events[i].attempt = Some(9);
         }
+        Damage::Version(n) => {
+            let (b, i) = find(&batches, n);
+            batches[b].events[i].version = 1;
+        }
         Damage::Hash(n) => {
             let (b, _) = find(&batches, n);
             batches[b].hash = vec![0; 32];
@@ -138,6 +142,7 @@ async fn sqlite_store_detects_damage() {
     let store = SqliteStore::open(&db).unwrap();
     conformance::damage_is_detected(&store, "sql", conformance::Links::Batches, &|id, d| {
         damage(&db, id, d);
+        true
     })
     .await;
     let _ = std::fs::remove_dir_all(dir);

@@ -660,21 +660,86 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
             )
             .await
             .unwrap();
+        // Its events hashed as that binary hashed them: canonical JSON of each payload.
+        use baton_engine::chain::{self, Fields, GENESIS, Payload};
+        let rows = client
+            .query(
+                "SELECT run_id, seq, at_us, kind, version, level_id, attempt, data FROM events ORDER BY run_id, seq",
+                &[],
+            )
+            .await
+            .unwrap();
+        let mut heads: Vec<(String, chain::Hash)> = Vec::new();
+        for r in rows {
+            let run: String = r.get(0);
+            if heads.last().is_none_or(|(id, _)| *id != run) {
+                heads.push((run.clone(), GENESIS));
+            }
+            let payload: Value = serde_json::from_str(r.get::<_, &str>(7)).unwrap();
+            let (seq, attempt): (i64, Option<i64>) = (r.get(1), r.get(6));
+            let fields = Fields {
+                seq: u64::try_from(seq).unwrap(),
+                at_us: r.get(2),
+                kind: r.get(3),
+                version: u16::try_from(r.get::<_, i32>(4)).unwrap(),
+                level_id: r.get(5),
+                attempt: attempt.map(|a| u32::try_from(a).unwrap()),
+                payload: Payload::Json(&payload),
+            };
+            let head = &mut heads.last_mut().unwrap().1;
+            *head = chain::link(head, &fields);
+            client
+                .execute(
+                    "UPDATE events SET hash = $3 WHERE run_id = $1 AND seq = $2",
+                    &[&run, &seq, &head.as_slice()],
+                )
+                .await
+                .unwrap();
+        }
+        for (run, head) in heads {
+            client
+                .execute(
+                    "UPDATE runs SET head_hash = $2 WHERE run_id = $1",
+                    &[&run, &head.as_slice()],
+                )
+                .await
+                .unwrap();
+        }
     });
     let refused = baton_pg(&schema.url, &data, &["runs"]);
     assert_eq!(refused.status.code(), Some(1));
     let err = text(&refused.stderr);
     assert!(
-        err.contains("is at schema version 1, this binary needs 6: run `baton migrate"),
+        err.contains("is at schema version 1, this binary needs 7: run `baton migrate"),
         "{err}"
     );
     let migrated = baton_pg(&schema.url, &data, &["migrate"]);
     assert_eq!(migrated.status.code(), Some(0), "{}", text(&migrated.stderr));
-    assert!(text(&migrated.stdout).contains("schema version 1 → 6"), "{}", text(&migrated.stdout));
+    assert!(text(&migrated.stdout).contains("schema version 1 → 7"), "{}", text(&migrated.stdout));
     let again = baton_pg(&schema.url, &data, &["migrate"]);
     assert!(text(&again.stdout).contains("nothing to do"), "{}", text(&again.stdout));
+    let id = run_id(&run.stdout);
     let listed = text(&baton_pg(&schema.url, &data, &["runs"]).stdout);
-    assert!(listed.contains(&run_id(&run.stdout)) && listed.contains("paused"), "{listed}");
+    assert!(listed.contains(&id) && listed.contains("paused"), "{listed}");
+    // The older run verifies in the form it was hashed in, and goes on in it.
+    let verified = baton_pg(&schema.url, &data, &["verify", "--json"]);
+    assert_eq!(verified.status.code(), Some(0), "{}", text(&verified.stdout));
+    let report: Value = serde_json::from_slice(&verified.stdout).unwrap();
+    assert_eq!(report["runs"][0]["chain"], "sha256-canonical-json", "{report}");
+    let approved = baton_pg(&schema.url, &data, &["approve", &id, "--by", "rm"]);
+    assert_eq!(approved.status.code(), Some(0), "{}", text(&approved.stderr));
+    let verified = baton_pg(&schema.url, &data, &["verify", "--json"]);
+    assert_eq!(verified.status.code(), Some(0), "{}", text(&verified.stdout));
+    let report: Value = serde_json::from_slice(&verified.stdout).unwrap();
+    assert_eq!(report["runs"][0]["chain"], "sha256-canonical-json", "{report}");
+    let listed = text(&baton_pg(&schema.url, &data, &["runs"]).stdout);
+    assert!(listed.contains(&id) && listed.contains("completed"), "{listed}");
+    // A run started now takes today's form beside it.
+    let fresh = baton_pg(&schema.url, &data, &RELEASE_NOTES);
+    assert_eq!(fresh.status.code(), Some(3), "{}", text(&fresh.stderr));
+    let verified = baton_pg(&schema.url, &data, &["verify", &run_id(&fresh.stdout), "--json"]);
+    let report: Value = serde_json::from_slice(&verified.stdout).unwrap();
+    assert_eq!(report["runs"][0]["chain"], "sha256-encoded", "{report}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -269,9 +269,12 @@ impl EventStore for MemoryStore {
         status: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            // The payloads are encoded before the lock is taken; under it, only hashed onto
-            // the head.
-            let encoded: Vec<Vec<u8>> = events.iter().map(|e| e.data.encode()).collect();
+            // The events are encoded and hashed onto the head read first, outside the lock;
+            // under it, the hashes are kept when the head is still that one (else another
+            // writer got in between: they are made again there, and the check of the
+            // expected seq refuses the append anyway).
+            let read = self.with(|runs| runs.get(run_id).map(|l| l.head));
+            let made = read.map(|head| (head, chain::hashes(head, &events)));
             self.with(|runs| {
                 let log = runs.get_mut(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
                 log.check_end()?;
@@ -288,13 +291,12 @@ impl EventStore for MemoryStore {
                     log.record.updated_at = last.at;
                 }
                 lock(&self.feed).add(run_id, &events);
-                let mut head = log.head;
-                log.events.reserve(events.len());
-                for (event, bytes) in events.into_iter().zip(&encoded) {
-                    head = chain::link(&head, &Fields::of(&event, Payload::Encoded(bytes)));
-                    log.events.push((event, head));
-                }
-                log.head = head;
+                let hashes = match made {
+                    Some((head, hashes)) if head == log.head => hashes,
+                    _ => chain::hashes(log.head, &events),
+                };
+                log.head = hashes.last().copied().unwrap_or(log.head);
+                log.events.extend(events.into_iter().zip(hashes));
                 log.record.last_seq = log.events.len() as u64;
                 log.record.status = status.to_owned();
                 Ok(())
@@ -552,6 +554,10 @@ mod tests {
         use conformance::Damage;
         let store = MemoryStore::new();
         let edit = |id: &str, damage: Damage| {
+            // The memory store keeps no schema version: its events are typed at today's.
+            if matches!(damage, Damage::Version(_)) {
+                return false;
+            }
             let index = |n: u64| usize::try_from(n - 1).expect("small");
             let found = store.damage(id, |events, record| match damage {
                 Damage::Delete(n) => {
@@ -584,8 +590,10 @@ mod tests {
                     events.truncate(index(n + 1));
                     record.last_seq = n;
                 }
+                Damage::Version(_) => {}
             });
             assert!(found, "run {id} exists");
+            true
         };
         conformance::damage_is_detected(&store, "mem", conformance::Links::Events, &edit).await;
     }
