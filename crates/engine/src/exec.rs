@@ -406,7 +406,7 @@ impl Engine {
         };
         let budget =
             start.budget.unwrap_or_else(|| crate::job::caps(scenario, start.tree_max_cost_usd));
-        let started = NewEvent::run(EventData::ScenarioStarted(ScenarioStarted {
+        let started = NewEvent::run(EventData::ScenarioStarted(Box::new(ScenarioStarted {
             scenario_id: scenario.id.clone(),
             scenario_version: scenario.version,
             checksum: scenario.checksum.clone(),
@@ -420,7 +420,7 @@ impl Engine {
             failures_routed: !start.failures_unrouted,
             parent: start.parent,
             tenant: start.tenant,
-        }));
+        })));
         (record, started.at(1, now))
     }
 
@@ -581,7 +581,7 @@ impl Engine {
                         w.stage(
                             ended
                                 .into_iter()
-                                .map(|c| NewEvent::run(EventData::ChildRunSettled(c)))
+                                .map(|c| NewEvent::run(EventData::ChildRunSettled(Box::new(c))))
                                 .collect(),
                         );
                         continue;

@@ -156,7 +156,7 @@ impl Engine {
         };
         let now = self.clock.now();
         let mut copied = prefix;
-        copied.push(NewEvent::run(EventData::RunForked(forked)).at(at + 1, now));
+        copied.push(NewEvent::run(EventData::RunForked(Box::new(forked))).at(at + 1, now));
         let mut fork_state = RunState::default();
         for e in &copied {
             fork_state.apply(e);

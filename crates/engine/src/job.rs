@@ -135,7 +135,7 @@ impl Engine {
                 depth,
                 warning,
             })),
-            NewEvent::run(EventData::ChildRunStarted(ChildRunStarted {
+            NewEvent::run(EventData::ChildRunStarted(Box::new(ChildRunStarted {
                 child_run_id,
                 link: CHAIN_LINK.to_owned(),
                 scenario_id: target.id.clone(),
@@ -145,7 +145,7 @@ impl Engine {
                 metadata,
                 budget: caps(&target, slice),
                 depth,
-            })),
+            }))),
         ]);
         Ok(events)
     }
@@ -424,7 +424,7 @@ impl Engine {
             }
             let last = self.store.load(id, record.last_seq.saturating_sub(1)).await?;
             let finished = match last.into_iter().rev().find_map(|e| match e.data {
-                EventData::ScenarioFinished(f) => Some(f),
+                EventData::ScenarioFinished(f) => Some(*f),
                 _ => None,
             }) {
                 Some(f) => f,
@@ -453,7 +453,8 @@ impl Engine {
         let state = self.state(parent_run_id).await?;
         for settled in self.ended_children(&state).await? {
             let id = settled.child_run_id.clone();
-            self.close_child(parent_run_id, &id, EventData::ChildRunSettled(settled)).await?;
+            self.close_child(parent_run_id, &id, EventData::ChildRunSettled(Box::new(settled)))
+                .await?;
         }
         Ok(self.state(parent_run_id).await?.open_children().next().is_none())
     }

@@ -313,7 +313,7 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
         events.push(NewEvent::level(
             &pending.level_id,
             pending.attempt,
-            EventData::LevelFinished(decided(&pending.level_id, decision, terminal)),
+            EventData::LevelFinished(Box::new(decided(&pending.level_id, decision, terminal))),
         ));
         return Step::Append(events);
     }
@@ -330,7 +330,7 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
         return Step::Append(vec![NewEvent::level(
             id,
             attempt,
-            EventData::LevelFinished(finished),
+            EventData::LevelFinished(Box::new(finished)),
         )]);
     }
     Step::Run { level: index, attempt }
@@ -359,11 +359,11 @@ fn wave_step(
     let Some(wave) = state.waves.get(&level.id) else {
         let event = match crate::wave_plan::plan(spec, state) {
             Ok(planned) => EventData::WavePlanned(planned),
-            Err(error) => EventData::LevelFinished(LevelFinished {
+            Err(error) => EventData::LevelFinished(Box::new(LevelFinished {
                 ok: false,
                 error: Some(format!("wave_plan: {error}")),
                 ..skipped_with(false)
-            }),
+            })),
         };
         return Step::Append(vec![NewEvent::level(&level.id, attempt, event)]);
     };
@@ -403,7 +403,7 @@ fn wave_finished(
     NewEvent::level(
         &level.id,
         attempt,
-        EventData::LevelFinished(LevelFinished {
+        EventData::LevelFinished(Box::new(LevelFinished {
             ok: true,
             verdict: Some(verdict.to_owned()),
             output: summary.to_string(),
@@ -412,7 +412,7 @@ fn wave_finished(
             tokens,
             terminal: level.terminal,
             ..skipped_with(false)
-        }),
+        })),
     )
 }
 
@@ -666,20 +666,20 @@ pub(crate) fn end(state: &RunState, status: FinalStatus, reason: Option<String>)
     // A level cut short by a cancel or an abort is closed as skipped, so the log says so.
     if let Some(id) = &state.in_flight {
         let attempt = state.level(id).map_or(1, |l| l.attempts);
-        events.push(NewEvent::level(id, attempt, EventData::LevelFinished(skipped())));
+        events.push(NewEvent::level(id, attempt, EventData::LevelFinished(Box::new(skipped()))));
     }
     let final_output = match status {
         FinalStatus::Completed => state.session.final_output.clone().or_else(|| last_output(state)),
         _ => state.session.final_output.clone(),
     };
-    events.push(NewEvent::run(EventData::ScenarioFinished(ScenarioFinished {
+    events.push(NewEvent::run(EventData::ScenarioFinished(Box::new(ScenarioFinished {
         status,
         aborted_reason: reason,
         totals: state.totals,
         checksum: state.checksum.clone(),
         final_output,
         tree_totals: (!state.children.is_empty()).then(|| state.tree_totals()),
-    })));
+    }))));
     events
 }
 

@@ -524,7 +524,7 @@ impl RunState {
             EventData::ScenarioChained(c) => self.chained = Some(c.clone()),
             EventData::ChildRunStarted(c) => {
                 self.children.push(ChildRun {
-                    started: c.clone(),
+                    started: c.as_ref().clone(),
                     started_seq: event.seq,
                     settled: None,
                     unsettled: None,
@@ -535,7 +535,7 @@ impl RunState {
                 if let Some(child) =
                     self.children.iter_mut().find(|k| k.started.child_run_id == c.child_run_id)
                 {
-                    child.settled = Some(c.clone());
+                    child.settled = Some(c.as_ref().clone());
                 }
                 if c.link.starts_with(crate::wave::LINK_PREFIX) {
                     for wave in self.waves.values_mut() {
@@ -793,7 +793,7 @@ impl RunState {
                 if f.final_output.is_some() {
                     self.session.final_output.clone_from(&f.final_output);
                 }
-                self.finished = Some(f.clone());
+                self.finished = Some(f.as_ref().clone());
                 self.in_flight = None;
             }
         }

@@ -98,10 +98,10 @@ impl Engine {
                 return Ok(vec![NewEvent::level(
                     level_id,
                     w.attempt,
-                    EventData::LevelFinished(crate::event::LevelFinished::failed(
+                    EventData::LevelFinished(Box::new(crate::event::LevelFinished::failed(
                         format!("wave_worker: {why}"),
                         0,
-                    )),
+                    ))),
                 )]);
             }
             return Ok(admitted
@@ -180,7 +180,7 @@ impl Engine {
                     EventData::WaveRecorded(recorded),
                 ));
             }
-            events.push(NewEvent::run(EventData::ChildRunSettled(c)));
+            events.push(NewEvent::run(EventData::ChildRunSettled(Box::new(c))));
         }
         Ok(events)
     }
@@ -392,7 +392,7 @@ fn dispatch_events(
         let child_run_id = crate::run_ids::child_run_id(run_id, &link);
         let (input, mut metadata) = wave::worker_input(w, a);
         metadata.insert("wave_run".to_owned(), serde_json::Value::String(run_id.to_owned()));
-        events.push(NewEvent::run(EventData::ChildRunStarted(ChildRunStarted {
+        events.push(NewEvent::run(EventData::ChildRunStarted(Box::new(ChildRunStarted {
             child_run_id: child_run_id.clone(),
             link,
             scenario_id: worker.id.clone(),
@@ -402,7 +402,7 @@ fn dispatch_events(
             metadata,
             budget: crate::job::caps(worker, share),
             depth: state.depth() + 1,
-        })));
+        }))));
         events.push(NewEvent::level(
             &w.level_id,
             w.attempt,

@@ -15,9 +15,9 @@ impl Attempt {
                 match self.renderer.render(p, &ctx) {
                     Ok(q) => q,
                     Err(e) => {
-                        return vec![
-                            self.event(EventData::LevelFinished(LevelFinished::failed(e, 0))),
-                        ];
+                        return vec![self.event(EventData::LevelFinished(Box::new(
+                            LevelFinished::failed(e, 0),
+                        )))];
                     }
                 }
             }

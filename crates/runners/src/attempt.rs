@@ -93,7 +93,7 @@ impl Attempt {
                 seconds(limit)
             )),
         );
-        events.push(self.event(EventData::LevelFinished(finished)));
+        events.push(self.event(EventData::LevelFinished(Box::new(finished))));
         events
     }
 
@@ -105,25 +105,27 @@ impl Attempt {
             LevelKind::Verifier => self.verifier_level().await,
             // Each approval child asks for its own decision and waits for it.
             LevelKind::HumanApproval { .. } => self.approval(),
-            _ if in_fan_out => vec![self.event(EventData::LevelFinished(LevelFinished::failed(
-                format!(
-                    "fan-out child `{}` is a {}, which cannot run inside a fan-out",
-                    level.id,
-                    level.kind_name()
-                ),
-                0,
-            )))],
+            _ if in_fan_out => {
+                vec![self.event(EventData::LevelFinished(Box::new(LevelFinished::failed(
+                    format!(
+                        "fan-out child `{}` is a {}, which cannot run inside a fan-out",
+                        level.id,
+                        level.kind_name()
+                    ),
+                    0,
+                ))))]
+            }
             LevelKind::FanOut { .. } => Box::pin(self.fan_out()).await,
             LevelKind::ToolLoop { .. } => self.tool_loop().await,
             // The planner and the executor drive a wave; it never comes to a runner.
             LevelKind::Wave(_) => {
-                vec![self.event(EventData::LevelFinished(LevelFinished::failed(
+                vec![self.event(EventData::LevelFinished(Box::new(LevelFinished::failed(
                     format!(
                         "wave level `{}` is driven by the executor, not run as a step",
                         level.id
                     ),
                     0,
-                )))]
+                ))))]
             }
         }
     }

@@ -117,7 +117,7 @@ impl Attempt {
             }
         }
         if let Some(result) = result {
-            events.push(self.event(EventData::LevelFinished(result)));
+            events.push(self.event(EventData::LevelFinished(Box::new(result))));
         }
         if let Some(interrupted) = interrupted {
             events.push(self.event(EventData::RunInterrupted(interrupted)));

@@ -114,10 +114,10 @@ impl Stop {
                 )));
             }
             Stop::Failed(message, kind) => {
-                events.push(run.event(EventData::LevelFinished(LevelFinished {
+                events.push(run.event(EventData::LevelFinished(Box::new(LevelFinished {
                     error_kind: kind,
                     ..LevelFinished::failed(message, elapsed_ms(started))
-                })));
+                }))));
             }
         }
         std::mem::take(events)

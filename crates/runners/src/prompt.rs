@@ -14,10 +14,10 @@ impl Attempt {
         let mut text = match self.renderer.render(prompt, &ctx) {
             Ok(t) => t,
             Err(e) => {
-                events.push(self.event(EventData::LevelFinished(LevelFinished::failed(
+                events.push(self.event(EventData::LevelFinished(Box::new(LevelFinished::failed(
                     e,
                     elapsed_ms(started),
-                ))));
+                )))));
                 return events;
             }
         };
@@ -161,7 +161,7 @@ impl Attempt {
             } else {
                 None
             };
-            events.push(self.event(EventData::LevelFinished(LevelFinished {
+            events.push(self.event(EventData::LevelFinished(Box::new(LevelFinished {
                 ok: true,
                 skipped: false,
                 verdict,
@@ -178,7 +178,7 @@ impl Attempt {
                 terminal: level.terminal,
                 touched_paths: Vec::new(),
                 snapshot: None,
-            })));
+            }))));
             return events;
         }
     }

@@ -223,10 +223,10 @@ impl Attempt {
         };
         let mut events = Vec::new();
         let fail = |message: String, events: &mut Vec<NewEvent>| {
-            events.push(self.event(EventData::LevelFinished(LevelFinished::failed(
+            events.push(self.event(EventData::LevelFinished(Box::new(LevelFinished::failed(
                 message,
                 elapsed_ms(started),
-            ))));
+            )))));
             std::mem::take(events)
         };
         let Some(workspace) = self.workspace.clone() else {
@@ -388,7 +388,7 @@ impl Attempt {
             Ok(s) => s,
             Err(e) => return self.failed_workspace(e, fail, &mut events),
         };
-        events.push(self.event(EventData::LevelFinished(LevelFinished {
+        events.push(self.event(EventData::LevelFinished(Box::new(LevelFinished {
             ok: true,
             skipped: false,
             verdict: None,
@@ -405,7 +405,7 @@ impl Attempt {
             terminal: level.terminal,
             touched_paths: touched.into_iter().collect(),
             snapshot: Some(snapshot),
-        })));
+        }))));
         events
     }
 

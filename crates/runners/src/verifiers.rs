@@ -52,7 +52,7 @@ impl Attempt {
             scratchpad.insert("build_feedback".to_owned(), Value::String(feedback));
             "FAIL"
         };
-        events.push(self.event(EventData::LevelFinished(LevelFinished {
+        events.push(self.event(EventData::LevelFinished(Box::new(LevelFinished {
             ok: true,
             skipped: false,
             verdict: Some(verdict.to_owned()),
@@ -69,7 +69,7 @@ impl Attempt {
             terminal: level.terminal,
             touched_paths: Vec::new(),
             snapshot: None,
-        })));
+        }))));
         events
     }
 }

@@ -303,14 +303,14 @@ pub mod conformance {
     }
 
     fn finished() -> EventData {
-        EventData::ScenarioFinished(ScenarioFinished {
+        EventData::ScenarioFinished(Box::new(ScenarioFinished {
             status: FinalStatus::Completed,
             aborted_reason: None,
             totals: baton_engine::event::Totals::default(),
             checksum: "c".to_owned(),
             final_output: Some("done".to_owned()),
             tree_totals: None,
-        })
+        }))
     }
 
     fn warning() -> EventData {

@@ -77,7 +77,7 @@ impl NewEvent {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "data", rename_all = "snake_case")]
 pub enum EventData {
-    ScenarioStarted(ScenarioStarted),
+    ScenarioStarted(Box<ScenarioStarted>),
     LevelStarted(LevelStarted),
     PromptSent(PromptSent),
     RoutingDecision(RoutingDecision),
@@ -96,7 +96,7 @@ pub enum EventData {
     UserAnswered(UserAnswered),
     ApprovalRequested(ApprovalRequested),
     ApprovalDecided(ApprovalDecided),
-    LevelFinished(LevelFinished),
+    LevelFinished(Box<LevelFinished>),
     LevelTimedOut(LevelTimedOut),
     GateDecision(GateDecision),
     BudgetConsumed(BudgetConsumed),
@@ -106,7 +106,7 @@ pub enum EventData {
     Heartbeat(Heartbeat),
     CancelRequested(CancelRequested),
     Warning(Warning),
-    ScenarioFinished(ScenarioFinished),
+    ScenarioFinished(Box<ScenarioFinished>),
     ScenarioUpgraded(ScenarioUpgraded),
     RunInterrupted(RunInterrupted),
     RunResumed(RunResumed),
@@ -114,8 +114,8 @@ pub enum EventData {
     AgentHandoff(AgentHandoff),
     ScenarioSelected(ScenarioSelected),
     ScenarioChained(ScenarioChained),
-    ChildRunStarted(ChildRunStarted),
-    ChildRunSettled(ChildRunSettled),
+    ChildRunStarted(Box<ChildRunStarted>),
+    ChildRunSettled(Box<ChildRunSettled>),
     ChildRunUnsettled(ChildRunUnsettled),
     ScratchpadWritten(ScratchpadWritten),
     WavePlanned(WavePlanned),
@@ -123,7 +123,7 @@ pub enum EventData {
     WaveRecorded(WaveRecorded),
     WaveDecided(WaveDecided),
     RunReplayed(RunReplayed),
-    RunForked(RunForked),
+    RunForked(Box<RunForked>),
     SteeringReceived(SteeringReceived),
     SteeringDelivered(SteeringDelivered),
     LateResultDiscarded(LateResultDiscarded),
@@ -312,7 +312,7 @@ impl EventData {
             (VERSION, _) => {}
             (1, "scenario_started") => {
                 return v1::ScenarioStarted::deserialize(payload)
-                    .map(|old| EventData::ScenarioStarted(old.into()))
+                    .map(|old| EventData::ScenarioStarted(Box::new(old.into())))
                     .map_err(fail);
             }
             (1, "approval_decided") => {
@@ -400,4 +400,15 @@ impl EventData {
 pub struct DecodeError {
     pub kind: String,
     pub message: String,
+}
+
+#[cfg(test)]
+mod size {
+    /// Every staged, stored and loaded event is moved and copied many times per level: the
+    /// large, rare payloads are boxed so an event stays small.
+    #[test]
+    fn an_event_stays_small() {
+        let size = std::mem::size_of::<super::Event>();
+        assert!(size <= 256, "an event takes {size} bytes: box the payload that grew");
+    }
 }

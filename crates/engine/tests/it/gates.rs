@@ -73,7 +73,7 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
     let classify_finished = NewEvent::level(
         "classify",
         1,
-        EventData::LevelFinished(LevelFinished {
+        EventData::LevelFinished(Box::new(LevelFinished {
             ok: true,
             skipped: false,
             verdict: None,
@@ -90,7 +90,7 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
             terminal: false,
             touched_paths: Vec::new(),
             snapshot: None,
-        }),
+        })),
     );
     let log = vec![
         NewEvent::run(started).at(1, Utc::now()),

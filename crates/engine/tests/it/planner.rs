@@ -24,7 +24,7 @@ fn log(events: Vec<NewEvent>) -> Vec<Event> {
 }
 
 fn started() -> NewEvent {
-    NewEvent::run(EventData::ScenarioStarted(ScenarioStarted {
+    NewEvent::run(EventData::ScenarioStarted(Box::new(ScenarioStarted {
         scenario_id: "two".into(),
         scenario_version: 1,
         checksum: "x".into(),
@@ -44,7 +44,7 @@ fn started() -> NewEvent {
         failures_routed: true,
         parent: None,
         tenant: None,
-    }))
+    })))
 }
 
 fn level_started(id: &str, attempt: u32) -> NewEvent {
@@ -64,7 +64,7 @@ fn finished(id: &str, attempt: u32, verdict: Option<&str>, cost: f64) -> NewEven
     NewEvent::level(
         id,
         attempt,
-        EventData::LevelFinished(LevelFinished {
+        EventData::LevelFinished(Box::new(LevelFinished {
             ok: true,
             skipped: false,
             verdict: verdict.map(str::to_owned),
@@ -81,7 +81,7 @@ fn finished(id: &str, attempt: u32, verdict: Option<&str>, cost: f64) -> NewEven
             terminal: id == "b",
             touched_paths: Vec::new(),
             snapshot: None,
-        }),
+        })),
     )
 }
 
@@ -310,14 +310,14 @@ fn three_failures_of_one_conflict_set_escalate_now() {
 #[test]
 fn a_finished_run_has_nothing_to_do() {
     let s = scenario(TWO);
-    let done = NewEvent::run(EventData::ScenarioFinished(ScenarioFinished {
+    let done = NewEvent::run(EventData::ScenarioFinished(Box::new(ScenarioFinished {
         status: FinalStatus::Completed,
         aborted_reason: None,
         totals: Totals::default(),
         checksum: "x".into(),
         final_output: None,
         tree_totals: None,
-    }));
+    })));
     let st = fold(&log(vec![started(), done]));
     assert_eq!(st.status, Status::Completed);
     assert_eq!(plan(&s, &st), Step::Done);

@@ -222,7 +222,7 @@ async fn cancelling_a_parent_with_two_running_children_settles_both_within_the_t
     let mut started = Vec::new();
     for (n, link) in ["a", "b"].into_iter().enumerate() {
         let child = job::child_run_id(&root, link);
-        let event = baton_engine::event::NewEvent::run(EventData::ChildRunStarted(
+        let event = baton_engine::event::NewEvent::run(EventData::ChildRunStarted(Box::new(
             baton_engine::event::ChildRunStarted {
                 child_run_id: child.clone(),
                 link: link.to_owned(),
@@ -234,7 +234,7 @@ async fn cancelling_a_parent_with_two_running_children_settles_both_within_the_t
                 budget: job::caps(&answer, None),
                 depth: 1,
             },
-        ))
+        )))
         .at(2 + n as u64, Utc::now());
         store.append(&root, 2 + n as u64, vec![event], "waiting").await.unwrap();
         let driver = engine_with_jobs(Arc::clone(&store), SLOW);
