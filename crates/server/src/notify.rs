@@ -298,6 +298,10 @@ impl EventStore for Notifying {
 
     /// The store's own notifier where it has one (PostgreSQL's hears every process's
     /// appends, this one's included), else this process's.
+    fn notices_other_processes(&self) -> bool {
+        self.inner.notices_other_processes()
+    }
+
     fn notifier<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Option<Arc<Notify>>> {
         Box::pin(async move {
             match self.inner.notifier(run_id).await {

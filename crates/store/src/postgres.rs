@@ -1595,6 +1595,11 @@ impl EventStore for PostgresStore {
 
     /// Wakes on every process's appends to the run (the listen connection's notices);
     /// none when that connection cannot be opened.
+    /// Every append notifies on [`CHANNEL`], which the notifier's connection listens to.
+    fn notices_other_processes(&self) -> bool {
+        true
+    }
+
     fn notifier<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Option<Arc<Notify>>> {
         Box::pin(async move {
             self.listening

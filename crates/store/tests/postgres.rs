@@ -227,6 +227,38 @@ async fn a_runs_notifier_wakes_on_another_process_append_to_that_run_only() {
     assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
 }
 
+/// The appends a driver writes in groups — the main path of every held run — notify too:
+/// another process's notifier of the run (a follower, a step watching for a cancel) wakes
+/// on each, and a run of the same group it does not watch does not wake it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_written_in_a_group_wakes_another_process_watching_its_run() {
+    let schema = scratch("group_notify").await;
+    let driver = PostgresStore::connect(&schema.url).await.unwrap();
+    let watcher = PostgresStore::connect(&schema.url).await.unwrap();
+    let mut guards = Vec::new();
+    for id in ["gn1", "gn2"] {
+        guards.push(driver.hold(id).await.unwrap());
+        driver.create_run(&record(id), warnings(1, 1)).await.unwrap();
+    }
+    let notify = watcher.notifier("gn1").await.expect("PostgreSQL notifies");
+    assert!(watcher.notices_other_processes());
+    for seq in 2..=4 {
+        let woken = notify.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        driver.append("gn2", seq, warnings(seq, 1), "running").await.unwrap();
+        let other = tokio::time::timeout(std::time::Duration::from_millis(300), woken.as_mut());
+        assert!(other.await.is_err(), "woken by an append to another run");
+        let started = std::time::Instant::now();
+        driver.append("gn1", seq, warnings(seq, 1), "running").await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), woken)
+            .await
+            .unwrap_or_else(|_| panic!("the grouped append {seq} to gn1 woke nobody"));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
+    }
+    drop(guards);
+}
+
 /// Processes racing to append to one run at the same number: exactly one wins each round,
 /// the others are told who advanced the log, and the log stays intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{CANCEL_POLL, Error, FLUSH_AFTER, HEARTBEAT_EVERY, StepChannels, Writer};
+use super::{
+    CANCEL_POLL, CANCEL_POLL_NOTIFIED, Error, FLUSH_AFTER, HEARTBEAT_EVERY, StepChannels, Writer,
+};
 use crate::cancel::CancelToken;
 use crate::event::{EventData, NewEvent};
 use crate::runner::{LevelRun, next_settled};
@@ -56,7 +58,12 @@ impl Writer<'_> {
         let flush_at = tokio::time::sleep(FLUSH_AFTER);
         tokio::pin!(flush_at);
         let mut flushed = false;
-        let mut poll = tokio::time::interval(CANCEL_POLL);
+        // A store whose notice covers every process is looked at only as a safety net.
+        let look_every = match &wake {
+            Some(_) if self.engine.store.notices_other_processes() => CANCEL_POLL_NOTIFIED,
+            _ => CANCEL_POLL,
+        };
+        let mut poll = tokio::time::interval(look_every);
         poll.tick().await;
         let started = tokio::time::Instant::now();
         let mut heartbeat = tokio::time::interval_at(started + HEARTBEAT_EVERY, HEARTBEAT_EVERY);

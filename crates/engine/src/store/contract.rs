@@ -446,6 +446,13 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         Box::pin(async { None })
     }
 
+    /// Whether [`EventStore::notifier`] also wakes on other processes' appends (a cancel
+    /// or a steering message written by `baton cancel`, the server or another worker):
+    /// then a running step looks at the store for them only as a slow safety net.
+    fn notices_other_processes(&self) -> bool {
+        false
+    }
+
     /// Resolves once the run has an event numbered above `after`, or after `timeout`;
     /// true when there is one. The default polls; stores that can notify do better.
     fn wait_for_events<'a>(

@@ -14,6 +14,9 @@ macro_rules! delegate_to_inner {
         ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
             self.inner.load(run_id, after)
         }
+        delegate_to_inner!(but_load);
+    };
+    (but_load) => {
         fn verify<'a>(
             &'a self,
             run_id: &'a str,
@@ -282,4 +285,60 @@ impl EventStore for Observed {
         })
     }
     delegate_all_to_inner!();
+}
+
+/// A memory store that says its notice covers every process (as PostgreSQL's LISTEN
+/// does), wakes the run's notifier on each append, and counts the reads a running step
+/// makes of what other processes appended.
+#[derive(Debug, Default)]
+pub struct Noticing {
+    inner: MemoryStore,
+    woken: std::sync::Arc<tokio::sync::Notify>,
+    pub looks: std::sync::atomic::AtomicUsize,
+}
+
+impl EventStore for Noticing {
+    fn create_run<'a>(
+        &'a self,
+        run: &'a RunRecord,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        self.inner.create_run(run, events)
+    }
+    fn append<'a>(
+        &'a self,
+        run_id: &'a str,
+        expected: u64,
+        events: Vec<Event>,
+        status: &'a str,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        Box::pin(async move {
+            self.inner.append(run_id, expected, events, status).await?;
+            self.woken.notify_waiters();
+            Ok(())
+        })
+    }
+    fn load<'a>(
+        &'a self,
+        run_id: &'a str,
+        after: u64,
+    ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
+        if after > 0 {
+            self.looks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.inner.load(run_id, after)
+    }
+    fn notices_other_processes(&self) -> bool {
+        true
+    }
+    fn notifier<'a>(
+        &'a self,
+        _run_id: &'a str,
+    ) -> BoxFuture<'a, Option<std::sync::Arc<tokio::sync::Notify>>> {
+        Box::pin(async move { Some(std::sync::Arc::clone(&self.woken)) })
+    }
+    fn hold<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<store::RunGuard, store::Error>> {
+        self.inner.hold(run_id)
+    }
+    delegate_to_inner!(but_load);
 }

@@ -17,6 +17,7 @@ use baton_engine::store::Error;
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
+use super::CHANNEL;
 use super::common::{Batch, Held, NOW_US, knows, lock, pg, seq_param};
 
 /// The most runs one group statement writes.
@@ -184,7 +185,9 @@ async fn write_groups(
 /// the session `$31`, `$32` for `$33` µs; an id already taken fails the whole statement,
 /// and each of its appends and creations takes the slow path, which names the conflict;
 /// a run with an idempotency key is never created here). `$34`, `$35` the runs whose holds
-/// this process gives back, and at which epochs. Returns the runs it applied.
+/// this process gives back, and at which epochs. Returns the runs it applied, and notifies
+/// each on [`CHANNEL`] (PostgreSQL sends one notice per run and commit, however many
+/// events), so that followers and steps waiting on a run in other processes wake at once.
 ///
 /// Each run's row and hold are looked up by key, one input row at a time (a `LATERAL`
 /// subquery that `OFFSET 0` keeps from being merged into a join): the statement is
@@ -249,7 +252,8 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     WHERE r.run_id = i.run_id AND r.run_id IN (SELECT run_id FROM ok)
    RETURNING r.run_id
  )
- SELECT run_id FROM updated UNION ALL SELECT run_id FROM created"
+ SELECT w.run_id, pg_notify('{CHANNEL}', w.run_id)
+   FROM (SELECT run_id FROM updated UNION ALL SELECT run_id FROM created) w"
     )
 });
 
