@@ -32,12 +32,9 @@ use crate::state::{RunState, Status, fold};
 use crate::store::{self, EventStore, RunRecord};
 use crate::workspace::{Workspace, WorkspaceRequest, off_thread, workspace_notices};
 
-/// How often a running step checks the store for a cancel request.
+/// How often a running step checks the store for a cancel request, unless the store's
+/// notice covers every process.
 const CANCEL_POLL: Duration = Duration::from_millis(100);
-
-/// How often it checks when the store's notice wakes it on every process's appends: one
-/// read a second per running step, in case a notice was lost with its connection.
-const CANCEL_POLL_NOTIFIED: Duration = Duration::from_secs(1);
 
 /// How often a long step writes a heartbeat.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);

@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{
-    CANCEL_POLL, CANCEL_POLL_NOTIFIED, Error, FLUSH_AFTER, HEARTBEAT_EVERY, StepChannels, Writer,
-};
+use super::{CANCEL_POLL, Error, FLUSH_AFTER, HEARTBEAT_EVERY, StepChannels, Writer};
 use crate::cancel::CancelToken;
 use crate::event::{EventData, NewEvent};
 use crate::runner::{LevelRun, next_settled};
@@ -58,12 +56,11 @@ impl Writer<'_> {
         let flush_at = tokio::time::sleep(FLUSH_AFTER);
         tokio::pin!(flush_at);
         let mut flushed = false;
-        // A store whose notice covers every process is looked at only as a safety net.
-        let look_every = match &wake {
-            Some(_) if self.engine.store.notices_other_processes() => CANCEL_POLL_NOTIFIED,
-            _ => CANCEL_POLL,
-        };
-        let mut poll = tokio::time::interval(look_every);
+        // A store whose notice covers every process is read when it says so, and not
+        // polled: the heartbeat, an append conditional on the log's end, is the safety net
+        // for a notice lost with its connection (it fails on anything appended meanwhile).
+        let polling = !(wake.is_some() && self.engine.store.notices_other_processes());
+        let mut poll = tokio::time::interval(CANCEL_POLL);
         poll.tick().await;
         let started = tokio::time::Instant::now();
         let mut heartbeat = tokio::time::interval_at(started + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
@@ -130,7 +127,7 @@ impl Writer<'_> {
                 () = appended(wake.as_deref()), if self.create.is_none() => {
                     self.look_for_news(cancel, &steering).await?;
                 }
-                _ = poll.tick(), if self.create.is_none() => {
+                _ = poll.tick(), if polling && self.create.is_none() => {
                     self.look_for_news(cancel, &steering).await?;
                 }
             }

@@ -288,13 +288,15 @@ impl EventStore for Observed {
 }
 
 /// A memory store that says its notice covers every process (as PostgreSQL's LISTEN
-/// does), wakes the run's notifier on each append, and counts the reads a running step
-/// makes of what other processes appended.
+/// does), wakes the run's notifier on each append (unless its notices are `lost`), and
+/// counts the reads a running step makes of what other processes appended.
 #[derive(Debug, Default)]
 pub struct Noticing {
     inner: MemoryStore,
     woken: std::sync::Arc<tokio::sync::Notify>,
     pub looks: std::sync::atomic::AtomicUsize,
+    /// Appends wake nobody: the notices are lost, as with a broken listen connection.
+    pub lost: std::sync::atomic::AtomicBool,
 }
 
 impl EventStore for Noticing {
@@ -314,7 +316,9 @@ impl EventStore for Noticing {
     ) -> BoxFuture<'a, Result<(), store::Error>> {
         Box::pin(async move {
             self.inner.append(run_id, expected, events, status).await?;
-            self.woken.notify_waiters();
+            if !self.lost.load(std::sync::atomic::Ordering::Relaxed) {
+                self.woken.notify_waiters();
+            }
             Ok(())
         })
     }
