@@ -39,15 +39,7 @@ pub struct Progress {
     live: std::sync::OnceLock<(Arc<str>, LiveSink)>,
 }
 
-/// A piece of a model's answer as it streams in: never recorded (the whole answer is, in
-/// `model_response`), shown live by embedders that ask for it (`Engine::live`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct LiveText {
-    pub run_id: Arc<str>,
-    pub level_id: String,
-    pub call: u32,
-    pub text: String,
-}
+pub use crate::event::LiveText;
 
 /// Where [`LiveText`] goes: called on the task that reads the answer, so it must not block.
 #[derive(Clone)]

@@ -115,10 +115,16 @@ impl App {
         })
     }
 
-    /// Where this server's engines send the text of model answers as it streams in.
+    /// Where this process's engines send the text of model answers as it streams in: its
+    /// own event streams, and — for a worker, whose runs other processes' streams follow —
+    /// the store, which shares it with them where it can (PostgreSQL).
     pub(crate) fn live_sink(&self) -> baton_engine::cancel::LiveSink {
         let live = self.live.clone();
+        let shared = self.settings.share_live.then(|| Arc::clone(&self.store));
         baton_engine::cancel::LiveSink(Arc::new(move |t| {
+            if let Some(store) = &shared {
+                store.share_live(&t);
+            }
             // Nobody listening is no error.
             let _ = live.send(Arc::new(t));
         }))
@@ -261,6 +267,23 @@ pub(crate) async fn refresh_registry(app: Arc<App>) {
                 app.settings.name,
                 e.diagnostics.render()
             );
+        }
+    }
+}
+
+/// Hands the pieces of answers other processes share (their workers' drives) to this
+/// server's event streams, as its own drives' pieces are; returns at once where the store
+/// carries none.
+pub(crate) async fn relay_live_from_others(app: Arc<App>) {
+    let Some(mut heard) = app.store.live_from_others().await else { return };
+    loop {
+        match heard.recv().await {
+            Ok(piece) => {
+                let _ = app.live.send(Arc::new(piece));
+            }
+            // A follower that fell behind skips to the newest: live text is best effort.
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         }
     }
 }

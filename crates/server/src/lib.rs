@@ -94,12 +94,14 @@ pub async fn serve(
     app.workers.recover(&app, false).await;
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     let revoked = tokio::spawn(app::end_revoked_streams(Arc::clone(&app)));
+    let relayed = tokio::spawn(app::relay_live_from_others(Arc::clone(&app)));
     let router = api::router(Arc::clone(&app));
     ready(bound);
     let limits = app.settings.connections.clone();
     connections::serve(listener, router, limits, Arc::clone(&app.metrics), stop.clone()).await;
     refresh.abort();
     revoked.abort();
+    relayed.abort();
     app.workers.drain().await;
     // The spans of the last drives are posted before the server returns.
     if let Some(exporter) = exporter {
@@ -134,7 +136,8 @@ pub async fn work(
     stop: CancelToken,
 ) -> Result<(), String> {
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
-    let settings = Settings { driver_name: Some(worker.name.clone()), ..settings };
+    let settings =
+        Settings { driver_name: Some(worker.name.clone()), share_live: true, ..settings };
     let app = app::App::new(settings, parts, local, stop.clone(), None);
     app.workers.recover(&app, true).await;
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));

@@ -302,6 +302,17 @@ impl EventStore for Notifying {
         self.inner.notices_other_processes()
     }
 
+    fn share_live(&self, text: &baton_engine::cancel::LiveText) {
+        self.inner.share_live(text);
+    }
+
+    fn live_from_others(
+        &self,
+    ) -> BoxFuture<'_, Option<tokio::sync::broadcast::Receiver<baton_engine::cancel::LiveText>>>
+    {
+        self.inner.live_from_others()
+    }
+
     fn notifier<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Option<Arc<Notify>>> {
         Box::pin(async move {
             match self.inner.notifier(run_id).await {

@@ -54,6 +54,10 @@ pub struct Settings {
     /// The name this process drives runs under, as `run_resumed.process` records it after
     /// the command (`baton worker NAME`); none: this host and process id.
     pub driver_name: Option<String>,
+    /// Whether the text of model answers this process's drives receive is shared through
+    /// the store with other processes' event streams (a worker's, which no stream of its
+    /// own follows).
+    pub share_live: bool,
 }
 
 impl Default for Settings {
@@ -81,6 +85,7 @@ impl Default for Settings {
             keep_alive: Duration::from_secs(15),
             otlp_endpoint: None,
             driver_name: None,
+            share_live: false,
         }
     }
 }

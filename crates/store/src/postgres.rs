@@ -30,6 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use baton_engine::cancel::LiveText;
 use baton_engine::chain::{self, Check, Form, GENESIS, Hash};
 use baton_engine::event::Event;
 use baton_engine::model::BoxFuture;
@@ -48,11 +49,13 @@ use crate::tokens::{Role, SessionRecord, TokenRecord, TokenStore};
 
 mod common;
 mod group;
+mod live;
 mod sessions;
 mod webhooks;
 
 use common::{
-    Batch, Held, HeldRun, NOW_US, SERVER_DEADLINES, db_error, knows, lock, micros, pg, seq_param,
+    Batch, CHANNEL, Held, HeldRun, NOW_US, SERVER_DEADLINES, db_error, knows, lock, micros, pg,
+    seq_param,
 };
 
 /// The version of the schema this binary reads and writes ([`crate::schema`]).
@@ -60,8 +63,9 @@ pub fn schema_version() -> i64 {
     schema::version(Backend::Postgres)
 }
 
-/// The channel every append notifies, with the run's id as the payload.
-const CHANNEL: &str = "baton_events";
+/// Pieces of answers heard from other processes that a slow follower may fall behind by;
+/// past it, it skips to the newest.
+const LIVE_HEARD_MAX: usize = 4096;
 
 /// Most connections in the pool (the hold and listen connections aside); they are opened
 /// as they are needed.
@@ -111,6 +115,10 @@ pub struct PostgresStore {
     /// The listen connection's client, made at the first wait for events (a command that
     /// never waits never opens it): while it lives, its LISTEN stays in force.
     listening: tokio::sync::OnceCell<tokio_postgres::Client>,
+    /// The pieces of answers other processes publish, as the listen connection hears them.
+    live_in: tokio::sync::broadcast::Sender<LiveText>,
+    /// The publisher of this process's pieces ([`live`]), started at the first one.
+    live_out: std::sync::OnceLock<mpsc::Sender<LiveText>>,
     config: tokio_postgres::Config,
     growth: Growth,
 }
@@ -327,9 +335,16 @@ impl PostgresStore {
             appends,
             waiters: Arc::default(),
             listening: tokio::sync::OnceCell::new(),
+            live_in: tokio::sync::broadcast::channel(LIVE_HEARD_MAX).0,
+            live_out: std::sync::OnceLock::new(),
             config,
             growth,
         })
+    }
+
+    /// Opens the listen connection (at the first wait, notifier or live follower).
+    async fn listen(&self) -> Result<tokio_postgres::Client, Error> {
+        listen(&self.config, &self.shown, Arc::clone(&self.waiters), self.live_in.clone()).await
     }
 
     /// The URL of the database, without its password.
@@ -639,6 +654,7 @@ async fn listen(
     config: &tokio_postgres::Config,
     url: &str,
     waiters: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+    live_in: tokio::sync::broadcast::Sender<LiveText>,
 ) -> Result<tokio_postgres::Client, Error> {
     let (client, mut connection) = config.connect(NoTls).await.map_err(|e| {
         Error::Backend(format!("cannot connect to {} to listen: {}", shown(url), db_error(&e)))
@@ -646,6 +662,12 @@ async fn listen(
     tokio::spawn(async move {
         while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
             match message {
+                Ok(AsyncMessage::Notification(n)) if n.channel() == live::LIVE_CHANNEL => {
+                    // Nobody following is no error.
+                    if let Some(piece) = live::parse(n.payload()) {
+                        let _ = live_in.send(piece);
+                    }
+                }
                 Ok(AsyncMessage::Notification(n)) => {
                     let woken = lock(&waiters).get(n.payload()).cloned();
                     if let Some(notify) = woken {
@@ -657,7 +679,10 @@ async fn listen(
             }
         }
     });
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).await.map_err(pg)?;
+    client
+        .batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {}", live::LIVE_CHANNEL))
+        .await
+        .map_err(pg)?;
     Ok(client)
 }
 
@@ -1600,12 +1625,24 @@ impl EventStore for PostgresStore {
         true
     }
 
+    /// Published on [`live::LIVE_CHANNEL`], best effort: a full queue drops the piece.
+    fn share_live(&self, text: &LiveText) {
+        let out = self.live_out.get_or_init(|| live::start(self.pool.clone()));
+        let _ = out.try_send(text.clone());
+    }
+
+    fn live_from_others(
+        &self,
+    ) -> BoxFuture<'_, Option<tokio::sync::broadcast::Receiver<LiveText>>> {
+        Box::pin(async move {
+            self.listening.get_or_try_init(|| self.listen()).await.ok()?;
+            Some(self.live_in.subscribe())
+        })
+    }
+
     fn notifier<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Option<Arc<Notify>>> {
         Box::pin(async move {
-            self.listening
-                .get_or_try_init(|| listen(&self.config, &self.shown, Arc::clone(&self.waiters)))
-                .await
-                .ok()?;
+            self.listening.get_or_try_init(|| self.listen()).await.ok()?;
             let mut waiters = lock(&self.waiters);
             // Notifiers nobody holds any more are dropped as new ones are made.
             if waiters.len() > 1024 {
@@ -1625,10 +1662,7 @@ impl EventStore for PostgresStore {
             let deadline = tokio::time::Instant::now() + timeout;
             // Without the listen connection (it cannot be opened), waiters look every
             // WAIT_LOOK_EVERY.
-            let _ = self
-                .listening
-                .get_or_try_init(|| listen(&self.config, &self.shown, Arc::clone(&self.waiters)))
-                .await;
+            let _ = self.listening.get_or_try_init(|| self.listen()).await;
             let notify = Arc::clone(lock(&self.waiters).entry(run_id.to_owned()).or_default());
             let waited = async {
                 loop {

@@ -965,3 +965,97 @@ fn the_postgres_bench_reports_its_figures_with_what_they_stood_on() {
     assert_eq!(refused.status.code(), Some(1));
     assert!(text(&refused.stderr).contains("--bench-db postgres://"), "{}", text(&refused.stderr));
 }
+
+/// The text of a model answer streaming in on a worker reaches the event streams of
+/// `baton serve` — another process — piece by piece while the run goes on, as it does for
+/// a run the server drives: the worker shares it through PostgreSQL (`pg_notify`, never
+/// stored) and the server's listen connection hands it to the run's streams.
+#[test]
+fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
+    let schema = scratch("live");
+    let db = schema.url.as_str();
+    let dir = temp("live");
+    let data = dir.join("data");
+    std::fs::create_dir_all(dir.join("scenarios")).unwrap();
+    std::fs::write(
+        dir.join("scenarios/two.yaml"),
+        "id: two\nversion: 1\nlevels:\n  - {id: first, kind: prompt, prompt: {inline: 'One {{ input }}'}}\n  - {id: second, kind: prompt, prompt: {inline: 'Two'}, terminal: true}\nedges:\n  - {from: first, to: second}\n",
+    )
+    .unwrap();
+    let script = dir.join("script.yaml");
+    std::fs::write(
+        &script,
+        "levels:\n  first: [{text: 'streamed across processes', delay_ms: 1500}]\n  second: [{text: 'done', delay_ms: 1500}]\n",
+    )
+    .unwrap();
+    let scenarios = dir.join("scenarios");
+    let pg = |args: &[&str]| {
+        baton_command()
+            .arg("--scenarios")
+            .arg(&scenarios)
+            .arg("--db")
+            .arg(db)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mut server = baton_command()
+        .arg("--scenarios")
+        .arg(&scenarios)
+        .arg("--db")
+        .arg(db)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("serve.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| {
+        panic!("{line:?} {}", std::fs::read_to_string(dir.join("serve.err")).unwrap())
+    });
+    // Queued after the server started: the server takes up only what was left when it
+    // started, so the worker drives this run.
+    let queued =
+        pg(&["run", "two", "--queue", "--input", "x", "--script", script.to_str().unwrap()]);
+    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+    let run = run_id(&queued.stdout);
+    let mut live = super::serve::stream(addr, &format!("/runs/{run}/events"), &[]).unwrap();
+    let mut worker = baton_command()
+        .arg("--scenarios")
+        .arg(&scenarios)
+        .arg("--db")
+        .arg(db)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["worker", "--idle-exit-s", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("worker.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let events = live.until("scenario_finished");
+    let _ = worker.wait();
+    let _ = server.kill();
+    let _ = server.wait();
+    let logged = events
+        .iter()
+        .find(|e| e.kind == "model_response" && e.data["level_id"] == "first")
+        .and_then(|e| e.data["data"]["text"].as_str())
+        .expect("the first level's answer");
+    let streamed: String = live
+        .deltas
+        .iter()
+        .filter(|d| d["run_id"] == run.as_str() && d["level_id"] == "first")
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, logged, "deltas seen: {:?}", live.deltas);
+    let _ = std::fs::remove_dir_all(&dir);
+}

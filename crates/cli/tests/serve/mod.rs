@@ -190,24 +190,24 @@ fn dechunk(mut raw: &[u8]) -> (Vec<u8>, usize) {
 }
 
 /// A live event stream.
-struct Stream {
+pub(super) struct Stream {
     socket: TcpStream,
     raw: Vec<u8>,
     text: String,
     closed: bool,
     /// The `model_delta` events seen (they carry no id).
-    deltas: Vec<Value>,
+    pub(super) deltas: Vec<Value>,
 }
 
 #[derive(Debug)]
-struct Sse {
-    id: u64,
-    kind: String,
-    data: Value,
+pub(super) struct Sse {
+    pub(super) id: u64,
+    pub(super) kind: String,
+    pub(super) data: Value,
 }
 
 /// Opens `GET path` as an event stream; the reply's status when it is not one.
-fn stream(addr: &str, path: &str, headers: &[(&str, &str)]) -> Result<Stream, Reply> {
+pub(super) fn stream(addr: &str, path: &str, headers: &[(&str, &str)]) -> Result<Stream, Reply> {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
@@ -243,7 +243,7 @@ impl Stream {
     }
 
     /// Events until (and with) the first of `kind`.
-    fn until(&mut self, kind: &str) -> Vec<Sse> {
+    pub(super) fn until(&mut self, kind: &str) -> Vec<Sse> {
         let mut out = Vec::new();
         while let Some(e) = self.next() {
             let last = e.kind == kind;

@@ -17,12 +17,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod late;
+pub mod live;
 pub mod payloads;
 pub mod steering;
 pub mod v1;
 pub mod wave;
 
 pub use late::{LATE_RESULT_AFTER_CANCEL, LateResultDiscarded};
+pub use live::LiveText;
 pub use payloads::*;
 pub use steering::{SteeringDelivered, SteeringReceived};
 pub use wave::*;

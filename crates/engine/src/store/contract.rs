@@ -453,6 +453,20 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Shares a piece of a model's answer streaming in with other processes' followers,
+    /// for stores that carry such pieces between processes: at once, never blocking,
+    /// never recorded (the whole answer is, in `model_response`), dropped when it cannot
+    /// keep up. Nothing by default.
+    fn share_live(&self, _text: &crate::event::LiveText) {}
+
+    /// The pieces of answers other processes share ([`EventStore::share_live`]), for
+    /// stores that carry them; `None` by default.
+    fn live_from_others(
+        &self,
+    ) -> BoxFuture<'_, Option<tokio::sync::broadcast::Receiver<crate::event::LiveText>>> {
+        Box::pin(async { None })
+    }
+
     /// Resolves once the run has an event numbered above `after`, or after `timeout`;
     /// true when there is one. The default polls; stores that can notify do better.
     fn wait_for_events<'a>(

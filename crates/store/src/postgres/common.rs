@@ -1,6 +1,6 @@
 //! What the PostgreSQL store and its group appends share: the runs this process holds,
-//! a batch of events as the append statements take it, the database's clock, and errors
-//! and parameters as both report and bind them.
+//! a batch of events as the append statements take it, the database's clock, the channel
+//! appends notify on, and errors and parameters as both report and bind them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,6 +9,9 @@ use baton_engine::chain::{self, Fields, Form, Hash, Payload};
 use baton_engine::event::Event;
 use baton_engine::store::{Error, Verified};
 use chrono::{DateTime, Utc};
+
+/// The channel every append notifies its run on (the payload is the run's id).
+pub(super) const CHANNEL: &str = "baton_events";
 
 /// The database's clock, in microseconds since the epoch: holds run out by one clock.
 pub(super) const NOW_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";

@@ -17,8 +17,7 @@ use baton_engine::store::Error;
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
-use super::CHANNEL;
-use super::common::{Batch, Held, NOW_US, knows, lock, pg, seq_param};
+use super::common::{Batch, CHANNEL, Held, NOW_US, knows, lock, pg, seq_param};
 
 /// The most runs one group statement writes.
 const GROUP_RUNS_MAX: usize = 128;
