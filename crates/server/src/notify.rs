@@ -322,8 +322,8 @@ impl EventStore for Notifying {
         })
     }
 
-    /// Waits for this process's appends to the run, looking at the store at least every
-    /// [`POLL_EVERY`] for other processes'.
+    /// Waits for this process's appends to the run, and for other processes' where the
+    /// store notices them, looking at the store at least every [`POLL_EVERY`] besides.
     fn wait_for_events<'a>(
         &'a self,
         run_id: &'a str,
@@ -333,11 +333,21 @@ impl EventStore for Notifying {
         Box::pin(async move {
             let deadline = tokio::time::Instant::now() + timeout;
             let notify = self.waiter(run_id);
+            // Where the store's notice covers every process (PostgreSQL), other processes'
+            // appends wake the waiter too, not only its next look.
+            let others = match self.inner.notices_other_processes() {
+                true => self.inner.notifier(run_id).await,
+                false => None,
+            };
             loop {
                 // Registered before the look, so an append between the two is not missed.
                 let woken = notify.notified();
                 tokio::pin!(woken);
                 woken.as_mut().enable();
+                let mut heard = others.as_ref().map(|n| Box::pin(n.notified()));
+                if let Some(heard) = heard.as_mut() {
+                    heard.as_mut().enable();
+                }
                 if self.inner.run(run_id).await?.is_some_and(|r| r.last_seq > after) {
                     return Ok(true);
                 }
@@ -346,7 +356,19 @@ impl EventStore for Notifying {
                     return Ok(false);
                 }
                 let until = deadline.min(now + POLL_EVERY);
-                let _ = tokio::time::timeout_at(until, woken).await;
+                let heard = async {
+                    match heard {
+                        Some(heard) => heard.await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let either = async {
+                    tokio::select! {
+                        () = woken => {}
+                        () = heard => {}
+                    }
+                };
+                let _ = tokio::time::timeout_at(until, either).await;
             }
         })
     }

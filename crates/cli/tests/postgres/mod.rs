@@ -969,7 +969,8 @@ fn the_postgres_bench_reports_its_figures_with_what_they_stood_on() {
 /// The text of a model answer streaming in on a worker reaches the event streams of
 /// `baton serve` — another process — piece by piece while the run goes on, as it does for
 /// a run the server drives: the worker shares it through PostgreSQL (`pg_notify`, never
-/// stored) and the server's listen connection hands it to the run's streams.
+/// stored) and the server's listen connection hands it to the run's streams. The log's
+/// events arrive as the worker commits them, woken by the notice of each append.
 #[test]
 fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
     let schema = scratch("live");
@@ -1041,7 +1042,23 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
         .stderr(std::fs::File::create(dir.join("worker.err")).unwrap())
         .spawn()
         .unwrap();
-    let events = live.until("scenario_finished");
+    // Each event of the log arrives as soon as the worker commits it: the server's stream
+    // is woken by the notice of the worker's append, not by its next look (every 250 ms).
+    let opened = chrono::Utc::now();
+    let mut events = Vec::new();
+    let mut slowest = chrono::TimeDelta::zero();
+    while let Some(e) = live.next() {
+        let arrived = chrono::Utc::now();
+        let at: chrono::DateTime<chrono::Utc> = e.data["at"].as_str().unwrap().parse().unwrap();
+        if at > opened {
+            slowest = slowest.max(arrived - at);
+        }
+        let last = e.kind == "scenario_finished";
+        events.push(e);
+        if last {
+            break;
+        }
+    }
     let _ = worker.wait();
     let _ = server.kill();
     let _ = server.wait();
@@ -1057,5 +1074,9 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
         .map(|d| d["text"].as_str().unwrap())
         .collect();
     assert_eq!(streamed, logged, "deltas seen: {:?}", live.deltas);
+    assert!(
+        slowest < chrono::TimeDelta::milliseconds(150),
+        "an event reached the stream {slowest} after it was committed"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

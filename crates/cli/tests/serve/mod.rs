@@ -237,7 +237,7 @@ pub(super) fn stream(addr: &str, path: &str, headers: &[(&str, &str)]) -> Result
 impl Stream {
     /// The next event of the log (keep-alive comments skipped, `model_delta`s kept aside),
     /// or None once the server closed the stream.
-    fn next(&mut self) -> Option<Sse> {
+    pub(super) fn next(&mut self) -> Option<Sse> {
         let (id, kind, data) = self.next_raw()?;
         Some(Sse { id: id.parse().unwrap(), kind, data })
     }
