@@ -990,25 +990,12 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
     )
     .unwrap();
     let scenarios = dir.join("scenarios");
-    let pg = |args: &[&str]| {
-        baton_command()
-            .arg("--scenarios")
-            .arg(&scenarios)
-            .arg("--db")
-            .arg(db)
-            .arg("--data-dir")
-            .arg(&data)
-            .args(args)
-            .output()
-            .unwrap()
+    let pg = || {
+        let mut c = baton_command();
+        c.arg("--scenarios").arg(&scenarios).arg("--db").arg(db).arg("--data-dir").arg(&data);
+        c
     };
-    let mut server = baton_command()
-        .arg("--scenarios")
-        .arg(&scenarios)
-        .arg("--db")
-        .arg(db)
-        .arg("--data-dir")
-        .arg(&data)
+    let mut server = pg()
         .args(["serve", "--no-auth", "--listen", "127.0.0.1:0"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(dir.join("serve.err")).unwrap())
@@ -1025,18 +1012,14 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
     });
     // Queued after the server started: the server takes up only what was left when it
     // started, so the worker drives this run.
-    let queued =
-        pg(&["run", "two", "--queue", "--input", "x", "--script", script.to_str().unwrap()]);
+    let queued = pg()
+        .args(["run", "two", "--queue", "--input", "x", "--script", script.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
     let run = run_id(&queued.stdout);
     let mut live = super::serve::stream(addr, &format!("/runs/{run}/events"), &[]).unwrap();
-    let mut worker = baton_command()
-        .arg("--scenarios")
-        .arg(&scenarios)
-        .arg("--db")
-        .arg(db)
-        .arg("--data-dir")
-        .arg(&data)
+    let mut worker = pg()
         .args(["worker", "--idle-exit-s", "2"])
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(dir.join("worker.err")).unwrap())

@@ -382,20 +382,32 @@ async fn cancel_mid_model_call_stops_within_the_poll() {
     );
 }
 
-/// A step waiting on a long model call, over a store whose notice covers every process,
-/// reads the store only when notified (its own `prompt_sent` and heartbeat), not ten times
-/// a second, and a cancel reaches it at once, by the notice.
-#[tokio::test]
-async fn a_step_over_a_store_that_notices_every_process_reads_it_when_notified() {
+/// A run whose first level waits 20 s on its model, being driven over [`crate::Noticing`]:
+/// the store, the engine, the run and its driver.
+async fn driving_a_slow_call_over_a_noticing_store() -> (
+    std::sync::Arc<crate::Noticing>,
+    baton_engine::Engine,
+    String,
+    tokio::task::JoinHandle<Result<Outcome, baton_engine::exec::Error>>,
+) {
     let s = scenario(LOOP);
     let model = script("levels:\n  brief: [{text: slow, delay_ms: 20000}]\n");
     let store = std::sync::Arc::new(crate::Noticing::default());
     let e = crate::engine_on(store.clone(), model);
     let run = e.start(&s, "x", Map::new()).await.unwrap();
     let driver = {
-        let (e, s, run) = (e.clone(), std::sync::Arc::clone(&s), run.clone());
+        let (e, run) = (e.clone(), run.clone());
         tokio::spawn(async move { e.drive(&run, &s).await })
     };
+    (store, e, run, driver)
+}
+
+/// A step waiting on a long model call, over a store whose notice covers every process,
+/// reads the store only when notified (its own `prompt_sent` and heartbeat), not ten times
+/// a second, and a cancel reaches it at once, by the notice.
+#[tokio::test]
+async fn a_step_over_a_store_that_notices_every_process_reads_it_when_notified() {
+    let (store, e, run, driver) = driving_a_slow_call_over_a_noticing_store().await;
     tokio::time::sleep(Duration::from_millis(3100)).await;
     let looks = store.looks.load(std::sync::atomic::Ordering::Relaxed);
     assert!(looks <= 3, "{looks} reads in 3.1 s of a waiting step");
@@ -412,15 +424,7 @@ async fn a_step_over_a_store_that_notices_every_process_reads_it_when_notified()
 /// heartbeat period, and nothing polls meanwhile.
 #[tokio::test]
 async fn a_cancel_whose_notice_was_lost_is_found_by_the_next_heartbeat() {
-    let s = scenario(LOOP);
-    let model = script("levels:\n  brief: [{text: slow, delay_ms: 20000}]\n");
-    let store = std::sync::Arc::new(crate::Noticing::default());
-    let e = crate::engine_on(store.clone(), model);
-    let run = e.start(&s, "x", Map::new()).await.unwrap();
-    let driver = {
-        let (e, s, run) = (e.clone(), std::sync::Arc::clone(&s), run.clone());
-        tokio::spawn(async move { e.drive(&run, &s).await })
-    };
+    let (store, e, run, driver) = driving_a_slow_call_over_a_noticing_store().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     store.lost.store(true, std::sync::atomic::Ordering::Relaxed);
     let t = Instant::now();
