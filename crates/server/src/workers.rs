@@ -213,6 +213,7 @@ pub(crate) async fn claim_runs(
             }
         };
         idle_since = tokio::time::Instant::now();
+        eprintln!("{}: claimed run {} ({})", app.workers.name(), run.run_id, run.scenario_id);
         let app = Arc::clone(&app);
         let worker = worker.clone();
         tokio::spawn(async move {
@@ -242,6 +243,10 @@ async fn drive_claimed(
         // Driven by another process (or by this one), which finishes it. The lease is left
         // to run out: given back, the run would be claimed again at once, and again, while
         // that drive lasts (a SQLite store's claim cannot see holds).
+        eprintln!(
+            "{}: run {run_id} is driven by another process (its job {root}); its lease is left to run out",
+            app.workers.name()
+        );
         return;
     }
     let renew = async {
@@ -265,12 +270,26 @@ async fn drive_claimed(
             }
         }
     };
+    let started = std::time::Instant::now();
     tokio::select! {
         () = Workers::drive_entered(app, &root) => {}
         () = renew => {}
     }
-    if let Err(e) = app.store.release(run_id, worker).await {
-        eprintln!("{}: cannot give back the lease on run {run_id}: {e}", app.workers.name());
+    let status = match app.store.run(run_id).await {
+        Ok(Some(record)) => record.status,
+        Ok(None) => "gone".to_owned(),
+        Err(e) => format!("unknown ({e})"),
+    };
+    match app.store.release(run_id, worker).await {
+        Ok(()) => eprintln!(
+            "{}: run {run_id} is {status} after {} ms of driving; its lease is given back",
+            app.workers.name(),
+            started.elapsed().as_millis()
+        ),
+        Err(e) => eprintln!(
+            "{}: run {run_id} is {status}; cannot give back its lease: {e}",
+            app.workers.name()
+        ),
     }
 }
 

@@ -173,7 +173,8 @@ fn finish(child: std::process::Child, secs: u64) -> std::process::Output {
 }
 
 /// Jobs queued on PostgreSQL are driven by three workers sharing it, each job once: every
-/// run completes, each level is started and finished once, every log verifies.
+/// run completes, each level is started and finished once, every log verifies, and the
+/// workers say which runs they claimed and how they left them.
 #[test]
 fn queued_jobs_are_driven_by_several_workers_each_once() {
     let schema = scratch("workers");
@@ -202,11 +203,18 @@ fn queued_jobs_are_driven_by_several_workers_each_once() {
             )
         })
         .collect();
+    let mut said = String::new();
     for w in workers {
         let out = finish(w, 120);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        said.push_str(&text(&out.stderr));
     }
     for run in &runs {
+        // Each worker says, one line each, which run it claimed and how it left it.
+        assert_eq!(said.matches(&format!("claimed run {run} (quick_qa)")).count(), 1, "{said}");
+        let left = format!("run {run} is completed after ");
+        assert_eq!(said.matches(&left).count(), 1, "{said}");
+        assert!(said.lines().any(|l| l.contains(&left) && l.ends_with("its lease is given back")));
         let log = events(&schema.url, &data, run);
         assert_eq!(finished_as(&log), ["completed"], "run {run}: {log:?}");
         assert_eq!(count(&log, "level_started"), 1, "run {run}: one level, started once");
