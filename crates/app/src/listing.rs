@@ -1,5 +1,5 @@
 //! The run list (`baton runs`): every run with its status as a person reads it — a run
-//! nobody drives is interrupted —, what it spent and what it waits on (a person, outside
+//! nobody drives is queued (never started) or interrupted —, what it spent and what it waits on (a person, outside
 //! agents, its children), as rows or as trees.
 
 use baton_engine::Status;
@@ -13,15 +13,27 @@ use crate::place::{Place, open_existing_store};
 /// (its driver died, or it stopped for a transient reason): `baton resume RUN` continues it.
 pub const INTERRUPTED: &str = Status::Interrupted.as_str();
 
+/// How the run list shows a run created to wait for a worker (`baton run --queue`) that no
+/// process has taken up yet: its status is `running`, nobody holds it, and no level of it
+/// ever started. A `baton worker` on the database claims it.
+pub const QUEUED: &str = "queued";
+
+/// How a run whose stored status is `running` and that no process holds is shown, by its
+/// log: [`QUEUED`] until a level of it started, [`INTERRUPTED`] after.
+pub fn undriven(state: &baton_engine::RunState) -> &'static str {
+    if state.level_runs == 0 && state.interrupted.is_none() { QUEUED } else { INTERRUPTED }
+}
+
 /// How the run list shows a run whose log does not pass its checks (`baton verify` says
 /// where): one damaged run is listed as such, never a reason to list none.
 pub const DAMAGED: &str = "damaged";
 
 /// Every status a run can have in the run list (`runs --status`): the stored ones,
-/// [`INTERRUPTED`] and [`DAMAGED`].
-pub fn run_statuses() -> [&'static str; 9] {
+/// [`QUEUED`], [`INTERRUPTED`] and [`DAMAGED`].
+pub fn run_statuses() -> [&'static str; 10] {
     [
         DAMAGED,
+        QUEUED,
         Status::Running.as_str(),
         Status::Paused.as_str(),
         Status::Waiting.as_str(),
@@ -82,13 +94,14 @@ pub struct Row {
 }
 
 /// The runs of the database, newest first (with `tree`, as trees), of `status` when given:
-/// a `running` run nobody holds and a `waiting` one whose tree nobody drives are
-/// [`INTERRUPTED`].
+/// a `running` run nobody holds is [`QUEUED`] or [`INTERRUPTED`] ([`undriven`]), and a
+/// `waiting` one whose tree nobody drives is [`INTERRUPTED`].
 pub async fn list(place: &Place, status: Option<&str>, tree: bool) -> anyhow::Result<Vec<Row>> {
     let store = open_existing_store(place).await?;
     // A run is interrupted when its status is running and nobody holds it.
     // (A waiting run nobody drives is interrupted too: it is found among all of them.)
-    let stored = if status == Some(INTERRUPTED) || status == Some(DAMAGED) { None } else { status };
+    let shown_only = [Some(QUEUED), Some(INTERRUPTED), Some(DAMAGED)];
+    let stored = if shown_only.contains(&status) { None } else { status };
     let mut list = Vec::new();
     for mut record in store.runs(stored).await? {
         if record.status == Status::Running.as_str() && !store.is_held(&record.run_id).await? {
@@ -96,7 +109,11 @@ pub async fn list(place: &Place, status: Option<&str>, tree: bool) -> anyhow::Re
         }
         let maybe_interrupted =
             status == Some(INTERRUPTED) && record.status == Status::Waiting.as_str();
-        if status.is_none_or(|s| s == record.status) || maybe_interrupted || status == Some(DAMAGED)
+        let maybe_queued = status == Some(QUEUED) && record.status == INTERRUPTED;
+        if status.is_none_or(|s| s == record.status)
+            || maybe_interrupted
+            || maybe_queued
+            || status == Some(DAMAGED)
         {
             list.push(record);
         }
@@ -122,6 +139,9 @@ pub async fn list(place: &Place, status: Option<&str>, tree: bool) -> anyhow::Re
             continue;
         }
         let state = baton_engine::state::fold(&events);
+        if record.status == INTERRUPTED {
+            record.status = undriven(&state).to_owned();
+        }
         if record.status == Status::Waiting.as_str()
             && !tree_is_live(store.as_ref(), &state).await?
         {
@@ -174,6 +194,9 @@ pub fn row_json(row: &Row, tree: bool) -> serde_json::Result<Value> {
         if row.record.status == INTERRUPTED {
             let resume = format!("baton resume {}", row.record.run_id);
             map.insert("continue_with".to_owned(), json!(resume));
+        }
+        if row.record.status == QUEUED {
+            map.insert("continue_with".to_owned(), json!("baton worker"));
         }
         if let Some(damage) = &row.damage {
             map.insert("damage".to_owned(), json!(damage));
@@ -344,6 +367,7 @@ mod tests {
         }
         assert!(!statuses.contains(&Status::New.as_str()), "a run is listed once it started");
         assert!(statuses.contains(&INTERRUPTED));
+        assert!(statuses.contains(&QUEUED));
         assert!(statuses.contains(&DAMAGED));
     }
 }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use baton_app::engines::WaveDrive;
 use baton_app::follow::{Followed, follow};
-use baton_app::listing::INTERRUPTED;
+use baton_app::listing::{INTERRUPTED, QUEUED};
 use baton_app::place::{Place, open_existing_store};
 use baton_app::runs::Cancelled;
 use serde_json::Value;
@@ -177,6 +177,9 @@ pub(crate) async fn runs(
         }
         if r.status == INTERRUPTED {
             outln!("    no process drives it; continue it with `baton resume {}`", r.run_id)?;
+        }
+        if r.status == QUEUED {
+            outln!("    waits for a `baton worker` on this database to claim it")?;
         }
         if let Some(damage) = damage {
             outln!("    {}", escape::one_line(&damage))?;

@@ -76,8 +76,9 @@ pub(crate) struct Waiting {
 pub(crate) struct RunView {
     pub run_id: String,
     pub scenario_id: String,
-    /// `running`, `paused`, `waiting`, `interrupted`, `completed`, `aborted`, `cancelled`
-    /// or `failed`; `damaged` when its log does not pass its checks (`reason` says where).
+    /// `queued` (made for a worker, no level started yet, nobody drives it), `running`,
+    /// `paused`, `waiting`, `interrupted`, `completed`, `aborted`, `cancelled` or `failed`;
+    /// `damaged` when its log does not pass its checks (`reason` says where).
     pub status: String,
     pub tenant: Option<String>,
     pub parent_run_id: Option<String>,
@@ -116,7 +117,7 @@ async fn view(app: &App, record: RunRecord) -> Result<RunView, Problem> {
     };
     let mut status = record.status.clone();
     if status == Status::Running.as_str() && !app.store.is_held(&record.run_id).await? {
-        status = Status::Interrupted.as_str().to_owned();
+        status = baton_app::listing::undriven(&state).to_owned();
     }
     let mut waiting_on: Vec<Waiting> = state
         .open_approvals()
@@ -328,7 +329,9 @@ async fn existing_run(
 #[into_params(parameter_in = Query)]
 pub(crate) struct ListRuns {
     /// Only runs with this status.
-    #[param(pattern = "^(running|paused|waiting|interrupted|completed|aborted|cancelled|failed)$")]
+    #[param(
+        pattern = "^(queued|running|paused|waiting|interrupted|completed|aborted|cancelled|failed)$"
+    )]
     pub status: Option<String>,
     /// Only runs of this scenario.
     pub scenario: Option<String>,
@@ -365,15 +368,18 @@ pub(crate) async fn list_runs(
     }
     if let Some(s) = &q.status
         && Status::from_name(s).is_none()
+        && s != baton_app::listing::QUEUED
     {
         return Err(Problem::bad_request(format!(
-            "status {s:?} is none of running, paused, waiting, interrupted, completed, aborted, cancelled, failed"
+            "status {s:?} is none of queued, running, paused, waiting, interrupted, completed, aborted, cancelled, failed"
         )));
     }
     // A run is listed interrupted when it recorded so, or when it is running and nobody
-    // holds it: the page is read by whatever status is stored, and filtered as shown (a page
-    // may then hold fewer runs than its limit; `next` goes on after it).
-    let shown_only = [Status::Interrupted.as_str(), Status::Running.as_str()];
+    // holds it (queued, when no level of it started yet): the page is read by whatever
+    // status is stored, and filtered as shown (a page may then hold fewer runs than its
+    // limit; `next` goes on after it).
+    let shown_only =
+        [baton_app::listing::QUEUED, Status::Interrupted.as_str(), Status::Running.as_str()];
     let stored = q.status.clone().filter(|s| !shown_only.contains(&s.as_str()));
     let query = RunQuery {
         tenant: Some(caller.tenant.clone()),

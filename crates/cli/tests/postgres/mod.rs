@@ -183,6 +183,17 @@ fn queued_jobs_are_driven_by_several_workers_each_once() {
     let script = super::repo().join("scenarios/scripts/quick_qa.yaml");
     let runs: Vec<String> =
         (0..12).map(|i| queue(&schema.url, &data, &script, &format!("question {i}"))).collect();
+    // Until a worker takes them up, the runs are listed queued — not interrupted — and say
+    // what takes them up.
+    let listed = |status: &str| -> Vec<Value> {
+        let out = baton_pg(&schema.url, &data, &["runs", "--json", "--status", status]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let queued = listed("queued");
+    assert_eq!(queued.len(), runs.len(), "{queued:?}");
+    assert!(queued.iter().all(|r| r["status"] == "queued" && r["continue_with"] == "baton worker"));
+    assert!(listed("interrupted").is_empty());
     let script_arg = script.to_str().unwrap();
     let workers: Vec<_> = (0..3)
         .map(|i| {
@@ -220,6 +231,8 @@ fn queued_jobs_are_driven_by_several_workers_each_once() {
         assert_eq!(count(&log, "level_started"), 1, "run {run}: one level, started once");
         assert_eq!(count(&log, "level_finished"), 1, "run {run}: finished once");
     }
+    assert!(listed("queued").is_empty());
+    assert_eq!(listed("completed").len(), runs.len());
     let verified = baton_pg(&schema.url, &data, &["verify"]);
     assert_eq!(verified.status.code(), Some(0), "{}", text(&verified.stdout));
     let _ = std::fs::remove_dir_all(dir);
@@ -1026,6 +1039,9 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
         .unwrap();
     assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
     let run = run_id(&queued.stdout);
+    let page = super::serve::http(addr, "GET", "/runs?status=queued", &[], None).json();
+    assert_eq!(page["runs"][0]["run_id"], run.as_str(), "{page}");
+    assert_eq!(page["runs"][0]["status"], "queued");
     let mut live = super::serve::stream(addr, &format!("/runs/{run}/events"), &[]).unwrap();
     let mut worker = pg()
         .args(["worker", "--idle-exit-s", "2"])

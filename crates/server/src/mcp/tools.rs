@@ -233,7 +233,7 @@ pub(crate) fn list() -> &'static [Tool] {
             ),
             tool::<RunArgs, RunView>(
                 "run_get",
-                "A run: status (running, paused, waiting, interrupted, completed, aborted, cancelled, failed), cost, tokens, the level running, what it waits on (approvals and questions with their request ids and schemas, child runs), its children and its output.",
+                "A run: status (queued, running, paused, waiting, interrupted, completed, aborted, cancelled, failed), cost, tokens, the level running, what it waits on (approvals and questions with their request ids and schemas, child runs), its children and its output.",
                 true,
             ),
             tool::<EventsArgs, EventPage>(
