@@ -271,6 +271,7 @@ pub fn status_of(outcome: &Outcome) -> String {
         Outcome::Paused => "paused".to_owned(),
         Outcome::Waiting => "waiting".to_owned(),
         Outcome::Interrupted(why) => format!("interrupted ({why})"),
+        Outcome::Released => "running (let go between two steps)".to_owned(),
     }
 }
 

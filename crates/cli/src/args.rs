@@ -337,6 +337,12 @@ pub(crate) enum Command {
         /// The wait before the first of them, in milliseconds (doubling).
         #[arg(long, default_value_t = 1000)]
         retry_first_ms: u64,
+        /// On SIGTERM or SIGINT the worker drains: it claims no more runs, lets the steps
+        /// in flight finish for at most this many seconds, and gives their runs back to
+        /// other workers between two steps; a second signal (or the end of this period)
+        /// cuts what is left, as a stop does.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
+        drain_grace_s: u64,
     },
     /// Serve MCP on stdin and stdout for an MCP host (an IDE or CLI agent): tools to start
     /// scenarios, follow runs, decide approvals and drive waves; run timelines as

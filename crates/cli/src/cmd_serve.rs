@@ -114,6 +114,7 @@ pub(crate) struct WorkerArgs {
     pub name: Option<String>,
     pub script: Option<PathBuf>,
     pub idle_exit_s: Option<u64>,
+    pub drain_grace_s: u64,
 }
 
 /// `baton worker`: claims and drives runs nobody drives until stopped (or idle).
@@ -134,10 +135,8 @@ pub(crate) async fn worker(
     let place =
         &Place { hold_for: Some(std::time::Duration::from_secs(args.lease_s)), ..place.clone() };
     let parts = parts(place, args.script.as_deref(), "baton worker").await?;
-    let stop = stopped_by_signals(
-        "baton worker: stopping — running steps are cut and their runs recorded interrupted, for the next worker (again to exit at once)",
-        "baton worker: exiting at once; every run stays resumable",
-    );
+    let (drain, stop) = (CancelToken::new(), CancelToken::new());
+    tokio::spawn(drain_on_signals(drain.clone(), stop.clone(), args.drain_grace_s));
     eprintln!(
         "baton worker: {name} drives up to {} job(s) from {}",
         args.concurrency,
@@ -148,6 +147,8 @@ pub(crate) async fn worker(
         name,
         lease: std::time::Duration::from_secs(args.lease_s),
         idle_exit: args.idle_exit_s.map(std::time::Duration::from_secs),
+        drain,
+        grace: std::time::Duration::from_secs(args.drain_grace_s),
     };
     baton_server::work(settings, parts, worker, stop).await.map_err(anyhow::Error::msg)?;
     eprintln!("baton worker: stopped");
@@ -164,6 +165,38 @@ fn send_webhooks(parts: &Instance, who: &str, stop: &CancelToken) {
         owner,
         stop.clone(),
     ));
+}
+
+/// A worker's signals: the first interrupt or terminate drains it (no more claims; the
+/// steps in flight finish, at most `grace_s`, and their runs are given back between two
+/// steps, for other workers); a second stops it as a signal stops a drive (running steps
+/// cut, their runs recorded interrupted); a third exits at once.
+async fn drain_on_signals(drain: CancelToken, stop: CancelToken, grace_s: u64) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) =
+        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        return;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    eprintln!(
+        "baton worker: draining — no new runs; the steps in flight finish (within {grace_s} s) and their runs are given back to other workers (again to cut them now)"
+    );
+    drain.cancel();
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    crate::drive::stop_on_signals_after_one(
+        stop,
+        "baton worker: stopping — running steps are cut and their runs recorded interrupted, for the next worker (again to exit at once)",
+        "baton worker: exiting at once; every run stays resumable",
+        (interrupt, terminate),
+    )
+    .await;
 }
 
 /// A stop token cancelled by the first interrupt or terminate signal (`stopping` said on

@@ -331,6 +331,16 @@ pub(crate) async fn stop_on_signals(
         _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
     }
+    stop_on_signals_after_one(stop, stopping, exiting, (interrupt, terminate)).await;
+}
+
+/// [`stop_on_signals`] once its first signal came, on the listeners that heard it.
+pub(crate) async fn stop_on_signals_after_one(
+    stop: baton_engine::cancel::CancelToken,
+    stopping: &str,
+    exiting: &str,
+    (mut interrupt, mut terminate): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+) {
     eprintln!("{stopping}");
     stop.cancel();
     tokio::select! {
@@ -402,7 +412,7 @@ pub(crate) fn exit_code(outcome: &Outcome) -> ExitCode {
     match outcome {
         // A job whose tree waits on a child some other process drives is, here, paused.
         Outcome::Paused | Outcome::Waiting => ExitCode::from(3),
-        Outcome::Interrupted(_) => ExitCode::from(6),
+        Outcome::Interrupted(_) | Outcome::Released => ExitCode::from(6),
         Outcome::Finished(Status::Completed) => ExitCode::SUCCESS,
         Outcome::Finished(Status::Aborted) => ExitCode::from(4),
         Outcome::Finished(Status::Cancelled) => ExitCode::from(5),

@@ -252,9 +252,17 @@ fn main() -> ExitCode {
             idle_exit_s,
             retries_max,
             retry_first_ms,
+            drain_grace_s,
         } => runtime.block_on(cmd_serve::worker(
             &place,
-            cmd_serve::WorkerArgs { concurrency, lease_s, name, script, idle_exit_s },
+            cmd_serve::WorkerArgs {
+                concurrency,
+                lease_s,
+                name,
+                script,
+                idle_exit_s,
+                drain_grace_s,
+            },
             baton_server::Settings {
                 name: "baton worker",
                 workers: concurrency,

@@ -60,6 +60,11 @@ pub struct Engine {
     /// Stops every drive of this engine (SIGINT, SIGTERM): the step running is cut and
     /// awaited, its processes killed, and the run recorded as interrupted, to be resumed.
     pub stop: CancelToken,
+    /// Lets every drive of this engine go between two steps (a worker draining): the step
+    /// running finishes, what it did is committed, and the drive returns
+    /// [`Outcome::Released`] before the next one starts — nothing cut, no interruption
+    /// recorded, the run left `running` for another driver.
+    pub drain: CancelToken,
     /// The scenario versions this engine has kept in its store (`keep_texts` writes each
     /// once per engine).
     kept: Arc<Mutex<std::collections::HashSet<String>>>,
@@ -102,6 +107,7 @@ impl Engine {
             runtime,
             clock,
             stop: CancelToken::new(),
+            drain: CancelToken::new(),
             kept: Arc::default(),
             live: None,
             wave_drive: None,
@@ -551,6 +557,17 @@ impl Engine {
                     return Ok(Outcome::Paused);
                 }
                 Step::Append(mut events) => {
+                    // Draining: what the last step did is committed, and the run let go
+                    // before the next level starts.
+                    let starts_a_level = events.first().is_some_and(
+                        |e| matches!(&e.data, EventData::LevelStarted(s) if s.parent.is_none()),
+                    );
+                    if starts_a_level && self.drain.is_cancelled() && w.create.is_none() {
+                        if !w.flush().await? {
+                            continue;
+                        }
+                        return Ok(Outcome::Released);
+                    }
                     // What configuration decides about a wave is written on the
                     // `wave_planned` that plans it: every process that drives the wave
                     // later reads it from the log, whatever its own configuration says.

@@ -47,4 +47,7 @@ pub enum Outcome {
     Interrupted(String),
     /// The run waits for its child runs ([`Engine::drive_tree`] drives them).
     Waiting,
+    /// The driver let go of the run between two steps ([`Engine::drain`]): nothing was
+    /// cut and no interruption recorded; the run is `running`, for any driver to go on.
+    Released,
 }

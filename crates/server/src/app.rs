@@ -55,6 +55,9 @@ pub(crate) struct App {
     pub(crate) auth_failures: Rate,
     pub(crate) streams: Streams,
     pub(crate) stop: CancelToken,
+    /// Lets every drive go between two steps and this process claim no more runs (a
+    /// worker draining); `stop` then cuts what is left.
+    pub(crate) drain: CancelToken,
     pub(crate) metrics: Arc<Metrics>,
     /// Tenants' merged registries, with the directory's registry and the overrides'
     /// versions they were merged from.
@@ -110,6 +113,7 @@ impl App {
             baton: parts.baton,
             settings,
             stop,
+            drain: CancelToken::new(),
             live: tokio::sync::broadcast::channel(4096).0,
             merged: std::sync::Mutex::default(),
         })

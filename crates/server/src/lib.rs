@@ -139,10 +139,27 @@ pub async fn work(
     let settings =
         Settings { driver_name: Some(worker.name.clone()), share_live: true, ..settings };
     let app = app::App::new(settings, parts, local, stop.clone(), None);
+    let draining = {
+        let (asked, drain) = (worker.drain.clone(), app.drain.clone());
+        tokio::spawn(async move {
+            asked.cancelled().await;
+            drain.cancel();
+        })
+    };
     app.workers.recover(&app, true).await;
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     workers::claim_runs(Arc::clone(&app), worker.name, worker.lease, worker.idle_exit).await;
     refresh.abort();
+    if app.drain.is_cancelled() && !stop.is_cancelled() {
+        // Draining: the steps in flight finish and their drives give their runs back,
+        // within the grace period (or until the stop is asked for again).
+        let grace = tokio::time::Instant::now() + worker.grace;
+        tokio::select! {
+            () = app.workers.settled_by(grace) => {}
+            () = stop.cancelled() => {}
+        }
+    }
+    draining.abort();
     stop.cancel();
     app.workers.drain().await;
     Ok(())

@@ -134,6 +134,11 @@ pub struct WorkerSettings {
     pub lease: Duration,
     /// Stop once nothing was claimed or driven for this long; none: run until stopped.
     pub idle_exit: Option<Duration>,
+    /// Cancelled to drain: claim no more runs, let the steps in flight finish and give
+    /// their runs back between two steps, for other workers.
+    pub drain: baton_engine::cancel::CancelToken,
+    /// How long a drain waits for the steps in flight before the stop cuts them.
+    pub grace: Duration,
 }
 
 /// Says `warning` on the server's log (stderr).

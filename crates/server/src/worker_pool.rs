@@ -23,6 +23,8 @@ pub(crate) struct Workers {
     /// The command that drives, for its notes on stderr (`baton serve`, `baton mcp`).
     name: &'static str,
     slots: Arc<Semaphore>,
+    /// How many slots there are.
+    size: u32,
     /// Jobs being driven or waiting for a slot, by root run; `true` when asked again
     /// meanwhile.
     active: Mutex<HashMap<String, bool>>,
@@ -38,6 +40,7 @@ impl Workers {
         Workers {
             name,
             slots: Arc::new(Semaphore::new(slots.max(1))),
+            size: u32::try_from(slots.max(1)).unwrap_or(u32::MAX),
             active: Mutex::default(),
             queued: AtomicUsize::new(0),
             changed: Notify::new(),
@@ -124,22 +127,35 @@ impl Workers {
 
     /// Waits until every drive has stopped (the stop token cut them), at most [`DRAIN_FOR`].
     pub(crate) async fn drain(&self) {
-        let deadline = tokio::time::Instant::now() + DRAIN_FOR;
+        let left = self.idle_by(tokio::time::Instant::now() + DRAIN_FOR).await;
+        if left > 0 {
+            eprintln!(
+                "{}: {left} drive(s) did not stop within {} s; their runs are taken up by the next start",
+                self.name,
+                DRAIN_FOR.as_secs()
+            );
+        }
+    }
+
+    /// Waits until no drive is left and every slot is free again — each claimed run's
+    /// task has given its lease back —, or `deadline`.
+    pub(crate) async fn settled_by(&self, deadline: tokio::time::Instant) {
+        if self.idle_by(deadline).await > 0 {
+            return;
+        }
+        let all = tokio::time::timeout_at(deadline, self.slots.acquire_many(self.size)).await;
+        drop(all);
+    }
+
+    /// Waits until no drive is left, or `deadline`; how many are left.
+    pub(crate) async fn idle_by(&self, deadline: tokio::time::Instant) -> usize {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             let left = self.active();
-            if left == 0 {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                eprintln!(
-                    "{}: {left} drive(s) did not stop within {} s; their runs are taken up by the next start",
-                    self.name,
-                    DRAIN_FOR.as_secs()
-                );
-                return;
+            if left == 0 || tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return left;
             }
         }
     }

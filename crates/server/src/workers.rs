@@ -175,7 +175,11 @@ pub(crate) async fn claim_runs(
                 Err(_) => return,
             },
             () = app.stop.cancelled() => return,
+            () = app.drain.cancelled() => return,
         };
+        if app.drain.is_cancelled() {
+            return;
+        }
         let now = chrono::Utc::now();
         let run = match app.store.claim(&worker, now, now + lease_for).await {
             Ok(Some(run)) => {
@@ -193,6 +197,7 @@ pub(crate) async fn claim_runs(
                 tokio::select! {
                     () = tokio::time::sleep(CLAIM_IDLE) => {}
                     () = app.stop.cancelled() => return,
+                    () = app.drain.cancelled() => return,
                 }
                 continue;
             }
@@ -410,6 +415,7 @@ async fn drive_root(
         }
     };
     engine.stop = app.stop.clone();
+    engine.drain = app.drain.clone();
     engine.live = Some(app.live_sink());
     engine.wave_drive = waves;
     engine.process = Arc::from(match &app.settings.driver_name {

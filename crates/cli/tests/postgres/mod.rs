@@ -238,6 +238,92 @@ fn queued_jobs_are_driven_by_several_workers_each_once() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// SIGTERM drains a worker: it claims no more runs, the steps it has in flight finish, and
+/// it gives their runs back between two steps and exits; another worker takes them up at
+/// once and completes them. No level is started twice (no model call is made again), no
+/// run is recorded interrupted, and the drained worker exits 0 long before its grace period
+/// ends.
+#[test]
+fn a_drained_worker_gives_its_runs_back_between_two_steps_for_another_to_finish() {
+    let schema = scratch("drain");
+    let db = schema.url.as_str();
+    let dir = temp("drain");
+    let data = dir.join("data");
+    let scenarios = dir.join("scenarios");
+    std::fs::create_dir_all(&scenarios).unwrap();
+    std::fs::write(
+        scenarios.join("three.yaml"),
+        "id: three\nversion: 1\nlevels:\n  - {id: a, kind: prompt, prompt: {inline: 'A {{ input }}'}}\n  - {id: b, kind: prompt, prompt: {inline: 'B'}}\n  - {id: c, kind: prompt, prompt: {inline: 'C'}, terminal: true}\nedges:\n  - {from: a, to: b}\n  - {from: b, to: c}\n",
+    )
+    .unwrap();
+    let script = dir.join("script.yaml");
+    std::fs::write(
+        &script,
+        "levels:\n  a: [{text: 'one', delay_ms: 1500}]\n  b: [{text: 'two', delay_ms: 300}]\n  c: [{text: 'three', delay_ms: 300}]\n",
+    )
+    .unwrap();
+    let lines = dir.join("inputs.txt");
+    std::fs::write(&lines, "w\nx\ny\nz\n").unwrap();
+    let pg = || {
+        let mut c = baton_command();
+        c.arg("--scenarios").arg(&scenarios).arg("--db").arg(db).arg("--data-dir").arg(&data);
+        c
+    };
+    let queued = pg()
+        .args(["run", "three", "--queue", "--input-lines", lines.to_str().unwrap(), "--script"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+    let worker = |name: &str, idle: &str| {
+        pg().args(["worker", "--concurrency", "4", "--idle-exit-s", idle, "--name", name])
+            .args(["--drain-grace-s", "60"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = worker("first", "60");
+    // The first worker claims the four runs and is inside their first level (1.5 s).
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let signalled = std::time::Instant::now();
+    signal(first.id(), "TERM");
+    let second = worker("second", "3");
+    let first = finish(first, 30);
+    let drained_in = signalled.elapsed();
+    let first_said = text(&first.stderr);
+    assert_eq!(first.status.code(), Some(0), "{first_said}");
+    assert!(first_said.contains("draining"), "{first_said}");
+    assert!(drained_in < std::time::Duration::from_secs(10), "drained in {drained_in:?}");
+    let second = finish(second, 60);
+    let second_said = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{second_said}");
+    let listed: Value =
+        serde_json::from_slice(&baton_pg(db, &data, &["runs", "--json"]).stdout).unwrap();
+    let runs: Vec<String> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(runs.len(), 4);
+    for run in &runs {
+        // Given back running, after its first level, by the drained worker…
+        assert!(
+            first_said.contains(&format!("run {run} is running after ")),
+            "{run}: {first_said}"
+        );
+        // …and taken up and completed by the other.
+        assert!(second_said.contains(&format!("claimed run {run} (three)")), "{second_said}");
+        let log = events(db, &data, run);
+        assert_eq!(finished_as(&log), ["completed"], "run {run}: {log:?}");
+        assert_eq!(count(&log, "level_started"), 3, "run {run}: each level started once");
+        assert_eq!(count(&log, "model_response"), 3, "run {run}: each call made once");
+        assert_eq!(count(&log, "run_interrupted"), 0, "run {run}: {log:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A worker killed in the middle of a job: another worker, already running, takes the run
 /// over once the dead one's lease runs out, and drives it to its end with nothing done
 /// twice.

@@ -214,6 +214,7 @@ async fn decide_to_the_end(e: &Engine, run: &str, s: &Arc<Scenario>) {
             Outcome::Finished(_) => return,
             Outcome::Interrupted(why) => panic!("interrupted: {why}"),
             Outcome::Waiting => panic!("no run here starts children"),
+            Outcome::Released => panic!("no engine here drains"),
             Outcome::Paused => {
                 let st = e.state(run).await.unwrap();
                 let first = st.open_approvals().next().unwrap();
