@@ -172,16 +172,9 @@ fn send_webhooks(parts: &Instance, who: &str, stop: &CancelToken) {
 /// steps, for other workers); a second stops it as a signal stops a drive (running steps
 /// cut, their runs recorded interrupted); a third exits at once.
 async fn drain_on_signals(drain: CancelToken, stop: CancelToken, grace_s: u64) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) =
-        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-    else {
+    let Some((mut interrupt, mut terminate)) = crate::drive::first_signal().await else {
         return;
     };
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-    }
     eprintln!(
         "baton worker: draining — no new runs; the steps in flight finish (within {grace_s} s) and their runs are given back to other workers (again to cut them now)"
     );

@@ -321,17 +321,25 @@ pub(crate) async fn stop_on_signals(
     stopping: &str,
     exiting: &str,
 ) {
+    let Some(listening) = first_signal().await else { return };
+    stop_on_signals_after_one(stop, stopping, exiting, listening).await;
+}
+
+/// Waits for the first interrupt or terminate signal; the listeners, for the next ones
+/// (none when they cannot be set up).
+pub(crate) async fn first_signal()
+-> Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)> {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut interrupt), Ok(mut terminate)) =
         (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
     else {
-        return;
+        return None;
     };
     tokio::select! {
         _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
     }
-    stop_on_signals_after_one(stop, stopping, exiting, (interrupt, terminate)).await;
+    Some((interrupt, terminate))
 }
 
 /// [`stop_on_signals`] once its first signal came, on the listeners that heard it.
