@@ -1,6 +1,6 @@
 //! The run list (`baton runs`): every run with its status as a person reads it — a run
-//! nobody drives is queued (never started) or interrupted —, what it spent and what it waits on (a person, outside
-//! agents, its children), as rows or as trees.
+//! nobody drives is queued (never started) or interrupted —, what it spent and what it
+//! waits on (a person, outside agents, its children), as rows or as trees.
 
 use baton_engine::Status;
 use baton_engine::event::{Event, EventData, Totals};

@@ -559,10 +559,12 @@ impl Engine {
                 Step::Append(mut events) => {
                     // Draining: what the last step did is committed, and the run let go
                     // before the next level starts.
-                    let starts_a_level = events.first().is_some_and(
-                        |e| matches!(&e.data, EventData::LevelStarted(s) if s.parent.is_none()),
-                    );
-                    if starts_a_level && self.drain.is_cancelled() && w.create.is_none() {
+                    let starts_a_level = || {
+                        events.first().is_some_and(
+                            |e| matches!(&e.data, EventData::LevelStarted(s) if s.parent.is_none()),
+                        )
+                    };
+                    if self.drain.is_cancelled() && w.create.is_none() && starts_a_level() {
                         if !w.flush().await? {
                             continue;
                         }

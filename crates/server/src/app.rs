@@ -79,6 +79,7 @@ impl App {
         parts: Instance,
         bound: std::net::SocketAddr,
         stop: CancelToken,
+        drain: CancelToken,
         tracer: Option<Arc<Tracer>>,
     ) -> Arc<Self> {
         let metrics = Arc::new(Metrics::new());
@@ -113,7 +114,7 @@ impl App {
             baton: parts.baton,
             settings,
             stop,
-            drain: CancelToken::new(),
+            drain,
             live: tokio::sync::broadcast::channel(4096).0,
             merged: std::sync::Mutex::default(),
         })

@@ -90,7 +90,7 @@ pub async fn serve(
         }
         None => (None, None),
     };
-    let app = app::App::new(settings, parts, bound, stop.clone(), tracer);
+    let app = app::App::new(settings, parts, bound, stop.clone(), CancelToken::new(), tracer);
     app.workers.recover(&app, false).await;
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     let revoked = tokio::spawn(app::end_revoked_streams(Arc::clone(&app)));
@@ -138,14 +138,7 @@ pub async fn work(
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let settings =
         Settings { driver_name: Some(worker.name.clone()), share_live: true, ..settings };
-    let app = app::App::new(settings, parts, local, stop.clone(), None);
-    let draining = {
-        let (asked, drain) = (worker.drain.clone(), app.drain.clone());
-        tokio::spawn(async move {
-            asked.cancelled().await;
-            drain.cancel();
-        })
-    };
+    let app = app::App::new(settings, parts, local, stop.clone(), worker.drain.clone(), None);
     app.workers.recover(&app, true).await;
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     workers::claim_runs(Arc::clone(&app), worker.name, worker.lease, worker.idle_exit).await;
@@ -159,7 +152,6 @@ pub async fn work(
             () = stop.cancelled() => {}
         }
     }
-    draining.abort();
     stop.cancel();
     app.workers.drain().await;
     Ok(())
@@ -176,7 +168,7 @@ pub async fn serve_mcp_stdio(
     stop: CancelToken,
 ) -> Result<(), String> {
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
-    let app = app::App::new(settings, parts, local, stop.clone(), None);
+    let app = app::App::new(settings, parts, local, stop.clone(), CancelToken::new(), None);
     app.workers.recover(&app, false).await;
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     let served = mcp::serve_stdio(Arc::clone(&app), caller, stop).await;

@@ -29,6 +29,28 @@ fn temp(name: &str) -> PathBuf {
     dir
 }
 
+/// A test's own scenario `NAME` (`yaml`) and its script in `dir`: the script's path, and
+/// `baton` on that scenarios directory, the PostgreSQL `db` and the data dir `dir/data`.
+fn own_scenario(
+    dir: &Path,
+    db: &str,
+    (name, yaml): (&str, &str),
+    script: &str,
+) -> (PathBuf, impl Fn() -> std::process::Command + use<>) {
+    let scenarios = dir.join("scenarios");
+    std::fs::create_dir_all(&scenarios).unwrap();
+    std::fs::write(scenarios.join(format!("{name}.yaml")), yaml).unwrap();
+    let script_path = dir.join("script.yaml");
+    std::fs::write(&script_path, script).unwrap();
+    let (db, data) = (db.to_owned(), dir.join("data"));
+    let baton = move || {
+        let mut c = baton_command();
+        c.arg("--scenarios").arg(&scenarios).arg("--db").arg(&db).arg("--data-dir").arg(&data);
+        c
+    };
+    (script_path, baton)
+}
+
 /// `baton --db DB --data-dir DATA ARGS…` for a PostgreSQL `db`.
 fn baton_pg(db: &str, data: &Path, args: &[&str]) -> std::process::Output {
     baton_command().arg("--db").arg(db).arg("--data-dir").arg(data).args(args).output().unwrap()
@@ -249,26 +271,17 @@ fn a_drained_worker_gives_its_runs_back_between_two_steps_for_another_to_finish(
     let db = schema.url.as_str();
     let dir = temp("drain");
     let data = dir.join("data");
-    let scenarios = dir.join("scenarios");
-    std::fs::create_dir_all(&scenarios).unwrap();
-    std::fs::write(
-        scenarios.join("three.yaml"),
-        "id: three\nversion: 1\nlevels:\n  - {id: a, kind: prompt, prompt: {inline: 'A {{ input }}'}}\n  - {id: b, kind: prompt, prompt: {inline: 'B'}}\n  - {id: c, kind: prompt, prompt: {inline: 'C'}, terminal: true}\nedges:\n  - {from: a, to: b}\n  - {from: b, to: c}\n",
-    )
-    .unwrap();
-    let script = dir.join("script.yaml");
-    std::fs::write(
-        &script,
+    let (script, pg) = own_scenario(
+        &dir,
+        db,
+        (
+            "three",
+            "id: three\nversion: 1\nlevels:\n  - {id: a, kind: prompt, prompt: {inline: 'A {{ input }}'}}\n  - {id: b, kind: prompt, prompt: {inline: 'B'}}\n  - {id: c, kind: prompt, prompt: {inline: 'C'}, terminal: true}\nedges:\n  - {from: a, to: b}\n  - {from: b, to: c}\n",
+        ),
         "levels:\n  a: [{text: 'one', delay_ms: 1500}]\n  b: [{text: 'two', delay_ms: 300}]\n  c: [{text: 'three', delay_ms: 300}]\n",
-    )
-    .unwrap();
+    );
     let lines = dir.join("inputs.txt");
     std::fs::write(&lines, "w\nx\ny\nz\n").unwrap();
-    let pg = || {
-        let mut c = baton_command();
-        c.arg("--scenarios").arg(&scenarios).arg("--db").arg(db).arg("--data-dir").arg(&data);
-        c
-    };
     let queued = pg()
         .args(["run", "three", "--queue", "--input-lines", lines.to_str().unwrap(), "--script"])
         .arg(&script)
@@ -1083,25 +1096,15 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
     let schema = scratch("live");
     let db = schema.url.as_str();
     let dir = temp("live");
-    let data = dir.join("data");
-    std::fs::create_dir_all(dir.join("scenarios")).unwrap();
-    std::fs::write(
-        dir.join("scenarios/two.yaml"),
-        "id: two\nversion: 1\nlevels:\n  - {id: first, kind: prompt, prompt: {inline: 'One {{ input }}'}}\n  - {id: second, kind: prompt, prompt: {inline: 'Two'}, terminal: true}\nedges:\n  - {from: first, to: second}\n",
-    )
-    .unwrap();
-    let script = dir.join("script.yaml");
-    std::fs::write(
-        &script,
+    let (script, pg) = own_scenario(
+        &dir,
+        db,
+        (
+            "two",
+            "id: two\nversion: 1\nlevels:\n  - {id: first, kind: prompt, prompt: {inline: 'One {{ input }}'}}\n  - {id: second, kind: prompt, prompt: {inline: 'Two'}, terminal: true}\nedges:\n  - {from: first, to: second}\n",
+        ),
         "levels:\n  first: [{text: 'streamed across processes', delay_ms: 1500}]\n  second: [{text: 'done', delay_ms: 1500}]\n",
-    )
-    .unwrap();
-    let scenarios = dir.join("scenarios");
-    let pg = || {
-        let mut c = baton_command();
-        c.arg("--scenarios").arg(&scenarios).arg("--db").arg(db).arg("--data-dir").arg(&data);
-        c
-    };
+    );
     let mut server = pg()
         .args(["serve", "--no-auth", "--listen", "127.0.0.1:0"])
         .stdout(std::process::Stdio::piped())
