@@ -107,6 +107,7 @@ pub fn engine(
             redactor: Arc::new(redactor),
             jobs,
             runner: Arc::new(baton_runners::Runners),
+            tools: Some(Arc::new(baton_tools::Tools::new(Arc::clone(jail)))),
         }),
         Arc::new(SystemClock),
     );

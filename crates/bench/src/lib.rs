@@ -218,6 +218,7 @@ fn engine_with(store: Arc<dyn EventStore>, jobs: Option<Arc<Jobs>>) -> Engine {
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
             runner: std::sync::Arc::new(baton_runners::Runners),
+            tools: None,
         }),
         Arc::new(SystemClock),
     )

@@ -208,6 +208,19 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             l.verdict.as_ref().map_or(String::new(), |v| format!(" ({v})")),
             l.output_bytes
         ),
+        EventData::ToolCallStarted(t) => {
+            format!(
+                "effect    {level}: {} (toolset {}) called with key {}",
+                t.tool, t.toolset, t.key
+            )
+        }
+        EventData::ToolCallReissued(t) => format!(
+            "effect    {level}: {} called again with key {}: its first call left no receipt",
+            t.tool, t.key
+        ),
+        EventData::ToolCallFinished(t) if t.is_error => {
+            format!("effect    {level}: {} failed — {}", t.tool, preview(&t.content, 80))
+        }
         EventData::SteeringDelivered(d) => {
             format!("steered   {level}: call {} took {}", d.call_index, d.ids.join(", "))
         }
@@ -332,7 +345,8 @@ pub(crate) fn line(e: &Event) -> Option<String> {
         EventData::PromptSent(_)
         | EventData::VerifierStarted(_)
         | EventData::BudgetConsumed(_)
-        | EventData::ToolResult(_) => {
+        | EventData::ToolResult(_)
+        | EventData::ToolCallFinished(_) => {
             return None;
         }
     };

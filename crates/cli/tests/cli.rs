@@ -9,6 +9,7 @@ mod faults;
 mod jail;
 mod matrix;
 mod mcp;
+mod own_tools;
 mod pinning;
 mod postgres;
 mod reads;

@@ -26,6 +26,7 @@ use crate::runner::{LevelRun, Runtime};
 use tokio::sync::mpsc;
 
 mod late;
+mod resumed;
 mod steered;
 mod watch;
 use crate::state::{RunState, Status, fold};
@@ -689,6 +690,7 @@ impl Engine {
                         settled,
                         sent: Some(sent),
                         steering,
+                        resumed: w.resumed_attempt(scenario, level, attempt).await?,
                     };
                     let channels =
                         StepChannels { settled: settled_rx.as_mut(), sent: &mut sent_rx };

@@ -41,6 +41,7 @@ pub mod state;
 pub mod steering;
 pub mod store;
 pub mod textdiff;
+pub mod tools;
 pub mod verifier;
 pub mod wave;
 pub mod wave_actions;

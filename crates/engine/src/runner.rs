@@ -10,7 +10,9 @@
 //! again: at most the in-flight step is executed twice, and the log never holds half of
 //! one. A fan-out is the exception by design: each child that finishes is sent to the
 //! executor on [`Settled`] and committed as its own batch, so a crash or a cancel loses only
-//! the children still running, and the step given again runs only those.
+//! the children still running, and the step given again runs only those. A tool loop is
+//! the other: what it commits before a call ([`Sent`]) stays, and the attempt given again
+//! goes through its committed events ([`LevelRun::resumed`]) before it acts again.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -57,6 +59,9 @@ pub struct Runtime {
     pub jobs: Option<Arc<crate::job::Jobs>>,
     /// The work of each level kind (`baton-runners`).
     pub runner: Arc<dyn LevelRunner>,
+    /// Makes the calls of the user's own tools; without it, a tool loop that declares
+    /// tools of the user's answers each of their calls with an error saying so.
+    pub tools: Option<Arc<dyn crate::tools::ToolHost>>,
 }
 
 /// One attempt of one level, with everything it reads.
@@ -89,6 +94,11 @@ pub struct LevelRun {
     pub sent: Option<Sent>,
     /// The steering messages the step's calls of steerable levels take, once.
     pub steering: crate::steering::Mailbox,
+    /// A tool loop's attempt that an earlier driver began: the events of this attempt it
+    /// committed (after `level_started`, heartbeats left out), in order. The runner goes
+    /// through them again instead of acting — each model answer and tool receipt read from
+    /// here, none of these events written twice — and acts from where they end.
+    pub resumed: Arc<[crate::event::Event]>,
 }
 
 /// The channel a fan-out sends its finished children's events through, one batch per

@@ -234,6 +234,9 @@ pub struct RunState {
     /// A level's result dropped because the cancel came first: the cancel then ends the
     /// run `aborted` (`late_result_after_cancel`).
     pub late_result: Option<crate::event::LateResultDiscarded>,
+    /// The effect ledger: the key of every write call of a user's tool started in the run,
+    /// with its receipt once it has one (a `once_per_run` tool's later attempts read it).
+    pub ledger: BTreeMap<String, Option<crate::event::ToolCallFinished>>,
     /// Every approval request whose level has not finished, in the order they were made
     /// (a fan-out's approval children each ask their own). Decided ones stay here until the
     /// planner closes their level.
@@ -309,6 +312,7 @@ impl Default for RunState {
             aborted_reason: None,
             cancel_requested: None,
             late_result: None,
+            ledger: BTreeMap::new(),
             pending_approvals: Vec::new(),
             decisions: BTreeMap::new(),
             pending_ask: None,
@@ -588,8 +592,19 @@ impl RunState {
                 }
                 self.level_runs += 1;
             }
-            // An answer, and a call cut short: both spent money; only an answer is a call.
-            EventData::ModelResponse(_) | EventData::ModelCallCut(_) => {
+            // An answer, a call cut short and a priced tool call all spent money; only an
+            // answer is a model call.
+            EventData::ToolCallStarted(s) => {
+                self.ledger.entry(s.key.clone()).or_insert(None);
+            }
+            EventData::ModelResponse(_)
+            | EventData::ModelCallCut(_)
+            | EventData::ToolCallFinished(_) => {
+                if let EventData::ToolCallFinished(f) = &event.data
+                    && let Some(key) = &f.key
+                {
+                    self.ledger.insert(key.clone(), Some(f.clone()));
+                }
                 let (cost_usd, tokens) = event.data.spend().unwrap_or_default();
                 let level = self.levels.entry(level_id.to_owned()).or_default();
                 if matches!(event.data, EventData::ModelResponse(_)) {
@@ -776,6 +791,7 @@ impl RunState {
             | EventData::Heartbeat(_)
             | EventData::ToolCall(_)
             | EventData::ToolResult(_)
+            | EventData::ToolCallReissued(_)
             | EventData::FileCreated(_)
             | EventData::Warning(_) => {}
             EventData::ScenarioUpgraded(u) => {

@@ -679,6 +679,7 @@ async fn heartbeats_of_a_slow_stream_report_the_bytes_received() {
             catalog: Arc::new(json!([])),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
             runner: std::sync::Arc::new(baton_runners::Runners),
+            tools: None,
         }),
         Arc::new(baton_engine::clock::SystemClock),
     );

@@ -28,12 +28,20 @@ impl Attempt {
     /// The model calls of this attempt, numbered on from the ones already in the log.
     pub(crate) fn calls(&self) -> Calls<'_> {
         let level = self.state.level(self.id());
+        // A resumed attempt's answers in the log are counted in the state already; the
+        // attempt goes through them again, counting them as it does.
+        #[allow(clippy::cast_possible_truncation)]
+        let replayed = self
+            .resumed
+            .iter()
+            .filter(|e| matches!(e.data, baton_engine::event::EventData::ModelResponse(_)))
+            .count() as u32;
         Calls {
             run: self,
-            call_index: level.map_or(0, |l| l.calls_total),
+            call_index: level.map_or(0, |l| l.calls_total).saturating_sub(replayed),
             cost_usd: 0.0,
             tokens: 0,
-            call: level.map_or(0, |l| l.calls),
+            call: level.map_or(0, |l| l.calls).saturating_sub(replayed),
         }
     }
 

@@ -64,6 +64,39 @@ impl Calls<'_> {
         self.run.steering.take(&level.id, self.run.attempt, self.call_index)
     }
 
+    /// A call an earlier driver of the attempt made, answered from its recorded events: it
+    /// counts as made, and says why it stopped as it did then.
+    pub(crate) fn recorded(
+        &mut self,
+        response: ModelResponse,
+        stop_reason: Option<String>,
+    ) -> Result<ModelReply, Stop> {
+        let call = self.call;
+        self.call += 1;
+        self.call_index += 1;
+        self.cost_usd += response.cost_usd;
+        self.tokens += response.usage.total();
+        if stop_reason.as_deref() == Some(STOP_MAX_TOKENS) {
+            return Err(Stop::Failed(
+                format!(
+                    "the answer of call {call} was cut at the output limit (stop reason `{STOP_MAX_TOKENS}`)"
+                ),
+                Some(ErrorKind::Truncated),
+            ));
+        }
+        Ok(ModelReply {
+            provider: response.provider,
+            model: response.model,
+            text: response.text,
+            tool_calls: response.tool_calls,
+            usage: response.usage,
+            cost_usd: response.cost_usd,
+            routing: None,
+            stop_reason,
+            failovers: Vec::new(),
+        })
+    }
+
     /// Counts a call that failed without an answer, so the next one gets the next index.
     pub(crate) fn skip(&mut self) {
         self.call_index += 1;
@@ -137,17 +170,12 @@ impl Calls<'_> {
                 request_hash: Some(request.hash()),
                 worst_case_usd: Some(self.run.runtime.model.worst_case_cost_usd(request)),
             }));
-            match &self.run.sent {
-                Some(channel) if self.run.runtime.model.reaches_out(request) => {
-                    // Committed before the call, after what the step did so far (in order).
-                    let mut batch = std::mem::take(events);
-                    batch.push(sent);
-                    let (ack, acked) = tokio::sync::oneshot::channel();
-                    if channel.send((batch, ack)).await.is_err() || acked.await.is_err() {
-                        return Err(Stop::Halted);
-                    }
+            if self.run.runtime.model.reaches_out(request) {
+                if !self.run.commit_before(events, sent).await {
+                    return Err(Stop::Halted);
                 }
-                _ => events.push(sent),
+            } else {
+                events.push(sent);
             }
         }
         request.deadline = self.run.deadline;

@@ -35,7 +35,9 @@ mod approval;
 mod attempt;
 mod calls;
 mod fan_out;
+mod own_tools;
 mod prompt;
+mod resume;
 pub mod tool_loop;
 pub mod verdict;
 mod verifiers;
@@ -65,6 +67,23 @@ impl Deref for Attempt {
 impl DerefMut for Attempt {
     fn deref_mut(&mut self) -> &mut LevelRun {
         &mut self.0
+    }
+}
+
+impl Attempt {
+    /// Commits `event` before the step acts on the world, after what the step did so far
+    /// (in order); false when the step is being cut (the executor dropped its answer), and
+    /// then nothing may be done. Without a channel (a fan-out's child, whose events are
+    /// committed as it settles) the event is staged with the others.
+    pub(crate) async fn commit_before(&self, events: &mut Vec<NewEvent>, event: NewEvent) -> bool {
+        let Some(channel) = &self.sent else {
+            events.push(event);
+            return true;
+        };
+        let mut batch = std::mem::take(events);
+        batch.push(event);
+        let (ack, acked) = tokio::sync::oneshot::channel();
+        channel.send((batch, ack)).await.is_ok() && acked.await.is_ok()
     }
 }
 

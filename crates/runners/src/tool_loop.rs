@@ -19,6 +19,8 @@ use std::time::Instant;
 use baton_scenario::model::{ErrorKind, LevelKind};
 use serde_json::{Map, Value, json};
 
+use crate::own_tools::OwnTools;
+use crate::resume::{RecordedCall, Resume};
 use crate::{Attempt, Stop};
 use baton_engine::clock::elapsed_ms;
 use baton_engine::event::{
@@ -199,6 +201,20 @@ enum Next {
     Cancelled,
     /// A call could not be run at all (its task died); the attempt ends without a result.
     Failed(String),
+    /// A call of a user's tool stopped the attempt (the budget refused it, or the step is
+    /// being cut).
+    Stopped(Stop),
+}
+
+/// What one turn's tool calls work on: the attempt's files touched, its scratchpad, its
+/// calls of the user's tools, what it goes through again of an earlier driver's, and the
+/// turn's results for the model.
+struct TurnState<'a> {
+    touched: &'a mut BTreeSet<String>,
+    pad: &'a mut Map<String, Value>,
+    own: &'a mut OwnTools,
+    resume: &'a mut Resume,
+    results: &'a mut Vec<ToolReply>,
 }
 
 /// The refusal of a call whose arguments [`cap_tool_calls`] left out.
@@ -218,7 +234,7 @@ impl Attempt {
     pub(crate) async fn tool_loop(&self) -> Vec<NewEvent> {
         let started = Instant::now();
         let level = &self.scenario.levels[self.level];
-        let LevelKind::ToolLoop { prompt, max_iterations } = &level.kind else {
+        let LevelKind::ToolLoop { prompt, max_iterations, tools } = &level.kind else {
             return Vec::new();
         };
         let mut events = Vec::new();
@@ -248,7 +264,12 @@ impl Attempt {
             Ok(t) => t,
             Err(e) => return fail(e, &mut events),
         };
-        let specs = tool_specs();
+        let mut own = OwnTools::new(tools);
+        let specs: Vec<ToolSpec> = tool_specs().into_iter().chain(own.specs()).collect();
+        // An attempt an earlier driver began: its committed events answer its calls.
+        let mut resume = Resume::new(&self.resumed);
+        // What the calls an earlier driver made spent: in the state's totals already.
+        let (mut replayed_usd, mut replayed_tokens) = (0.0, 0);
         let may_go_textual = level.model.as_ref().is_some_and(|m| m.fallback_outside_allow);
         let mut transport = Transport::Native;
         let mut calls = self.calls();
@@ -263,7 +284,7 @@ impl Attempt {
                 return Stop::Halted.finish(self, &mut events, started);
             }
             if turn >= *max_iterations {
-                events.push(self.event(EventData::Warning(Warning {
+                resume.emit(&mut events, self.event(EventData::Warning(Warning {
                     message: format!(
                         "level `{}` stopped after max_iterations ({max_iterations}) turns without calling finish",
                         level.id
@@ -281,7 +302,7 @@ impl Attempt {
             let textual = transport == Transport::Textual;
             // A person's steering is a user turn after the conversation so far; it stays in
             // the conversation once a call has taken it.
-            let steer = calls.steering();
+            let steer = if resume.is_live() { calls.steering() } else { None };
             let steered = steer.as_ref().map(|s| Turn::User { text: s.text() });
             let mut request = ModelRequest {
                 scenario_id: self.scenario.id.clone(),
@@ -303,12 +324,28 @@ impl Attempt {
             };
             request.turns.extend(steered.clone());
             let first = calls.call == 0;
-            let reply = match calls.send(&mut events, &prompt.name, request, first, steer).await {
+            let answer = match resume.model_call() {
+                Some(RecordedCall::Answered(response, stop)) => {
+                    replayed_usd += response.cost_usd;
+                    replayed_tokens += response.usage.total();
+                    calls.recorded(*response, stop)
+                }
+                Some(RecordedCall::Failed(failed)) => Err(Stop::Failed(
+                    format!("model call failed ({}): {}", failed.provider, failed.message),
+                    Some(ErrorKind::Provider),
+                )),
+                // Its prompt is in the log already.
+                Some(RecordedCall::Sent) => {
+                    calls.send(&mut events, &prompt.name, request, false, steer).await
+                }
+                None => calls.send(&mut events, &prompt.name, request, first, steer).await,
+            };
+            let reply = match answer {
                 Ok(r) => r,
                 Err(Stop::Failed(message, _))
                     if turn == 0 && transport == Transport::Native && may_go_textual =>
                 {
-                    events.push(self.event(EventData::Warning(Warning {
+                    resume.emit(&mut events, self.event(EventData::Warning(Warning {
                         message: format!(
                             "native tool calling failed ({message}); level `{}` goes on with the textual tool protocol",
                             level.id
@@ -349,11 +386,20 @@ impl Attempt {
                 };
             }
             let mut results = Vec::new();
-            let next = self
-                .run_tools(&workspace, requested, &mut touched, &mut pad, &mut results, &mut events)
-                .await;
+            let mut turn_state = TurnState {
+                touched: &mut touched,
+                pad: &mut pad,
+                own: &mut own,
+                resume: &mut resume,
+                results: &mut results,
+            };
+            let next = self.run_tools(&workspace, requested, &mut turn_state, &mut events).await;
             match next {
                 Next::Cancelled => return Stop::Halted.finish(self, &mut events, started),
+                Next::Stopped(stop) => {
+                    self.discard(&workspace).await;
+                    return stop.finish(self, &mut events, started);
+                }
                 Next::Failed(message) => {
                     self.discard(&workspace).await;
                     return Stop::Failed(message, Some(ErrorKind::Tool)).finish(
@@ -373,8 +419,8 @@ impl Attempt {
             }
             // The budget counts every turn: a loop stops as soon as a cap is crossed.
             let mut totals = self.state.totals;
-            totals.cost_usd += calls.cost_usd;
-            totals.tokens += calls.tokens;
+            totals.cost_usd += calls.cost_usd + own.cost_usd - replayed_usd - own.replayed_cost_usd;
+            totals.tokens += calls.tokens - replayed_tokens;
             totals.duration_ms += elapsed_ms(started);
             if let Some(exceeded) = over_caps(self.state.budget, totals) {
                 events.push(self.event(EventData::BudgetExceeded(exceeded)));
@@ -399,7 +445,7 @@ impl Attempt {
             conflict: None,
             error: None,
             error_kind: None,
-            cost_usd: calls.cost_usd,
+            cost_usd: calls.cost_usd + own.cost_usd,
             tokens: calls.tokens,
             duration_ms: elapsed_ms(started),
             terminal: level.terminal,
@@ -443,11 +489,10 @@ impl Attempt {
         &self,
         workspace: &Arc<dyn baton_engine::workspace::Workspace>,
         requested: Vec<Result<ToolCall, String>>,
-        touched: &mut BTreeSet<String>,
-        pad: &mut serde_json::Map<String, Value>,
-        results: &mut Vec<ToolReply>,
+        turn: &mut TurnState<'_>,
         events: &mut Vec<NewEvent>,
     ) -> Next {
+        let TurnState { touched, pad, own, resume, results } = turn;
         let mut written = None;
         for (n, call) in requested.into_iter().enumerate() {
             let (call, outcome) = match call {
@@ -464,11 +509,14 @@ impl Attempt {
                         return Next::Cancelled;
                     }
                     self.cancel.progress().tool_call();
-                    events.push(self.event(EventData::ToolCall(ToolCalled {
-                        call_id: call.id.clone(),
-                        tool: call.name.clone(),
-                        arguments: call.arguments.clone(),
-                    })));
+                    resume.emit(
+                        events,
+                        self.event(EventData::ToolCall(ToolCalled {
+                            call_id: call.id.clone(),
+                            tool: call.name.clone(),
+                            arguments: call.arguments.clone(),
+                        })),
+                    );
                     let outcome = if let Some(refusal) = oversized(&call.arguments) {
                         refusal
                     } else if n >= limits::TOOL_CALLS_PER_TURN_MAX {
@@ -480,7 +528,8 @@ impl Attempt {
                         match call.arguments.get("summary").and_then(Value::as_str) {
                             Some(summary) => {
                                 let summary = summary.to_owned();
-                                self.record_result(&call, &ToolOutcome::ok("finished"), events);
+                                let result = self.result_event(&call, &ToolOutcome::ok("finished"));
+                                resume.emit(events, result);
                                 return Next::Finished(summary);
                             }
                             None => ToolOutcome::error(
@@ -495,7 +544,7 @@ impl Attempt {
                     } else if FILE_TOOLS.contains(&call.name.as_str()) {
                         let ws = Arc::clone(workspace);
                         let (name, arguments) = (call.name.clone(), call.arguments.clone());
-                        let mut set = std::mem::take(touched);
+                        let mut set = std::mem::take(*touched);
                         let ran = tokio::task::spawn_blocking(move || {
                             let outcome = ws.execute(
                                 &name,
@@ -508,7 +557,7 @@ impl Attempt {
                         .await;
                         match ran {
                             Ok((outcome, set)) => {
-                                *touched = set;
+                                **touched = set;
                                 outcome
                             }
                             Err(e) => {
@@ -520,25 +569,38 @@ impl Attempt {
                                 ));
                             }
                         }
+                    } else if let Some(tool) = own.get(&call.name) {
+                        match self.own_call(&tool, &call, own, resume, events, workspace).await {
+                            Ok(outcome) => outcome,
+                            Err(stop) => return Next::Stopped(stop),
+                        }
                     } else {
+                        let mut names: Vec<&str> = FILE_TOOLS.to_vec();
+                        names.extend(baton_engine::scratchpad::TOOLS);
+                        names.extend(own.names());
                         ToolOutcome::error(format!(
-                            "there is no tool `{}`; the tools are {}, {}",
+                            "there is no tool `{}`; the tools are {}",
                             call.name,
-                            FILE_TOOLS.join(", "),
-                            baton_engine::scratchpad::TOOLS.join(", ")
+                            names.join(", ")
                         ))
                     };
                     (call, outcome)
                 }
             };
-            self.record_result(&call, &outcome, events);
+            resume.emit(events, self.result_event(&call, &outcome));
             if let Some((key, value)) = written.take() {
-                events.push(self.event(EventData::ScratchpadWritten(
-                    baton_engine::event::ScratchpadWritten { key, value },
-                )));
+                resume.emit(
+                    events,
+                    self.event(EventData::ScratchpadWritten(
+                        baton_engine::event::ScratchpadWritten { key, value },
+                    )),
+                );
             }
             if let Some(path) = &outcome.created {
-                events.push(self.event(EventData::FileCreated(FileCreated { path: path.clone() })));
+                resume.emit(
+                    events,
+                    self.event(EventData::FileCreated(FileCreated { path: path.clone() })),
+                );
             }
             results.push(ToolReply {
                 call_id: call.id,
@@ -550,7 +612,8 @@ impl Attempt {
         Next::Continue
     }
 
-    fn record_result(&self, call: &ToolCall, outcome: &ToolOutcome, events: &mut Vec<NewEvent>) {
+    /// The `tool_result` of a call: what the model was given, cut at the event's limit.
+    fn result_event(&self, call: &ToolCall, outcome: &ToolOutcome) -> NewEvent {
         let mut content = outcome.content.clone();
         if content.len() > limits::TOOL_RESULT_EVENT_BYTES_MAX {
             let mut cut = limits::TOOL_RESULT_EVENT_BYTES_MAX;
@@ -562,11 +625,11 @@ impl Attempt {
             let _ =
                 write!(content, "\n[{dropped} more bytes went to the model, not to this event]");
         }
-        events.push(self.event(EventData::ToolResult(ToolResult {
+        self.event(EventData::ToolResult(ToolResult {
             call_id: call.id.clone(),
             tool: call.name.clone(),
             content,
             is_error: outcome.is_error,
-        })));
+        }))
     }
 }

@@ -67,3 +67,10 @@ fn a_long_conversation_drops_its_oldest_tool_results_first() {
     let Some(Turn::Tools { results }) = tiny.last() else { panic!("a tools turn") };
     assert_eq!(results[0].content.len(), 100_000);
 }
+
+#[test]
+fn the_names_a_users_tool_may_not_take_are_the_tool_loops_own() {
+    let own: Vec<String> =
+        baton_runners::tool_loop::tool_specs().into_iter().map(|s| s.name).collect();
+    assert_eq!(own, baton_scenario::check::BUILT_IN_TOOLS, "keep the scenario's list in step");
+}

@@ -48,6 +48,27 @@ pub const WAVE_ASSIGNMENTS_DEFAULT: u32 = 50;
 pub const ITERATIONS_MAX: u32 = 500;
 /// Default `max_iterations` of a tool-loop level.
 pub const ITERATIONS_DEFAULT: u32 = 40;
+/// Most toolsets in one scenario.
+pub const TOOLSETS_MAX: usize = 32;
+/// Most of the user's own tools one level may give its model.
+pub const OWN_TOOLS_PER_LEVEL_MAX: usize = 64;
+/// Longest name of a tool (what model APIs accept).
+pub const TOOL_NAME_CHARS_MAX: usize = 64;
+/// Longest description of a tool, in bytes.
+pub const TOOL_DESCRIPTION_BYTES_MAX: usize = 4 * 1024;
+/// Largest JSON Schema of a tool's arguments, in bytes of JSON: every tool's schema goes
+/// with every model call of its level.
+pub const TOOL_SCHEMA_BYTES_MAX: usize = 16 * 1024;
+/// A tool call's timeout when its tool sets none, in seconds.
+pub const TOOL_TIMEOUT_S_DEFAULT: f64 = 60.0;
+/// Upper bound of a tool's `timeout_s`: one hour.
+pub const TOOL_TIMEOUT_S_MAX: f64 = 3600.0;
+/// Upper bound of a tool's `max_calls`.
+pub const TOOL_CALLS_MAX: u32 = 1_000;
+/// Upper bound of a tool's `cost_usd` per call.
+pub const TOOL_COST_USD_MAX: f64 = 1_000.0;
+/// Most arguments of a `command` tool's program, and most variables it is given.
+pub const TOOL_ARGV_MAX: usize = 64;
 /// Upper bound of a verifier's `max_retries`.
 pub const RETRIES_MAX: u32 = 10;
 /// Default of `budget.max_level_runs`: level executions one run may start.

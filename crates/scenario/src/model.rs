@@ -17,7 +17,8 @@ use crate::rubric::Rubric;
 use crate::schema::JsonSchema;
 
 pub use crate::raw::{
-    RawAggregator as Aggregator, RawMode as Mode, RawOnFail as OnFail, RawUses as Uses,
+    RawAggregator as Aggregator, RawEffect as Effect, RawMode as Mode, RawOnFail as OnFail,
+    RawUses as Uses,
 };
 
 /// Index of a level in [`Scenario::levels`].
@@ -168,6 +169,8 @@ pub enum LevelKind {
     ToolLoop {
         prompt: Template,
         max_iterations: u32,
+        /// The user's own tools its model may call, from the toolsets it lists, in order.
+        tools: Vec<Arc<OwnTool>>,
     },
     Verifier,
     FanOut {
@@ -182,6 +185,34 @@ pub enum LevelKind {
         output_schema: JsonSchema,
     },
     Wave(WaveSpec),
+}
+
+/// One of the user's own tools (a tool of a `toolsets:` entry), checked.
+#[derive(Debug)]
+pub struct OwnTool {
+    /// The name the model calls it by.
+    pub name: String,
+    /// The toolset it belongs to.
+    pub toolset: String,
+    pub description: String,
+    /// Its arguments' schema, compiled; its document is what the model is shown.
+    pub parameters: JsonSchema,
+    pub effect: Effect,
+    pub timeout_s: f64,
+    /// Most calls per level attempt.
+    pub max_calls: Option<u32>,
+    pub cost_usd: f64,
+    /// Its key leaves out the attempt: a later attempt's same call reuses the receipt.
+    pub once_per_run: bool,
+    pub source: ToolSource,
+}
+
+/// How a tool of the user's is called.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolSource {
+    /// A program run in the jail, in the level's workspace, with no network; the call's
+    /// arguments as JSON on its stdin.
+    Command { argv: Vec<String>, env: Vec<(String, String)> },
 }
 
 /// A checked `wave` level.

@@ -58,6 +58,83 @@ pub struct RawScenario {
     /// The workspace a run's `tool_loop` levels edit.
     #[serde(default)]
     pub workspace: Option<Located<RawWorkspace>>,
+    /// Named sets of the user's own tools, by name (an id); a `tool_loop` level gives its
+    /// model the sets its `tools:` lists, beside the file tools.
+    #[serde(default)]
+    pub toolsets: Option<Located<BTreeMap<String, Located<RawToolset>>>>,
+}
+
+/// A set of the user's own tools, all from one source.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawToolset {
+    /// Where its tools come from: `command` — each tool a program of the user's, run in the
+    /// jail in the level's workspace with no network, its arguments as JSON on stdin.
+    pub source: Located<RawToolSource>,
+    /// The tools, in the order the model is shown them.
+    pub tools: Located<Vec<Located<RawTool>>>,
+}
+
+/// Where a toolset's tools come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawToolSource {
+    /// Programs run in the jail.
+    Command,
+}
+
+/// One tool of a toolset.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTool {
+    /// The name the model calls it by: a letter, then letters, digits, `_` or `-` (at most
+    /// 64); unique among a level's tools and none of the built-in ones.
+    pub name: Located<String>,
+    /// What it does, for the model.
+    #[serde(default)]
+    pub description: Option<Located<String>>,
+    /// JSON Schema of its arguments (an object; inline or a file path); default: an object
+    /// with no required fields. A call whose arguments fail it is refused before it runs.
+    #[serde(default)]
+    pub parameters: Option<Located<RawSchema>>,
+    /// `command` tools: the program and its arguments (no shell), run in the level's
+    /// workspace. It reads the call's arguments as JSON on stdin; what it writes to stdout
+    /// is the result; a non-zero exit is an error result with its stderr's tail.
+    #[serde(default)]
+    pub command: Option<Located<Vec<String>>>,
+    /// `command` tools: the variables the program gets; nothing else of Baton's
+    /// environment reaches it but `PATH`, `HOME`, `LANG` and `TMPDIR`.
+    #[serde(default)]
+    pub env: Option<Located<BTreeMap<String, String>>>,
+    /// `read` (it changes nothing: called again freely on resume) or `write` (the default:
+    /// each call gets an idempotency key and a receipt in the log, and is never made again
+    /// once its receipt is there).
+    #[serde(default)]
+    pub effect: Option<Located<RawEffect>>,
+    /// Longest one call may take, in seconds (default 60, at most 3600).
+    #[serde(default)]
+    pub timeout_s: Option<Located<f64>>,
+    /// Most calls per level attempt; past it a call is refused with a result that says so.
+    #[serde(default)]
+    pub max_calls: Option<Located<u32>>,
+    /// What one call costs, in USD, counted against the run's `max_cost_usd` like a model
+    /// call's.
+    #[serde(default)]
+    pub cost_usd: Option<Located<f64>>,
+    /// A `write` tool whose key leaves out the attempt: a later attempt of the level that
+    /// makes the same call (same arguments, same place) gets the first one's receipt.
+    #[serde(default)]
+    pub once_per_run: Option<Located<bool>>,
+}
+
+/// What a tool call does to the world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawEffect {
+    /// Changes nothing.
+    Read,
+    /// Changes something outside the run.
+    Write,
 }
 
 /// How a run's workspace starts.
@@ -184,6 +261,10 @@ pub struct RawLevel {
     /// Most model turns of a `tool_loop` level (default 40).
     #[serde(default)]
     pub max_iterations: Option<Located<u32>>,
+    /// The toolsets (names under `toolsets:`) a `tool_loop` level's model may call besides
+    /// the file tools.
+    #[serde(default)]
+    pub tools: Vec<Located<String>>,
     /// Who may decide a `human_approval` level (default `approver`).
     #[serde(default)]
     pub approver_role: Option<Located<String>>,

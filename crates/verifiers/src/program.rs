@@ -137,16 +137,37 @@ pub async fn run_program(
     jail: &Jail,
     cancel: &CancelToken,
 ) -> Result<Ran, String> {
+    run_program_with_input(program, None, jail, cancel).await
+}
+
+/// [`run_program`], with `input` written to the program's stdin (then closed; a program
+/// that does not read it all is not waited for).
+pub async fn run_program_with_input(
+    program: &Program,
+    input: Option<Vec<u8>>,
+    jail: &Jail,
+    cancel: &CancelToken,
+) -> Result<Ran, String> {
     let Some(name) = program.argv.first() else {
         return Err("no program to run".to_owned());
     };
     let started = Instant::now();
     let jailed = jailed_command(jail, program)?;
     let (mut command, watch) = (jailed.command, jailed.watch.map(Arc::new));
-    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = command
         .spawn()
         .map_err(|e| format!("cannot start `{name}` in {}: {e}", program.cwd.display()))?;
+    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+        // A program that exits without reading its input closes the pipe: nothing to report.
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt as _;
+            let _ = stdin.write_all(&input).await;
+        });
+    }
     let group = child.id();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();

@@ -67,6 +67,7 @@ async fn run_opened(
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
             runner: std::sync::Arc::new(baton_runners::Runners),
+            tools: None,
         }),
         Arc::new(SystemClock),
     );
@@ -478,6 +479,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
             runner: std::sync::Arc::new(baton_runners::Runners),
+            tools: None,
         }),
         Arc::new(SystemClock),
     );
@@ -512,6 +514,7 @@ async fn a_workspace_lock_held_by_another_git_leaves_the_run_resumable_not_faile
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
             runner: std::sync::Arc::new(baton_runners::Runners),
+            tools: None,
         }),
         Arc::new(SystemClock),
     );

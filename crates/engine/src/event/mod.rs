@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod late;
+pub mod ledger;
 pub mod live;
 pub mod payloads;
 pub mod steering;
@@ -24,6 +25,7 @@ pub mod v1;
 pub mod wave;
 
 pub use late::{LATE_RESULT_AFTER_CANCEL, LateResultDiscarded};
+pub use ledger::{ToolCallFinished, ToolCallReissued, ToolCallStarted};
 pub use live::LiveText;
 pub use payloads::*;
 pub use steering::{SteeringDelivered, SteeringReceived};
@@ -129,6 +131,9 @@ pub enum EventData {
     SteeringReceived(SteeringReceived),
     SteeringDelivered(SteeringDelivered),
     LateResultDiscarded(LateResultDiscarded),
+    ToolCallStarted(ToolCallStarted),
+    ToolCallFinished(ToolCallFinished),
+    ToolCallReissued(ToolCallReissued),
 }
 
 impl EventData {
@@ -185,15 +190,19 @@ impl EventData {
             EventData::SteeringReceived(_) => "steering_received",
             EventData::SteeringDelivered(_) => "steering_delivered",
             EventData::LateResultDiscarded(_) => "late_result_discarded",
+            EventData::ToolCallStarted(_) => "tool_call_started",
+            EventData::ToolCallFinished(_) => "tool_call_finished",
+            EventData::ToolCallReissued(_) => "tool_call_reissued",
         }
     }
 
-    /// What the event says a model call spent (cost, tokens): an answer's or a cut call's;
-    /// `None` for every other kind.
+    /// What the event says a call spent (cost, tokens): a model's answer's or cut call's, or
+    /// a priced tool call's receipt; `None` for every other kind.
     pub fn spend(&self) -> Option<(f64, u64)> {
         match self {
             EventData::ModelResponse(r) => Some((r.cost_usd, r.usage.total())),
             EventData::ModelCallCut(c) => Some((c.cost_usd, c.usage.total())),
+            EventData::ToolCallFinished(f) if f.cost_usd > 0.0 => Some((f.cost_usd, 0)),
             _ => None,
         }
     }
@@ -262,6 +271,9 @@ impl EventData {
             EventData::SteeringReceived(p) => serde_json::to_writer(&mut *out, p),
             EventData::SteeringDelivered(p) => serde_json::to_writer(&mut *out, p),
             EventData::LateResultDiscarded(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ToolCallStarted(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ToolCallFinished(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ToolCallReissued(p) => serde_json::to_writer(&mut *out, p),
         };
     }
 
@@ -392,6 +404,9 @@ impl EventData {
             "steering_received" => SteeringReceived,
             "steering_delivered" => SteeringDelivered,
             "late_result_discarded" => LateResultDiscarded,
+            "tool_call_started" => ToolCallStarted,
+            "tool_call_finished" => ToolCallFinished,
+            "tool_call_reissued" => ToolCallReissued,
         }
     }
 }

@@ -206,6 +206,7 @@ pub fn engine_with_jobs(
             catalog: Arc::new(serde_json::Value::Array(Vec::new())),
             redactor: std::sync::Arc::new(baton_engine::redact::Verbatim),
             runner: std::sync::Arc::new(baton_runners::Runners),
+            tools: None,
         }),
         Arc::new(SystemClock),
     )

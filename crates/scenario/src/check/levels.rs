@@ -17,6 +17,7 @@ pub(super) struct LevelDefaults<'a> {
     pub(super) model: Option<&'a ModelConstraint>,
     pub(super) timeout_s: Option<f64>,
     pub(super) max_iterations: Option<u32>,
+    pub(super) toolsets: &'a super::tools::Toolsets,
 }
 
 impl Checker<'_> {
@@ -73,7 +74,8 @@ impl Checker<'_> {
                     .bounded(raw.max_iterations.as_ref(), "max_iterations", limits::ITERATIONS_MAX)
                     .or(defaults.max_iterations)
                     .unwrap_or(limits::ITERATIONS_DEFAULT);
-                prompt.map(|prompt| LevelKind::ToolLoop { prompt, max_iterations })
+                let tools = self.level_tools(raw, defaults.toolsets);
+                prompt.map(|prompt| LevelKind::ToolLoop { prompt, max_iterations, tools })
             }
             RawKind::Verifier => {
                 if raw.verifiers.is_empty() {
@@ -149,7 +151,7 @@ impl Checker<'_> {
     /// Refuses settings that the level's kind does not use.
     pub(super) fn fields_for_kind(&mut self, raw: &Located<RawLevel>, kind: RawKind) {
         use RawKind::{FanOut, HumanApproval, Prompt, ToolLoop, Verifier, Wave};
-        let present: [(&str, Option<Pos>, &[RawKind]); 13] = [
+        let present: [(&str, Option<Pos>, &[RawKind]); 14] = [
             ("prompt", raw.prompt.as_ref().map(|v| v.pos), &[Prompt, ToolLoop, HumanApproval]),
             ("response", raw.response.as_ref().map(|v| v.pos), &[Prompt]),
             ("model", raw.model.as_ref().map(|v| v.pos), &[Prompt, ToolLoop, Verifier]),
@@ -158,6 +160,7 @@ impl Checker<'_> {
             ("fan_in", raw.fan_in.as_ref().map(|v| v.pos), &[FanOut]),
             ("max_parallel", raw.max_parallel.as_ref().map(|v| v.pos), &[FanOut]),
             ("max_iterations", raw.max_iterations.as_ref().map(|v| v.pos), &[ToolLoop]),
+            ("tools", raw.tools.first().map(|v| v.pos), &[ToolLoop]),
             ("approver_role", raw.approver_role.as_ref().map(|v| v.pos), &[HumanApproval]),
             ("output_schema", raw.output_schema.as_ref().map(|v| v.pos), &[HumanApproval]),
             ("wave", raw.wave.as_ref().map(|v| v.pos), &[Wave]),

@@ -197,6 +197,7 @@ impl Checker<'_> {
             index.insert(level.id.value.clone(), i);
         }
 
+        let toolsets = self.toolsets(raw);
         let parents = self.fan_out_parents(raw_levels, &index);
         let mut levels = Vec::with_capacity(raw_levels.len());
         for (i, level) in raw_levels.iter().enumerate() {
@@ -204,6 +205,7 @@ impl Checker<'_> {
                 model: default_model.as_ref(),
                 timeout_s: default_timeout,
                 max_iterations: default_iterations,
+                toolsets: &toolsets,
             };
             if let Some(checked) = self.level(level, &index, parents.get(&i).copied(), &ctx) {
                 levels.push(checked);

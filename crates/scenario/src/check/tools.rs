@@ -1,0 +1,360 @@
+//! The user's own tools: the scenario's `toolsets:`, each tool's name, schema, source and
+//! limits, and a `tool_loop` level's `tools:` list resolved against them.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use super::checker::Checker;
+use crate::de::Located;
+use crate::limits;
+use crate::model::{Effect, OwnTool, ToolSource};
+use crate::raw::{RawLevel, RawScenario, RawTool, RawToolSource, RawToolset};
+use crate::schema::JsonSchema;
+
+/// The tools a tool loop offers whatever its toolsets: the file tools, `finish` and the
+/// scratchpad's (the runners test that this is their list). A tool of the user's may not
+/// take one of these names.
+pub const BUILT_IN_TOOLS: [&str; 9] = [
+    "read_file",
+    "write_file",
+    "edit_file",
+    "list_dir",
+    "delete_file",
+    "finish",
+    "scratchpad_get",
+    "scratchpad_put",
+    "scratchpad_list",
+];
+
+/// The scenario's toolsets, checked, by name; a toolset with an error is left out (its
+/// error is reported once, not again at each level naming it).
+pub(super) struct Toolsets {
+    sets: BTreeMap<String, Vec<Arc<OwnTool>>>,
+    /// Names declared, whether or not they checked: a level naming a broken set gets no
+    /// second error.
+    declared: HashSet<String>,
+}
+
+/// `value` with every object's keys in sorted order.
+fn sorted(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<(String, serde_json::Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(sorted).collect())
+        }
+        other => other,
+    }
+}
+
+/// Whether `name` is a tool name model APIs accept: a letter, then letters, digits, `_`, `-`.
+fn is_tool_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && name.len() <= limits::TOOL_NAME_CHARS_MAX
+}
+
+impl Checker<'_> {
+    /// Checks every toolset of the scenario.
+    pub(super) fn toolsets(&mut self, raw: &RawScenario) -> Toolsets {
+        let mut out = Toolsets { sets: BTreeMap::new(), declared: HashSet::new() };
+        let Some(sets) = &raw.toolsets else { return out };
+        if sets.value.len() > limits::TOOLSETS_MAX {
+            self.error(
+                "too-many",
+                sets.pos,
+                format!("a scenario may have at most {} toolsets", limits::TOOLSETS_MAX),
+            );
+            return out;
+        }
+        for (name, set) in &sets.value {
+            out.declared.insert(name.clone());
+            if !super::is_id(name) {
+                self.error("bad-id", set.pos, format!("`{name}` is not a valid toolset name"))
+                    .help = Some("toolset names are ids: lower-case letters, digits and `_`, starting with a letter".to_owned());
+                continue;
+            }
+            if let Some(tools) = self.toolset(name, set) {
+                out.sets.insert(name.clone(), tools);
+            }
+        }
+        out
+    }
+
+    fn toolset(&mut self, name: &str, set: &Located<RawToolset>) -> Option<Vec<Arc<OwnTool>>> {
+        let errors = self.diags.error_count();
+        let mut seen = HashSet::new();
+        let mut tools = Vec::new();
+        if set.value.tools.value.is_empty() {
+            self.error("no-tools", set.value.tools.pos, format!("toolset `{name}` has no tools"));
+        }
+        for tool in &set.value.tools.value {
+            if !seen.insert(tool.value.name.value.clone()) {
+                self.error(
+                    "duplicate-id",
+                    tool.value.name.pos,
+                    format!("toolset `{name}` declares tool `{}` twice", tool.value.name.value),
+                );
+                continue;
+            }
+            if let Some(checked) = self.tool(name, set.value.source.value, tool) {
+                tools.push(Arc::new(checked));
+            }
+        }
+        (self.diags.error_count() == errors).then_some(tools)
+    }
+
+    fn tool(
+        &mut self,
+        toolset: &str,
+        source: RawToolSource,
+        raw: &Located<RawTool>,
+    ) -> Option<OwnTool> {
+        let tool = &raw.value;
+        let name = &tool.name;
+        if !is_tool_name(&name.value) {
+            self.error(
+                "bad-tool-name",
+                name.pos,
+                format!("`{}` is not a valid tool name", name.value),
+            )
+            .help = Some(format!(
+                "a tool name starts with a letter and holds letters, digits, `_` and `-` (at most {} characters)",
+                limits::TOOL_NAME_CHARS_MAX
+            ));
+        } else if BUILT_IN_TOOLS.contains(&name.value.as_str()) {
+            self.error(
+                "reserved-tool-name",
+                name.pos,
+                format!("`{}` is a built-in tool of every tool loop", name.value),
+            )
+            .help = Some("give the tool another name".to_owned());
+        }
+        let description =
+            tool.description.as_ref().map_or_else(String::new, |d| d.value.trim().to_owned());
+        if let Some(d) = &tool.description
+            && d.value.len() > limits::TOOL_DESCRIPTION_BYTES_MAX
+        {
+            self.error(
+                "too-long",
+                d.pos,
+                format!(
+                    "a tool's description may hold at most {} bytes",
+                    limits::TOOL_DESCRIPTION_BYTES_MAX
+                ),
+            );
+        }
+        let parameters = self.tool_parameters(tool);
+        let timeout_s = self
+            .positive(tool.timeout_s.as_ref(), "timeout_s", limits::TOOL_TIMEOUT_S_MAX)
+            .unwrap_or(limits::TOOL_TIMEOUT_S_DEFAULT);
+        let max_calls = self.bounded(tool.max_calls.as_ref(), "max_calls", limits::TOOL_CALLS_MAX);
+        let cost_usd = match &tool.cost_usd {
+            Some(c) if !(0.0..=limits::TOOL_COST_USD_MAX).contains(&c.value) => {
+                self.error(
+                    "out-of-range",
+                    c.pos,
+                    format!(
+                        "`cost_usd` must be between 0 and {}, found {}",
+                        limits::TOOL_COST_USD_MAX,
+                        c.value
+                    ),
+                );
+                0.0
+            }
+            Some(c) => c.value,
+            None => 0.0,
+        };
+        // A tool that acts is a write until its author says it only reads.
+        let effect = tool.effect.as_ref().map_or(Effect::Write, |e| e.value);
+        let once_per_run = tool.once_per_run.as_ref().is_some_and(|o| o.value);
+        if once_per_run && effect == Effect::Read {
+            let pos = tool.once_per_run.as_ref().map_or(raw.pos, |o| o.pos);
+            self.error(
+                "once-per-run-read",
+                pos,
+                format!(
+                    "tool `{}` is `effect: read`; `once_per_run` applies to write tools",
+                    name.value
+                ),
+            );
+        }
+        let source = match source {
+            RawToolSource::Command => self.command_tool(raw)?,
+        };
+        Some(OwnTool {
+            name: name.value.clone(),
+            toolset: toolset.to_owned(),
+            description,
+            parameters: parameters?,
+            effect,
+            timeout_s,
+            max_calls,
+            cost_usd,
+            once_per_run,
+            source,
+        })
+    }
+
+    /// A tool's argument schema: an object schema, bounded in size; the default takes any
+    /// object.
+    fn tool_parameters(&mut self, tool: &RawTool) -> Option<JsonSchema> {
+        let Some(raw) = &tool.parameters else {
+            let any = serde_json::json!({"type": "object"});
+            return Some(JsonSchema::compile(any).expect("an object schema compiles"));
+        };
+        // Keys in one order whichever way the scenario was loaded (its file, or the
+        // canonical texts a run keeps): the schema goes to the model, and what the model is
+        // sent is hashed into the log.
+        let value = sorted(self.schema_value(raw)?);
+        if value.get("type").and_then(serde_json::Value::as_str) != Some("object") {
+            self.error("bad-schema", raw.pos, "a tool's `parameters` must be an object schema")
+                .help = Some(
+                "start it with `type: object` and list the arguments under `properties`".to_owned(),
+            );
+            return None;
+        }
+        let bytes = value.to_string().len();
+        if bytes > limits::TOOL_SCHEMA_BYTES_MAX {
+            self.error(
+                "too-long",
+                raw.pos,
+                format!(
+                    "this schema is {bytes} bytes of JSON; a tool's `parameters` may hold at most {}",
+                    limits::TOOL_SCHEMA_BYTES_MAX
+                ),
+            );
+            return None;
+        }
+        self.compile_schema(value, raw.pos)
+    }
+
+    /// The program of a `command` tool.
+    fn command_tool(&mut self, raw: &Located<RawTool>) -> Option<ToolSource> {
+        let tool = &raw.value;
+        let Some(argv) = &tool.command else {
+            self.error(
+                "missing-field",
+                tool.name.pos,
+                format!("tool `{}` of a `command` toolset needs `command`", tool.name.value),
+            )
+            .help = Some(
+                "give the program and its arguments, e.g. `command: [python3, tools/notes.py]`"
+                    .to_owned(),
+            );
+            return None;
+        };
+        if argv.value.is_empty() || argv.value[0].trim().is_empty() {
+            self.error("empty-value", argv.pos, "`command` names no program");
+            return None;
+        }
+        if argv.value.len() > limits::TOOL_ARGV_MAX {
+            self.error(
+                "too-many",
+                argv.pos,
+                format!("`command` may have at most {} arguments", limits::TOOL_ARGV_MAX),
+            );
+            return None;
+        }
+        let env: Vec<(String, String)> = tool
+            .env
+            .as_ref()
+            .map(|e| e.value.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        if let Some(e) = &tool.env {
+            if env.len() > limits::TOOL_ARGV_MAX {
+                self.error(
+                    "too-many",
+                    e.pos,
+                    format!("`env` may have at most {} variables", limits::TOOL_ARGV_MAX),
+                );
+                return None;
+            }
+            if let Some((bad, _)) = env.iter().find(|(k, _)| {
+                k.is_empty()
+                    || k.starts_with("BATON_")
+                    || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            }) {
+                self.error(
+                    "bad-env",
+                    e.pos,
+                    format!("`{bad}` cannot be a variable of a tool's program"),
+                )
+                .help = Some(
+                    "names hold letters, digits and `_`; `BATON_` names are Baton's own".to_owned(),
+                );
+                return None;
+            }
+        }
+        Some(ToolSource::Command { argv: argv.value.clone(), env })
+    }
+
+    /// The tools a `tool_loop` level lists, from the scenario's toolsets, checked for
+    /// names that clash across sets.
+    pub(super) fn level_tools(&mut self, raw: &RawLevel, toolsets: &Toolsets) -> Vec<Arc<OwnTool>> {
+        let mut tools: Vec<Arc<OwnTool>> = Vec::new();
+        let mut named = HashSet::new();
+        for name in &raw.tools {
+            if !named.insert(name.value.clone()) {
+                self.error(
+                    "duplicate-id",
+                    name.pos,
+                    format!("toolset `{}` is listed twice", name.value),
+                );
+                continue;
+            }
+            let Some(set) = toolsets.sets.get(&name.value) else {
+                if !toolsets.declared.contains(&name.value) {
+                    let known: Vec<&str> = toolsets.declared.iter().map(String::as_str).collect();
+                    self.error(
+                        "unknown-toolset",
+                        name.pos,
+                        format!("there is no toolset `{}`", name.value),
+                    )
+                    .help = Some(if known.is_empty() {
+                        "declare it under `toolsets:` at the top of the scenario".to_owned()
+                    } else {
+                        let mut known = known;
+                        known.sort_unstable();
+                        format!("the scenario's toolsets are: {}", known.join(", "))
+                    });
+                }
+                continue;
+            };
+            for tool in set {
+                if let Some(other) = tools.iter().find(|t| t.name == tool.name) {
+                    self.error(
+                        "duplicate-tool",
+                        name.pos,
+                        format!(
+                            "tool `{}` of toolset `{}` has the name of a tool of toolset `{}`",
+                            tool.name, tool.toolset, other.toolset
+                        ),
+                    )
+                    .help =
+                        Some("a level's tools need distinct names; rename one of them".to_owned());
+                    continue;
+                }
+                tools.push(Arc::clone(tool));
+            }
+        }
+        if tools.len() > limits::OWN_TOOLS_PER_LEVEL_MAX {
+            let pos = raw.tools.first().map_or(raw.id.pos, |t| t.pos);
+            self.error(
+                "too-many",
+                pos,
+                format!(
+                    "level `{}` would give its model {} tools of the user's; at most {}",
+                    raw.id.value,
+                    tools.len(),
+                    limits::OWN_TOOLS_PER_LEVEL_MAX
+                ),
+            );
+        }
+        tools
+    }
+}

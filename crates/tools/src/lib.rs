@@ -1,0 +1,110 @@
+//! The user's own tools of a tool loop, as this process calls them: the engine's
+//! [`ToolHost`]. A `command` tool is a program run the way every program a run starts is
+//! — in the jail, no shell, a scrubbed environment, its own process group killed whole at
+//! the timeout or on cancel, its output read with byte caps — with no network, in the
+//! level's workspace, its call's arguments as JSON on stdin and a write call's idempotency
+//! key in [`KEY_VARIABLE`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use baton_engine::cancel::CancelToken;
+use baton_engine::future::BoxFuture;
+use baton_engine::tools::{OwnCall, ToolHost};
+use baton_engine::workspace::ToolOutcome;
+use baton_jail::Jail;
+use baton_scenario::model::ToolSource;
+use baton_verifiers::program::{Program, run_program_with_input};
+
+/// The variable a `command` tool's program finds a write call's idempotency key in.
+pub const KEY_VARIABLE: &str = "BATON_IDEMPOTENCY_KEY";
+
+/// Bytes of a failing program's stderr given back with its result.
+const STDERR_TAIL_BYTES: usize = 4 * 1024;
+
+/// Calls the user's tools; programs run in `jail`.
+#[derive(Debug)]
+pub struct Tools {
+    jail: Arc<Jail>,
+}
+
+impl Tools {
+    pub fn new(jail: Arc<Jail>) -> Self {
+        Tools { jail }
+    }
+
+    async fn command(
+        &self,
+        call: OwnCall<'_>,
+        argv: &[String],
+        env: &[(String, String)],
+        cancel: &CancelToken,
+    ) -> ToolOutcome {
+        let name = &call.tool.name;
+        let Some(timeout) = call.deadline.checked_duration_since(Instant::now()) else {
+            return ToolOutcome::error(format!(
+                "not run: no time is left for `{name}` in this attempt"
+            ));
+        };
+        let mut env = env.to_vec();
+        if let Some(key) = call.key {
+            env.push((KEY_VARIABLE.to_owned(), key.to_owned()));
+        }
+        let program = Program {
+            argv: argv.to_vec(),
+            cwd: call.workspace.to_path_buf(),
+            workspace: call.workspace.to_path_buf(),
+            also_writable: Vec::new(),
+            env,
+            timeout,
+            network: false,
+        };
+        let input = call.arguments.to_string().into_bytes();
+        match run_program_with_input(&program, Some(input), &self.jail, cancel).await {
+            Err(why) => ToolOutcome::error(format!("`{name}` did not finish: {why}")),
+            Ok(ran) => {
+                let stdout = String::from_utf8_lossy(&ran.stdout).into_owned();
+                match ran.code {
+                    Some(0) => ToolOutcome::ok(if stdout.trim().is_empty() {
+                        "(the tool printed nothing)".to_owned()
+                    } else {
+                        stdout
+                    }),
+                    code => {
+                        let status = code.map_or_else(
+                            || "was stopped by a signal".to_owned(),
+                            |c| format!("exited with status {c}"),
+                        );
+                        let stderr = String::from_utf8_lossy(&ran.stderr);
+                        let mut tail = stderr.len().saturating_sub(STDERR_TAIL_BYTES);
+                        while !stderr.is_char_boundary(tail) {
+                            tail += 1;
+                        }
+                        let mut message = format!("`{name}` {status}");
+                        if !stderr[tail..].trim().is_empty() {
+                            message.push_str(&format!("; its stderr ends:\n{}", &stderr[tail..]));
+                        }
+                        if !stdout.trim().is_empty() {
+                            message.push_str(&format!("\nits stdout:\n{stdout}"));
+                        }
+                        ToolOutcome::error(message)
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl ToolHost for Tools {
+    fn call<'a>(
+        &'a self,
+        call: OwnCall<'a>,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(async move {
+            match &call.tool.source {
+                ToolSource::Command { argv, env } => self.command(call, argv, env, cancel).await,
+            }
+        })
+    }
+}
