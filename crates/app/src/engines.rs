@@ -17,6 +17,7 @@ use baton_engine::workspace::WorkspaceSetup;
 use baton_jail::Jail;
 use baton_providers::config::Config;
 use baton_scenario::Registry;
+use baton_tools::{HttpSettings, Secret, Tools};
 use baton_workspace::LocalWorkspaces;
 use serde_json::{Value, json};
 
@@ -52,6 +53,7 @@ pub fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Regis
         &jail(place),
         None,
         None,
+        None,
     )
 }
 
@@ -68,13 +70,39 @@ pub fn redactor(place: &Place) -> Redactor {
     let file = place.config.clone().unwrap_or_else(|| PathBuf::from("baton.toml"));
     if let Ok(config) = Config::from_file(&file) {
         names.extend(config.providers.iter().filter_map(|p| p.api_key_env.clone()));
+        // The secrets HTTP tools send: an answer that echoes one is redacted too.
+        names.extend(config.secrets.values().map(|s| s.env.clone()));
     }
     Redactor::new(names.iter().filter_map(|n| std::env::var(n).ok()))
 }
 
+/// What the user's HTTP tools may reach and send, from the configuration's `[egress]` and
+/// `[secrets]` (each secret's value read from its variable now). A configuration that does
+/// not load allows no secret and the default egress; the command that needs it reports
+/// why.
+pub fn tool_settings(place: &Place) -> HttpSettings {
+    let file = place.config.clone().unwrap_or_else(|| PathBuf::from("baton.toml"));
+    let Ok(config) = Config::from_file(&file) else { return HttpSettings::default() };
+    let secrets = config
+        .secrets
+        .into_iter()
+        .map(|(name, s)| {
+            let secret = Secret {
+                value: std::env::var(&s.env).ok(),
+                env: s.env,
+                hosts: s.hosts,
+                tenants: s.tenants,
+            };
+            (name, secret)
+        })
+        .collect();
+    HttpSettings { egress: config.egress, secrets }
+}
+
 /// An engine over `store`, answering from `model`, with this instance's verifiers (or, for
 /// a `trust_validation` replay, the recorded verifier outcomes in `trusted`), the jail,
-/// workspaces and redactor, and `jobs` when it starts child runs.
+/// workspaces and redactor, `jobs` when it starts child runs, and `tools` when it may call
+/// the user's own tools (a replay, a fixture's test and a probe never do).
 #[allow(clippy::too_many_arguments)]
 pub fn engine(
     store: Arc<dyn EventStore>,
@@ -85,6 +113,7 @@ pub fn engine(
     jail: &Arc<Jail>,
     jobs: Option<Arc<Jobs>>,
     trusted: Option<Arc<baton_engine::replay::Trusted>>,
+    tools: Option<HttpSettings>,
 ) -> Engine {
     let catalog: Vec<Value> = registry
         .scenarios()
@@ -107,7 +136,10 @@ pub fn engine(
             redactor: Arc::new(redactor),
             jobs,
             runner: Arc::new(baton_runners::Runners),
-            tools: Some(Arc::new(baton_tools::Tools::new(Arc::clone(jail)))),
+            tools: tools.map(|http| {
+                Arc::new(Tools::new(Arc::clone(jail), http))
+                    as Arc<dyn baton_engine::tools::ToolHost>
+            }),
         }),
         Arc::new(SystemClock),
     );
@@ -228,6 +260,7 @@ pub async fn wave_engine(place: &Place) -> anyhow::Result<Engine> {
         redactor(place),
         &jail(place),
         Some(Arc::new(jobs)),
+        None,
         None,
     ))
 }

@@ -213,6 +213,7 @@ async fn record_new(
         &crate::jail::jail(place),
         Some(Arc::new(jobs)),
         None,
+        None,
     );
     let (_, selected) = baton_engine::job::select(
         registry,

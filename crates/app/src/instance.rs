@@ -42,6 +42,8 @@ pub struct Baton {
     settle_timeout: std::time::Duration,
     waves: WaveSettings,
     redactor: Redactor,
+    /// What the user's HTTP tools may reach and send.
+    tools: baton_tools::HttpSettings,
 }
 
 impl std::fmt::Debug for Baton {
@@ -118,6 +120,7 @@ impl Baton {
                 ..WaveSettings::default()
             },
             redactor: crate::engines::redactor(place),
+            tools: crate::engines::tool_settings(place),
         };
         Ok(Instance {
             baton: Arc::new(baton),
@@ -183,6 +186,7 @@ impl Baton {
             &crate::jail::jail(&self.place),
             Some(Arc::new(jobs)),
             None,
+            Some(self.tools.clone()),
         ))
     }
 

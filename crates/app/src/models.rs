@@ -125,7 +125,13 @@ pub fn model_for(
     script: Option<&Path>,
     config: Option<&Path>,
 ) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
-    if script.is_some() || config.is_some() {
+    // A configuration given now answers in place of the recording only when it names
+    // models: one that holds only the instance's settings (egress, secrets, the jail)
+    // leaves the run its recorded answers.
+    let names_models = |c: &Path| {
+        baton_providers::config::Config::from_file(c).map_or(true, |c| !c.providers.is_empty())
+    };
+    if script.is_some() || config.is_some_and(names_models) {
         return load_model(script, config, None);
     }
     let model = match source {

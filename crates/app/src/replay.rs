@@ -90,6 +90,7 @@ pub async fn replay_job(
         &crate::jail::jail(place),
         Some(Arc::new(jobs)),
         trusted,
+        None,
     );
     let recorded_checksum = root.events.iter().find_map(|e| match &e.data {
         baton_engine::event::EventData::ScenarioStarted(s) => Some(s.checksum.clone()),

@@ -157,6 +157,7 @@ pub async fn resume(
             &jail(place),
             Some(Arc::new(jobs)),
             trusted,
+            None,
         )
     } else {
         // A job whose root calls no model (a wave) answers its workers as they recorded:
@@ -195,6 +196,7 @@ pub async fn resume(
             &jail(place),
             Some(jobs),
             None,
+            Some(crate::engines::tool_settings(place)),
         );
         engine.children_model_source = children_source;
         engine
@@ -490,6 +492,7 @@ pub async fn cancel_run(
         redactor(place),
         &jail(place),
         jobs(place, Arc::new(Registry::default()), None, WaveDrive::default()).ok().map(Arc::new),
+        None,
         None,
     );
     let record = existing_run(place, store.as_ref(), run_id).await?;

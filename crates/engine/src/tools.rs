@@ -32,6 +32,8 @@ pub struct OwnCall<'a> {
     pub workspace: &'a Path,
     /// When the call must be done (the tool's timeout, or the attempt's deadline first).
     pub deadline: Instant,
+    /// The run's tenant: which secrets the call may send.
+    pub tenant: Option<&'a str>,
 }
 
 /// Makes the calls of the user's tools (the embedder's: `baton-tools`).

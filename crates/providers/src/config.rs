@@ -228,6 +228,24 @@ pub struct Config {
     pub egress: crate::egress::EgressPolicy,
     #[serde(default)]
     pub webhooks: WebhooksConfig,
+    /// Secrets the user's HTTP tools may send, by name (`${secret:NAME}` in a header).
+    #[serde(default)]
+    pub secrets: std::collections::BTreeMap<String, SecretConfig>,
+}
+
+/// A secret HTTP tools may send (`[secrets.NAME]`): where its value is, the hosts it may
+/// be sent to, and the tenants whose runs may send it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretConfig {
+    /// The variable of Baton's environment that holds the value.
+    pub env: String,
+    /// The hosts it may be sent to: exact names, or `*.example.com` for subdomains; at
+    /// least one.
+    pub hosts: Vec<String>,
+    /// The tenants whose runs may send it; absent, any run may.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
 }
 
 /// Largest `baton.toml` read, in bytes.
@@ -319,6 +337,21 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        for (name, secret) in &self.secrets {
+            if !baton_scenario::check::is_id(name) {
+                return Err(format!(
+                    "[secrets.{name}]: a secret's name is an id (lower-case letters, digits and `_`, starting with a letter)"
+                ));
+            }
+            if secret.hosts.is_empty() || secret.hosts.iter().any(|h| h.trim().is_empty()) {
+                return Err(format!(
+                    "[secrets.{name}] hosts must name at least one host the secret may be sent to"
+                ));
+            }
+            if secret.env.is_empty() {
+                return Err(format!("[secrets.{name}] env must name the variable holding it"));
+            }
+        }
         if let Some(s) = self.webhooks.first_backoff_s
             && (!s.is_finite() || !(0.1..=3600.0).contains(&s))
         {
@@ -471,5 +504,32 @@ fn price(name: &str, input: f64, output: f64, cached: Option<f64>) -> Model {
         output_usd_per_mtok: output,
         cached_input_usd_per_mtok: cached,
         max_tokens: default_max_tokens(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::Config;
+
+    #[test]
+    fn secrets_name_their_variable_and_at_least_one_host() {
+        let ok = "[secrets.tickets]\nenv = \"TICKETS_TOKEN\"\nhosts = [\"tickets.example.com\", \"*.example.org\"]\ntenants = [\"acme\"]\n";
+        let config = Config::parse(ok, "baton.toml").unwrap();
+        let secret = &config.secrets["tickets"];
+        assert_eq!(secret.env, "TICKETS_TOKEN");
+        assert_eq!(secret.tenants.as_deref(), Some(&["acme".to_owned()][..]));
+        for (text, says) in [
+            ("[secrets.tickets]\nenv = \"T\"\nhosts = []\n", "must name at least one host"),
+            ("[secrets.Tickets]\nenv = \"T\"\nhosts = [\"h\"]\n", "a secret's name is an id"),
+            ("[secrets.tickets]\nenv = \"\"\nhosts = [\"h\"]\n", "env must name the variable"),
+            (
+                "[secrets.tickets]\nvalue = \"inline\"\nenv = \"T\"\nhosts = [\"h\"]\n",
+                "unknown field `value`",
+            ),
+        ] {
+            let e = Config::parse(text, "baton.toml").unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
+        }
     }
 }

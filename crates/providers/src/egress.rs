@@ -85,19 +85,7 @@ impl EgressPolicy {
     }
 
     fn host_allowed(&self, host: &str) -> bool {
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        self.allow_hosts.is_empty()
-            || self.allow_hosts.iter().any(|allowed| {
-                let allowed = allowed.trim_end_matches('.').to_ascii_lowercase();
-                match allowed.strip_prefix("*.") {
-                    Some(suffix) => {
-                        host.len() > suffix.len() + 1
-                            && host.ends_with(suffix)
-                            && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
-                    }
-                    None => host == allowed,
-                }
-            })
+        self.allow_hosts.is_empty() || self.allow_hosts.iter().any(|p| host_matches(p, host))
     }
 
     /// `builder` made to call only what this policy allows: names resolved through the
@@ -119,6 +107,21 @@ impl EgressPolicy {
                 }
             }),
         )
+    }
+}
+
+/// Whether `host` is named by `pattern`: the host itself, or `*.example.com` for any of
+/// its subdomains (case and a trailing dot aside).
+pub fn host_matches(pattern: &str, host: &str) -> bool {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let pattern = pattern.trim_end_matches('.').to_ascii_lowercase();
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => {
+            host.len() > suffix.len() + 1
+                && host.ends_with(suffix)
+                && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
+        }
+        None => host == pattern,
     }
 }
 

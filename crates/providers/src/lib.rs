@@ -14,6 +14,7 @@ pub mod egress;
 pub mod openai;
 pub mod resolve;
 pub mod sse;
+pub mod tool_client;
 pub mod webhook;
 
 use serde_json::Value;

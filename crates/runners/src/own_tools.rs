@@ -298,7 +298,14 @@ impl Attempt {
             deadline = deadline.min(attempt_deadline);
         }
         let dir = self.workspace_dir();
-        let own_call = OwnCall { tool, arguments: &call.arguments, key, workspace: &dir, deadline };
+        let own_call = OwnCall {
+            tool,
+            arguments: &call.arguments,
+            key,
+            workspace: &dir,
+            deadline,
+            tenant: self.state.tenant.as_deref(),
+        };
         let mut outcome = host.call(own_call, &self.cancel).await;
         outcome.content = bounded_result(outcome.content);
         self.runtime.redactor.redact_in_place(&mut outcome.content);

@@ -213,6 +213,56 @@ pub enum ToolSource {
     /// A program run in the jail, in the level's workspace, with no network; the call's
     /// arguments as JSON on its stdin.
     Command { argv: Vec<String>, env: Vec<(String, String)> },
+    /// A request to an HTTP API, through the egress guard.
+    Http(HttpRequest),
+}
+
+/// The request of an `http` tool, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpRequest {
+    /// `GET`, `POST`, `PUT`, `PATCH` or `DELETE`.
+    pub method: String,
+    /// The URL, its `{NAME}` placeholders (in the path and query only) standing for
+    /// arguments.
+    pub url: String,
+    /// Header names and values, `${secret:NAME}` standing for secrets.
+    pub headers: Vec<(String, String)>,
+    /// Whether the arguments go as the JSON body.
+    pub body: bool,
+}
+
+/// The prefix of a secret's reference in a header value: `${secret:NAME}`.
+pub const SECRET_REFERENCE: &str = "${secret:";
+
+/// The `{NAME}` placeholders of an `http` tool's URL, in order, with their byte ranges
+/// (the braces included); a `{` without its `}` is an error.
+pub fn url_placeholders(url: &str) -> Result<Vec<(std::ops::Range<usize>, &str)>, String> {
+    let mut found = Vec::new();
+    let mut rest = 0;
+    while let Some(open) = url[rest..].find('{').map(|i| rest + i) {
+        let Some(close) = url[open..].find('}').map(|i| open + i) else {
+            return Err(format!("a `{{` at byte {open} of the URL is not closed"));
+        };
+        found.push((open..close + 1, &url[open + 1..close]));
+        rest = close + 1;
+    }
+    Ok(found)
+}
+
+/// The secrets a header value refers to (`${secret:NAME}`), in order; an unclosed
+/// reference is an error.
+pub fn secret_references(value: &str) -> Result<Vec<(std::ops::Range<usize>, &str)>, String> {
+    let mut found = Vec::new();
+    let mut rest = 0;
+    while let Some(open) = value[rest..].find(SECRET_REFERENCE).map(|i| rest + i) {
+        let start = open + SECRET_REFERENCE.len();
+        let Some(close) = value[start..].find('}').map(|i| start + i) else {
+            return Err("a `${secret:` reference is not closed with `}`".to_owned());
+        };
+        found.push((open..close + 1, &value[start..close]));
+        rest = close + 1;
+    }
+    Ok(found)
 }
 
 /// A checked `wave` level.

@@ -69,7 +69,8 @@ pub struct RawScenario {
 #[serde(deny_unknown_fields)]
 pub struct RawToolset {
     /// Where its tools come from: `command` — each tool a program of the user's, run in the
-    /// jail in the level's workspace with no network, its arguments as JSON on stdin.
+    /// jail in the level's workspace with no network, its arguments as JSON on stdin; `http`
+    /// — each tool a request to an HTTP API (`request:`), through the egress guard.
     pub source: Located<RawToolSource>,
     /// The tools, in the order the model is shown them.
     pub tools: Located<Vec<Located<RawTool>>>,
@@ -81,6 +82,30 @@ pub struct RawToolset {
 pub enum RawToolSource {
     /// Programs run in the jail.
     Command,
+    /// Requests to an HTTP API, through the egress guard.
+    Http,
+}
+
+/// The request an `http` tool makes.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttpRequest {
+    /// `GET`, `POST`, `PUT`, `PATCH` or `DELETE` (default: `GET` for a read tool, `POST`
+    /// for a write tool).
+    #[serde(default)]
+    pub method: Option<Located<String>>,
+    /// The URL, http or https, on a host the egress policy allows; `{NAME}` in its path or
+    /// query stands for the argument NAME (a string, number or boolean), percent-encoded.
+    pub url: Located<String>,
+    /// Headers sent with the request; `${secret:NAME}` in a value stands for the secret
+    /// NAME of baton.toml (`[secrets.NAME]`), sent only to the hosts it lists and never
+    /// shown to the model or written to the log.
+    #[serde(default)]
+    pub headers: Option<Located<BTreeMap<String, String>>>,
+    /// Whether the call's arguments go as the JSON body (default: for `POST`, `PUT` and
+    /// `PATCH`).
+    #[serde(default)]
+    pub body: Option<Located<bool>>,
 }
 
 /// One tool of a toolset.
@@ -106,6 +131,11 @@ pub struct RawTool {
     /// environment reaches it but `PATH`, `HOME`, `LANG` and `TMPDIR`.
     #[serde(default)]
     pub env: Option<Located<BTreeMap<String, String>>>,
+    /// `http` tools: the request a call makes. A write call sends its idempotency key as
+    /// `Idempotency-Key`; redirects to another host are not followed; the answer is read up
+    /// to a bound.
+    #[serde(default)]
+    pub request: Option<Located<RawHttpRequest>>,
     /// `read` (it changes nothing: called again freely on resume) or `write` (the default:
     /// each call gets an idempotency key and a receipt in the log, and is never made again
     /// once its receipt is there).

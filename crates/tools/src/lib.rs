@@ -3,7 +3,8 @@
 //! — in the jail, no shell, a scrubbed environment, its own process group killed whole at
 //! the timeout or on cancel, its output read with byte caps — with no network, in the
 //! level's workspace, its call's arguments as JSON on stdin and a write call's idempotency
-//! key in [`KEY_VARIABLE`].
+//! key in [`KEY_VARIABLE`]. An `http` tool is a request through the egress guard
+//! ([`http`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,21 +17,26 @@ use baton_jail::Jail;
 use baton_scenario::model::ToolSource;
 use baton_verifiers::program::{Program, run_program_with_input};
 
+pub mod http;
+
+pub use http::{HttpSettings, Secret};
+
 /// The variable a `command` tool's program finds a write call's idempotency key in.
 pub const KEY_VARIABLE: &str = "BATON_IDEMPOTENCY_KEY";
 
 /// Bytes of a failing program's stderr given back with its result.
 const STDERR_TAIL_BYTES: usize = 4 * 1024;
 
-/// Calls the user's tools; programs run in `jail`.
+/// Calls the user's tools; programs run in `jail`, requests go where `http` allows.
 #[derive(Debug)]
 pub struct Tools {
     jail: Arc<Jail>,
+    http: http::HttpTools,
 }
 
 impl Tools {
-    pub fn new(jail: Arc<Jail>) -> Self {
-        Tools { jail }
+    pub fn new(jail: Arc<Jail>, http: HttpSettings) -> Self {
+        Tools { jail, http: http::HttpTools::new(http) }
     }
 
     async fn command(
@@ -104,6 +110,7 @@ impl ToolHost for Tools {
         Box::pin(async move {
             match &call.tool.source {
                 ToolSource::Command { argv, env } => self.command(call, argv, env, cancel).await,
+                ToolSource::Http(request) => self.http.call(call, request, cancel).await,
             }
         })
     }

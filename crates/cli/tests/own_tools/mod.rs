@@ -199,3 +199,259 @@ fn killed_after_any_event_a_run_with_write_tools_resumes_to_the_same_log_and_fil
     assert!(reissues > 0, "no kill fell between a call's start and its receipt");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The bundled ticket service (`scenarios/services/tickets.py`) on a free port, stopped
+/// when dropped: the receiver of the HTTP tools' requests, which counts them per
+/// idempotency key and applies a key's effect once.
+struct Tickets {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Tickets {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Tickets {
+    fn start(name: &str) -> Tickets {
+        let dir = std::env::temp_dir().join(format!("baton-tickets-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port_file = dir.join("tickets.port");
+        let child = std::process::Command::new("python3")
+            .arg(super::repo().join("scenarios/services/tickets.py"))
+            .arg("--port-file")
+            .arg(&port_file)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Stopped by its drop, whatever happens next.
+        let mut tickets = Tickets { child, port: 0 };
+        let started = std::time::Instant::now();
+        loop {
+            if let Ok(port) = std::fs::read_to_string(&port_file) {
+                tickets.port = port.trim().parse().unwrap();
+                return tickets;
+            }
+            assert!(started.elapsed().as_secs() < 20, "the ticket service did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// What the service was asked: `seen` (requests per key), `applied`, `requests`.
+    fn effects(&self) -> Value {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(stream, "GET /effects HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let body = answer.split_once("\r\n\r\n").unwrap().1;
+        serde_json::from_str(body).unwrap()
+    }
+}
+
+/// A scenario whose level reads and answers tickets through the service at `port`, and a
+/// configuration allowing loopback for 127.0.0.1 with the secret `tickets` sent there only.
+fn http_lab(name: &str, port: u16, extra_tools: &Value) -> PathBuf {
+    let dir = lab(name);
+    let base = format!("http://127.0.0.1:{port}");
+    let auth = json!({"Authorization": "Bearer ${secret:tickets}"});
+    let mut tools = vec![
+        json!({"name": "get_ticket", "effect": "read",
+               "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]},
+               "request": {"url": format!("{base}/tickets/{{id}}"), "headers": auth}}),
+        json!({"name": "post_reply",
+               "parameters": {"type": "object", "properties": {"id": {"type": "integer"}, "text": {"type": "string"}},
+                              "required": ["id", "text"]},
+               "request": {"url": format!("{base}/tickets/{{id}}/replies"), "headers": auth}}),
+        json!({"name": "post_reply_slowly",
+               "parameters": {"type": "object", "properties": {"id": {"type": "integer"}, "text": {"type": "string"}},
+                              "required": ["id", "text"]},
+               "request": {"method": "POST", "url": format!("{base}/tickets/{{id}}/replies?delay=4"), "headers": auth}}),
+    ];
+    tools.extend(extra_tools.as_array().unwrap().iter().cloned());
+    let scenario = json!({
+        "id": "desk", "version": 1,
+        "toolsets": {"tickets": {"source": "http", "tools": tools}},
+        "levels": [{"id": "work", "kind": "tool_loop", "prompt": {"inline": "Handle {{ input }}"},
+                    "tools": ["tickets"], "terminal": true}],
+    });
+    std::fs::write(dir.join("scenarios/desk.yaml"), scenario.to_string()).unwrap();
+    std::fs::write(
+        dir.join("baton.toml"),
+        "[egress]\nallow_hosts = [\"127.0.0.1\"]\nallow_private = true\n\n[secrets.tickets]\nenv = \"TICKETS_TOKEN\"\nhosts = [\"127.0.0.1\"]\n\n[secrets.elsewhere]\nenv = \"TICKETS_TOKEN\"\nhosts = [\"api.example.com\"]\n",
+    )
+    .unwrap();
+    dir
+}
+
+fn http_baton(dir: &Path, db: &Path, secret: &str) -> std::process::Command {
+    let mut c = baton_in(dir, db);
+    c.env("TICKETS_TOKEN", secret).arg("--config").arg(dir.join("baton.toml"));
+    c
+}
+
+#[test]
+fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret() {
+    let service = Tickets::start("http");
+    let port = service.port;
+    let base = format!("http://127.0.0.1:{port}");
+    let extra = json!([
+        {"name": "echo", "effect": "read", "request": {"url": format!("{base}/echo"),
+         "headers": {"Authorization": "Bearer ${secret:tickets}"}}},
+        {"name": "big", "effect": "read", "request": {"url": format!("{base}/big?bytes=10000000")}},
+        {"name": "elsewhere", "effect": "read", "request": {"url": format!("http://localhost:{port}/echo")}},
+        {"name": "wrong_host_secret", "effect": "read", "request": {"url": format!("{base}/echo"),
+         "headers": {"Authorization": "Bearer ${secret:elsewhere}"}}},
+        {"name": "metadata", "effect": "read", "request": {"url": "http://169.254.169.254/latest/meta-data"}},
+    ]);
+    let dir = http_lab("http", port, &extra);
+    let secret = format!("tickets-secret-{}-a1b2c3", std::process::id());
+    let turns = json!([
+        {"tool_calls": [{"name": "get_ticket", "arguments": {"id": 7}}]},
+        {"tool_calls": [{"name": "post_reply", "arguments": {"id": 7, "text": "On it."}},
+                        {"name": "get_ticket", "arguments": {"id": 404}}]},
+        {"tool_calls": [{"name": "echo", "arguments": {}}, {"name": "big", "arguments": {}}]},
+        {"tool_calls": [{"name": "elsewhere", "arguments": {}}, {"name": "wrong_host_secret", "arguments": {}},
+                        {"name": "metadata", "arguments": {}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "replied"}}]},
+    ]);
+    let file = script(&dir, &turns);
+    let db = dir.join("runs.db");
+    let out = http_baton(&dir, &db, &secret)
+        .args(["run", "desk", "--input", "ticket 7", "--script"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = run_of(&out.stdout);
+    let log = events(&dir, &db, &run);
+    let results: Vec<(bool, String)> = log
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
+        .collect();
+    let ticket: Value =
+        serde_json::from_str(&results[0].1).unwrap_or_else(|e| panic!("{e}: {results:?}"));
+    assert_eq!(ticket["title"], "Checkout fails with a 500");
+    let reply: Value = serde_json::from_str(&results[1].1).unwrap();
+    assert_eq!(reply["ticket"], 7);
+    assert!(results[2].0 && results[2].1.starts_with("HTTP 404"), "{:?}", results[2]);
+    assert!(
+        !results[3].1.contains(&secret) && results[3].1.contains("[redacted]"),
+        "an echoed secret is redacted: {}",
+        results[3].1
+    );
+    // The answer was cut at 64 KiB for the model; the event keeps its first 16 KiB.
+    assert!(
+        results[4].1.contains("more bytes went to the model"),
+        "{}",
+        &results[4].1[results[4].1.len() - 200..]
+    );
+    assert!(
+        results[5].0 && results[5].1.contains("not in the egress allow-list"),
+        "{:?}",
+        results[5]
+    );
+    assert!(
+        results[6].0 && results[6].1.contains("may not be sent to 127.0.0.1"),
+        "{:?}",
+        results[6]
+    );
+    assert!(
+        results[7].0 && results[7].1.contains("not in the egress allow-list"),
+        "{:?}",
+        results[7]
+    );
+    // The service got the secret with each request of a tool that sends it, and the write
+    // call's key; the reply was applied once.
+    let effects = service.effects();
+    let key = log.iter().find(|e| e["kind"] == "tool_call_started").unwrap()["data"]["key"].clone();
+    assert_eq!(effects["seen"][key.as_str().unwrap()], 1);
+    let requests = effects["requests"].as_array().unwrap();
+    let header = |r: &Value, name: &str| {
+        r["headers"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let mine: Vec<&Value> = requests
+        .iter()
+        .filter(|r| header(r, "authorization") == Some(json!(format!("Bearer {secret}"))))
+        .collect();
+    assert_eq!(mine.len(), 4, "get, post, get, echo carried it: {requests:?}");
+    let post = requests.iter().find(|r| r["method"] == "POST").unwrap();
+    assert_eq!(header(post, "idempotency-key"), Some(key.clone()));
+    assert_eq!(
+        serde_json::from_str::<Value>(post["body"].as_str().unwrap()).unwrap(),
+        json!({"id": 7, "text": "On it."})
+    );
+    assert!(requests.iter().all(|r| r["path"] != "/latest/meta-data"));
+    // The secret is nowhere Baton writes: its terminal, its log, its database.
+    let everything = format!("{}{}{log:?}", text(&out.stdout), text(&out.stderr));
+    assert!(!everything.contains(&secret), "the secret leaked");
+    let database = std::fs::read(&db).unwrap();
+    assert!(!database.windows(secret.len()).any(|w| w == secret.as_bytes()));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_driver_killed_while_its_write_request_is_in_flight_is_followed_by_one_that_sends_it_again_with_its_key()
+ {
+    let service = Tickets::start("kill");
+    let dir = http_lab("http-kill", service.port, &json!([]));
+    let secret = format!("tickets-secret-{}-kill", std::process::id());
+    let turns = json!([
+        {"tool_calls": [{"name": "post_reply_slowly", "arguments": {"id": 8, "text": "Fixed, thanks."}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "replied"}}]},
+    ]);
+    let file = script(&dir, &turns);
+    let db = dir.join("runs.db");
+    let mut first = http_baton(&dir, &db, &secret)
+        .args(["run", "desk", "--input", "ticket 8", "--script"])
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the service has the request, before its answer (it answers 4 s late).
+    let started = std::time::Instant::now();
+    while service.effects()["seen"].as_object().unwrap().is_empty() {
+        assert!(started.elapsed().as_secs() < 30, "the request never reached the service");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let listed = baton_in(&dir, &db).args(["runs", "--json"]).output().unwrap();
+    let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let run = runs[0]["run_id"].as_str().unwrap().to_owned();
+    let resumed = http_baton(&dir, &db, &secret).args(["resume", &run]).output().unwrap();
+    assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed.stderr));
+    let log = events(&dir, &db, &run);
+    let started_keys: Vec<&Value> = log
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_started")
+        .map(|e| &e["data"]["key"])
+        .collect();
+    let reissued: Vec<&Value> = log
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_reissued")
+        .map(|e| &e["data"]["key"])
+        .collect();
+    assert_eq!(started_keys.len(), 1);
+    assert_eq!(reissued, started_keys, "the call without a receipt was sent again with its key");
+    let effects = service.effects();
+    let key = started_keys[0].as_str().unwrap();
+    assert_eq!(effects["seen"][key], 2, "the service saw the key twice");
+    let applied: Vec<&Value> =
+        effects["applied"].as_array().unwrap().iter().filter(|a| a["key"] == key).collect();
+    assert_eq!(applied.len(), 1, "and applied its effect once");
+    assert_eq!(log.iter().filter(|e| e["kind"] == "tool_call_finished").count(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}

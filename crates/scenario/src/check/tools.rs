@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::checker::Checker;
 use crate::de::Located;
 use crate::limits;
-use crate::model::{Effect, OwnTool, ToolSource};
+use crate::model::{Effect, HttpRequest, OwnTool, ToolSource};
 use crate::raw::{RawLevel, RawScenario, RawTool, RawToolSource, RawToolset};
 use crate::schema::JsonSchema;
 
@@ -33,6 +33,42 @@ pub(super) struct Toolsets {
     /// Names declared, whether or not they checked: a level naming a broken set gets no
     /// second error.
     declared: HashSet<String>,
+}
+
+/// The methods an `http` tool may use.
+const HTTP_METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
+
+fn source_name(source: RawToolSource) -> &'static str {
+    match source {
+        RawToolSource::Command => "command",
+        RawToolSource::Http => "http",
+    }
+}
+
+/// Why an `http` tool's URL cannot be one, if it cannot: its scheme, its host (which no
+/// placeholder may stand in), a secret in it, an unclosed placeholder.
+fn http_url_problem(url: &str) -> Option<String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Some(format!("`{url}` is not a URL"));
+    };
+    if !matches!(scheme, "http" | "https") {
+        return Some(format!("`{url}`: only http and https URLs are called"));
+    }
+    if url.contains(crate::model::SECRET_REFERENCE) {
+        return Some(
+            "a secret may not stand in a URL (URLs reach logs); send it in a header".to_owned(),
+        );
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.is_empty() {
+        return Some(format!("`{url}` names no host"));
+    }
+    if authority.contains(['{', '}', '@']) {
+        return Some(format!(
+            "`{url}`: the host is written in the URL itself, without placeholders or credentials"
+        ));
+    }
+    crate::model::url_placeholders(url).err()
 }
 
 /// `value` with every object's keys in sorted order.
@@ -183,8 +219,25 @@ impl Checker<'_> {
                 ),
             );
         }
+        for (field, present, wanted) in [
+            ("command", tool.command.as_ref().map(|c| c.pos), RawToolSource::Command),
+            ("env", tool.env.as_ref().map(|e| e.pos), RawToolSource::Command),
+            ("request", tool.request.as_ref().map(|r| r.pos), RawToolSource::Http),
+        ] {
+            if let Some(pos) = present
+                && wanted != source
+            {
+                self.error(
+                    "field-not-for-source",
+                    pos,
+                    format!("`{field}` does not apply to `{}` tools", source_name(source)),
+                )
+                .help = Some(format!("`{field}` applies to `{}` tools", source_name(wanted)));
+            }
+        }
         let source = match source {
             RawToolSource::Command => self.command_tool(raw)?,
+            RawToolSource::Http => self.http_tool(raw, effect, parameters.as_ref())?,
         };
         Some(OwnTool {
             name: name.value.clone(),
@@ -291,6 +344,99 @@ impl Checker<'_> {
             }
         }
         Some(ToolSource::Command { argv: argv.value.clone(), env })
+    }
+
+    /// The request of an `http` tool: its method, a URL whose placeholders name arguments
+    /// of the schema and never stand in its scheme or host, headers whose secrets are
+    /// references.
+    fn http_tool(
+        &mut self,
+        raw: &Located<RawTool>,
+        effect: Effect,
+        parameters: Option<&JsonSchema>,
+    ) -> Option<ToolSource> {
+        let tool = &raw.value;
+        let Some(request) = &tool.request else {
+            self.error(
+                "missing-field",
+                tool.name.pos,
+                format!("tool `{}` of an `http` toolset needs `request`", tool.name.value),
+            )
+            .help = Some(
+                "give at least its URL: `request: {url: \"https://api.example.com/items/{id}\"}`"
+                    .to_owned(),
+            );
+            return None;
+        };
+        let request = &request.value;
+        let errors = self.diags.error_count();
+        let method = match &request.method {
+            Some(m) => {
+                let upper = m.value.trim().to_ascii_uppercase();
+                if !HTTP_METHODS.contains(&upper.as_str()) {
+                    self.error(
+                        "bad-method",
+                        m.pos,
+                        format!("`{}` is not a method an http tool may use", m.value),
+                    )
+                    .help = Some(format!("use one of {}", HTTP_METHODS.join(", ")));
+                }
+                upper
+            }
+            None if effect == Effect::Read => "GET".to_owned(),
+            None => "POST".to_owned(),
+        };
+        let url = &request.url;
+        match http_url_problem(&url.value) {
+            Some(problem) => {
+                self.error("bad-url", url.pos, problem).help = Some(
+                    "write an http or https URL; `{NAME}` may stand for an argument in its path or query".to_owned(),
+                );
+            }
+            None => {
+                let properties = parameters
+                    .and_then(|p| p.value().get("properties"))
+                    .and_then(serde_json::Value::as_object);
+                let placeholders = crate::model::url_placeholders(&url.value).unwrap_or_default();
+                for (_, name) in placeholders {
+                    if !properties.is_some_and(|p| p.contains_key(name)) {
+                        self.error(
+                            "unknown-argument",
+                            url.pos,
+                            format!("the URL's `{{{name}}}` names no argument of the tool's `parameters`"),
+                        )
+                        .help = Some(format!("declare `{name}` under `parameters.properties` (and list it under `required`)"));
+                    }
+                }
+            }
+        }
+        let mut headers = Vec::new();
+        if let Some(h) = &request.headers {
+            for (name, value) in &h.value {
+                let token = !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+                if !token || value.contains(['\r', '\n']) {
+                    self.error("bad-header", h.pos, format!("header `{name}` is not a header name and value an HTTP request can carry"));
+                } else if name.eq_ignore_ascii_case("idempotency-key")
+                    || name.eq_ignore_ascii_case("host")
+                {
+                    self.error("bad-header", h.pos, format!("header `{name}` is Baton's to set"));
+                } else if let Err(problem) = crate::model::secret_references(value) {
+                    self.error("bad-secret", h.pos, format!("header `{name}`: {problem}"));
+                } else {
+                    headers.push((name.clone(), value.clone()));
+                }
+            }
+        }
+        let body = request
+            .body
+            .as_ref()
+            .map_or_else(|| matches!(method.as_str(), "POST" | "PUT" | "PATCH"), |b| b.value);
+        (self.diags.error_count() == errors).then(|| {
+            ToolSource::Http(HttpRequest { method, url: url.value.clone(), headers, body })
+        })
     }
 
     /// The tools a `tool_loop` level lists, from the scenario's toolsets, checked for
