@@ -317,6 +317,7 @@ mod tests {
                     question: "ok?".to_owned(),
                     schema: Value::Null,
                     deadline: None,
+                    tool: None,
                 }),
             )
         };

@@ -48,6 +48,7 @@ pub(crate) fn run(
                 verifiers: Some(level.verifiers.iter().map(|v| v.name.as_str()).collect()),
                 source_level: Some(level.id.as_str()),
                 result: false,
+                args: false,
                 wave: Some(matches!(level.kind, baton_scenario::model::LevelKind::Wave(_))),
             }
         }

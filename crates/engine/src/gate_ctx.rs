@@ -136,7 +136,7 @@ impl Context for GateContext<'_> {
                 }
             }
             // Only an MCP verifier's condition reads `result`.
-            Root::Result => Val::Undefined,
+            Root::Result | Root::Args => Val::Undefined,
             Root::Input => {
                 if seg.len() == 1 {
                     return Val::Str(&s.session.input);

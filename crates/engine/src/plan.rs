@@ -290,10 +290,12 @@ fn in_flight(scenario: &Scenario, state: &RunState, id: &str) -> Step {
         return wave_step(scenario, state, index, attempt, spec);
     }
     // A decision in the log finishes its approval level without any effect; a fan-out's
-    // approval children finish one by one, in the order they asked.
+    // approval children finish one by one, in the order they asked. A decision on a tool
+    // loop's call finishes nothing: the loop runs again and reads it.
     if let Some((pending, decision)) = state
         .pending_approvals
         .iter()
+        .filter(|p| p.request.tool.is_none())
         .find_map(|p| state.decisions.get(&p.request.request_id).map(|d| (p, d)))
     {
         let level = scenario.level(&pending.level_id);

@@ -37,6 +37,7 @@ impl Attempt {
             question,
             schema: output_schema.value().clone(),
             deadline,
+            tool: None,
         }))]
     }
 }

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use baton_engine::event::ledger::{CallPlace, idempotency_key};
 use baton_engine::event::{
-    BudgetExceeded, EventData, NewEvent, ToolCallFinished, ToolCallReissued, ToolCallStarted,
+    ApprovalRequested, BudgetExceeded, EventData, NewEvent, ToolCallAsked, ToolCallFinished,
+    ToolCallReissued, ToolCallStarted,
 };
 use baton_engine::model::{ToolCall, ToolSpec};
 use baton_engine::tools::{OwnCall, RESULTS_PER_ATTEMPT_BYTES_MAX, bounded_result};
@@ -117,6 +118,40 @@ impl Attempt {
         own.calls.insert(tool.name.clone(), made + 1);
         let index = own.index;
         own.index += 1;
+        if tool.approval.needed(&call.arguments) {
+            let request_id = format!("{}#{}:{}#{index}", self.id(), self.attempt, tool.name);
+            match self.state.decisions.get(&request_id) {
+                Some(decision) => {
+                    resume.approval();
+                    if !decision.approved {
+                        let by = decision.by.as_deref().unwrap_or("the approver");
+                        let comment = decision.comment.as_deref().unwrap_or("no comment");
+                        return Ok(ToolOutcome::error(format!("rejected by {by}: {comment}")));
+                    }
+                }
+                None => {
+                    // The run waits for the decision; the loop runs again once it is in.
+                    let asked = ApprovalRequested {
+                        request_id,
+                        approver_role: tool.approver_role.clone(),
+                        question: format!(
+                            "May `{}` (toolset `{}`) be called with {}?",
+                            tool.name, tool.toolset, call.arguments
+                        ),
+                        schema: baton_scenario::schema::approval_default(),
+                        deadline: None,
+                        tool: Some(Box::new(ToolCallAsked {
+                            call_id: call.id.clone(),
+                            tool: tool.name.clone(),
+                            toolset: tool.toolset.clone(),
+                            arguments: call.arguments.clone(),
+                        })),
+                    };
+                    resume.emit(events, self.event(EventData::ApprovalRequested(asked)));
+                    return Err(Stop::Halted);
+                }
+            }
+        }
         let key = (tool.effect == Effect::Write).then(|| {
             idempotency_key(&CallPlace {
                 run_id: &self.run_id,

@@ -124,6 +124,16 @@ impl Resume {
         sent.then_some(RecordedCall::Sent)
     }
 
+    /// Goes through a call's approval request and its decision, when they come next.
+    pub(crate) fn approval(&mut self) {
+        while matches!(
+            self.left.front(),
+            Some(EventData::ApprovalRequested(_) | EventData::ApprovalDecided(_))
+        ) {
+            self.left.pop_front();
+        }
+    }
+
     /// The next call of a user's tool, when the committed events hold its start or its
     /// receipt (its `tool_call` already gone through).
     pub(crate) fn tool_call(&mut self) -> Option<RecordedTool> {

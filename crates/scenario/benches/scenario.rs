@@ -29,6 +29,7 @@ fn gate(c: &mut Criterion) {
         verifiers: Some(vec!["build"]),
         source_level: Some("l3_build_verify"),
         result: false,
+        args: false,
         wave: None,
     };
     let text = "verifier.build.passed && verdict == 'PASS' && !escalate_now && confidence >= 0.7";

@@ -24,6 +24,9 @@ pub use crate::raw::{
 /// Index of a level in [`Scenario::levels`].
 pub type LevelIdx = usize;
 
+/// Default approver role of a `human_approval` level and of a tool's approvals.
+pub const APPROVER_ROLE_DEFAULT: &str = "approver";
+
 /// The target of edges that end the run.
 pub const END: &str = "__end__";
 
@@ -204,7 +207,34 @@ pub struct OwnTool {
     pub cost_usd: f64,
     /// Its key leaves out the attempt: a later attempt's same call reuses the receipt.
     pub once_per_run: bool,
+    /// When a call waits for a person's approval before it is made.
+    pub approval: ToolApproval,
+    /// Who may approve its calls.
+    pub approver_role: String,
     pub source: ToolSource,
+}
+
+/// When a call of a user's tool waits for a person's approval.
+#[derive(Debug)]
+pub enum ToolApproval {
+    Never,
+    Always,
+    /// When the gate over `args.<…>` fires for the call's arguments.
+    When(Gate),
+}
+
+impl ToolApproval {
+    /// Whether a call with these arguments waits for approval.
+    pub fn needed(&self, arguments: &serde_json::Value) -> bool {
+        match self {
+            ToolApproval::Never => false,
+            ToolApproval::Always => true,
+            ToolApproval::When(gate) => {
+                let doc = serde_json::json!({ "args": arguments });
+                gate.fires(&crate::expr::JsonContext(&doc))
+            }
+        }
+    }
 }
 
 /// How a tool of the user's is called.

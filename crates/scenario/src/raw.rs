@@ -155,6 +155,15 @@ pub struct RawTool {
     /// makes the same call (same arguments, same place) gets the first one's receipt.
     #[serde(default)]
     pub once_per_run: Option<Located<bool>>,
+    /// When a call waits for a person's approval before it is made: `never` (the default),
+    /// `always`, or a gate over the call's arguments (`args.amount > 100`). The run pauses
+    /// with the tool, its arguments and `approver_role`; a rejection is the call's result
+    /// (`rejected by NAME: COMMENT`) and the call is never made.
+    #[serde(default)]
+    pub approval: Option<Located<String>>,
+    /// Who may approve a call (default `approver`).
+    #[serde(default)]
+    pub approver_role: Option<Located<String>>,
 }
 
 /// What a tool call does to the world.

@@ -299,6 +299,7 @@ pub mod conformance {
             question: "Ship it?".to_owned(),
             schema: serde_json::json!({"type": "object"}),
             deadline: None,
+            tool: None,
         })
     }
 

@@ -100,6 +100,11 @@ const TOOLSETS: &str = r"toolsets:
       - name: refund
         command: [unused]
         once_per_run: true
+      - name: pay
+        parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
+        command: [unused]
+        approval: args.amount > 100
+        approver_role: finance
 ";
 
 fn scenario(dir: &Path, budget: &str) -> Arc<Scenario> {
@@ -395,4 +400,91 @@ async fn a_once_per_run_call_made_again_by_a_later_attempt_gets_the_first_receip
     assert_eq!((refunds[0].0, refunds[1].0), (Some(1), Some(2)));
     assert_eq!(refunds[0].1, refunds[1].1, "the second attempt reads the first receipt");
     assert_eq!(count(&events, "tool_call_started"), 3);
+}
+
+const PAYMENTS: &str = r"levels:
+  work:
+    - tool_calls: [{name: pay, arguments: {amount: 50}}, {name: pay, arguments: {amount: 500}}, {name: post_note, arguments: {text: paid}}]
+    - tool_calls: [{name: finish, arguments: {summary: paid}}]
+";
+
+async fn paused_on_the_large_payment(
+    dir: &Path,
+) -> (Arc<MemoryStore>, Arc<Receiver>, String, Arc<Scenario>) {
+    let s = scenario(dir, "");
+    let store = Arc::new(MemoryStore::new());
+    let receiver = Arc::new(Receiver::default());
+    let e = engine(dir, &store, &receiver, PAYMENTS);
+    let run_id = Engine::new_run_id();
+    let outcome = e.run(&run_id, &s, "t", serde_json::Map::new(), None).await.unwrap();
+    assert_eq!(outcome, Outcome::Paused, "the large payment waits for a person");
+    let asked: Vec<Value> = receiver.asked.lock().unwrap().iter().map(|a| a.2.clone()).collect();
+    assert_eq!(
+        asked,
+        [serde_json::json!({"amount": 50})],
+        "the small one was made, the large one not yet"
+    );
+    let state = e.state(&run_id).await.unwrap();
+    let open: Vec<_> = state.open_approvals().collect();
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].request.approver_role, "finance");
+    let tool = open[0].request.tool.as_ref().unwrap();
+    assert_eq!((tool.tool.as_str(), &tool.arguments), ("pay", &serde_json::json!({"amount": 500})));
+    (store, receiver, run_id, s)
+}
+
+#[tokio::test]
+async fn a_call_its_approval_gate_holds_waits_for_a_person_and_is_made_once_approved() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, receiver, run_id, s) = paused_on_the_large_payment(dir.path()).await;
+    // Another driver (a new engine over the same store) takes the decision and goes on.
+    let e = engine(dir.path(), &store, &receiver, PAYMENTS);
+    let decision = baton_engine::decide::Decision {
+        request_id: None,
+        approved: true,
+        comment: None,
+        by: Some("alice".to_owned()),
+        data: None,
+    };
+    e.decide(&run_id, decision).await.unwrap();
+    assert_eq!(e.drive(&run_id, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let asked: Vec<Value> = receiver.asked.lock().unwrap().iter().map(|a| a.2.clone()).collect();
+    assert_eq!(
+        asked,
+        [
+            serde_json::json!({"amount": 50}),
+            serde_json::json!({"amount": 500}),
+            serde_json::json!({"text": "paid"})
+        ],
+        "each call made once, the approved one after its decision"
+    );
+    let events = log(&store, &run_id).await;
+    assert_eq!(count(&events, "model_response"), 2, "the model was not asked again");
+    assert_eq!(count(&events, "tool_call_started"), 3);
+    assert_eq!(count(&events, "approval_requested"), 1);
+}
+
+#[tokio::test]
+async fn a_rejected_call_is_never_made_and_the_model_reads_who_rejected_it_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, receiver, run_id, s) = paused_on_the_large_payment(dir.path()).await;
+    let e = engine(dir.path(), &store, &receiver, PAYMENTS);
+    let decision = baton_engine::decide::Decision {
+        request_id: None,
+        approved: false,
+        comment: Some("over the monthly limit".to_owned()),
+        by: Some("bob".to_owned()),
+        data: None,
+    };
+    e.decide(&run_id, decision).await.unwrap();
+    assert_eq!(e.drive(&run_id, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let asked: Vec<Value> = receiver.asked.lock().unwrap().iter().map(|a| a.2.clone()).collect();
+    assert_eq!(asked, [serde_json::json!({"amount": 50}), serde_json::json!({"text": "paid"})]);
+    let events = log(&store, &run_id).await;
+    let rejected = events.iter().find_map(|e| match &e.data {
+        EventData::ToolResult(r) if r.content.starts_with("rejected") => Some(r.content.clone()),
+        _ => None,
+    });
+    assert_eq!(rejected.as_deref(), Some("rejected by bob: over the monthly limit"));
+    assert_eq!(count(&events, "tool_call_started"), 2, "the rejected call was never started");
 }

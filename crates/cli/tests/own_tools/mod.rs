@@ -455,3 +455,89 @@ fn a_driver_killed_while_its_write_request_is_in_flight_is_followed_by_one_that_
     assert_eq!(log.iter().filter(|e| e["kind"] == "tool_call_finished").count(), 1);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn an_approval_gated_request_waits_for_another_process_and_a_rejected_one_never_reaches_the_service()
+ {
+    let service = Tickets::start("approval");
+    let base = format!("http://127.0.0.1:{}", service.port);
+    let guarded = json!([{
+        "name": "post_urgent_reply",
+        "parameters": {"type": "object",
+                       "properties": {"id": {"type": "integer"}, "text": {"type": "string"}, "urgent": {"type": "boolean"}},
+                       "required": ["id", "text", "urgent"]},
+        "request": {"url": format!("{base}/tickets/{{id}}/replies"), "headers": {"Authorization": "Bearer ${secret:tickets}"}},
+        "approval": "args.urgent == true",
+        "approver_role": "support_lead",
+    }]);
+    let dir = http_lab("approval", service.port, &guarded);
+    let secret = format!("tickets-secret-{}-approval", std::process::id());
+    let turns = json!([
+        {"tool_calls": [{"name": "post_urgent_reply", "arguments": {"id": 8, "text": "Routine.", "urgent": false}},
+                        {"name": "post_urgent_reply", "arguments": {"id": 7, "text": "Escalated to on-call.", "urgent": true}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "answered"}}]},
+    ]);
+    let file = script(&dir, &turns);
+    let posts = |text: &str| {
+        service.effects()["applied"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["text"] == text)
+            .count()
+    };
+    for (decision, db) in [("approve", "approved.db"), ("reject", "rejected.db")] {
+        let db = dir.join(db);
+        let before = posts("Escalated to on-call.");
+        let out = http_baton(&dir, &db, &secret)
+            .args(["run", "desk", "--input", "tickets", "--script"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "paused for approval: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let run = run_of(&out.stdout);
+        let waiting = events(&dir, &db, &run);
+        let asked = waiting.iter().find(|e| e["kind"] == "approval_requested").unwrap();
+        assert_eq!(asked["data"]["approver_role"], "support_lead");
+        assert_eq!(asked["data"]["tool"]["arguments"]["id"], 7);
+        assert_eq!(posts("Escalated to on-call."), before, "nothing is sent before the decision");
+        let mut approve = http_baton(&dir, &db, &secret);
+        approve.args(["approve", &run, "--by", "lead"]);
+        if decision == "reject" {
+            approve.args(["--reject", "--comment", "not an outage"]);
+        }
+        let decided = approve.output().unwrap();
+        assert_eq!(
+            decided.status.code(),
+            Some(0),
+            "{}{}",
+            text(&decided.stdout),
+            text(&decided.stderr)
+        );
+        let log = events(&dir, &db, &run);
+        assert_eq!(log.last().unwrap()["data"]["status"], "completed");
+        let results: Vec<&str> = log
+            .iter()
+            .filter(|e| e["kind"] == "tool_result")
+            .map(|e| e["data"]["content"].as_str().unwrap())
+            .collect();
+        if decision == "approve" {
+            assert_eq!(posts("Escalated to on-call."), before + 1, "made once, after its approval");
+        } else {
+            assert_eq!(
+                posts("Escalated to on-call."),
+                before,
+                "a rejected call never reaches the service"
+            );
+            assert!(results.contains(&"rejected by lead: not an outage"), "{results:?}");
+        }
+    }
+    assert_eq!(posts("Routine."), 2, "the call its gate lets through is made at once, in each run");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -328,6 +328,19 @@ pub struct ApprovalRequested {
     /// that arrives later is refused. Left out when the level has no timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
+    /// The call of a user's tool that waits for this decision before it is made (a tool
+    /// loop's request; a `human_approval` level's has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<Box<ToolCallAsked>>,
+}
+
+/// The call of a user's tool an approval request is about.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallAsked {
+    pub call_id: String,
+    pub tool: String,
+    pub toolset: String,
+    pub arguments: Value,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -342,6 +342,7 @@ levels:
             question: "?".into(),
             schema: serde_json::Value::Null,
             deadline: None,
+            tool: None,
         }),
     );
     let mut events = vec![started(), level_started("ok", 1), request];
@@ -410,6 +411,7 @@ levels:
                 question: "?".into(),
                 schema: serde_json::Value::Null,
                 deadline: None,
+                tool: None,
             }),
         )
     };

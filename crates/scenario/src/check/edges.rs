@@ -48,6 +48,7 @@ impl Checker<'_> {
                         verifiers: Some(verifiers),
                         source_level: Some(&source.id.value),
                         result: false,
+                        args: false,
                         wave: Some(source.kind.value == RawKind::Wave),
                     };
                     match self.gate(w, &scope) {

@@ -10,8 +10,7 @@ use crate::raw::{RawKind, RawLevel, RawResponse};
 use crate::schema::JsonSchema;
 use crate::source::Pos;
 
-/// Default approver role of a `human_approval` level.
-pub const APPROVER_ROLE_DEFAULT: &str = "approver";
+pub use crate::model::APPROVER_ROLE_DEFAULT;
 
 pub(super) struct LevelDefaults<'a> {
     pub(super) model: Option<&'a ModelConstraint>,

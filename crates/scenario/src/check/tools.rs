@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use super::checker::Checker;
 use crate::de::Located;
+use crate::expr::Scope;
 use crate::limits;
-use crate::model::{Effect, HttpRequest, OwnTool, ToolSource};
+use crate::model::{Effect, HttpRequest, OwnTool, ToolApproval, ToolSource};
 use crate::raw::{RawLevel, RawScenario, RawTool, RawToolSource, RawToolset};
 use crate::schema::JsonSchema;
 
@@ -239,6 +240,16 @@ impl Checker<'_> {
             RawToolSource::Command => self.command_tool(raw)?,
             RawToolSource::Http => self.http_tool(raw, effect, parameters.as_ref())?,
         };
+        let approval = self.tool_approval(tool, parameters.as_ref());
+        let approver_role = tool.approver_role.as_ref().map_or_else(
+            || crate::model::APPROVER_ROLE_DEFAULT.to_owned(),
+            |r| r.value.trim().to_owned(),
+        );
+        if let Some(r) = &tool.approver_role
+            && approver_role.is_empty()
+        {
+            self.error("empty-value", r.pos, "`approver_role` must not be empty");
+        }
         Some(OwnTool {
             name: name.value.clone(),
             toolset: toolset.to_owned(),
@@ -249,8 +260,76 @@ impl Checker<'_> {
             max_calls,
             cost_usd,
             once_per_run,
+            approval: approval?,
+            approver_role,
             source,
         })
+    }
+
+    /// A tool's `approval`: `never`, `always`, or a gate over `args.<…>` whose every
+    /// argument is one the schema declares.
+    fn tool_approval(
+        &mut self,
+        tool: &RawTool,
+        parameters: Option<&JsonSchema>,
+    ) -> Option<ToolApproval> {
+        let Some(approval) = &tool.approval else { return Some(ToolApproval::Never) };
+        match approval.value.trim() {
+            "never" => return Some(ToolApproval::Never),
+            "always" => return Some(ToolApproval::Always),
+            _ => {}
+        }
+        let scope = Scope { args: true, ..Scope::default() };
+        let gate = self.gate(approval, &scope)?;
+        let properties = parameters
+            .and_then(|p| p.value().get("properties"))
+            .and_then(serde_json::Value::as_object);
+        let mut ok = true;
+        for path in gate.paths() {
+            let root = path.segments.first().map_or("", String::as_str);
+            if root != "args" {
+                self.error(
+                    "gate-check",
+                    approval.pos,
+                    format!(
+                        "`approval` reads only the call's arguments (`args.<…>`), not `{root}`"
+                    ),
+                )
+                .help = Some(
+                    "`approval` is `always`, `never`, or a gate such as `args.amount > 100`"
+                        .to_owned(),
+                );
+                ok = false;
+                continue;
+            }
+            let Some(argument) = path.segments.get(1) else {
+                self.error(
+                    "gate-check",
+                    approval.pos,
+                    "`args` alone is not a value; name an argument, e.g. `args.amount`",
+                );
+                ok = false;
+                continue;
+            };
+            if !properties.is_some_and(|p| p.contains_key(argument)) {
+                self.error(
+                    "unknown-argument",
+                    approval.pos,
+                    format!("`approval` reads `args.{argument}`, which the tool's `parameters` do not declare"),
+                )
+                .help = Some(format!("declare `{argument}` under `parameters.properties`, or read an argument it declares"));
+                ok = false;
+            }
+        }
+        if gate.paths().is_empty() {
+            self.error(
+                "gate-check",
+                approval.pos,
+                "`approval` is `always`, `never`, or a gate over the call's arguments (`args.<…>`)",
+            );
+            ok = false;
+        }
+        ok.then_some(ToolApproval::When(gate))
     }
 
     /// A tool's argument schema: an object schema, bounded in size; the default takes any

@@ -109,6 +109,8 @@ pub enum Root {
     /// `result.<…>`: the structured result of an MCP tool call, in an `mcp` verifier's
     /// `condition` only.
     Result,
+    /// `args.<…>`: the arguments of a call of a user's tool, in its `approval` only.
+    Args,
     /// `wave.<field>`: the decision and counts of the edge's source level, a wave.
     Wave,
 }
@@ -186,6 +188,8 @@ pub struct Scope<'a> {
     /// Whether `result.<…>` may be read: an `mcp` verifier's condition on the tool's
     /// structured result.
     pub result: bool,
+    /// Whether `args.<…>` may be read: a tool's `approval` over a call's arguments.
+    pub args: bool,
     /// Whether the edge's source level is a wave (`wave.<…>` reads it); `None` leaves it
     /// unchecked.
     pub wave: Option<bool>,
@@ -550,10 +554,16 @@ fn resolve_path(
         "result" if scope.result => {
             Ok(PathRef { root: Root::Result, segments: segments.to_vec(), ty: Type::Dynamic })
         }
+        "args" if scope.args => {
+            Ok(PathRef { root: Root::Args, segments: segments.to_vec(), ty: Type::Dynamic })
+        }
         _ => {
             let mut roots = ROOTS.to_vec();
             if scope.result {
                 roots.push("result");
+            }
+            if scope.args {
+                roots.push("args");
             }
             let help = match suggest::closest(first, roots.iter().copied()) {
                 Some(near) => format!("did you mean `{near}`?"),

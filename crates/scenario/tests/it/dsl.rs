@@ -32,6 +32,7 @@ fn scope() -> Scope<'static> {
         verifiers: Some(vec!["build", "lint", "judge"]),
         source_level: Some("l3_accept"),
         result: false,
+        args: false,
         wave: None,
     }
 }
