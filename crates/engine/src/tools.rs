@@ -1,10 +1,13 @@
 //! The user's own tools, as the kernel sees them: [`ToolHost`], the embedder's trait that
-//! makes one call of a tool a scenario declares (a program in the jail, today), and the
-//! bounds every call is held to whichever host makes it. The kernel decides when a call
+//! opens a [`ToolSession`] per level attempt (an MCP toolset's server started and its tools
+//! listed) which makes each call of a tool a scenario declares, and the bounds every call
+//! is held to whichever host makes it. The kernel decides when a call
 //! is made, with which idempotency key, and what is recorded; how it reaches the world is
 //! the host's.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use baton_scenario::model::OwnTool;
@@ -36,12 +39,44 @@ pub struct OwnCall<'a> {
     pub tenant: Option<&'a str>,
 }
 
-/// Makes the calls of the user's tools (the embedder's: `baton-tools`).
+/// Opens what the calls of the user's tools need (the embedder's: `baton-tools`).
 pub trait ToolHost: Send + Sync + std::fmt::Debug {
+    /// What one attempt's calls of `tools` need: each MCP toolset's server started in the
+    /// jail, in `workspace`, and asked for its tools. A server that cannot be started or
+    /// asked leaves its tools out ([`ToolSession::problems`] says why). Dropping the
+    /// session stops what it started.
+    fn open<'a>(
+        &'a self,
+        tools: &'a [Arc<OwnTool>],
+        workspace: &'a Path,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, Box<dyn ToolSession>>;
+}
+
+/// One level attempt's access to its tools.
+pub trait ToolSession: Send + Sync + std::fmt::Debug {
+    /// What MCP servers said of the tools they offer, by tool name: a tool of an MCP
+    /// toolset that is not here is not offered to the model.
+    fn listed(&self) -> &BTreeMap<String, Listed>;
+
+    /// Why a server's tools are missing, one line each (a server that did not start, a
+    /// tool it does not offer).
+    fn problems(&self) -> &[String];
+
     /// Makes one call and says what came of it; a failure of the tool itself (it could not
     /// start, it timed out, it failed) is an error result the model reads, never a panic.
     fn call<'a>(&'a self, call: OwnCall<'a>, cancel: &'a CancelToken)
     -> BoxFuture<'a, ToolOutcome>;
+}
+
+/// What an MCP server says of one of its tools.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Listed {
+    pub description: String,
+    /// The JSON Schema of its arguments.
+    pub schema: Value,
+    /// Whether the server annotates it read-only (a hint: the scenario says what reads).
+    pub read_only_hint: bool,
 }
 
 /// A result cut to [`RESULT_BYTES_MAX`], saying how much was left out.

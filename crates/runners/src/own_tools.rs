@@ -15,9 +15,11 @@ use baton_engine::event::{
     ToolCallReissued, ToolCallStarted,
 };
 use baton_engine::model::{ToolCall, ToolSpec};
-use baton_engine::tools::{OwnCall, RESULTS_PER_ATTEMPT_BYTES_MAX, bounded_result};
+use baton_engine::tools::{OwnCall, RESULTS_PER_ATTEMPT_BYTES_MAX, ToolSession, bounded_result};
 use baton_engine::workspace::{ToolOutcome, Workspace, off_thread};
+use baton_scenario::limits::{TOOL_DESCRIPTION_BYTES_MAX, TOOL_SCHEMA_BYTES_MAX};
 use baton_scenario::model::{Effect, ErrorKind, OwnTool, ToolSource};
+use baton_scenario::schema::JsonSchema;
 
 use crate::resume::{RecordedTool, Resume};
 use crate::{Attempt, Stop};
@@ -29,6 +31,10 @@ const VIOLATIONS_SHOWN: usize = 5;
 #[derive(Debug, Default)]
 pub(crate) struct OwnTools {
     tools: Vec<Arc<OwnTool>>,
+    /// What makes the calls, for this attempt; none when the process cannot call them.
+    session: Option<Box<dyn ToolSession>>,
+    /// What MCP tools' servers said of them: description and compiled schema.
+    served: HashMap<String, (String, JsonSchema)>,
     /// Calls made (or answered from receipts) per tool.
     calls: HashMap<String, u32>,
     /// The next call's index among the attempt's calls of these tools.
@@ -46,13 +52,70 @@ impl OwnTools {
         OwnTools { tools: tools.to_vec(), ..OwnTools::default() }
     }
 
+    /// Takes the attempt's session: an MCP tool its server offers gets the server's
+    /// description and schema (compiled, bounded); one it does not is not offered. Says why
+    /// a tool is left out, one line each.
+    pub(crate) fn open(&mut self, session: Box<dyn ToolSession>) -> Vec<String> {
+        let mut problems = session.problems().to_vec();
+        let listed = session.listed();
+        let mut offered = Vec::new();
+        for tool in std::mem::take(&mut self.tools) {
+            if !matches!(tool.source, ToolSource::Mcp(_)) {
+                offered.push(tool);
+                continue;
+            }
+            let Some(listed) = listed.get(&tool.name) else { continue };
+            let bytes = listed.schema.to_string().len();
+            if bytes > TOOL_SCHEMA_BYTES_MAX {
+                problems.push(format!(
+                    "`{}` is not offered: its server's schema is {bytes} bytes, over {TOOL_SCHEMA_BYTES_MAX}",
+                    tool.name
+                ));
+                continue;
+            }
+            match JsonSchema::compile(listed.schema.clone()) {
+                Ok(schema) => {
+                    let mut description = listed.description.clone();
+                    if description.len() > TOOL_DESCRIPTION_BYTES_MAX {
+                        let mut cut = TOOL_DESCRIPTION_BYTES_MAX;
+                        while !description.is_char_boundary(cut) {
+                            cut -= 1;
+                        }
+                        description.truncate(cut);
+                    }
+                    self.served.insert(tool.name.clone(), (description, schema));
+                    offered.push(tool);
+                }
+                Err(e) => problems.push(format!(
+                    "`{}` is not offered: its server's schema is not a JSON Schema: {e}",
+                    tool.name
+                )),
+            }
+        }
+        self.tools = offered;
+        self.session = Some(session);
+        problems
+    }
+
     /// The tools as models see them, in their declared order.
     pub(crate) fn specs(&self) -> impl Iterator<Item = ToolSpec> + '_ {
-        self.tools.iter().map(|t| ToolSpec {
-            name: t.name.clone(),
-            description: t.description.clone(),
-            parameters: t.parameters.value().clone(),
+        self.tools.iter().map(|t| match self.served.get(&t.name) {
+            Some((description, schema)) => ToolSpec {
+                name: t.name.clone(),
+                description: description.clone(),
+                parameters: schema.value().clone(),
+            },
+            None => ToolSpec {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                parameters: t.parameters.value().clone(),
+            },
         })
+    }
+
+    /// The schema a call of `tool` is checked against: its server's for an MCP tool.
+    fn schema<'s>(&'s self, tool: &'s OwnTool) -> &'s JsonSchema {
+        self.served.get(&tool.name).map_or(&tool.parameters, |(_, s)| s)
     }
 
     /// The tool with this name, if the level has one.
@@ -88,7 +151,7 @@ impl Attempt {
         events: &mut Vec<NewEvent>,
         workspace: &Arc<dyn Workspace>,
     ) -> Result<ToolOutcome, Stop> {
-        let violations = tool.parameters.violations(&call.arguments);
+        let violations = own.schema(tool).violations(&call.arguments);
         if !violations.is_empty() {
             let mut message =
                 format!("not run: these arguments do not match the schema of `{}`:", tool.name);
@@ -244,13 +307,14 @@ impl Attempt {
             }
             (Making::New, None) => None,
         };
-        let outcome = self.make_own_call(tool, call, key.as_deref()).await;
+        let outcome = self.make_own_call(tool, call, key.as_deref(), own.session.as_deref()).await;
         if let Some(reservation) = reservation {
             reservation.settle(tool.cost_usd);
         }
-        // A program may have changed the files: the receipt keeps them as it left them.
+        // A program (a command, an MCP server in the workspace) may have changed the files:
+        // the receipt keeps them as it left them.
         let snapshot = match (&tool.source, &key) {
-            (ToolSource::Command { .. }, Some(_)) => {
+            (ToolSource::Command { .. } | ToolSource::Mcp(_), Some(_)) => {
                 let ws = Arc::clone(workspace);
                 let message =
                     format!("baton: {} attempt {} after {}", self.id(), self.attempt, call.id);
@@ -320,8 +384,9 @@ impl Attempt {
         tool: &OwnTool,
         call: &ToolCall,
         key: Option<&str>,
+        session: Option<&dyn ToolSession>,
     ) -> ToolOutcome {
-        let Some(host) = &self.runtime.tools else {
+        let Some(session) = session else {
             return ToolOutcome::error(format!(
                 "not run: this Baton process cannot call the user's tools, so `{}` is unavailable",
                 tool.name
@@ -341,7 +406,7 @@ impl Attempt {
             deadline,
             tenant: self.state.tenant.as_deref(),
         };
-        let mut outcome = host.call(own_call, &self.cancel).await;
+        let mut outcome = session.call(own_call, &self.cancel).await;
         outcome.content = bounded_result(outcome.content);
         self.runtime.redactor.redact_in_place(&mut outcome.content);
         outcome

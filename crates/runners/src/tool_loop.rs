@@ -265,9 +265,19 @@ impl Attempt {
             Err(e) => return fail(e, &mut events),
         };
         let mut own = OwnTools::new(tools);
-        let specs: Vec<ToolSpec> = tool_specs().into_iter().chain(own.specs()).collect();
         // An attempt an earlier driver began: its committed events answer its calls.
         let mut resume = Resume::new(&self.resumed);
+        if !tools.is_empty()
+            && let Some(host) = &self.runtime.tools
+        {
+            let dir = workspace.root().to_path_buf();
+            let session = host.open(tools, &dir, &self.cancel).await;
+            for problem in own.open(session) {
+                let message = format!("level `{}`: {problem}", level.id);
+                resume.emit(&mut events, self.event(EventData::Warning(Warning { message })));
+            }
+        }
+        let specs: Vec<ToolSpec> = tool_specs().into_iter().chain(own.specs()).collect();
         // What the calls an earlier driver made spent: in the state's totals already.
         let (mut replayed_usd, mut replayed_tokens) = (0.0, 0);
         let may_go_textual = level.model.as_ref().is_some_and(|m| m.fallback_outside_allow);

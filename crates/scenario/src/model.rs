@@ -245,6 +245,17 @@ pub enum ToolSource {
     Command { argv: Vec<String>, env: Vec<(String, String)> },
     /// A request to an HTTP API, through the egress guard.
     Http(HttpRequest),
+    /// A tool of an MCP server, called by its name.
+    Mcp(Arc<McpServer>),
+}
+
+/// The MCP server of an `mcp` toolset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpServer {
+    /// The toolset's name: one server per toolset per level attempt.
+    pub toolset: String,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
 
 /// The request of an `http` tool, checked.

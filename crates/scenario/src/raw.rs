@@ -70,10 +70,28 @@ pub struct RawScenario {
 pub struct RawToolset {
     /// Where its tools come from: `command` — each tool a program of the user's, run in the
     /// jail in the level's workspace with no network, its arguments as JSON on stdin; `http`
-    /// — each tool a request to an HTTP API (`request:`), through the egress guard.
+    /// — each tool a request to an HTTP API (`request:`), through the egress guard; `mcp` —
+    /// the tools of an MCP server (`server:`) that `allow` lets through.
     pub source: Located<RawToolSource>,
-    /// The tools, in the order the model is shown them.
-    pub tools: Located<Vec<Located<RawTool>>>,
+    /// The tools, in the order the model is shown them. For an `mcp` toolset, the settings
+    /// of tools it allows (their name, schema and description come from the server).
+    #[serde(default)]
+    pub tools: Option<Located<Vec<Located<RawTool>>>>,
+    /// `mcp`: the server, a command and its arguments (no shell), run in the jail in the
+    /// level's workspace with no network; started when an attempt of a level that lists the
+    /// toolset begins and stopped when it ends.
+    #[serde(default)]
+    pub server: Option<Located<Vec<String>>>,
+    /// `mcp`: the variables the server gets on top of `PATH`, `HOME`, `LANG` and `TMPDIR`.
+    #[serde(default)]
+    pub env: Option<Located<BTreeMap<String, String>>>,
+    /// `mcp`: the server's tools the model may call; none without it.
+    #[serde(default)]
+    pub allow: Vec<Located<String>>,
+    /// `mcp`: the allowed tools that only read (called again freely on resume, no key);
+    /// every other is a write, whatever the server's annotations say.
+    #[serde(default)]
+    pub read: Vec<Located<String>>,
 }
 
 /// Where a toolset's tools come from.
@@ -84,6 +102,8 @@ pub enum RawToolSource {
     Command,
     /// Requests to an HTTP API, through the egress guard.
     Http,
+    /// The tools of an MCP server.
+    Mcp,
 }
 
 /// The request an `http` tool makes.
@@ -164,6 +184,27 @@ pub struct RawTool {
     /// Who may approve a call (default `approver`).
     #[serde(default)]
     pub approver_role: Option<Located<String>>,
+}
+
+impl RawTool {
+    /// A tool with a name and no settings (an MCP tool `allow` lets through bare).
+    pub fn named(name: Located<String>) -> RawTool {
+        RawTool {
+            name,
+            description: None,
+            parameters: None,
+            command: None,
+            env: None,
+            request: None,
+            effect: None,
+            timeout_s: None,
+            max_calls: None,
+            cost_usd: None,
+            once_per_run: None,
+            approval: None,
+            approver_role: None,
+        }
+    }
 }
 
 /// What a tool call does to the world.

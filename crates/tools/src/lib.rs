@@ -6,18 +6,21 @@
 //! key in [`KEY_VARIABLE`]. An `http` tool is a request through the egress guard
 //! ([`http`]).
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use baton_engine::cancel::CancelToken;
 use baton_engine::future::BoxFuture;
-use baton_engine::tools::{OwnCall, ToolHost};
+use baton_engine::tools::{Listed, OwnCall, ToolHost, ToolSession};
 use baton_engine::workspace::ToolOutcome;
 use baton_jail::Jail;
-use baton_scenario::model::ToolSource;
+use baton_scenario::model::{OwnTool, ToolSource};
 use baton_verifiers::program::{Program, run_program_with_input};
 
 pub mod http;
+pub mod mcp;
 
 pub use http::{HttpSettings, Secret};
 
@@ -28,17 +31,115 @@ pub const KEY_VARIABLE: &str = "BATON_IDEMPOTENCY_KEY";
 const STDERR_TAIL_BYTES: usize = 4 * 1024;
 
 /// Calls the user's tools; programs run in `jail`, requests go where `http` allows.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Tools {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     jail: Arc<Jail>,
     http: http::HttpTools,
 }
 
 impl Tools {
     pub fn new(jail: Arc<Jail>, http: HttpSettings) -> Self {
-        Tools { jail, http: http::HttpTools::new(http) }
+        Tools { inner: Arc::new(Inner { jail, http: http::HttpTools::new(http) }) }
+    }
+}
+
+/// One level attempt's calls: its MCP toolsets' servers, running until it is dropped.
+#[derive(Debug)]
+struct Session {
+    inner: Arc<Inner>,
+    servers: BTreeMap<String, mcp::Running>,
+    listed: BTreeMap<String, Listed>,
+    problems: Vec<String>,
+}
+
+impl ToolHost for Tools {
+    fn open<'a>(
+        &'a self,
+        tools: &'a [Arc<OwnTool>],
+        workspace: &'a Path,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, Box<dyn ToolSession>> {
+        Box::pin(async move {
+            let mut session = Session {
+                inner: Arc::clone(&self.inner),
+                servers: BTreeMap::new(),
+                listed: BTreeMap::new(),
+                problems: Vec::new(),
+            };
+            for tool in tools {
+                let ToolSource::Mcp(spec) = &tool.source else { continue };
+                if session.servers.contains_key(&spec.toolset)
+                    || session
+                        .problems
+                        .iter()
+                        .any(|p| p.starts_with(&format!("toolset `{}`", spec.toolset)))
+                {
+                    continue;
+                }
+                match mcp::start(spec, workspace, &self.inner.jail, cancel).await {
+                    Ok((running, listed)) => {
+                        for wanted in tools.iter().filter(|t| matches!(&t.source, ToolSource::Mcp(s) if s.toolset == spec.toolset)) {
+                            match listed.get(&wanted.name) {
+                                Some(l) => {
+                                    session.listed.insert(wanted.name.clone(), l.clone());
+                                }
+                                None => session.problems.push(format!(
+                                    "`{}` is not offered: the server of toolset `{}` has no such tool",
+                                    wanted.name, spec.toolset
+                                )),
+                            }
+                        }
+                        session.servers.insert(spec.toolset.clone(), running);
+                    }
+                    Err(why) => session.problems.push(format!(
+                        "toolset `{}` is not offered: its MCP server `{}`: {why}",
+                        spec.toolset, spec.argv[0]
+                    )),
+                }
+            }
+            Box::new(session) as Box<dyn ToolSession>
+        })
+    }
+}
+
+impl ToolSession for Session {
+    fn listed(&self) -> &BTreeMap<String, Listed> {
+        &self.listed
     }
 
+    fn problems(&self) -> &[String] {
+        &self.problems
+    }
+
+    fn call<'a>(
+        &'a self,
+        call: OwnCall<'a>,
+        cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(async move {
+            match &call.tool.source {
+                ToolSource::Command { argv, env } => {
+                    self.inner.command(call, argv, env, cancel).await
+                }
+                ToolSource::Http(request) => self.inner.http.call(call, request, cancel).await,
+                ToolSource::Mcp(spec) => match self.servers.get(&spec.toolset) {
+                    Some(server) => server.call(call, cancel).await,
+                    None => ToolOutcome::error(format!(
+                        "not called: the server of toolset `{}` is not running",
+                        spec.toolset
+                    )),
+                },
+            }
+        })
+    }
+}
+
+impl Inner {
     async fn command(
         &self,
         call: OwnCall<'_>,
@@ -98,20 +199,5 @@ impl Tools {
                 }
             }
         }
-    }
-}
-
-impl ToolHost for Tools {
-    fn call<'a>(
-        &'a self,
-        call: OwnCall<'a>,
-        cancel: &'a CancelToken,
-    ) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(async move {
-            match &call.tool.source {
-                ToolSource::Command { argv, env } => self.command(call, argv, env, cancel).await,
-                ToolSource::Http(request) => self.http.call(call, request, cancel).await,
-            }
-        })
     }
 }

@@ -16,6 +16,7 @@ pub mod command;
 pub mod confined;
 pub mod judge;
 pub mod mcp;
+pub mod mcp_client;
 pub mod program;
 pub mod scanners;
 

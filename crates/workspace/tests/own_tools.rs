@@ -19,7 +19,7 @@ use baton_engine::model::ScriptedModel;
 use baton_engine::runner::Runtime;
 use baton_engine::state::Status;
 use baton_engine::store::{EventStore, MemoryStore};
-use baton_engine::tools::{OwnCall, ToolHost};
+use baton_engine::tools::{Listed, OwnCall, ToolHost, ToolSession};
 use baton_engine::verifier::Verifiers;
 use baton_engine::workspace::{ToolOutcome, WorkspaceSetup};
 use baton_engine::{Engine, Outcome};
@@ -45,6 +45,29 @@ struct Receiver {
 struct Host(Arc<Receiver>);
 
 impl ToolHost for Host {
+    fn open<'a>(
+        &'a self,
+        _tools: &'a [Arc<baton_scenario::model::OwnTool>],
+        _workspace: &'a Path,
+        _cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, Box<dyn ToolSession>> {
+        Box::pin(async move { Box::new(Host(Arc::clone(&self.0))) as Box<dyn ToolSession> })
+    }
+}
+
+/// Nothing listed: the test's tools are all its own.
+static NOTHING_LISTED: std::sync::LazyLock<BTreeMap<String, Listed>> =
+    std::sync::LazyLock::new(BTreeMap::new);
+
+impl ToolSession for Host {
+    fn listed(&self) -> &BTreeMap<String, Listed> {
+        &NOTHING_LISTED
+    }
+
+    fn problems(&self) -> &[String] {
+        &[]
+    }
+
     fn call<'a>(
         &'a self,
         call: OwnCall<'a>,

@@ -541,3 +541,74 @@ fn an_approval_gated_request_waits_for_another_process_and_a_rejected_one_never_
     assert_eq!(posts("Routine."), 2, "the call its gate lets through is made at once, in each run");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn an_mcp_servers_tools_are_offered_as_it_lists_them_and_called_jailed_with_a_writes_key() {
+    let dir = lab("mcp");
+    std::fs::create_dir_all(dir.join("scenarios/seed/kb")).unwrap();
+    std::fs::write(dir.join("scenarios/seed/kb/refunds.md"), "Refunds are paid within 5 days.\n")
+        .unwrap();
+    let server = super::repo().join(".peers/npm/node_modules/.bin/mcp-server-filesystem");
+    assert!(
+        server.exists(),
+        "server-filesystem is not installed: run scripts/test, which installs it"
+    );
+    let scenario = json!({
+        "id": "desk", "version": 1, "workspace": {"seed": "seed"},
+        "toolsets": {"kb": {"source": "mcp", "server": [server, "."],
+                            "allow": ["list_directory", "read_text_file", "create_directory"],
+                            "read": ["list_directory", "read_text_file"],
+                            "tools": [{"name": "create_directory", "max_calls": 1}]}},
+        "levels": [{"id": "work", "kind": "tool_loop", "prompt": {"inline": "Handle {{ input }}"},
+                    "tools": ["kb"], "terminal": true}],
+    });
+    std::fs::write(dir.join("scenarios/desk.yaml"), scenario.to_string()).unwrap();
+    let turns = json!([
+        {"tool_calls": [{"name": "list_directory", "arguments": {"path": "kb"}},
+                        {"name": "read_text_file", "arguments": {"path": "kb/refunds.md"}},
+                        {"name": "read_text_file", "arguments": {"file": "kb/refunds.md"}}]},
+        {"tool_calls": [{"name": "create_directory", "arguments": {"path": "answers"}},
+                        {"name": "create_directory", "arguments": {"path": "again"}},
+                        {"name": "move_file", "arguments": {"source": "answers", "destination": "x"}},
+                        {"name": "read_text_file", "arguments": {"path": "/etc/passwd"}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "answered"}}]},
+    ]);
+    let file = script(&dir, &turns);
+    let db = dir.join("runs.db");
+    let out = baton_in(&dir, &db)
+        .args(["run", "desk", "--input", "a refund question", "--script"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = run_of(&out.stdout);
+    let log = events(&dir, &db, &run);
+    let warnings: Vec<&Value> = log.iter().filter(|e| e["kind"] == "warning").collect();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let results: Vec<(bool, String)> = log
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
+        .collect();
+    assert!(!results[0].0 && results[0].1.contains("refunds.md"), "{:?}", results[0]);
+    assert_eq!(results[1], (false, "Refunds are paid within 5 days.\n".to_owned()));
+    // The server's own schema checks the arguments before anything is sent.
+    assert!(
+        results[2].0 && results[2].1.contains("\"path\" is a required property"),
+        "{:?}",
+        results[2]
+    );
+    assert!(!results[3].0, "{:?}", results[3]);
+    assert!(results[4].0 && results[4].1.contains("at most 1 times"), "{:?}", results[4]);
+    assert!(
+        results[5].0 && results[5].1.contains("there is no tool `move_file`"),
+        "{:?}",
+        results[5]
+    );
+    assert!(results[6].0, "outside its directory: {:?}", results[6]);
+    assert!(dir.join("workspaces").join(&run).join("answers").is_dir(), "the server made it");
+    let started: Vec<&Value> = log.iter().filter(|e| e["kind"] == "tool_call_started").collect();
+    assert_eq!(started.len(), 1, "only the allowed write is keyed");
+    assert_eq!(started[0]["data"]["toolset"], "kb");
+    let _ = std::fs::remove_dir_all(dir);
+}

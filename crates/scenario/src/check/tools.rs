@@ -8,7 +8,7 @@ use super::checker::Checker;
 use crate::de::Located;
 use crate::expr::Scope;
 use crate::limits;
-use crate::model::{Effect, HttpRequest, OwnTool, ToolApproval, ToolSource};
+use crate::model::{Effect, HttpRequest, McpServer, OwnTool, ToolApproval, ToolSource};
 use crate::raw::{RawLevel, RawScenario, RawTool, RawToolSource, RawToolset};
 use crate::schema::JsonSchema;
 
@@ -43,6 +43,7 @@ fn source_name(source: RawToolSource) -> &'static str {
     match source {
         RawToolSource::Command => "command",
         RawToolSource::Http => "http",
+        RawToolSource::Mcp => "mcp",
     }
 }
 
@@ -124,25 +125,152 @@ impl Checker<'_> {
 
     fn toolset(&mut self, name: &str, set: &Located<RawToolset>) -> Option<Vec<Arc<OwnTool>>> {
         let errors = self.diags.error_count();
-        let mut seen = HashSet::new();
-        let mut tools = Vec::new();
-        if set.value.tools.value.is_empty() {
-            self.error("no-tools", set.value.tools.pos, format!("toolset `{name}` has no tools"));
+        let raw = &set.value;
+        let source = raw.source.value;
+        for (field, present) in [
+            ("server", raw.server.as_ref().map(|s| s.pos)),
+            ("env", raw.env.as_ref().map(|e| e.pos)),
+            ("allow", raw.allow.first().map(|a| a.pos)),
+            ("read", raw.read.first().map(|r| r.pos)),
+        ] {
+            if let Some(pos) = present
+                && source != RawToolSource::Mcp
+            {
+                self.error(
+                    "field-not-for-source",
+                    pos,
+                    format!("`{field}` does not apply to a `{}` toolset", source_name(source)),
+                )
+                .help = Some(format!("`{field}` applies to `mcp` toolsets"));
+            }
         }
-        for tool in &set.value.tools.value {
+        let declared: &[Located<RawTool>] = raw.tools.as_ref().map_or(&[], |t| &t.value);
+        let mut seen = HashSet::new();
+        for tool in declared {
             if !seen.insert(tool.value.name.value.clone()) {
                 self.error(
                     "duplicate-id",
                     tool.value.name.pos,
                     format!("toolset `{name}` declares tool `{}` twice", tool.value.name.value),
                 );
-                continue;
             }
-            if let Some(checked) = self.tool(name, set.value.source.value, tool) {
-                tools.push(Arc::new(checked));
+        }
+        let mut tools = Vec::new();
+        if source == RawToolSource::Mcp {
+            tools = self.mcp_toolset(name, set, declared)?;
+        } else {
+            if declared.is_empty() {
+                let pos = raw.tools.as_ref().map_or(set.pos, |t| t.pos);
+                self.error("no-tools", pos, format!("toolset `{name}` has no tools"));
+            }
+            let mut named = HashSet::new();
+            for tool in declared {
+                if named.insert(tool.value.name.value.clone())
+                    && let Some(checked) = self.tool(name, source, tool, None)
+                {
+                    tools.push(Arc::new(checked));
+                }
             }
         }
         (self.diags.error_count() == errors).then_some(tools)
+    }
+
+    /// An `mcp` toolset: its server, and one tool per name `allow` lets through (with the
+    /// settings `tools:` gives it); its schema and description come from the server.
+    fn mcp_toolset(
+        &mut self,
+        name: &str,
+        set: &Located<RawToolset>,
+        declared: &[Located<RawTool>],
+    ) -> Option<Vec<Arc<OwnTool>>> {
+        let raw = &set.value;
+        let Some(argv) = &raw.server else {
+            self.error("missing-field", set.pos, format!("toolset `{name}` is `mcp` and names no `server`"))
+                .help = Some("give the server's command, e.g. `server: [npx, -y, \"@modelcontextprotocol/server-filesystem\", kb]`".to_owned());
+            return None;
+        };
+        if argv.value.is_empty()
+            || argv.value[0].trim().is_empty()
+            || argv.value.len() > limits::TOOL_ARGV_MAX
+        {
+            self.error(
+                "bad-value",
+                argv.pos,
+                format!(
+                    "`server` is a command and at most {} arguments",
+                    limits::TOOL_ARGV_MAX - 1
+                ),
+            );
+            return None;
+        }
+        let env = self.program_env(raw.env.as_ref())?;
+        let server =
+            Arc::new(McpServer { toolset: name.to_owned(), argv: argv.value.clone(), env });
+        if raw.allow.is_empty() {
+            self.warning(
+                "mcp-allows-nothing",
+                set.pos,
+                format!("toolset `{name}` allows none of its server's tools"),
+            )
+            .help = Some("list the tools the model may call under `allow:`".to_owned());
+        }
+        for r in &raw.read {
+            if !raw.allow.iter().any(|a| a.value == r.value) {
+                self.error(
+                    "unknown-tool",
+                    r.pos,
+                    format!("`read` names `{}`, which `allow` does not let through", r.value),
+                );
+            }
+        }
+        for tool in declared {
+            if !raw.allow.iter().any(|a| a.value == tool.value.name.value) {
+                self.error(
+                    "unknown-tool",
+                    tool.value.name.pos,
+                    format!("toolset `{name}` gives settings to `{}`, which `allow` does not let through", tool.value.name.value),
+                );
+            }
+            for (field, present) in [
+                ("description", tool.value.description.as_ref().map(|d| d.pos)),
+                ("parameters", tool.value.parameters.as_ref().map(|p| p.pos)),
+                ("effect", tool.value.effect.as_ref().map(|e| e.pos)),
+            ] {
+                if let Some(pos) = present {
+                    self.error("field-not-for-source", pos, format!("`{field}` of an `mcp` tool comes from its server and the toolset's `read`"));
+                }
+            }
+        }
+        let mut tools = Vec::new();
+        let mut seen = HashSet::new();
+        for allowed in &raw.allow {
+            if !seen.insert(allowed.value.clone()) {
+                self.error(
+                    "duplicate-id",
+                    allowed.pos,
+                    format!("`allow` lists `{}` twice", allowed.value),
+                );
+                continue;
+            }
+            let effect = if raw.read.iter().any(|r| r.value == allowed.value) {
+                Effect::Read
+            } else {
+                Effect::Write
+            };
+            let settings = declared.iter().find(|t| t.value.name.value == allowed.value);
+            let checked = match settings {
+                Some(t) => self.tool(name, RawToolSource::Mcp, t, Some((effect, &server))),
+                None => {
+                    let bare = RawTool::named(allowed.clone());
+                    let bare = Located { value: bare, pos: allowed.pos };
+                    self.tool(name, RawToolSource::Mcp, &bare, Some((effect, &server)))
+                }
+            };
+            if let Some(checked) = checked {
+                tools.push(Arc::new(checked));
+            }
+        }
+        Some(tools)
     }
 
     fn tool(
@@ -150,6 +278,7 @@ impl Checker<'_> {
         toolset: &str,
         source: RawToolSource,
         raw: &Located<RawTool>,
+        mcp: Option<(Effect, &Arc<McpServer>)>,
     ) -> Option<OwnTool> {
         let tool = &raw.value;
         let name = &tool.name;
@@ -207,7 +336,10 @@ impl Checker<'_> {
             None => 0.0,
         };
         // A tool that acts is a write until its author says it only reads.
-        let effect = tool.effect.as_ref().map_or(Effect::Write, |e| e.value);
+        let effect = match mcp {
+            Some((effect, _)) => effect,
+            None => tool.effect.as_ref().map_or(Effect::Write, |e| e.value),
+        };
         let once_per_run = tool.once_per_run.as_ref().is_some_and(|o| o.value);
         if once_per_run && effect == Effect::Read {
             let pos = tool.once_per_run.as_ref().map_or(raw.pos, |o| o.pos);
@@ -239,8 +371,11 @@ impl Checker<'_> {
         let source = match source {
             RawToolSource::Command => self.command_tool(raw)?,
             RawToolSource::Http => self.http_tool(raw, effect, parameters.as_ref())?,
+            RawToolSource::Mcp => ToolSource::Mcp(Arc::clone(mcp?.1)),
         };
-        let approval = self.tool_approval(tool, parameters.as_ref());
+        // An MCP tool's arguments are its server's to say: its gate is checked when called.
+        let declared_parameters = if mcp.is_some() { None } else { parameters.as_ref() };
+        let approval = self.tool_approval(tool, declared_parameters, mcp.is_none());
         let approver_role = tool.approver_role.as_ref().map_or_else(
             || crate::model::APPROVER_ROLE_DEFAULT.to_owned(),
             |r| r.value.trim().to_owned(),
@@ -272,6 +407,7 @@ impl Checker<'_> {
         &mut self,
         tool: &RawTool,
         parameters: Option<&JsonSchema>,
+        check_arguments: bool,
     ) -> Option<ToolApproval> {
         let Some(approval) = &tool.approval else { return Some(ToolApproval::Never) };
         match approval.value.trim() {
@@ -311,7 +447,7 @@ impl Checker<'_> {
                 ok = false;
                 continue;
             };
-            if !properties.is_some_and(|p| p.contains_key(argument)) {
+            if check_arguments && !properties.is_some_and(|p| p.contains_key(argument)) {
                 self.error(
                     "unknown-argument",
                     approval.pos,
@@ -392,37 +528,41 @@ impl Checker<'_> {
             );
             return None;
         }
-        let env: Vec<(String, String)> = tool
-            .env
-            .as_ref()
-            .map(|e| e.value.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-            .unwrap_or_default();
-        if let Some(e) = &tool.env {
-            if env.len() > limits::TOOL_ARGV_MAX {
-                self.error(
-                    "too-many",
-                    e.pos,
-                    format!("`env` may have at most {} variables", limits::TOOL_ARGV_MAX),
-                );
-                return None;
-            }
-            if let Some((bad, _)) = env.iter().find(|(k, _)| {
-                k.is_empty()
-                    || k.starts_with("BATON_")
-                    || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            }) {
-                self.error(
-                    "bad-env",
-                    e.pos,
-                    format!("`{bad}` cannot be a variable of a tool's program"),
-                )
-                .help = Some(
-                    "names hold letters, digits and `_`; `BATON_` names are Baton's own".to_owned(),
-                );
-                return None;
-            }
-        }
+        let env = self.program_env(tool.env.as_ref())?;
         Some(ToolSource::Command { argv: argv.value.clone(), env })
+    }
+
+    /// The variables a program is given (a `command` tool's, an MCP server's): bounded in
+    /// number, names of letters, digits and `_`, none of Baton's own `BATON_` ones.
+    fn program_env(
+        &mut self,
+        env: Option<&Located<BTreeMap<String, String>>>,
+    ) -> Option<Vec<(String, String)>> {
+        let Some(e) = env else { return Some(Vec::new()) };
+        if e.value.len() > limits::TOOL_ARGV_MAX {
+            self.error(
+                "too-many",
+                e.pos,
+                format!("`env` may have at most {} variables", limits::TOOL_ARGV_MAX),
+            );
+            return None;
+        }
+        if let Some(bad) = e.value.keys().find(|k| {
+            k.is_empty()
+                || k.starts_with("BATON_")
+                || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        }) {
+            self.error(
+                "bad-env",
+                e.pos,
+                format!("`{bad}` cannot be a variable of a tool's program"),
+            )
+            .help = Some(
+                "names hold letters, digits and `_`; `BATON_` names are Baton's own".to_owned(),
+            );
+            return None;
+        }
+        Some(e.value.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 
     /// The request of an `http` tool: its method, a URL whose placeholders name arguments
