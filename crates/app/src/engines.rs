@@ -11,6 +11,7 @@ use baton_engine::job::{Jobs, Selection};
 use baton_engine::model::{ModelProvider, ScriptedModel};
 use baton_engine::runner::Runtime;
 use baton_engine::store::EventStore;
+use baton_engine::tools::ToolHost;
 use baton_engine::verifier::Verifiers;
 use baton_engine::wave_drive::WaveSettings;
 use baton_engine::workspace::WorkspaceSetup;
@@ -76,6 +77,18 @@ pub fn redactor(place: &Place) -> Redactor {
     Redactor::new(names.iter().filter_map(|n| std::env::var(n).ok()))
 }
 
+/// The user's tools as this instance calls them: programs and MCP servers in its jail,
+/// requests where its `[egress]` and `[secrets]` allow.
+pub fn live_tools(place: &Place) -> Arc<dyn ToolHost> {
+    Arc::new(Tools::new(jail(place), tool_settings(place)))
+}
+
+/// The user's tools answered from a recording (a replay, a fixture's test): nothing is
+/// called.
+pub fn recorded_tools(cassette: &baton_engine::cassette::Cassette) -> Arc<dyn ToolHost> {
+    Arc::new(Arc::new(baton_engine::cassette::RecordedTools::new(cassette)))
+}
+
 /// What the user's HTTP tools may reach and send, from the configuration's `[egress]` and
 /// `[secrets]` (each secret's value read from its variable now). A configuration that does
 /// not load allows no secret and the default egress; the command that needs it reports
@@ -113,7 +126,7 @@ pub fn engine(
     jail: &Arc<Jail>,
     jobs: Option<Arc<Jobs>>,
     trusted: Option<Arc<baton_engine::replay::Trusted>>,
-    tools: Option<HttpSettings>,
+    tools: Option<Arc<dyn ToolHost>>,
 ) -> Engine {
     let catalog: Vec<Value> = registry
         .scenarios()
@@ -136,10 +149,7 @@ pub fn engine(
             redactor: Arc::new(redactor),
             jobs,
             runner: Arc::new(baton_runners::Runners),
-            tools: tools.map(|http| {
-                Arc::new(Tools::new(Arc::clone(jail), http))
-                    as Arc<dyn baton_engine::tools::ToolHost>
-            }),
+            tools,
         }),
         Arc::new(SystemClock),
     );

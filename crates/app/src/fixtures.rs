@@ -213,7 +213,7 @@ async fn record_new(
         &crate::jail::jail(place),
         Some(Arc::new(jobs)),
         None,
-        None,
+        Some(crate::engines::live_tools(place)),
     );
     let (_, selected) = baton_engine::job::select(
         registry,

@@ -42,8 +42,8 @@ pub struct Baton {
     settle_timeout: std::time::Duration,
     waves: WaveSettings,
     redactor: Redactor,
-    /// What the user's HTTP tools may reach and send.
-    tools: baton_tools::HttpSettings,
+    /// The user's tools, as the instance calls them.
+    tools: Arc<dyn baton_engine::tools::ToolHost>,
 }
 
 impl std::fmt::Debug for Baton {
@@ -120,7 +120,7 @@ impl Baton {
                 ..WaveSettings::default()
             },
             redactor: crate::engines::redactor(place),
-            tools: crate::engines::tool_settings(place),
+            tools: crate::engines::live_tools(place),
         };
         Ok(Instance {
             baton: Arc::new(baton),
@@ -186,7 +186,7 @@ impl Baton {
             &crate::jail::jail(&self.place),
             Some(Arc::new(jobs)),
             None,
-            Some(self.tools.clone()),
+            Some(Arc::clone(&self.tools)),
         ))
     }
 

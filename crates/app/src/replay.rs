@@ -70,6 +70,7 @@ pub async fn replay_job(
     if from.strategy == Strategy::RerunVerifiers {
         warnings.extend(crate::jail::check_jail(place, &registry, &scenario)?);
     }
+    let tools = engines::recorded_tools(&from.cassette);
     let mut replayer = Replayer::new(from.cassette);
     if let Some(live) = from.live {
         replayer = replayer.live(live);
@@ -90,7 +91,7 @@ pub async fn replay_job(
         &crate::jail::jail(place),
         Some(Arc::new(jobs)),
         trusted,
-        None,
+        Some(tools),
     );
     let recorded_checksum = root.events.iter().find_map(|e| match &e.data {
         baton_engine::event::EventData::ScenarioStarted(s) => Some(s.checksum.clone()),

@@ -147,6 +147,7 @@ pub async fn resume(
         let jobs = jobs(place, Arc::clone(&registry), None, waves)?
             .settling_as(Arc::new(recorded.settle_order(&root)));
         let cassette = recorded.cassette();
+        let tools = crate::engines::recorded_tools(&cassette);
         replay = Some(Box::new(recorded));
         engine(
             store,
@@ -157,7 +158,7 @@ pub async fn resume(
             &jail(place),
             Some(Arc::new(jobs)),
             trusted,
-            None,
+            Some(tools),
         )
     } else {
         // A job whose root calls no model (a wave) answers its workers as they recorded:
@@ -196,7 +197,7 @@ pub async fn resume(
             &jail(place),
             Some(jobs),
             None,
-            Some(crate::engines::tool_settings(place)),
+            Some(crate::engines::live_tools(place)),
         );
         engine.children_model_source = children_source;
         engine

@@ -402,7 +402,7 @@ pub async fn ready(
         &jail(place),
         Some(jobs),
         None,
-        Some(crate::engines::tool_settings(place)),
+        Some(crate::engines::live_tools(place)),
     );
     let first = Start { model_source: source, ..planned.start };
     Ok(Ready::New { engine: Box::new(engine), first: Box::new(first) })

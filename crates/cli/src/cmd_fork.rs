@@ -101,7 +101,7 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         &baton_app::jail::jail(place),
         Some(jobs),
         None,
-        Some(baton_app::engines::tool_settings(place)),
+        Some(baton_app::engines::live_tools(place)),
     );
     let new_run = Engine::new_run_id();
     let edits = ForkEdits { input: args.input, scratchpad, model_source: source };

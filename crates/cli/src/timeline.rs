@@ -346,7 +346,8 @@ pub(crate) fn line(e: &Event) -> Option<String> {
         | EventData::VerifierStarted(_)
         | EventData::BudgetConsumed(_)
         | EventData::ToolResult(_)
-        | EventData::ToolCallFinished(_) => {
+        | EventData::ToolCallFinished(_)
+        | EventData::ToolsListed(_) => {
             return None;
         }
     };

@@ -91,6 +91,22 @@ impl Entry {
 pub struct Cassette {
     pub format: u32,
     pub entries: Vec<Entry>,
+    /// What calls of the user's tools answered, in the order they were made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolEntry>,
+    /// What MCP servers said of the tools the recorded run offered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listed: Vec<crate::event::ledger::ListedTool>,
+}
+
+/// One recorded call of a user's tool: what it was asked and what it answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolEntry {
+    pub level_id: String,
+    pub tool: String,
+    pub arguments: serde_json::Value,
+    pub content: String,
+    pub is_error: bool,
 }
 
 impl Cassette {
@@ -116,6 +132,35 @@ impl Cassette {
 /// A cassette built from a run's log: every model answer, and every call that failed for
 /// good, with the prompt that asked for it.
 pub fn from_events(events: &[Event]) -> Cassette {
+    let mut cassette = model_answers(events);
+    let mut arguments: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    for e in events {
+        match &e.data {
+            EventData::ToolCall(c) => {
+                arguments.insert(c.call_id.clone(), c.arguments.clone());
+            }
+            EventData::ToolCallFinished(f) => cassette.tools.push(ToolEntry {
+                level_id: e.level_id.clone().unwrap_or_default(),
+                tool: f.tool.clone(),
+                arguments: arguments.get(&f.call_id).cloned().unwrap_or(serde_json::Value::Null),
+                content: f.content.clone(),
+                is_error: f.is_error,
+            }),
+            EventData::ToolsListed(l) => {
+                for tool in &l.tools {
+                    if !cassette.listed.iter().any(|t| t.name == tool.name) {
+                        cassette.listed.push(tool.clone());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    cassette
+}
+
+/// The model answers of a run's log, as [`from_events`] records them.
+fn model_answers(events: &[Event]) -> Cassette {
     let mut prompts: BTreeMap<(String, u32, u32), String> = BTreeMap::new();
     // A level's call index counts its answers in the run, as the engine's does.
     let mut calls: BTreeMap<String, u32> = BTreeMap::new();
@@ -176,7 +221,7 @@ pub fn from_events(events: &[Event]) -> Cassette {
             _ => {}
         }
     }
-    Cassette { format: FORMAT, entries }
+    Cassette { format: FORMAT, entries, ..Cassette::default() }
 }
 
 /// A request the cassette did not hold: where it was asked, and how it differs from the
@@ -394,5 +439,84 @@ impl ModelProvider for Replayer {
             (Ok(_), _) | (Err(_), None) => false,
             (Err(_), Some(live)) => live.reaches_out(request),
         }
+    }
+}
+
+/// The user's tools answered from a recording, for a replay or a fixture's test: each call
+/// gets what the recorded call of the same tool, level and arguments answered (in the
+/// order they were made), and an MCP tool the description and schema its server listed.
+/// Nothing is called: a call the recording does not hold is an error result that says so.
+#[derive(Debug)]
+pub struct RecordedTools {
+    listed: BTreeMap<String, crate::tools::Listed>,
+    answers: Mutex<Vec<ToolEntry>>,
+}
+
+impl RecordedTools {
+    pub fn new(cassette: &Cassette) -> Self {
+        let listed = cassette
+            .listed
+            .iter()
+            .map(|t| {
+                let listed = crate::tools::Listed {
+                    description: t.description.clone(),
+                    schema: t.schema.clone(),
+                    read_only_hint: false,
+                };
+                (t.name.clone(), listed)
+            })
+            .collect();
+        RecordedTools { listed, answers: Mutex::new(cassette.tools.clone()) }
+    }
+}
+
+/// One attempt's view of the recording.
+#[derive(Debug)]
+struct RecordedSession(Arc<RecordedTools>);
+
+impl crate::tools::ToolHost for Arc<RecordedTools> {
+    fn open<'a>(
+        &'a self,
+        _tools: &'a [Arc<baton_scenario::model::OwnTool>],
+        _workspace: &'a std::path::Path,
+        _cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, Box<dyn crate::tools::ToolSession>> {
+        let session = RecordedSession(Arc::clone(self));
+        Box::pin(async move { Box::new(session) as Box<dyn crate::tools::ToolSession> })
+    }
+}
+
+impl crate::tools::ToolSession for RecordedSession {
+    fn listed(&self) -> &BTreeMap<String, crate::tools::Listed> {
+        &self.0.listed
+    }
+
+    fn problems(&self) -> &[String] {
+        &[]
+    }
+
+    fn call<'a>(
+        &'a self,
+        call: crate::tools::OwnCall<'a>,
+        _cancel: &'a CancelToken,
+    ) -> BoxFuture<'a, crate::workspace::ToolOutcome> {
+        let mut answers = self.0.answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let found = answers.iter().position(|a| {
+            a.level_id == call.level_id
+                && a.tool == call.tool.name
+                && &a.arguments == call.arguments
+        });
+        let outcome = match found.map(|at| answers.remove(at)) {
+            Some(a) => crate::workspace::ToolOutcome {
+                content: a.content,
+                is_error: a.is_error,
+                created: None,
+            },
+            None => crate::workspace::ToolOutcome::error(format!(
+                "not called: the recording holds no call of `{}` by level `{}` with these arguments",
+                call.tool.name, call.level_id
+            )),
+        };
+        Box::pin(async move { outcome })
     }
 }

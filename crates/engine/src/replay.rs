@@ -157,9 +157,16 @@ impl Tree {
     /// The model answers of every run, as one cassette (a request asked in two runs is
     /// kept once per run; the replayer picks the one whose request matches).
     pub fn cassette(&self) -> Cassette {
-        let mut all = Cassette { format: cassette::FORMAT, entries: Vec::new() };
+        let mut all = Cassette { format: cassette::FORMAT, ..Cassette::default() };
         for run in &self.runs {
-            all.entries.extend(cassette::from_events(&run.events).entries);
+            let one = cassette::from_events(&run.events);
+            all.entries.extend(one.entries);
+            all.tools.extend(one.tools);
+            for tool in one.listed {
+                if !all.listed.iter().any(|t| t.name == tool.name) {
+                    all.listed.push(tool);
+                }
+            }
         }
         all
     }
@@ -319,8 +326,9 @@ impl Tree {
 }
 
 /// The ids of a tree that come from time or from where it ran, read as their place:
-/// run ids (UUID v7, or derived from one), workspace directories (named by run id) and
-/// workspace snapshots (git commits, which hold their time).
+/// run ids (UUID v7, or derived from one), workspace directories (named by run id),
+/// workspace snapshots (git commits, which hold their time) and the idempotency keys of
+/// tool calls (derived from the run id).
 #[derive(Debug, Default)]
 pub struct Ids {
     /// Longest first, so that an id inside another (a run id in a directory) is
@@ -333,6 +341,7 @@ impl Ids {
     pub fn of(tree: &Tree) -> Ids {
         let mut names = Vec::new();
         let mut snapshots = 0usize;
+        let mut keys = 0usize;
         for run in &tree.runs {
             let place = run.place();
             names.push((run.run_id.clone(), format!("<run {place}>")));
@@ -354,6 +363,15 @@ impl Ids {
                         if let Some(s) = &f.snapshot {
                             snapshot(s, &mut names);
                         }
+                    }
+                    EventData::ToolCallFinished(f) => {
+                        if let Some(s) = &f.snapshot {
+                            snapshot(s, &mut names);
+                        }
+                    }
+                    EventData::ToolCallStarted(s) if !names.iter().any(|(k, _)| k == &s.key) => {
+                        keys += 1;
+                        names.push((s.key.clone(), format!("<key {keys}>")));
                     }
                     _ => {}
                 }

@@ -792,6 +792,7 @@ impl RunState {
             | EventData::ToolCall(_)
             | EventData::ToolResult(_)
             | EventData::ToolCallReissued(_)
+            | EventData::ToolsListed(_)
             | EventData::FileCreated(_)
             | EventData::Warning(_) => {}
             EventData::ScenarioUpgraded(u) => {

@@ -27,6 +27,8 @@ pub const RESULTS_PER_ATTEMPT_BYTES_MAX: usize = 4 * 1024 * 1024;
 #[derive(Clone, Copy, Debug)]
 pub struct OwnCall<'a> {
     pub tool: &'a OwnTool,
+    /// The level that makes it.
+    pub level_id: &'a str,
     /// The arguments, already checked against the tool's schema.
     pub arguments: &'a Value,
     /// The idempotency key of a write call; a read call has none.
@@ -79,12 +81,14 @@ pub struct Listed {
     pub read_only_hint: bool,
 }
 
-/// A result cut to [`RESULT_BYTES_MAX`], saying how much was left out.
+/// A result cut to [`RESULT_BYTES_MAX`] with the note saying how much was left out: a
+/// result bounded once is left as it is.
 pub fn bounded_result(mut content: String) -> String {
     if content.len() <= RESULT_BYTES_MAX {
         return content;
     }
-    let mut cut = RESULT_BYTES_MAX;
+    // Room for the note, so the whole stays within the bound.
+    let mut cut = RESULT_BYTES_MAX - 64;
     while !content.is_char_boundary(cut) {
         cut -= 1;
     }

@@ -42,7 +42,7 @@ impl Recorder {
         Recorder {
             inner,
             path,
-            cassette: Mutex::new(Cassette { format: FORMAT, entries: Vec::new() }),
+            cassette: Mutex::new(Cassette { format: FORMAT, ..Cassette::default() }),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_engine::event::ledger::{CallPlace, idempotency_key};
+use baton_engine::event::ledger::{CallPlace, ListedTool, ToolsListed, idempotency_key};
 use baton_engine::event::{
     ApprovalRequested, BudgetExceeded, EventData, NewEvent, ToolCallAsked, ToolCallFinished,
     ToolCallReissued, ToolCallStarted,
@@ -95,6 +95,24 @@ impl OwnTools {
         self.tools = offered;
         self.session = Some(session);
         problems
+    }
+
+    /// What the attempt's MCP servers said of the tools it offers, to record; none when it
+    /// offers no MCP tool.
+    pub(crate) fn listing(&self) -> Option<ToolsListed> {
+        let tools: Vec<ListedTool> = self
+            .tools
+            .iter()
+            .filter_map(|t| {
+                let (description, schema) = self.served.get(&t.name)?;
+                Some(ListedTool {
+                    name: t.name.clone(),
+                    description: description.clone(),
+                    schema: schema.value().clone(),
+                })
+            })
+            .collect();
+        (!tools.is_empty()).then_some(ToolsListed { tools })
     }
 
     /// The tools as models see them, in their declared order.
@@ -400,6 +418,7 @@ impl Attempt {
         let dir = self.workspace_dir();
         let own_call = OwnCall {
             tool,
+            level_id: self.id(),
             arguments: &call.arguments,
             key,
             workspace: &dir,

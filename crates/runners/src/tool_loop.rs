@@ -276,6 +276,9 @@ impl Attempt {
                 let message = format!("level `{}`: {problem}", level.id);
                 resume.emit(&mut events, self.event(EventData::Warning(Warning { message })));
             }
+            if let Some(listed) = own.listing() {
+                resume.emit(&mut events, self.event(EventData::ToolsListed(Box::new(listed))));
+            }
         }
         let specs: Vec<ToolSpec> = tool_specs().into_iter().chain(own.specs()).collect();
         // What the calls an earlier driver made spent: in the state's totals already.

@@ -208,7 +208,8 @@ fn render_url(template: &str, arguments: &Value) -> Result<String, String> {
 async fn read_capped(mut response: reqwest::Response) -> Result<(Vec<u8>, bool), String> {
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|e| describe(&e))? {
-        let room = RESULT_BYTES_MAX - body.len();
+        // Room for the note a cut answer gets, so the result is within the bound as read.
+        let room = RESULT_BYTES_MAX - 64 - body.len();
         if chunk.len() > room {
             body.extend_from_slice(&chunk[..room]);
             return Ok((body, true));

@@ -398,6 +398,34 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
     assert!(!everything.contains(&secret), "the secret leaked");
     let database = std::fs::read(&db).unwrap();
     assert!(!database.windows(secret.len()).any(|w| w == secret.as_bytes()));
+    // A replay answers every call from the recording and asks the service nothing.
+    let sent = |effects: Value| {
+        effects["requests"].as_array().unwrap().iter().filter(|r| r["path"] != "/effects").count()
+    };
+    let asked = sent(service.effects());
+    let replayed =
+        http_baton(&dir, &db, &secret).args(["replay", &run, "--json"]).output().unwrap();
+    assert_eq!(
+        replayed.status.code(),
+        Some(0),
+        "{}{}",
+        text(&replayed.stdout),
+        text(&replayed.stderr)
+    );
+    assert_eq!(sent(service.effects()), asked, "the replay sent a request");
+    let summary: Value = serde_json::from_slice(&replayed.stdout).unwrap();
+    assert_eq!(summary["matches"], true, "{summary}");
+    let replay_run = summary["replay_run_id"].as_str().unwrap_or_default().to_owned();
+    let replay_log = events(&dir, &db, &replay_run);
+    let replay_results: Vec<(bool, String)> = replay_log
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(
+        replay_results, results,
+        "the replay's tools answered as the recording's: {summary}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -51,6 +51,21 @@ pub struct ToolCallReissued {
     pub key: String,
 }
 
+/// What MCP servers said of the tools an attempt offers its model (their descriptions and
+/// schemas), recorded as the attempt begins so a replay offers the same without a server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolsListed {
+    pub tools: Vec<ListedTool>,
+}
+
+/// One tool an MCP server listed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ListedTool {
+    pub name: String,
+    pub description: String,
+    pub schema: serde_json::Value,
+}
+
 #[allow(clippy::trivially_copy_pass_by_ref)]
 fn is_zero(v: &f64) -> bool {
     *v == 0.0

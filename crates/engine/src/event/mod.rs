@@ -25,7 +25,7 @@ pub mod v1;
 pub mod wave;
 
 pub use late::{LATE_RESULT_AFTER_CANCEL, LateResultDiscarded};
-pub use ledger::{ToolCallFinished, ToolCallReissued, ToolCallStarted};
+pub use ledger::{ToolCallFinished, ToolCallReissued, ToolCallStarted, ToolsListed};
 pub use live::LiveText;
 pub use payloads::*;
 pub use steering::{SteeringDelivered, SteeringReceived};
@@ -134,6 +134,7 @@ pub enum EventData {
     ToolCallStarted(ToolCallStarted),
     ToolCallFinished(ToolCallFinished),
     ToolCallReissued(ToolCallReissued),
+    ToolsListed(Box<ToolsListed>),
 }
 
 impl EventData {
@@ -193,6 +194,7 @@ impl EventData {
             EventData::ToolCallStarted(_) => "tool_call_started",
             EventData::ToolCallFinished(_) => "tool_call_finished",
             EventData::ToolCallReissued(_) => "tool_call_reissued",
+            EventData::ToolsListed(_) => "tools_listed",
         }
     }
 
@@ -274,6 +276,7 @@ impl EventData {
             EventData::ToolCallStarted(p) => serde_json::to_writer(&mut *out, p),
             EventData::ToolCallFinished(p) => serde_json::to_writer(&mut *out, p),
             EventData::ToolCallReissued(p) => serde_json::to_writer(&mut *out, p),
+            EventData::ToolsListed(p) => serde_json::to_writer(&mut *out, p),
         };
     }
 
@@ -407,6 +410,7 @@ impl EventData {
             "tool_call_started" => ToolCallStarted,
             "tool_call_finished" => ToolCallFinished,
             "tool_call_reissued" => ToolCallReissued,
+            "tools_listed" => ToolsListed,
         }
     }
 }
