@@ -1,9 +1,10 @@
 """A small ticket service for the ticket-triage scenario and its tests (Python's standard
 library only).
 
-    python3 scenarios/services/tickets.py [--port-file FILE]
+    python3 scenarios/services/tickets.py [--port N] [--port-file FILE]
 
-It listens on 127.0.0.1 (a free port, written to FILE and printed) and serves:
+It listens on 127.0.0.1, port N (8765 for the ticket_triage scenario) or a free one,
+written to FILE and printed, and serves:
 
     GET  /tickets                    every ticket
     GET  /tickets/ID                 one ticket (404 when there is none)
@@ -102,7 +103,7 @@ class Handler(BaseHTTPRequestHandler):
                 if key in answers:
                     return self.answer(200, answers[key])
             applied.append({"key": key, "ticket": int(parts[1]), "text": text})
-            result = {"reply": len(applied), "ticket": int(parts[1])}
+            result = {"ticket": int(parts[1]), "posted": True}
             if key:
                 answers[key] = result
         return self.answer(201, result)
@@ -110,9 +111,17 @@ class Handler(BaseHTTPRequestHandler):
 
 def main():
     port_file = None
-    if len(sys.argv) == 3 and sys.argv[1] == "--port-file":
-        port_file = sys.argv[2]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = 0
+    args = sys.argv[1:]
+    while args:
+        flag = args.pop(0)
+        if flag == "--port-file" and args:
+            port_file = args.pop(0)
+        elif flag == "--port" and args:
+            port = int(args.pop(0))
+        else:
+            sys.exit(f"unknown argument {flag}; usage: tickets.py [--port N] [--port-file FILE]")
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     port = server.server_address[1]
     if port_file:
         with open(port_file + ".tmp", "w") as f:

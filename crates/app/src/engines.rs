@@ -43,8 +43,10 @@ pub fn workspace_setup(
 }
 
 /// An engine for reading, deciding and finishing runs: its model answers nothing (a run
-/// resumes with the model it recorded), its workspaces are the run's own.
+/// resumes with the model it recorded), its workspaces are the run's own, and a run's
+/// stored scenario version reads its files (a workspace seed) from the scenarios directory.
 pub fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Registry) -> Engine {
+    let jobs = jobs(place, Arc::new(Registry::default()), None, WaveDrive::default()).ok();
     engine(
         Arc::clone(store),
         Arc::new(ScriptedModel::default()),
@@ -52,7 +54,7 @@ pub fn probe_engine(place: &Place, store: &Arc<dyn EventStore>, registry: &Regis
         workspace_setup(place, None, None),
         redactor(place),
         &jail(place),
-        None,
+        jobs.map(Arc::new),
         None,
         None,
     )

@@ -218,7 +218,7 @@ pub(crate) fn line(e: &Event) -> Option<String> {
             "effect    {level}: {} called again with key {}: its first call left no receipt",
             t.tool, t.key
         ),
-        EventData::ToolCallFinished(t) if t.is_error => {
+        EventData::ToolCallFinished(t) if t.is_error && t.key.is_some() => {
             format!("effect    {level}: {} failed — {}", t.tool, preview(&t.content, 80))
         }
         EventData::SteeringDelivered(d) => {

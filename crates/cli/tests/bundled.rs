@@ -37,21 +37,59 @@ fn baton_in(cwd: &Path, db: &Path, args: &[&str]) -> Output {
     baton_cmd(cwd, db).args(args).output().unwrap()
 }
 
-/// The command [`baton_in`] runs, before its arguments.
+/// The command [`baton_in`] runs, before its arguments: with the configuration of the
+/// bundled ticket service (loopback for 127.0.0.1, its token) and the MCP servers the
+/// suite installs on PATH, which only `ticket_triage` uses.
 fn baton_cmd(cwd: &Path, db: &Path) -> Command {
     let venv = repo().join(".peers/venv/bin");
-    let path = format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default());
+    let npm = repo().join(".peers/npm/node_modules/.bin");
+    let path = format!(
+        "{}:{}:{}",
+        venv.display(),
+        npm.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
     c.env("BATON_BWRAP", repo().join(".peers/bubblewrap/usr/bin/bwrap"))
         .args(["--db", db.to_str().unwrap(), "--scenarios"])
         .arg(repo().join("scenarios"))
         .current_dir(cwd)
         .env("PATH", path)
+        .env("TICKETS_TOKEN", "bundled-token")
+        .env("BATON_CONFIG", repo().join("scenarios/services/baton.toml"))
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("BATON_CONFIG");
+        .env_remove("OPENAI_BASE_URL");
     c
+}
+
+/// The bundled ticket service on 127.0.0.1:8765, where `ticket_triage` calls it; stopped
+/// when dropped. (Its tests run one at a time: the `tickets` group of nextest.toml.)
+pub(crate) struct TicketService(std::process::Child);
+
+impl TicketService {
+    pub(crate) fn start() -> TicketService {
+        let child = Command::new("python3")
+            .arg(repo().join("scenarios/services/tickets.py"))
+            .args(["--port", "8765"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let service = TicketService(child);
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", 8765)).is_err() {
+            assert!(started.elapsed().as_secs() < 20, "the ticket service did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        service
+    }
+}
+
+impl Drop for TicketService {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn events_of(cwd: &Path, db: &Path, run: &str) -> Vec<Value> {
@@ -144,6 +182,9 @@ const RUNS: &[Run] = &[
         ],
         "failed",
     ),
+    run("ticket_triage", "ticket_triage", &[Decide::Approve], "completed"),
+    run("ticket_triage", "ticket_triage", &[Decide::Reject("not before the review")], "completed"),
+    run("ticket_triage", "ticket_triage_down", &[], "failed"),
 ];
 
 fn exit_status(code: Option<i32>) -> &'static str {
@@ -261,6 +302,7 @@ type EdgeKey = (String, String, Option<String>);
 
 #[test]
 fn the_bundled_scripts_take_every_edge_and_end_as_expected() {
+    let _tickets = TicketService::start();
     let dir = scratch("coverage");
     let db = dir.join("runs.db");
     let loaded = Registry::load(&[repo().join("scenarios")]).unwrap();

@@ -27,7 +27,7 @@ mod webhooks;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -37,7 +37,7 @@ fn baton(args: &[&str]) -> Output {
 
 /// `baton`, run from the repository, with the machine's provider keys and configuration
 /// out of its reach: they must not leak into the tests.
-fn baton_command() -> Command {
+pub(crate) fn baton_command() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_baton"));
     c.current_dir(repo())
         .env("BATON_BWRAP", bwrap())

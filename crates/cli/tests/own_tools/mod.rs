@@ -132,9 +132,16 @@ fn normalised(log: Vec<Value>) -> Vec<Value> {
     fn scrub(v: &mut Value) {
         match v {
             Value::Object(map) => {
-                for key in
-                    ["at", "duration_ms", "total_duration_ms", "dir", "base", "snapshot", "key"]
-                {
+                for key in [
+                    "at",
+                    "duration_ms",
+                    "total_duration_ms",
+                    "waiting_ms",
+                    "dir",
+                    "base",
+                    "snapshot",
+                    "key",
+                ] {
                     map.remove(key);
                 }
                 map.values_mut().for_each(scrub);
@@ -216,6 +223,23 @@ impl Drop for Tickets {
 }
 
 impl Tickets {
+    /// The service on 127.0.0.1:8765, where the bundled `ticket_triage` calls it.
+    fn start_bundled() -> Tickets {
+        let child = std::process::Command::new("python3")
+            .arg(super::repo().join("scenarios/services/tickets.py"))
+            .args(["--port", "8765"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let tickets = Tickets { child, port: 8765 };
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", 8765)).is_err() {
+            assert!(started.elapsed().as_secs() < 20, "the ticket service did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        tickets
+    }
+
     fn start(name: &str) -> Tickets {
         let dir = std::env::temp_dir().join(format!("baton-tickets-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -638,5 +662,116 @@ fn an_mcp_servers_tools_are_offered_as_it_lists_them_and_called_jailed_with_a_wr
     let started: Vec<&Value> = log.iter().filter(|e| e["kind"] == "tool_call_started").collect();
     assert_eq!(started.len(), 1, "only the allowed write is keyed");
     assert_eq!(started[0]["data"]["toolset"], "kb");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `baton` on the bundled scenarios, with the ticket service's configuration and token and
+/// the MCP servers the suite installs on PATH.
+fn bundled_triage(db: &Path) -> std::process::Command {
+    let repo = super::repo();
+    let path = format!(
+        "{}:{}",
+        repo.join(".peers/npm/node_modules/.bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = super::baton_command();
+    c.env("PATH", path)
+        .env("TICKETS_TOKEN", "sweep-token")
+        .env("BATON_CONFIG", repo.join("scenarios/services/baton.toml"))
+        .arg("--db")
+        .arg(db);
+    c
+}
+
+/// Drives a triage run to its end: resumed, and approved when it waits.
+fn triage_to_end(db: &Path, run: &str) {
+    for _ in 0..10 {
+        let out = bundled_triage(db).args(["resume", run]).output().unwrap();
+        match out.status.code() {
+            Some(0 | 1) => return,
+            Some(3) => {
+                let approved =
+                    bundled_triage(db).args(["approve", run, "--by", "lead"]).output().unwrap();
+                if approved.status.code() == Some(0) {
+                    return;
+                }
+            }
+            other => panic!("resume exited {other:?}: {}{}", text(&out.stdout), text(&out.stderr)),
+        }
+    }
+    panic!("run {run} did not end");
+}
+
+#[test]
+fn the_bundled_ticket_triage_killed_after_any_event_resumes_to_the_same_log_and_replies_once() {
+    let service = Tickets::start_bundled();
+    let dir = std::env::temp_dir().join(format!("baton-triage-sweep-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let start = [
+        "run",
+        "ticket_triage",
+        "--script",
+        "scenarios/scripts/ticket_triage.yaml",
+        "--input",
+        "the open tickets",
+    ];
+    let reference_db = dir.join("reference.db");
+    let out = bundled_triage(&reference_db).args(start).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "it waits for the urgent reply's approval: {}",
+        text(&out.stderr)
+    );
+    let reference_run = run_of(&out.stdout);
+    triage_to_end(&reference_db, &reference_run);
+    let reference = normalised(events(&dir, &reference_db, &reference_run));
+    assert_eq!(reference.last().unwrap()["data"]["status"], "completed");
+    let mut kills = 0;
+    for n in 1..=reference.len() {
+        let db = dir.join(format!("killed-{n}.db"));
+        let killed = bundled_triage(&db)
+            .args(start)
+            .env("BATON_FAILPOINT_ABORT_AFTER_EVENT", n.to_string())
+            .output()
+            .unwrap();
+        kills += usize::from(killed.status.code().is_none());
+        let listed = bundled_triage(&db).args(["runs", "--json"]).output().unwrap();
+        let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
+        let run = runs[0]["run_id"].as_str().unwrap().to_owned();
+        triage_to_end(&db, &run);
+        let log = events(&dir, &db, &run);
+        // Each reply this run posted reached the service at most twice and was applied once.
+        let effects = service.effects();
+        for e in log.iter().filter(|e| e["kind"] == "tool_call_started") {
+            let key = e["data"]["key"].as_str().unwrap();
+            let seen = effects["seen"][key].as_u64().unwrap_or(0);
+            assert!((1..=2).contains(&seen), "killed after event {n}: key {key} seen {seen} times");
+            let applied =
+                effects["applied"].as_array().unwrap().iter().filter(|a| a["key"] == key).count();
+            assert_eq!(applied, 1, "killed after event {n}: key {key} applied {applied} times");
+        }
+        assert_eq!(normalised(log), reference, "killed after event {n}, the resumed log differs");
+    }
+    assert!(kills > 3, "the failpoint killed the first process only {kills} times");
+    // A replay of the run asks the service nothing.
+    let asked = service.effects()["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] != "/effects")
+        .count();
+    let replayed =
+        bundled_triage(&reference_db).args(["replay", &reference_run, "--json"]).output().unwrap();
+    let summary: Value = serde_json::from_slice(&replayed.stdout).unwrap_or(Value::Null);
+    assert_eq!(summary["matches"], true, "{}{}", text(&replayed.stdout), text(&replayed.stderr));
+    let after = service.effects()["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] != "/effects")
+        .count();
+    assert_eq!(after, asked, "the replay sent a request");
     let _ = std::fs::remove_dir_all(dir);
 }
