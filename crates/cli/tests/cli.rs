@@ -70,7 +70,7 @@ fn validate_accepts_the_bundled_scenarios() {
     let out = baton(&["validate"]);
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
     assert!(
-        text(&out.stdout).contains("ok: 10 scenarios valid, 0 warnings"),
+        text(&out.stdout).contains("ok: 11 scenarios valid, 0 warnings"),
         "{}",
         text(&out.stdout)
     );
@@ -106,7 +106,7 @@ fn validate_prints_json_for_machines() {
     let out = baton(&["validate", "--format", "json"]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], true);
-    assert_eq!(report["scenarios"].as_array().unwrap().len(), 10);
+    assert_eq!(report["scenarios"].as_array().unwrap().len(), 11);
     assert_eq!(report["scenarios"][0]["checksum"].as_str().unwrap().len(), 64);
 }
 

@@ -355,6 +355,25 @@ impl Registry {
                 roots.entry(base.root.clone()).or_insert_with(|| Files::new(base.root.clone()));
             let name = format!("{} + {}", base.file, o.name);
             if let Some(scenario) = check::check(&merged, &name, files, &mut sources, &mut local) {
+                // A tenant may take tools away, never add one or what one reaches.
+                let widened = self
+                    .scenarios
+                    .get(&o.scenario_id)
+                    .map(|b| check::tools_widened(b, &scenario))
+                    .unwrap_or_default();
+                if !widened.is_empty() {
+                    local.push(
+                        Diagnostic::error(
+                            "override-widens-tools",
+                            Pos { source, ..Pos::UNKNOWN },
+                            format!("an override may remove tools, not add to them: {}", widened.join("; ")),
+                        )
+                        .with_help("give the tenant a scenario of its own instead, or change the base scenario".to_owned()),
+                    );
+                    prefix(&mut local, &context);
+                    diags.extend(local);
+                    continue;
+                }
                 bases.insert(
                     scenario.id.clone(),
                     Base { node: merged, root: base.root.clone(), file: name },

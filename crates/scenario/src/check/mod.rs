@@ -19,7 +19,7 @@ pub use checker::is_id;
 pub use levels::APPROVER_ROLE_DEFAULT;
 pub use models::parse_model_pattern;
 pub use scenario::{ATTEMPTS_PER_CONFLICT_DEFAULT, check};
-pub use tools::BUILT_IN_TOOLS;
+pub use tools::{BUILT_IN_TOOLS, widened as tools_widened};
 pub use waves::wave_timeout_ms;
 
 pub use crate::digest::hex;

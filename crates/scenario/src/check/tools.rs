@@ -723,3 +723,92 @@ impl Checker<'_> {
         tools
     }
 }
+
+/// What an override gives a scenario's tools that its base did not have, one line each:
+/// a tool, a source, a program, a host, a secret, a read where the base writes, an
+/// approval the base asks for and the override drops. An override may remove tools (and
+/// so narrow an MCP toolset's allow-list) and change their limits, nothing more.
+pub fn widened(base: &crate::Scenario, merged: &crate::Scenario) -> Vec<String> {
+    let base_tools: Vec<&Arc<OwnTool>> = base
+        .levels
+        .iter()
+        .filter_map(|l| match &l.kind {
+            crate::model::LevelKind::ToolLoop { tools, .. } => Some(tools),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut found = Vec::new();
+    for level in &merged.levels {
+        let crate::model::LevelKind::ToolLoop { tools, .. } = &level.kind else { continue };
+        let base_level = base.level(&level.id).and_then(|l| match &l.kind {
+            crate::model::LevelKind::ToolLoop { tools, .. } => Some(tools),
+            _ => None,
+        });
+        for tool in tools {
+            let what =
+                format!("level `{}`: tool `{}` of toolset `{}`", level.id, tool.name, tool.toolset);
+            let Some(was) =
+                base_tools.iter().find(|t| t.toolset == tool.toolset && t.name == tool.name)
+            else {
+                found.push(format!("{what} is not one of the scenario's tools"));
+                continue;
+            };
+            if !base_level
+                .is_some_and(|b| b.iter().any(|t| t.toolset == tool.toolset && t.name == tool.name))
+            {
+                found.push(format!("{what} is not one the scenario gives this level"));
+            }
+            match (&was.source, &tool.source) {
+                (
+                    ToolSource::Command { argv: a, env: e },
+                    ToolSource::Command { argv: b, env: f },
+                ) if a == b && e == f => {}
+                (ToolSource::Mcp(a), ToolSource::Mcp(b)) if a.argv == b.argv && a.env == b.env => {}
+                (ToolSource::Http(a), ToolSource::Http(b)) => {
+                    if a.url != b.url || a.method != b.method {
+                        found.push(format!(
+                            "{what} calls `{} {}` where the scenario calls `{} {}`",
+                            b.method, b.url, a.method, a.url
+                        ));
+                    }
+                    let secrets = |r: &HttpRequest| -> Vec<String> {
+                        r.headers
+                            .iter()
+                            .flat_map(|(_, v)| {
+                                crate::model::secret_references(v).unwrap_or_default()
+                            })
+                            .map(|(_, name)| name.to_owned())
+                            .collect()
+                    };
+                    let allowed = secrets(a);
+                    for secret in secrets(b) {
+                        if !allowed.contains(&secret) {
+                            found.push(format!(
+                                "{what} sends secret `{secret}`, which the scenario's does not"
+                            ));
+                        }
+                    }
+                }
+                _ => found.push(format!("{what} changes its source (its program, server or kind)")),
+            }
+            if was.effect == Effect::Write && tool.effect == Effect::Read {
+                found.push(format!("{what} is a write in the scenario and may not become a read"));
+            }
+            let gate_text = |a: &ToolApproval| match a {
+                ToolApproval::Never => "never".to_owned(),
+                ToolApproval::Always => "always".to_owned(),
+                ToolApproval::When(g) => g.to_string(),
+            };
+            if !matches!(was.approval, ToolApproval::Never)
+                && gate_text(&was.approval) != gate_text(&tool.approval)
+            {
+                found.push(format!(
+                    "{what} waits for approval `{}` in the scenario; an override cannot change that",
+                    gate_text(&was.approval)
+                ));
+            }
+        }
+    }
+    found
+}
