@@ -775,3 +775,90 @@ fn the_bundled_ticket_triage_killed_after_any_event_resumes_to_the_same_log_and_
     assert_eq!(after, asked, "the replay sent a request");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_fork_keeps_the_receipts_before_its_point_and_makes_its_later_calls_with_keys_of_its_own() {
+    let service = Tickets::start("fork");
+    let base = format!("http://127.0.0.1:{}", service.port);
+    let guarded = json!([{
+        "name": "post_urgent_reply",
+        "parameters": {"type": "object",
+                       "properties": {"id": {"type": "integer"}, "text": {"type": "string"}, "urgent": {"type": "boolean"}},
+                       "required": ["id", "text", "urgent"]},
+        "request": {"url": format!("{base}/tickets/{{id}}/replies"), "headers": {"Authorization": "Bearer ${secret:tickets}"}},
+        "approval": "args.urgent == true",
+    }]);
+    let dir = http_lab("fork", service.port, &guarded);
+    let secret = format!("tickets-secret-{}-fork", std::process::id());
+    let turns = json!([
+        {"tool_calls": [{"name": "post_urgent_reply", "arguments": {"id": 8, "text": "Forked routine.", "urgent": false}},
+                        {"name": "post_urgent_reply", "arguments": {"id": 7, "text": "Forked urgent.", "urgent": true}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "answered"}}]},
+    ]);
+    let file = script(&dir, &turns);
+    let db = dir.join("runs.db");
+    let out = http_baton(&dir, &db, &secret)
+        .args(["run", "desk", "--input", "tickets", "--script"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = run_of(&out.stdout);
+    let original = events(&dir, &db, &run);
+    let pause =
+        original.iter().rev().find(|e| e["kind"] == "run_paused").unwrap()["seq"].as_u64().unwrap();
+    let routine_key =
+        original.iter().find(|e| e["kind"] == "tool_call_started").unwrap()["data"]["key"].clone();
+    // The fork keeps everything to the pause, the routine reply's receipt among it.
+    let forked = http_baton(&dir, &db, &secret)
+        .args(["fork", &run, "--at", &pause.to_string(), "--script"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        forked.status.code(),
+        Some(3),
+        "the fork waits for its own decision: {}{}",
+        text(&forked.stdout),
+        text(&forked.stderr)
+    );
+    let fork = run_of(&forked.stdout);
+    assert_ne!(fork, run);
+    let approved =
+        http_baton(&dir, &db, &secret).args(["approve", &fork, "--by", "lead"]).output().unwrap();
+    assert_eq!(
+        approved.status.code(),
+        Some(0),
+        "{}{}",
+        text(&approved.stdout),
+        text(&approved.stderr)
+    );
+    let applied = |text: &str| {
+        service.effects()["applied"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["text"] == text)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        applied("Forked routine.").len(),
+        1,
+        "the reply before the fork point is never sent again"
+    );
+    let urgent = applied("Forked urgent.");
+    assert_eq!(urgent.len(), 1, "the fork's later call is live, once");
+    let fork_log = events(&dir, &db, &fork);
+    let keys: Vec<&Value> = fork_log
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_started")
+        .map(|e| &e["data"]["key"])
+        .collect();
+    assert_eq!(keys[0], &routine_key, "the copied receipt keeps the original's key");
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[1], &routine_key);
+    assert_eq!(&urgent[0]["key"], keys[1], "keyed by the fork");
+    assert!(!original.iter().any(|e| e["data"]["key"] == *keys[1]), "a key of the fork's own");
+    let _ = std::fs::remove_dir_all(dir);
+}
