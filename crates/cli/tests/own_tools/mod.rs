@@ -210,7 +210,7 @@ fn killed_after_any_event_a_run_with_write_tools_resumes_to_the_same_log_and_fil
 /// The bundled ticket service (`scenarios/services/tickets.py`) on a free port, stopped
 /// when dropped: the receiver of the HTTP tools' requests, which counts them per
 /// idempotency key and applies a key's effect once.
-struct Tickets {
+pub(super) struct Tickets {
     child: std::process::Child,
     port: u16,
 }
@@ -224,7 +224,7 @@ impl Drop for Tickets {
 
 impl Tickets {
     /// The service on 127.0.0.1:8765, where the bundled `ticket_triage` calls it.
-    fn start_bundled() -> Tickets {
+    pub(super) fn start_bundled() -> Tickets {
         let child = std::process::Command::new("python3")
             .arg(super::repo().join("scenarios/services/tickets.py"))
             .args(["--port", "8765"])
@@ -266,7 +266,7 @@ impl Tickets {
     }
 
     /// What the service was asked: `seen` (requests per key), `applied`, `requests`.
-    fn effects(&self) -> Value {
+    pub(super) fn effects(&self) -> Value {
         use std::io::{Read as _, Write as _};
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         write!(stream, "GET /effects HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")

@@ -1404,6 +1404,72 @@ fn a_tenants_override_may_take_tools_away_and_never_add_a_tool_a_host_a_secret_o
 }
 
 #[test]
+fn the_ticket_triage_through_the_api_sends_its_secret_to_the_service_and_shows_it_nowhere() {
+    let (dir, db) = with_scenarios("serve-triage");
+    let tickets = super::own_tools::Tickets::start_bundled();
+    let ann = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let secret = format!("triage-secret-{}-9f8e7d", std::process::id());
+    let path = format!(
+        "{}:{}",
+        repo().join(".peers/npm/node_modules/.bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = dir.join("scenarios/scripts/ticket_triage.yaml");
+    let config = dir.join("scenarios/services/baton.toml");
+    let server = serve_with(
+        &dir,
+        &db,
+        &["--script", script.to_str().unwrap(), "--config", config.to_str().unwrap()],
+        &[("TICKETS_TOKEN", secret.as_ref()), ("PATH", path.as_ref())],
+    );
+    let addr = server.addr.as_str();
+    let started =
+        start(addr, &ann, &json!({"scenario": "ticket_triage", "input": "the open tickets"}));
+    assert_eq!(started.status, 201, "{started:?}");
+    let run = started.json()["run_id"].as_str().unwrap().to_owned();
+    let mut live =
+        stream(addr, &format!("/runs/{run}/events"), &[("Authorization", &ann)]).unwrap();
+    let mut seen: Vec<String> =
+        live.until("approval_requested").iter().map(|e| e.data.to_string()).collect();
+    let paused = wait_for(addr, &ann, &run, "paused", |v| v["status"] == "paused");
+    assert_eq!(paused["waiting_on"][0]["for"], "approval", "{paused}");
+    let approved =
+        http(addr, "POST", &format!("/runs/{run}/approve"), &[("Authorization", &ann)], None);
+    assert_eq!(approved.status, 200, "{approved:?}");
+    seen.extend(live.until("scenario_finished").iter().map(|e| e.data.to_string()));
+    seen.extend(live.deltas.iter().map(ToString::to_string));
+    let done = wait_for(addr, &ann, &run, "completed", |v| v["status"] == "completed");
+    seen.push(done.to_string());
+    seen.push(
+        http(addr, "GET", &format!("/runs/{run}/events"), &[("Authorization", &ann)], None).body,
+    );
+    seen.push(http(addr, "GET", "/runs", &[("Authorization", &ann)], None).body);
+    for text in &seen {
+        assert!(!text.contains(&secret), "the secret reached the API: {text}");
+    }
+    let log = std::fs::read(&db).unwrap();
+    assert!(
+        !log.windows(secret.len()).any(|w| w == secret.as_bytes()),
+        "the secret reached the database"
+    );
+    // It was sent, to the service it is for.
+    let effects = tickets.effects();
+    let carried = effects["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["headers"].as_object().unwrap().iter().any(|(k, v)| {
+                k.eq_ignore_ascii_case("authorization") && *v == json!(format!("Bearer {secret}"))
+            })
+        })
+        .count();
+    assert!(carried >= 3, "{effects}");
+    assert_eq!(effects["applied"].as_array().unwrap().len(), 2, "{effects}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_run_is_replayed_and_forked_through_the_api() {
     let (dir, db) = with_scenarios("serve-fork");
     let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
