@@ -252,10 +252,28 @@ pub enum ToolSource {
 /// The MCP server of an `mcp` toolset.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct McpServer {
-    /// The toolset's name: one server per toolset per level attempt.
+    /// The toolset's name: one server (or session) per toolset per level attempt.
     pub toolset: String,
-    pub argv: Vec<String>,
-    pub env: Vec<(String, String)>,
+    pub transport: McpTransport,
+}
+
+/// How an MCP server is reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum McpTransport {
+    /// A command, over its stdio, run in the jail in the level's workspace.
+    Stdio { argv: Vec<String>, env: Vec<(String, String)> },
+    /// Streamable HTTP at a URL, through the egress guard.
+    Http { url: String },
+}
+
+impl McpServer {
+    /// How it is named in messages: its program, or its URL.
+    pub fn shown(&self) -> &str {
+        match &self.transport {
+            McpTransport::Stdio { argv, .. } => argv.first().map_or("", String::as_str),
+            McpTransport::Http { url } => url,
+        }
+    }
 }
 
 /// The request of an `http` tool, checked.

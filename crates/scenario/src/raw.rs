@@ -82,6 +82,10 @@ pub struct RawToolset {
     /// toolset begins and stopped when it ends.
     #[serde(default)]
     pub server: Option<Located<Vec<String>>>,
+    /// `mcp`: a server over Streamable HTTP instead, at this URL (through the egress guard:
+    /// loopback and private addresses only when `[egress]` allows them).
+    #[serde(default)]
+    pub url: Option<Located<String>>,
     /// `mcp`: the variables the server gets on top of `PATH`, `HOME`, `LANG` and `TMPDIR`.
     #[serde(default)]
     pub env: Option<Located<BTreeMap<String, String>>>,

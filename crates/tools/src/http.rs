@@ -63,6 +63,16 @@ impl HttpTools {
         HttpTools { settings, client }
     }
 
+    /// Where requests may go.
+    pub(crate) fn egress(&self) -> &EgressPolicy {
+        &self.settings.egress
+    }
+
+    /// The client requests are sent with, or why there is none.
+    pub(crate) fn client(&self) -> Result<&reqwest::Client, String> {
+        self.client.as_ref().map_err(Clone::clone)
+    }
+
     pub(crate) async fn call(
         &self,
         call: OwnCall<'_>,

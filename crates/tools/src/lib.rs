@@ -21,6 +21,7 @@ use baton_verifiers::program::{Program, run_program_with_input};
 
 pub mod http;
 pub mod mcp;
+mod mcp_http;
 
 pub use http::{HttpSettings, Secret};
 
@@ -81,7 +82,8 @@ impl ToolHost for Tools {
                 {
                     continue;
                 }
-                match mcp::start(spec, workspace, &self.inner.jail, cancel).await {
+                match mcp::start(spec, workspace, &self.inner.jail, &self.inner.http, cancel).await
+                {
                     Ok((running, listed)) => {
                         for wanted in tools.iter().filter(|t| matches!(&t.source, ToolSource::Mcp(s) if s.toolset == spec.toolset)) {
                             match listed.get(&wanted.name) {
@@ -98,12 +100,25 @@ impl ToolHost for Tools {
                     }
                     Err(why) => session.problems.push(format!(
                         "toolset `{}` is not offered: its MCP server `{}`: {why}",
-                        spec.toolset, spec.argv[0]
+                        spec.toolset,
+                        spec.shown()
                     )),
                 }
             }
             Box::new(session) as Box<dyn ToolSession>
         })
+    }
+}
+
+impl Drop for Session {
+    /// Stdio servers stop as they are dropped; HTTP sessions are ended in the background.
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        for (_, server) in std::mem::take(&mut self.servers) {
+            if matches!(server, mcp::Running::Http(_)) {
+                runtime.spawn(async move { server.end().await });
+            }
+        }
     }
 }
 

@@ -1,7 +1,9 @@
-//! `mcp` tools: the tools of an MCP server, over stdio. The server of each toolset a level
-//! lists is started in the jail, in the level's workspace and with no network, when an
-//! attempt begins, asked for its tools (`tools/list`, every page), and stopped when the
-//! attempt ends; a call is `tools/call` with the write call's idempotency key in `_meta`.
+//! `mcp` tools: the tools of an MCP server, over stdio or Streamable HTTP. The server of
+//! each toolset a level lists is started in the jail, in the level's workspace and with no
+//! network (or, at a URL, a session opened through the egress guard) when an attempt
+//! begins, asked for its tools (`tools/list`, every page), and stopped (the session ended)
+//! when the attempt ends; a call is `tools/call` with the write call's idempotency key in
+//! `_meta`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,10 +13,13 @@ use baton_engine::cancel::CancelToken;
 use baton_engine::tools::{Listed, OwnCall};
 use baton_engine::workspace::ToolOutcome;
 use baton_jail::Jail;
-use baton_scenario::model::McpServer as ServerSpec;
+use baton_scenario::model::{McpServer as ServerSpec, McpTransport};
 use baton_verifiers::mcp_client::{Answer, McpServer, content_text};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
+
+use crate::http::HttpTools;
+use crate::mcp_http::HttpServer;
 
 /// The `_meta` key a write call's idempotency key goes in.
 pub const KEY_META: &str = "baton/idempotency-key";
@@ -28,10 +33,27 @@ const LIST_PAGES_MAX: usize = 20;
 /// Most tools one server may list.
 const LISTED_MAX: usize = 1_000;
 
-/// A toolset's running server.
+/// A toolset's running server, or its session over HTTP.
 #[derive(Debug)]
-pub(crate) struct Running {
-    server: Mutex<McpServer>,
+pub(crate) enum Running {
+    Stdio(Box<Mutex<McpServer>>),
+    Http(HttpServer),
+}
+
+impl Running {
+    async fn request(&self, method: &str, params: Value) -> Result<Answer, String> {
+        match self {
+            Running::Stdio(server) => server.lock().await.request(method, params).await,
+            Running::Http(server) => server.request(method, params).await,
+        }
+    }
+
+    /// Ends an HTTP session (a stdio server stops when dropped).
+    pub(crate) async fn end(&self) {
+        if let Running::Http(server) = self {
+            server.end().await;
+        }
+    }
 }
 
 /// Starts the server of `spec` and lists its tools: what it says of each, and the server.
@@ -39,11 +61,21 @@ pub(crate) async fn start(
     spec: &ServerSpec,
     workspace: &Path,
     jail: &Jail,
+    http: &HttpTools,
     cancel: &CancelToken,
 ) -> Result<(Running, BTreeMap<String, Listed>), String> {
     let started = async {
-        let mut server =
-            McpServer::start(&spec.argv, workspace, jail, spec.env.clone(), false).await?;
+        let server = match &spec.transport {
+            McpTransport::Stdio { argv, env } => Running::Stdio(Box::new(Mutex::new(
+                McpServer::start(argv, workspace, jail, env.clone(), false).await?,
+            ))),
+            McpTransport::Http { url } => {
+                let url =
+                    reqwest::Url::parse(url).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+                http.egress().check_url(&url)?;
+                Running::Http(HttpServer::start(http.client()?.clone(), url).await?)
+            }
+        };
         let mut listed = BTreeMap::new();
         let mut cursor: Option<String> = None;
         for _ in 0..LIST_PAGES_MAX {
@@ -86,7 +118,7 @@ pub(crate) async fn start(
                 break;
             }
         }
-        Ok((Running { server: Mutex::new(server) }, listed))
+        Ok((server, listed))
     };
     tokio::select! {
         r = started => r,
@@ -106,10 +138,7 @@ impl Running {
             params["_meta"] = json!({ KEY_META: key });
         }
         let left = call.deadline.saturating_duration_since(Instant::now());
-        let answered = async {
-            let mut server = self.server.lock().await;
-            server.request("tools/call", params).await
-        };
+        let answered = self.request("tools/call", params);
         let answer = tokio::select! {
             a = answered => a,
             () = tokio::time::sleep(left) => Err(format!("no answer within {:.0} s", left.as_secs_f64())),

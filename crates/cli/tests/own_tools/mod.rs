@@ -862,3 +862,105 @@ fn a_fork_keeps_the_receipts_before_its_point_and_makes_its_later_calls_with_key
     assert!(!original.iter().any(|e| e["data"]["key"] == *keys[1]), "a key of the fork's own");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// server-everything over Streamable HTTP on a free port of 127.0.0.1, stopped when dropped.
+struct Everything(std::process::Child, u16);
+
+impl Drop for Everything {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn everything_over_http() -> Everything {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let bin = super::repo().join(".peers/npm/node_modules/.bin/mcp-server-everything");
+    assert!(
+        bin.exists(),
+        "server-everything is not installed: run scripts/test, which installs it"
+    );
+    let child = std::process::Command::new(bin)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Everything(child, port);
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed().as_secs() < 30, "server-everything did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    server
+}
+
+#[test]
+fn an_mcp_server_over_streamable_http_is_reached_through_the_egress_guard_when_loopback_is_allowed()
+{
+    let server = everything_over_http();
+    let dir = lab("mcp-http");
+    let scenario = json!({
+        "id": "desk", "version": 1,
+        "toolsets": {"every": {"source": "mcp", "url": format!("http://127.0.0.1:{}/mcp", server.1),
+                               "allow": ["echo", "get-sum"], "read": ["echo"]}},
+        "levels": [{"id": "work", "kind": "tool_loop", "prompt": {"inline": "Handle {{ input }}"},
+                    "tools": ["every"], "terminal": true}],
+    });
+    std::fs::write(dir.join("scenarios/desk.yaml"), scenario.to_string()).unwrap();
+    let turns = json!([
+        {"tool_calls": [{"name": "echo", "arguments": {"message": "hello"}},
+                        {"name": "get-sum", "arguments": {"a": 2, "b": 3}},
+                        {"name": "get-sum", "arguments": {"a": "two"}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "done"}}]},
+    ]);
+    let file = script(&dir, &turns);
+    let allowed = dir.join("allowed.toml");
+    std::fs::write(&allowed, "[egress]\nallow_hosts = [\"127.0.0.1\"]\nallow_private = true\n")
+        .unwrap();
+    let refused = dir.join("refused.toml");
+    std::fs::write(&refused, "[egress]\nallow_hosts = [\"127.0.0.1\"]\n").unwrap();
+    let run_with = |config: &Path, db: &str| {
+        let db = dir.join(db);
+        let out = baton_in(&dir, &db)
+            .arg("--config")
+            .arg(config)
+            .args(["run", "desk", "--input", "x", "--script"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+        events(&dir, &db, &run_of(&out.stdout))
+    };
+    let log = run_with(&allowed, "allowed.db");
+    let results: Vec<(bool, String)> = log
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(results[0], (false, "Echo: hello".to_owned()));
+    assert_eq!(results[1], (false, "The sum of 2 and 3 is 5.".to_owned()));
+    assert!(
+        results[2].0 && results[2].1.contains("/a"),
+        "the server's schema checked it first: {:?}",
+        results[2]
+    );
+    let listed = log.iter().find(|e| e["kind"] == "tools_listed").unwrap();
+    assert_eq!(listed["data"]["tools"].as_array().unwrap().len(), 2, "{listed}");
+    assert_eq!(
+        log.iter().filter(|e| e["kind"] == "tool_call_started").count(),
+        1,
+        "get-sum is a write"
+    );
+    // Without loopback allowed, the server is not reached and its tools not offered.
+    let log = run_with(&refused, "refused.db");
+    let warning = log.iter().find(|e| e["kind"] == "warning").unwrap();
+    assert!(warning["data"]["message"].as_str().unwrap().contains("loopback"), "{warning}");
+    let results: Vec<&Value> = log.iter().filter(|e| e["kind"] == "tool_result").collect();
+    assert!(
+        results[0]["data"]["content"].as_str().unwrap().contains("there is no tool `echo`"),
+        "{results:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

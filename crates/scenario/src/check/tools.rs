@@ -8,7 +8,9 @@ use super::checker::Checker;
 use crate::de::Located;
 use crate::expr::Scope;
 use crate::limits;
-use crate::model::{Effect, HttpRequest, McpServer, OwnTool, ToolApproval, ToolSource};
+use crate::model::{
+    Effect, HttpRequest, McpServer, McpTransport, OwnTool, ToolApproval, ToolSource,
+};
 use crate::raw::{RawLevel, RawScenario, RawTool, RawToolSource, RawToolset};
 use crate::schema::JsonSchema;
 
@@ -129,6 +131,7 @@ impl Checker<'_> {
         let source = raw.source.value;
         for (field, present) in [
             ("server", raw.server.as_ref().map(|s| s.pos)),
+            ("url", raw.url.as_ref().map(|u| u.pos)),
             ("env", raw.env.as_ref().map(|e| e.pos)),
             ("allow", raw.allow.first().map(|a| a.pos)),
             ("read", raw.read.first().map(|r| r.pos)),
@@ -184,28 +187,62 @@ impl Checker<'_> {
         declared: &[Located<RawTool>],
     ) -> Option<Vec<Arc<OwnTool>>> {
         let raw = &set.value;
-        let Some(argv) = &raw.server else {
-            self.error("missing-field", set.pos, format!("toolset `{name}` is `mcp` and names no `server`"))
-                .help = Some("give the server's command, e.g. `server: [npx, -y, \"@modelcontextprotocol/server-filesystem\", kb]`".to_owned());
-            return None;
+        let transport = match (&raw.server, &raw.url) {
+            (Some(argv), None) => {
+                if argv.value.is_empty()
+                    || argv.value[0].trim().is_empty()
+                    || argv.value.len() > limits::TOOL_ARGV_MAX
+                {
+                    self.error(
+                        "bad-value",
+                        argv.pos,
+                        format!(
+                            "`server` is a command and at most {} arguments",
+                            limits::TOOL_ARGV_MAX - 1
+                        ),
+                    );
+                    return None;
+                }
+                let env = self.program_env(raw.env.as_ref())?;
+                McpTransport::Stdio { argv: argv.value.clone(), env }
+            }
+            (None, Some(url)) => {
+                let problem = http_url_problem(&url.value).or_else(|| {
+                    url.value
+                        .contains('{')
+                        .then(|| format!("`{}`: a server's URL has no placeholders", url.value))
+                });
+                if let Some(problem) = problem {
+                    self.error("bad-url", url.pos, problem);
+                    return None;
+                }
+                if let Some(e) = &raw.env {
+                    self.error(
+                        "field-not-for-source",
+                        e.pos,
+                        "`env` applies to a server run as a command (`server:`)",
+                    );
+                }
+                McpTransport::Http { url: url.value.clone() }
+            }
+            (Some(argv), Some(_)) => {
+                self.error(
+                    "both-fields",
+                    argv.pos,
+                    format!("toolset `{name}` names both a `server` and a `url`"),
+                )
+                .help = Some(
+                    "a server is a command over stdio, or a URL over Streamable HTTP".to_owned(),
+                );
+                return None;
+            }
+            (None, None) => {
+                self.error("missing-field", set.pos, format!("toolset `{name}` is `mcp` and names no `server` or `url`"))
+                    .help = Some("give the server's command, e.g. `server: [mcp-server-filesystem, kb]`, or its URL, `url: \"http://127.0.0.1:3001/mcp\"`".to_owned());
+                return None;
+            }
         };
-        if argv.value.is_empty()
-            || argv.value[0].trim().is_empty()
-            || argv.value.len() > limits::TOOL_ARGV_MAX
-        {
-            self.error(
-                "bad-value",
-                argv.pos,
-                format!(
-                    "`server` is a command and at most {} arguments",
-                    limits::TOOL_ARGV_MAX - 1
-                ),
-            );
-            return None;
-        }
-        let env = self.program_env(raw.env.as_ref())?;
-        let server =
-            Arc::new(McpServer { toolset: name.to_owned(), argv: argv.value.clone(), env });
+        let server = Arc::new(McpServer { toolset: name.to_owned(), transport });
         if raw.allow.is_empty() {
             self.warning(
                 "mcp-allows-nothing",
@@ -764,7 +801,7 @@ pub fn widened(base: &crate::Scenario, merged: &crate::Scenario) -> Vec<String> 
                     ToolSource::Command { argv: a, env: e },
                     ToolSource::Command { argv: b, env: f },
                 ) if a == b && e == f => {}
-                (ToolSource::Mcp(a), ToolSource::Mcp(b)) if a.argv == b.argv && a.env == b.env => {}
+                (ToolSource::Mcp(a), ToolSource::Mcp(b)) if a.transport == b.transport => {}
                 (ToolSource::Http(a), ToolSource::Http(b)) => {
                     if a.url != b.url || a.method != b.method {
                         found.push(format!(
