@@ -317,32 +317,34 @@ fn drive_to_end(db: &std::path::Path, run: &str) {
     panic!("run {run} did not end");
 }
 
+/// Takes out of an event (as `baton events --json` prints it) what differs between two runs
+/// that did the same thing: times and durations, workspace paths and snapshot ids (git
+/// commits, which carry their time) and a chained run's id (derived from its parent's, new
+/// in each database).
+pub(crate) fn scrub(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for key in [
+                "at",
+                "duration_ms",
+                "total_duration_ms",
+                "waiting_ms",
+                "dir",
+                "base",
+                "snapshot",
+                "child_run_id",
+            ] {
+                map.remove(key);
+            }
+            map.values_mut().for_each(scrub);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(scrub),
+        _ => {}
+    }
+}
+
 /// A run's log as JSON lines, without times and durations.
 fn normalised_log(db: &std::path::Path, run: &str) -> Vec<serde_json::Value> {
-    fn scrub(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(map) => {
-                // Workspace paths and snapshot ids (git commits, which carry their time)
-                // differ between runs that did the same thing.
-                for key in [
-                    "at",
-                    "duration_ms",
-                    "total_duration_ms",
-                    "waiting_ms",
-                    "dir",
-                    "base",
-                    "snapshot",
-                    // A chained run's id derives from its parent's, new in each database.
-                    "child_run_id",
-                ] {
-                    map.remove(key);
-                }
-                map.values_mut().for_each(scrub);
-            }
-            serde_json::Value::Array(items) => items.iter_mut().for_each(scrub),
-            _ => {}
-        }
-    }
     let out = baton_db(db, &["events", run, "--json"]);
     let log = text(&out.stdout)
         .lines()

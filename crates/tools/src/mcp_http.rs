@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use baton_verifiers::mcp_client::{Answer, PROTOCOL_VERSION};
+use baton_verifiers::mcp_client::{Answer, PROTOCOL_VERSION, answer_of};
 use serde_json::{Value, json};
 
 /// Largest answer read, in bytes.
@@ -115,21 +115,6 @@ impl HttpServer {
             let _ =
                 self.client.delete(self.url.clone()).header("Mcp-Session-Id", session).send().await;
         }
-    }
-}
-
-/// A JSON-RPC response as an [`Answer`].
-fn answer_of(message: &Value) -> Answer {
-    match message.get("error") {
-        Some(error) => Answer::Error {
-            code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
-            message: error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("no message")
-                .to_owned(),
-        },
-        None => Answer::Result(message.get("result").cloned().unwrap_or(Value::Null)),
     }
 }
 

@@ -260,19 +260,7 @@ impl McpServer {
                 }
                 (None, Some(_)) => self.notifications += 1,
                 (Some(answer_id), None) if answer_id.as_u64() == Some(id) => {
-                    if let Some(error) = message.get("error") {
-                        return Ok(Answer::Error {
-                            code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
-                            message: error
-                                .get("message")
-                                .and_then(Value::as_str)
-                                .unwrap_or("no message")
-                                .to_owned(),
-                        });
-                    }
-                    return Ok(Answer::Result(
-                        message.get("result").cloned().unwrap_or(Value::Null),
-                    ));
+                    return Ok(answer_of(&message));
                 }
                 // An answer to something else, or noise: not ours.
                 _ => {}
@@ -310,6 +298,21 @@ async fn read_line<R: AsyncBufRead + Unpin>(
             }
             return Ok(Some(line));
         }
+    }
+}
+
+/// A JSON-RPC response as an [`Answer`]: its error, or its result.
+pub fn answer_of(message: &Value) -> Answer {
+    match message.get("error") {
+        Some(error) => Answer::Error {
+            code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
+            message: error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("no message")
+                .to_owned(),
+        },
+        None => Answer::Result(message.get("result").cloned().unwrap_or(Value::Null)),
     }
 }
 

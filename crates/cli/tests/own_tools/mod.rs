@@ -129,32 +129,17 @@ fn a_command_tool_runs_jailed_with_its_arguments_on_stdin_and_its_key_in_its_env
 /// A run's log without what differs between two runs that did the same: times, ids, keys
 /// and snapshots, the takeovers and reissues a kill adds.
 fn normalised(log: Vec<Value>) -> Vec<Value> {
-    fn scrub(v: &mut Value) {
-        match v {
-            Value::Object(map) => {
-                for key in [
-                    "at",
-                    "duration_ms",
-                    "total_duration_ms",
-                    "waiting_ms",
-                    "dir",
-                    "base",
-                    "snapshot",
-                    "key",
-                ] {
-                    map.remove(key);
-                }
-                map.values_mut().for_each(scrub);
-            }
-            Value::Array(items) => items.iter_mut().for_each(scrub),
-            _ => {}
-        }
-    }
     super::without_takeovers(log)
         .into_iter()
         .filter(|e| e["kind"] != "tool_call_reissued")
         .map(|mut e| {
-            scrub(&mut e);
+            super::scrub(&mut e);
+            // A tool call's key derives from its run's id, new in each database.
+            if e["kind"].as_str().is_some_and(|k| k.starts_with("tool_call_"))
+                && let Some(data) = e["data"].as_object_mut()
+            {
+                data.remove("key");
+            }
             e
         })
         .collect()
@@ -513,22 +498,10 @@ fn an_approval_gated_request_waits_for_another_process_and_a_rejected_one_never_
  {
     let service = Tickets::start("approval");
     let base = format!("http://127.0.0.1:{}", service.port);
-    let guarded = json!([{
-        "name": "post_urgent_reply",
-        "parameters": {"type": "object",
-                       "properties": {"id": {"type": "integer"}, "text": {"type": "string"}, "urgent": {"type": "boolean"}},
-                       "required": ["id", "text", "urgent"]},
-        "request": {"url": format!("{base}/tickets/{{id}}/replies"), "headers": {"Authorization": "Bearer ${secret:tickets}"}},
-        "approval": "args.urgent == true",
-        "approver_role": "support_lead",
-    }]);
+    let guarded = json!([urgent_replies(&base, Some("support_lead"))]);
     let dir = http_lab("approval", service.port, &guarded);
     let secret = format!("tickets-secret-{}-approval", std::process::id());
-    let turns = json!([
-        {"tool_calls": [{"name": "post_urgent_reply", "arguments": {"id": 8, "text": "Routine.", "urgent": false}},
-                        {"name": "post_urgent_reply", "arguments": {"id": 7, "text": "Escalated to on-call.", "urgent": true}}]},
-        {"tool_calls": [{"name": "finish", "arguments": {"summary": "answered"}}]},
-    ]);
+    let turns = two_replies("Routine.", "Escalated to on-call.");
     let file = script(&dir, &turns);
     let posts = |text: &str| {
         service.effects()["applied"]
@@ -665,6 +638,32 @@ fn an_mcp_servers_tools_are_offered_as_it_lists_them_and_called_jailed_with_a_wr
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A write tool of the service at `base` whose calls for urgent tickets wait for approval
+/// (by `role`, when given).
+fn urgent_replies(base: &str, role: Option<&str>) -> Value {
+    let mut tool = json!({
+        "name": "post_urgent_reply",
+        "parameters": {"type": "object",
+                       "properties": {"id": {"type": "integer"}, "text": {"type": "string"}, "urgent": {"type": "boolean"}},
+                       "required": ["id", "text", "urgent"]},
+        "request": {"url": format!("{base}/tickets/{{id}}/replies"), "headers": {"Authorization": "Bearer ${secret:tickets}"}},
+        "approval": "args.urgent == true",
+    });
+    if let Some(role) = role {
+        tool["approver_role"] = json!(role);
+    }
+    tool
+}
+
+/// A model's turns: a routine reply to ticket 8 and an urgent one to ticket 7, then finish.
+fn two_replies(routine: &str, urgent: &str) -> Value {
+    json!([
+        {"tool_calls": [{"name": "post_urgent_reply", "arguments": {"id": 8, "text": routine, "urgent": false}},
+                        {"name": "post_urgent_reply", "arguments": {"id": 7, "text": urgent, "urgent": true}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "answered"}}]},
+    ])
+}
+
 /// `baton` on the bundled scenarios, with the ticket service's configuration and token and
 /// the MCP servers the suite installs on PATH.
 fn bundled_triage(db: &Path) -> std::process::Command {
@@ -780,21 +779,10 @@ fn the_bundled_ticket_triage_killed_after_any_event_resumes_to_the_same_log_and_
 fn a_fork_keeps_the_receipts_before_its_point_and_makes_its_later_calls_with_keys_of_its_own() {
     let service = Tickets::start("fork");
     let base = format!("http://127.0.0.1:{}", service.port);
-    let guarded = json!([{
-        "name": "post_urgent_reply",
-        "parameters": {"type": "object",
-                       "properties": {"id": {"type": "integer"}, "text": {"type": "string"}, "urgent": {"type": "boolean"}},
-                       "required": ["id", "text", "urgent"]},
-        "request": {"url": format!("{base}/tickets/{{id}}/replies"), "headers": {"Authorization": "Bearer ${secret:tickets}"}},
-        "approval": "args.urgent == true",
-    }]);
+    let guarded = json!([urgent_replies(&base, None)]);
     let dir = http_lab("fork", service.port, &guarded);
     let secret = format!("tickets-secret-{}-fork", std::process::id());
-    let turns = json!([
-        {"tool_calls": [{"name": "post_urgent_reply", "arguments": {"id": 8, "text": "Forked routine.", "urgent": false}},
-                        {"name": "post_urgent_reply", "arguments": {"id": 7, "text": "Forked urgent.", "urgent": true}}]},
-        {"tool_calls": [{"name": "finish", "arguments": {"summary": "answered"}}]},
-    ]);
+    let turns = two_replies("Forked routine.", "Forked urgent.");
     let file = script(&dir, &turns);
     let db = dir.join("runs.db");
     let out = http_baton(&dir, &db, &secret)
