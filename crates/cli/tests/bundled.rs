@@ -586,3 +586,20 @@ fn verifiers_run_in_the_named_workspace_or_the_runs_own_never_the_current_direct
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The fixtures of the bundled ticket triage were recorded with a token of the ticket
+/// service (`scripts/record-fixtures`): no file of theirs holds it.
+#[test]
+fn the_ticket_triage_fixtures_hold_no_secret() {
+    let dir = repo().join("scenarios/fixtures/ticket_triage");
+    let mut files = 0;
+    for case in std::fs::read_dir(&dir).unwrap() {
+        for file in std::fs::read_dir(case.unwrap().path()).unwrap() {
+            let path = file.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(!text.contains("fixture-token"), "{} holds the token", path.display());
+            files += 1;
+        }
+    }
+    assert!(files >= 12, "the three cases' files: {files}");
+}

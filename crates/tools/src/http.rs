@@ -246,6 +246,47 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn tools(tenants: Option<Vec<String>>, value: Option<&str>) -> HttpTools {
+        let secret = Secret {
+            value: value.map(str::to_owned),
+            env: "TICKETS_TOKEN".to_owned(),
+            hosts: vec!["tickets.example.com".to_owned(), "*.example.org".to_owned()],
+            tenants,
+        };
+        let secrets = [("tickets".to_owned(), secret)].into_iter().collect();
+        HttpTools::new(HttpSettings { egress: EgressPolicy::default(), secrets })
+    }
+
+    #[test]
+    fn a_secret_goes_only_to_its_hosts_for_its_tenants_and_only_when_it_is_set() {
+        let header = "Bearer ${secret:tickets}";
+        let open = tools(None, Some("s3cret"));
+        assert_eq!(
+            open.with_secrets(header, "tickets.example.com", None).unwrap(),
+            "Bearer s3cret"
+        );
+        assert_eq!(
+            open.with_secrets(header, "api.example.org", Some("acme")).unwrap(),
+            "Bearer s3cret"
+        );
+        let elsewhere = open.with_secrets(header, "evil.example.net", None).unwrap_err();
+        assert!(elsewhere.contains("may not be sent to evil.example.net"), "{elsewhere}");
+        assert!(
+            open.with_secrets("${secret:other}", "tickets.example.com", None)
+                .unwrap_err()
+                .contains("not configured")
+        );
+        let acme = tools(Some(vec!["acme".to_owned()]), Some("s3cret"));
+        assert!(acme.with_secrets(header, "tickets.example.com", Some("acme")).is_ok());
+        for tenant in [Some("globex"), None] {
+            let refused = acme.with_secrets(header, "tickets.example.com", tenant).unwrap_err();
+            assert!(refused.contains("not for this run's tenant"), "{refused}");
+        }
+        let unset =
+            tools(None, None).with_secrets(header, "tickets.example.com", None).unwrap_err();
+        assert!(unset.contains("the variable TICKETS_TOKEN is not set"), "{unset}");
+    }
+
     #[test]
     fn a_url_takes_its_arguments_percent_encoded_and_refuses_what_it_cannot_place() {
         let args = json!({"id": "7/../admin?x=1", "n": 3, "flag": true, "obj": {}});
