@@ -1604,6 +1604,15 @@ fn approving_a_chained_runs_request_through_the_api_completes_the_whole_job() {
         !v["children"].as_array().unwrap().is_empty()
     });
     let child = waiting["children"][0].as_str().unwrap().to_owned();
+    // The parent names its child (`child_run_started`) in the transaction before the one
+    // that creates it: for a moment the child is listed and not yet there.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http(addr, "GET", &format!("/runs/{child}"), &[("Authorization", &auth)], None).status
+        == 404
+    {
+        assert!(Instant::now() < deadline, "the child {child} was never created");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     wait_for(addr, &auth, &child, "paused", |v| v["status"] == "paused");
     let approve =
         http(addr, "POST", &format!("/runs/{child}/approve"), &[("Authorization", &auth)], None);
