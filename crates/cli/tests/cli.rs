@@ -358,10 +358,14 @@ fn normalised_log(db: &std::path::Path, run: &str) -> Vec<serde_json::Value> {
 }
 
 /// Whether an event (as `baton events --json` prints it) records a takeover: the pause of
-/// a lost driver, or the resumption by the process that took the run over.
+/// a lost driver, the resumption by the process that took the run over, or the stale lock
+/// of the lost driver's git that it removed.
 pub(crate) fn is_takeover(e: &serde_json::Value) -> bool {
     (e["kind"] == "run_paused" && e["data"]["reason"] == "driver_lost")
         || (e["kind"] == "run_resumed" && e["data"]["by"] == "takeover")
+        // The lost driver's git died with it, holding the snapshot repository's lock.
+        || (e["kind"] == "warning"
+            && e["data"]["message"].as_str().is_some_and(|m| m.starts_with("removed the stale lock")))
 }
 
 /// A log without its takeovers (what a kill adds to it), nor the numbers they shift
