@@ -16,6 +16,7 @@ use baton_engine::verifier::Verifiers;
 use baton_engine::wave_drive::WaveSettings;
 use baton_engine::workspace::WorkspaceSetup;
 use baton_jail::Jail;
+use baton_providers::cassette_file::Recorder;
 use baton_providers::config::Config;
 use baton_scenario::Registry;
 use baton_tools::{HttpSettings, Secret, Tools};
@@ -83,6 +84,26 @@ pub fn redactor(place: &Place) -> Redactor {
 /// requests where its `[egress]` and `[secrets]` allow.
 pub fn live_tools(place: &Place) -> Arc<dyn ToolHost> {
     Arc::new(Tools::new(jail(place), tool_settings(place)))
+}
+
+/// The user's tools for a run whose answers come from `source` (as the run records it):
+/// the answers of that cassette when it replays one (no tool is called), else the live
+/// tools — recorded into `recorder`'s cassette when the run records one.
+pub fn tools_for(
+    place: &Place,
+    source: Option<&str>,
+    recorder: Option<&Recorder>,
+) -> anyhow::Result<Arc<dyn ToolHost>> {
+    if let Some(path) = source.and_then(|s| s.strip_prefix("cassette:")) {
+        let cassette =
+            baton_providers::cassette_file::load(Path::new(path)).map_err(anyhow::Error::msg)?;
+        return Ok(recorded_tools(&cassette));
+    }
+    let live = live_tools(place);
+    Ok(match recorder {
+        Some(recorder) => recorder.tools(live, Arc::new(redactor(place))),
+        None => live,
+    })
 }
 
 /// The user's tools answered from a recording (a replay, a fixture's test): nothing is

@@ -170,6 +170,14 @@ impl Baton {
         registry: &Arc<Registry>,
     ) -> Result<Engine, String> {
         let model = self.model(answers)?;
+        // A run replaying a cassette takes its tools' answers from it too.
+        let tools = match answers {
+            Answers::Recorded(Some(source)) if source.starts_with("cassette:") => {
+                crate::engines::tools_for(&self.place, Some(source), None)
+                    .map_err(|e| format!("{e:#}"))?
+            }
+            _ => Arc::clone(&self.tools),
+        };
         let jobs = Jobs::new(
             Arc::clone(registry),
             self.jobs.selection.clone(),
@@ -186,7 +194,7 @@ impl Baton {
             &crate::jail::jail(&self.place),
             Some(Arc::new(jobs)),
             None,
-            Some(Arc::clone(&self.tools)),
+            Some(tools),
         ))
     }
 

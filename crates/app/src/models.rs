@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use baton_engine::cassette;
 use baton_engine::model::{ModelProvider, ScriptedModel};
+use baton_providers::cassette_file::Recorder;
 use baton_providers::client::Providers;
 use baton_providers::config::Config;
 use baton_scenario::Scenario;
@@ -87,6 +88,17 @@ fn replaying(
     (Arc::new(cassette::Replayer::new(cassette)), Some(format!("cassette:{}", absolute.display())))
 }
 
+/// The model a run answers from, as [`choose_model`] chose it.
+#[derive(Debug)]
+pub struct Chosen {
+    pub model: Arc<dyn ModelProvider>,
+    /// Where its answers come from, recorded on the run.
+    pub source: Option<String>,
+    /// The cassette being recorded, when the run records one (its tools record into it
+    /// too: `engines::tools_for`).
+    pub recorder: Option<Arc<Recorder>>,
+}
+
 /// The model a run uses, given the run's options: a cassette to replay, or a model (scripted
 /// or configured), optionally recorded into a cassette.
 pub fn choose_model(
@@ -95,17 +107,18 @@ pub fn choose_model(
     replay_from: Option<&Path>,
     record_to: Option<&Path>,
     scenario: &Scenario,
-) -> anyhow::Result<(Arc<dyn ModelProvider>, Option<String>)> {
-    if let Some(path) = replay_from {
-        return replay(path);
-    }
-    let (model, source) = load_model(script, config, Some(scenario))?;
+) -> anyhow::Result<Chosen> {
+    let (model, source) = match replay_from {
+        Some(path) => replay(path)?,
+        None => load_model(script, config, Some(scenario))?,
+    };
     match record_to {
-        Some(path) => Ok((
-            Arc::new(baton_providers::cassette_file::Recorder::new(model, path.to_path_buf())),
-            source,
-        )),
-        None => Ok((model, source)),
+        Some(path) if replay_from.is_none() => {
+            let recorder = Arc::new(Recorder::new(model, path.to_path_buf()));
+            let model = Arc::clone(&recorder) as Arc<dyn ModelProvider>;
+            Ok(Chosen { model, source, recorder: Some(recorder) })
+        }
+        _ => Ok(Chosen { model, source, recorder: None }),
     }
 }
 

@@ -179,6 +179,10 @@ pub async fn resume(
                 }
                 other => other?,
             };
+        // Its tools answer as its model does: from its cassette when it replays one, unless
+        // a script or configuration given now answers instead.
+        let answering = children_source.as_ref().or(source.as_ref());
+        let tools = crate::engines::tools_for(place, answering.map(String::as_str), None)?;
         let jobs = reloading_jobs(
             place,
             store.as_ref(),
@@ -197,7 +201,7 @@ pub async fn resume(
             &jail(place),
             Some(jobs),
             None,
-            Some(crate::engines::live_tools(place)),
+            Some(tools),
         );
         engine.children_model_source = children_source;
         engine

@@ -367,7 +367,7 @@ pub async fn ready(
         setup.record.as_deref(),
         scenario,
     );
-    let (model, source) = match chosen {
+    let chosen = match chosen {
         // A standalone wave calls no model until `baton wave run` runs its workers, with
         // the model that command is given.
         Err(_)
@@ -375,10 +375,14 @@ pub async fn ready(
                 && setup.script.is_none()
                 && setup.cassette.is_none() =>
         {
-            (Arc::new(ScriptedModel::default()) as Arc<dyn ModelProvider>, None)
+            let model = Arc::new(ScriptedModel::default()) as Arc<dyn ModelProvider>;
+            crate::models::Chosen { model, source: None, recorder: None }
         }
         other => other?,
     };
+    let tools =
+        crate::engines::tools_for(place, chosen.source.as_deref(), chosen.recorder.as_deref())?;
+    let (model, source) = (chosen.model, chosen.source);
     let store = open_store(place).await?;
     let (tenant, claim) = (planned.start.tenant.as_deref(), planned.start.idempotency.as_ref());
     if let Some(run_id) = key_standing(store.as_ref(), tenant, claim, planned.keys_max).await? {
@@ -402,7 +406,7 @@ pub async fn ready(
         &jail(place),
         Some(jobs),
         None,
-        Some(crate::engines::live_tools(place)),
+        Some(tools),
     );
     let first = Start { model_source: source, ..planned.start };
     Ok(Ready::New { engine: Box::new(engine), first: Box::new(first) })

@@ -85,13 +85,15 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         None => probe.scenario_of(&original, &args.run).await?,
     };
     drive::check_jail(place, &registry, &scenario)?;
-    let (model, source) = baton_app::models::choose_model(
+    let chosen = baton_app::models::choose_model(
         args.script.as_deref(),
         place.config.as_deref(),
         args.cassette.as_deref(),
         None,
         &scenario,
     )?;
+    let tools = baton_app::engines::tools_for(place, chosen.source.as_deref(), None)?;
+    let (model, source) = (chosen.model, chosen.source);
     let engine = baton_app::engines::engine(
         store,
         model,
@@ -101,7 +103,7 @@ pub(crate) async fn fork(place: &Place, args: ForkArgs) -> anyhow::Result<ExitCo
         &baton_app::jail::jail(place),
         Some(jobs),
         None,
-        Some(baton_app::engines::live_tools(place)),
+        Some(tools),
     );
     let new_run = Engine::new_run_id();
     let edits = ForkEdits { input: args.input, scratchpad, model_source: source };

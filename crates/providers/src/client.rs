@@ -22,6 +22,7 @@ use baton_engine::model::{
 use serde_json::{Value, json};
 
 use crate::config::{Config, Kind, Model, Provider};
+use crate::egress::EgressPolicy;
 use crate::resolve::{Choice, chain};
 use crate::{Reply, Stop, StreamError, anthropic, openai, sse};
 
@@ -77,6 +78,9 @@ pub enum CallError {
         "{provider} ({model}): no answer before the level's deadline ({waited_ms} ms of silence)"
     )]
     OutOfTime { provider: String, model: String, waited_ms: u64 },
+    /// The egress guard refused the provider's URL (see `[egress]`); never retried.
+    #[error("{provider}: not called: {why}")]
+    Egress { provider: String, why: String },
     #[error("cancelled")]
     Cancelled,
 }
@@ -109,22 +113,41 @@ pub(crate) fn install_crypto() {
     });
 }
 
-/// An HTTP client for model providers.
+/// An HTTP client for model providers, through the egress guard.
 #[derive(Debug, Clone)]
 pub struct Client {
-    http: reqwest::Client,
+    /// For providers on public hosts: the guard as `[egress]` says.
+    public: reqwest::Client,
+    /// For providers whose URL is on a loopback or private address (a local server):
+    /// [`EgressPolicy::for_configured`].
+    local: reqwest::Client,
+    egress: EgressPolicy,
 }
 
 impl Client {
-    /// A client with Baton's timeouts.
-    pub fn new() -> Result<Self, String> {
+    /// A client with Baton's timeouts that calls only what `egress` allows (and a provider
+    /// configured on a local address, there).
+    pub fn new(egress: &EgressPolicy) -> Result<Self, String> {
         install_crypto();
-        let http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .read_timeout(READ_TIMEOUT)
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Client { http })
+        let build = |policy: &EgressPolicy| {
+            policy
+                .client(reqwest::Client::builder())
+                .connect_timeout(CONNECT_TIMEOUT)
+                .read_timeout(READ_TIMEOUT)
+                .build()
+                .map_err(|e| format!("cannot build the HTTP client: {e}"))
+        };
+        let local = EgressPolicy { allow_private: true, ..egress.clone() };
+        Ok(Client { public: build(egress)?, local: build(&local)?, egress: egress.clone() })
+    }
+
+    /// The client that calls `provider`, or why its URL may not be called.
+    fn http_for(&self, provider: &Provider) -> Result<&reqwest::Client, String> {
+        let url = reqwest::Url::parse(&provider.base_url)
+            .map_err(|e| format!("base_url {} is not a URL: {e}", provider.base_url))?;
+        let policy = self.egress.for_configured(&url);
+        policy.check_url(&url)?;
+        Ok(if policy.allow_private { &self.local } else { &self.public })
     }
 
     /// One call to one provider and model, retried on transient faults within the level's
@@ -217,6 +240,9 @@ impl Client {
             message,
         };
         let base = provider.base_url.trim_end_matches('/');
+        let http = self
+            .http_for(provider)
+            .map_err(|why| CallError::Egress { provider: provider.name.clone(), why })?;
         let builder = match provider.kind {
             Kind::Openai => {
                 let mut body = json!({
@@ -246,7 +272,7 @@ impl Client {
                 } else if request.json {
                     body["response_format"] = json!({"type": "json_object"});
                 }
-                let mut b = self.http.post(format!("{base}/chat/completions")).json_body(&body);
+                let mut b = http.post(format!("{base}/chat/completions")).json_body(&body);
                 if let Some(key) = key {
                     b = b.bearer_auth(key);
                 }
@@ -272,8 +298,7 @@ impl Client {
                         .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
                         .collect();
                 }
-                let mut b = self
-                    .http
+                let mut b = http
                     .post(format!("{base}/v1/messages"))
                     .json_body(&body)
                     .header("anthropic-version", "2023-06-01");
@@ -305,7 +330,14 @@ impl Client {
         };
         let wait = silence();
         let mut response = match tokio::time::timeout(wait, builder.send()).await {
-            Ok(sent) => sent.map_err(|e| transport(describe(&e)))?,
+            // A refused redirect is the guard's answer, the same on every try.
+            Ok(sent) => sent.map_err(|e| {
+                if e.is_redirect() {
+                    CallError::Egress { provider: provider.name.clone(), why: describe(&e) }
+                } else {
+                    transport(describe(&e))
+                }
+            })?,
             Err(_) => return Err(silent(wait)),
         };
         let status = response.status().as_u16();
@@ -539,14 +571,25 @@ async fn read_capped(
 
 /// What went wrong with a request, without its URL's query or any header.
 fn describe(e: &reqwest::Error) -> String {
+    // The innermost cause says why (the egress guard's refusal among them).
+    let mut cause: Option<&dyn std::error::Error> = None;
+    let mut next = std::error::Error::source(e);
+    while let Some(inner) = next {
+        cause = Some(inner);
+        next = inner.source();
+    }
+    let why = cause.map(|c| format!(": {c}")).unwrap_or_default();
     if e.is_timeout() {
         "the request timed out".to_owned()
     } else if e.is_connect() {
-        "cannot connect".to_owned()
+        format!("cannot connect{why}")
     } else {
         let mut message = e.to_string();
         if let Some(url) = e.url() {
             message = message.replace(url.as_str(), url.path());
+        }
+        if e.is_redirect() {
+            message.push_str(&why);
         }
         message
     }
@@ -656,7 +699,8 @@ impl Providers {
             .filter_map(|p| p.api_key_env.as_deref())
             .filter_map(|name| env(name).map(|v| (name.to_owned(), v)))
             .collect();
-        Ok(Providers { config: Arc::new(config), client: Client::new()?, keys: Arc::new(keys) })
+        let client = Client::new(&config.egress)?;
+        Ok(Providers { config: Arc::new(config), client, keys: Arc::new(keys) })
     }
 
     fn key(&self, provider: &Provider) -> Option<String> {

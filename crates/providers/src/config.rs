@@ -425,6 +425,12 @@ impl Config {
                     p.name
                 ));
             }
+            let url = reqwest::Url::parse(&p.base_url)
+                .map_err(|e| format!("provider `{}`: base_url is not a URL: {e}", p.name))?;
+            self.egress
+                .for_configured(&url)
+                .check_url(&url)
+                .map_err(|why| format!("provider `{}`: base_url {why} ([egress])", p.name))?;
             if p.models.is_empty() {
                 return Err(format!("provider `{}` lists no models", p.name));
             }

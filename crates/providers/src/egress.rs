@@ -1,5 +1,5 @@
 //! The egress guard: the one check every URL Baton calls on a user's behalf goes through
-//! (webhooks first; HTTP tools, MCP over HTTP and provider base URLs are to use it too).
+//! (webhooks, HTTP tools, MCP servers over HTTP and model providers).
 //!
 //! A URL passes when its scheme is `http` or `https`, its host is on the allow-list (when
 //! there is one), and every address it stands for is public: loopback, private, link-local
@@ -82,6 +82,22 @@ impl EgressPolicy {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// The policy a model provider configured at `url` is called under: this one, with
+    /// loopback and private addresses allowed when the URL itself is on one — an address
+    /// written in it, or `localhost` — since the operator wrote where the server is. A
+    /// name is still resolved through the guard (a public name that answers with a private
+    /// address is refused), a redirect is still checked, and the metadata address is never
+    /// called.
+    pub fn for_configured(&self, url: &Url) -> EgressPolicy {
+        let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+        let local = host.eq_ignore_ascii_case("localhost")
+            || host.to_ascii_lowercase().ends_with(".localhost")
+            || host
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| forbidden(ip).is_some_and(|range| range != METADATA));
+        EgressPolicy { allow_private: self.allow_private || local, ..self.clone() }
     }
 
     fn host_allowed(&self, host: &str) -> bool {

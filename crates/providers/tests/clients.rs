@@ -16,6 +16,7 @@ use baton_engine::cancel::CancelToken;
 use baton_engine::model::{ModelError, ModelProvider, ModelRequest, ToolCall, ToolReply, Turn};
 use baton_providers::client::{CallError, Client, Providers};
 use baton_providers::config::Config;
+use baton_providers::egress::EgressPolicy;
 use baton_scenario::model::ModelConstraint;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -315,7 +316,7 @@ async fn authentication_failures_name_the_variable_never_the_key_and_are_not_ret
     let port =
         scripted_server(vec![Some(status(401, "")), Some(ok_stream("never"))], Arc::clone(&hits))
             .await;
-    let client = Client::new().unwrap();
+    let client = Client::new(&EgressPolicy::default()).unwrap();
     let config = local(port);
     let provider = &config.providers[1];
     let err = client
@@ -818,7 +819,7 @@ async fn without_a_configured_key_variable_the_auth_error_names_the_one_to_set()
     let base = format!("http://127.0.0.1:{port}/v1");
     let config = Config::from_env(|k| (k == "OPENAI_BASE_URL").then(|| base.clone()));
     let provider = &config.providers[0];
-    let err = Client::new()
+    let err = Client::new(&EgressPolicy::default())
         .unwrap()
         .call(
             provider,
@@ -852,4 +853,65 @@ async fn an_error_event_in_the_stream_is_retried_and_reported() {
     let retries = cancel.progress().take_retries("l1", 0);
     assert_eq!(retries.len(), 1);
     assert!(retries[0].reason.contains("Overloaded"), "{:?}", retries[0]);
+}
+
+#[tokio::test]
+async fn provider_urls_pass_the_egress_guard_a_local_server_is_called_and_a_redirect_to_the_metadata_address_is_not()
+ {
+    // The metadata address, and a host the allow-list leaves out, do not load.
+    let metadata = Config::parse(
+        "[[providers]]\nname = \"m\"\nkind = \"openai\"\nbase_url = \"http://169.254.169.254/v1\"\ntier = \"free\"\n[[providers.models]]\nname = \"x\"\n",
+        "baton.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(metadata.contains("provider `m`") && metadata.contains("metadata"), "{metadata}");
+    let listed = Config::parse(
+        "[egress]\nallow_hosts = [\"api.example.com\"]\n\n[[providers]]\nname = \"l\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\ntier = \"free\"\n[[providers.models]]\nname = \"x\"\n",
+        "baton.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(listed.contains("not in the egress allow-list"), "{listed}");
+    // A local server written as an address is called there; its redirect to the metadata
+    // address is refused and never followed.
+    let hits = Arc::new(AtomicUsize::new(0));
+    let redirect = "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://169.254.169.254/latest/meta-data\r\ncontent-length: 0\r\n\r\n".to_owned();
+    let port =
+        scripted_server(vec![Some(ok_stream("here")), Some(redirect)], Arc::clone(&hits)).await;
+    let config = local(port);
+    let provider = &config.providers[0];
+    let client = Client::new(&config.egress).unwrap();
+    let called = client
+        .call(
+            provider,
+            &provider.models[0],
+            &request("x", "free:*", false),
+            None,
+            &CancelToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(called.text, "here");
+    let err = client
+        .call(
+            provider,
+            &provider.models[0],
+            &request("x", "free:*", false),
+            None,
+            &CancelToken::new(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("a redirect was refused") && err.contains("metadata"), "{err}");
+    // A provider whose URL is changed past the check is refused at the call, not sent.
+    let mut moved = provider.clone();
+    moved.base_url = "http://169.254.169.254/v1".to_owned();
+    let err = client
+        .call(&moved, &moved.models[0], &request("x", "free:*", false), None, &CancelToken::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CallError::Egress { .. }) && !err.transient(), "{err}");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
 }

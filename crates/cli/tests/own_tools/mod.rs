@@ -331,9 +331,12 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
     ]);
     let file = script(&dir, &turns);
     let db = dir.join("runs.db");
+    let cassette = dir.join("desk.cassette.json");
     let out = http_baton(&dir, &db, &secret)
         .args(["run", "desk", "--input", "ticket 7", "--script"])
         .arg(&file)
+        .arg("--record")
+        .arg(&cassette)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
@@ -435,6 +438,33 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
         replay_results, results,
         "the replay's tools answered as the recording's: {summary}"
     );
+    // The cassette holds every answer of the tools as the model read it, the echoed secret
+    // redacted; a run from it answers every call from there and asks the service nothing.
+    let recorded = std::fs::read_to_string(&cassette).unwrap();
+    assert!(!recorded.contains(&secret), "the secret reached the cassette");
+    let recorded: Value = serde_json::from_str(&recorded).unwrap();
+    let receipts = log.iter().filter(|e| e["kind"] == "tool_call_finished").count();
+    assert_eq!(recorded["tools"].as_array().unwrap().len(), receipts, "{recorded}");
+    let from_cassette = http_baton(&dir, &db, "another-token")
+        .args(["run", "desk", "--input", "ticket 7", "--cassette"])
+        .arg(&cassette)
+        .output()
+        .unwrap();
+    assert_eq!(
+        from_cassette.status.code(),
+        Some(0),
+        "{}{}",
+        text(&from_cassette.stdout),
+        text(&from_cassette.stderr)
+    );
+    assert_eq!(sent(service.effects()), asked, "the run from the cassette sent a request");
+    let again = events(&dir, &db, &run_of(&from_cassette.stdout));
+    let again: Vec<(bool, String)> = again
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(again, results, "the cassette's tools answered as the recording's");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -949,6 +979,34 @@ fn an_mcp_server_over_streamable_http_is_reached_through_the_egress_guard_when_l
     assert!(
         results[0]["data"]["content"].as_str().unwrap().contains("there is no tool `echo`"),
         "{results:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_bundled_ticket_triage_demo_script_starts_its_service_and_ends_with_each_reply_applied_once()
+{
+    let dir = lab("demo-tickets");
+    let db = dir.join("demo.db");
+    let out = std::process::Command::new("bash")
+        .arg(super::repo().join("scripts/demo-tickets"))
+        .env("BATON_BIN", env!("CARGO_BIN_EXE_baton"))
+        .env("BATON_BWRAP", super::bwrap())
+        .env("BATON_DB", &db)
+        .env_remove("BATON_CONFIG")
+        .output()
+        .unwrap();
+    let printed = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{printed}");
+    // It paused for the support lead, was approved by a second process, and the service
+    // applied the two replies once each, each key seen once.
+    assert!(printed.contains("waits on approval") || printed.contains("paused"), "{printed}");
+    assert_eq!(printed.matches("applied: ").count(), 2, "{printed}");
+    assert_eq!(printed.matches(": 1 request(s)").count(), 2, "{printed}");
+    // The service is stopped with the script.
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", 8765)).is_err(),
+        "the ticket service outlived its script"
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -1416,10 +1416,19 @@ fn the_ticket_triage_through_the_api_sends_its_secret_to_the_service_and_shows_i
     );
     let script = dir.join("scenarios/scripts/ticket_triage.yaml");
     let config = dir.join("scenarios/services/baton.toml");
+    let traces = receiver(&dir);
+    let endpoint = format!("http://127.0.0.1:{}", traces.port);
     let server = serve_with(
         &dir,
         &db,
-        &["--script", script.to_str().unwrap(), "--config", config.to_str().unwrap()],
+        &[
+            "--script",
+            script.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--otlp-endpoint",
+            &endpoint,
+        ],
         &[("TICKETS_TOKEN", secret.as_ref()), ("PATH", path.as_ref())],
     );
     let addr = server.addr.as_str();
@@ -1444,8 +1453,19 @@ fn the_ticket_triage_through_the_api_sends_its_secret_to_the_service_and_shows_i
         http(addr, "GET", &format!("/runs/{run}/events"), &[("Authorization", &ann)], None).body,
     );
     seen.push(http(addr, "GET", "/runs", &[("Authorization", &ann)], None).body);
+    // The traces of the run, its tool calls' spans among them, once they are exported.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let spans = loop {
+        let spans = std::fs::read_to_string(&traces.spans).unwrap_or_default();
+        if spans.contains("\"tool post_reply") && spans.contains("\"run ") {
+            break spans;
+        }
+        assert!(Instant::now() < deadline, "the run's spans never arrived: {spans}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    seen.push(spans);
     for text in &seen {
-        assert!(!text.contains(&secret), "the secret reached the API: {text}");
+        assert!(!text.contains(&secret), "the secret reached the API or the traces: {text}");
     }
     let log = std::fs::read(&db).unwrap();
     assert!(
