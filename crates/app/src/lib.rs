@@ -32,6 +32,7 @@ pub mod scenarios;
 pub mod serving;
 pub mod start;
 pub mod tenants;
+pub mod tool_probe;
 pub mod upkeep;
 pub mod waves;
 pub mod webhooks;

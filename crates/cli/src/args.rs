@@ -58,6 +58,14 @@ pub(crate) enum Command {
         /// over its base scenario and checked like one.
         #[arg(long)]
         overrides: Option<PathBuf>,
+        /// Also start each `mcp` toolset's server as a run would and show what it says of
+        /// its tools: hints where its annotations and `read:` disagree, warnings for a server
+        /// that does not start or a tool it does not offer.
+        #[arg(long)]
+        tools: bool,
+        /// How long each server may take to start and list its tools, in seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "tools", value_parser = clap::value_parser!(u64).range(1..=3600))]
+        tools_timeout_s: u64,
     },
     /// Start a job and drive it to its end or to a pause: its scenario is the one named
     /// (a pin), else the one serving `--intent`, else the classifier for jobs of a

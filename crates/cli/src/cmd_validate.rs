@@ -9,14 +9,23 @@ use baton_scenario::Registry;
 
 use crate::out::outln;
 
-pub(crate) fn run(
+/// Validates the scenarios at `paths`; with `probe`, also asks the MCP servers of their
+/// toolsets what they offer (each within the deadline).
+pub(crate) async fn run(
     paths: &[PathBuf],
     json: bool,
     overrides: Option<&Path>,
     config: Option<&Path>,
+    probe: Option<(&baton_app::place::Place, std::time::Duration)>,
 ) -> anyhow::Result<ExitCode> {
-    let (all, registry) = baton_app::scenarios::validate(paths, overrides, config)?;
+    let (mut all, registry) = baton_app::scenarios::validate(paths, overrides, config)?;
+    if let (Some((place, timeout)), Some(registry)) = (probe, &registry) {
+        for d in baton_app::tool_probe::probe_tools(place, registry, timeout).await {
+            all.push(d);
+        }
+    }
     let ok = !all.has_errors();
+    let hints = all.len() - all.error_count() - all.warning_count();
     if json {
         let scenarios: Vec<serde_json::Value> = registry
             .iter()
@@ -36,7 +45,8 @@ pub(crate) fn run(
         let report = serde_json::json!({
             "ok": ok,
             "errors": all.error_count(),
-            "warnings": all.len() - all.error_count(),
+            "warnings": all.warning_count(),
+            "hints": hints,
             "scenarios": scenarios,
             "diagnostics": all.iter().collect::<Vec<_>>(),
         });
@@ -45,10 +55,12 @@ pub(crate) fn run(
         for d in &all {
             eprintln!("{d}");
         }
-        let warnings = all.len() - all.error_count();
+        let warnings = all.warning_count();
+        let hinted =
+            if hints > 0 { format!(", {hints} hint{}", plural(hints)) } else { String::new() };
         match &registry {
             Some(r) if ok => outln!(
-                "ok: {} scenario{} valid, {warnings} warning{}",
+                "ok: {} scenario{} valid, {warnings} warning{}{hinted}",
                 r.len(),
                 plural(r.len()),
                 plural(warnings)

@@ -431,14 +431,16 @@ fn main() -> ExitCode {
             let after = after.unwrap_or(baton_engine::store::FeedCursor::START);
             runtime.block_on(cmd_run::feed(&place, &tenant, after, follow, json))
         }
-        Command::Validate { paths, format, overrides } => {
+        Command::Validate { paths, format, overrides, tools, tools_timeout_s } => {
             let paths = if paths.is_empty() { vec![cli.scenarios.clone()] } else { paths };
-            cmd_validate::run(
+            let probe = tools.then(|| (&place, std::time::Duration::from_secs(tools_timeout_s)));
+            runtime.block_on(cmd_validate::run(
                 &paths,
                 format == Format::Json,
                 overrides.as_deref(),
                 cli.config.as_deref(),
-            )
+                probe,
+            ))
         }
         Command::Bench { workload, store, runs, concurrency, bench_db, json, repeat, workers } => {
             // The server's figures have longer names.

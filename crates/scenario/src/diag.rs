@@ -19,6 +19,9 @@ pub enum Severity {
     Error,
     /// The scenario loads, but probably does not do what its author meant.
     Warning,
+    /// Something worth knowing that may well be as meant (what an MCP server's
+    /// annotations say of a tool, which the scenario is not bound by).
+    Hint,
 }
 
 /// One problem found in a scenario, a template, a rubric or an override.
@@ -55,6 +58,11 @@ impl Diagnostic {
     /// A warning at `pos`.
     pub fn warning(code: &'static str, pos: Pos, message: impl Into<String>) -> Self {
         Self::new(Severity::Warning, code, pos, message.into())
+    }
+
+    /// A hint about the whole of a file (`in_file`), with no place in it.
+    pub fn hint(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(Severity::Hint, code, Pos::UNKNOWN, message.into())
     }
 
     fn new(severity: Severity, code: &'static str, pos: Pos, message: String) -> Self {
@@ -135,6 +143,7 @@ impl Diagnostic {
         let severity = match self.severity {
             Severity::Error => "error",
             Severity::Warning => "warning",
+            Severity::Hint => "hint",
         };
         let _ = writeln!(out, "{severity}[{}]: {}", self.code, self.message);
         let file = if self.file.is_empty() { "<input>" } else { self.file.as_str() };
@@ -212,6 +221,11 @@ impl Diagnostics {
     /// How many errors there are.
     pub fn error_count(&self) -> usize {
         self.items.iter().filter(|d| d.is_error()).count()
+    }
+
+    /// How many are warnings.
+    pub fn warning_count(&self) -> usize {
+        self.items.iter().filter(|d| d.severity == Severity::Warning).count()
     }
 
     /// Moves every diagnostic of `other` into this collection.

@@ -12,6 +12,11 @@ use serde_json::{Value, json};
 /// Largest answer read, in bytes.
 const ANSWER_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// The longest the `DELETE` that ends a session may take (it is sent in the background as
+/// the attempt ends; a server that does not answer in time keeps the session until it
+/// expires it).
+pub(crate) const END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A session with one server.
 #[derive(Debug)]
 pub(crate) struct HttpServer {
@@ -109,11 +114,16 @@ impl HttpServer {
         Ok((answer_of(&answer), session))
     }
 
-    /// Ends the session (best effort).
+    /// Ends the session (best effort, within [`END_TIMEOUT`]).
     pub(crate) async fn end(&self) {
         if let Some(session) = &self.session {
-            let _ =
-                self.client.delete(self.url.clone()).header("Mcp-Session-Id", session).send().await;
+            let _ = self
+                .client
+                .delete(self.url.clone())
+                .header("Mcp-Session-Id", session)
+                .timeout(END_TIMEOUT)
+                .send()
+                .await;
         }
     }
 }

@@ -1010,3 +1010,74 @@ fn the_bundled_ticket_triage_demo_script_starts_its_service_and_ends_with_each_r
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn validate_with_tools_shows_what_mcp_servers_annotate_as_hints_and_a_server_that_fails_as_a_warning()
+ {
+    let dir = lab("probe-tools");
+    let server = super::repo().join(".peers/npm/node_modules/.bin/mcp-server-filesystem");
+    let scenario = json!({
+        "id": "desk", "version": 1, "workspace": {"seed": "seed"},
+        "toolsets": {
+            // read_text_file: annotated read-only, treated as a write; create_directory:
+            // listed as a read, not annotated read-only; nope: not offered.
+            "kb": {"source": "mcp", "server": [server, "."],
+                   "allow": ["list_directory", "read_text_file", "create_directory", "nope"],
+                   "read": ["list_directory", "create_directory"]},
+            "gone": {"source": "mcp", "server": ["no-such-mcp-server"], "allow": ["anything"]},
+        },
+        "levels": [{"id": "work", "kind": "tool_loop", "prompt": {"inline": "Handle {{ input }}"},
+                    "tools": ["kb", "gone"], "terminal": true}],
+    });
+    std::fs::write(dir.join("scenarios/desk.yaml"), scenario.to_string()).unwrap();
+    let db = dir.join("runs.db");
+    // Without --tools no server is started: nothing to say.
+    let plain = baton_in(&dir, &db).args(["validate", "--format", "json"]).output().unwrap();
+    let plain: Value = serde_json::from_slice(&plain.stdout).unwrap();
+    assert_eq!((plain["ok"].clone(), plain["hints"].clone()), (json!(true), json!(0)), "{plain}");
+    let out = baton_in(&dir, &db)
+        .args(["validate", "--tools", "--tools-timeout-s", "60", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "hints and warnings fail nothing: {}",
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let said = |severity: &str| -> Vec<String> {
+        report["diagnostics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["severity"] == severity)
+            .map(|d| d["message"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let hints = said("hint");
+    assert_eq!(hints.len(), 2, "{report}");
+    assert!(
+        hints[0].contains("`read_text_file`") && hints[0].contains("annotates it read-only"),
+        "{hints:?}"
+    );
+    assert!(
+        hints[1].contains("`create_directory`")
+            && hints[1].contains("does not annotate it read-only"),
+        "{hints:?}"
+    );
+    let warnings = said("warning");
+    assert!(warnings.iter().any(|w| w.contains("`nope` is not offered")), "{warnings:?}");
+    assert!(
+        warnings.iter().any(
+            |w| w.contains("toolset `gone` is not offered") && w.contains("no-such-mcp-server")
+        ),
+        "{warnings:?}"
+    );
+    assert_eq!(report["hints"], 2);
+    // In text, each is said with its file and a help line.
+    let shown = baton_in(&dir, &db).args(["validate", "--tools"]).output().unwrap();
+    let shown = text(&shown.stderr);
+    assert!(shown.contains("hint[mcp-annotation]") && shown.contains("desk.yaml"), "{shown}");
+    let _ = std::fs::remove_dir_all(dir);
+}
