@@ -96,6 +96,10 @@ impl ToolSession for Host {
                     .entry(key.clone())
                     .or_insert_with(|| call.arguments.clone());
             }
+            if call.tool.name == "dump" {
+                // More than one result may hold: cut to RESULT_BYTES_MAX for the model.
+                return ToolOutcome::ok("x".repeat(100_000));
+            }
             ToolOutcome::ok(format!("{} done: {}", call.tool.name, call.arguments))
         })
     }
@@ -123,6 +127,9 @@ const TOOLSETS: &str = r"toolsets:
       - name: refund
         command: [unused]
         once_per_run: true
+      - name: dump
+        effect: read
+        command: [unused]
       - name: pay
         parameters: {type: object, properties: {amount: {type: number}}, required: [amount]}
         command: [unused]
@@ -510,4 +517,45 @@ async fn a_rejected_call_is_never_made_and_the_model_reads_who_rejected_it_and_w
     });
     assert_eq!(rejected.as_deref(), Some("rejected by bob: over the monthly limit"));
     assert_eq!(count(&events, "tool_call_started"), 2, "the rejected call was never started");
+}
+
+#[tokio::test]
+async fn the_results_of_one_attempt_add_up_to_a_bound_past_which_calls_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scenario(dir.path(), "");
+    let store = Arc::new(MemoryStore::new());
+    let receiver = Arc::new(Receiver::default());
+    // Three turns of 30 calls at once (a turn runs at most 32), each call answered with
+    // more than a result may hold.
+    let turn = |n: usize| -> String {
+        let calls: Vec<String> = (0..30)
+            .map(|i| format!("{{name: dump, arguments: {{page: {}}}}}", n * 30 + i))
+            .collect();
+        format!("    - tool_calls: [{}]\n", calls.join(", "))
+    };
+    let script = format!(
+        "levels:\n  work:\n{}{}{}    - tool_calls: [{{name: finish, arguments: {{summary: done}}}}]\n",
+        turn(0),
+        turn(1),
+        turn(2)
+    );
+    let e = engine(dir.path(), &store, &receiver, &script);
+    let run_id = Engine::new_run_id();
+    let outcome = e.run(&run_id, &s, "t", serde_json::Map::new(), None).await.unwrap();
+    assert_eq!(outcome, Outcome::Finished(Status::Completed));
+    let made = receiver.asked.lock().unwrap().len();
+    let per_result = baton_engine::tools::RESULT_BYTES_MAX;
+    let total = baton_engine::tools::RESULTS_PER_ATTEMPT_BYTES_MAX;
+    // Calls are made until the results reach the bound: at most one result past it.
+    let events = log(&store, &run_id).await;
+    assert!(made >= total / (per_result + 1024) && made <= total / per_result + 1, "{made} made");
+    let refused: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult(r) if r.is_error => Some(r.content.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(made + refused.len(), 90, "every call was made or refused");
+    assert!(refused.iter().all(|r| r.contains("the most one attempt may take in")), "{refused:?}");
 }

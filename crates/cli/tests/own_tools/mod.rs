@@ -1025,9 +1025,11 @@ fn validate_with_tools_shows_what_mcp_servers_annotate_as_hints_and_a_server_tha
                    "allow": ["list_directory", "read_text_file", "create_directory", "nope"],
                    "read": ["list_directory", "create_directory"]},
             "gone": {"source": "mcp", "server": ["no-such-mcp-server"], "allow": ["anything"]},
+            // Without `allow`, no tool of the server is offered (and it is not started).
+            "bare": {"source": "mcp", "server": [server, "."]},
         },
         "levels": [{"id": "work", "kind": "tool_loop", "prompt": {"inline": "Handle {{ input }}"},
-                    "tools": ["kb", "gone"], "terminal": true}],
+                    "tools": ["kb", "gone", "bare"], "terminal": true}],
     });
     std::fs::write(dir.join("scenarios/desk.yaml"), scenario.to_string()).unwrap();
     let db = dir.join("runs.db");
@@ -1035,6 +1037,11 @@ fn validate_with_tools_shows_what_mcp_servers_annotate_as_hints_and_a_server_tha
     let plain = baton_in(&dir, &db).args(["validate", "--format", "json"]).output().unwrap();
     let plain: Value = serde_json::from_slice(&plain.stdout).unwrap();
     assert_eq!((plain["ok"].clone(), plain["hints"].clone()), (json!(true), json!(0)), "{plain}");
+    assert!(
+        plain["diagnostics"].as_array().unwrap().iter().any(|d| d["code"] == "mcp-allows-nothing"
+            && d["message"].as_str().unwrap().contains("`bare` allows none")),
+        "{plain}"
+    );
     let out = baton_in(&dir, &db)
         .args(["validate", "--tools", "--tools-timeout-s", "60", "--format", "json"])
         .output()
@@ -1079,5 +1086,64 @@ fn validate_with_tools_shows_what_mcp_servers_annotate_as_hints_and_a_server_tha
     let shown = baton_in(&dir, &db).args(["validate", "--tools"]).output().unwrap();
     let shown = text(&shown.stderr);
     assert!(shown.contains("hint[mcp-annotation]") && shown.contains("desk.yaml"), "{shown}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An MCP server over stdio that lists one tool, `boom`, and exits when it is called.
+const CRASHING_SERVER: &str = r#"
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    if m["method"] == "initialize":
+        r = {"protocolVersion": m["params"]["protocolVersion"], "capabilities": {"tools": {}}, "serverInfo": {"name": "crashing", "version": "1"}}
+    elif m["method"] == "tools/list":
+        r = {"tools": [{"name": "boom", "description": "Fails hard.", "inputSchema": {"type": "object"}}]}
+    else:
+        sys.exit(3)
+    print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": r}), flush=True)
+"#;
+
+#[test]
+fn an_mcp_server_that_dies_during_a_call_is_a_tool_error_and_the_run_goes_on() {
+    let dir = lab("mcp-crash");
+    let scenario = json!({
+        "id": "desk", "version": 1, "workspace": {"seed": "seed"},
+        "toolsets": {"crashy": {"source": "mcp", "server": ["python3", "-c", CRASHING_SERVER],
+                                "allow": ["boom"]}},
+        "levels": [{"id": "work", "kind": "tool_loop", "prompt": {"inline": "Handle {{ input }}"},
+                    "tools": ["crashy"], "terminal": true}],
+    });
+    std::fs::write(dir.join("scenarios/desk.yaml"), scenario.to_string()).unwrap();
+    let turns = json!([
+        {"tool_calls": [{"name": "boom", "arguments": {}}]},
+        {"tool_calls": [{"name": "boom", "arguments": {}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "the tool is down"}}]},
+    ]);
+    let file = script(&dir, &turns);
+    let db = dir.join("runs.db");
+    let out = baton_in(&dir, &db)
+        .args(["run", "desk", "--input", "x", "--script"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let log = events(&dir, &db, &run_of(&out.stdout));
+    let results: Vec<(bool, String)> = log
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
+        .collect();
+    // Both calls are errors the model reads (the server is gone after the first); each
+    // write call has its receipt, and the run finishes.
+    assert_eq!(results.len(), 3, "{results:?}");
+    assert!(results[0].0 && results[1].0, "{results:?}");
+    assert!(
+        results[..2].iter().all(|r| r.1.contains("the MCP server exited (exit status: 3)")),
+        "{results:?}"
+    );
+    let receipts = log.iter().filter(|e| e["kind"] == "tool_call_finished").count();
+    assert_eq!(receipts, 2);
     let _ = std::fs::remove_dir_all(dir);
 }
