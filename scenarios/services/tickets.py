@@ -13,6 +13,8 @@ written to FILE and printed, and serves:
                                      what the first request did
     GET  /echo                       the request's headers, as JSON
     GET  /big?bytes=N                N bytes of text
+    GET  /moved/same                 a redirect to /tickets/7 (the same host)
+    GET  /moved/away                 a redirect to localhost, another host name
     GET  /effects                    what it was asked: requests per idempotency key,
                                      the replies applied, every request's headers
     ?delay=S on any request          answers S seconds late (a request in flight)
@@ -51,6 +53,12 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def redirect(self, location):
+        self.send_response(302)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def setup_request(self):
         url = urlparse(self.path)
         query = parse_qs(url.query)
@@ -73,6 +81,10 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(200, ticket) if ticket else self.answer(404, {"error": "no such ticket"})
         if parts == ["echo"]:
             return self.answer(200, {"headers": dict(self.headers)})
+        if parts == ["moved", "same"]:
+            return self.redirect("/tickets/7")
+        if parts == ["moved", "away"]:
+            return self.redirect(f"http://localhost:{self.server.server_address[1]}/echo")
         if parts == ["big"]:
             size = int(query.get("bytes", ["1000"])[0])
             body = b"x" * size

@@ -317,6 +317,10 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
         {"name": "wrong_host_secret", "effect": "read", "request": {"url": format!("{base}/echo"),
          "headers": {"Authorization": "Bearer ${secret:elsewhere}"}}},
         {"name": "metadata", "effect": "read", "request": {"url": "http://169.254.169.254/latest/meta-data"}},
+        {"name": "moved_here", "effect": "read", "request": {"url": format!("{base}/moved/same"),
+         "headers": {"Authorization": "Bearer ${secret:tickets}"}}},
+        {"name": "moved_away", "effect": "read", "request": {"url": format!("{base}/moved/away"),
+         "headers": {"Authorization": "Bearer ${secret:tickets}"}}},
     ]);
     let dir = http_lab("http", port, &extra);
     let secret = format!("tickets-secret-{}-a1b2c3", std::process::id());
@@ -327,6 +331,7 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
         {"tool_calls": [{"name": "echo", "arguments": {}}, {"name": "big", "arguments": {}}]},
         {"tool_calls": [{"name": "elsewhere", "arguments": {}}, {"name": "wrong_host_secret", "arguments": {}},
                         {"name": "metadata", "arguments": {}}]},
+        {"tool_calls": [{"name": "moved_here", "arguments": {}}, {"name": "moved_away", "arguments": {}}]},
         {"tool_calls": [{"name": "finish", "arguments": {"summary": "replied"}}]},
     ]);
     let file = script(&dir, &turns);
@@ -379,6 +384,15 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
         "{:?}",
         results[7]
     );
+    // A redirect is followed on the request's host only: the secret never leaves it.
+    let moved: Value =
+        serde_json::from_str(&results[8].1).unwrap_or_else(|e| panic!("{e}: {results:?}"));
+    assert_eq!(moved["id"], 7, "the same-host redirect was followed");
+    assert!(
+        results[9].0 && results[9].1.contains("a tool's request stays on its host"),
+        "{:?}",
+        results[9]
+    );
     // The service got the secret with each request of a tool that sends it, and the write
     // call's key; the reply was applied once.
     let effects = service.effects();
@@ -397,7 +411,17 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
         .iter()
         .filter(|r| header(r, "authorization") == Some(json!(format!("Bearer {secret}"))))
         .collect();
-    assert_eq!(mine.len(), 4, "get, post, get, echo carried it: {requests:?}");
+    assert_eq!(
+        mine.len(),
+        7,
+        "get, post, get, echo, both redirects and the one followed carried it: {requests:?}"
+    );
+    assert!(
+        requests.iter().all(
+            |r| header(r, "host").is_none_or(|h| !h.as_str().unwrap().starts_with("localhost"))
+        ),
+        "{requests:?}"
+    );
     let post = requests.iter().find(|r| r["method"] == "POST").unwrap();
     assert_eq!(header(post, "idempotency-key"), Some(key.clone()));
     assert_eq!(
