@@ -586,20 +586,41 @@ fn an_approval_gated_request_waits_for_another_process_and_a_rejected_one_never_
         assert_eq!(asked["data"]["approver_role"], "support_lead");
         assert_eq!(asked["data"]["tool"]["arguments"]["id"], 7);
         assert_eq!(posts("Escalated to on-call."), before, "nothing is sent before the decision");
-        let mut approve = http_baton(&dir, &db, &secret);
-        approve.args(["approve", &run, "--by", "lead"]);
-        if decision == "reject" {
-            approve.args(["--reject", "--comment", "not an outage"]);
-        }
-        let decided = approve.output().unwrap();
+        // Two processes decide at once (a lead and a second lead): one decision stands.
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let deciders: Vec<_> = ["lead", "lead2"]
+            .into_iter()
+            .map(|by| {
+                let mut approve = http_baton(&dir, &db, &secret);
+                approve.args(["approve", &run, "--by", by]);
+                if decision == "reject" {
+                    approve.args(["--reject", "--comment", "not an outage"]);
+                }
+                let barrier = std::sync::Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    approve.output().unwrap()
+                })
+            })
+            .collect();
+        let outs: Vec<std::process::Output> =
+            deciders.into_iter().map(|d| d.join().unwrap()).collect();
+        let won: Vec<&std::process::Output> =
+            outs.iter().filter(|o| o.status.code() == Some(0)).collect();
         assert_eq!(
-            decided.status.code(),
-            Some(0),
-            "{}{}",
-            text(&decided.stdout),
-            text(&decided.stderr)
+            won.len(),
+            1,
+            "one decider wins: {:?}",
+            outs.iter().map(|o| text(&o.stderr)).collect::<Vec<_>>()
         );
+        let lost = outs.iter().find(|o| o.status.code() != Some(0)).unwrap();
+        assert!(text(&lost.stderr).contains("decided"), "{}", text(&lost.stderr));
         let log = events(&dir, &db, &run);
+        assert_eq!(log.iter().filter(|e| e["kind"] == "approval_decided").count(), 1);
+        let by = log.iter().find(|e| e["kind"] == "approval_decided").unwrap()["data"]["by"]
+            .as_str()
+            .unwrap()
+            .to_owned();
         assert_eq!(log.last().unwrap()["data"]["status"], "completed");
         let results: Vec<&str> = log
             .iter()
@@ -614,7 +635,8 @@ fn an_approval_gated_request_waits_for_another_process_and_a_rejected_one_never_
                 before,
                 "a rejected call never reaches the service"
             );
-            assert!(results.contains(&"rejected by lead: not an outage"), "{results:?}");
+            let said = format!("rejected by {by}: not an outage");
+            assert!(results.contains(&said.as_str()), "{results:?}");
         }
     }
     assert_eq!(posts("Routine."), 2, "the call its gate lets through is made at once, in each run");
