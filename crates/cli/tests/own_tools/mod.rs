@@ -69,6 +69,14 @@ fn events(dir: &Path, db: &Path, run: &str) -> Vec<Value> {
     text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// Each `tool_result` of a log: whether it is an error, and what the model read.
+fn tool_results(log: &[Value]) -> Vec<(bool, String)> {
+    log.iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
 fn run_of(stdout: &[u8]) -> String {
     text(stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap_or_default().to_owned()
 }
@@ -347,11 +355,7 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
     let run = run_of(&out.stdout);
     let log = events(&dir, &db, &run);
-    let results: Vec<(bool, String)> = log
-        .iter()
-        .filter(|e| e["kind"] == "tool_result")
-        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
-        .collect();
+    let results = tool_results(&log);
     let ticket: Value =
         serde_json::from_str(&results[0].1).unwrap_or_else(|e| panic!("{e}: {results:?}"));
     assert_eq!(ticket["title"], "Checkout fails with a 500");
@@ -453,11 +457,7 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
     assert_eq!(summary["matches"], true, "{summary}");
     let replay_run = summary["replay_run_id"].as_str().unwrap_or_default().to_owned();
     let replay_log = events(&dir, &db, &replay_run);
-    let replay_results: Vec<(bool, String)> = replay_log
-        .iter()
-        .filter(|e| e["kind"] == "tool_result")
-        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
-        .collect();
+    let replay_results = tool_results(&replay_log);
     assert_eq!(
         replay_results, results,
         "the replay's tools answered as the recording's: {summary}"
@@ -483,11 +483,7 @@ fn http_tools_read_and_write_through_the_egress_guard_with_their_key_and_secret(
     );
     assert_eq!(sent(service.effects()), asked, "the run from the cassette sent a request");
     let again = events(&dir, &db, &run_of(&from_cassette.stdout));
-    let again: Vec<(bool, String)> = again
-        .iter()
-        .filter(|e| e["kind"] == "tool_result")
-        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
-        .collect();
+    let again = tool_results(&again);
     assert_eq!(again, results, "the cassette's tools answered as the recording's");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -686,11 +682,7 @@ fn an_mcp_servers_tools_are_offered_as_it_lists_them_and_called_jailed_with_a_wr
     let log = events(&dir, &db, &run);
     let warnings: Vec<&Value> = log.iter().filter(|e| e["kind"] == "warning").collect();
     assert!(warnings.is_empty(), "{warnings:?}");
-    let results: Vec<(bool, String)> = log
-        .iter()
-        .filter(|e| e["kind"] == "tool_result")
-        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
-        .collect();
+    let results = tool_results(&log);
     assert!(!results[0].0 && results[0].1.contains("refunds.md"), "{:?}", results[0]);
     assert_eq!(results[1], (false, "Refunds are paid within 5 days.\n".to_owned()));
     // The server's own schema checks the arguments before anything is sent.
@@ -998,11 +990,7 @@ fn an_mcp_server_over_streamable_http_is_reached_through_the_egress_guard_when_l
         events(&dir, &db, &run_of(&out.stdout))
     };
     let log = run_with(&allowed, "allowed.db");
-    let results: Vec<(bool, String)> = log
-        .iter()
-        .filter(|e| e["kind"] == "tool_result")
-        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
-        .collect();
+    let results = tool_results(&log);
     assert_eq!(results[0], (false, "Echo: hello".to_owned()));
     assert_eq!(results[1], (false, "The sum of 2 and 3 is 5.".to_owned()));
     assert!(
@@ -1176,11 +1164,7 @@ fn an_mcp_server_that_dies_during_a_call_is_a_tool_error_and_the_run_goes_on() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
     let log = events(&dir, &db, &run_of(&out.stdout));
-    let results: Vec<(bool, String)> = log
-        .iter()
-        .filter(|e| e["kind"] == "tool_result")
-        .map(|e| (e["data"]["is_error"] == true, e["data"]["content"].as_str().unwrap().to_owned()))
-        .collect();
+    let results = tool_results(&log);
     // Both calls are errors the model reads (the server is gone after the first); each
     // write call has its receipt, and the run finishes.
     assert_eq!(results.len(), 3, "{results:?}");
