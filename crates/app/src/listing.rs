@@ -304,6 +304,7 @@ mod tests {
                     kind: "k".to_owned(),
                     parent: None,
                     model_constraint_allow: None,
+                    process: None,
                 }),
             )
         };

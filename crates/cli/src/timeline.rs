@@ -195,6 +195,20 @@ pub(crate) fn line(e: &Event) -> Option<String> {
                 preview(&r.after, 100)
             )
         }
+        EventData::RunTakenOver(t) => format!(
+            "takeover  {level}: {} takes the run over from {}{}",
+            preview(&t.by, 60),
+            preview(t.previous.as_deref().unwrap_or("a driver the log does not name"), 60),
+            if t.cut.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} call(s) it sent unanswered, counted at ${:.4}",
+                    t.cut.len(),
+                    t.charged_usd
+                )
+            }
+        ),
         EventData::RunPaused(p) => format!(
             "paused    {}{}",
             p.reason,

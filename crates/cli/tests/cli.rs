@@ -362,6 +362,7 @@ fn normalised_log(db: &std::path::Path, run: &str) -> Vec<serde_json::Value> {
 /// of the lost driver's git that it removed.
 pub(crate) fn is_takeover(e: &serde_json::Value) -> bool {
     (e["kind"] == "run_paused" && e["data"]["reason"] == "driver_lost")
+        || e["kind"] == "run_taken_over"
         || (e["kind"] == "run_resumed" && e["data"]["by"] == "takeover")
         // The lost driver's git died with it, holding the snapshot repository's lock.
         || (e["kind"] == "warning"

@@ -428,6 +428,7 @@ impl Engine {
             failures_routed: !start.failures_unrouted,
             parent: start.parent,
             tenant: start.tenant,
+            process: Some(self.process.to_string()),
         })));
         (record, started.at(1, now))
     }
@@ -575,9 +576,21 @@ impl Engine {
                     // `wave_planned` that plans it: every process that drives the wave
                     // later reads it from the log, whatever its own configuration says.
                     self.wave_settings().record_on(&mut events);
+                    // Who drives is said where it changes: on a resumption, and on the
+                    // first level a process starts of a run the log names another driver
+                    // of (what a takeover names as the lost one).
+                    let mut named = w.state.driver.as_deref() == Some(&*self.process);
                     for event in &mut events {
-                        if let EventData::RunResumed(r) = &mut event.data {
-                            r.process = Some(self.process.to_string());
+                        match &mut event.data {
+                            EventData::RunResumed(r) => {
+                                r.process = Some(self.process.to_string());
+                                named = true;
+                            }
+                            EventData::LevelStarted(l) if !named => {
+                                l.process = Some(self.process.to_string());
+                                named = true;
+                            }
+                            _ => {}
                         }
                     }
                     w.stage(events);

@@ -15,8 +15,8 @@ use crate::event::{
     AgentHandoff, ApprovalDecided, BudgetCaps, BudgetExceeded, ChildRunSettled, EventData,
     FinalStatus, GateDecision, LevelFinished, LevelStarted, LevelTimedOut, NewEvent,
     PAUSE_APPROVAL, PAUSE_DRIVER_LOST, PAUSE_QUESTION, RESUMED_BY_DRIVER, RESUMED_BY_TAKEOVER,
-    Reading, RetryAttempted, RunPaused, RunResumed, ScenarioFinished, Totals, Warning, WaveDecided,
-    WaveDecision,
+    Reading, RetryAttempted, RunPaused, RunResumed, RunTakenOver, ScenarioFinished, Totals,
+    Warning, WaveDecided, WaveDecision,
 };
 use crate::fan_in::{self, ChildState};
 use crate::gate_ctx::GateContext;
@@ -193,6 +193,7 @@ fn start(scenario: &Scenario, state: &RunState, index: LevelIdx) -> Step {
             kind: level.kind_name().to_owned(),
             parent: None,
             model_constraint_allow: Some(constraint_allow(level)),
+            process: None,
         }),
     )];
     // A retry (the level entered again from itself) is the same role's work going on.
@@ -236,14 +237,32 @@ pub fn driver_lost(scenario: &Scenario, state: &RunState) -> bool {
         && state.open_children().next().is_none()
 }
 
-/// The pause of a run whose driver was lost, and its resumption by `process`.
+/// The pause of a run whose driver was lost, the takeover (who held it, who takes it, the
+/// calls it sent and never saw answered, charged at their worst case), and the run's
+/// resumption by `process`.
 pub fn taken_over(state: &RunState, process: &str) -> Vec<NewEvent> {
     let level = state.in_flight.as_deref().unwrap_or_default();
+    let attempt = state.levels.get(level).map_or(0, |l| l.attempts);
+    let cut = state.unanswered.clone();
+    let charged_usd = cut.iter().filter_map(|c| c.worst_case_usd).sum();
     vec![
         NewEvent::run(EventData::RunPaused(RunPaused {
             reason: PAUSE_DRIVER_LOST.to_owned(),
             detail: Some(format!("the driver stopped without a word while level {level} ran")),
         })),
+        // On the level, whose spend the charge is.
+        NewEvent::level(
+            level,
+            attempt,
+            EventData::RunTakenOver(RunTakenOver {
+                previous: state.driver.clone(),
+                by: process.to_owned(),
+                level_id: level.to_owned(),
+                attempt,
+                cut,
+                charged_usd,
+            }),
+        ),
         NewEvent::run(EventData::RunResumed(RunResumed {
             after: PAUSE_DRIVER_LOST.to_owned(),
             resumes: state.resumes + 1,

@@ -65,12 +65,12 @@ pub const ADDED_LATER: &[(&str, &str)] = &[
 ];
 
 /// Whether an event records the life of a driver rather than of the run: an interruption,
-/// a lost driver, and the pause and resumption they are. Where a process stopped or died
+/// a lost driver and its takeover, and the pause and resumption they are. Where a process stopped or died
 /// is not a fact a replay makes again; a comparison leaves them out (and `resumes`, which
 /// counts them).
 pub fn driver_life(e: &Event) -> bool {
     match &e.data {
-        EventData::RunInterrupted(_) => true,
+        EventData::RunInterrupted(_) | EventData::RunTakenOver(_) => true,
         EventData::RunPaused(p) => {
             p.reason == crate::event::PAUSE_INTERRUPTED
                 || p.reason == crate::event::PAUSE_DRIVER_LOST

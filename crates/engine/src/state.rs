@@ -253,6 +253,12 @@ pub struct RunState {
     pub resumes: u32,
     /// Why the run stopped being driven, from its `run_paused` until its `run_resumed`.
     pub paused: Option<crate::event::RunPaused>,
+    /// The process the log last names as driving the run: its start's, a resumption's or
+    /// a takeover's (`None` in logs that name none).
+    pub driver: Option<String>,
+    /// Model calls sent (`prompt_sent` committed) whose answer is not in the log yet, in
+    /// the levels in flight: what a takeover finds the lost driver had in flight.
+    pub unanswered: Vec<crate::event::CutCall>,
     /// The top-level level started last (the level before one being started).
     pub last_level: Option<String>,
     /// Who made the last decision a wait ended with: an approver's name (`approver` when
@@ -333,6 +339,8 @@ impl Default for RunState {
             children: Vec::new(),
             tenant: None,
             waves: BTreeMap::new(),
+            driver: None,
+            unanswered: Vec::new(),
         }
     }
 }
@@ -462,6 +470,7 @@ impl RunState {
                 self.workspace_head = s.workspace.as_ref().map(|w| w.base.clone());
                 self.parent.clone_from(&s.parent);
                 self.tenant.clone_from(&s.tenant);
+                self.driver.clone_from(&s.process);
             }
             EventData::ScenarioSelected(s) => self.selected = Some(s.clone()),
             EventData::RunReplayed(r) => self.replay_of = Some(r.clone()),
@@ -569,6 +578,10 @@ impl RunState {
                 }
             }
             EventData::LevelStarted(s) => {
+                self.unanswered.retain(|c| c.level_id != level_id);
+                if s.process.is_some() {
+                    self.driver.clone_from(&s.process);
+                }
                 let level = self.levels.entry(level_id.to_owned()).or_default();
                 level.attempts = event.attempt.unwrap_or(level.attempts + 1);
                 level.running = true;
@@ -597,9 +610,39 @@ impl RunState {
             EventData::ToolCallStarted(s) => {
                 self.ledger.entry(s.key.clone()).or_insert(None);
             }
+            EventData::PromptSent(p) => self.unanswered.push(crate::event::CutCall {
+                level_id: level_id.to_owned(),
+                attempt: event.attempt.unwrap_or(0),
+                call: p.call,
+                worst_case_usd: p.worst_case_usd,
+            }),
+            EventData::ModelCallFailed(f) => {
+                let attempt = event.attempt.unwrap_or(0);
+                self.unanswered.retain(|c| {
+                    !(c.level_id == level_id && c.attempt == attempt && c.call == f.call)
+                });
+            }
             EventData::ModelResponse(_)
             | EventData::ModelCallCut(_)
-            | EventData::ToolCallFinished(_) => {
+            | EventData::ToolCallFinished(_)
+            | EventData::RunTakenOver(_) => {
+                match &event.data {
+                    EventData::ModelResponse(r) => {
+                        let attempt = event.attempt.unwrap_or(0);
+                        self.unanswered.retain(|c| {
+                            !(c.level_id == level_id && c.attempt == attempt && c.call == r.call)
+                        });
+                    }
+                    // A call cut short by its own driver said what it spent.
+                    EventData::ModelCallCut(_) => {
+                        self.unanswered.retain(|c| c.level_id != level_id);
+                    }
+                    EventData::RunTakenOver(t) => {
+                        self.unanswered.clear();
+                        self.driver = Some(t.by.clone());
+                    }
+                    _ => {}
+                }
                 if let EventData::ToolCallFinished(f) = &event.data
                     && let Some(key) = &f.key
                 {
@@ -619,12 +662,17 @@ impl RunState {
             EventData::RunInterrupted(i) => {
                 self.status = Status::Interrupted;
                 self.interrupted = Some(i.clone());
+                // Its driver stopped its calls and recorded what they spent.
+                self.unanswered.clear();
             }
             EventData::RunResumed(r) => {
                 self.status = Status::Running;
                 self.interrupted = None;
                 self.paused = None;
                 self.resumes = r.resumes;
+                if r.process.is_some() {
+                    self.driver.clone_from(&r.process);
+                }
             }
             EventData::RunPaused(p) => self.paused = Some(p.clone()),
             // Money is spent only by model calls, each a `model_response`: a verifier's
@@ -667,6 +715,7 @@ impl RunState {
                 }
             }
             EventData::LevelFinished(f) => {
+                self.unanswered.retain(|c| c.level_id != level_id);
                 let is_top;
                 {
                     let level = self.levels.entry(level_id.to_owned()).or_default();
@@ -778,11 +827,9 @@ impl RunState {
             EventData::SteeringDelivered(d) => {
                 self.session.steering.retain(|m| !d.ids.contains(&m.id));
             }
-            EventData::PromptSent(_)
-            | EventData::AgentHandoff(_)
+            EventData::AgentHandoff(_)
             | EventData::RoutingDecision(_)
             | EventData::ModelStopped(_)
-            | EventData::ModelCallFailed(_)
             | EventData::ProviderFailover(_)
             | EventData::ProviderRetry(_)
             | EventData::VerifierStarted(_)

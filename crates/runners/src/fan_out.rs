@@ -40,6 +40,7 @@ impl Attempt {
                     kind: child.kind_name().to_owned(),
                     parent: Some(parent),
                     model_constraint_allow: Some(baton_engine::plan::constraint_allow(child)),
+                    process: None,
                 }))];
                 events.extend(run.bounded(true).await);
                 let last = unsettled.fetch_sub(1, Ordering::SeqCst) == 1;

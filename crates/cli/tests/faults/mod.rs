@@ -402,3 +402,77 @@ fn an_interrupted_run_is_cancelled_at_once() {
     assert_eq!(case.finished(&run)["data"]["status"], "cancelled");
     assert_eq!(server.requests(), 2, "nothing called the model again");
 }
+
+/// The first request hangs (its driver is killed meanwhile); every later one answers.
+fn hang_then_answer(n: usize, stream: &mut TcpStream) {
+    if n == 0 {
+        std::thread::sleep(Duration::from_secs(60));
+    } else {
+        respond(stream, "200 OK", ANSWER);
+    }
+}
+
+/// Runs `case` until its model call is sent, kills the driver, and resumes the run: its id
+/// and the resumption's output.
+fn killed_mid_call(case: &Case, server: &Server) -> (String, Output) {
+    let mut child = case.spawn_run();
+    // Killed once the call's prompt is committed and the server holds the request.
+    let started = Instant::now();
+    let run = loop {
+        assert!(started.elapsed() < Duration::from_secs(20), "the call was never sent");
+        let runs = case.baton(&["runs", "--json"]);
+        if let Some(r) = serde_json::from_str::<serde_json::Value>(&text(&runs.stdout))
+            .ok()
+            .and_then(|v| v.as_array().and_then(|a| a.first().cloned()))
+        {
+            let run = r["run_id"].as_str().unwrap_or_default().to_owned();
+            if server.requests() == 1 && count(&case.events(&run), "prompt_sent") == 1 {
+                break run;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    child.kill().unwrap();
+    let _ = child.wait();
+    let resumed = case.baton(&["resume", &run]);
+    (run, resumed)
+}
+
+#[test]
+fn a_call_in_flight_when_its_driver_is_killed_is_charged_once_by_the_takeover() {
+    let server = Server::start(hang_then_answer);
+    let case = Case::new("killed-mid-call", &one_level(""), server.port, false);
+    let (run, resumed) = killed_mid_call(&case, &server);
+    assert_eq!(resumed.status.code(), Some(0), "{}", said(&resumed));
+    let events = case.events(&run);
+    let sent = events.iter().find(|e| e["kind"] == "prompt_sent").unwrap();
+    let worst = sent["data"]["worst_case_usd"].as_f64().expect("the call's worst case");
+    assert!(worst > 0.0);
+    // The takeover names the call it found unanswered and charges its worst case, once.
+    let taken: Vec<&serde_json::Value> =
+        events.iter().filter(|e| e["kind"] == "run_taken_over").collect();
+    assert_eq!(taken.len(), 1, "{events:?}");
+    assert_eq!(taken[0]["data"]["cut"].as_array().unwrap().len(), 1, "{}", taken[0]);
+    assert_eq!(taken[0]["data"]["charged_usd"].as_f64(), Some(worst));
+    assert!(taken[0]["data"]["previous"].as_str().is_some_and(|p| !p.is_empty()));
+    // The run's totals hold the answer of the call made again and the lost one's charge.
+    let answered: f64 = events
+        .iter()
+        .filter(|e| e["kind"] == "model_response")
+        .map(|e| e["data"]["cost_usd"].as_f64().unwrap())
+        .sum();
+    let totals = &case.finished(&run)["data"]["totals"];
+    let cost = totals["cost_usd"].as_f64().unwrap();
+    assert!((cost - (answered + worst)).abs() < 1e-9, "{totals}: {answered} + {worst}");
+    assert_eq!(server.requests(), 2, "the lost call was made again once");
+    // With a budget the charge leaves no room for the call again: it is refused, not made.
+    let server = Server::start(hang_then_answer);
+    let budget = format!("budget: {{max_cost_usd: {}}}\n", worst * 1.5);
+    let case = Case::new("killed-mid-call-budget", &one_level(&budget), server.port, false);
+    let (run, resumed) = killed_mid_call(&case, &server);
+    assert_ne!(resumed.status.code(), Some(0), "{}", said(&resumed));
+    let events = case.events(&run);
+    assert_eq!(count(&events, "budget_exceeded"), 1, "{events:?}");
+    assert_eq!(count(&events, "model_response"), 0, "{events:?}");
+    assert_eq!(server.requests(), 1, "the call past the budget was never sent");
+}

@@ -366,6 +366,7 @@ fn a_killed_workers_job_is_taken_over_by_another_after_its_lease() {
         &["--script", script_arg, "--lease-s", "3", "--idle-exit-s", "6"],
     );
     let second_pid = second.id();
+    let first_pid = first.id();
     std::thread::sleep(std::time::Duration::from_millis(300));
     first.kill().unwrap();
     let killed = std::time::Instant::now();
@@ -388,6 +389,14 @@ fn a_killed_workers_job_is_taken_over_by_another_after_its_lease() {
     // The second worker, by its name (by default its host and process id) and its process.
     assert!(process.starts_with("baton worker baton-worker-"), "{process}");
     assert!(process.ends_with(&format!(":{second_pid})")), "the second worker: {process}");
+    // Between them, the takeover itself: who held the run (the first worker, which
+    // started the level of a run another process queued) and who takes it.
+    let taken: Vec<&Value> = log.iter().filter(|e| e["kind"] == "run_taken_over").collect();
+    assert_eq!(taken.len(), 1, "{log:?}");
+    let previous = taken[0]["data"]["previous"].as_str().unwrap();
+    assert!(previous.ends_with(&format!(":{first_pid})")), "the first worker: {previous}");
+    assert_eq!(taken[0]["data"]["by"].as_str(), Some(process));
+    assert_eq!(taken[0]["level_id"], "answer");
     assert!(killed.elapsed().as_secs() < 40, "taken over and finished in {:?}", killed.elapsed());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -86,6 +86,10 @@ pub struct ScenarioStarted {
     /// and record no retries; left out when false, so their logs hash as they did.
     #[serde(default, skip_serializing_if = "is_false")]
     pub failures_routed: bool,
+    /// The process that started the run (`baton worker NAME (host:pid)`, `host:pid`): its
+    /// first driver, named by a takeover. Left out of logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
 }
 
 /// Whether `b` is false (for fields left out of a record when false).
@@ -130,6 +134,10 @@ pub struct LevelStarted {
     /// when any model may serve it. Absent only from logs written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_constraint_allow: Option<Vec<String>>,
+    /// The process that starts it, when it is not the one the log last names as driving
+    /// the run (a worker's first level of a queued run): a takeover names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
 }
 
 /// Work passes from one role to another: recorded after `level_started` of a level that
@@ -564,6 +572,45 @@ pub struct RunResumed {
     /// The process that drives the run on (`baton worker NAME (host:pid)`, `host:pid`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process: Option<String>,
+}
+
+/// A process took over a run whose driver was lost (killed, its lease run out) while a
+/// level ran: who held it, who takes it, and what the lost driver left unfinished.
+/// Recorded between the `run_paused` (`driver_lost`) and the `run_resumed` (by
+/// `takeover`) of the takeover.
+///
+/// A model call whose `prompt_sent` was committed and which has no answer in the log was
+/// sent, and a provider bills it whether or not its answer arrived: the takeover counts
+/// each at the worst case the call reserved, against the run's totals and budget, once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunTakenOver {
+    /// The process the log last names as driving the run (its start's, a resumption's or
+    /// an earlier takeover's), when it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// The process that takes it over.
+    pub by: String,
+    /// The level that was in flight, and its attempt.
+    pub level_id: String,
+    pub attempt: u32,
+    /// The model calls that were sent and never answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cut: Vec<CutCall>,
+    /// What the run's totals take for them: the sum of their worst cases (a call that
+    /// recorded none counts nothing, and is listed all the same).
+    pub charged_usd: f64,
+}
+
+/// A model call a lost driver sent and never saw answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CutCall {
+    pub level_id: String,
+    pub attempt: u32,
+    /// Its number in its attempt (`prompt_sent.call`).
+    pub call: u32,
+    /// The most it can cost, as its `prompt_sent` recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst_case_usd: Option<f64>,
 }
 
 /// The run stopped being driven without ending: it waits for a person (`approval`,

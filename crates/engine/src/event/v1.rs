@@ -38,6 +38,7 @@ impl From<ScenarioStarted> for crate::event::payloads::ScenarioStarted {
             failures_routed: false,
             parent: None,
             tenant: None,
+            process: None,
         }
     }
 }

@@ -12,7 +12,8 @@ use crate::store::Error;
 
 impl Writer<'_> {
     /// What an earlier driver committed of this tool-loop attempt, after its
-    /// `level_started` ([`LevelRun::resumed`]); nothing for other kinds, whose steps are
+    /// `level_started` ([`LevelRun::resumed`]), but its takeovers (which the loop does not
+    /// make again); nothing for other kinds, whose steps are
     /// atomic, or when the attempt has no committed events yet.
     pub(crate) async fn resumed_attempt(
         &self,
@@ -35,7 +36,12 @@ impl Writer<'_> {
             .filter(|e| {
                 e.level_id.as_deref() == Some(id.as_str())
                     && e.attempt == Some(attempt)
-                    && !matches!(e.data, EventData::Heartbeat(_) | EventData::LevelStarted(_))
+                    && !matches!(
+                        e.data,
+                        EventData::Heartbeat(_)
+                            | EventData::LevelStarted(_)
+                            | EventData::RunTakenOver(_)
+                    )
             })
             .collect())
     }

@@ -82,6 +82,7 @@ fn without_takeovers(events: &[Event]) -> (Vec<Value>, usize) {
     let takeover = |e: &Event| match &e.data {
         EventData::RunPaused(p) => p.reason == "driver_lost",
         EventData::RunResumed(r) => r.by.as_deref() == Some("takeover"),
+        EventData::RunTakenOver(_) => true,
         _ => false,
     };
     let kept: Vec<Event> = events.iter().filter(|e| !takeover(e)).cloned().collect();
@@ -95,7 +96,7 @@ fn without_takeovers(events: &[Event]) -> (Vec<Value>, usize) {
             data.remove("process");
         }
     }
-    let pairs = events.iter().filter(|e| takeover(e)).count() / 2;
+    let pairs = events.iter().filter(|e| matches!(e.data, EventData::RunTakenOver(_))).count();
     (values, pairs)
 }
 

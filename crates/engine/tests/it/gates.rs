@@ -68,6 +68,7 @@ async fn a_log_of_schema_version_1_resumes_under_the_two_valued_rule() {
             kind: "prompt".into(),
             parent: None,
             model_constraint_allow: None,
+            process: None,
         }),
     );
     let classify_finished = NewEvent::level(

@@ -44,6 +44,7 @@ fn started() -> NewEvent {
         failures_routed: true,
         parent: None,
         tenant: None,
+        process: None,
     })))
 }
 
@@ -56,6 +57,7 @@ fn level_started(id: &str, attempt: u32) -> NewEvent {
             kind: "prompt".into(),
             parent: None,
             model_constraint_allow: None,
+            process: None,
         }),
     )
 }
@@ -398,6 +400,7 @@ levels:
                 kind: kind.into(),
                 parent: Some("fan".into()),
                 model_constraint_allow: None,
+                process: None,
             }),
         )
     };
@@ -493,6 +496,7 @@ levels:
                 kind: "prompt".into(),
                 parent: Some("fan".into()),
                 model_constraint_allow: None,
+                process: None,
             }),
         )
     };
@@ -626,4 +630,63 @@ edges:
     // A level that declares none records none.
     let last = step(&events);
     assert!(matches!(&last[..], [NewEvent { data: EventData::LevelStarted(_), .. }]), "{last:?}");
+}
+
+fn prompt_sent(id: &str, attempt: u32, call: u32, worst: Option<f64>) -> NewEvent {
+    NewEvent::level(
+        id,
+        attempt,
+        EventData::PromptSent(PromptSent {
+            template: "t".into(),
+            system: None,
+            prompt: "p".into(),
+            call,
+            request_hash: None,
+            worst_case_usd: worst,
+        }),
+    )
+}
+
+#[test]
+fn a_takeover_names_who_held_the_run_and_charges_the_calls_it_sent_unanswered_once() {
+    let s = scenario(TWO);
+    let mut first = started();
+    if let EventData::ScenarioStarted(st) = &mut first.data {
+        st.process = Some("queuer".into());
+    }
+    let mut level = level_started("a", 1);
+    if let EventData::LevelStarted(l) = &mut level.data {
+        l.process = Some("worker-1".into());
+    }
+    // Two calls were sent; the first was answered, the second (worst case $0.75) was in
+    // flight when its driver died.
+    let mut events = vec![
+        first,
+        level,
+        prompt_sent("a", 1, 0, Some(0.25)),
+        model_response("a", 1, 0.1),
+        prompt_sent("a", 1, 1, Some(0.75)),
+    ];
+    let state = fold(&log(events.clone()));
+    assert!(baton_engine::plan::driver_lost(&s, &state));
+    assert_eq!(state.driver.as_deref(), Some("worker-1"), "the worker that started the level");
+    assert_eq!(state.unanswered.len(), 1);
+    let takeover = baton_engine::plan::taken_over(&state, "worker-2");
+    let Some(EventData::RunTakenOver(t)) = takeover.get(1).map(|e| &e.data) else {
+        panic!("{takeover:?}")
+    };
+    assert_eq!((t.previous.as_deref(), t.by.as_str()), (Some("worker-1"), "worker-2"));
+    assert_eq!((t.level_id.as_str(), t.attempt, t.cut.len()), ("a", 1, 1));
+    assert!((t.charged_usd - 0.75).abs() < 1e-9);
+    events.extend(takeover);
+    let state = fold(&log(events.clone()));
+    // The charge is the run's and the level's spend, once; nothing is left in flight.
+    assert!((state.totals.cost_usd - 0.85).abs() < 1e-9, "{}", state.totals.cost_usd);
+    assert!((state.level("a").unwrap().cost_usd - 0.85).abs() < 1e-9);
+    assert!(state.unanswered.is_empty());
+    assert_eq!(state.driver.as_deref(), Some("worker-2"));
+    // A second takeover of the same attempt finds nothing more to charge.
+    let again = baton_engine::plan::taken_over(&state, "worker-3");
+    let Some(EventData::RunTakenOver(t)) = again.get(1).map(|e| &e.data) else { panic!() };
+    assert!(t.cut.is_empty() && t.charged_usd == 0.0);
 }
