@@ -58,9 +58,7 @@ pub(crate) enum Command {
         /// over its base scenario and checked like one.
         #[arg(long)]
         overrides: Option<PathBuf>,
-        /// Also start each `mcp` toolset's server as a run would and show what it says of
-        /// its tools: hints where its annotations and `read:` disagree, warnings for a server
-        /// that does not start or a tool it does not offer.
+        /// Also start each `mcp` toolset's server and show what it says of its tools.
         #[arg(long)]
         tools: bool,
         /// How long each server may take to start and list its tools, in seconds.
@@ -313,6 +311,10 @@ pub(crate) enum Command {
         /// verifier) to this OTLP/HTTP collector (`http://127.0.0.1:4318`).
         #[arg(long, env = "BATON_OTLP_ENDPOINT")]
         otlp_endpoint: Option<String>,
+        /// On SIGTERM or SIGINT the server drains (`/readyz` 503, no new runs) for at most
+        /// this many seconds; a second signal (or the end of it) cuts what is left.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
+        drain_grace_s: u64,
         #[command(flatten)]
         service: ServiceLimits,
     },
@@ -345,10 +347,8 @@ pub(crate) enum Command {
         /// The wait before the first of them, in milliseconds (doubling).
         #[arg(long, default_value_t = 1000)]
         retry_first_ms: u64,
-        /// On SIGTERM or SIGINT the worker drains: it claims no more runs, lets the steps
-        /// in flight finish for at most this many seconds, and gives their runs back to
-        /// other workers between two steps; a second signal (or the end of this period)
-        /// cuts what is left, as a stop does.
+        /// On SIGTERM or SIGINT the worker drains (no new claims; its runs given back
+        /// between two steps) for at most this many seconds; a second signal cuts the rest.
         #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
         drain_grace_s: u64,
     },

@@ -30,11 +30,13 @@ async fn parts(place: &Place, script: Option<&Path>, who: &str) -> anyhow::Resul
 }
 
 /// `baton serve` with `settings`; runs started through the API answer from `script` (a
-/// scripted model) when one is given, else from the configured providers.
+/// scripted model) when one is given, else from the configured providers. A first signal
+/// drains it for at most `drain_grace_s`.
 pub(crate) async fn serve(
     place: &Place,
     settings: Settings,
     script: Option<PathBuf>,
+    drain_grace_s: u64,
 ) -> anyhow::Result<ExitCode> {
     let args = &settings;
     if args.no_auth && !args.listen.ip().is_loopback() {
@@ -45,11 +47,13 @@ pub(crate) async fn serve(
     }
     baton_app::serving::check_workers(args.workers)?;
     let parts = parts(place, script.as_deref(), "baton serve").await?;
-    let stop = CancelToken::new();
-    tokio::spawn(stop_on_signal(stop.clone()));
+    let (drain, stop) = (CancelToken::new(), CancelToken::new());
+    tokio::spawn(drain_on_signals("baton serve", drain.clone(), stop.clone(), drain_grace_s));
     send_webhooks(&parts, "baton serve", &stop);
     let no_auth = settings.no_auth;
-    baton_server::serve(settings, parts, stop, |bound| {
+    let draining =
+        baton_server::Draining { drain, grace: std::time::Duration::from_secs(drain_grace_s) };
+    baton_server::serve(settings, parts, stop, draining, |bound| {
         if no_auth {
             eprintln!(
                 "baton serve: WARNING: --no-auth: every request is served without a token, as an admin; anyone who can reach {bound} can start and decide runs"
@@ -62,7 +66,7 @@ pub(crate) async fn serve(
     .await
     .map_err(anyhow::Error::msg)?;
     eprintln!(
-        "baton serve: stopped; runs that were being driven are recorded interrupted and taken up at the next start"
+        "baton serve: stopped; runs given back between two steps go on with the next driver, and runs cut are recorded interrupted and taken up at the next start"
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -136,7 +140,7 @@ pub(crate) async fn worker(
         &Place { hold_for: Some(std::time::Duration::from_secs(args.lease_s)), ..place.clone() };
     let parts = parts(place, args.script.as_deref(), "baton worker").await?;
     let (drain, stop) = (CancelToken::new(), CancelToken::new());
-    tokio::spawn(drain_on_signals(drain.clone(), stop.clone(), args.drain_grace_s));
+    tokio::spawn(drain_on_signals("baton worker", drain.clone(), stop.clone(), args.drain_grace_s));
     eprintln!(
         "baton worker: {name} drives up to {} job(s) from {}",
         args.concurrency,
@@ -167,16 +171,16 @@ fn send_webhooks(parts: &Instance, who: &str, stop: &CancelToken) {
     ));
 }
 
-/// A worker's signals: the first interrupt or terminate drains it (no more claims; the
-/// steps in flight finish, at most `grace_s`, and their runs are given back between two
-/// steps, for other workers); a second stops it as a signal stops a drive (running steps
-/// cut, their runs recorded interrupted); a third exits at once.
-async fn drain_on_signals(drain: CancelToken, stop: CancelToken, grace_s: u64) {
+/// The signals of a worker or a server (`who`): the first interrupt or terminate drains it
+/// (no new runs; the steps in flight finish, at most `grace_s`, and their runs are given
+/// back between two steps, for other drivers); a second stops it as a signal stops a drive
+/// (running steps cut, their runs recorded interrupted); a third exits at once.
+async fn drain_on_signals(who: &'static str, drain: CancelToken, stop: CancelToken, grace_s: u64) {
     let Some((mut interrupt, mut terminate)) = crate::drive::first_signal().await else {
         return;
     };
     eprintln!(
-        "baton worker: draining — no new runs; the steps in flight finish (within {grace_s} s) and their runs are given back to other workers (again to cut them now)"
+        "{who}: draining — no new runs; the steps in flight finish (within {grace_s} s) and their runs are given back to other drivers (again to cut them now)"
     );
     drain.cancel();
     tokio::select! {
@@ -185,8 +189,8 @@ async fn drain_on_signals(drain: CancelToken, stop: CancelToken, grace_s: u64) {
     }
     crate::drive::stop_on_signals_after_one(
         stop,
-        "baton worker: stopping — running steps are cut and their runs recorded interrupted, for the next worker (again to exit at once)",
-        "baton worker: exiting at once; every run stays resumable",
+        &format!("{who}: stopping — running steps are cut and their runs recorded interrupted, for the next driver (again to exit at once)"),
+        &format!("{who}: exiting at once; every run stays resumable"),
         (interrupt, terminate),
     )
     .await;
@@ -199,15 +203,6 @@ fn stopped_by_signals(stopping: &'static str, exiting: &'static str) -> CancelTo
     let cancelled = stop.clone();
     tokio::spawn(async move { crate::drive::stop_on_signals(cancelled, stopping, exiting).await });
     stop
-}
-
-async fn stop_on_signal(stop: CancelToken) {
-    crate::drive::stop_on_signals(
-        stop,
-        "baton serve: stopping — no new requests; running steps are cut and their runs recorded interrupted (again to exit at once)",
-        "baton serve: exiting at once; every run stays resumable",
-    )
-    .await;
 }
 
 /// `baton token create`: prints the token once, and its id.

@@ -226,6 +226,7 @@ fn main() -> ExitCode {
             retries_max,
             retry_first_ms,
             otlp_endpoint,
+            drain_grace_s,
             service,
         } => {
             let mut settings = baton_server::Settings {
@@ -242,7 +243,7 @@ fn main() -> ExitCode {
                 ..baton_server::Settings::default()
             };
             service.apply(&mut settings);
-            runtime.block_on(cmd_serve::serve(&place, settings, script))
+            runtime.block_on(cmd_serve::serve(&place, settings, script, drain_grace_s))
         }
         Command::Worker {
             concurrency,

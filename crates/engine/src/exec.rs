@@ -576,23 +576,7 @@ impl Engine {
                     // `wave_planned` that plans it: every process that drives the wave
                     // later reads it from the log, whatever its own configuration says.
                     self.wave_settings().record_on(&mut events);
-                    // Who drives is said where it changes: on a resumption, and on the
-                    // first level a process starts of a run the log names another driver
-                    // of (what a takeover names as the lost one).
-                    let mut named = w.state.driver.as_deref() == Some(&*self.process);
-                    for event in &mut events {
-                        match &mut event.data {
-                            EventData::RunResumed(r) => {
-                                r.process = Some(self.process.to_string());
-                                named = true;
-                            }
-                            EventData::LevelStarted(l) if !named => {
-                                l.process = Some(self.process.to_string());
-                                named = true;
-                            }
-                            _ => {}
-                        }
-                    }
+                    crate::plan::name_driver(&mut events, &w.state, &self.process);
                     w.stage(events);
                 }
                 Step::Chain { level_id, route, reason } => {

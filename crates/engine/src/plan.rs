@@ -272,6 +272,26 @@ pub fn taken_over(state: &RunState, process: &str) -> Vec<NewEvent> {
     ]
 }
 
+/// Names `process` as the run's driver where it changes, in the events a drive is about
+/// to stage: on a resumption, and on the first level it starts of a run whose log names
+/// another driver (what a takeover names as the lost one).
+pub fn name_driver(events: &mut [NewEvent], state: &RunState, process: &str) {
+    let mut named = state.driver.as_deref() == Some(process);
+    for event in events {
+        match &mut event.data {
+            EventData::RunResumed(r) => {
+                r.process = Some(process.to_owned());
+                named = true;
+            }
+            EventData::LevelStarted(l) if !named => {
+                l.process = Some(process.to_owned());
+                named = true;
+            }
+            _ => {}
+        }
+    }
+}
+
 /// A run that waits for a person: the pause is recorded once (`run_paused`, with what it
 /// waits for), then the driver stops.
 fn pause(state: &RunState) -> Step {

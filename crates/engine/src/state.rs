@@ -253,6 +253,9 @@ pub struct RunState {
     pub resumes: u32,
     /// Why the run stopped being driven, from its `run_paused` until its `run_resumed`.
     pub paused: Option<crate::event::RunPaused>,
+    /// How many times a driver stopped the run (`run_interrupted`), and when it last did.
+    pub interruptions: u32,
+    pub interrupted_at: Option<DateTime<Utc>>,
     /// The process the log last names as driving the run: its start's, a resumption's or
     /// a takeover's (`None` in logs that name none).
     pub driver: Option<String>,
@@ -339,6 +342,8 @@ impl Default for RunState {
             children: Vec::new(),
             tenant: None,
             waves: BTreeMap::new(),
+            interruptions: 0,
+            interrupted_at: None,
             driver: None,
             unanswered: Vec::new(),
         }
@@ -662,6 +667,8 @@ impl RunState {
             EventData::RunInterrupted(i) => {
                 self.status = Status::Interrupted;
                 self.interrupted = Some(i.clone());
+                self.interruptions += 1;
+                self.interrupted_at = Some(event.at);
                 // Its driver stopped its calls and recorded what they spent.
                 self.unanswered.clear();
             }

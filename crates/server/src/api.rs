@@ -1,7 +1,7 @@
 //! The HTTP API's router: every route with its handler (scenarios, runs, their events, fork
 //! and replay, waves, tenants' overrides, sessions, the UI, `/mcp`), and its layers — the
 //! count of answers by route, `check_host` (Host and Origin) and `authenticate` — with the
-//! server's own small handlers (`/healthz`, `/openapi.json`, `/metrics`). The handlers of
+//! server's own small handlers (`/healthz`, `/readyz`, `/openapi.json`, `/metrics`). The handlers of
 //! each resource are in their own modules; every one that names a run answers 404 for a run
 //! of another tenant, exactly as for a run that does not exist.
 
@@ -63,6 +63,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi))
         .route(
             "/session",
@@ -191,6 +192,19 @@ async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: N
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "The server answers", body = String)))]
 pub(crate) async fn healthz() -> &'static str {
     "ok"
+}
+
+/// Whether the server takes new runs: 503 while it drains or stops (a load balancer sends
+/// new work elsewhere; `/healthz` stays 200 until it exits).
+#[utoipa::path(get, path = "/readyz", responses(
+    (status = 200, description = "The server takes new runs", body = String),
+    (status = 503, description = "The server drains or stops: no new runs", body = String)))]
+pub(crate) async fn readyz(State(app): State<Arc<App>>) -> (axum::http::StatusCode, &'static str) {
+    if app.drain.is_cancelled() || app.stop.is_cancelled() {
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "draining")
+    } else {
+        (axum::http::StatusCode::OK, "ready")
+    }
 }
 
 /// This document.

@@ -62,15 +62,18 @@ use baton_engine::cancel::CancelToken;
 pub use openapi::document as openapi_document;
 pub use peers::Cidr;
 pub use problem::Problem;
-pub use settings::{ConnectionLimits, Settings, WorkerSettings};
+pub use settings::{ConnectionLimits, Draining, Settings, WorkerSettings};
 
 /// Serves until `stop` is cancelled: then stops accepting, stops every drive (their runs
 /// are recorded interrupted, to be continued by the next server or `baton resume`) and
-/// returns once they have stopped.
+/// returns once they have stopped. Draining first (see [`Draining`]), it goes on answering
+/// — `/readyz` 503, new runs refused — while its drives give their runs back between two
+/// steps, and stops once none is left or the grace period is over.
 pub async fn serve(
     settings: Settings,
     parts: Instance,
     stop: CancelToken,
+    draining: Draining,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), String> {
     if settings.no_auth && !settings.listen.ip().is_loopback() {
@@ -90,8 +93,9 @@ pub async fn serve(
         }
         None => (None, None),
     };
-    let app = app::App::new(settings, parts, bound, stop.clone(), CancelToken::new(), tracer);
+    let app = app::App::new(settings, parts, bound, stop.clone(), draining.drain, tracer);
     app.workers.recover(&app, false).await;
+    let drained = tokio::spawn(stop_once_drained(Arc::clone(&app), draining.grace));
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     let revoked = tokio::spawn(app::end_revoked_streams(Arc::clone(&app)));
     let relayed = tokio::spawn(app::relay_live_from_others(Arc::clone(&app)));
@@ -102,12 +106,30 @@ pub async fn serve(
     refresh.abort();
     revoked.abort();
     relayed.abort();
+    drained.abort();
     app.workers.drain().await;
     // The spans of the last drives are posted before the server returns.
     if let Some(exporter) = exporter {
         let _ = tokio::time::timeout(Duration::from_secs(15), exporter).await;
     }
     Ok(())
+}
+
+/// Once the server drains: waits until no drive is left (each gave its run back between
+/// two steps, or ended) or `grace` passed, then stops the server, which cuts what is left.
+async fn stop_once_drained(app: Arc<app::App>, grace: Duration) {
+    tokio::select! {
+        () = app.drain.cancelled() => {}
+        () = app.stop.cancelled() => return,
+    }
+    let left = app.workers.idle_by(tokio::time::Instant::now() + grace).await;
+    if left > 0 {
+        app.warn(&format!(
+            "{left} drive(s) still ran after the drain's {} s; they are cut",
+            grace.as_secs()
+        ));
+    }
+    app.stop.cancel();
 }
 
 /// A listening socket on `addr`, with room for a burst of connections to wait for accept.

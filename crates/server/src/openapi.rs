@@ -12,6 +12,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
     info(title = "Baton", description = "Runs of LLM agent scenarios: start them, watch their events, decide what they ask."),
     paths(
         crate::api::healthz,
+        crate::api::readyz,
         crate::api::openapi,
         crate::scenarios::list_scenarios,
         crate::scenarios::get_scenario,
@@ -95,7 +96,7 @@ fn run_links(paths: &serde_json::Map<String, Value>) -> Value {
 }
 
 /// The operations anyone may call, without a token.
-const PUBLIC: [&str; 3] = ["/healthz", "/openapi.json", "/session"];
+const PUBLIC: [&str; 4] = ["/healthz", "/readyz", "/openapi.json", "/session"];
 
 /// What the layers in front of every handler may answer, beside what the handler says:
 /// errors as problem+json (utoipa writes every body as `application/json`); 400 for a

@@ -207,7 +207,8 @@ pub(crate) struct Started {
     (status = 404, body = Problem, description = "`scenario` names no scenario (the closest are named)"),
     (status = 409, body = Problem), (status = 413, body = Problem),
     (status = 422, body = Problem, description = "The idempotency key was used with another request"),
-    (status = 429, body = Problem, description = "Past the tenant's start rate or its idempotency keys")))]
+    (status = 429, body = Problem, description = "Past the tenant's start rate or its idempotency keys"),
+    (status = 503, body = Problem, description = "The server drains: no new runs")))]
 pub(crate) async fn start_run(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -228,6 +229,12 @@ pub(crate) async fn start(
     given: Option<Arc<baton_scenario::Scenario>>,
 ) -> Result<(bool, Started), Problem> {
     caller.require(Role::Operator)?;
+    if app.drain.is_cancelled() {
+        return Err(Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this server is draining and starts no new runs; start it on another (its /readyz answers 503)",
+        ));
+    }
     let request = baton_app::start::JobStart {
         job: JobRequest { pin: body.scenario, intent: body.intent, kind: body.kind },
         input: body.input,

@@ -141,6 +141,15 @@ pub struct WorkerSettings {
     pub grace: Duration,
 }
 
+/// How `baton serve` drains: `drain` cancelled (its first signal) makes `/readyz` answer
+/// 503, refuses new runs and lets every drive go between two steps; once no drive is left,
+/// or `grace` passed, the stop cuts what is left.
+#[derive(Clone, Debug, Default)]
+pub struct Draining {
+    pub drain: baton_engine::cancel::CancelToken,
+    pub grace: Duration,
+}
+
 /// Says `warning` on the server's log (stderr).
 #[allow(clippy::print_stderr)]
 pub(crate) fn warn(warning: &str) {

@@ -45,7 +45,8 @@ impl Workers {
 
     /// Drives the job whose root is `run_id`, now or once a worker is free.
     pub(crate) fn drive(&self, app: &Arc<App>, run_id: &str) {
-        if app.stop.is_cancelled() || !self.enter(run_id) {
+        // A draining server starts no drive: the run waits for the next driver.
+        if app.stop.is_cancelled() || app.drain.is_cancelled() || !self.enter(run_id) {
             return;
         }
         self.queue_one();
@@ -151,6 +152,100 @@ impl Workers {
 /// How long a worker that found nothing to claim waits before it looks again.
 const CLAIM_IDLE: Duration = Duration::from_millis(200);
 
+/// How often an idle worker looks for interrupted runs to take up again ([`heal`]).
+const HEAL_EVERY: Duration = Duration::from_secs(2);
+
+/// Interrupted runs one look reads, at most (the next look goes on after the last).
+const HEAL_PAGE: usize = 50;
+
+/// The longest wait before a run interrupted again is taken up again.
+const HEAL_WAIT_MAX: Duration = Duration::from_secs(3600);
+
+/// Where [`heal`] looks next, and which runs it said it gives up on.
+#[derive(Debug, Default)]
+struct Healing {
+    after: Option<String>,
+    given_up: HashSet<String>,
+}
+
+/// Takes up again the runs a driver stopped for a transient cause — every model
+/// unavailable, the workspace busy, a signal that cut a drive — that nobody drives: a run
+/// interrupted `n` times waits `retry_first` × 2^(n-1) (at most an hour) after its last
+/// interruption, and past `retries_max` interruptions it stays interrupted for a person
+/// (said once). Each taking-up is the `run_resumed` its driver records; of two workers that
+/// take up one run, one drives it (the run's hold). One page of [`HEAL_PAGE`] runs per look.
+async fn heal(app: &Arc<App>, healing: &mut Healing) {
+    let query = baton_engine::store::RunQuery {
+        status: Some(Status::Interrupted.as_str().to_owned()),
+        after_run: healing.after.take(),
+        limit: HEAL_PAGE,
+        ..baton_engine::store::RunQuery::default()
+    };
+    let page = match app.store.runs_page(&query).await {
+        Ok(page) => page,
+        Err(e) => {
+            eprintln!("{}: cannot list interrupted runs: {e}", app.workers.name());
+            return;
+        }
+    };
+    if page.len() == HEAL_PAGE {
+        healing.after = page.last().map(|r| r.run_id.clone());
+    }
+    let now = chrono::Utc::now();
+    for record in page {
+        if app.drain.is_cancelled() || app.stop.is_cancelled() {
+            return;
+        }
+        if healing.given_up.contains(&record.run_id)
+            || app.store.is_held(&record.run_id).await.unwrap_or(true)
+        {
+            continue;
+        }
+        let Ok(state) = app.state(&record.run_id).await else { continue };
+        let Some(interrupted) = &state.interrupted else { continue };
+        let transient = [
+            baton_engine::event::CAUSE_UNAVAILABLE,
+            baton_engine::event::CAUSE_WORKSPACE,
+            baton_engine::event::CAUSE_SIGNAL,
+        ]
+        .contains(&interrupted.cause.as_str());
+        if !transient {
+            continue;
+        }
+        if state.interruptions > app.settings.retries_max {
+            eprintln!(
+                "{}: run {} was interrupted {} times ({}); it stays interrupted — continue it with `baton resume {}` once the cause is fixed",
+                app.workers.name(),
+                record.run_id,
+                state.interruptions,
+                interrupted.cause,
+                record.run_id
+            );
+            healing.given_up.insert(record.run_id);
+            continue;
+        }
+        let wait = app
+            .settings
+            .retry_first
+            .saturating_mul(1 << state.interruptions.saturating_sub(1).min(20))
+            .min(HEAL_WAIT_MAX);
+        let due = state.interrupted_at.map_or(now, |at| {
+            at + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX)
+        });
+        if due > now {
+            continue;
+        }
+        eprintln!(
+            "{}: taking up run {} again, interrupted {} time(s) ({})",
+            app.workers.name(),
+            record.run_id,
+            state.interruptions,
+            interrupted.cause
+        );
+        app.workers.drive_job(app, &record.run_id).await;
+    }
+}
+
 /// The longest wait between tries of a worker whose claims fail (the store is away).
 const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
@@ -168,6 +263,8 @@ pub(crate) async fn claim_runs(
     let lease_for = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(30));
     let mut failures = 0u32;
     let mut idle_since = tokio::time::Instant::now();
+    let mut healing = Healing::default();
+    let mut healed_at = tokio::time::Instant::now();
     loop {
         let permit = tokio::select! {
             p = app.workers.slot() => match p {
@@ -189,6 +286,10 @@ pub(crate) async fn claim_runs(
             Ok(None) => {
                 drop(permit);
                 failures = 0;
+                if healed_at.elapsed() >= HEAL_EVERY {
+                    heal(&app, &mut healing).await;
+                    healed_at = tokio::time::Instant::now();
+                }
                 if app.workers.active() > 0 {
                     idle_since = tokio::time::Instant::now();
                 } else if idle_exit.is_some_and(|idle| idle_since.elapsed() >= idle) {

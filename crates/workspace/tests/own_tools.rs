@@ -194,6 +194,7 @@ fn story(events: &[Event]) -> Vec<String> {
                 e.data.kind(),
                 "run_interrupted"
                     | "run_paused"
+                    | "run_taken_over"
                     | "run_resumed"
                     | "tool_call_reissued"
                     | "heartbeat"

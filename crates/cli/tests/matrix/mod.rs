@@ -422,7 +422,11 @@ fn masked(value: &Value, ids: &[(String, String)]) -> Value {
         Value::Object(map) => Value::Object(
             map.iter()
                 .filter(|(k, _)| {
-                    !(*k == "at" || *k == "by" || k.ends_with("_at") || k.ends_with("_ms"))
+                    !(*k == "at"
+                        || *k == "by"
+                        || *k == "process"
+                        || k.ends_with("_at")
+                        || k.ends_with("_ms"))
                 })
                 .map(|(k, v)| (k.clone(), masked(v, ids)))
                 .collect(),

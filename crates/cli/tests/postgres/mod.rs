@@ -337,6 +337,78 @@ fn a_drained_worker_gives_its_runs_back_between_two_steps_for_another_to_finish(
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A worker cut by its drain's end (grace 0) leaves its runs interrupted by the signal; a
+/// worker already running takes them up again on its own, after the retry wait, and each
+/// taking-up is a `run_resumed` in the log.
+#[test]
+fn runs_a_cut_worker_left_interrupted_are_taken_up_again_by_an_idle_one() {
+    let schema = scratch("heal");
+    let db = schema.url.as_str();
+    let dir = temp("heal");
+    let data = dir.join("data");
+    let (script, pg) = own_scenario(
+        &dir,
+        db,
+        (
+            "two",
+            "id: two\nversion: 1\nlevels:\n  - {id: a, kind: prompt, prompt: {inline: 'A {{ input }}'}}\n  - {id: b, kind: prompt, prompt: {inline: 'B'}, terminal: true}\nedges:\n  - {from: a, to: b}\n",
+        ),
+        "levels:\n  a: [{text: 'one', delay_ms: 3000}]\n  b: [{text: 'two', delay_ms: 100}]\n",
+    );
+    let lines = dir.join("inputs.txt");
+    std::fs::write(&lines, "x\ny\n").unwrap();
+    let queued = pg()
+        .args(["run", "two", "--queue", "--input-lines", lines.to_str().unwrap(), "--script"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+    let worker = |name: &str, idle: &str, grace: &str| {
+        pg().args(["worker", "--concurrency", "4", "--idle-exit-s", idle, "--name", name])
+            .args(["--drain-grace-s", grace, "--retry-first-ms", "200"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = worker("first", "60", "0");
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    // The second worker runs beside it, idle: the first holds both runs.
+    let second = worker("second", "8", "30");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    signal(first.id(), "TERM");
+    let first = finish(first, 30);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let listed: Value =
+        serde_json::from_slice(&baton_pg(db, &data, &["runs", "--json"]).stdout).unwrap();
+    let runs: Vec<String> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(runs.len(), 2);
+    for run in &runs {
+        assert_eq!(count(&events(db, &data, run), "run_interrupted"), 1, "cut: {run}");
+    }
+    // The second worker takes them up while it is idle, after the retry wait.
+    let healed_at = std::time::Instant::now();
+    let second = finish(second, 60);
+    let said = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{said}");
+    for run in &runs {
+        let log = events(db, &data, run);
+        assert_eq!(finished_as(&log), ["completed"], "run {run}: {log:?}\n{said}");
+        let resumed: Vec<&Value> = log.iter().filter(|e| e["kind"] == "run_resumed").collect();
+        assert_eq!(resumed.len(), 1, "{log:?}");
+        assert_eq!(resumed[0]["data"]["by"], "driver");
+        assert_eq!(count(&log, "model_response"), 2, "run {run}: {log:?}");
+        assert!(said.contains(&format!("taking up run {run} again")), "{said}");
+    }
+    assert!(healed_at.elapsed() < std::time::Duration::from_secs(40));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A worker killed in the middle of a job: another worker, already running, takes the run
 /// over once the dead one's lease runs out, and drives it to its end with nothing done
 /// twice.

@@ -1740,3 +1740,88 @@ fn the_feed_is_every_run_of_a_tenant_in_commit_order_and_resumes_exactly_from_an
     assert_eq!(bad.err().map(|r| r.status), Some(400));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_draining_server_says_so_on_readyz_refuses_new_runs_and_gives_its_runs_back_between_two_steps()
+{
+    let (dir, db) = with_scenarios("serve-drain");
+    std::fs::write(
+        dir.join("scenarios/three.yaml"),
+        "id: three\nversion: 1\nlevels:\n  - {id: a, kind: prompt, prompt: {inline: 'A {{ input }}'}}\n  - {id: b, kind: prompt, prompt: {inline: 'B'}}\n  - {id: c, kind: prompt, prompt: {inline: 'C'}, terminal: true}\nedges:\n  - {from: a, to: b}\n  - {from: b, to: c}\n",
+    )
+    .unwrap();
+    let script = dir.join("three.script.yaml");
+    std::fs::write(
+        &script,
+        "levels:\n  a: [{text: 'one', delay_ms: 1500}]\n  b: [{text: 'two', delay_ms: 100}]\n  c: [{text: 'three', delay_ms: 100}]\n",
+    )
+    .unwrap();
+    let script = script.to_str().unwrap();
+    let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let mut server = serve(&dir, &db, &["--script", script, "--drain-grace-s", "20"]);
+    let addr = server.addr.clone();
+    assert_eq!(http(&addr, "GET", "/readyz", &[], None).status, 200);
+    let runs: Vec<String> = (0..3)
+        .map(|i| {
+            let r = start(&addr, &auth, &json!({"scenario": "three", "input": format!("r{i}")}));
+            assert_eq!(r.status, 201, "{r:?}");
+            r.json()["run_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    // Each run is inside its first level (1.5 s) when the server gets SIGTERM.
+    let level_started = |run: &str| {
+        let events =
+            http(&addr, "GET", &format!("/runs/{run}/events"), &[("Authorization", &auth)], None);
+        events.body.contains("\"level_started\"")
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !runs.iter().all(|r| level_started(r)) {
+        assert!(Instant::now() < deadline, "the runs never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let signalled = Instant::now();
+    let pid = server.pid().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    // While it drains it still answers: not ready, alive, and no new run.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while http(&addr, "GET", "/readyz", &[], None).status != 503 {
+        assert!(Instant::now() < deadline, "/readyz never said the server drains");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(http(&addr, "GET", "/healthz", &[], None).status, 200);
+    let refused = start(&addr, &auth, &json!({"scenario": "three", "input": "late"}));
+    assert_eq!(refused.status, 503, "{refused:?}");
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let drained_in = signalled.elapsed();
+    assert!(drained_in < Duration::from_secs(15), "drained in {drained_in:?}");
+    // Each run finished its first level and was given back before the next: running,
+    // never interrupted. The next server finishes them, no call made twice.
+    let next = serve(&dir, &db, &["--script", script]);
+    for run in &runs {
+        let done = wait_for(&next.addr, &auth, run, "completed", |v| v["status"] == "completed");
+        assert_eq!(done["output"], "three", "{done}");
+        let events = http(
+            &next.addr,
+            "GET",
+            &format!("/runs/{run}/events"),
+            &[("Authorization", &auth)],
+            None,
+        )
+        .json();
+        let kinds: Vec<&str> = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds.iter().filter(|k| **k == "model_response").count(), 3, "{kinds:?}");
+        assert_eq!(kinds.iter().filter(|k| **k == "level_started").count(), 3, "{kinds:?}");
+        assert!(
+            !kinds.contains(&"run_interrupted") && !kinds.contains(&"run_taken_over"),
+            "{kinds:?}"
+        );
+    }
+    drop(next);
+    let _ = std::fs::remove_dir_all(dir);
+}
