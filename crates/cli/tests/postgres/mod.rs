@@ -1257,3 +1257,153 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A model server speaking OpenAI's Chat Completions (no streaming) on 127.0.0.1 that
+/// answers each request 100 ms late and logs its prompt: which calls were made, how often,
+/// and which were in flight at a moment.
+struct SlowModel {
+    port: u16,
+    /// Every request's last message, in the order they came.
+    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// The requests not answered yet.
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl SlowModel {
+    fn start() -> SlowModel {
+        use std::io::{BufRead, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let in_flight = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (log, busy) = (std::sync::Arc::clone(&asked), std::sync::Arc::clone(&in_flight));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let (log, busy) = (std::sync::Arc::clone(&log), std::sync::Arc::clone(&busy));
+                std::thread::spawn(move || {
+                    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                    let mut length = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let request: Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let prompt = request["messages"]
+                        .as_array()
+                        .and_then(|m| m.last())
+                        .and_then(|m| m["content"].as_str())
+                        .unwrap_or_default()
+                        .to_owned();
+                    busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    log.lock().unwrap().push(prompt);
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    let answer = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                    busy.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                });
+            }
+        });
+        SlowModel { port, asked, in_flight }
+    }
+}
+
+/// Four workers share 200 queued runs; two of them are sent SIGTERM while their calls are
+/// in flight. The drained ones finish their steps and give their runs back; every run
+/// completes, none is ever interrupted, and the model server never sees a call twice.
+#[test]
+fn four_workers_two_drained_mid_flight_complete_two_hundred_runs_with_no_call_made_twice() {
+    let schema = scratch("fleet");
+    let db = schema.url.as_str();
+    let dir = temp("fleet");
+    let data = dir.join("data");
+    let model = SlowModel::start();
+    let (_, pg) = own_scenario(
+        &dir,
+        db,
+        (
+            "three",
+            "id: three\nversion: 1\nlevels:\n  - {id: a, kind: prompt, prompt: {inline: 'A {{ input }}'}}\n  - {id: b, kind: prompt, prompt: {inline: 'B {{ input }}'}}\n  - {id: c, kind: prompt, prompt: {inline: 'C {{ input }}'}, terminal: true}\nedges:\n  - {from: a, to: b}\n  - {from: b, to: c}\n",
+        ),
+        "levels: {}\n",
+    );
+    let config = dir.join("baton.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[routing]\ndefault = \"free:local/m\"\n\n[[providers]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\ntier = \"free\"\nstream = false\n\n[[providers.models]]\nname = \"m\"\n",
+            model.port
+        ),
+    )
+    .unwrap();
+    let lines = dir.join("inputs.txt");
+    let inputs: Vec<String> = (0..200).map(|i| format!("q{i}")).collect();
+    std::fs::write(&lines, inputs.join("\n")).unwrap();
+    let queued = pg()
+        .arg("--config")
+        .arg(&config)
+        .args(["run", "three", "--queue", "--input-lines", lines.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+    let worker = |name: &str| {
+        pg().arg("--config")
+            .arg(&config)
+            .args(["worker", "--concurrency", "25", "--lease-s", "5", "--name", name])
+            .args(["--idle-exit-s", "4", "--drain-grace-s", "30"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let workers: Vec<std::process::Child> =
+        ["w1", "w2", "w3", "w4"].iter().map(|n| worker(n)).collect();
+    // Mid-flight: calls are being answered when the first two get SIGTERM.
+    let started = std::time::Instant::now();
+    while model.asked.lock().unwrap().len() < 150 {
+        assert!(started.elapsed().as_secs() < 60, "the workers never got going");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let busy = model.in_flight.load(std::sync::atomic::Ordering::SeqCst);
+    signal(workers[0].id(), "TERM");
+    signal(workers[1].id(), "TERM");
+    assert!(busy > 0, "calls were in flight when the workers were signalled");
+    let outs: Vec<std::process::Output> = workers.into_iter().map(|w| finish(w, 180)).collect();
+    for (i, out) in outs.iter().enumerate() {
+        assert_eq!(out.status.code(), Some(0), "worker {}: {}", i + 1, text(&out.stderr));
+    }
+    // Each drained worker gave runs back in flight (between two of their steps).
+    for out in &outs[..2] {
+        let said = text(&out.stderr);
+        assert!(said.contains("draining"), "{said}");
+        assert!(said.contains(" is running after "), "no run was given back: {said}");
+    }
+    let listed: Value =
+        serde_json::from_slice(&baton_pg(db, &data, &["runs", "--json"]).stdout).unwrap();
+    let statuses: Vec<&str> =
+        listed.as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses.len(), 200, "{listed}");
+    assert!(statuses.iter().all(|s| *s == "completed"), "{statuses:?}");
+    // Every call was made once: 600 prompts, none twice.
+    let asked = model.asked.lock().unwrap().clone();
+    let unique: std::collections::HashSet<&String> = asked.iter().collect();
+    assert_eq!(unique.len(), 600, "{} calls for 600 prompts", asked.len());
+    assert_eq!(asked.len(), 600, "a call was made twice");
+    let _ = std::fs::remove_dir_all(dir);
+}
