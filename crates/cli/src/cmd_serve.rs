@@ -119,6 +119,7 @@ pub(crate) struct WorkerArgs {
     pub script: Option<PathBuf>,
     pub idle_exit_s: Option<u64>,
     pub drain_grace_s: u64,
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// `baton worker`: claims and drives runs nobody drives until stopped (or idle).
@@ -153,8 +154,15 @@ pub(crate) async fn worker(
         idle_exit: args.idle_exit_s.map(std::time::Duration::from_secs),
         drain,
         grace: std::time::Duration::from_secs(args.drain_grace_s),
+        listen: args.listen,
     };
-    baton_server::work(settings, parts, worker, stop).await.map_err(anyhow::Error::msg)?;
+    baton_server::work(settings, parts, worker, stop, |bound| {
+        // Tests and scripts read the address from here (with --listen 127.0.0.1:0).
+        let _ = outln!("listening on http://{bound}");
+        let _ = crate::out::flush();
+    })
+    .await
+    .map_err(anyhow::Error::msg)?;
     eprintln!("baton worker: stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -22,6 +22,7 @@ mod drive;
 mod escape;
 mod limits;
 mod out;
+mod service_args;
 mod timeline;
 
 use std::process::ExitCode;
@@ -254,6 +255,7 @@ fn main() -> ExitCode {
             retries_max,
             retry_first_ms,
             drain_grace_s,
+            listen,
         } => runtime.block_on(cmd_serve::worker(
             &place,
             cmd_serve::WorkerArgs {
@@ -263,6 +265,7 @@ fn main() -> ExitCode {
                 script,
                 idle_exit_s,
                 drain_grace_s,
+                listen,
             },
             baton_server::Settings {
                 name: "baton worker",

@@ -78,6 +78,22 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
+/// A worker's own endpoints (`baton worker --listen`): `/healthz`, `/readyz` (503 while it
+/// drains) and `/metrics`, under the server's access rule (a metrics token).
+pub(crate) fn worker_router(app: Arc<App>) -> Router {
+    let authed = Router::new()
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authenticate));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(authed)
+        .layer(DefaultBodyLimit::max(app.settings.body_bytes_max))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), check_host))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), count_answers))
+        .with_state(app)
+}
+
 /// Marks an answer to a request that did not authenticate.
 #[derive(Clone, Copy, Debug)]
 struct Unauthenticated;

@@ -156,11 +156,24 @@ pub async fn work(
     parts: Instance,
     worker: WorkerSettings,
     stop: CancelToken,
+    ready: impl FnOnce(SocketAddr),
 ) -> Result<(), String> {
-    let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    let listener = worker.listen.map(listen).transpose()?;
+    let bound = match &listener {
+        Some(l) => l.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?,
+        None => SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
     let settings =
         Settings { driver_name: Some(worker.name.clone()), share_live: true, ..settings };
-    let app = app::App::new(settings, parts, local, stop.clone(), worker.drain.clone(), None);
+    let app = app::App::new(settings, parts, bound, stop.clone(), worker.drain.clone(), None);
+    // Its endpoints answer until it returns (`/readyz` 503 once it drains).
+    let endpoints = listener.map(|listener| {
+        ready(bound);
+        let (router, limits) =
+            (api::worker_router(Arc::clone(&app)), app.settings.connections.clone());
+        let metrics = Arc::clone(&app.metrics);
+        tokio::spawn(connections::serve(listener, router, limits, metrics, stop.clone()))
+    });
     app.workers.recover(&app, true).await;
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     workers::claim_runs(Arc::clone(&app), worker.name, worker.lease, worker.idle_exit).await;
@@ -176,6 +189,9 @@ pub async fn work(
     }
     stop.cancel();
     app.workers.drain().await;
+    if let Some(endpoints) = endpoints {
+        let _ = endpoints.await;
+    }
     Ok(())
 }
 

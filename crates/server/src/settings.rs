@@ -139,6 +139,8 @@ pub struct WorkerSettings {
     pub drain: baton_engine::cancel::CancelToken,
     /// How long a drain waits for the steps in flight before the stop cuts them.
     pub grace: Duration,
+    /// Where it serves `/healthz`, `/readyz` and `/metrics`, if anywhere.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// How `baton serve` drains: `drain` cancelled (its first signal) makes `/readyz` answer

@@ -1825,3 +1825,57 @@ fn a_draining_server_says_so_on_readyz_refuses_new_runs_and_gives_its_runs_back_
     drop(next);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_worker_answers_health_readiness_and_metrics_and_is_not_ready_while_it_drains() {
+    let (dir, db) = with_scenarios("worker-endpoints");
+    std::fs::write(dir.join("slow.yaml"), SLOW).unwrap();
+    let slow = dir.join("slow.yaml");
+    let queued = baton_in(&dir, &db)
+        .args(["run", "quick_qa", "--queue", "--input", "the capital of France?", "--script"])
+        .arg(&slow)
+        .output()
+        .unwrap();
+    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+    let metrics = bearer(&metrics_token(&dir, &db));
+    let mut worker = baton_in(&dir, &db)
+        .args(["worker", "--listen", "127.0.0.1:0", "--idle-exit-s", "30", "--script"])
+        .arg(&slow)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("worker.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(worker.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| {
+        panic!("{line:?}: {}", std::fs::read_to_string(dir.join("worker.err")).unwrap_or_default())
+    });
+    assert_eq!(http(addr, "GET", "/healthz", &[], None).status, 200);
+    assert_eq!(http(addr, "GET", "/readyz", &[], None).status, 200);
+    assert_eq!(http(addr, "GET", "/metrics", &[], None).status, 401);
+    let scraped = http(addr, "GET", "/metrics", &[("Authorization", &metrics)], None);
+    assert_eq!(scraped.status, 200, "{scraped:?}");
+    assert!(scraped.body.contains("baton_"), "{}", scraped.body);
+    // Nothing but its own endpoints.
+    assert_eq!(http(addr, "GET", "/runs", &[("Authorization", &metrics)], None).status, 404);
+    // Once it claimed the run (a 3 s answer), SIGTERM drains it: not ready, still alive.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(dir.join("worker.err"))
+        .unwrap_or_default()
+        .contains("claimed run")
+    {
+        assert!(Instant::now() < deadline, "the worker never claimed the run");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = worker.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while http(addr, "GET", "/readyz", &[], None).status != 503 {
+        assert!(Instant::now() < deadline, "/readyz never said the worker drains");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(http(addr, "GET", "/healthz", &[], None).status, 200);
+    let status = worker.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
