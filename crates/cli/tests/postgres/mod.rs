@@ -51,6 +51,40 @@ fn own_scenario(
     (script_path, baton)
 }
 
+/// Queues one job of `scenario` per line of `lines` with `baton` (`run --queue
+/// --input-lines`, and `answers`: `--script F` or `--config F`).
+fn queue_lines(
+    baton: &impl Fn() -> std::process::Command,
+    dir: &Path,
+    scenario: &str,
+    lines: &str,
+    answers: [&std::ffi::OsStr; 2],
+) {
+    let file = dir.join("inputs.txt");
+    std::fs::write(&file, lines).unwrap();
+    let queued = baton()
+        .args(["run", scenario, "--queue", "--input-lines"])
+        .arg(&file)
+        .args(answers)
+        .output()
+        .unwrap();
+    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+}
+
+/// The runs `baton runs --json` lists: their ids and statuses.
+fn listed_runs(db: &str, data: &Path) -> Vec<(String, String)> {
+    let listed: Value =
+        serde_json::from_slice(&baton_pg(db, data, &["runs", "--json"]).stdout).unwrap();
+    listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (r["run_id"].as_str().unwrap().to_owned(), r["status"].as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
 /// `baton --db DB --data-dir DATA ARGS…` for a PostgreSQL `db`.
 fn baton_pg(db: &str, data: &Path, args: &[&str]) -> std::process::Output {
     baton_command().arg("--db").arg(db).arg("--data-dir").arg(data).args(args).output().unwrap()
@@ -280,14 +314,7 @@ fn a_drained_worker_gives_its_runs_back_between_two_steps_for_another_to_finish(
         ),
         "levels:\n  a: [{text: 'one', delay_ms: 1500}]\n  b: [{text: 'two', delay_ms: 300}]\n  c: [{text: 'three', delay_ms: 300}]\n",
     );
-    let lines = dir.join("inputs.txt");
-    std::fs::write(&lines, "w\nx\ny\nz\n").unwrap();
-    let queued = pg()
-        .args(["run", "three", "--queue", "--input-lines", lines.to_str().unwrap(), "--script"])
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+    queue_lines(&pg, &dir, "three", "w\nx\ny\nz\n", ["--script".as_ref(), script.as_ref()]);
     let worker = |name: &str, idle: &str| {
         pg().args(["worker", "--concurrency", "4", "--idle-exit-s", idle, "--name", name])
             .args(["--drain-grace-s", "60"])
@@ -311,14 +338,7 @@ fn a_drained_worker_gives_its_runs_back_between_two_steps_for_another_to_finish(
     let second = finish(second, 60);
     let second_said = text(&second.stderr);
     assert_eq!(second.status.code(), Some(0), "{second_said}");
-    let listed: Value =
-        serde_json::from_slice(&baton_pg(db, &data, &["runs", "--json"]).stdout).unwrap();
-    let runs: Vec<String> = listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["run_id"].as_str().unwrap().to_owned())
-        .collect();
+    let runs: Vec<String> = listed_runs(db, &data).into_iter().map(|(id, _)| id).collect();
     assert_eq!(runs.len(), 4);
     for run in &runs {
         // Given back running, after its first level, by the drained worker…
@@ -355,14 +375,7 @@ fn runs_a_cut_worker_left_interrupted_are_taken_up_again_by_an_idle_one() {
         ),
         "levels:\n  a: [{text: 'one', delay_ms: 3000}]\n  b: [{text: 'two', delay_ms: 100}]\n",
     );
-    let lines = dir.join("inputs.txt");
-    std::fs::write(&lines, "x\ny\n").unwrap();
-    let queued = pg()
-        .args(["run", "two", "--queue", "--input-lines", lines.to_str().unwrap(), "--script"])
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+    queue_lines(&pg, &dir, "two", "x\ny\n", ["--script".as_ref(), script.as_ref()]);
     let worker = |name: &str, idle: &str, grace: &str| {
         pg().args(["worker", "--concurrency", "4", "--idle-exit-s", idle, "--name", name])
             .args(["--drain-grace-s", grace, "--retry-first-ms", "200"])
@@ -379,14 +392,7 @@ fn runs_a_cut_worker_left_interrupted_are_taken_up_again_by_an_idle_one() {
     signal(first.id(), "TERM");
     let first = finish(first, 30);
     assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
-    let listed: Value =
-        serde_json::from_slice(&baton_pg(db, &data, &["runs", "--json"]).stdout).unwrap();
-    let runs: Vec<String> = listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["run_id"].as_str().unwrap().to_owned())
-        .collect();
+    let runs: Vec<String> = listed_runs(db, &data).into_iter().map(|(id, _)| id).collect();
     assert_eq!(runs.len(), 2);
     for run in &runs {
         assert_eq!(count(&events(db, &data, run), "run_interrupted"), 1, "cut: {run}");
@@ -1352,16 +1358,8 @@ fn four_workers_two_drained_mid_flight_complete_two_hundred_runs_with_no_call_ma
         ),
     )
     .unwrap();
-    let lines = dir.join("inputs.txt");
     let inputs: Vec<String> = (0..200).map(|i| format!("q{i}")).collect();
-    std::fs::write(&lines, inputs.join("\n")).unwrap();
-    let queued = pg()
-        .arg("--config")
-        .arg(&config)
-        .args(["run", "three", "--queue", "--input-lines", lines.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+    queue_lines(&pg, &dir, "three", &inputs.join("\n"), ["--config".as_ref(), config.as_ref()]);
     let worker = |name: &str| {
         pg().arg("--config")
             .arg(&config)
@@ -1394,12 +1392,9 @@ fn four_workers_two_drained_mid_flight_complete_two_hundred_runs_with_no_call_ma
         assert!(said.contains("draining"), "{said}");
         assert!(said.contains(" is running after "), "no run was given back: {said}");
     }
-    let listed: Value =
-        serde_json::from_slice(&baton_pg(db, &data, &["runs", "--json"]).stdout).unwrap();
-    let statuses: Vec<&str> =
-        listed.as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap()).collect();
-    assert_eq!(statuses.len(), 200, "{listed}");
-    assert!(statuses.iter().all(|s| *s == "completed"), "{statuses:?}");
+    let statuses: Vec<String> = listed_runs(db, &data).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(statuses.len(), 200, "{statuses:?}");
+    assert!(statuses.iter().all(|s| s == "completed"), "{statuses:?}");
     // Every call was made once: 600 prompts, none twice.
     let asked = model.asked.lock().unwrap().clone();
     let unique: std::collections::HashSet<&String> = asked.iter().collect();
