@@ -96,6 +96,7 @@ pub async fn serve(
     let app = app::App::new(settings, parts, bound, stop.clone(), draining.drain, tracer);
     app.workers.recover(&app, false).await;
     let drained = tokio::spawn(stop_once_drained(Arc::clone(&app), draining.grace));
+    let undriven = tokio::spawn(workers::take_up_undriven(Arc::clone(&app)));
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     let revoked = tokio::spawn(app::end_revoked_streams(Arc::clone(&app)));
     let relayed = tokio::spawn(app::relay_live_from_others(Arc::clone(&app)));
@@ -107,6 +108,7 @@ pub async fn serve(
     revoked.abort();
     relayed.abort();
     drained.abort();
+    undriven.abort();
     app.workers.drain().await;
     // The spans of the last drives are posted before the server returns.
     if let Some(exporter) = exporter {

@@ -58,6 +58,11 @@ impl Workers {
         self.queued.load(Ordering::Relaxed)
     }
 
+    /// Slots free now.
+    pub(crate) fn free(&self) -> usize {
+        self.slots.available_permits()
+    }
+
     /// Jobs being driven or waiting to be.
     pub(crate) fn active(&self) -> usize {
         self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()

@@ -149,6 +149,55 @@ impl Workers {
     }
 }
 
+/// How often `baton serve` looks for runs nobody drives ([`take_up_undriven`]).
+const UNDRIVEN_EVERY: Duration = Duration::from_secs(2);
+
+/// How long a run nobody drives is left to workers before `baton serve` takes it up.
+const UNDRIVEN_AFTER: Duration = Duration::from_secs(5);
+
+/// `baton serve`'s own queue: every [`UNDRIVEN_EVERY`], while it has a free slot, it drives
+/// the jobs of `running` runs nobody holds and nothing was written to for
+/// [`UNDRIVEN_AFTER`] (workers, which claim at once, come first) — runs queued with `baton
+/// run --queue` after it started, and runs whose driver died — one page of [`HEAL_PAGE`]
+/// at a time. Of two processes that take one up, one drives it (the run's hold); a
+/// worker's claimed run is held, so it is left alone.
+pub(crate) async fn take_up_undriven(app: Arc<App>) {
+    let mut after: Option<String> = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(UNDRIVEN_EVERY) => {}
+            () = app.stop.cancelled() => return,
+            () = app.drain.cancelled() => return,
+        }
+        if app.workers.free() == 0 {
+            continue;
+        }
+        let query = baton_engine::store::RunQuery {
+            status: Some(Status::Running.as_str().to_owned()),
+            after_run: after.take(),
+            limit: HEAL_PAGE,
+            ..baton_engine::store::RunQuery::default()
+        };
+        let Ok(page) = app.store.runs_page(&query).await else { continue };
+        if page.len() == HEAL_PAGE {
+            after = page.last().map(|r| r.run_id.clone());
+        }
+        let quiet_since = chrono::Utc::now()
+            - chrono::Duration::from_std(UNDRIVEN_AFTER).unwrap_or(chrono::Duration::zero());
+        for record in page {
+            if app.workers.free() == 0 || app.drain.is_cancelled() {
+                break;
+            }
+            if record.updated_at > quiet_since
+                || app.store.is_held(&record.run_id).await.unwrap_or(true)
+            {
+                continue;
+            }
+            app.workers.drive_job(&app, &record.run_id).await;
+        }
+    }
+}
+
 /// How long a worker that found nothing to claim waits before it looks again.
 const CLAIM_IDLE: Duration = Duration::from_millis(200);
 

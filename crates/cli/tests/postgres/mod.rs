@@ -1207,8 +1207,8 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
     let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| {
         panic!("{line:?} {}", std::fs::read_to_string(dir.join("serve.err")).unwrap())
     });
-    // Queued after the server started: the server takes up only what was left when it
-    // started, so the worker drives this run.
+    // Queued after the server started: the server leaves a queued run to workers for
+    // seconds before it takes it up itself, so the worker drives this run.
     let queued = pg()
         .args(["run", "two", "--queue", "--input", "x", "--script", script.to_str().unwrap()])
         .output()

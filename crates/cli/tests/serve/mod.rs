@@ -1879,3 +1879,23 @@ fn a_worker_answers_health_readiness_and_metrics_and_is_not_ready_while_it_drain
     assert!(status.success(), "{status:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_server_drives_the_runs_queued_after_it_started() {
+    let (dir, db) = with_scenarios("serve-queued");
+    let auth = bearer(&token(&dir, &db, "acme", "operator", "ann"));
+    let script = repo().join("scenarios/scripts/quick_qa.yaml");
+    let server = serve(&dir, &db, &["--script", script.to_str().unwrap()]);
+    // Queued by another process, for whoever drives: the server has free slots.
+    let queued = baton_in(&dir, &db)
+        .args(["run", "quick_qa", "--queue", "--tenant", "acme", "--input", "the capital?"])
+        .arg("--script")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert_eq!(queued.status.code(), Some(0), "{}", text(&queued.stderr));
+    let run = text(&queued.stdout).lines().find_map(|l| l.strip_prefix("run ")).unwrap().to_owned();
+    let done = wait_for(&server.addr, &auth, &run, "completed", |v| v["status"] == "completed");
+    assert!(done["output"].as_str().is_some_and(|o| !o.is_empty()), "{done}");
+    let _ = std::fs::remove_dir_all(dir);
+}
