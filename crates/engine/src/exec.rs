@@ -26,6 +26,7 @@ use crate::runner::{LevelRun, Runtime};
 use tokio::sync::mpsc;
 
 mod late;
+mod recorded;
 mod resumed;
 mod steered;
 mod watch;
@@ -375,26 +376,6 @@ impl Engine {
             branch: setup.branch.clone(),
         };
         Ok(Some((workspace, info)))
-    }
-
-    /// Opens the workspace a run recorded, to resume it.
-    async fn recorded_workspace(
-        &self,
-        scenario: &Scenario,
-        run_id: &str,
-        state: &RunState,
-    ) -> Result<Option<Arc<dyn Workspace>>, Error> {
-        let Some(info) = &state.workspace else { return Ok(None) };
-        let Some(setup) = &self.runtime.workspaces else {
-            return Err(no_workspaces(scenario));
-        };
-        let request = WorkspaceRequest {
-            run_id: run_id.to_owned(),
-            dir: Some(std::path::PathBuf::from(&info.dir)),
-            seed: None,
-        };
-        let opener = Arc::clone(&setup.opener);
-        Ok(Some(off_thread(move || opener.open(&request)).await?))
     }
 
     fn new_run(

@@ -96,6 +96,13 @@ pub trait Workspace: Send + Sync + std::fmt::Debug {
     /// Names a snapshot with a branch of the managed repository.
     fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError>;
 
+    /// Whether `snapshot` is one of this workspace's (a process that does not see the
+    /// run's snapshots — another host, another data directory — finds it is not).
+    fn holds(&self, snapshot: &str) -> Result<bool, WorkspaceError> {
+        let _ = snapshot;
+        Ok(true)
+    }
+
     /// Brings the snapshots of another workspace (the run a fork was made from, at
     /// `from`) into this one and restores `snapshot`, which keeps its id here.
     fn adopt(&self, from: &Path, snapshot: &str) -> Result<(), WorkspaceError> {
@@ -210,6 +217,10 @@ impl Workspace for FencedWorkspace {
     fn adopt(&self, from: &Path, snapshot: &str) -> Result<(), WorkspaceError> {
         self.check()?;
         self.inner.adopt(from, snapshot)
+    }
+
+    fn holds(&self, snapshot: &str) -> Result<bool, WorkspaceError> {
+        self.inner.holds(snapshot)
     }
 
     fn take_notices(&self) -> Vec<String> {

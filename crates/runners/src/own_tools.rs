@@ -205,8 +205,13 @@ impl Attempt {
                 Some(decision) => {
                     resume.approval();
                     if !decision.approved {
-                        let by = decision.by.as_deref().unwrap_or("the approver");
                         let comment = decision.comment.as_deref().unwrap_or("no comment");
+                        if decision.timed_out {
+                            return Ok(ToolOutcome::error(format!(
+                                "not made: its approval timed out ({comment})"
+                            )));
+                        }
+                        let by = decision.by.as_deref().unwrap_or("the approver");
                         return Ok(ToolOutcome::error(format!("rejected by {by}: {comment}")));
                     }
                 }
@@ -220,7 +225,14 @@ impl Attempt {
                             tool.name, tool.toolset, call.arguments
                         ),
                         schema: baton_scenario::schema::approval_default(),
-                        deadline: None,
+                        // Its timeout bounds the wait for a decision.
+                        deadline: tool
+                            .approval_timeout_s
+                            .and_then(|s| {
+                                chrono::Duration::from_std(std::time::Duration::from_secs_f64(s))
+                                    .ok()
+                            })
+                            .map(|limit| self.clock.now() + limit),
                         tool: Some(Box::new(ToolCallAsked {
                             call_id: call.id.clone(),
                             tool: tool.name.clone(),

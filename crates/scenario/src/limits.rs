@@ -63,6 +63,9 @@ pub const TOOL_SCHEMA_BYTES_MAX: usize = 16 * 1024;
 pub const TOOL_TIMEOUT_S_DEFAULT: f64 = 60.0;
 /// Upper bound of a tool's `timeout_s`: one hour.
 pub const TOOL_TIMEOUT_S_MAX: f64 = 3600.0;
+
+/// Longest a user's tool call may wait for its approval, in seconds (thirty days).
+pub const TOOL_APPROVAL_TIMEOUT_S_MAX: f64 = 30.0 * 24.0 * 3600.0;
 /// Upper bound of a tool's `max_calls`.
 pub const TOOL_CALLS_MAX: u32 = 1_000;
 /// Upper bound of a tool's `cost_usd` per call.

@@ -211,6 +211,8 @@ pub struct OwnTool {
     pub approval: ToolApproval,
     /// Who may approve its calls.
     pub approver_role: String,
+    /// How long a call waits for its approval, in seconds (none: until decided).
+    pub approval_timeout_s: Option<f64>,
     pub source: ToolSource,
 }
 

@@ -188,6 +188,11 @@ pub struct RawTool {
     /// Who may approve a call (default `approver`).
     #[serde(default)]
     pub approver_role: Option<Located<String>>,
+    /// How long a call waits for its approval, in seconds (at most 30 days); past it the
+    /// request is decided as timed out and the model reads the refusal. None: until
+    /// someone decides.
+    #[serde(default)]
+    pub approval_timeout_s: Option<Located<f64>>,
 }
 
 impl RawTool {
@@ -207,6 +212,7 @@ impl RawTool {
             once_per_run: None,
             approval: None,
             approver_role: None,
+            approval_timeout_s: None,
         }
     }
 }

@@ -399,6 +399,10 @@ impl Workspace for LocalWorkspace {
         self.repo.branch(name, snapshot)
     }
 
+    fn holds(&self, snapshot: &str) -> Result<bool, WorkspaceError> {
+        self.repo.holds(snapshot)
+    }
+
     fn adopt(&self, from: &Path, snapshot: &str) -> Result<(), WorkspaceError> {
         let failed = |e: io::Error| {
             WorkspaceError::new(

@@ -390,6 +390,16 @@ impl Repo {
     /// The full id of a snapshot, or an error if it is not a commit of this repository.
     /// Only hex ids are accepted, so an id is never taken for an option or a revision
     /// expression.
+    /// Whether `snapshot` is a commit of this repository.
+    pub(crate) fn holds(&self, snapshot: &str) -> Result<bool, WorkspaceError> {
+        let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.require_commit(snapshot) {
+            Ok(_) => Ok(true),
+            Err(e) if e.transient => Err(e),
+            Err(_) => Ok(false),
+        }
+    }
+
     fn require_commit(&self, snapshot: &str) -> Result<String, WorkspaceError> {
         let hex = !snapshot.is_empty()
             && snapshot.len() <= 64

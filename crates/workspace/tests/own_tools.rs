@@ -135,6 +135,7 @@ const TOOLSETS: &str = r"toolsets:
         command: [unused]
         approval: args.amount > 100
         approver_role: finance
+        approval_timeout_s: 3
 ";
 
 fn scenario(dir: &Path, budget: &str) -> Arc<Scenario> {
@@ -559,4 +560,38 @@ async fn the_results_of_one_attempt_add_up_to_a_bound_past_which_calls_are_refus
         .collect();
     assert_eq!(made + refused.len(), 90, "every call was made or refused");
     assert!(refused.iter().all(|r| r.contains("the most one attempt may take in")), "{refused:?}");
+}
+
+#[tokio::test]
+async fn a_call_whose_approval_times_out_is_never_made_and_the_model_reads_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, receiver, run_id, s) = paused_on_the_large_payment(dir.path()).await;
+    let state = baton_engine::fold(&log(&store, &run_id).await);
+    let deadline = state.open_approvals().next().unwrap().request.deadline;
+    assert!(deadline.is_some(), "the request carries its deadline");
+    // Past it, the next driver decides it as timed out, once, and the loop goes on.
+    tokio::time::sleep(std::time::Duration::from_millis(3100)).await;
+    let e = engine(dir.path(), &store, &receiver, PAYMENTS);
+    assert_eq!(e.drive(&run_id, &s).await.unwrap(), Outcome::Finished(Status::Completed));
+    let asked: Vec<Value> = receiver.asked.lock().unwrap().iter().map(|a| a.2.clone()).collect();
+    assert_eq!(
+        asked,
+        [serde_json::json!({"amount": 50}), serde_json::json!({"text": "paid"})],
+        "the call past its approval's deadline is never made"
+    );
+    let events = log(&store, &run_id).await;
+    let decided: Vec<&EventData> =
+        events.iter().map(|e| &e.data).filter(|d| d.kind() == "approval_decided").collect();
+    assert_eq!(decided.len(), 1);
+    let results: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult(r) if r.is_error => Some(r.content.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        results.iter().any(|r| r.starts_with("not made: its approval timed out")),
+        "{results:?}"
+    );
 }

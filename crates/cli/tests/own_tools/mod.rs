@@ -1179,3 +1179,63 @@ fn an_mcp_server_that_dies_during_a_call_is_a_tool_error_and_the_run_goes_on() {
     assert_eq!(receipts, 2);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_process_that_does_not_see_a_runs_snapshots_refuses_to_go_on_and_the_run_goes_on_where_it_started()
+ {
+    let dir = lab("elsewhere");
+    let scenario = json!({
+        "id": "desk", "version": 1, "workspace": {"seed": "seed"},
+        "levels": [
+            {"id": "work", "kind": "tool_loop", "prompt": {"inline": "Handle {{ input }}"}},
+            {"id": "sign", "kind": "human_approval", "approver_role": "lead", "terminal": true},
+        ],
+        "edges": [{"from": "work", "to": "sign"}],
+    });
+    std::fs::write(dir.join("scenarios/desk.yaml"), scenario.to_string()).unwrap();
+    let turns = json!([
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "notes.txt", "content": "kept\n"}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "noted"}}]},
+    ]);
+    let file = script(&dir, &turns);
+    let db = dir.join("runs.db");
+    let out = baton_in(&dir, &db)
+        .args(["run", "desk", "--input", "x", "--script"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    let run = run_of(&out.stdout);
+    let before = events(&dir, &db, &run);
+    // Another process keeps its snapshots elsewhere (another host, another data directory):
+    // it records the decision and refuses to drive on.
+    let elsewhere = baton_in(&dir, &db)
+        .arg("--snapshots")
+        .arg(dir.join("other-snapshots"))
+        .args(["approve", &run, "--by", "lead"])
+        .output()
+        .unwrap();
+    let said = text(&elsewhere.stderr);
+    assert_ne!(elsewhere.status.code(), Some(0), "{said}");
+    assert!(said.contains("its workspace is not here") && said.contains("snapshot"), "{said}");
+    let after = events(&dir, &db, &run);
+    assert_eq!(
+        after.iter().filter(|e| e["kind"] != "approval_decided").count(),
+        before.len(),
+        "nothing but the decision was written: {after:?}"
+    );
+    // Where it started, it goes on with its files.
+    let resumed = baton_in(&dir, &db).args(["resume", &run]).output().unwrap();
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{}{}",
+        text(&resumed.stdout),
+        text(&resumed.stderr)
+    );
+    let log = events(&dir, &db, &run);
+    assert_eq!(log.last().unwrap()["data"]["status"], "completed");
+    let workspace = log[0]["data"]["workspace"]["dir"].as_str().unwrap();
+    assert_eq!(std::fs::read_to_string(Path::new(workspace).join("notes.txt")).unwrap(), "kept\n");
+    let _ = std::fs::remove_dir_all(dir);
+}

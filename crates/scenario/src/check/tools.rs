@@ -422,6 +422,21 @@ impl Checker<'_> {
         {
             self.error("empty-value", r.pos, "`approver_role` must not be empty");
         }
+        let approval_timeout_s = self.positive(
+            tool.approval_timeout_s.as_ref(),
+            "approval_timeout_s",
+            limits::TOOL_APPROVAL_TIMEOUT_S_MAX,
+        );
+        if let (Some(t), Some(ToolApproval::Never)) = (&tool.approval_timeout_s, &approval) {
+            self.warning(
+                "approval-timeout-unused",
+                t.pos,
+                format!(
+                    "`{}` never waits for an approval, so `approval_timeout_s` is not used",
+                    name.value
+                ),
+            );
+        }
         Some(OwnTool {
             name: name.value.clone(),
             toolset: toolset.to_owned(),
@@ -434,6 +449,7 @@ impl Checker<'_> {
             once_per_run,
             approval: approval?,
             approver_role,
+            approval_timeout_s,
             source,
         })
     }

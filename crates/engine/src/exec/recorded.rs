@@ -1,0 +1,55 @@
+//! The workspace a run recorded, opened again for a driver that goes on with it — refused
+//! when this process does not see it (another host, another data directory), so that no
+//! run goes on in an empty workspace.
+
+use std::sync::Arc;
+
+use baton_scenario::Scenario;
+
+use super::{Engine, Error, no_workspaces};
+use crate::state::RunState;
+use crate::workspace::{Workspace, WorkspaceRequest, off_thread};
+
+impl Engine {
+    /// Opens the workspace a run recorded, to resume it.
+    pub(super) async fn recorded_workspace(
+        &self,
+        scenario: &Scenario,
+        run_id: &str,
+        state: &RunState,
+    ) -> Result<Option<Arc<dyn Workspace>>, Error> {
+        let Some(info) = &state.workspace else { return Ok(None) };
+        let Some(setup) = &self.runtime.workspaces else {
+            return Err(no_workspaces(scenario));
+        };
+        // A process that does not see the run's workspace (another host, another data
+        // directory) must not go on in an empty one: the run stays as it is, for a process
+        // that does.
+        let elsewhere = |why: String| Error::Refused {
+            run_id: run_id.to_owned(),
+            message: format!(
+                "its workspace is not here: {why}; drive it from a process that shares the data directory (or the --snapshots) of the one that started it"
+            ),
+        };
+        if !std::path::Path::new(&info.dir).is_dir() {
+            return Err(elsewhere(format!("{} is not a directory on this host", info.dir)));
+        }
+        let request = WorkspaceRequest {
+            run_id: run_id.to_owned(),
+            dir: Some(std::path::PathBuf::from(&info.dir)),
+            seed: None,
+        };
+        let opener = Arc::clone(&setup.opener);
+        let workspace = off_thread(move || opener.open(&request)).await?;
+        let head = state.workspace_head.clone().unwrap_or_else(|| info.base.clone());
+        let probe = Arc::clone(&workspace);
+        let at = head.clone();
+        if !off_thread(move || probe.holds(&at)).await? {
+            return Err(elsewhere(format!(
+                "its snapshot {head} is not among the snapshots this process keeps for {}",
+                info.dir
+            )));
+        }
+        Ok(Some(workspace))
+    }
+}
