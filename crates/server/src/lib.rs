@@ -168,15 +168,18 @@ pub async fn work(
     let settings =
         Settings { driver_name: Some(worker.name.clone()), share_live: true, ..settings };
     let app = app::App::new(settings, parts, bound, stop.clone(), worker.drain.clone(), None);
-    // Its endpoints answer until it returns (`/readyz` 503 once it drains).
+    // Its endpoints answer until it returns (`/readyz` 503 once it drains); it says where
+    // once it has taken up what the last worker left.
     let endpoints = listener.map(|listener| {
-        ready(bound);
         let (router, limits) =
             (api::worker_router(Arc::clone(&app)), app.settings.connections.clone());
         let metrics = Arc::clone(&app.metrics);
         tokio::spawn(connections::serve(listener, router, limits, metrics, stop.clone()))
     });
     app.workers.recover(&app, true).await;
+    if endpoints.is_some() {
+        ready(bound);
+    }
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
     workers::claim_runs(Arc::clone(&app), worker.name, worker.lease, worker.idle_exit).await;
     refresh.abort();

@@ -386,9 +386,22 @@ fn runs_a_cut_worker_left_interrupted_are_taken_up_again_by_an_idle_one() {
     };
     let first = worker("first", "60", "0");
     std::thread::sleep(std::time::Duration::from_millis(800));
-    // The second worker runs beside it, idle: the first holds both runs.
-    let second = worker("second", "8", "30");
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The second worker runs beside it, idle (the first holds both runs): it says where it
+    // listens once it has taken up what was left at its start, which was nothing.
+    let mut second = pg()
+        .args(["worker", "--concurrency", "4", "--idle-exit-s", "8", "--name", "second"])
+        .args(["--drain-grace-s", "30", "--retry-first-ms", "200", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut listening = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(second.stdout.take().unwrap()),
+        &mut listening,
+    )
+    .unwrap();
+    assert!(listening.starts_with("listening on http://"), "{listening:?}");
     signal(first.id(), "TERM");
     let first = finish(first, 30);
     assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
