@@ -125,6 +125,8 @@ pub(crate) struct Metrics {
     queue_depth: Gauge,
     drives: Gauge,
     commit_seconds: Histogram,
+    /// How long a claimed run had waited, since it was last written, for a worker.
+    claim_wait_seconds: Histogram,
     http: Family<HttpLabels, Counter>,
     connections: Gauge,
     connections_closed: Family<ReasonLabel, Counter>,
@@ -180,6 +182,8 @@ impl Metrics {
             queue_depth: Gauge::default(),
             drives: Gauge::default(),
             commit_seconds: latency_buckets(),
+            // 10 ms to about 3 hours.
+            claim_wait_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 21)),
             http: Family::default(),
             connections: Gauge::default(),
             connections_closed: Family::default(),
@@ -251,6 +255,12 @@ impl Metrics {
             "How long the store took to append a batch of events",
             prometheus_client::registry::Unit::Seconds,
             m.commit_seconds.clone(),
+        );
+        registry.register_with_unit(
+            "claim_wait",
+            "How long each run a worker claimed had waited for it, since its last write",
+            prometheus_client::registry::Unit::Seconds,
+            m.claim_wait_seconds.clone(),
         );
         registry.register(
             "http_requests",
@@ -405,6 +415,11 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// A worker claimed a run that had waited `waited` since its last write.
+    pub(crate) fn claimed(&self, waited: Duration) {
+        self.claim_wait_seconds.observe(waited.as_secs_f64());
     }
 
     /// How long an append took.

@@ -368,6 +368,7 @@ pub(crate) async fn claim_runs(
             }
         };
         idle_since = tokio::time::Instant::now();
+        app.metrics.claimed((chrono::Utc::now() - run.updated_at).to_std().unwrap_or_default());
         eprintln!("{}: claimed run {} ({})", app.workers.name(), run.run_id, run.scenario_id);
         let app = Arc::clone(&app);
         let worker = worker.clone();

@@ -1867,6 +1867,9 @@ fn a_worker_answers_health_readiness_and_metrics_and_is_not_ready_while_it_drain
         assert!(Instant::now() < deadline, "the worker never claimed the run");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The claim is measured: how long the run waited for a worker.
+    let scraped = http(addr, "GET", "/metrics", &[("Authorization", &metrics)], None);
+    assert!(scraped.body.contains("baton_claim_wait_seconds_count 1"), "{}", scraped.body);
     let pid = worker.id().to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let deadline = Instant::now() + Duration::from_secs(5);
