@@ -3,8 +3,6 @@
 //! ([`Engine::append_external`]), which re-reads the log and checks the decision still
 //! applies before it writes.
 
-use std::sync::Arc;
-
 use baton_scenario::schema::JsonSchema;
 use serde_json::{Map, Value};
 
@@ -12,7 +10,6 @@ use crate::event::{ApprovalDecided, CancelRequested, Event, EventData, NewEvent,
 use crate::exec::{EXTERNAL_APPEND_TRIES_MAX, Engine, Error, Outcome, Writer, settle_workspace};
 use crate::state::{PendingApproval, RunState, fold};
 use crate::store;
-use crate::workspace::{WorkspaceRequest, off_thread};
 
 impl Engine {
     /// Records an approval decision for the only open request, exactly once.
@@ -159,17 +156,7 @@ impl Engine {
             if !w.state.status.is_final() {
                 continue;
             }
-            if let Some(info) = &w.state.workspace {
-                let Some(setup) = &self.runtime.workspaces else {
-                    return Err(Error::NoWorkspaces { scenario: w.state.scenario_id.clone() });
-                };
-                let request = WorkspaceRequest {
-                    run_id: run_id.to_owned(),
-                    dir: Some(std::path::PathBuf::from(&info.dir)),
-                    seed: None,
-                };
-                let opener = Arc::clone(&setup.opener);
-                let workspace = off_thread(move || opener.open(&request)).await?;
+            if let Some(workspace) = self.recorded_workspace(run_id, &w.state).await? {
                 // Without the scenario, the log says whether the run edited its workspace:
                 // only a tool loop does.
                 let edits = w.state.levels.values().any(|l| l.kind == "tool_loop");

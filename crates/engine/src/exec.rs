@@ -469,7 +469,7 @@ impl Engine {
                 loaded: scenario.checksum.clone(),
             });
         }
-        let workspace = self.recorded_workspace(scenario, run_id, &state).await?;
+        let workspace = self.recorded_workspace(run_id, &state).await?;
         let workspace = crate::workspace::fenced(workspace, &_driving);
         // A run whose level was in flight when its driver was lost (killed, its lease
         // run out) is taken over: the pause nobody could record, then who goes on.

@@ -4,23 +4,20 @@
 
 use std::sync::Arc;
 
-use baton_scenario::Scenario;
-
-use super::{Engine, Error, no_workspaces};
+use super::{Engine, Error};
 use crate::state::RunState;
 use crate::workspace::{Workspace, WorkspaceRequest, off_thread};
 
 impl Engine {
-    /// Opens the workspace a run recorded, to resume it.
-    pub(super) async fn recorded_workspace(
+    /// Opens the workspace a run recorded, to resume it or to settle it when it ends.
+    pub(crate) async fn recorded_workspace(
         &self,
-        scenario: &Scenario,
         run_id: &str,
         state: &RunState,
     ) -> Result<Option<Arc<dyn Workspace>>, Error> {
         let Some(info) = &state.workspace else { return Ok(None) };
         let Some(setup) = &self.runtime.workspaces else {
-            return Err(no_workspaces(scenario));
+            return Err(Error::NoWorkspaces { scenario: state.scenario_id.clone() });
         };
         // A process that does not see the run's workspace (another host, another data
         // directory) must not go on in an empty one: the run stays as it is, for a process
