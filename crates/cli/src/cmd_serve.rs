@@ -46,9 +46,9 @@ pub(crate) async fn serve(
         );
     }
     baton_app::serving::check_workers(args.workers)?;
-    let parts = parts(place, script.as_deref(), "baton serve").await?;
     let (drain, stop) = (CancelToken::new(), CancelToken::new());
-    tokio::spawn(drain_on_signals("baton serve", drain.clone(), stop.clone(), drain_grace_s));
+    drain_on_signals("baton serve", &drain, &stop, drain_grace_s);
+    let parts = parts(place, script.as_deref(), "baton serve").await?;
     send_webhooks(&parts, "baton serve", &stop);
     let no_auth = settings.no_auth;
     let draining =
@@ -139,9 +139,9 @@ pub(crate) async fn worker(
     // runs it drives last as long.
     let place =
         &Place { hold_for: Some(std::time::Duration::from_secs(args.lease_s)), ..place.clone() };
-    let parts = parts(place, args.script.as_deref(), "baton worker").await?;
     let (drain, stop) = (CancelToken::new(), CancelToken::new());
-    tokio::spawn(drain_on_signals("baton worker", drain.clone(), stop.clone(), args.drain_grace_s));
+    drain_on_signals("baton worker", &drain, &stop, args.drain_grace_s);
+    let parts = parts(place, args.script.as_deref(), "baton worker").await?;
     eprintln!(
         "baton worker: {name} drives up to {} job(s) from {}",
         args.concurrency,
@@ -182,34 +182,34 @@ fn send_webhooks(parts: &Instance, who: &str, stop: &CancelToken) {
 /// The signals of a worker or a server (`who`): the first interrupt or terminate drains it
 /// (no new runs; the steps in flight finish, at most `grace_s`, and their runs are given
 /// back between two steps, for other drivers); a second stops it as a signal stops a drive
-/// (running steps cut, their runs recorded interrupted); a third exits at once.
-async fn drain_on_signals(who: &'static str, drain: CancelToken, stop: CancelToken, grace_s: u64) {
-    let Some((mut interrupt, mut terminate)) = crate::drive::first_signal().await else {
-        return;
-    };
-    eprintln!(
-        "{who}: draining — no new runs; the steps in flight finish (within {grace_s} s) and their runs are given back to other drivers (again to cut them now)"
-    );
-    drain.cancel();
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-    }
-    crate::drive::stop_on_signals_after_one(
-        stop,
-        &format!("{who}: stopping — running steps are cut and their runs recorded interrupted, for the next driver (again to exit at once)"),
-        &format!("{who}: exiting at once; every run stays resumable"),
-        (interrupt, terminate),
-    )
-    .await;
+/// (running steps cut, their runs recorded interrupted); a third exits at once. Listens
+/// from this call on, so a signal that comes while the process is still starting drains
+/// it too.
+fn drain_on_signals(who: &'static str, drain: &CancelToken, stop: &CancelToken, grace_s: u64) {
+    let Some(mut signals) = crate::drive::Signals::listen() else { return };
+    let (drain, stop) = (drain.clone(), stop.clone());
+    tokio::spawn(async move {
+        signals.next().await;
+        eprintln!(
+            "{who}: draining — no new runs; the steps in flight finish (within {grace_s} s) and their runs are given back to other drivers (again to cut them now)"
+        );
+        drain.cancel();
+        signals.next().await;
+        crate::drive::stop_on_signals_after_one(
+            stop,
+            &format!("{who}: stopping — running steps are cut and their runs recorded interrupted, for the next driver (again to exit at once)"),
+            &format!("{who}: exiting at once; every run stays resumable"),
+            signals,
+        )
+        .await;
+    });
 }
 
-/// A stop token cancelled by the first interrupt or terminate signal (`stopping` said on
-/// stderr); a second exits at once (`exiting`).
+/// A stop token cancelled by the first interrupt or terminate signal from this call on
+/// (`stopping` said on stderr); a second exits at once (`exiting`).
 fn stopped_by_signals(stopping: &'static str, exiting: &'static str) -> CancelToken {
     let stop = CancelToken::new();
-    let cancelled = stop.clone();
-    tokio::spawn(async move { crate::drive::stop_on_signals(cancelled, stopping, exiting).await });
+    crate::drive::spawn_stop_on_signals(stop.clone(), stopping, exiting);
     stop
 }
 

@@ -216,7 +216,7 @@ pub(crate) async fn drive(
             going_on(print_timeline(e, depth, id))
         })
     });
-    let signals = tokio::spawn(stop_on_signal(engine.stop.clone()));
+    let signals = stop_on_signal(engine.stop.clone());
     let outcome = match how {
         Driving::Start(s) => engine.run_job(run_id, scenario, *s).await,
         Driving::Continue => engine.drive_tree(run_id, scenario).await,
@@ -304,57 +304,73 @@ pub(crate) async fn report(
 
 /// Stops the engine's drives at the first SIGINT or SIGTERM: the running step is cut and
 /// awaited (its processes killed), and the run is recorded as interrupted, to be resumed.
-async fn stop_on_signal(stop: baton_engine::cancel::CancelToken) {
-    stop_on_signals(
+/// The signals are listened for from this call on.
+fn stop_on_signal(stop: baton_engine::cancel::CancelToken) -> tokio::task::JoinHandle<()> {
+    spawn_stop_on_signals(
         stop,
         "baton: stopping — the running step is cut and the run recorded as interrupted (press Ctrl-C again to exit at once)",
         "baton: exiting at once; the run stays resumable",
     )
-    .await;
 }
 
-/// Cancels `stop` at the first SIGINT or SIGTERM, saying `stopping`; a second exits at once,
-/// saying `exiting` — the jails die with this process (their first process is tied to
-/// it), and runs are left as they are, resumable.
-pub(crate) async fn stop_on_signals(
+/// Listens for SIGINT and SIGTERM from this call on, and cancels `stop` at the first,
+/// saying `stopping`; a second exits at once, saying `exiting` — the jails die with this
+/// process (their first process is tied to it), and runs are left as they are, resumable.
+pub(crate) fn spawn_stop_on_signals(
     stop: baton_engine::cancel::CancelToken,
     stopping: &str,
     exiting: &str,
-) {
-    let Some(listening) = first_signal().await else { return };
-    stop_on_signals_after_one(stop, stopping, exiting, listening).await;
+) -> tokio::task::JoinHandle<()> {
+    let signals = Signals::listen();
+    let (stopping, exiting) = (stopping.to_owned(), exiting.to_owned());
+    tokio::spawn(async move {
+        let Some(mut signals) = signals else { return };
+        signals.next().await;
+        stop_on_signals_after_one(stop, &stopping, &exiting, signals).await;
+    })
 }
 
-/// Waits for the first interrupt or terminate signal; the listeners, for the next ones
-/// (none when they cannot be set up).
-pub(crate) async fn first_signal()
--> Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) =
-        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-    else {
-        return None;
-    };
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
+/// This process's interrupt and terminate signals, listened for from the moment this is
+/// made: one that comes before anything awaits it is kept — not lost, and not left to end
+/// the process the default way, as it would while a worker is still starting.
+pub(crate) struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// The listeners (none when they cannot be set up; the signals then act as they would
+    /// without Baton).
+    pub(crate) fn listen() -> Option<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(interrupt), Ok(terminate)) =
+            (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+        else {
+            return None;
+        };
+        Some(Self { interrupt, terminate })
     }
-    Some((interrupt, terminate))
+
+    /// Waits for the next interrupt or terminate signal.
+    pub(crate) async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
 }
 
-/// [`stop_on_signals`] once its first signal came, on the listeners that heard it.
+/// Once a first signal came: cancels `stop`, saying `stopping`; the next signal exits at
+/// once, saying `exiting`.
 pub(crate) async fn stop_on_signals_after_one(
     stop: baton_engine::cancel::CancelToken,
     stopping: &str,
     exiting: &str,
-    (mut interrupt, mut terminate): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+    mut signals: Signals,
 ) {
     eprintln!("{stopping}");
     stop.cancel();
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-    }
+    signals.next().await;
     eprintln!("{exiting}");
     std::process::exit(130);
 }

@@ -228,6 +228,53 @@ fn finish(child: std::process::Child, secs: u64) -> std::process::Output {
     waiter.join().unwrap()
 }
 
+/// A worker whose stderr is read as it comes, so that a test can wait for what it says
+/// (that it claimed its runs) before it signals it.
+struct Heard {
+    child: std::process::Child,
+    said: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Heard {
+    fn new(mut child: std::process::Child) -> Self {
+        use std::io::BufRead;
+        let stderr = child.stderr.take().expect("the worker's stderr is piped");
+        let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let into = std::sync::Arc::clone(&said);
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut said = into.lock().unwrap();
+                said.push_str(&line);
+                said.push('\n');
+            }
+        });
+        Self { child, said, reader }
+    }
+
+    /// Waits until the worker has said `needle` at least `times` times.
+    fn wait_for(&self, needle: &str, times: usize, secs: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while self.said.lock().unwrap().matches(needle).count() < times {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the worker did not say `{needle}` {times} times within {secs} s: {}",
+                self.said.lock().unwrap()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// [`finish`] for a heard worker: its exit and all it said.
+    fn finish(self, secs: u64) -> std::process::Output {
+        let Self { child, said, reader } = self;
+        let out = finish(child, secs);
+        reader.join().unwrap();
+        let stderr = said.lock().unwrap().clone().into_bytes();
+        std::process::Output { stderr, ..out }
+    }
+}
+
 /// Jobs queued on PostgreSQL are driven by three workers sharing it, each job once: every
 /// run completes, each level is started and finished once, every log verifies, and the
 /// workers say which runs they claimed and how they left them.
@@ -323,13 +370,14 @@ fn a_drained_worker_gives_its_runs_back_between_two_steps_for_another_to_finish(
             .spawn()
             .unwrap()
     };
-    let first = worker("first", "60");
+    let first = Heard::new(worker("first", "60"));
     // The first worker claims the four runs and is inside their first level (1.5 s).
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    first.wait_for("claimed run ", 4, 60);
+    std::thread::sleep(std::time::Duration::from_millis(200));
     let signalled = std::time::Instant::now();
-    signal(first.id(), "TERM");
+    signal(first.child.id(), "TERM");
     let second = worker("second", "3");
-    let first = finish(first, 30);
+    let first = first.finish(30);
     let drained_in = signalled.elapsed();
     let first_said = text(&first.stderr);
     assert_eq!(first.status.code(), Some(0), "{first_said}");
@@ -1383,19 +1431,22 @@ fn four_workers_two_drained_mid_flight_complete_two_hundred_runs_with_no_call_ma
             .spawn()
             .unwrap()
     };
-    let workers: Vec<std::process::Child> =
-        ["w1", "w2", "w3", "w4"].iter().map(|n| worker(n)).collect();
-    // Mid-flight: calls are being answered when the first two get SIGTERM.
+    let workers: Vec<Heard> =
+        ["w1", "w2", "w3", "w4"].iter().map(|n| Heard::new(worker(n))).collect();
+    // Mid-flight: the first two have claimed runs, and calls are being answered, when they
+    // get SIGTERM.
+    workers[0].wait_for("claimed run ", 1, 60);
+    workers[1].wait_for("claimed run ", 1, 60);
     let started = std::time::Instant::now();
     while model.asked.lock().unwrap().len() < 150 {
         assert!(started.elapsed().as_secs() < 60, "the workers never got going");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let busy = model.in_flight.load(std::sync::atomic::Ordering::SeqCst);
-    signal(workers[0].id(), "TERM");
-    signal(workers[1].id(), "TERM");
+    signal(workers[0].child.id(), "TERM");
+    signal(workers[1].child.id(), "TERM");
     assert!(busy > 0, "calls were in flight when the workers were signalled");
-    let outs: Vec<std::process::Output> = workers.into_iter().map(|w| finish(w, 180)).collect();
+    let outs: Vec<std::process::Output> = workers.into_iter().map(|w| w.finish(180)).collect();
     for (i, out) in outs.iter().enumerate() {
         assert_eq!(out.status.code(), Some(0), "worker {}: {}", i + 1, text(&out.stderr));
     }
