@@ -59,6 +59,8 @@ pub struct Instance {
     pub tokens: Arc<dyn TokenStore>,
     /// The same store, for its webhooks and their outbox.
     pub webhooks: Arc<dyn crate::WebhookStore>,
+    /// The same store, for its queues and limits.
+    pub queues: Arc<dyn crate::QueueStore>,
     pub registry: RegistryHandle,
     /// The scenarios directory (where a posted file's templates are read from).
     pub scenarios_dir: PathBuf,
@@ -108,6 +110,7 @@ impl Baton {
         let store: Arc<dyn EventStore> = Arc::clone(&both) as Arc<dyn EventStore>;
         let webhooks: Arc<dyn crate::WebhookStore> =
             Arc::clone(&both) as Arc<dyn crate::WebhookStore>;
+        let queues: Arc<dyn crate::QueueStore> = Arc::clone(&both) as Arc<dyn crate::QueueStore>;
         let tokens: Arc<dyn TokenStore> = both;
         let baton = Baton {
             place: place.clone(),
@@ -127,6 +130,7 @@ impl Baton {
             store,
             tokens,
             webhooks,
+            queues,
             registry,
             scenarios_dir: place.scenarios.clone(),
             warnings,
@@ -136,6 +140,13 @@ impl Baton {
     }
 
     /// Where the instance's runs live.
+    /// What a worker of this process claims from `queues` (none: every queue): jobs
+    /// without a workspace, and jobs whose workspaces live where this process's do.
+    pub fn claimable(&self, queues: Vec<String>) -> baton_engine::store::Claimable {
+        let setup = crate::engines::workspace_setup(&self.place, None, None);
+        baton_engine::store::Claimable { queues, home: setup.opener.home() }
+    }
+
     pub fn place(&self) -> &Place {
         &self.place
     }

@@ -25,6 +25,7 @@ pub mod jail;
 pub mod listing;
 pub mod models;
 pub mod place;
+pub mod queues;
 pub mod redact;
 pub mod replay;
 pub mod runs;
@@ -39,7 +40,9 @@ pub mod webhooks;
 
 /// The store's token and role types, for the surfaces that manage tokens.
 pub use baton_store::webhooks::WebhookRecord;
-pub use baton_store::{Role, SessionRecord, Store, TokenRecord, TokenStore, WebhookStore};
+pub use baton_store::{
+    QueueStore, Role, SessionRecord, Store, TokenRecord, TokenStore, WebhookStore,
+};
 pub use error::{Error, Kind};
 pub use instance::{Answers, Baton, Instance};
 pub use place::Place;

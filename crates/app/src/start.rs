@@ -421,13 +421,16 @@ pub enum Queued {
     Taken(String),
 }
 
-/// Creates a job's first run and leaves it to a worker (`baton run --queue`).
+/// Creates a job's first run and leaves it to a worker (`baton run --queue`), waiting in
+/// `placement`'s queue (which the store checks exists) with its priority.
 pub async fn queue(
     engine: &Engine,
     run_id: &str,
     scenario: &Arc<Scenario>,
     first: Start,
+    placement: &baton_engine::store::Placement,
 ) -> anyhow::Result<Queued> {
+    let first = Start { placement: placement.clone(), ..first };
     let keyed = first.idempotency.is_some().then(|| first.clone());
     match (engine.create_job(run_id, scenario, first).await, keyed) {
         (Ok(()), _) => Ok(Queued::Created),

@@ -134,9 +134,21 @@ pub(crate) enum Command {
         #[arg(long, conflicts_with = "json")]
         stream: bool,
         /// Create the job's first run and exit without driving it: a `baton worker` on the
-        /// same --db drives it (or `baton resume RUN`).
-        #[arg(long, conflicts_with_all = ["stream", "cassette", "record"])]
-        queue: bool,
+        /// same --db drives it (or `baton resume RUN`). `--queue=NAME` puts it in queue
+        /// NAME (made with `baton queue create`); `--queue` alone, in `default`.
+        #[arg(
+            long,
+            value_name = "NAME",
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "default",
+            conflicts_with_all = ["stream", "cassette", "record"]
+        )]
+        queue: Option<String>,
+        /// With --queue: 0 (the default) to 9; a higher one is claimed first, each point
+        /// worth a ninth of the queue's aging time.
+        #[arg(long, requires = "queue", default_value_t = 0, value_parser = clap::value_parser!(i16).range(0..=9))]
+        priority: i16,
         /// Replay model answers from this cassette; no model is called.
         #[arg(long, conflicts_with = "script")]
         cassette: Option<PathBuf>,
@@ -355,7 +367,14 @@ pub(crate) enum Command {
         /// here, e.g. `127.0.0.1:9091`; none when left out.
         #[arg(long, value_name = "ADDR")]
         listen: Option<std::net::SocketAddr>,
+        /// Take runs only from these queues (comma-separated; default: every queue).
+        #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+        queues: Vec<String>,
     },
+    /// Queues jobs wait in for workers, each with its aging time and an optional limit on
+    /// its runs driven at once across the fleet (kept in the database).
+    #[command(subcommand)]
+    Queue(crate::service_args::QueueCommand),
     /// Serve MCP on stdin and stdout for an MCP host (an IDE or CLI agent): tools to start
     /// scenarios, follow runs, decide approvals and drive waves; run timelines as
     /// resources; the `baton` and `baton:waves` prompts. Runs it starts are driven here.
@@ -889,6 +908,15 @@ pub(crate) enum TenantCommand {
     /// Store every override of a directory laid out as DIR/TENANT/SCENARIO_ID.yaml, once
     /// every tenant's load.
     Import { dir: PathBuf },
+    /// Limit TENANT's runs driven at once across the fleet to MAX (`--none`: no limit);
+    /// without either, list every tenant's limit.
+    Limit {
+        tenant: Option<String>,
+        #[arg(requires = "tenant", conflicts_with = "none")]
+        max: Option<u32>,
+        #[arg(long, requires = "tenant")]
+        none: bool,
+    },
 }
 
 /// How `validate` reports.

@@ -179,7 +179,21 @@ pub(crate) async fn runs(
             outln!("    no process drives it; continue it with `baton resume {}`", r.run_id)?;
         }
         if r.status == QUEUED {
-            outln!("    waits for a `baton worker` on this database to claim it")?;
+            let p = &r.placement;
+            let priority =
+                if p.priority > 0 { format!(" at priority {}", p.priority) } else { String::new() };
+            outln!(
+                "    waits in queue {}{priority} for a `baton worker` on this database to claim it",
+                p.queue
+            )?;
+        }
+        let ended =
+            baton_engine::Status::from_name(&r.status).is_some_and(baton_engine::Status::is_final);
+        if let Some(home) = r.placement.home.as_deref().filter(|_| !ended) {
+            outln!(
+                "    bound to the data dir {}: only a process whose data dir that is drives it",
+                escape::one_line(home)
+            )?;
         }
         if let Some(damage) = damage {
             outln!("    {}", escape::one_line(&damage))?;

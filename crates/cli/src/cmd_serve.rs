@@ -120,6 +120,8 @@ pub(crate) struct WorkerArgs {
     pub idle_exit_s: Option<u64>,
     pub drain_grace_s: u64,
     pub listen: Option<std::net::SocketAddr>,
+    /// The queues it takes runs from (none: every queue).
+    pub queues: Vec<String>,
 }
 
 /// `baton worker`: claims and drives runs nobody drives until stopped (or idle).
@@ -142,6 +144,7 @@ pub(crate) async fn worker(
     let (drain, stop) = (CancelToken::new(), CancelToken::new());
     drain_on_signals("baton worker", &drain, &stop, args.drain_grace_s);
     let parts = parts(place, args.script.as_deref(), "baton worker").await?;
+    baton_app::queues::worker_queues(parts.queues.as_ref(), &args.queues).await?;
     eprintln!(
         "baton worker: {name} drives up to {} job(s) from {}",
         args.concurrency,
@@ -155,6 +158,7 @@ pub(crate) async fn worker(
         drain,
         grace: std::time::Duration::from_secs(args.drain_grace_s),
         listen: args.listen,
+        queues: args.queues,
     };
     baton_server::work(settings, parts, worker, stop, |bound| {
         // Tests and scripts read the address from here (with --listen 127.0.0.1:0).

@@ -33,7 +33,7 @@ pub(crate) async fn plan(
     let request = JobStart { input, ..JobStart::default() };
     let setup = Setup { script, given: Some(scenario), ..Setup::default() };
     let args =
-        drive::RunArgs { request, setup, json, stream: false, queue: false, more_inputs: vec![] };
+        drive::RunArgs { request, setup, json, stream: false, queue: None, more_inputs: vec![] };
     drive::run(place, args).await
 }
 

@@ -48,8 +48,8 @@ pub(crate) struct RunArgs {
     pub json: bool,
     /// Show the text of model answers as it streams in.
     pub stream: bool,
-    /// Create the job's first run and leave it to a worker.
-    pub queue: bool,
+    /// Create the job's first run and leave it to a worker, waiting here.
+    pub queue: Option<baton_engine::store::Placement>,
     /// With `queue`: more jobs like the first, one per input (`--input-lines`).
     pub more_inputs: Vec<String>,
 }
@@ -78,11 +78,12 @@ pub(crate) async fn run(place: &Place, args: RunArgs) -> anyhow::Result<ExitCode
     // that fails before its first commit (its workspace cannot be opened, say) was never
     // created, and its id would name nothing.
     let run_id = Engine::new_run_id();
-    if args.queue {
-        let code = queue(place, &engine, &run_id, &scenario, (*first).clone(), json).await?;
+    if let Some(placement) = &args.queue {
+        let code =
+            queue(place, &engine, &run_id, &scenario, (*first).clone(), placement, json).await?;
         for input in args.more_inputs {
             let start = baton_engine::job::Start { input, ..(*first).clone() };
-            queue(place, &engine, &Engine::new_run_id(), &scenario, start, json).await?;
+            queue(place, &engine, &Engine::new_run_id(), &scenario, start, placement, json).await?;
         }
         return Ok(code);
     }
@@ -107,20 +108,25 @@ async fn queue(
     run_id: &str,
     scenario: &Arc<Scenario>,
     first: baton_engine::job::Start,
+    placement: &baton_engine::store::Placement,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let key = first.idempotency.as_ref().map(|c| c.key.clone()).unwrap_or_default();
     if let baton_app::start::Queued::Taken(taken) =
-        baton_app::start::queue(engine, run_id, scenario, first).await?
+        baton_app::start::queue(engine, run_id, scenario, first, placement).await?
     {
         return existing_run(place, Arc::clone(&engine.store), &taken, &key, json).await;
     }
     if json {
-        outln!("{}", json!({"run_id": run_id, "status": "running", "queued": true}))?;
+        outln!(
+            "{}",
+            json!({"run_id": run_id, "status": "running", "queued": true, "queue": placement.queue, "priority": placement.priority})
+        )?;
     } else {
         outln!("run {run_id}")?;
         outln!(
-            "queued: a `baton worker` on {} drives it (or `baton resume {run_id}`)",
+            "queued in {}: a `baton worker` on {} drives it (or `baton resume {run_id}`)",
+            placement.queue,
             place.db_shown()
         )?;
     }

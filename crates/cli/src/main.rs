@@ -10,6 +10,7 @@ mod cmd_fork;
 mod cmd_gc;
 mod cmd_graph;
 mod cmd_purge;
+mod cmd_queue;
 mod cmd_replay;
 mod cmd_run;
 mod cmd_serve;
@@ -112,6 +113,7 @@ fn main() -> ExitCode {
             json,
             stream,
             queue,
+            priority,
             input_lines,
             cassette,
             record,
@@ -128,29 +130,32 @@ fn main() -> ExitCode {
                 }
                 (None, None, None) => Err(anyhow::anyhow!("give --input TEXT or --input-file F")),
             };
-            inputs.and_then(|mut inputs| {
-                let request = baton_app::start::JobStart {
-                    job: baton_engine::job::JobRequest { pin: scenario.or(pin), intent, kind },
-                    input: inputs.remove(0),
-                    metadata: meta.into_iter().map(|(k, v)| (k, v.into())).collect(),
-                    max_cost_usd,
-                    idempotency_key,
-                    tenant,
-                };
-                let setup = baton_app::start::Setup {
-                    max_forecast_usd,
-                    settle_timeout_s,
-                    script,
-                    cassette,
-                    record,
-                    workspace,
-                    branch,
-                    given: None,
-                };
-                let args =
-                    drive::RunArgs { request, setup, json, stream, queue, more_inputs: inputs };
-                runtime.block_on(drive::run(&place, args))
-            })
+            let queue = queue.map(|q| baton_app::queues::placement(Some(&q), priority)).transpose();
+            inputs.and_then(|inputs| queue.map(|queue| (inputs, queue))).and_then(
+                |(mut inputs, queue)| {
+                    let request = baton_app::start::JobStart {
+                        job: baton_engine::job::JobRequest { pin: scenario.or(pin), intent, kind },
+                        input: inputs.remove(0),
+                        metadata: meta.into_iter().map(|(k, v)| (k, v.into())).collect(),
+                        max_cost_usd,
+                        idempotency_key,
+                        tenant,
+                    };
+                    let setup = baton_app::start::Setup {
+                        max_forecast_usd,
+                        settle_timeout_s,
+                        script,
+                        cassette,
+                        record,
+                        workspace,
+                        branch,
+                        given: None,
+                    };
+                    let args =
+                        drive::RunArgs { request, setup, json, stream, queue, more_inputs: inputs };
+                    runtime.block_on(drive::run(&place, args))
+                },
+            )
         }
         Command::Wave(w) => runtime.block_on(async {
             match w {
@@ -256,6 +261,7 @@ fn main() -> ExitCode {
             retry_first_ms,
             drain_grace_s,
             listen,
+            queues,
         } => runtime.block_on(cmd_serve::worker(
             &place,
             cmd_serve::WorkerArgs {
@@ -266,6 +272,7 @@ fn main() -> ExitCode {
                 idle_exit_s,
                 drain_grace_s,
                 listen,
+                queues,
             },
             baton_server::Settings {
                 name: "baton worker",
@@ -296,6 +303,7 @@ fn main() -> ExitCode {
             }
         }),
         Command::Webhook(w) => runtime.block_on(cmd_webhook::run(&place, w)),
+        Command::Queue(q) => runtime.block_on(cmd_queue::run(&place, q)),
         Command::Tenant(t) => runtime.block_on(async {
             match t {
                 TenantCommand::Set { tenant, scenario, file } => {
@@ -309,6 +317,9 @@ fn main() -> ExitCode {
                     cmd_tenant::rm(&place, &tenant, &scenario).await
                 }
                 TenantCommand::Import { dir } => cmd_tenant::import(&place, &dir).await,
+                TenantCommand::Limit { tenant, max, none } => {
+                    cmd_queue::limit(&place, tenant.as_deref(), max, none).await
+                }
             }
         }),
         Command::Replay { run, fixture, trust_validation, from_scenario, json } => runtime

@@ -77,3 +77,52 @@ impl ServiceLimits {
         settings.sessions_per_token = self.sessions_per_token as usize;
     }
 }
+
+/// `baton queue`: the queues jobs wait in.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum QueueCommand {
+    /// Make queue NAME (lowercase letters, digits, `-`, `_`).
+    Create {
+        name: String,
+        #[command(flatten)]
+        settings: QueueFlags,
+    },
+    /// Change queue NAME's aging time or limit (its waiting runs keep their due times).
+    Set {
+        name: String,
+        #[command(flatten)]
+        settings: QueueFlags,
+    },
+    /// Every queue, with its runs waiting and driven now.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A queue's settings as flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct QueueFlags {
+    /// The longest a run waits behind runs of higher priority queued after it (default
+    /// 600 s).
+    #[arg(long, value_name = "SECONDS")]
+    pub(crate) aging_s: Option<u64>,
+    /// The most runs of the queue driven at once across the fleet.
+    #[arg(long, value_name = "N", conflicts_with = "no_limit")]
+    pub(crate) max_running: Option<u32>,
+    /// No limit (removes one).
+    #[arg(long)]
+    pub(crate) no_limit: bool,
+}
+
+impl QueueFlags {
+    /// As the application layer takes them.
+    pub(crate) fn settings(&self) -> baton_app::queues::QueueSettings {
+        let max_running = match (self.max_running, self.no_limit) {
+            (Some(n), _) => Some(Some(n)),
+            (None, true) => Some(None),
+            (None, false) => None,
+        };
+        baton_app::queues::QueueSettings { aging_s: self.aging_s, max_running }
+    }
+}

@@ -12,6 +12,7 @@ mod mcp;
 mod own_tools;
 mod pinning;
 mod postgres;
+mod queues;
 mod reads;
 mod replay;
 mod routing;

@@ -391,6 +391,13 @@ impl Engine {
             root_run_id: start.parent.as_ref().map(|p| p.root_run_id.clone()),
             idempotency: start.idempotency.clone(),
             tenant: start.tenant.clone(),
+            placement: crate::store::Placement {
+                home: workspace
+                    .as_ref()
+                    .and(self.runtime.workspaces.as_ref())
+                    .and_then(|w| w.opener.home()),
+                ..start.placement.clone()
+            },
             ..RunRecord::new(run_id, &scenario.id, Status::Running.as_str(), now)
         };
         let budget =

@@ -388,6 +388,8 @@ impl Engine {
                     parent_seq: (child.started_seq > 0).then_some(child.started_seq),
                     replay: None,
                     failures_unrouted: !parent.failures_routed,
+                    // It waits where its root does (a claim looks at the root's queue).
+                    placement: crate::store::Placement::default(),
                 };
                 Box::pin(self.tree_loop(&c.child_run_id, &scenario, Some(start))).await
             }

@@ -398,6 +398,8 @@ pub struct Start {
     /// failure ends the run at once): a replay of a run recorded under it, and a child of a
     /// run started under it.
     pub failures_unrouted: bool,
+    /// Where the job waits for a driver (a job's root; its home is the engine's to set).
+    pub placement: crate::store::Placement,
 }
 
 /// The caps of a new run of `scenario`: its scenario's, narrowed by a tree cap.

@@ -137,6 +137,14 @@ pub trait Workspaces: Send + Sync + std::fmt::Debug {
     /// only into a directory that is new or empty); opening it again gives the same
     /// directory and repository.
     fn open(&self, request: &WorkspaceRequest) -> Result<Arc<dyn Workspace>, WorkspaceError>;
+
+    /// The name the place these workspaces live goes by, the same for every process that
+    /// opens them there (it is kept beside them): a run with a workspace records it, and
+    /// only a process whose workspaces go by the same name may drive the run's job. None:
+    /// the workspaces are wherever every process sees them.
+    fn home(&self) -> Option<String> {
+        None
+    }
 }
 
 /// How an engine gives runs their workspaces.

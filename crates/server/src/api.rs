@@ -128,6 +128,9 @@ async fn count_answers(State(app): State<Arc<App>>, request: Request, next: Next
     response
 }
 
+/// How long a scrape waits for the database's queue figures.
+const QUEUE_LOADS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The server's metrics — runs, levels, model calls, tokens and cost, retries and
 /// failovers, verifiers, approval idle time, stops, the queue, the store's commit latency,
 /// the HTTP answers and connections — as OpenMetrics text when `Accept` asks for it, else in
@@ -152,8 +155,19 @@ pub(crate) async fn metrics(
     }
     let accept =
         headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
-    let (text, content_type) =
-        app.metrics.render_for(accept, app.workers.queue_depth(), app.workers.active());
+    // The queues' figures are the database's, for the whole fleet: read at each scrape,
+    // within a bound (past it, the last ones read stand).
+    let loads =
+        tokio::time::timeout(QUEUE_LOADS_TIMEOUT, app.queues.queue_loads(chrono::Utc::now()))
+            .await
+            .ok()
+            .and_then(Result::ok);
+    let (text, content_type) = app.metrics.render_for(
+        accept,
+        loads.as_deref(),
+        app.workers.queue_depth(),
+        app.workers.active(),
+    );
     Ok(([(axum::http::header::CONTENT_TYPE, content_type)], text).into_response())
 }
 

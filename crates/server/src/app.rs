@@ -42,6 +42,8 @@ pub(crate) struct App {
     pub(crate) tokens: Tokens,
     /// Webhooks and their outbox (the same store).
     pub(crate) webhooks: Arc<dyn baton_app::WebhookStore>,
+    /// Queues and limits (the same store).
+    pub(crate) queues: Arc<dyn baton_app::QueueStore>,
     /// How webhooks are sent and which receivers are allowed, as the instance opened.
     pub(crate) webhook_settings: baton_app::webhooks::Settings,
     pub(crate) registry: Arc<RegistryHandle>,
@@ -94,6 +96,7 @@ impl App {
             notifying,
             metrics,
             webhooks: Arc::clone(&parts.webhooks),
+            queues: Arc::clone(&parts.queues),
             webhook_settings: parts.webhook_settings.clone(),
             tokens: Tokens::new(
                 parts.tokens,

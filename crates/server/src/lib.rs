@@ -181,7 +181,8 @@ pub async fn work(
         ready(bound);
     }
     let refresh = tokio::spawn(app::refresh_registry(Arc::clone(&app)));
-    workers::claim_runs(Arc::clone(&app), worker.name, worker.lease, worker.idle_exit).await;
+    let what = app.baton.claimable(worker.queues);
+    workers::claim_runs(Arc::clone(&app), worker.name, worker.lease, worker.idle_exit, what).await;
     refresh.abort();
     if app.drain.is_cancelled() && !stop.is_cancelled() {
         // Draining: the steps in flight finish and their drives give their runs back,

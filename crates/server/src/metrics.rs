@@ -20,6 +20,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// A queue's name: a closed set (queues are declared, at most `QUEUES_MAX`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScenarioLabel {
     scenario: String,
@@ -122,7 +128,9 @@ pub(crate) struct Metrics {
     verifiers: Family<VerifierLabels, Counter>,
     approval_idle: Histogram,
     stops: Family<TriggerLabel, Counter>,
-    queue_depth: Gauge,
+    slot_waiting: Gauge,
+    queue_depth: Family<QueueLabel, Gauge>,
+    queue_driven: Family<QueueLabel, Gauge>,
     drives: Gauge,
     commit_seconds: Histogram,
     /// How long a claimed run had waited, since it was last written, for a worker.
@@ -179,7 +187,9 @@ impl Metrics {
             verifiers: Family::default(),
             approval_idle: seconds_buckets(),
             stops: Family::default(),
-            queue_depth: Gauge::default(),
+            slot_waiting: Gauge::default(),
+            queue_depth: Family::default(),
+            queue_driven: Family::default(),
             drives: Gauge::default(),
             commit_seconds: latency_buckets(),
             // 10 ms to about 3 hours.
@@ -248,7 +258,21 @@ impl Metrics {
             "Cancels, timeouts, budget stops and interruptions, by trigger",
             m.stops.clone(),
         );
-        registry.register("queue_depth", "Jobs waiting for a worker", m.queue_depth.clone());
+        registry.register(
+            "slot_waiting",
+            "Jobs in this process waiting for a free drive slot",
+            m.slot_waiting.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Runs waiting for a driver in each queue, across the database",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "queue_driven",
+            "Runs of each queue leased by a worker now, across the database",
+            m.queue_driven.clone(),
+        );
         registry.register("drives_active", "Jobs being driven or waiting to be", m.drives.clone());
         registry.register_with_unit(
             "store_commit",
@@ -454,10 +478,21 @@ impl Metrics {
     pub(crate) fn render_for(
         &self,
         accept: &str,
-        queue_depth: usize,
+        queues: Option<&[baton_app::queues::Load]>,
+        slot_waiting: usize,
         drives: usize,
     ) -> (String, &'static str) {
-        let open = self.open_metrics(queue_depth, drives);
+        if let Some(queues) = queues {
+            self.queue_depth.clear();
+            self.queue_driven.clear();
+            for q in queues {
+                let label = QueueLabel { queue: q.queue.name.clone() };
+                let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                self.queue_depth.get_or_create(&label).set(n(q.waiting));
+                self.queue_driven.get_or_create(&label).set(n(q.leased));
+            }
+        }
+        let open = self.open_metrics(slot_waiting, drives);
         if accept.to_ascii_lowercase().contains("application/openmetrics-text") {
             (open, "application/openmetrics-text; version=1.0.0; charset=utf-8")
         } else {
@@ -466,8 +501,8 @@ impl Metrics {
     }
 
     /// The metrics as OpenMetrics text, with the workers' gauges as they are now.
-    fn open_metrics(&self, queue_depth: usize, drives: usize) -> String {
-        self.queue_depth.set(i64::try_from(queue_depth).unwrap_or(i64::MAX));
+    fn open_metrics(&self, slot_waiting: usize, drives: usize) -> String {
+        self.slot_waiting.set(i64::try_from(slot_waiting).unwrap_or(i64::MAX));
         self.drives.set(i64::try_from(drives).unwrap_or(i64::MAX));
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {

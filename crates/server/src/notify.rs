@@ -246,8 +246,9 @@ impl EventStore for Notifying {
         worker: &'a str,
         now: DateTime<Utc>,
         until: DateTime<Utc>,
+        what: &'a baton_engine::store::Claimable,
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
-        self.inner.claim(worker, now, until)
+        self.inner.claim(worker, now, until, what)
     }
 
     fn renew<'a>(

@@ -141,6 +141,8 @@ pub struct WorkerSettings {
     pub grace: Duration,
     /// Where it serves `/healthz`, `/readyz` and `/metrics`, if anywhere.
     pub listen: Option<std::net::SocketAddr>,
+    /// The queues it takes runs from (none: every queue).
+    pub queues: Vec<String>,
 }
 
 /// How `baton serve` drains: `drain` cancelled (its first signal) makes `/readyz` answer

@@ -308,6 +308,7 @@ pub(crate) async fn claim_runs(
     worker: String,
     lease: Duration,
     idle_exit: Option<Duration>,
+    what: baton_engine::store::Claimable,
 ) {
     let lease_for = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(30));
     let mut failures = 0u32;
@@ -327,7 +328,7 @@ pub(crate) async fn claim_runs(
             return;
         }
         let now = chrono::Utc::now();
-        let run = match app.store.claim(&worker, now, now + lease_for).await {
+        let run = match app.store.claim(&worker, now, now + lease_for, &what).await {
             Ok(Some(run)) => {
                 failures = 0;
                 run

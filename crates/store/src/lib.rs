@@ -7,10 +7,12 @@
 mod barrier;
 pub mod packed;
 pub mod postgres;
+pub mod queues;
 pub mod run_holds;
 pub mod schema;
 pub mod sqlite;
 mod sqlite_log;
+mod sqlite_queues;
 mod sqlite_rows;
 mod sqlite_webhooks;
 mod stored;
@@ -18,11 +20,13 @@ pub mod tokens;
 pub mod webhooks;
 
 pub use postgres::PostgresStore;
+pub use queues::QueueStore;
 pub use sqlite::{SqliteStore, backup};
 pub use tokens::{Role, SessionRecord, TokenRecord, TokenStore};
 pub use webhooks::WebhookStore;
 
-/// A store of runs, of the server's tokens and of webhooks: what a process opens.
-pub trait Store: baton_engine::store::EventStore + TokenStore + WebhookStore {}
+/// A store of runs, of the server's tokens, of webhooks and of queues: what a process
+/// opens.
+pub trait Store: baton_engine::store::EventStore + TokenStore + WebhookStore + QueueStore {}
 
-impl<T: baton_engine::store::EventStore + TokenStore + WebhookStore> Store for T {}
+impl<T: baton_engine::store::EventStore + TokenStore + WebhookStore + QueueStore> Store for T {}

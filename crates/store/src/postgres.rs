@@ -35,8 +35,8 @@ use baton_engine::chain::{self, Check, Form, GENESIS, Hash};
 use baton_engine::event::Event;
 use baton_engine::model::BoxFuture;
 use baton_engine::store::{
-    Error, EventStore, FeedCursor, FeedRef, Fence, RunGuard, RunQuery, RunRecord, TenantOverride,
-    Verified, check_numbering,
+    Error, EventStore, FeedCursor, FeedRef, Fence, Placement, RunGuard, RunQuery, RunRecord,
+    TenantOverride, Verified, check_numbering,
 };
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -50,6 +50,7 @@ use crate::tokens::{Role, SessionRecord, TokenRecord, TokenStore};
 mod common;
 mod group;
 mod live;
+mod queues;
 mod sessions;
 mod webhooks;
 
@@ -90,7 +91,7 @@ pub const DEFAULT_HOLD_FOR: Duration = Duration::from_secs(30);
 /// The advisory lock that serialises migrations between processes.
 const MIGRATION_LOCK: i64 = 0x6261_746f_6e00_0001;
 
-const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us";
+const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us, queue, priority, due_us, home";
 
 /// A PostgreSQL database holding runs, events, scenario versions, overrides and tokens.
 pub struct PostgresStore {
@@ -519,7 +520,7 @@ async fn prepare_schema(
 }
 
 /// Whether the session that took the hold `h` still lives (its process has not died).
-const HOLDER_ALIVE: &str = "EXISTS (SELECT 1 FROM pg_stat_activity a
+pub(super) const HOLDER_ALIVE: &str = "EXISTS (SELECT 1 FROM pg_stat_activity a
     WHERE a.pid = h.holder_pid AND a.backend_start = h.holder_since)";
 
 /// The hold connection's statements, prepared once.
@@ -715,6 +716,16 @@ fn to_record(r: &Row) -> Result<(RunRecord, Option<Hash>), Error> {
                     r.try_get(11).map_err(col)?,
                     r.try_get(12).map_err(col)?,
                 )?,
+                placement: Placement {
+                    queue: r.try_get(13).map_err(col)?,
+                    priority: r.try_get(14).map_err(col)?,
+                    due_at: r
+                        .try_get::<_, Option<i64>>(15)
+                        .map_err(col)?
+                        .map(|us| from_micros(us, "due_us"))
+                        .transpose()?,
+                    home: r.try_get(16).map_err(col)?,
+                },
             },
             head.as_deref().and_then(chain::from_bytes),
         ))
@@ -760,12 +771,13 @@ async fn create(
             "WITH held AS (
                SELECT 1 FROM holds WHERE run_id = $1 AND holder = $20 AND epoch = $21 FOR SHARE
              ), run AS (
-               INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us, chain)
-               SELECT $1, $14, $11, $15, $12, $10, $13, $16, $17, $18, $19, $22, $23, 2
+               INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us, chain, queue, priority, due_us, home, events_version)
+               SELECT $1, $14, $11, $15, $12, $10, $13, $16, $17, $18, $19, $22, $23, 2, $24, $25, $26, $27, {}
                 WHERE $20::text IS NULL OR EXISTS (SELECT 1 FROM held)
                RETURNING run_id
              ), inserted AS ({BATCH_INSERT} WHERE EXISTS (SELECT 1 FROM run))
-             SELECT pg_notify('baton_events', run_id) FROM run"
+             SELECT pg_notify('baton_events', run_id) FROM run",
+            baton_engine::event::VERSION
         ))
         .await
         .map_err(pg)?;
@@ -780,6 +792,22 @@ async fn create(
     let claim = run.idempotency.as_ref();
     let (key, request) = (claim.map(|c| &c.key), claim.map(|c| &c.request));
     let expires = claim.map(|c| micros(c.expires_at));
+    // A run names a queue that exists (queues are never removed); its due time is worked
+    // out from that queue's aging.
+    let aging: Option<i64> = c
+        .query_opt("SELECT aging_s FROM queues WHERE name = $1", &[&run.placement.queue])
+        .await
+        .map_err(pg)?
+        .map(|r| r.get(0));
+    let Some(aging) = aging else {
+        return Err(Error::NoQueue(run.placement.queue.clone()));
+    };
+    let due = baton_engine::store::placement::due(
+        run.created_at,
+        run.placement.priority,
+        u64::try_from(aging).unwrap_or_default(),
+    )
+    .map(micros);
     params.extend_from_slice(&[
         &run.scenario_id,
         &created,
@@ -791,6 +819,10 @@ async fn create(
         &epoch,
         &request,
         &expires,
+        &run.placement.queue,
+        &run.placement.priority,
+        &due,
+        &run.placement.home,
     ]);
     match c.query(&stmt, &params).await {
         Ok(rows) if rows.is_empty() => Err(Error::Fenced(run.run_id.clone())),
@@ -895,8 +927,60 @@ async fn end_of_log(
 const BATCH_INSERT: &str = "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
                SELECT $1::text, * FROM UNNEST($2::bigint[], $3::bigint[], $4::text[], $5::int[], $6::text[], $7::bigint[], $8::text[], $9::bytea[])";
 
-const BATCH_UPDATE: &str =
-    "UPDATE runs SET last_seq = $10, status = $11, updated_us = $12, head_hash = $13";
+/// The run's new end, and the newest event version its log holds (which no worker that
+/// reads only older ones claims).
+const BATCH_UPDATE: &str = "UPDATE runs SET last_seq = $10, status = $11, updated_us = $12, head_hash = $13,
+    events_version = GREATEST(events_version, (SELECT COALESCE(MAX(v), 0) FROM UNNEST($5::int[]) v)::smallint)";
+
+/// The advisory lock claims take turns on while a queue or a tenant has a limit.
+const CLAIM_LOCK: i64 = 0x6261_746f_6e71; // "batonq"
+
+/// Takes [`CLAIM_LOCK`] for the transaction when some limit is set.
+const CLAIM_TURN: &str = "SELECT pg_advisory_xact_lock($1)
+  WHERE EXISTS (SELECT 1 FROM queues WHERE max_running IS NOT NULL)
+     OR EXISTS (SELECT 1 FROM tenant_limits)";
+
+/// The claim: `$1` the worker, `$2` its lease's end, `$3` now, `$4`, `$5` its session,
+/// `$6` the queues it takes (none: every queue), `$7` its home. The run due first that is
+/// running, not leased (or its lease ran out, or its holder's session is gone), whose job
+/// no process drives, whose job's root waits in one of the queues, whose job's runs have
+/// no workspace on another home and no event newer than this build reads, and whose
+/// queue and tenant are under their limits (the runs leased now counted).
+fn claim_sql() -> &'static String {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let version = baton_engine::event::VERSION;
+        format!(
+            "UPDATE runs SET lease_owner = $1, lease_until_us = $2, lease_pid = $4, lease_since = $5
+              WHERE run_id = (
+               SELECT r.run_id FROM runs r JOIN runs j ON j.run_id = COALESCE(r.root_run_id, r.run_id)
+                WHERE r.status = 'running'
+                  AND (r.lease_until_us IS NULL OR r.lease_until_us < $3
+                       OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                            WHERE a.pid = r.lease_pid AND a.backend_start = r.lease_since))
+                  AND NOT EXISTS (SELECT 1 FROM holds h
+                       WHERE h.run_id = j.run_id AND h.until_us >= {NOW_US} AND {HOLDER_ALIVE})
+                  AND (cardinality($6::text[]) = 0 OR j.queue = ANY($6::text[]))
+                  AND NOT EXISTS (SELECT 1 FROM runs o
+                       WHERE (o.run_id = j.run_id OR o.root_run_id = j.run_id)
+                         AND ((o.home IS NOT NULL AND o.home IS DISTINCT FROM $7::text)
+                              OR o.events_version > {version}))
+                  AND NOT EXISTS (SELECT 1 FROM queues q
+                       WHERE q.name = j.queue AND q.max_running IS NOT NULL
+                         AND q.max_running <= (SELECT count(*) FROM runs x
+                              JOIN runs xj ON xj.run_id = COALESCE(x.root_run_id, x.run_id)
+                              WHERE x.lease_owner IS NOT NULL AND x.status = 'running'
+                                AND x.lease_until_us >= $3 AND xj.queue = j.queue))
+                  AND NOT EXISTS (SELECT 1 FROM tenant_limits t
+                       WHERE t.tenant = j.tenant
+                         AND t.max_running <= (SELECT count(*) FROM runs x
+                              WHERE x.lease_owner IS NOT NULL AND x.status = 'running'
+                                AND x.lease_until_us >= $3 AND x.tenant = j.tenant))
+                ORDER BY COALESCE(r.due_us, r.created_us), r.run_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED)
+             RETURNING {RUN_COLUMNS}"
+        )
+    });
+    &SQL
+}
 
 /// Appends under the run's row lock, the end of the log checked first (the slow path, and
 /// the one that says exactly what is wrong); the run's new end.
@@ -948,10 +1032,11 @@ async fn load_checked(
     let (record, head) = to_record(first)?;
     let damaged =
         |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
-    const E: usize = 13;
-    let form: i16 = first.try_get(E + 8).map_err(pg)?;
+    // The events' columns come after the run's.
+    let e_at = RUN_COLUMNS.split(", ").count();
+    let form: i16 = first.try_get(e_at + 8).map_err(pg)?;
     let form = Form::from_number(form.into()).ok_or_else(|| Form::unknown(run_id, form.into()))?;
-    let seq_of = |r: &Row| r.try_get::<_, Option<i64>>(E).map_err(pg);
+    let seq_of = |r: &Row| r.try_get::<_, Option<i64>>(e_at).map_err(pg);
     let mut rest = &rows[..];
     if seq_of(first)?.is_none() {
         rest = &[];
@@ -961,7 +1046,7 @@ async fn load_checked(
     } else {
         match rest.first() {
             Some(r) if seq_of(r)? == Some(seq_param(after)) => {
-                let hash: Option<Vec<u8>> = r.try_get(E + 7).map_err(pg)?;
+                let hash: Option<Vec<u8>> = r.try_get(e_at + 7).map_err(pg)?;
                 let hash = hash.as_deref().and_then(chain::from_bytes).ok_or_else(|| {
                     damaged(after, "the event has no hash (or not a 32-byte one)".to_owned())
                 })?;
@@ -986,14 +1071,14 @@ async fn load_checked(
         })?;
         check.seq(seq)?;
         let column = |e: tokio_postgres::Error| damaged(seq, e.to_string());
-        let at_us: i64 = r.try_get(E + 1).map_err(column)?;
-        let kind: String = r.try_get(E + 2).map_err(column)?;
-        let version: i32 = r.try_get(E + 3).map_err(column)?;
+        let at_us: i64 = r.try_get(e_at + 1).map_err(column)?;
+        let kind: String = r.try_get(e_at + 2).map_err(column)?;
+        let version: i32 = r.try_get(e_at + 3).map_err(column)?;
         let version = u16::try_from(version).map_err(|_| {
             damaged(seq, format!("column `version` holds {version}, not a schema version"))
         })?;
-        let level_id: Option<String> = r.try_get(E + 4).map_err(column)?;
-        let attempt: Option<i64> = r.try_get(E + 5).map_err(column)?;
+        let level_id: Option<String> = r.try_get(e_at + 4).map_err(column)?;
+        let attempt: Option<i64> = r.try_get(e_at + 5).map_err(column)?;
         let attempt = attempt
             .map(|a| {
                 u32::try_from(a).map_err(|_| {
@@ -1001,8 +1086,8 @@ async fn load_checked(
                 })
             })
             .transpose()?;
-        let data: String = r.try_get(E + 6).map_err(column)?;
-        let hash: Option<Vec<u8>> = r.try_get(E + 7).map_err(column)?;
+        let data: String = r.try_get(e_at + 6).map_err(column)?;
+        let hash: Option<Vec<u8>> = r.try_get(e_at + 7).map_err(column)?;
         let columns = crate::stored::Columns {
             seq,
             at_us,
@@ -1117,9 +1202,11 @@ impl EventStore for PostgresStore {
             // A run this process holds is created in a group with other runs' appends (one
             // statement, which takes a new run's hold too); the slow path when that misses
             // says what is wrong (the id taken, the hold lost). A run with an idempotency
-            // key takes the slow path, which names the run holding the key.
+            // key takes the slow path, which names the run holding the key; so does a run
+            // with a placement of its own (a queue, a priority, a home).
             if let Some(epoch) = epoch
                 && run.idempotency.is_none()
+                && run.placement.is_default()
                 && check_numbering(&events, 1).is_ok()
             {
                 let batch = Batch::new(&events, Verified::fresh());
@@ -1516,32 +1603,25 @@ impl EventStore for PostgresStore {
         worker: &'a str,
         now: DateTime<Utc>,
         until: DateTime<Utc>,
+        what: &'a baton_engine::store::Claimable,
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move {
-            // A run leased by a worker whose session is gone (it died) is claimable at once.
-            // A run whose job another process drives now (it holds the job's root, as `baton
-            // run`, `serve` or another worker does) is not: that drive finishes it.
-            let sql = format!(
-                "UPDATE runs SET lease_owner = $1, lease_until_us = $2, lease_pid = $4, lease_since = $5
-                  WHERE run_id = (
-                   SELECT run_id FROM runs r WHERE status = 'running'
-                      AND (lease_until_us IS NULL OR lease_until_us < $3
-                           OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                                WHERE a.pid = r.lease_pid AND a.backend_start = r.lease_since))
-                      AND NOT EXISTS (SELECT 1 FROM holds h
-                           WHERE h.run_id = COALESCE(r.root_run_id, r.run_id)
-                             AND h.until_us >= {NOW_US} AND {HOLDER_ALIVE})
-                    ORDER BY created_us, run_id LIMIT 1 FOR UPDATE SKIP LOCKED)
-                 RETURNING {RUN_COLUMNS}"
-            );
-            Ok(self
-                .run_rows(
-                    &sql,
-                    &[&worker, &micros(until), &micros(now), &self.session.0, &self.session.1],
-                )
-                .await?
-                .into_iter()
-                .next())
+            let sql = claim_sql();
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(pg)?;
+            // Under a limit, claims take turns (the lock is the transaction's, let go at its
+            // end), so that each counts the runs leased with every claim before it
+            // committed; without one, nothing is counted and they do not wait.
+            let (until, now) = (micros(until), micros(now));
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+                [&worker, &until, &now, &self.session.0, &self.session.1, &what.queues, &what.home];
+            let turn = tx.execute(CLAIM_TURN, &[&CLAIM_LOCK]);
+            let claimed = tx.query(sql.as_str(), &params);
+            let (turn, claimed) = tokio::join!(turn, claimed);
+            turn.map_err(pg)?;
+            let rows = claimed.map_err(pg)?;
+            tx.commit().await.map_err(pg)?;
+            rows.first().map(to_record).transpose().map(|r| r.map(|(record, _)| record))
         })
     }
 

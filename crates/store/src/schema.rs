@@ -135,6 +135,11 @@ pub const CHANGES: &[Change] = &[
         sqlite: Form::Sql(include_str!("../migrations/0012_chain_form.sql")),
         postgres: Form::Sql(include_str!("../migrations/postgres/0007_chain_form.sql")),
     },
+    Change {
+        what: "queues, priorities, limits per queue and tenant, homes and event versions of runs",
+        sqlite: Form::Sql(include_str!("../migrations/0013_queues.sql")),
+        postgres: Form::Sql(include_str!("../migrations/postgres/0008_queues.sql")),
+    },
 ];
 
 /// Which backend a schema version counts for.
@@ -211,19 +216,19 @@ mod tests {
 
     #[test]
     fn versions_count_each_backends_steps_in_order() {
-        assert_eq!(version(Backend::Sqlite), 12);
-        assert_eq!(version(Backend::Postgres), 7);
+        assert_eq!(version(Backend::Sqlite), 13);
+        assert_eq!(version(Backend::Postgres), 8);
         let numbers: Vec<i64> = postgres_steps().map(|(v, ..)| v).collect();
-        assert_eq!(numbers, [1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(postgres_steps().last().map(|(_, c, _)| c.what), Some(CHANGES[12].what));
+        assert_eq!(numbers, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(postgres_steps().last().map(|(_, c, _)| c.what), Some(CHANGES[13].what));
     }
 
     #[test]
     fn a_database_at_another_version_is_refused_naming_both() {
-        let newer = refusal(Backend::Sqlite, "x.db", 13, "run `baton migrate`").unwrap();
-        assert!(newer.contains("schema version 13, newer than this binary's 12"), "{newer}");
+        let newer = refusal(Backend::Sqlite, "x.db", 14, "run `baton migrate`").unwrap();
+        assert!(newer.contains("schema version 14, newer than this binary's 13"), "{newer}");
         let older = refusal(Backend::Postgres, "pg", 1, "run `baton migrate --db pg`").unwrap();
-        assert!(older.contains("at schema version 1, this binary needs 7: run `baton migrate"));
-        assert_eq!(refusal(Backend::Sqlite, "x.db", 12, ""), None);
+        assert!(older.contains("at schema version 1, this binary needs 8: run `baton migrate"));
+        assert_eq!(refusal(Backend::Sqlite, "x.db", 13, ""), None);
     }
 }

@@ -48,6 +48,7 @@ use crate::schema::SqliteFill;
 use crate::schema::{self, Backend};
 use crate::sqlite_log::{Dicts, Packer, Ready, pack_existing_runs};
 pub use crate::sqlite_log::{RawBatch, RawEvent, put_raw_batches, raw_batches};
+use crate::sqlite_queues::QueueOp;
 use crate::sqlite_rows::{RUN_COLUMNS, backend, cached_row, to_record};
 use crate::sqlite_webhooks::WebhookOp;
 use crate::tokens::{Role, SessionRecord, TokenRecord, TokenStore};
@@ -84,7 +85,7 @@ const COMMITS_PER_CHECKPOINT: u64 = 500;
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
 enum Request {
-    Create(RunRecord, Vec<Event>, Vec<Ready>, Reply<()>),
+    Create(Box<RunRecord>, Vec<Event>, Vec<Ready>, Reply<()>),
     Append {
         run_id: String,
         expected: u64,
@@ -165,6 +166,7 @@ enum Request {
     },
     Token(TokenOp),
     Webhook(WebhookOp),
+    Queue(crate::sqlite_queues::QueueOp),
 }
 
 /// A read or change of the tokens table, done by the connection's thread.
@@ -181,9 +183,24 @@ enum TokenOp {
 
 /// A change to a lease, done by the writer thread.
 enum LeaseOp {
-    Claim { worker: String, now: i64, until: i64 },
-    Renew { run_id: String, worker: String, now: i64, until: i64 },
-    Release { run_id: String, worker: String },
+    /// `queues`: `,a,b,` (queue names hold no comma); none for every queue.
+    Claim {
+        worker: String,
+        now: i64,
+        until: i64,
+        queues: Option<String>,
+        home: Option<String>,
+    },
+    Renew {
+        run_id: String,
+        worker: String,
+        now: i64,
+        until: i64,
+    },
+    Release {
+        run_id: String,
+        worker: String,
+    },
 }
 
 enum LeaseAnswer {
@@ -1039,6 +1056,23 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Failure> {
     if exists.is_some() {
         return Err(refused(Error::Exists(run.run_id.clone())));
     }
+    // A run names a queue that exists; its due time is worked out from that queue's aging.
+    let aging: Option<i64> = cached_row(
+        conn,
+        "SELECT aging_s FROM queues WHERE name = ?1",
+        [&run.placement.queue],
+        |r| r.get(0),
+    )
+    .optional()
+    .map_err(|e| refused(backend(e)))?;
+    let Some(aging) = aging else {
+        return Err(refused(Error::NoQueue(run.placement.queue.clone())));
+    };
+    let due = baton_engine::store::placement::due(
+        run.created_at,
+        run.placement.priority,
+        u64::try_from(aging).unwrap_or_default(),
+    );
     let claim = run.idempotency.as_ref();
     if let Some(claim) = claim {
         let tenant = run.tenant.as_deref();
@@ -1055,8 +1089,8 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Failure> {
         .map_err(|e| Failure::Broken(backend(e)))?;
     }
     cached_exec(conn,
-        "INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us, chain) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-        params![run.run_id, run.scenario_id, run.status, run.created_at.timestamp_micros(), run.updated_at.timestamp_micros(), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, claim.map(|c| &c.key), run.tenant, claim.map(|c| &c.request), claim.map(|c| c.expires_at.timestamp_micros()), chain::Form::Encoded.number()],
+        &format!("INSERT INTO runs (run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us, chain, queue, priority, due_us, home, events_version) VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, {})", baton_engine::event::VERSION),
+        params![run.run_id, run.scenario_id, run.status, run.created_at.timestamp_micros(), run.updated_at.timestamp_micros(), GENESIS.as_slice(), run.parent_run_id, run.root_run_id, claim.map(|c| &c.key), run.tenant, claim.map(|c| &c.request), claim.map(|c| c.expires_at.timestamp_micros()), chain::Form::Encoded.number(), run.placement.queue, run.placement.priority, due.map(|d| d.timestamp_micros()), run.placement.home],
     )
     .map_err(|e| Failure::Broken(backend(e)))?;
     Ok(())
@@ -1064,17 +1098,38 @@ fn create(conn: &Connection, run: &RunRecord) -> Result<(), Failure> {
 
 fn lease(conn: &Connection, op: LeaseOp) -> Result<LeaseAnswer, Error> {
     match op {
-        LeaseOp::Claim { worker, now, until } => {
+        LeaseOp::Claim { worker, now, until, queues, home } => {
+            // As on PostgreSQL (see its claim), but the writes of every process take turns
+            // on SQLite, so the counts under the limits are the committed ones; holds are
+            // lock files, which the claimer checks after.
             let row = conn
                 .query_row(
                     &format!(
                         "UPDATE runs SET lease_owner = ?1, lease_until_us = ?2 WHERE run_id = (
-                            SELECT run_id FROM runs WHERE status = 'running'
-                              AND (lease_until_us IS NULL OR lease_until_us < ?3)
-                            ORDER BY created_at, run_id LIMIT 1)
-                         RETURNING {RUN_COLUMNS}"
+                            SELECT r.run_id FROM runs r JOIN runs j ON j.run_id = COALESCE(r.root_run_id, r.run_id)
+                             WHERE r.status = 'running'
+                               AND (r.lease_until_us IS NULL OR r.lease_until_us < ?3)
+                               AND (?4 IS NULL OR instr(?4, ',' || j.queue || ',') > 0)
+                               AND NOT EXISTS (SELECT 1 FROM runs o
+                                    WHERE (o.run_id = j.run_id OR o.root_run_id = j.run_id)
+                                      AND ((o.home IS NOT NULL AND o.home IS NOT ?5)
+                                           OR o.events_version > {version}))
+                               AND NOT EXISTS (SELECT 1 FROM queues q
+                                    WHERE q.name = j.queue AND q.max_running IS NOT NULL
+                                      AND q.max_running <= (SELECT count(*) FROM runs x
+                                           JOIN runs xj ON xj.run_id = COALESCE(x.root_run_id, x.run_id)
+                                           WHERE x.lease_owner IS NOT NULL AND x.status = 'running'
+                                             AND x.lease_until_us >= ?3 AND xj.queue = j.queue))
+                               AND NOT EXISTS (SELECT 1 FROM tenant_limits t
+                                    WHERE t.tenant = j.tenant
+                                      AND t.max_running <= (SELECT count(*) FROM runs x
+                                           WHERE x.lease_owner IS NOT NULL AND x.status = 'running'
+                                             AND x.lease_until_us >= ?3 AND x.tenant = j.tenant))
+                             ORDER BY COALESCE(r.due_us, r.created_at), r.run_id LIMIT 1)
+                         RETURNING {RUN_COLUMNS}",
+                        version = baton_engine::event::VERSION
                     ),
-                    params![worker, until, now],
+                    params![worker, until, now, queues, home],
                     to_record,
                 )
                 .optional()
@@ -1156,6 +1211,7 @@ fn read(conn: &Connection, dicts: &mut Dicts, r: Request) {
         }
         Request::Token(op) => token_op(conn, op),
         Request::Webhook(op) => crate::sqlite_webhooks::webhook_op(conn, op),
+        Request::Queue(op) => crate::sqlite_queues::queue_op(conn, op),
         Request::Purge { ids, reply } => {
             let _ = reply.send(purge(conn, &ids));
         }
@@ -1554,7 +1610,9 @@ impl EventStore for SqliteStore {
     ) -> BoxFuture<'a, Result<(), Error>> {
         // Payloads are made ready here, on the caller's thread, not on the writer's.
         let ready = crate::sqlite_log::ready(&events);
-        Box::pin(self.ask(move |reply| Request::Create(run.clone(), events, ready, reply)))
+        Box::pin(
+            self.ask(move |reply| Request::Create(Box::new(run.clone()), events, ready, reply)),
+        )
     }
 
     fn append<'a>(
@@ -1666,12 +1724,15 @@ impl EventStore for SqliteStore {
         worker: &'a str,
         now: DateTime<Utc>,
         until: DateTime<Utc>,
+        what: &'a baton_engine::store::Claimable,
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move {
             let op = LeaseOp::Claim {
                 worker: worker.to_owned(),
                 now: now.timestamp_micros(),
                 until: until.timestamp_micros(),
+                queues: (!what.queues.is_empty()).then(|| format!(",{},", what.queues.join(","))),
+                home: what.home.clone(),
             };
             match self.ask(move |reply| Request::Lease(op, reply)).await? {
                 LeaseAnswer::Claimed(run) => Ok(run.map(|r| *r)),
@@ -1922,5 +1983,64 @@ impl crate::webhooks::WebhookStore for SqliteStore {
         Box::pin(self.read(move |reply| {
             Request::Webhook(WebhookOp::Deliveries(webhook_id.to_owned(), limit, reply))
         }))
+    }
+}
+
+impl crate::queues::QueueStore for SqliteStore {
+    fn put_queue<'a>(
+        &'a self,
+        queue: &'a crate::queues::QueueRecord,
+        create: bool,
+    ) -> BoxFuture<'a, Result<crate::queues::QueueChange, Error>> {
+        Box::pin(
+            self.ask(move |reply| {
+                Request::Queue(QueueOp::Put(Box::new(queue.clone()), create, reply))
+            }),
+        )
+    }
+
+    fn queue<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::queues::QueueRecord>, Error>> {
+        Box::pin(self.read(move |reply| Request::Queue(QueueOp::Get(name.to_owned(), reply))))
+    }
+
+    /// The waiting runs are those whose job no process of this machine holds (the holds
+    /// are lock files, checked here).
+    fn queue_loads(
+        &self,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Vec<crate::queues::QueueLoad>, Error>> {
+        Box::pin(async move {
+            let rows = self.read(move |reply| Request::Queue(QueueOp::Loads(now, reply))).await?;
+            let holds = self.holds();
+            let mut out = Vec::with_capacity(rows.len());
+            for (queue, leased, jobs) in rows {
+                let mut waiting = 0u64;
+                for job in &jobs {
+                    if !holds.is_held(job)? {
+                        waiting += 1;
+                    }
+                }
+                out.push(crate::queues::QueueLoad { queue, waiting, leased });
+            }
+            Ok(out)
+        })
+    }
+
+    fn set_tenant_limit<'a>(
+        &'a self,
+        tenant: &'a str,
+        max_running: Option<u32>,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.ask(move |reply| {
+            Request::Queue(QueueOp::SetLimit(tenant.to_owned(), max_running, at, reply))
+        }))
+    }
+
+    fn tenant_limits(&self) -> BoxFuture<'_, Result<Vec<crate::queues::TenantLimit>, Error>> {
+        Box::pin(self.read(move |reply| Request::Queue(QueueOp::Limits(reply))))
     }
 }

@@ -409,11 +409,22 @@ fn write_packed(
     })
     .map_err(crate::sqlite_rows::backend)?;
     let updated = events[events.len() - 1].at;
+    // The newest event version the log holds (this build writes its own): no worker that
+    // reads only older ones claims it.
+    let version = baton_engine::event::VERSION;
     conn.prepare_cached(
-        "UPDATE runs SET last_seq = ?2, status = ?3, updated_at = ?4, head_hash = ?5 WHERE rk = ?1",
+        "UPDATE runs SET last_seq = ?2, status = ?3, updated_at = ?4, head_hash = ?5,
+            events_version = MAX(events_version, ?6) WHERE rk = ?1",
     )
     .and_then(|mut s| {
-        s.execute(params![rk, last as i64, status, updated.timestamp_micros(), hash.as_slice()])
+        s.execute(params![
+            rk,
+            last as i64,
+            status,
+            updated.timestamp_micros(),
+            hash.as_slice(),
+            version
+        ])
     })
     .map_err(crate::sqlite_rows::backend)?;
     Ok(())

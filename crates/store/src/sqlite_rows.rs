@@ -3,7 +3,7 @@
 //! the store (`sqlite`) and its packed log (`sqlite_log`).
 
 use baton_engine::chain::{self, Hash};
-use baton_engine::store::{Error, RunRecord};
+use baton_engine::store::{Error, Placement, RunRecord};
 use chrono::{DateTime, Utc};
 use rusqlite::types::{FromSql, Type};
 use rusqlite::{Connection, OptionalExtension, Row};
@@ -88,6 +88,14 @@ pub(crate) fn to_record(r: &Row<'_>) -> rusqlite::Result<Result<(RunRecord, Opti
                     named(r, 11, "key_request", "text or null")?,
                     named(r, 12, "key_expires_us", "an integer or null")?,
                 )?,
+                placement: Placement {
+                    queue: named(r, 13, "queue", "text")?,
+                    priority: named(r, 14, "priority", "a small integer")?,
+                    due_at: named::<Option<i64>>(r, 15, "due_us", "an integer or null")?
+                        .map(|us| micros(us, "due_us"))
+                        .transpose()?,
+                    home: named(r, 16, "home", "text or null")?,
+                },
             },
             head.as_deref().and_then(chain::from_bytes),
         ))
@@ -101,7 +109,7 @@ fn micros(us: i64, column: &str) -> Result<DateTime<Utc>, String> {
         .ok_or_else(|| format!("column `{column}` holds {us}, not a time"))
 }
 
-pub(crate) const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us";
+pub(crate) const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_at, updated_at, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us, queue, priority, due_us, home";
 
 /// A run as a load reads it: its record, its head hash, its integer key and its chain's
 /// form.
@@ -114,8 +122,9 @@ pub(crate) fn run_for_load(conn: &Connection, run_id: &str) -> Result<Option<Run
         &format!("SELECT {RUN_COLUMNS}, rk, chain FROM runs WHERE run_id = ?1"),
         [run_id],
         |r| {
-            let rk = r.get::<_, i64>(13).unwrap_or(0);
-            let form = r.get::<_, i64>(14).unwrap_or(0);
+            let after = RUN_COLUMNS.split(", ").count();
+            let rk = r.get::<_, i64>(after).unwrap_or(0);
+            let form = r.get::<_, i64>(after + 1).unwrap_or(0);
             Ok(to_record(r)?.and_then(|(record, head)| {
                 let form = chain::Form::from_number(form)
                     .ok_or_else(|| chain::Form::unknown(run_id, form))?;

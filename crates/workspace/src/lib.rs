@@ -59,6 +59,8 @@ pub struct LocalWorkspaces {
     snapshots: PathBuf,
     /// Where the workspaces' git runs.
     jail: Arc<baton_jail::Jail>,
+    /// The root's name for itself, once read or made ([`Workspaces::home`]).
+    home: Arc<std::sync::OnceLock<Option<String>>>,
 }
 
 impl LocalWorkspaces {
@@ -70,6 +72,7 @@ impl LocalWorkspaces {
             root: root.into(),
             snapshots: snapshots.into(),
             jail: Arc::new(baton_jail::Jail::off()),
+            home: Arc::default(),
         }
     }
 
@@ -105,6 +108,65 @@ impl Workspaces for LocalWorkspaces {
             Arc::clone(&self.jail),
         )?;
         Ok(Arc::new(workspace))
+    }
+
+    /// The first line of `<root>/.home` (no run id can name it), written once by the
+    /// first process that asks — this host's name, the root's path and a random suffix —
+    /// and read by every other: it moves with the directory, and stays when the host is
+    /// renamed. None when it can be neither read nor made.
+    fn home(&self) -> Option<String> {
+        self.home.get_or_init(|| home_of(&self.root).ok()).clone()
+    }
+}
+
+/// The longest name a workspaces root's `.home` file may give.
+const HOME_CHARS_MAX: usize = 300;
+
+/// Reads `<root>/.home`, making it first when there is none (published whole, by a link
+/// that fails when another process published first).
+fn home_of(root: &Path) -> std::io::Result<String> {
+    let path = root.join(".home");
+    let read = |path: &Path| -> std::io::Result<Option<String>> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let line = text.lines().next().unwrap_or_default().trim();
+                let fits = !line.is_empty() && line.chars().count() <= HOME_CHARS_MAX;
+                Ok(fits.then(|| line.to_owned()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    if let Some(home) = read(&path)? {
+        return Ok(home);
+    }
+    std::fs::create_dir_all(root)?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    let absolute = std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let digest =
+        Sha256::digest(format!("{host} {} {} {nanos}", absolute.display(), std::process::id()));
+    let suffix: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let mut home = format!("{host}:{} {suffix}", absolute.display());
+    if home.chars().count() > HOME_CHARS_MAX {
+        home = format!("{host} {suffix}").chars().take(HOME_CHARS_MAX).collect();
+    }
+    let draft = root.join(format!(".home.{}.{nanos}", std::process::id()));
+    std::fs::write(&draft, format!("{home}\n"))?;
+    let published = std::fs::hard_link(&draft, &path);
+    let _ = std::fs::remove_file(&draft);
+    match published {
+        Ok(()) => Ok(home),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(&path)?
+            .ok_or_else(|| std::io::Error::other(format!("{} names no home", path.display()))),
+        Err(e) => Err(e),
     }
 }
 

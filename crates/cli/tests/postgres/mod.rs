@@ -17,12 +17,12 @@ fn base() -> String {
 }
 
 /// A schema of its own for one test, dropped with it.
-fn scratch(label: &str) -> ScratchSchema {
+pub(crate) fn scratch(label: &str) -> ScratchSchema {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(ScratchSchema::create(&base(), label)).unwrap()
 }
 
-fn temp(name: &str) -> PathBuf {
+pub(crate) fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("baton-cli-pg-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -31,7 +31,7 @@ fn temp(name: &str) -> PathBuf {
 
 /// A test's own scenario `NAME` (`yaml`) and its script in `dir`: the script's path, and
 /// `baton` on that scenarios directory, the PostgreSQL `db` and the data dir `dir/data`.
-fn own_scenario(
+pub(crate) fn own_scenario(
     dir: &Path,
     db: &str,
     (name, yaml): (&str, &str),
@@ -72,7 +72,7 @@ fn queue_lines(
 }
 
 /// The runs `baton runs --json` lists: their ids and statuses.
-fn listed_runs(db: &str, data: &Path) -> Vec<(String, String)> {
+pub(crate) fn listed_runs(db: &str, data: &Path) -> Vec<(String, String)> {
     let listed: Value =
         serde_json::from_slice(&baton_pg(db, data, &["runs", "--json"]).stdout).unwrap();
     listed
@@ -86,7 +86,7 @@ fn listed_runs(db: &str, data: &Path) -> Vec<(String, String)> {
 }
 
 /// `baton --db DB --data-dir DATA ARGS…` for a PostgreSQL `db`.
-fn baton_pg(db: &str, data: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn baton_pg(db: &str, data: &Path, args: &[&str]) -> std::process::Output {
     baton_command().arg("--db").arg(db).arg("--data-dir").arg(data).args(args).output().unwrap()
 }
 
@@ -214,7 +214,7 @@ fn count(events: &[Value], kind: &str) -> usize {
 }
 
 /// Waits for a child to exit, at most `secs`; its output.
-fn finish(child: std::process::Child, secs: u64) -> std::process::Output {
+pub(crate) fn finish(child: std::process::Child, secs: u64) -> std::process::Output {
     let pid = child.id();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
@@ -230,14 +230,14 @@ fn finish(child: std::process::Child, secs: u64) -> std::process::Output {
 
 /// A worker whose stderr is read as it comes, so that a test can wait for what it says
 /// (that it claimed its runs) before it signals it.
-struct Heard {
-    child: std::process::Child,
+pub(crate) struct Heard {
+    pub(crate) child: std::process::Child,
     said: std::sync::Arc<std::sync::Mutex<String>>,
     reader: std::thread::JoinHandle<()>,
 }
 
 impl Heard {
-    fn new(mut child: std::process::Child) -> Self {
+    pub(crate) fn new(mut child: std::process::Child) -> Self {
         use std::io::BufRead;
         let stderr = child.stderr.take().expect("the worker's stderr is piped");
         let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
@@ -253,7 +253,7 @@ impl Heard {
     }
 
     /// Waits until the worker has said `needle` at least `times` times.
-    fn wait_for(&self, needle: &str, times: usize, secs: u64) {
+    pub(crate) fn wait_for(&self, needle: &str, times: usize, secs: u64) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
         while self.said.lock().unwrap().matches(needle).count() < times {
             assert!(
@@ -266,7 +266,7 @@ impl Heard {
     }
 
     /// [`finish`] for a heard worker: its exit and all it said.
-    fn finish(self, secs: u64) -> std::process::Output {
+    pub(crate) fn finish(self, secs: u64) -> std::process::Output {
         let Self { child, said, reader } = self;
         let out = finish(child, secs);
         reader.join().unwrap();
@@ -617,7 +617,7 @@ impl Drop for Reaped {
 }
 
 /// A signal to a process, by its pid.
-fn signal(pid: u32, name: &str) {
+pub(crate) fn signal(pid: u32, name: &str) {
     let sent =
         std::process::Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
     assert!(sent.is_ok_and(|s| s.success()), "kill -{name} {pid}");
@@ -1328,26 +1328,31 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
 /// A model server speaking OpenAI's Chat Completions (no streaming) on 127.0.0.1 that
 /// answers each request 100 ms late and logs its prompt: which calls were made, how often,
 /// and which were in flight at a moment.
-struct SlowModel {
-    port: u16,
+pub(crate) struct SlowModel {
+    pub(crate) port: u16,
     /// Every request's last message, in the order they came.
-    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    pub(crate) asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     /// The requests not answered yet.
-    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The most requests unanswered at once.
+    pub(crate) peak: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl SlowModel {
-    fn start() -> SlowModel {
+    pub(crate) fn start() -> SlowModel {
         use std::io::{BufRead, Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let in_flight = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (log, busy) = (std::sync::Arc::clone(&asked), std::sync::Arc::clone(&in_flight));
+        let most = std::sync::Arc::clone(&peak);
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
                 let (log, busy) = (std::sync::Arc::clone(&log), std::sync::Arc::clone(&busy));
+                let most = std::sync::Arc::clone(&most);
                 std::thread::spawn(move || {
                     let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
                     let mut length = 0usize;
@@ -1374,7 +1379,8 @@ impl SlowModel {
                         .and_then(|m| m["content"].as_str())
                         .unwrap_or_default()
                         .to_owned();
-                    busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let now = busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
                     log.lock().unwrap().push(prompt);
                     std::thread::sleep(std::time::Duration::from_millis(100));
                     let answer = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
@@ -1387,7 +1393,7 @@ impl SlowModel {
                 });
             }
         });
-        SlowModel { port, asked, in_flight }
+        SlowModel { port, asked, in_flight, peak }
     }
 }
 

@@ -47,6 +47,7 @@ pub async fn run_all(store: &dyn EventStore, prefix: &str) {
     unknown_runs_are_reported(store, &format!("{prefix}-missing")).await;
     runs_are_listed_by_status(store, prefix).await;
     leases_share_runs_between_workers(store, prefix).await;
+    placements_decide_what_is_claimed(store, prefix).await;
     one_driver_at_a_time(store, &format!("{prefix}-h")).await;
     waiting_for_events(store, &format!("{prefix}-w")).await;
     the_chain_is_the_engines(store, &format!("{prefix}-chain")).await;
@@ -492,8 +493,11 @@ async fn leases_share_runs_between_workers(store: &dyn EventStore, prefix: &str)
     use chrono::Duration;
     // Only runs whose status is `running` can be claimed; take every one there is.
     let t0 = Utc.timestamp_opt(1_800_000_000, 0).single().unwrap_or_default();
+    let any = crate::store::Claimable::default();
     let mut claimed = Vec::new();
-    while let Some(run) = store.claim("w1", t0, t0 + Duration::seconds(30)).await.expect("claim") {
+    while let Some(run) =
+        store.claim("w1", t0, t0 + Duration::seconds(30), &any).await.expect("claim")
+    {
         assert!(!claimed.contains(&run.run_id), "a run is leased once");
         assert_eq!(run.status, "running");
         claimed.push(run.run_id);
@@ -503,7 +507,7 @@ async fn leases_share_runs_between_workers(store: &dyn EventStore, prefix: &str)
     let mine = &claimed[0];
     assert!(
         store
-            .claim("w2", t0 + Duration::seconds(10), t0 + Duration::seconds(40))
+            .claim("w2", t0 + Duration::seconds(10), t0 + Duration::seconds(40), &any)
             .await
             .expect("claim")
             .is_none(),
@@ -525,7 +529,7 @@ async fn leases_share_runs_between_workers(store: &dyn EventStore, prefix: &str)
     // After the lease runs out, another worker takes the run over.
     let later = t0 + Duration::seconds(61);
     let taken = store
-        .claim("w2", later, later + Duration::seconds(30))
+        .claim("w2", later, later + Duration::seconds(30), &any)
         .await
         .expect("claim")
         .expect("an expired lease frees the run");
@@ -537,8 +541,50 @@ async fn leases_share_runs_between_workers(store: &dyn EventStore, prefix: &str)
         "a lost lease cannot be renewed"
     );
     store.release(&taken.run_id, "w2").await.expect("release");
-    let again = store.claim("w3", later, later + Duration::seconds(30)).await.expect("claim");
+    let again = store.claim("w3", later, later + Duration::seconds(30), &any).await.expect("claim");
     assert_eq!(again.map(|r| r.run_id), Some(taken.run_id), "a released run is claimable at once");
+}
+
+/// A claim takes only runs of the queues it names, due first (a higher priority moves a
+/// run's due time earlier), and never a run whose job has a workspace on another home; the
+/// placement is kept as it was given, with the due time the store worked out. (The runs of
+/// the tests before are leased until after `now`.)
+async fn placements_decide_what_is_claimed(store: &dyn EventStore, prefix: &str) {
+    use crate::store::{AGING_S_DEFAULT, Claimable, Placement};
+    use chrono::Duration;
+    let t0 = Utc.timestamp_opt(1_800_000_000, 0).single().unwrap_or_default();
+    let placed = |id: &str, created: i64, placement: Placement| RunRecord {
+        placement,
+        ..RunRecord::new(id, "demo", "running", t0 + Duration::seconds(created))
+    };
+    let low = format!("{prefix}-low");
+    let high = format!("{prefix}-high");
+    let away = format!("{prefix}-away");
+    store.create_run(&placed(&low, 0, Placement::default()), events(1, 1)).await.expect("low");
+    let urgent = Placement { priority: 9, ..Placement::default() };
+    store.create_run(&placed(&high, 10, urgent.clone()), events(1, 1)).await.expect("high");
+    let elsewhere = Placement { home: Some("elsewhere".to_owned()), ..Placement::default() };
+    store.create_run(&placed(&away, -10, elsewhere), events(1, 1)).await.expect("away");
+    let kept = store.run(&high).await.expect("run").expect("kept").placement;
+    let aging = Duration::seconds(i64::try_from(AGING_S_DEFAULT).unwrap_or_default());
+    assert_eq!(kept, Placement { due_at: Some(t0 + Duration::seconds(10) - aging), ..urgent });
+    let now = t0 + Duration::seconds(20);
+    let until = now + Duration::seconds(5);
+    let other = Claimable { queues: vec!["nothing".to_owned()], home: Some("here".to_owned()) };
+    assert_eq!(store.claim("w1", now, until, &other).await.expect("claim"), None);
+    let here = Claimable { queues: vec![], home: Some("here".to_owned()) };
+    let first = store.claim("w1", now, until, &here).await.expect("claim").map(|r| r.run_id);
+    let second = store.claim("w1", now, until, &here).await.expect("claim").map(|r| r.run_id);
+    let third = store.claim("w1", now, until, &here).await.expect("claim").map(|r| r.run_id);
+    assert_eq!(
+        [first, second, third],
+        [Some(high), Some(low), None],
+        "due first, and never a run on another home"
+    );
+    let there =
+        Claimable { queues: vec!["default".to_owned()], home: Some("elsewhere".to_owned()) };
+    let taken = store.claim("w2", now, until, &there).await.expect("claim").map(|r| r.run_id);
+    assert_eq!(taken, Some(away), "a process on the run's home takes it");
 }
 
 async fn waiting_for_events(store: &dyn EventStore, id: &str) {

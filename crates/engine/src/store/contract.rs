@@ -35,6 +35,9 @@ pub struct RunRecord {
     /// belong to it too).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// Where its job waits for a driver, and which drivers may take it.
+    #[serde(flatten)]
+    pub placement: crate::store::Placement,
 }
 
 impl RunRecord {
@@ -52,6 +55,7 @@ impl RunRecord {
             root_run_id: None,
             idempotency: None,
             tenant: None,
+            placement: crate::store::Placement::default(),
         }
     }
 }
@@ -348,15 +352,18 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
         })
     }
 
-    /// Leases the oldest runnable run (status `running`) that nobody holds — or whose
-    /// lease expired before `now` — to `worker` until `until`. `None` when there is none.
-    /// This is how several workers share runs: a dead worker's lease runs out and another
-    /// claims the run and resumes it from its log.
+    /// Leases the runnable run (status `running`) due first that nobody holds — or whose
+    /// lease expired before `now` — and that `what` admits to `worker` until `until`.
+    /// `None` when there is none. This is how several workers share runs: a dead worker's
+    /// lease runs out and another claims the run and resumes it from its log. A store
+    /// that keeps limits on queues and tenants passes over a run whose queue or tenant has
+    /// as many runs leased as its limit, counted under the claim's lock.
     fn claim<'a>(
         &'a self,
         worker: &'a str,
         now: DateTime<Utc>,
         until: DateTime<Utc>,
+        what: &'a crate::store::Claimable,
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>>;
 
     /// Extends `worker`'s lease on a run; false when the worker no longer holds it.

@@ -14,6 +14,11 @@ pub enum Error {
     /// A run was created with this idempotency key already: `run_id` is it.
     #[error("idempotency key {key:?} names run {run_id} already")]
     KeyTaken { key: String, run_id: String },
+    /// A run was created in a queue that does not exist.
+    #[error(
+        "there is no queue {0:?}; make it with `baton queue create {0}` (`baton queue list` shows the queues)"
+    )]
+    NoQueue(String),
     #[error("store: {0}")]
     Backend(String),
     /// This process's hold on the run ran out and another process took the run over (this

@@ -248,6 +248,12 @@ impl EventStore for MemoryStore {
                 }
                 check_numbering(&events, 1)?;
                 let mut record = run.clone();
+                // This store keeps no queues: every one ages as a queue made without a time.
+                record.placement.due_at = crate::store::placement::due(
+                    run.created_at,
+                    run.placement.priority,
+                    crate::store::AGING_S_DEFAULT,
+                );
                 record.last_seq = events.len() as u64;
                 if let Some(last) = events.last() {
                     record.updated_at = last.at;
@@ -438,14 +444,33 @@ impl EventStore for MemoryStore {
         worker: &'a str,
         now: DateTime<Utc>,
         until: DateTime<Utc>,
+        what: &'a crate::store::Claimable,
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move {
             let mut leases = lock(&self.leases);
+            // A run waits where its job's root does, and only where every workspace of its
+            // job is.
             let mut candidates: Vec<RunRecord> = self.with(|runs| {
-                runs.values().map(|l| l.record.clone()).filter(|r| r.status == "running").collect()
+                let root_of = |r: &RunRecord| r.root_run_id.clone().unwrap_or(r.run_id.clone());
+                runs.values()
+                    .map(|l| &l.record)
+                    .filter(|r| r.status == "running")
+                    .filter(|r| {
+                        let root = root_of(r);
+                        let queue = runs.get(&root).map_or(r.placement.queue.as_str(), |l| {
+                            l.record.placement.queue.as_str()
+                        });
+                        let homes = runs
+                            .values()
+                            .filter(|l| root_of(&l.record) == root)
+                            .filter_map(|l| l.record.placement.home.as_deref());
+                        what.admits(queue, homes)
+                    })
+                    .cloned()
+                    .collect()
             });
-            candidates
-                .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.run_id.cmp(&b.run_id)));
+            let due = |r: &RunRecord| r.placement.due_at.unwrap_or(r.created_at);
+            candidates.sort_by(|a, b| due(a).cmp(&due(b)).then(a.run_id.cmp(&b.run_id)));
             let free = candidates
                 .into_iter()
                 .find(|r| leases.get(&r.run_id).is_none_or(|l| l.until < now));

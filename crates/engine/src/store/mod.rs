@@ -14,7 +14,9 @@ pub mod conformance;
 pub mod contract;
 pub mod error;
 pub mod memory;
+pub mod placement;
 
 pub use contract::*;
 pub use error::Error;
 pub use memory::MemoryStore;
+pub use placement::{AGING_S_DEFAULT, Claimable, DEFAULT_QUEUE, PRIORITY_MAX, Placement};

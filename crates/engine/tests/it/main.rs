@@ -87,8 +87,9 @@ macro_rules! delegate_to_inner {
             worker: &'a str,
             now: DateTime<Utc>,
             until: DateTime<Utc>,
+            what: &'a baton_engine::store::Claimable,
         ) -> BoxFuture<'a, Result<Option<RunRecord>, store::Error>> {
-            self.inner.claim(worker, now, until)
+            self.inner.claim(worker, now, until, what)
         }
         fn renew<'a>(
             &'a self,

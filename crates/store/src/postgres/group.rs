@@ -188,12 +188,16 @@ async fn write_groups(
 /// each on [`CHANNEL`] (PostgreSQL sends one notice per run and commit, however many
 /// events), so that followers and steps waiting on a run in other processes wake at once.
 ///
+/// A run created here has the default placement (a run with its own takes the one-run
+/// path); each run's `events_version` becomes at least this build's.
+///
 /// Each run's row and hold are looked up by key, one input row at a time (a `LATERAL`
 /// subquery that `OFFSET 0` keeps from being merged into a join): the statement is
 /// planned once per connection, often while the tables are nearly empty, and a plan that
 /// joined the input to a scan of `runs` would read the whole table on every group once it
 /// has grown.
 static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    use baton_engine::event::VERSION;
     format!(
         "WITH input AS (
    SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[], $4::bigint[], $5::bigint[],
@@ -229,9 +233,9 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
    RETURNING run_id
  ), created AS (
    INSERT INTO runs (run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash,
-                     parent_run_id, root_run_id, tenant, chain)
+                     parent_run_id, root_run_id, tenant, chain, events_version)
    SELECT n.run_id, n.scenario_id, n.status, n.created_us, n.updated_us, n.last_seq,
-          n.head_hash, n.parent_run_id, n.root_run_id, n.tenant, 2
+          n.head_hash, n.parent_run_id, n.root_run_id, n.tenant, 2, {VERSION}
      FROM fresh n
     WHERE n.run_id IN (SELECT run_id FROM held UNION ALL SELECT run_id FROM fresh_taken)
    RETURNING run_id
@@ -246,7 +250,7 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     WHERE ev.run_id IN (SELECT run_id FROM ok UNION ALL SELECT run_id FROM created)
  ), updated AS (
    UPDATE runs r SET last_seq = i.new_last, status = i.status, updated_us = i.updated_us,
-                     head_hash = i.new_head
+                     head_hash = i.new_head, events_version = GREATEST(r.events_version, {VERSION})
      FROM input i
     WHERE r.run_id = i.run_id AND r.run_id IN (SELECT run_id FROM ok)
    RETURNING r.run_id

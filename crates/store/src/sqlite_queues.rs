@@ -1,0 +1,166 @@
+//! Queues and tenant limits in the SQLite store (see [`crate::queues`]): changes made by
+//! the writer thread, reads by a reader. Times are integer microseconds.
+
+use baton_engine::store::Error;
+use chrono::{DateTime, Utc};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use tokio::sync::oneshot;
+
+use crate::queues::{QUEUES_MAX, QueueChange, QueueRecord, TenantLimit};
+use crate::sqlite_rows::backend;
+
+type Reply<T> = oneshot::Sender<Result<T, Error>>;
+
+/// At most this many waiting runs of one queue are looked at for their holds; past it the
+/// queue is reported this deep.
+pub(crate) const WAITING_LOOKED_AT_MAX: usize = 10_000;
+
+/// A queue and the runs of it: how many are leased, and the waiting ones' jobs (whose
+/// holds, lock files, the store checks after).
+pub(crate) type QueueRows = Vec<(QueueRecord, u64, Vec<String>)>;
+
+/// A queue or limit request, served by the writer thread (changes) or a reader (reads).
+pub(crate) enum QueueOp {
+    Put(Box<QueueRecord>, bool, Reply<QueueChange>),
+    Get(String, Reply<Option<QueueRecord>>),
+    Loads(DateTime<Utc>, Reply<QueueRows>),
+    SetLimit(String, Option<u32>, DateTime<Utc>, Reply<bool>),
+    Limits(Reply<Vec<TenantLimit>>),
+}
+
+fn us(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn time(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or_default()
+}
+
+const COLUMNS: &str = "name, aging_s, max_running, created_us, updated_us";
+
+fn to_queue(r: &Row<'_>) -> rusqlite::Result<QueueRecord> {
+    Ok(QueueRecord {
+        name: r.get(0)?,
+        aging_s: u64::try_from(r.get::<_, i64>(1)?).unwrap_or_default(),
+        max_running: r.get::<_, Option<i64>>(2)?.and_then(|n| u32::try_from(n).ok()),
+        created_at: time(r.get(3)?),
+        updated_at: time(r.get(4)?),
+    })
+}
+
+fn put(conn: &Connection, q: &QueueRecord, create: bool) -> rusqlite::Result<QueueChange> {
+    let aging = i64::try_from(q.aging_s).unwrap_or(i64::MAX);
+    let limit = q.max_running.map(i64::from);
+    let exists: bool = conn
+        .query_row("SELECT 1 FROM queues WHERE name = ?1", [&q.name], |_| Ok(()))
+        .optional()?
+        .is_some();
+    match (create, exists) {
+        (true, true) => Ok(QueueChange::Exists),
+        (false, false) => Ok(QueueChange::Missing),
+        (true, false) => {
+            let n = conn.execute(
+                &format!(
+                    "INSERT INTO queues ({COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?4
+                      WHERE (SELECT count(*) FROM queues) < ?5"
+                ),
+                params![q.name, aging, limit, us(q.created_at), QUEUES_MAX as i64],
+            )?;
+            Ok(if n == 1 { QueueChange::Created } else { QueueChange::Full })
+        }
+        (false, true) => {
+            conn.execute(
+                "UPDATE queues SET aging_s = ?2, max_running = ?3, updated_us = ?4 WHERE name = ?1",
+                params![q.name, aging, limit, us(q.updated_at)],
+            )?;
+            Ok(QueueChange::Updated)
+        }
+    }
+}
+
+/// Every queue with its leased runs, and the jobs of its runs that wait (running, not
+/// leased now), at most [`WAITING_LOOKED_AT_MAX`] of them.
+fn loads(conn: &Connection, now: DateTime<Utc>) -> rusqlite::Result<QueueRows> {
+    let queues: Vec<QueueRecord> = conn
+        .prepare(&format!("SELECT {COLUMNS} FROM queues ORDER BY name"))?
+        .query_map([], to_queue)?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut out = Vec::with_capacity(queues.len());
+    for q in queues {
+        let leased: i64 = conn.query_row(
+            "SELECT count(*) FROM runs x JOIN runs j ON j.run_id = COALESCE(x.root_run_id, x.run_id)
+              WHERE x.status = 'running' AND x.lease_owner IS NOT NULL AND x.lease_until_us >= ?2
+                AND j.queue = ?1",
+            params![q.name, us(now)],
+            |r| r.get(0),
+        )?;
+        let waiting: Vec<String> = conn
+            .prepare(
+                "SELECT j.run_id FROM runs x JOIN runs j ON j.run_id = COALESCE(x.root_run_id, x.run_id)
+                  WHERE x.status = 'running' AND (x.lease_until_us IS NULL OR x.lease_until_us < ?2)
+                    AND j.queue = ?1
+                  LIMIT ?3",
+            )?
+            .query_map(params![q.name, us(now), WAITING_LOOKED_AT_MAX as i64], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        out.push((q, u64::try_from(leased).unwrap_or_default(), waiting));
+    }
+    Ok(out)
+}
+
+fn set_limit(
+    conn: &Connection,
+    tenant: &str,
+    max: Option<u32>,
+    at: DateTime<Utc>,
+) -> rusqlite::Result<bool> {
+    let n = match max {
+        Some(max) => conn.execute(
+            "INSERT INTO tenant_limits (tenant, max_running, updated_us) VALUES (?1, ?2, ?3)
+             ON CONFLICT (tenant) DO UPDATE SET max_running = excluded.max_running, updated_us = excluded.updated_us",
+            params![tenant, i64::from(max), us(at)],
+        )?,
+        None => conn.execute("DELETE FROM tenant_limits WHERE tenant = ?1", [tenant])?,
+    };
+    Ok(n > 0)
+}
+
+fn limits(conn: &Connection) -> rusqlite::Result<Vec<TenantLimit>> {
+    conn.prepare("SELECT tenant, max_running, updated_us FROM tenant_limits ORDER BY tenant")?
+        .query_map([], |r| {
+            Ok(TenantLimit {
+                tenant: r.get(0)?,
+                max_running: u32::try_from(r.get::<_, i64>(1)?).unwrap_or(u32::MAX),
+                updated_at: time(r.get(2)?),
+            })
+        })?
+        .collect()
+}
+
+pub(crate) fn queue_op(conn: &Connection, op: QueueOp) {
+    match op {
+        QueueOp::Put(q, create, reply) => {
+            let _ = reply.send(put(conn, &q, create).map_err(backend));
+        }
+        QueueOp::Get(name, reply) => {
+            let got = conn
+                .query_row(
+                    &format!("SELECT {COLUMNS} FROM queues WHERE name = ?1"),
+                    [&name],
+                    to_queue,
+                )
+                .optional()
+                .map_err(backend);
+            let _ = reply.send(got);
+        }
+        QueueOp::Loads(now, reply) => {
+            let _ = reply.send(loads(conn, now).map_err(backend));
+        }
+        QueueOp::SetLimit(tenant, max, at, reply) => {
+            let _ = reply.send(set_limit(conn, &tenant, max, at).map_err(backend));
+        }
+        QueueOp::Limits(reply) => {
+            let _ = reply.send(limits(conn).map_err(backend));
+        }
+    }
+}
