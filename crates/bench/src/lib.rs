@@ -45,8 +45,10 @@ use baton_store::SqliteStore;
 use baton_store::postgres::{PostgresStore, ScratchSchema};
 use serde_json::{Map, json};
 
+mod hash;
 mod http;
 mod probe;
+mod processes;
 
 use probe::{
     cpu_time, durability, fsync_floor, peak_rss_kib, percentile, rss_kib, system_share, uuid_like,
@@ -176,6 +178,11 @@ pub struct BenchArgs {
     /// Stores sharing the runs (PostgreSQL: each with connections of its own, as the
     /// worker processes of a deployment have).
     pub workers: usize,
+    /// With --store postgres: this many `baton worker` processes drive a queue the bench
+    /// fills (0: the runs are driven in this process).
+    pub processes: usize,
+    /// With `processes`: how long each model call takes.
+    pub model_latency_ms: u64,
     /// Where the `jail` workload sets its jail up (its data directory is a fresh one).
     pub place: baton_app::place::Place,
 }
@@ -268,7 +275,10 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<serde_json::Value> {
         return jail_cost(&args).await;
     }
     if args.workload == "hash" {
-        return Ok(hash_cost());
+        return Ok(hash::hash_cost());
+    }
+    if args.processes > 0 {
+        return fleet(&args).await;
     }
     if matches!(args.workload.as_str(), "reopen" | "paused" | "resume") || args.repeat <= 1 {
         return measure(&args).await;
@@ -293,57 +303,45 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<serde_json::Value> {
     Ok(median)
 }
 
-/// `hash`: what the hash chain costs per event on this machine — `chain::link` (SHA-256
-/// over an event's envelope and its payload's encoding) for payloads of 200 to 2 000
-/// bytes, as payload bytes per second and nanoseconds per event — with the CPU it ran on
-/// and whether it has the SHA extensions the hash uses.
-fn hash_cost() -> serde_json::Value {
-    use baton_engine::chain::{Fields, GENESIS, Payload, link};
-    let mut sizes = Vec::new();
-    for size in [200usize, 500, 1000, 2000] {
-        let payload = vec![b'x'; size];
-        let fields = Fields {
-            seq: 7,
-            at_us: 1_700_000_000_000_000,
-            kind: "model_response",
-            version: baton_engine::event::VERSION,
-            level_id: Some("draft"),
-            attempt: Some(1),
-            payload: Payload::Encoded(&payload),
-        };
-        // About 200 MB of payload hashed, chained as a run's events are.
-        let rounds = 200_000_000 / size;
-        let mut head = GENESIS;
-        let started = Instant::now();
-        for _ in 0..rounds {
-            head = link(&head, &fields);
-        }
-        let took = started.elapsed();
-        std::hint::black_box(head);
-        sizes.push(json!({
-            "payload_bytes": size,
-            "mb_per_s": (size * rounds) as f64 / took.as_secs_f64() / 1e6,
-            "ns_per_event": took.as_secs_f64() * 1e9 / rounds as f64,
-        }));
-    }
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split(':').nth(1)))
-        .map_or("unknown", str::trim);
-    let flags: Vec<&str> = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("flags").and_then(|r| r.split(':').nth(1)))
-        .map(|f| f.split_whitespace().collect())
-        .unwrap_or_default();
-    json!({
-        "workload": "hash",
-        "algorithm": "sha256",
-        "cpu": model,
-        "sha_ni": flags.contains(&"sha_ni"),
-        "avx2": flags.contains(&"avx2"),
-        "sizes": sizes,
-    })
+/// `--processes N`: the workload's jobs queued on a PostgreSQL schema of the bench's own,
+/// driven by N `baton worker` processes (see `processes`).
+async fn fleet(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let (yaml, levels_per_run) = match args.workload.as_str() {
+        "linear5" => (LINEAR5, 5),
+        "gate_loop" => (GATE_LOOP, 10),
+        "fanout8" => (FANOUT8, 10),
+        other => bail!(
+            "--processes measures linear5, gate_loop or fanout8 (no approval, no child runs), not `{other}`"
+        ),
+    };
+    let url = args
+        .db
+        .as_ref()
+        .and_then(|p| p.to_str())
+        .filter(|u| args.store == "postgres" && baton_store::postgres::is_url(u))
+        .context("--processes starts `baton worker` processes on PostgreSQL: give --store postgres --bench-db postgres://USER@HOST:PORT/DATABASE")?;
+    let schema = ScratchSchema::create(url, "procs").await?;
+    let tmp = std::env::temp_dir().join(format!("baton-bench-{}", uuid_like()));
+    let scenario = scenario(yaml, &tmp.join("scenarios"))?;
+    let store = Arc::new(PostgresStore::connect(&schema.url).await?);
+    let fleet = processes::Fleet {
+        url: schema.url.clone(),
+        workload: args.workload.clone(),
+        processes: args.processes,
+        concurrency: args.concurrency,
+        runs: args.runs,
+        model_latency_ms: args.model_latency_ms,
+        levels_per_run,
+        answer: answer(),
+        tmp: tmp.clone(),
+        scenario,
+        filler: engine(Arc::clone(&store) as Arc<dyn EventStore>),
+        store,
+    };
+    let report = processes::measure(fleet).await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    drop(schema);
+    report
 }
 
 /// One measurement of a workload.
@@ -502,7 +500,10 @@ async fn measure(args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         // The store's growth over the measured runs, per run (SQLite: the database file
         // and its WAL after a checkpoint; PostgreSQL: the schema's relations).
         "store_bytes_per_run": store_bytes as f64 / runs.max(1) as f64,
+        // Stores in this one process, each with connections of its own, sharing the runs
+        // with no queue, claim or lease (`--processes` measures worker processes).
         "workers": stores.stores.len(),
+        "mode": "in-process stores",
         "commits_per_level": durable.then(|| commits as f64 / levels.max(1) as f64),
         "fsyncs_per_level": (sqlite.is_some()).then(|| syncs as f64 / levels.max(1) as f64),
         // Pages written to SQLite's WAL per level (each a page of the database).

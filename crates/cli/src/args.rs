@@ -543,6 +543,13 @@ pub(crate) enum Command {
         /// of its own and --concurrency runs in flight (as `baton worker` processes have).
         #[arg(long, default_value_t = 1)]
         workers: usize,
+        /// With --store postgres: start this many `baton worker` processes (each with
+        /// --concurrency slots) on a queue the bench fills, and measure them.
+        #[arg(long, default_value_t = 0, conflicts_with = "workers")]
+        processes: usize,
+        /// With --processes: how long each model call takes, in milliseconds.
+        #[arg(long, default_value_t = 0, requires = "processes")]
+        model_latency_ms: u64,
         #[arg(long)]
         json: bool,
     },

@@ -125,9 +125,9 @@ async fn queue(
     } else {
         outln!("run {run_id}")?;
         outln!(
-            "queued in {}: a `baton worker` on {} drives it (or `baton resume {run_id}`)",
-            placement.queue,
-            place.db_shown()
+            "queued: a `baton worker` on {} taking queue {} drives it (or `baton resume {run_id}`)",
+            place.db_shown(),
+            placement.queue
         )?;
     }
     Ok(ExitCode::SUCCESS)

@@ -457,7 +457,18 @@ fn main() -> ExitCode {
                 probe,
             ))
         }
-        Command::Bench { workload, store, runs, concurrency, bench_db, json, repeat, workers } => {
+        Command::Bench {
+            workload,
+            store,
+            runs,
+            concurrency,
+            bench_db,
+            json,
+            repeat,
+            workers,
+            processes,
+            model_latency_ms,
+        } => {
             // The server's figures have longer names.
             let width = if workload == "http" { 26 } else { 22 };
             runtime
@@ -468,6 +479,8 @@ fn main() -> ExitCode {
                     concurrency,
                     db: bench_db,
                     workers,
+                    processes,
+                    model_latency_ms,
                     repeat,
                     place: place.clone(),
                 }))

@@ -223,7 +223,7 @@ struct Healing {
 /// interruption, and past `retries_max` interruptions it stays interrupted for a person
 /// (said once). Each taking-up is the `run_resumed` its driver records; of two workers that
 /// take up one run, one drives it (the run's hold). One page of [`HEAL_PAGE`] runs per look.
-async fn heal(app: &Arc<App>, healing: &mut Healing) {
+async fn heal(app: &Arc<App>, healing: &mut Healing, what: &baton_engine::store::Claimable) {
     let query = baton_engine::store::RunQuery {
         status: Some(Status::Interrupted.as_str().to_owned()),
         after_run: healing.after.take(),
@@ -245,7 +245,10 @@ async fn heal(app: &Arc<App>, healing: &mut Healing) {
         if app.drain.is_cancelled() || app.stop.is_cancelled() {
             return;
         }
+        // Only what this worker would claim: its queues, its data dir's runs.
         if healing.given_up.contains(&record.run_id)
+            || !what
+                .admits(&record.placement.queue, record.placement.home.iter().map(String::as_str))
             || app.store.is_held(&record.run_id).await.unwrap_or(true)
         {
             continue;
@@ -328,6 +331,7 @@ pub(crate) async fn claim_runs(
             return;
         }
         let now = chrono::Utc::now();
+        let claiming = std::time::Instant::now();
         let run = match app.store.claim(&worker, now, now + lease_for, &what).await {
             Ok(Some(run)) => {
                 failures = 0;
@@ -337,7 +341,7 @@ pub(crate) async fn claim_runs(
                 drop(permit);
                 failures = 0;
                 if healed_at.elapsed() >= HEAL_EVERY {
-                    heal(&app, &mut healing).await;
+                    heal(&app, &mut healing, &what).await;
                     healed_at = tokio::time::Instant::now();
                 }
                 if app.workers.active() > 0 {
@@ -370,7 +374,13 @@ pub(crate) async fn claim_runs(
         };
         idle_since = tokio::time::Instant::now();
         app.metrics.claimed((chrono::Utc::now() - run.updated_at).to_std().unwrap_or_default());
-        eprintln!("{}: claimed run {} ({})", app.workers.name(), run.run_id, run.scenario_id);
+        eprintln!(
+            "{}: claimed run {} ({}) in {:.2} ms",
+            app.workers.name(),
+            run.run_id,
+            run.scenario_id,
+            claiming.elapsed().as_secs_f64() * 1e3
+        );
         let app = Arc::clone(&app);
         let worker = worker.clone();
         tokio::spawn(async move {

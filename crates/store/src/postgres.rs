@@ -932,20 +932,33 @@ const BATCH_INSERT: &str = "INSERT INTO events (run_id, seq, at_us, kind, versio
 const BATCH_UPDATE: &str = "UPDATE runs SET last_seq = $10, status = $11, updated_us = $12, head_hash = $13,
     events_version = GREATEST(events_version, (SELECT COALESCE(MAX(v), 0) FROM UNNEST($5::int[]) v)::smallint)";
 
-/// The advisory lock claims take turns on while a queue or a tenant has a limit.
-const CLAIM_LOCK: i64 = 0x6261_746f_6e71; // "batonq"
+/// The advisory lock claims of runs under a limit take turns on (0x6261746f6e71,
+/// "batonq"), for the claim's transaction.
+const CLAIM_TURN: &str = "SELECT pg_advisory_xact_lock(108170704809585)";
 
-/// Takes [`CLAIM_LOCK`] for the transaction when some limit is set.
-const CLAIM_TURN: &str = "SELECT pg_advisory_xact_lock($1)
-  WHERE EXISTS (SELECT 1 FROM queues WHERE max_running IS NOT NULL)
-     OR EXISTS (SELECT 1 FROM tenant_limits)";
+/// Whether the run `$1`, just claimed in this transaction, takes its queue or its tenant
+/// past its limit (the runs leased at `$2` counted, this one with them).
+const CLAIM_RECOUNT: &str = "SELECT
+    EXISTS (SELECT 1 FROM queues q WHERE q.name = j.queue AND q.max_running IS NOT NULL
+              AND q.max_running < (SELECT count(*) FROM runs x
+                   JOIN runs xj ON xj.run_id = COALESCE(x.root_run_id, x.run_id)
+                   WHERE x.lease_owner IS NOT NULL AND x.status = 'running'
+                     AND x.lease_until_us >= $2 AND xj.queue = j.queue))
+ OR EXISTS (SELECT 1 FROM tenant_limits t WHERE t.tenant = j.tenant
+              AND t.max_running < (SELECT count(*) FROM runs x
+                   WHERE x.lease_owner IS NOT NULL AND x.status = 'running'
+                     AND x.lease_until_us >= $2 AND x.tenant = j.tenant))
+  FROM runs r JOIN runs j ON j.run_id = COALESCE(r.root_run_id, r.run_id)
+ WHERE r.run_id = $1";
 
 /// The claim: `$1` the worker, `$2` its lease's end, `$3` now, `$4`, `$5` its session,
 /// `$6` the queues it takes (none: every queue), `$7` its home. The run due first that is
 /// running, not leased (or its lease ran out, or its holder's session is gone), whose job
 /// no process drives, whose job's root waits in one of the queues, whose job's runs have
 /// no workspace on another home and no event newer than this build reads, and whose
-/// queue and tenant are under their limits (the runs leased now counted).
+/// queue and tenant are under their limits as far as this statement sees (the runs leased
+/// now counted; [`CLAIM_RECOUNT`] decides, under [`CLAIM_TURN`]). Returns the run and
+/// whether its queue or tenant has a limit.
 fn claim_sql() -> &'static String {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         let version = baton_engine::event::VERSION;
@@ -960,8 +973,9 @@ fn claim_sql() -> &'static String {
                   AND NOT EXISTS (SELECT 1 FROM holds h
                        WHERE h.run_id = j.run_id AND h.until_us >= {NOW_US} AND {HOLDER_ALIVE})
                   AND (cardinality($6::text[]) = 0 OR j.queue = ANY($6::text[]))
+                  AND (j.home IS NULL OR j.home = $7::text) AND j.events_version <= {version}
                   AND NOT EXISTS (SELECT 1 FROM runs o
-                       WHERE (o.run_id = j.run_id OR o.root_run_id = j.run_id)
+                       WHERE o.root_run_id = j.run_id
                          AND ((o.home IS NOT NULL AND o.home IS DISTINCT FROM $7::text)
                               OR o.events_version > {version}))
                   AND NOT EXISTS (SELECT 1 FROM queues q
@@ -976,7 +990,12 @@ fn claim_sql() -> &'static String {
                               WHERE x.lease_owner IS NOT NULL AND x.status = 'running'
                                 AND x.lease_until_us >= $3 AND x.tenant = j.tenant))
                 ORDER BY COALESCE(r.due_us, r.created_us), r.run_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED)
-             RETURNING {RUN_COLUMNS}"
+             RETURNING {RUN_COLUMNS},
+               EXISTS (SELECT 1 FROM runs j JOIN queues q ON q.name = j.queue
+                        WHERE j.run_id = COALESCE(runs.root_run_id, runs.run_id)
+                          AND q.max_running IS NOT NULL)
+               OR EXISTS (SELECT 1 FROM runs j JOIN tenant_limits t ON t.tenant = j.tenant
+                           WHERE j.run_id = COALESCE(runs.root_run_id, runs.run_id))"
         )
     });
     &SQL
@@ -1606,22 +1625,36 @@ impl EventStore for PostgresStore {
         what: &'a baton_engine::store::Claimable,
     ) -> BoxFuture<'a, Result<Option<RunRecord>, Error>> {
         Box::pin(async move {
-            let sql = claim_sql();
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(pg)?;
-            // Under a limit, claims take turns (the lock is the transaction's, let go at its
-            // end), so that each counts the runs leased with every claim before it
-            // committed; without one, nothing is counted and they do not wait.
             let (until, now) = (micros(until), micros(now));
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
                 [&worker, &until, &now, &self.session.0, &self.session.1, &what.queues, &what.home];
-            let turn = tx.execute(CLAIM_TURN, &[&CLAIM_LOCK]);
-            let claimed = tx.query(sql.as_str(), &params);
-            let (turn, claimed) = tokio::join!(turn, claimed);
-            turn.map_err(pg)?;
-            let rows = claimed.map_err(pg)?;
+            let claim = tx.prepare_cached(claim_sql()).await.map_err(pg)?;
+            let rows = tx.query(&claim, &params).await.map_err(pg)?;
+            let Some(row) = rows.first() else {
+                tx.commit().await.map_err(pg)?;
+                return Ok(None);
+            };
+            let (record, _) = to_record(row)?;
+            // A run whose queue or tenant has a limit: claims of such runs take turns (the
+            // lock is the transaction's, let go at its end) and count again once it is
+            // theirs, each seeing every claim committed before it; past the limit, this
+            // one is undone. Runs with no limit never wait.
+            let limited: bool = row.try_get(RUN_COLUMNS.split(", ").count()).map_err(pg)?;
+            if limited {
+                let turn = tx.prepare_cached(CLAIM_TURN).await.map_err(pg)?;
+                tx.execute(&turn, &[]).await.map_err(pg)?;
+                let recount = tx.prepare_cached(CLAIM_RECOUNT).await.map_err(pg)?;
+                let over: bool =
+                    tx.query_one(&recount, &[&record.run_id, &now]).await.map_err(pg)?.get(0);
+                if over {
+                    tx.rollback().await.map_err(pg)?;
+                    return Ok(None);
+                }
+            }
             tx.commit().await.map_err(pg)?;
-            rows.first().map(to_record).transpose().map(|r| r.map(|(record, _)| record))
+            Ok(Some(record))
         })
     }
 

@@ -1110,8 +1110,9 @@ fn lease(conn: &Connection, op: LeaseOp) -> Result<LeaseAnswer, Error> {
                              WHERE r.status = 'running'
                                AND (r.lease_until_us IS NULL OR r.lease_until_us < ?3)
                                AND (?4 IS NULL OR instr(?4, ',' || j.queue || ',') > 0)
+                               AND (j.home IS NULL OR j.home IS ?5) AND j.events_version <= {version}
                                AND NOT EXISTS (SELECT 1 FROM runs o
-                                    WHERE (o.run_id = j.run_id OR o.root_run_id = j.run_id)
+                                    WHERE o.root_run_id = j.run_id
                                       AND ((o.home IS NOT NULL AND o.home IS NOT ?5)
                                            OR o.events_version > {version}))
                                AND NOT EXISTS (SELECT 1 FROM queues q

@@ -119,13 +119,17 @@ impl Workspaces for LocalWorkspaces {
     }
 }
 
+/// The file in a workspaces root that names the place ([`Workspaces::home`]); no run id
+/// can be its name.
+pub const HOME_FILE: &str = ".home";
+
 /// The longest name a workspaces root's `.home` file may give.
 const HOME_CHARS_MAX: usize = 300;
 
 /// Reads `<root>/.home`, making it first when there is none (published whole, by a link
 /// that fails when another process published first).
 fn home_of(root: &Path) -> std::io::Result<String> {
-    let path = root.join(".home");
+    let path = root.join(HOME_FILE);
     let read = |path: &Path| -> std::io::Result<Option<String>> {
         match std::fs::read_to_string(path) {
             Ok(text) => {
@@ -158,7 +162,7 @@ fn home_of(root: &Path) -> std::io::Result<String> {
     if home.chars().count() > HOME_CHARS_MAX {
         home = format!("{host} {suffix}").chars().take(HOME_CHARS_MAX).collect();
     }
-    let draft = root.join(format!(".home.{}.{nanos}", std::process::id()));
+    let draft = root.join(format!("{HOME_FILE}.{}.{nanos}", std::process::id()));
     std::fs::write(&draft, format!("{home}\n"))?;
     let published = std::fs::hard_link(&draft, &path);
     let _ = std::fs::remove_file(&draft);

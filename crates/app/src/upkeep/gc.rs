@@ -84,6 +84,10 @@ pub async fn leftovers(place: &Place) -> anyhow::Result<Vec<Leftover>> {
 
     let mut leftovers = Vec::new();
     for (name, path) in entries(&workspaces)? {
+        // The file that names the place (and its drafts) is no run's workspace.
+        if name.starts_with(baton_workspace::HOME_FILE) {
+            continue;
+        }
         if runs.contains_key(&name)
             || holds.is_held(&name).unwrap_or(true)
             || lock_file_held(&locks.join(&name)).unwrap_or(true)

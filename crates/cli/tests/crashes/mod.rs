@@ -199,7 +199,7 @@ fn a_run_whose_driver_died_is_listed_interrupted_with_the_command_that_continues
     assert_eq!(listed[0]["status"], "running", "{listed:?}");
     assert!(listed[0].get("continue_with").is_none());
     let out = baton_db(&db, &["runs"]);
-    assert!(!text(&out.stdout).contains("interrupted"), "{}", text(&out.stdout));
+    assert!(!text(&out.stdout).contains(" interrupted "), "{}", text(&out.stdout));
     child.kill().unwrap();
     child.wait().unwrap();
     let listed = runs_json(&db, &[]);

@@ -405,9 +405,9 @@ fn a_drained_worker_gives_its_runs_back_between_two_steps_for_another_to_finish(
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A worker cut by its drain's end (grace 0) leaves its runs interrupted by the signal; a
-/// worker already running takes them up again on its own, after the retry wait, and each
-/// taking-up is a `run_resumed` in the log.
+/// A worker cut by its drain's end (grace 0) leaves its runs interrupted by the signal; two
+/// workers already running race to take them up again on their own, after the retry wait:
+/// each run is taken up once (one `run_resumed`), nothing in it done twice.
 #[test]
 fn runs_a_cut_worker_left_interrupted_are_taken_up_again_by_an_idle_one() {
     let schema = scratch("heal");
@@ -434,22 +434,27 @@ fn runs_a_cut_worker_left_interrupted_are_taken_up_again_by_an_idle_one() {
     };
     let first = worker("first", "60", "0");
     std::thread::sleep(std::time::Duration::from_millis(800));
-    // The second worker runs beside it, idle (the first holds both runs): it says where it
-    // listens once it has taken up what was left at its start, which was nothing.
-    let mut second = pg()
-        .args(["worker", "--concurrency", "4", "--idle-exit-s", "8", "--name", "second"])
-        .args(["--drain-grace-s", "30", "--retry-first-ms", "200", "--listen", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+    // Two more workers run beside it, idle (the first holds both runs), and race to heal:
+    // each says where it listens once it has taken up what was left at its start, which
+    // was nothing.
+    let idle = |name: &str| {
+        let mut worker = pg()
+            .args(["worker", "--concurrency", "4", "--idle-exit-s", "8", "--name", name])
+            .args(["--drain-grace-s", "30", "--retry-first-ms", "200", "--listen", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut listening = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(worker.stdout.take().unwrap()),
+            &mut listening,
+        )
         .unwrap();
-    let mut listening = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(second.stdout.take().unwrap()),
-        &mut listening,
-    )
-    .unwrap();
-    assert!(listening.starts_with("listening on http://"), "{listening:?}");
+        assert!(listening.starts_with("listening on http://"), "{listening:?}");
+        worker
+    };
+    let (second, third) = (idle("second"), idle("third"));
     signal(first.id(), "TERM");
     let first = finish(first, 30);
     assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
@@ -458,11 +463,11 @@ fn runs_a_cut_worker_left_interrupted_are_taken_up_again_by_an_idle_one() {
     for run in &runs {
         assert_eq!(count(&events(db, &data, run), "run_interrupted"), 1, "cut: {run}");
     }
-    // The second worker takes them up while it is idle, after the retry wait.
+    // The idle workers take them up, after the retry wait: each run once, by one of them.
     let healed_at = std::time::Instant::now();
-    let second = finish(second, 60);
-    let said = text(&second.stderr);
-    assert_eq!(second.status.code(), Some(0), "{said}");
+    let (second, third) = (finish(second, 60), finish(third, 60));
+    let said = format!("{}{}", text(&second.stderr), text(&third.stderr));
+    assert_eq!((second.status.code(), third.status.code()), (Some(0), Some(0)), "{said}");
     for run in &runs {
         let log = events(db, &data, run);
         assert_eq!(finished_as(&log), ["completed"], "run {run}: {log:?}\n{said}");
@@ -470,6 +475,7 @@ fn runs_a_cut_worker_left_interrupted_are_taken_up_again_by_an_idle_one() {
         assert_eq!(resumed.len(), 1, "{log:?}");
         assert_eq!(resumed[0]["data"]["by"], "driver");
         assert_eq!(count(&log, "model_response"), 2, "run {run}: {log:?}");
+        assert_eq!(count(&log, "level_finished"), 2, "run {run}: {log:?}");
         assert!(said.contains(&format!("taking up run {run} again")), "{said}");
     }
     assert!(healed_at.elapsed() < std::time::Duration::from_secs(40));
@@ -924,6 +930,9 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
                      WHERE idempotency_key IS NOT NULL;
                  ALTER TABLE runs DROP COLUMN key_request, DROP COLUMN key_expires_us,
                      DROP COLUMN chain;
+                 DROP TABLE queues, tenant_limits;
+                 ALTER TABLE runs DROP COLUMN queue, DROP COLUMN priority, DROP COLUMN due_us,
+                     DROP COLUMN home, DROP COLUMN events_version;
                  DELETE FROM schema_version WHERE version > 1",
             )
             .await
@@ -978,12 +987,12 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
     assert_eq!(refused.status.code(), Some(1));
     let err = text(&refused.stderr);
     assert!(
-        err.contains("is at schema version 1, this binary needs 7: run `baton migrate"),
+        err.contains("is at schema version 1, this binary needs 8: run `baton migrate"),
         "{err}"
     );
     let migrated = baton_pg(&schema.url, &data, &["migrate"]);
     assert_eq!(migrated.status.code(), Some(0), "{}", text(&migrated.stderr));
-    assert!(text(&migrated.stdout).contains("schema version 1 → 7"), "{}", text(&migrated.stdout));
+    assert!(text(&migrated.stdout).contains("schema version 1 → 8"), "{}", text(&migrated.stdout));
     let again = baton_pg(&schema.url, &data, &["migrate"]);
     assert!(text(&again.stdout).contains("nothing to do"), "{}", text(&again.stdout));
     let id = run_id(&run.stdout);
@@ -1207,6 +1216,7 @@ fn the_postgres_bench_reports_its_figures_with_what_they_stood_on() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["workers"], 2, "{report}");
+    assert_eq!(report["mode"], "in-process stores", "{report}");
     assert_eq!(report["levels"], 200, "{report}");
     // At most one commit a level: a run's creation and its levels' appends, several runs'
     // sharing one commit when they come together, and its hold's taking and giving back
@@ -1226,6 +1236,33 @@ fn the_postgres_bench_reports_its_figures_with_what_they_stood_on() {
     assert_eq!(report["takeovers"], 5, "{report}");
     let p50 = report["takeover_p50_ms"].as_f64().unwrap();
     assert!(p50 > 0.0 && p50 < 5_000.0, "a dead driver's run is held again at once: {report}");
+    // Real worker processes on a queue the bench fills: every run claimed once, each
+    // claim timed by the worker that made it.
+    let out = baton_command()
+        .args(["bench", "--workload", "linear5", "--store", "postgres", "--bench-db", &base()])
+        .args(["--processes", "2", "--concurrency", "4", "--runs", "30", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["mode"], "worker processes (claims, leases, a queue)", "{report}");
+    assert_eq!((report["processes"].as_u64(), report["claims"].as_u64()), (Some(2), Some(30)));
+    assert_eq!(report["levels"], 150, "{report}");
+    let claim = report["claim_p50_ms"].as_f64().unwrap();
+    assert!(claim > 0.0 && claim <= report["claim_p99_ms"].as_f64().unwrap(), "{report}");
+    assert!(report["levels_per_s"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["transactions_per_level"].as_f64().unwrap() > 0.0, "{report}");
+    let refused = baton_command()
+        .args(["bench", "--workload", "approval", "--store", "postgres", "--bench-db", &base()])
+        .args(["--processes", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("linear5, gate_loop or fanout8"),
+        "{}",
+        text(&refused.stderr)
+    );
     let refused = baton_command()
         .args(["bench", "--workload", "linear5", "--store", "postgres"])
         .output()
@@ -1384,12 +1421,14 @@ impl SlowModel {
                     log.lock().unwrap().push(prompt);
                     std::thread::sleep(std::time::Duration::from_millis(100));
                     let answer = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+                    // Counted out before it is answered: a call the caller has the answer
+                    // to is never still counted in flight.
+                    busy.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                     let _ = write!(
                         stream,
                         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
                         answer.len()
                     );
-                    busy.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 });
             }
         });
