@@ -77,6 +77,19 @@ fn claimed(said: &str) -> Vec<String> {
         .collect()
 }
 
+/// Runs `worker` (a `baton worker` command with `--idle-exit-s`) to its end: what it said.
+fn worker_said(mut worker: std::process::Command) -> String {
+    let child = worker
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = finish(child, 60);
+    let said = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    said
+}
+
 #[test]
 fn a_start_names_a_queue_that_exists_and_a_worker_takes_its_queues_highest_priority_first() {
     let schema = scratch("queues");
@@ -126,15 +139,9 @@ fn a_start_names_a_queue_that_exists_and_a_worker_takes_its_queues_highest_prior
     assert_eq!(nope.status.code(), Some(1));
     assert!(text(&nope.stderr).contains("there is no queue nope"), "{}", text(&nope.stderr));
     // One slot: the gpu runs are claimed highest priority first; the default one is left.
-    let worker = pg()
-        .args(["worker", "--queues", "gpu", "--concurrency", "1", "--idle-exit-s", "2"])
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = finish(worker, 60);
-    let said = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{said}");
+    let mut worker = pg();
+    worker.args(["worker", "--queues", "gpu", "--concurrency", "1", "--idle-exit-s", "2"]);
+    let said = worker_said(worker);
     assert_eq!(claimed(&said), [high, mid, low], "{said}");
     let statuses = listed_runs(db, &data);
     let status_of = |id: &str| statuses.iter().find(|(r, _)| r == id).map(|(_, s)| s.clone());
@@ -142,23 +149,16 @@ fn a_start_names_a_queue_that_exists_and_a_worker_takes_its_queues_highest_prior
     // A log holding events newer than this build reads is never claimed: another build
     // wrote them (a rolling deploy); this worker leaves the run to it.
     sql(db, &format!("UPDATE runs SET events_version = 99 WHERE run_id = '{other}'"));
-    let worker = pg()
-        .args(["worker", "--concurrency", "1", "--idle-exit-s", "2"])
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = finish(worker, 60);
-    assert!(claimed(&text(&out.stderr)).is_empty(), "{}", text(&out.stderr));
+    let one = || {
+        let mut worker = pg();
+        worker.args(["worker", "--concurrency", "1", "--idle-exit-s", "2"]);
+        worker_said(worker)
+    };
+    let said = one();
+    assert!(claimed(&said).is_empty(), "{said}");
     sql(db, &format!("UPDATE runs SET events_version = 2 WHERE run_id = '{other}'"));
-    let worker = pg()
-        .args(["worker", "--concurrency", "1", "--idle-exit-s", "2"])
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = finish(worker, 60);
-    assert_eq!(claimed(&text(&out.stderr)), std::slice::from_ref(&other), "{}", text(&out.stderr));
+    let said = one();
+    assert_eq!(claimed(&said), std::slice::from_ref(&other), "{said}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -285,16 +285,14 @@ fn a_run_bound_to_one_data_dir_is_driven_only_by_a_worker_there() {
     let worker_on = |data: &Path| {
         let mut c = super::baton_command();
         c.arg("--scenarios").arg(&scenarios).arg("--db").arg(db).arg("--data-dir").arg(data);
-        c.args(["worker", "--concurrency", "1", "--idle-exit-s", "2"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        finish(c.spawn().unwrap(), 60)
+        c.args(["worker", "--concurrency", "1", "--idle-exit-s", "2"]);
+        worker_said(c)
     };
     let away = worker_on(&there);
-    assert!(claimed(&text(&away.stderr)).is_empty(), "{}", text(&away.stderr));
+    assert!(claimed(&away).is_empty(), "{away}");
     assert_eq!(listed_runs(db, &here), [(run.clone(), "queued".to_owned())]);
     let home = worker_on(&here);
-    assert_eq!(claimed(&text(&home.stderr)), std::slice::from_ref(&run), "{}", text(&home.stderr));
+    assert_eq!(claimed(&home), std::slice::from_ref(&run), "{home}");
     assert_eq!(listed_runs(db, &here), [(run, "completed".to_owned())]);
     let _ = std::fs::remove_dir_all(dir);
 }
