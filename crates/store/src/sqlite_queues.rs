@@ -51,31 +51,29 @@ fn to_queue(r: &Row<'_>) -> rusqlite::Result<QueueRecord> {
 fn put(conn: &Connection, q: &QueueRecord, create: bool) -> rusqlite::Result<QueueChange> {
     let aging = i64::try_from(q.aging_s).unwrap_or(i64::MAX);
     let limit = q.max_running.map(i64::from);
-    let exists: bool = conn
-        .query_row("SELECT 1 FROM queues WHERE name = ?1", [&q.name], |_| Ok(()))
-        .optional()?
-        .is_some();
-    match (create, exists) {
-        (true, true) => Ok(QueueChange::Exists),
-        (false, false) => Ok(QueueChange::Missing),
-        (true, false) => {
-            let n = conn.execute(
-                &format!(
-                    "INSERT INTO queues ({COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?4
-                      WHERE (SELECT count(*) FROM queues) < ?5"
-                ),
-                params![q.name, aging, limit, us(q.created_at), QUEUES_MAX as i64],
-            )?;
-            Ok(if n == 1 { QueueChange::Created } else { QueueChange::Full })
-        }
-        (false, true) => {
-            conn.execute(
-                "UPDATE queues SET aging_s = ?2, max_running = ?3, updated_us = ?4 WHERE name = ?1",
-                params![q.name, aging, limit, us(q.updated_at)],
-            )?;
-            Ok(QueueChange::Updated)
-        }
+    if !create {
+        let n = conn.execute(
+            "UPDATE queues SET aging_s = ?2, max_running = ?3, updated_us = ?4 WHERE name = ?1",
+            params![q.name, aging, limit, us(q.updated_at)],
+        )?;
+        return Ok(if n == 1 { QueueChange::Updated } else { QueueChange::Missing });
     }
+    // As on PostgreSQL: the count and the insert in one statement, a second create of one
+    // name (from any process) told apart by the key.
+    let n = conn.execute(
+        &format!(
+            "INSERT INTO queues ({COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?4
+              WHERE (SELECT count(*) FROM queues) < ?5
+             ON CONFLICT (name) DO NOTHING"
+        ),
+        params![q.name, aging, limit, us(q.created_at), QUEUES_MAX as i64],
+    )?;
+    if n == 1 {
+        return Ok(QueueChange::Created);
+    }
+    let exists =
+        conn.query_row("SELECT 1 FROM queues WHERE name = ?1", [&q.name], |_| Ok(())).optional()?;
+    Ok(if exists.is_some() { QueueChange::Exists } else { QueueChange::Full })
 }
 
 /// Every queue with its leased runs, and the jobs of its runs that wait (running, not

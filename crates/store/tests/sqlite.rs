@@ -627,3 +627,36 @@ async fn a_database_at_a_newer_version_is_refused_naming_both() {
     assert_eq!(versions, ours + 1);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Queues on SQLite: made once (a second create of a name says it exists), changed only
+/// when they exist, listed with `default`; a tenant's limit set, listed and removed.
+#[tokio::test]
+async fn queues_are_made_once_changed_when_they_exist_and_listed() {
+    use baton_store::queues::{QueueChange, QueueRecord, QueueStore};
+    let (dir, db) = fresh_db("queues");
+    let store = SqliteStore::open(&db).unwrap();
+    let at = chrono::Utc::now();
+    let gpu = QueueRecord {
+        name: "gpu".to_owned(),
+        aging_s: 90,
+        max_running: Some(2),
+        created_at: at,
+        updated_at: at,
+    };
+    assert_eq!(store.put_queue(&gpu, true).await.unwrap(), QueueChange::Created);
+    assert_eq!(store.put_queue(&gpu, true).await.unwrap(), QueueChange::Exists);
+    let other = QueueRecord { name: "cpu".to_owned(), ..gpu.clone() };
+    assert_eq!(store.put_queue(&other, false).await.unwrap(), QueueChange::Missing);
+    let wider = QueueRecord { max_running: None, ..gpu.clone() };
+    assert_eq!(store.put_queue(&wider, false).await.unwrap(), QueueChange::Updated);
+    let loads = store.queue_loads(at).await.unwrap();
+    let names: Vec<&str> = loads.iter().map(|l| l.queue.name.as_str()).collect();
+    assert_eq!(names, ["default", "gpu"]);
+    assert_eq!(store.queue("gpu").await.unwrap().unwrap().max_running, None);
+    assert!(store.set_tenant_limit("acme", Some(3), at).await.unwrap());
+    assert_eq!(store.tenant_limits().await.unwrap()[0].max_running, 3);
+    assert!(store.set_tenant_limit("acme", None, at).await.unwrap());
+    assert!(!store.set_tenant_limit("acme", None, at).await.unwrap());
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -130,16 +130,22 @@ const HOME_CHARS_MAX: usize = 300;
 /// that fails when another process published first).
 fn home_of(root: &Path) -> std::io::Result<String> {
     let path = root.join(HOME_FILE);
+    // Read bounded, and only from a regular file (a pipe there would never end).
     let read = |path: &Path| -> std::io::Result<Option<String>> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                let line = text.lines().next().unwrap_or_default().trim();
-                let fits = !line.is_empty() && line.chars().count() <= HOME_CHARS_MAX;
-                Ok(fits.then(|| line.to_owned()))
+        use std::io::Read as _;
+        let file = match std::fs::File::open(path) {
+            Ok(file) if file.metadata()?.is_file() => file,
+            Ok(_) => {
+                return Err(std::io::Error::other(format!("{} is not a file", path.display())));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut text = String::new();
+        file.take(4 * HOME_CHARS_MAX as u64 + 2).read_to_string(&mut text)?;
+        let line = text.lines().next().unwrap_or_default().trim();
+        let fits = !line.is_empty() && line.chars().count() <= HOME_CHARS_MAX;
+        Ok(fits.then(|| line.to_owned()))
     };
     if let Some(home) = read(&path)? {
         return Ok(home);
