@@ -93,6 +93,9 @@ const MIGRATION_LOCK: i64 = 0x6261_746f_6e00_0001;
 
 const RUN_COLUMNS: &str = "run_id, scenario_id, status, created_us, updated_us, last_seq, head_hash, parent_run_id, root_run_id, idempotency_key, tenant, key_request, key_expires_us, queue, priority, due_us, home";
 
+/// How many [`RUN_COLUMNS`] there are: the columns a statement returns after them start here.
+const RUN_COLUMN_COUNT: usize = crate::stored::column_count(RUN_COLUMNS);
+
 /// A PostgreSQL database holding runs, events, scenario versions, overrides and tokens.
 pub struct PostgresStore {
     pool: Pool,
@@ -1052,7 +1055,7 @@ async fn load_checked(
     let damaged =
         |seq: u64, problem: String| Error::Damaged { run_id: run_id.to_owned(), seq, problem };
     // The events' columns come after the run's.
-    let e_at = RUN_COLUMNS.split(", ").count();
+    let e_at = RUN_COLUMN_COUNT;
     let form: i16 = first.try_get(e_at + 8).map_err(pg)?;
     let form = Form::from_number(form.into()).ok_or_else(|| Form::unknown(run_id, form.into()))?;
     let seq_of = |r: &Row| r.try_get::<_, Option<i64>>(e_at).map_err(pg);
@@ -1641,7 +1644,7 @@ impl EventStore for PostgresStore {
             // lock is the transaction's, let go at its end) and count again once it is
             // theirs, each seeing every claim committed before it; past the limit, this
             // one is undone. Runs with no limit never wait.
-            let limited: bool = row.try_get(RUN_COLUMNS.split(", ").count()).map_err(pg)?;
+            let limited: bool = row.try_get(RUN_COLUMN_COUNT).map_err(pg)?;
             if limited {
                 let turn = tx.prepare_cached(CLAIM_TURN).await.map_err(pg)?;
                 tx.execute(&turn, &[]).await.map_err(pg)?;

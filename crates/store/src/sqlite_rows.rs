@@ -122,9 +122,9 @@ pub(crate) fn run_for_load(conn: &Connection, run_id: &str) -> Result<Option<Run
         &format!("SELECT {RUN_COLUMNS}, rk, chain FROM runs WHERE run_id = ?1"),
         [run_id],
         |r| {
-            let after = RUN_COLUMNS.split(", ").count();
-            let rk = r.get::<_, i64>(after).unwrap_or(0);
-            let form = r.get::<_, i64>(after + 1).unwrap_or(0);
+            const AFTER: usize = crate::stored::column_count(RUN_COLUMNS);
+            let rk = r.get::<_, i64>(AFTER).unwrap_or(0);
+            let form = r.get::<_, i64>(AFTER + 1).unwrap_or(0);
             Ok(to_record(r)?.and_then(|(record, head)| {
                 let form = chain::Form::from_number(form)
                     .ok_or_else(|| chain::Form::unknown(run_id, form))?;
