@@ -140,6 +140,9 @@ fn normalised(log: Vec<Value>) -> Vec<Value> {
     super::without_takeovers(log)
         .into_iter()
         .filter(|e| e["kind"] != "tool_call_reissued")
+        // The clock writes these (a step still running after 2 s), not a decision: whether
+        // one lands depends on how loaded the machine is.
+        .filter(|e| e["kind"] != "heartbeat")
         .map(|mut e| {
             super::scrub(&mut e);
             // A tool call's key derives from its run's id, new in each database.
