@@ -39,7 +39,10 @@ pub fn workspace_setup(
     let root = absolute(data.join("workspaces"));
     let snapshots = absolute(place.snapshots.clone().unwrap_or_else(|| data.join("snapshots")));
     let dir = dir.map(absolute);
-    let opener = LocalWorkspaces::new(root, snapshots).jailed(jail(place));
+    let mut opener = LocalWorkspaces::new(root, snapshots).jailed(jail(place));
+    if let Some(handoff) = &place.handoff {
+        opener = opener.handing_off(Arc::clone(handoff));
+    }
     WorkspaceSetup { opener: Arc::new(opener), dir, branch }
 }
 

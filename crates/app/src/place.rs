@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use baton_engine::store::EventStore;
 use baton_store::{PostgresStore, SqliteStore, Store};
+pub use baton_workspace::HandOff;
 
 /// Whether `db` names a PostgreSQL database (`postgres://…`, `postgresql://…`) rather than
 /// a SQLite file.
@@ -33,6 +34,8 @@ pub struct Place {
     pub snapshots: Option<PathBuf>,
     /// `--no-jail`: programs run unconfined.
     pub no_jail: bool,
+    /// `--object-store`: where workspaces' snapshots are handed off between hosts.
+    pub handoff: Option<Arc<HandOff>>,
 }
 
 impl Place {
@@ -53,7 +56,16 @@ impl Place {
             (None, None) => db.to_path_buf(),
             (None, Some(_)) => return None,
         };
-        Some(Place { db, postgres, hold_for: None, scenarios, config, snapshots, no_jail })
+        Some(Place {
+            db,
+            postgres,
+            hold_for: None,
+            scenarios,
+            config,
+            snapshots,
+            no_jail,
+            handoff: None,
+        })
     }
 
     /// The run database as messages name it (a PostgreSQL URL without its password).

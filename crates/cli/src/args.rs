@@ -34,6 +34,23 @@ pub(crate) struct Cli {
     #[arg(long, global = true, env = "BATON_SNAPSHOTS", value_name = "DIR")]
     pub(crate) snapshots: Option<PathBuf>,
 
+    /// An S3 bucket (`s3://BUCKET[/PREFIX]`) every snapshot of a workspace is pushed to, so
+    /// that a process on another host (its own --data-dir) takes the run over with its
+    /// files. Credentials and endpoint from `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`.
+    #[arg(long = "object-store", global = true, env = "BATON_OBJECT_STORE", value_name = "URL")]
+    pub(crate) object_store: Option<String>,
+
+    /// The longest one push, fetch or removal of the object store may take.
+    #[arg(
+        long = "object-store-timeout-s",
+        global = true,
+        env = "BATON_OBJECT_STORE_TIMEOUT_S",
+        value_name = "SECONDS",
+        default_value_t = 60
+    )]
+    pub(crate) object_store_timeout_s: u64,
+
     /// Run verifiers, scanners and MCP servers without the jail, unconfined as Baton's own
     /// user (said as a warning on every run, and recorded on each program's outcome).
     #[arg(long, global = true)]

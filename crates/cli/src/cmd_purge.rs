@@ -69,6 +69,27 @@ pub(crate) async fn purge(
         let verb = if dry_run { "would remove" } else { "removed" };
         outln!("{verb} {shown} ({})", crate::escape::one_line(what))?;
     }
+    // The snapshots handed off to the object store go with their runs.
+    if let Some(handoff) = &place.handoff {
+        let store = handoff.shown();
+        for run in runs {
+            if dry_run {
+                outln!("would remove run {run}'s snapshots from {store}")?;
+                continue;
+            }
+            match handoff.remove_run(run).await {
+                Ok(0) => {}
+                Ok(n) => outln!("removed {n} snapshot bundle(s) of run {run} from {store}")?,
+                Err(e) => {
+                    #[allow(clippy::print_stderr)]
+                    {
+                        eprintln!("error: {}", crate::escape::one_line(&e));
+                    }
+                    failed = true;
+                }
+            }
+        }
+    }
     match which {
         plan::Which::Job { .. } => outln!("{verb} {} job(s), {} run(s)", doomed.len(), runs.len())?,
         plan::Which::EndedBefore { .. } => outln!(

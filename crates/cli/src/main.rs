@@ -74,7 +74,7 @@ fn main() -> ExitCode {
     let scenarios = cli.scenarios.clone();
     let (config, snapshots) = (cli.config.clone(), cli.snapshots.clone());
     let data_dir = cli.data_dir.as_deref();
-    let Some(place) =
+    let Some(mut place) =
         Place::of_database(&cli.db, data_dir, scenarios, config, snapshots, cli.no_jail)
     else {
         #[allow(clippy::print_stderr)]
@@ -85,6 +85,19 @@ fn main() -> ExitCode {
         }
         return ExitCode::from(2);
     };
+    if let Some(url) = &cli.object_store {
+        let timeout = std::time::Duration::from_secs(cli.object_store_timeout_s);
+        match baton_app::place::HandOff::from_url(url, timeout) {
+            Ok(handoff) => place.handoff = Some(std::sync::Arc::new(handoff)),
+            Err(message) => {
+                #[allow(clippy::print_stderr)]
+                {
+                    eprintln!("error: {message}");
+                }
+                return ExitCode::from(2);
+            }
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

@@ -6,6 +6,7 @@ mod cancels;
 mod chain;
 mod crashes;
 mod faults;
+mod handoff;
 mod jail;
 mod matrix;
 mod mcp;

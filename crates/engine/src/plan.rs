@@ -261,6 +261,10 @@ pub fn taken_over(state: &RunState, process: &str) -> Vec<NewEvent> {
                 attempt,
                 cut,
                 charged_usd,
+                restarts_from: state
+                    .workspace
+                    .as_ref()
+                    .map(|w| state.workspace_head.clone().unwrap_or_else(|| w.base.clone())),
             }),
         ),
         NewEvent::run(EventData::RunResumed(RunResumed {

@@ -145,6 +145,13 @@ pub trait Workspaces: Send + Sync + std::fmt::Debug {
     fn home(&self) -> Option<String> {
         None
     }
+
+    /// Whether these workspaces hand snapshots off between hosts (an object store): a
+    /// process that does not see a run's workspace directory opens one of its own and
+    /// fetches the run's snapshots into it.
+    fn hands_off(&self) -> bool {
+        false
+    }
 }
 
 /// How an engine gives runs their workspaces.

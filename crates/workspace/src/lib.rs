@@ -17,8 +17,11 @@
 //! outcomes as text the model can act on. Verifiers run programs in [`Workspace::root`]
 //! themselves; this crate runs no programs but `git`.
 
+mod handoff;
 mod repo;
 pub mod sandbox;
+
+pub use handoff::HandOff;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -61,6 +64,8 @@ pub struct LocalWorkspaces {
     jail: Arc<baton_jail::Jail>,
     /// The root's name for itself, once read or made ([`Workspaces::home`]).
     home: Arc<std::sync::OnceLock<Option<String>>>,
+    /// Where snapshots are pushed for other hosts, when there is a hand-off store.
+    handoff: Option<Arc<HandOff>>,
 }
 
 impl LocalWorkspaces {
@@ -73,7 +78,15 @@ impl LocalWorkspaces {
             snapshots: snapshots.into(),
             jail: Arc::new(baton_jail::Jail::off()),
             home: Arc::default(),
+            handoff: None,
         }
+    }
+
+    /// The same workspaces, every snapshot pushed to `handoff` and every snapshot this
+    /// host lacks fetched from it ([`handoff`]): runs are bound to no data dir.
+    pub fn handing_off(mut self, handoff: Arc<HandOff>) -> Self {
+        self.handoff = Some(handoff);
+        self
     }
 
     /// The same workspaces, their git run in `jail`.
@@ -101,13 +114,20 @@ impl Workspaces for LocalWorkspaces {
             Some(dir) => dir.clone(),
             None => self.root.join(&request.run_id),
         };
-        let workspace = LocalWorkspace::open_jailed(
+        let mut workspace = LocalWorkspace::open_jailed(
             &dir,
             request.seed.as_deref(),
             &self.snapshots,
             Arc::clone(&self.jail),
         )?;
+        if let Some(handoff) = &self.handoff {
+            workspace.handoff = Some((Arc::clone(handoff), request.run_id.clone()));
+        }
         Ok(Arc::new(workspace))
+    }
+
+    fn hands_off(&self) -> bool {
+        self.handoff.is_some()
     }
 
     /// The first line of `<root>/.home` (no run id can name it), written once by the
@@ -115,6 +135,9 @@ impl Workspaces for LocalWorkspaces {
     /// and read by every other: it moves with the directory, and stays when the host is
     /// renamed. None when it can be neither read nor made.
     fn home(&self) -> Option<String> {
+        if self.handoff.is_some() {
+            return None;
+        }
         self.home.get_or_init(|| home_of(&self.root).ok()).clone()
     }
 }
@@ -226,6 +249,10 @@ pub struct LocalWorkspace {
     repo: Repo,
     /// What opening it repaired, for the run's log ([`Workspace::take_notices`]).
     notices: Mutex<Vec<String>>,
+    /// The hand-off store and the run whose objects this workspace pushes and fetches.
+    handoff: Option<(Arc<HandOff>, String)>,
+    /// The last snapshot this process pushed: the next push holds only what is new since.
+    pushed: Mutex<Option<String>>,
     /// Held while the workspace is open (`<snapshots>/<key>/lock`, locked exclusively).
     _lock: std::fs::File,
 }
@@ -305,8 +332,15 @@ impl LocalWorkspace {
         // lock file in the repository now was left by a git that died (checked on /proc).
         let mut notices = repo.recover_stale_locks()?;
         notices.extend(repo::launcher_notice());
-        let workspace =
-            LocalWorkspace { dir: handle, root, repo, notices: Mutex::new(notices), _lock: lock };
+        let workspace = LocalWorkspace {
+            dir: handle,
+            root,
+            repo,
+            notices: Mutex::new(notices),
+            handoff: None,
+            pushed: Mutex::new(None),
+            _lock: lock,
+        };
         if !workspace.repo.exists() {
             if let Some(seed) = seed
                 && workspace.is_empty()?
@@ -379,6 +413,99 @@ impl LocalWorkspace {
 
     fn error(&self, message: String) -> WorkspaceError {
         WorkspaceError::new(self.root.display().to_string(), message)
+    }
+
+    /// Pushes snapshot `commit` to the hand-off store (nothing without one): a bundle of
+    /// what this process has not pushed before. A store that fails is transient.
+    fn push(&self, commit: &str) -> Result<(), WorkspaceError> {
+        let Some((handoff, run_id)) = &self.handoff else { return Ok(()) };
+        let mut pushed = self.pushed.lock().unwrap_or_else(PoisonError::into_inner);
+        if pushed.as_deref() == Some(commit) {
+            return Ok(());
+        }
+        let bundle = self.repo.bundle(commit, pushed.as_deref())?;
+        handoff.put(run_id, commit, bundle).map_err(|message| {
+            WorkspaceError::transient(
+                self.root.display().to_string(),
+                format!("{message}; the run stays resumable once the store answers"),
+            )
+        })?;
+        *pushed = Some(commit.to_owned());
+        Ok(())
+    }
+
+    /// Makes sure the repository holds `snapshot`, fetching it (and the snapshots it
+    /// builds on) from the hand-off store when there is one. False: neither has it.
+    fn fetched(&self, snapshot: &str) -> Result<bool, WorkspaceError> {
+        if self.repo.holds(snapshot)? {
+            return Ok(true);
+        }
+        let Some((handoff, run_id)) = &self.handoff else { return Ok(false) };
+        if snapshot.is_empty()
+            || snapshot.len() > 64
+            || !snapshot.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return Ok(false);
+        }
+        let transient = |message: String| {
+            WorkspaceError::transient(
+                self.root.display().to_string(),
+                format!("{message}; the run stays resumable once the store answers"),
+            )
+        };
+        let mut wanted = vec![snapshot.to_owned()];
+        let mut bundles: Vec<Vec<u8>> = Vec::new();
+        let mut seen: BTreeSet<String> = BTreeSet::new();
+        while let Some(id) = wanted.pop() {
+            if !seen.insert(id.clone()) {
+                continue;
+            }
+            if bundles.len() >= handoff::CHAIN_DEPTH_MAX {
+                return Err(self.error(format!(
+                    "snapshot {snapshot} builds on more than {} bundles in {}; the run cannot be handed off",
+                    handoff::CHAIN_DEPTH_MAX,
+                    handoff.shown()
+                )));
+            }
+            let bundle = match handoff.get(run_id, &id) {
+                Ok(bundle) => bundle,
+                Err(handoff::HandOffError::Missing(_)) if id == snapshot => return Ok(false),
+                Err(handoff::HandOffError::Missing(message)) => {
+                    return Err(self.error(format!(
+                        "snapshot {snapshot} builds on {id}, which neither this host nor the store holds: {message}"
+                    )));
+                }
+                Err(handoff::HandOffError::Failed(message)) => return Err(transient(message)),
+            };
+            let needed = handoff::prerequisites(&bundle).map_err(|why| {
+                self.error(format!("the store's object for snapshot {id} is unusable: {why}"))
+            })?;
+            for prerequisite in needed {
+                if !self.repo.holds(&prerequisite)? {
+                    wanted.push(prerequisite);
+                }
+            }
+            bundles.push(bundle);
+        }
+        // Prerequisites first: each was found after what needs it.
+        for bundle in bundles.iter().rev() {
+            self.repo.unbundle(bundle)?;
+        }
+        self.repo.holds(snapshot)
+    }
+
+    /// [`LocalWorkspace::fetched`], an error when neither this host nor the store has it.
+    fn require(&self, snapshot: &str) -> Result<(), WorkspaceError> {
+        if self.fetched(snapshot)? {
+            return Ok(());
+        }
+        Err(self.error(match &self.handoff {
+            Some((handoff, _)) => format!(
+                "snapshot {snapshot} is neither in this host's repository nor in {}",
+                handoff.shown()
+            ),
+            None => format!("snapshot {snapshot} is not in the workspace's repository"),
+        }))
     }
 }
 
@@ -460,19 +587,27 @@ impl Workspace for LocalWorkspace {
     }
 
     fn snapshot(&self, message: &str) -> Result<String, WorkspaceError> {
-        self.repo.snapshot(message)
+        let id = self.repo.snapshot(message)?;
+        self.push(&id)?;
+        Ok(id)
     }
 
     fn restore(&self, snapshot: &str) -> Result<(), WorkspaceError> {
+        if self.handoff.is_some() {
+            self.require(snapshot)?;
+        }
         self.repo.restore(snapshot)
     }
 
     fn branch(&self, name: &str, snapshot: &str) -> Result<(), WorkspaceError> {
+        if self.handoff.is_some() {
+            self.require(snapshot)?;
+        }
         self.repo.branch(name, snapshot)
     }
 
     fn holds(&self, snapshot: &str) -> Result<bool, WorkspaceError> {
-        self.repo.holds(snapshot)
+        self.fetched(snapshot)
     }
 
     fn adopt(&self, from: &Path, snapshot: &str) -> Result<(), WorkspaceError> {

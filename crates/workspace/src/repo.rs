@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 use baton_engine::workspace::WorkspaceError;
 use baton_jail::{Jail, Watch};
 
+/// The ref that names the snapshot a bundle is made of ([`Repo::bundle`]).
+const PUSH_REF: &str = "refs/baton/push";
+
 /// The managed repository's directory, inside the workspace's snapshot directory.
 pub(crate) const GIT_DIR: &str = "git";
 
@@ -367,6 +370,53 @@ impl Repo {
                 from.display()
             ))
         })
+    }
+
+    /// A git bundle of snapshot `commit` (named by [`PUSH_REF`]) holding what `since` (a
+    /// commit of this repository) does not reach — everything, without `since`.
+    pub(crate) fn bundle(
+        &self,
+        commit: &str,
+        since: Option<&str>,
+    ) -> Result<Vec<u8>, WorkspaceError> {
+        let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let commit = self.require_commit(commit)?;
+        self.git(
+            &["update-ref", "--no-deref", "-m", "baton: push", PUSH_REF, &commit],
+            "git update-ref",
+        )?;
+        let file = self.home.join("push.bundle");
+        let mut create = self.repo_command();
+        create.args(["bundle", "create", "-q"]).arg(&file).arg(PUSH_REF);
+        if let Some(since) = since {
+            let since = self.require_commit(since)?;
+            create.arg(format!("^{since}"));
+        }
+        let made = self.run(create, "git bundle create");
+        let read = made.and_then(|_| {
+            std::fs::read(&file)
+                .map_err(|e| self.error(format!("cannot read the bundle {}: {e}", file.display())))
+        });
+        let _ = std::fs::remove_file(&file);
+        read
+    }
+
+    /// Takes the objects of a git bundle into the repository (its prerequisites must be
+    /// here already); its refs are not written.
+    pub(crate) fn unbundle(&self, bundle: &[u8]) -> Result<(), WorkspaceError> {
+        let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let file = self.home.join("fetch.bundle");
+        std::fs::write(&file, bundle).map_err(|e| {
+            self.error(format!(
+                "cannot write {}: {e}; check that Baton's data directory is writable",
+                file.display()
+            ))
+        })?;
+        let mut command = self.repo_command();
+        command.args(["bundle", "unbundle"]).arg(&file);
+        let taken = self.run(command, "git bundle unbundle");
+        let _ = std::fs::remove_file(&file);
+        taken.map(|_| ())
     }
 
     /// Points the branch `name` at a snapshot, creating or moving it.

@@ -599,6 +599,11 @@ pub struct RunTakenOver {
     /// What the run's totals take for them: the sum of their worst cases (a call that
     /// recorded none counts nothing, and is listed all the same).
     pub charged_usd: f64,
+    /// The snapshot the level's attempt goes on from, when the run has a workspace: the
+    /// last level boundary's (fetched from the hand-off store on another host); the edits
+    /// the lost driver made after it and did not commit are made again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts_from: Option<String>,
 }
 
 /// A model call a lost driver sent and never saw answered.

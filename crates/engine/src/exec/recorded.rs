@@ -1,6 +1,7 @@
-//! The workspace a run recorded, opened again for a driver that goes on with it — refused
-//! when this process does not see it (another host, another data directory), so that no
-//! run goes on in an empty workspace.
+//! The workspace a run recorded, opened again for a driver that goes on with it — fetched
+//! from the hand-off store when this process does not see it (another host, another data
+//! directory) and there is one, refused when there is none, so that no run goes on in an
+//! empty workspace.
 
 use std::sync::Arc;
 
@@ -25,15 +26,19 @@ impl Engine {
         let elsewhere = |why: String| Error::Refused {
             run_id: run_id.to_owned(),
             message: format!(
-                "its workspace is not here: {why}; drive it from a process that shares the data directory (or the --snapshots) of the one that started it"
+                "its workspace is not here: {why}; drive it from a process that shares the data directory (or the --snapshots) of the one that started it, or give every process the same --object-store"
             ),
         };
-        if !std::path::Path::new(&info.dir).is_dir() {
+        // With a hand-off store, a host that does not have the directory opens the run's
+        // workspace in its own data dir and restores it from the store.
+        let here = std::path::Path::new(&info.dir).is_dir();
+        let moved = !here && setup.opener.hands_off();
+        if !here && !moved {
             return Err(elsewhere(format!("{} is not a directory on this host", info.dir)));
         }
         let request = WorkspaceRequest {
             run_id: run_id.to_owned(),
-            dir: Some(std::path::PathBuf::from(&info.dir)),
+            dir: (!moved).then(|| std::path::PathBuf::from(&info.dir)),
             seed: None,
         };
         let opener = Arc::clone(&setup.opener);
@@ -42,10 +47,21 @@ impl Engine {
         let probe = Arc::clone(&workspace);
         let at = head.clone();
         if !off_thread(move || probe.holds(&at)).await? {
+            let kept = if setup.opener.hands_off() {
+                "this host's snapshots or the hand-off store"
+            } else {
+                "the snapshots this process keeps"
+            };
             return Err(elsewhere(format!(
-                "its snapshot {head} is not among the snapshots this process keeps for {}",
+                "its snapshot {head} is not among {kept} for {}",
                 info.dir
             )));
+        }
+        if moved {
+            // The files this host has never seen: the last snapshot's (an attempt cut
+            // short goes on from its log, over these).
+            let files = Arc::clone(&workspace);
+            off_thread(move || files.restore(&head)).await?;
         }
         Ok(Some(workspace))
     }
