@@ -179,7 +179,7 @@ pub fn engine(
         }),
         Arc::new(SystemClock),
     );
-    engine.process = crate::serving::this_process();
+    engine.process = crate::place::this_process();
     engine
 }
 

@@ -85,6 +85,8 @@ impl Place {
 
 /// The run database (its runs and its tokens), created when absent.
 pub async fn open_any(place: &Place) -> anyhow::Result<Arc<dyn Store>> {
+    // Every batch this process writes names it as `run_resumed.process` does.
+    baton_engine::store::name_writer(&this_process());
     Ok(match &place.postgres {
         Some(url) => Arc::new(
             PostgresStore::connect_holding(
@@ -112,6 +114,7 @@ pub async fn open_existing_any(place: &Place) -> anyhow::Result<Arc<dyn Store>> 
     if !place.db.exists() {
         bail!("no database at {}; start a run first or pass --db", place.db.display());
     }
+    baton_engine::store::name_writer(&this_process());
     let store = SqliteStore::open_existing(&place.db).map_err(store_error)?;
     Ok(Arc::new(store))
 }
@@ -143,4 +146,25 @@ pub fn config_file(config: Option<&Path>) -> Option<PathBuf> {
         let default = PathBuf::from("baton.toml");
         std::fs::symlink_metadata(&default).is_ok().then_some(default)
     })
+}
+
+/// This process as `run_resumed.process` names it by default: `host:pid`, worked out once.
+pub fn this_process() -> Arc<str> {
+    static PROCESS: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    Arc::clone(
+        PROCESS
+            .get_or_init(|| Arc::from(format!("{}:{}", host_name(), std::process::id()).as_str())),
+    )
+}
+
+/// This machine's name as the kernel gives it (letters, digits and `-`, at most 64), for
+/// naming processes; `host` when it cannot be read.
+pub fn host_name() -> String {
+    use std::io::Read as _;
+    let mut read = String::new();
+    let _ = std::fs::File::open("/proc/sys/kernel/hostname")
+        .and_then(|f| f.take(256).read_to_string(&mut read));
+    let name: String =
+        read.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
+    if name.is_empty() { "host".to_owned() } else { name }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use anyhow::bail;
 use baton_engine::store::{PRIORITY_MAX, Placement};
 use baton_store::queues::{
-    AGING_S_DEFAULT, AGING_S_MAX, QUEUES_MAX, QueueChange, QueueLoad, QueueRecord, QueueStore,
-    TenantLimit, check_name,
+    AGING_S_DEFAULT, AGING_S_MAX, QUEUES_MAX, QueueChange, QueueLoad, QueueRecord, QueueSet,
+    QueueStore, TenantLimit, check_name,
 };
 use chrono::Utc;
 
@@ -20,11 +20,7 @@ pub use baton_store::queues::{QueueLoad as Load, QueueRecord as Queue, TenantLim
 pub const MAX_RUNNING_MAX: u32 = 1_000_000;
 
 /// A queue's settings as given: the aging time, and the limit (`Some(None)`: none).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct QueueSettings {
-    pub aging_s: Option<u64>,
-    pub max_running: Option<Option<u32>>,
-}
+pub type QueueSettings = QueueSet;
 
 fn check_aging(aging_s: u64) -> anyhow::Result<()> {
     if !(1..=AGING_S_MAX).contains(&aging_s) {
@@ -66,7 +62,7 @@ pub async fn create(
         created_at: now,
         updated_at: now,
     };
-    match store.put_queue(&queue, true).await? {
+    match store.create_queue(&queue).await? {
         QueueChange::Created => Ok(queue),
         QueueChange::Exists => {
             bail!("queue {name} exists already; change it with `baton queue set {name}`")
@@ -74,7 +70,6 @@ pub async fn create(
         QueueChange::Full => bail!(
             "there are {QUEUES_MAX} queues already, the most there may be; start jobs in one of them (`baton queue list`)"
         ),
-        other => bail!("queue {name} was not made ({other:?})"),
     }
 }
 
@@ -85,21 +80,15 @@ pub async fn set(
     settings: QueueSettings,
 ) -> anyhow::Result<QueueRecord> {
     check_name(name).map_err(anyhow::Error::msg)?;
-    let Some(mut queue) = store.queue(name).await? else {
-        bail!("there is no queue {name}; make it with `baton queue create {name}`");
-    };
     if let Some(aging_s) = settings.aging_s {
         check_aging(aging_s)?;
-        queue.aging_s = aging_s;
     }
     if let Some(max_running) = settings.max_running {
         check_limit(max_running)?;
-        queue.max_running = max_running;
     }
-    queue.updated_at = Utc::now();
-    match store.put_queue(&queue, false).await? {
-        QueueChange::Updated => Ok(queue),
-        other => bail!("queue {name} was not changed ({other:?})"),
+    match store.change_queue(name, settings, Utc::now()).await? {
+        Some(queue) => Ok(queue),
+        None => bail!("there is no queue {name}; make it with `baton queue create {name}`"),
     }
 }
 

@@ -2,8 +2,6 @@
 //! checked before it opens anything: its worker counts, a worker's lease and its name —
 //! and this process's name (`host:pid`), which the drives it starts record.
 
-use std::sync::Arc;
-
 use crate::error::Error;
 
 /// Refuses a `--workers` count out of 1 to 1024.
@@ -32,27 +30,6 @@ pub fn worker_name(
             Err(Error::invalid("--name must be 1 to 128 characters and not blank"))
         }
         Some(name) => Ok(name),
-        None => Ok(format!("baton-worker-{}-{}", host_name(), std::process::id())),
+        None => Ok(format!("baton-worker-{}-{}", crate::place::host_name(), std::process::id())),
     }
-}
-
-/// This process as `run_resumed.process` names it by default: `host:pid`, worked out once.
-pub fn this_process() -> Arc<str> {
-    static PROCESS: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
-    Arc::clone(
-        PROCESS
-            .get_or_init(|| Arc::from(format!("{}:{}", host_name(), std::process::id()).as_str())),
-    )
-}
-
-/// This machine's name as the kernel gives it (letters, digits and `-`, at most 64), for
-/// naming processes; `host` when it cannot be read.
-pub fn host_name() -> String {
-    use std::io::Read as _;
-    let mut read = String::new();
-    let _ = std::fs::File::open("/proc/sys/kernel/hostname")
-        .and_then(|f| f.take(256).read_to_string(&mut read));
-    let name: String =
-        read.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
-    if name.is_empty() { "host".to_owned() } else { name }
 }

@@ -531,6 +531,10 @@ pub(crate) enum Command {
         /// With --all: only runs of this tenant (every tenant's without it).
         #[arg(long, requires = "all")]
         tenant: Option<String>,
+        /// Name the process that wrote each commit: a `written by` line before its first
+        /// event (with --json, a `writer` field on it).
+        #[arg(long, conflicts_with_all = ["all", "follow", "tree"])]
+        writers: bool,
         #[arg(long)]
         json: bool,
     },

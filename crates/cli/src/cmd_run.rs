@@ -218,13 +218,17 @@ pub(crate) async fn export_cassette(
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) async fn events(
-    place: &Place,
-    run_id: &str,
-    follow_on: bool,
-    tree: bool,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
+/// How `baton events RUN` shows a run's log.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shown {
+    pub(crate) follow: bool,
+    pub(crate) tree: bool,
+    pub(crate) writers: bool,
+    pub(crate) json: bool,
+}
+
+pub(crate) async fn events(place: &Place, run_id: &str, how: Shown) -> anyhow::Result<ExitCode> {
+    let Shown { follow: follow_on, tree, writers, json } = how;
     let store = open_existing_store(place).await?;
     baton_app::runs::existing_run(place, store.as_ref(), run_id).await?;
     if tree {
@@ -247,8 +251,26 @@ pub(crate) async fn events(
         return Ok(ExitCode::SUCCESS);
     }
     let log = store.load(run_id, 0).await?;
+    // The first event of each commit names the process that wrote it, when asked.
+    let writers: std::collections::BTreeMap<u64, String> = if writers {
+        store.writers(run_id).await?.into_iter().collect()
+    } else {
+        Default::default()
+    };
     for e in &log {
-        print_event(e, json)?;
+        match writers.get(&e.seq) {
+            Some(writer) if json => {
+                let mut line: serde_json::Value =
+                    serde_json::from_str(&crate::timeline::json_line(e))?;
+                line["writer"] = serde_json::Value::from(writer.as_str());
+                outln!("{line}")?;
+            }
+            Some(writer) => {
+                outln!("written by {}", crate::escape::one_line(writer))?;
+                print_event(e, json)?;
+            }
+            None => print_event(e, json)?,
+        }
     }
     if !json {
         for line in waiting_lines(&baton_engine::fold(&log), run_id) {

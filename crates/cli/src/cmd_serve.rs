@@ -174,7 +174,7 @@ pub(crate) async fn worker(
 /// Sends the outbox's webhooks from this process until `stop` (`who` and this process name
 /// the leases it takes).
 fn send_webhooks(parts: &Instance, who: &str, stop: &CancelToken) {
-    let owner = format!("{who} {}", baton_app::serving::this_process());
+    let owner = format!("{who} {}", baton_app::place::this_process());
     tokio::spawn(baton_app::webhooks::run_sender(
         std::sync::Arc::clone(&parts.webhooks),
         parts.webhook_settings.clone(),

@@ -451,8 +451,9 @@ fn main() -> ExitCode {
         Command::Runs { status, tree, json } => {
             runtime.block_on(cmd_run::runs(&place, status.as_deref(), tree, json))
         }
-        Command::Events { run: Some(run), follow, tree, json, .. } => {
-            runtime.block_on(cmd_run::events(&place, &run, follow, tree, json))
+        Command::Events { run: Some(run), follow, tree, writers, json, .. } => {
+            let how = cmd_run::Shown { follow, tree, writers, json };
+            runtime.block_on(cmd_run::events(&place, &run, how))
         }
         Command::Events { run: None, follow, after, tenant, json, .. } => {
             let tenant = tenant.map(Some);

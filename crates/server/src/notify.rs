@@ -168,6 +168,10 @@ impl EventStore for Notifying {
         self.inner.load(run_id, after)
     }
 
+    fn writers<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, String)>, Error>> {
+        self.inner.writers(run_id)
+    }
+
     fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>> {
         self.inner.verify(run_id)
     }

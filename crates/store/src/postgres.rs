@@ -446,6 +446,15 @@ fn config(url: &str) -> Result<tokio_postgres::Config, Error> {
             options.push_str(&format!(" -c {setting}={value}"));
         }
     }
+    // Every batch this process appends names it ([`baton_engine::store::writer`]).
+    let mut writer = String::new();
+    for c in baton_engine::store::writer().chars().filter(|c| !c.is_control()) {
+        if c == ' ' || c == '\\' {
+            writer.push('\\');
+        }
+        writer.push(c);
+    }
+    options.push_str(&format!(" -c baton.writer={writer}"));
     config.options(options.trim());
     Ok(config)
 }
@@ -927,8 +936,11 @@ async fn end_of_log(
 
 /// The columns of a batch and the run's new end, parameters `$2` to `$13` of both append
 /// statements (`$1` is the run id).
-const BATCH_INSERT: &str = "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
-               SELECT $1::text, * FROM UNNEST($2::bigint[], $3::bigint[], $4::text[], $5::int[], $6::text[], $7::bigint[], $8::text[], $9::bytea[])";
+/// The batch's first event names its writer (the connection's `baton.writer`).
+const BATCH_INSERT: &str = "INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash, writer)
+               SELECT $1::text, u.*, CASE WHEN u.seq = ($2::bigint[])[1] THEN current_setting('baton.writer', true) END
+                 FROM UNNEST($2::bigint[], $3::bigint[], $4::text[], $5::int[], $6::text[], $7::bigint[], $8::text[], $9::bytea[])
+                   AS u(seq, at_us, kind, version, level_id, attempt, data, hash)";
 
 /// The run's new end, and the newest event version its log holds (which no worker that
 /// reads only older ones claims).
@@ -1344,6 +1356,32 @@ impl EventStore for PostgresStore {
                 self.knows(run_id, end);
             }
             Ok(events)
+        })
+    }
+
+    fn writers<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, String)>, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let rows = query(
+                &c,
+                "SELECT e.seq, e.writer FROM runs r LEFT JOIN events e
+                    ON e.run_id = r.run_id AND e.writer IS NOT NULL
+                 WHERE r.run_id = $1 ORDER BY e.seq",
+                &[&run_id],
+            )
+            .await?;
+            if rows.is_empty() {
+                return Err(Error::NotFound(run_id.to_owned()));
+            }
+            let mut writers = Vec::new();
+            for row in rows {
+                let seq: Option<i64> = row.try_get(0).map_err(pg)?;
+                let writer: Option<String> = row.try_get(1).map_err(pg)?;
+                if let (Some(seq), Some(writer)) = (seq, writer) {
+                    writers.push((seq as u64, writer));
+                }
+            }
+            Ok(writers)
         })
     }
 

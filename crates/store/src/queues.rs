@@ -56,27 +56,40 @@ pub struct TenantLimit {
     pub updated_at: DateTime<Utc>,
 }
 
-/// What a change to a queue did.
+/// What creating a queue did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueChange {
     Created,
-    Updated,
-    /// `create` of a queue that exists.
+    /// A queue of that name exists.
     Exists,
-    /// `set` of a queue that does not exist.
-    Missing,
-    /// `create` past [`QUEUES_MAX`].
+    /// There are [`QUEUES_MAX`] queues already.
     Full,
+}
+
+/// What a change sets of a queue: each field given is set, the others stay as they are
+/// (in the same statement, so two changes of different fields both hold).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueSet {
+    pub aging_s: Option<u64>,
+    /// `Some(None)` removes the limit.
+    pub max_running: Option<Option<u32>>,
 }
 
 /// Where queues and tenant limits are kept (both stores, beside the runs).
 pub trait QueueStore: Send + Sync {
-    /// Creates `queue` (`create`), or sets the aging time and limit of one that exists.
-    fn put_queue<'a>(
+    /// Creates `queue`, unless one of its name exists or there are too many.
+    fn create_queue<'a>(
         &'a self,
         queue: &'a QueueRecord,
-        create: bool,
     ) -> BoxFuture<'a, Result<QueueChange, Error>>;
+    /// Sets what `set` gives of queue `name` in one statement; the queue as it is then, or
+    /// none when there is no such queue.
+    fn change_queue<'a>(
+        &'a self,
+        name: &'a str,
+        set: QueueSet,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<QueueRecord>, Error>>;
     /// The queue with this name.
     fn queue<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<QueueRecord>, Error>>;
     /// Every queue, by name, with the runs waiting in it and leased from it at `now`.

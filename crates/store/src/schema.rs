@@ -140,6 +140,11 @@ pub const CHANGES: &[Change] = &[
         sqlite: Form::Sql(include_str!("../migrations/0013_queues.sql")),
         postgres: Form::Sql(include_str!("../migrations/postgres/0008_queues.sql")),
     },
+    Change {
+        what: "the process that wrote each batch of events",
+        sqlite: Form::Sql(include_str!("../migrations/0014_writers.sql")),
+        postgres: Form::Sql(include_str!("../migrations/postgres/0009_writers.sql")),
+    },
 ];
 
 /// Which backend a schema version counts for.
@@ -216,19 +221,19 @@ mod tests {
 
     #[test]
     fn versions_count_each_backends_steps_in_order() {
-        assert_eq!(version(Backend::Sqlite), 13);
-        assert_eq!(version(Backend::Postgres), 8);
+        assert_eq!(version(Backend::Sqlite), 14);
+        assert_eq!(version(Backend::Postgres), 9);
         let numbers: Vec<i64> = postgres_steps().map(|(v, ..)| v).collect();
-        assert_eq!(numbers, [1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(postgres_steps().last().map(|(_, c, _)| c.what), Some(CHANGES[13].what));
+        assert_eq!(numbers, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(postgres_steps().last().map(|(_, c, _)| c.what), Some(CHANGES[14].what));
     }
 
     #[test]
     fn a_database_at_another_version_is_refused_naming_both() {
-        let newer = refusal(Backend::Sqlite, "x.db", 14, "run `baton migrate`").unwrap();
-        assert!(newer.contains("schema version 14, newer than this binary's 13"), "{newer}");
+        let newer = refusal(Backend::Sqlite, "x.db", 15, "run `baton migrate`").unwrap();
+        assert!(newer.contains("schema version 15, newer than this binary's 14"), "{newer}");
         let older = refusal(Backend::Postgres, "pg", 1, "run `baton migrate --db pg`").unwrap();
-        assert!(older.contains("at schema version 1, this binary needs 8: run `baton migrate"));
-        assert_eq!(refusal(Backend::Sqlite, "x.db", 13, ""), None);
+        assert!(older.contains("at schema version 1, this binary needs 9: run `baton migrate"));
+        assert_eq!(refusal(Backend::Sqlite, "x.db", 14, ""), None);
     }
 }

@@ -107,6 +107,10 @@ enum Request {
         run_id: String,
         reply: Reply<Option<RunRecord>>,
     },
+    Writers {
+        run_id: String,
+        reply: Reply<Vec<(u64, String)>>,
+    },
     RunsNamed {
         ids: Vec<String>,
         reply: Reply<Vec<Option<RunRecord>>>,
@@ -1168,6 +1172,9 @@ fn read(conn: &Connection, dicts: &mut Dicts, r: Request) {
         Request::Run { run_id, reply } => {
             let _ = reply.send(run(conn, &run_id));
         }
+        Request::Writers { run_id, reply } => {
+            let _ = reply.send(writers(conn, &run_id));
+        }
         Request::RunsNamed { ids, reply } => {
             let _ = reply.send(ids.iter().map(|id| run(conn, id)).collect());
         }
@@ -1307,6 +1314,24 @@ fn run_with_head(
 
 fn run(conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, Error> {
     Ok(run_with_head(conn, run_id)?.map(|(r, _)| r))
+}
+
+/// Each batch's first seq and the writer it recorded, for a run that exists.
+fn writers(conn: &Connection, run_id: &str) -> Result<Vec<(u64, String)>, Error> {
+    let rk: Option<i64> = conn
+        .prepare_cached("SELECT rk FROM runs WHERE run_id = ?1")
+        .and_then(|mut s| s.query_row([run_id], |r| r.get(0)).optional())
+        .map_err(backend)?;
+    let rk = rk.ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT first_seq, writer FROM batches WHERE rk = ?1 AND writer IS NOT NULL ORDER BY first_seq",
+        )
+        .map_err(backend)?;
+    let rows = stmt
+        .query_map([rk], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)))
+        .map_err(backend)?;
+    rows.collect::<Result<Vec<_>, _>>().map_err(backend)
 }
 
 fn overrides(conn: &Connection, tenant: Option<&str>) -> Result<Vec<TenantOverride>, Error> {
@@ -1636,6 +1661,10 @@ impl EventStore for SqliteStore {
 
     fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
         Box::pin(self.read(move |reply| Request::Load { run_id: run_id.to_owned(), after, reply }))
+    }
+
+    fn writers<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, String)>, Error>> {
+        Box::pin(self.read(move |reply| Request::Writers { run_id: run_id.to_owned(), reply }))
     }
 
     fn verify<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Verified, Error>> {
@@ -1988,15 +2017,23 @@ impl crate::webhooks::WebhookStore for SqliteStore {
 }
 
 impl crate::queues::QueueStore for SqliteStore {
-    fn put_queue<'a>(
+    fn create_queue<'a>(
         &'a self,
         queue: &'a crate::queues::QueueRecord,
-        create: bool,
     ) -> BoxFuture<'a, Result<crate::queues::QueueChange, Error>> {
         Box::pin(
-            self.ask(move |reply| {
-                Request::Queue(QueueOp::Put(Box::new(queue.clone()), create, reply))
-            }),
+            self.ask(move |reply| Request::Queue(QueueOp::Create(Box::new(queue.clone()), reply))),
+        )
+    }
+
+    fn change_queue<'a>(
+        &'a self,
+        name: &'a str,
+        set: crate::queues::QueueSet,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<crate::queues::QueueRecord>, Error>> {
+        Box::pin(
+            self.ask(move |reply| Request::Queue(QueueOp::Change(name.to_owned(), set, at, reply))),
         )
     }
 

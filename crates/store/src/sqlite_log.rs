@@ -401,11 +401,12 @@ fn write_packed(
             *strings -= gone.len();
         }
     }
+    let writer = baton_engine::store::writer();
     conn.prepare_cached(
-        "INSERT INTO batches (rk, first_seq, last_seq, at_us, body, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO batches (rk, first_seq, last_seq, at_us, body, hash, writer) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )
     .and_then(|mut s| {
-        s.execute(params![rk, first as i64, last as i64, at_us, body, hash.as_slice()])
+        s.execute(params![rk, first as i64, last as i64, at_us, body, hash.as_slice(), &*writer])
     })
     .map_err(crate::sqlite_rows::backend)?;
     let updated = events[events.len() - 1].at;

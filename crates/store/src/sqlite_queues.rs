@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use tokio::sync::oneshot;
 
-use crate::queues::{QUEUES_MAX, QueueChange, QueueRecord, TenantLimit};
+use crate::queues::{QUEUES_MAX, QueueChange, QueueRecord, QueueSet, TenantLimit};
 use crate::sqlite_rows::backend;
 
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
@@ -21,7 +21,8 @@ pub(crate) type QueueRows = Vec<(QueueRecord, u64, Vec<String>)>;
 
 /// A queue or limit request, served by the writer thread (changes) or a reader (reads).
 pub(crate) enum QueueOp {
-    Put(Box<QueueRecord>, bool, Reply<QueueChange>),
+    Create(Box<QueueRecord>, Reply<QueueChange>),
+    Change(String, QueueSet, DateTime<Utc>, Reply<Option<QueueRecord>>),
     Get(String, Reply<Option<QueueRecord>>),
     Loads(DateTime<Utc>, Reply<QueueRows>),
     SetLimit(String, Option<u32>, DateTime<Utc>, Reply<bool>),
@@ -48,16 +49,30 @@ fn to_queue(r: &Row<'_>) -> rusqlite::Result<QueueRecord> {
     })
 }
 
-fn put(conn: &Connection, q: &QueueRecord, create: bool) -> rusqlite::Result<QueueChange> {
+/// Sets what `set` gives of queue `name`, in one statement.
+fn change(
+    conn: &Connection,
+    name: &str,
+    set: QueueSet,
+    at: DateTime<Utc>,
+) -> rusqlite::Result<Option<QueueRecord>> {
+    let aging = set.aging_s.map(|a| i64::try_from(a).unwrap_or(i64::MAX));
+    let limit = set.max_running.flatten().map(i64::from);
+    conn.query_row(
+        &format!(
+            "UPDATE queues SET aging_s = COALESCE(?2, aging_s),
+                    max_running = CASE WHEN ?3 THEN ?4 ELSE max_running END, updated_us = ?5
+              WHERE name = ?1 RETURNING {COLUMNS}"
+        ),
+        params![name, aging, set.max_running.is_some(), limit, us(at)],
+        to_queue,
+    )
+    .optional()
+}
+
+fn create(conn: &Connection, q: &QueueRecord) -> rusqlite::Result<QueueChange> {
     let aging = i64::try_from(q.aging_s).unwrap_or(i64::MAX);
     let limit = q.max_running.map(i64::from);
-    if !create {
-        let n = conn.execute(
-            "UPDATE queues SET aging_s = ?2, max_running = ?3, updated_us = ?4 WHERE name = ?1",
-            params![q.name, aging, limit, us(q.updated_at)],
-        )?;
-        return Ok(if n == 1 { QueueChange::Updated } else { QueueChange::Missing });
-    }
     // As on PostgreSQL: the count and the insert in one statement, a second create of one
     // name (from any process) told apart by the key.
     let n = conn.execute(
@@ -137,8 +152,11 @@ fn limits(conn: &Connection) -> rusqlite::Result<Vec<TenantLimit>> {
 
 pub(crate) fn queue_op(conn: &Connection, op: QueueOp) {
     match op {
-        QueueOp::Put(q, create, reply) => {
-            let _ = reply.send(put(conn, &q, create).map_err(backend));
+        QueueOp::Create(q, reply) => {
+            let _ = reply.send(create(conn, &q).map_err(backend));
+        }
+        QueueOp::Change(name, set, at, reply) => {
+            let _ = reply.send(change(conn, &name, set, at).map_err(backend));
         }
         QueueOp::Get(name, reply) => {
             let got = conn

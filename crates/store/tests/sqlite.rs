@@ -632,7 +632,7 @@ async fn a_database_at_a_newer_version_is_refused_naming_both() {
 /// when they exist, listed with `default`; a tenant's limit set, listed and removed.
 #[tokio::test]
 async fn queues_are_made_once_changed_when_they_exist_and_listed() {
-    use baton_store::queues::{QueueChange, QueueRecord, QueueStore};
+    use baton_store::queues::{QueueChange, QueueRecord, QueueSet, QueueStore};
     let (dir, db) = fresh_db("queues");
     let store = SqliteStore::open(&db).unwrap();
     let at = chrono::Utc::now();
@@ -643,12 +643,16 @@ async fn queues_are_made_once_changed_when_they_exist_and_listed() {
         created_at: at,
         updated_at: at,
     };
-    assert_eq!(store.put_queue(&gpu, true).await.unwrap(), QueueChange::Created);
-    assert_eq!(store.put_queue(&gpu, true).await.unwrap(), QueueChange::Exists);
-    let other = QueueRecord { name: "cpu".to_owned(), ..gpu.clone() };
-    assert_eq!(store.put_queue(&other, false).await.unwrap(), QueueChange::Missing);
-    let wider = QueueRecord { max_running: None, ..gpu.clone() };
-    assert_eq!(store.put_queue(&wider, false).await.unwrap(), QueueChange::Updated);
+    assert_eq!(store.create_queue(&gpu).await.unwrap(), QueueChange::Created);
+    assert_eq!(store.create_queue(&gpu).await.unwrap(), QueueChange::Exists);
+    let unlimited = QueueSet { aging_s: None, max_running: Some(None) };
+    assert_eq!(store.change_queue("cpu", unlimited, at).await.unwrap(), None);
+    // Two changes of different settings both hold: each sets only its own.
+    let slower = QueueSet { aging_s: Some(300), max_running: None };
+    let changed = store.change_queue("gpu", slower, at).await.unwrap().unwrap();
+    assert_eq!((changed.aging_s, changed.max_running), (300, Some(2)));
+    let changed = store.change_queue("gpu", unlimited, at).await.unwrap().unwrap();
+    assert_eq!((changed.aging_s, changed.max_running), (300, None));
     let loads = store.queue_loads(at).await.unwrap();
     let names: Vec<&str> = loads.iter().map(|l| l.queue.name.as_str()).collect();
     assert_eq!(names, ["default", "gpu"]);

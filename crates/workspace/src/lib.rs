@@ -491,7 +491,13 @@ impl LocalWorkspace {
         for bundle in bundles.iter().rev() {
             self.repo.unbundle(bundle)?;
         }
-        self.repo.holds(snapshot)
+        let held = self.repo.holds(snapshot)?;
+        if held {
+            // The store has it: this process's next push need hold only what is newer.
+            let mut pushed = self.pushed.lock().unwrap_or_else(PoisonError::into_inner);
+            pushed.get_or_insert_with(|| snapshot.to_owned());
+        }
+        Ok(held)
     }
 
     /// [`LocalWorkspace::fetched`], an error when neither this host nor the store has it.

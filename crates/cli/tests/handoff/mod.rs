@@ -267,6 +267,19 @@ fn a_run_killed_in_its_tool_loop_moves_to_another_data_dir_through_the_object_st
     assert_eq!(taken.len(), 1, "{events:?}");
     let from = taken[0]["data"]["restarts_from"].as_str().unwrap();
     assert!(pushed.iter().any(|k| k.ends_with(&format!("/{from}.bundle"))), "{from} in {pushed:?}");
+    // Every commit names the process that wrote it: the one that queued the run, the
+    // worker killed, and the one that took over (which also wrote the takeover).
+    let out = baton_on(db, &there, None).args(["events", &run, "--json", "--writers"]).output();
+    let out = out.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines: Vec<Value> =
+        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["writer"].as_str().map(|w| w.contains(':')), Some(true), "{:?}", lines[0]);
+    let taker = lines.iter().find(|e| e["kind"] == "run_paused").unwrap()["writer"].clone();
+    assert!(taker.is_string(), "the takeover's commit names its writer");
+    let writers: std::collections::BTreeSet<&str> =
+        lines.iter().filter_map(|e| e["writer"].as_str()).collect();
+    assert_eq!(writers.len(), 3, "{writers:?}");
     let (files_then, verdicts_then) = uninterrupted(&dir, &script);
     let moved = files(&there.join("workspaces").join(&run));
     assert_eq!(moved.keys().collect::<Vec<_>>(), files_then.keys().collect::<Vec<_>>());

@@ -933,6 +933,7 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
                  DROP TABLE queues, tenant_limits;
                  ALTER TABLE runs DROP COLUMN queue, DROP COLUMN priority, DROP COLUMN due_us,
                      DROP COLUMN home, DROP COLUMN events_version;
+                 ALTER TABLE events DROP COLUMN writer;
                  DELETE FROM schema_version WHERE version > 1",
             )
             .await
@@ -987,12 +988,12 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
     assert_eq!(refused.status.code(), Some(1));
     let err = text(&refused.stderr);
     assert!(
-        err.contains("is at schema version 1, this binary needs 8: run `baton migrate"),
+        err.contains("is at schema version 1, this binary needs 9: run `baton migrate"),
         "{err}"
     );
     let migrated = baton_pg(&schema.url, &data, &["migrate"]);
     assert_eq!(migrated.status.code(), Some(0), "{}", text(&migrated.stderr));
-    assert!(text(&migrated.stdout).contains("schema version 1 → 8"), "{}", text(&migrated.stdout));
+    assert!(text(&migrated.stdout).contains("schema version 1 → 9"), "{}", text(&migrated.stdout));
     let again = baton_pg(&schema.url, &data, &["migrate"]);
     assert!(text(&again.stdout).contains("nothing to do"), "{}", text(&again.stdout));
     let id = run_id(&run.stdout);

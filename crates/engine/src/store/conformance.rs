@@ -622,6 +622,10 @@ async fn append_and_load(store: &dyn EventStore, id: &str) {
     assert_eq!(tail.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
     let run = store.run(id).await.expect("run").expect("run exists");
     assert_eq!((run.last_seq, run.status.as_str()), (5, "paused"));
+    // Each commit records the process that wrote it.
+    let writer = crate::store::writer().to_string();
+    let writers = store.writers(id).await.expect("writers");
+    assert_eq!(writers, [(1, writer.clone()), (4, writer)], "one writer per batch");
 }
 
 async fn expected_seq_is_enforced(store: &dyn EventStore, id: &str) {

@@ -246,6 +246,26 @@ pub fn check_numbering(events: &[Event], first: u64) -> Result<(), Error> {
     Ok(())
 }
 
+/// The name every batch this process appends records as its writer: `pid:PID` unless the
+/// embedder named the process first ([`name_writer`]).
+pub fn writer() -> std::sync::Arc<str> {
+    std::sync::Arc::clone(
+        WRITER.get_or_init(|| std::sync::Arc::from(format!("pid:{}", std::process::id()).as_str())),
+    )
+}
+
+/// Names this process as the writer of its batches (at most [`WRITER_CHARS_MAX`]
+/// characters kept); the first name given, or the default once a batch was written, stays.
+pub fn name_writer(name: &str) {
+    let name: String = name.chars().take(WRITER_CHARS_MAX).collect();
+    let _ = WRITER.set(std::sync::Arc::from(name.as_str()));
+}
+
+/// The longest writer name a batch records.
+pub const WRITER_CHARS_MAX: usize = 200;
+
+static WRITER: std::sync::OnceLock<std::sync::Arc<str>> = std::sync::OnceLock::new();
+
 /// Where runs and their events live.
 pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// Records a new run and its first events (numbered from 1), in one transaction. A run
@@ -278,6 +298,11 @@ pub trait EventStore: Send + Sync + std::fmt::Debug {
     /// whole before; nothing may be driven from a partial load alone. A follower asking past
     /// the end (`after >= last_seq`) gets nothing.
     fn load<'a>(&'a self, run_id: &'a str, after: u64) -> BoxFuture<'a, Result<Vec<Event>, Error>>;
+
+    /// Which process wrote each commit of a run's log: each batch's first seq and the
+    /// writer it recorded ([`writer`]), in order. Batches written before writers were
+    /// recorded are left out.
+    fn writers<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, String)>, Error>>;
 
     /// Checks a run's whole log as `load(run, 0)` does (decoding included) and returns where
     /// its chain ends.

@@ -37,6 +37,8 @@ struct Log {
     record: RunRecord,
     events: Vec<(Event, Hash)>,
     head: Hash,
+    /// Each batch's first seq and its writer.
+    writers: Vec<(u64, std::sync::Arc<str>)>,
 }
 
 impl Log {
@@ -260,8 +262,10 @@ impl EventStore for MemoryStore {
                 }
                 lock(&self.feed).add(&run.run_id, &events);
                 let head = hashes.last().copied().unwrap_or(GENESIS);
+                let writers =
+                    if events.is_empty() { Vec::new() } else { vec![(1, super::writer())] };
                 let events = events.into_iter().zip(hashes).collect();
-                runs.insert(run.run_id.clone(), Log { record, events, head });
+                runs.insert(run.run_id.clone(), Log { record, events, head, writers });
                 Ok(())
             })
         })
@@ -302,6 +306,9 @@ impl EventStore for MemoryStore {
                     _ => chain::hashes(log.head, &events),
                 };
                 log.head = hashes.last().copied().unwrap_or(log.head);
+                if !events.is_empty() {
+                    log.writers.push((expected_seq, super::writer()));
+                }
                 log.events.extend(events.into_iter().zip(hashes));
                 log.record.last_seq = log.events.len() as u64;
                 log.record.status = status.to_owned();
@@ -346,6 +353,15 @@ impl EventStore for MemoryStore {
                 runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?.tail(after)
             })?
             .checked()
+        })
+    }
+
+    fn writers<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, String)>, Error>> {
+        Box::pin(async move {
+            self.with(|runs| {
+                let log = runs.get(run_id).ok_or_else(|| Error::NotFound(run_id.to_owned()))?;
+                Ok(log.writers.iter().map(|(seq, w)| (*seq, w.to_string())).collect())
+            })
         })
     }
 

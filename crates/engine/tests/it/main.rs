@@ -23,6 +23,12 @@ macro_rules! delegate_to_inner {
         ) -> BoxFuture<'a, Result<store::Verified, store::Error>> {
             self.inner.verify(run_id)
         }
+        fn writers<'a>(
+            &'a self,
+            run_id: &'a str,
+        ) -> BoxFuture<'a, Result<Vec<(u64, String)>, store::Error>> {
+            self.inner.writers(run_id)
+        }
         fn run<'a>(
             &'a self,
             run_id: &'a str,

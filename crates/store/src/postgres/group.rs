@@ -243,8 +243,10 @@ static GROUP_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
    DELETE FROM holds h USING UNNEST($34::text[], $35::bigint[]) AS g(run_id, epoch)
     WHERE h.run_id = g.run_id AND h.holder = $9 AND h.epoch = g.epoch
  ), inserted AS (
-   INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
-   SELECT * FROM UNNEST($10::text[], $11::bigint[], $12::bigint[], $13::text[], $14::int[],
+   INSERT INTO events (run_id, seq, at_us, kind, version, level_id, attempt, data, hash, writer)
+   SELECT ev.*, CASE WHEN ev.seq = min(ev.seq) OVER (PARTITION BY ev.run_id)
+                     THEN current_setting('baton.writer', true) END
+     FROM UNNEST($10::text[], $11::bigint[], $12::bigint[], $13::text[], $14::int[],
                         $15::text[], $16::bigint[], $17::text[], $18::bytea[])
      AS ev(run_id, seq, at_us, kind, version, level_id, attempt, data, hash)
     WHERE ev.run_id IN (SELECT run_id FROM ok UNION ALL SELECT run_id FROM created)

@@ -7,7 +7,9 @@ use tokio_postgres::Row;
 
 use super::common::{NOW_US, micros, pg};
 use super::{HOLDER_ALIVE, PostgresStore};
-use crate::queues::{QUEUES_MAX, QueueChange, QueueLoad, QueueRecord, QueueStore, TenantLimit};
+use crate::queues::{
+    QUEUES_MAX, QueueChange, QueueLoad, QueueRecord, QueueSet, QueueStore, TenantLimit,
+};
 
 const COLUMNS: &str = "name, aging_s, max_running, created_us, updated_us";
 
@@ -33,25 +35,11 @@ fn limit_param(n: Option<u32>) -> Option<i32> {
 }
 
 impl QueueStore for PostgresStore {
-    fn put_queue<'a>(
-        &'a self,
-        q: &'a QueueRecord,
-        create: bool,
-    ) -> BoxFuture<'a, Result<QueueChange, Error>> {
+    fn create_queue<'a>(&'a self, q: &'a QueueRecord) -> BoxFuture<'a, Result<QueueChange, Error>> {
         Box::pin(async move {
             let c = self.client().await?;
             let aging = i64::try_from(q.aging_s).unwrap_or(i64::MAX);
             let limit = limit_param(q.max_running);
-            if !create {
-                let n = c
-                    .execute(
-                        "UPDATE queues SET aging_s = $2, max_running = $3, updated_us = $4 WHERE name = $1",
-                        &[&q.name, &aging, &limit, &micros(q.updated_at)],
-                    )
-                    .await
-                    .map_err(pg)?;
-                return Ok(if n == 1 { QueueChange::Updated } else { QueueChange::Missing });
-            }
             // The count and the insert in one statement; two creates of one name are told
             // apart by the key (the second inserts nothing).
             let full = i64::try_from(QUEUES_MAX).unwrap_or(i64::MAX);
@@ -74,6 +62,32 @@ impl QueueStore for PostgresStore {
             } else {
                 QueueChange::Full
             })
+        })
+    }
+
+    fn change_queue<'a>(
+        &'a self,
+        name: &'a str,
+        set: QueueSet,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<QueueRecord>, Error>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let aging = set.aging_s.map(|a| i64::try_from(a).unwrap_or(i64::MAX));
+            let limit = limit_param(set.max_running.flatten());
+            let rows = c
+                .query(
+                    &format!(
+                        "UPDATE queues SET aging_s = COALESCE($2, aging_s),
+                                max_running = CASE WHEN $3 THEN $4 ELSE max_running END,
+                                updated_us = $5
+                          WHERE name = $1 RETURNING {COLUMNS}"
+                    ),
+                    &[&name, &aging, &set.max_running.is_some(), &limit, &micros(at)],
+                )
+                .await
+                .map_err(pg)?;
+            rows.first().map(queue_of).transpose()
         })
     }
 
