@@ -119,6 +119,9 @@ pub struct PostgresStore {
     /// The listen connection's client, made at the first wait for events (a command that
     /// never waits never opens it): while it lives, its LISTEN stays in force.
     listening: tokio::sync::OnceCell<tokio_postgres::Client>,
+    /// Set once the listen connection listens for pieces of answers, named in
+    /// `live_listeners` ([`live::LISTENER`]).
+    live_listening: tokio::sync::OnceCell<()>,
     /// The pieces of answers other processes publish, as the listen connection hears them.
     live_in: tokio::sync::broadcast::Sender<LiveText>,
     /// The publisher of this process's pieces ([`live`]), started at the first one.
@@ -341,6 +344,7 @@ impl PostgresStore {
             listening: tokio::sync::OnceCell::new(),
             live_in: tokio::sync::broadcast::channel(LIVE_HEARD_MAX).0,
             live_out: std::sync::OnceLock::new(),
+            live_listening: tokio::sync::OnceCell::new(),
             config,
             growth,
         })
@@ -692,10 +696,9 @@ async fn listen(
             }
         }
     });
-    client
-        .batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {}", live::LIVE_CHANNEL))
-        .await
-        .map_err(pg)?;
+    // Pieces of answers are listened for only by a process that relays them
+    // ([`live::LISTENER`]).
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).await.map_err(pg)?;
     Ok(client)
 }
 
@@ -1789,7 +1792,12 @@ impl EventStore for PostgresStore {
         &self,
     ) -> BoxFuture<'_, Option<tokio::sync::broadcast::Receiver<LiveText>>> {
         Box::pin(async move {
-            self.listening.get_or_try_init(|| self.listen()).await.ok()?;
+            let client = self.listening.get_or_try_init(|| self.listen()).await.ok()?;
+            // Named as a listener, so that workers publish their pieces.
+            self.live_listening
+                .get_or_try_init(|| async { client.batch_execute(live::LISTENER).await })
+                .await
+                .ok()?;
             Some(self.live_in.subscribe())
         })
     }

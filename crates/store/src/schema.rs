@@ -141,7 +141,7 @@ pub const CHANGES: &[Change] = &[
         postgres: Form::Sql(include_str!("../migrations/postgres/0008_queues.sql")),
     },
     Change {
-        what: "the process that wrote each batch of events",
+        what: "the process that wrote each batch of events, and who listens for pieces of answers",
         sqlite: Form::Sql(include_str!("../migrations/0014_writers.sql")),
         postgres: Form::Sql(include_str!("../migrations/postgres/0009_writers.sql")),
     },

@@ -933,7 +933,7 @@ fn an_older_database_is_refused_until_baton_migrate_moves_it_forward() {
                  DROP TABLE queues, tenant_limits;
                  ALTER TABLE runs DROP COLUMN queue, DROP COLUMN priority, DROP COLUMN due_us,
                      DROP COLUMN home, DROP COLUMN events_version;
-                 ALTER TABLE events DROP COLUMN writer;
+                 ALTER TABLE events DROP COLUMN writer; DROP TABLE live_listeners;
                  DELETE FROM schema_version WHERE version > 1",
             )
             .await
@@ -1360,6 +1360,74 @@ fn a_worker_driven_runs_answer_streams_live_to_a_servers_followers() {
         slowest < chrono::TimeDelta::milliseconds(150),
         "an event reached the stream {slowest} after it was committed"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Workers publish pieces of answers only while a listener that relays them lives: a
+/// connection that listens on the channel without naming itself hears nothing of a
+/// worker's run; once it is named in `live_listeners`, the next run's pieces reach it.
+#[test]
+fn workers_publish_pieces_of_answers_only_while_a_relaying_listener_lives() {
+    let schema = scratch("live-gate");
+    let db = schema.url.as_str();
+    let dir = temp("live-gate");
+    let data = dir.join("data");
+    let script = super::repo().join("scenarios/scripts/quick_qa.yaml");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (client, heard) = runtime.block_on(async {
+        let (client, mut connection) =
+            tokio_postgres::connect(db, tokio_postgres::NoTls).await.unwrap();
+        let heard = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = std::sync::Arc::clone(&heard);
+        tokio::spawn(async move {
+            while let Some(Ok(message)) =
+                std::future::poll_fn(|cx| connection.poll_message(cx)).await
+            {
+                if let tokio_postgres::AsyncMessage::Notification(n) = message
+                    && n.channel() == "baton_live"
+                {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        client.batch_execute("LISTEN baton_live").await.unwrap();
+        (client, heard)
+    });
+    let drive = |input: &str| {
+        let run = queue(db, &data, &script, input);
+        let worker = baton_command()
+            .arg("--db")
+            .arg(db)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["worker", "--idle-exit-s", "2"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = finish(worker, 60);
+        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(listed_runs(db, &data).iter().find(|(r, _)| *r == run).unwrap().1, "completed");
+    };
+    let settle = |runtime: &tokio::runtime::Runtime| {
+        runtime.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(300)).await });
+    };
+    drive("nobody listens");
+    settle(&runtime);
+    assert_eq!(heard.load(std::sync::atomic::Ordering::Relaxed), 0, "published to no one");
+    runtime.block_on(async {
+        client
+            .batch_execute(
+                "INSERT INTO live_listeners (listener_pid, listener_since)
+                   SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+            )
+            .await
+            .unwrap();
+    });
+    drive("a listener lives");
+    settle(&runtime);
+    assert!(heard.load(std::sync::atomic::Ordering::Relaxed) > 0, "published once listened to");
+    drop(client);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

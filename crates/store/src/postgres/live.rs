@@ -3,6 +3,11 @@
 //! listen connection hands the pieces to its event streams, so that a follower of a
 //! worker-driven run sees its answers arrive as a follower of a server-driven run does.
 //!
+//! Only while someone listens: a process that relays pieces to its followers names its
+//! listen connection in `live_listeners` ([`LISTENER`]); a publisher looks at most every
+//! [`AUDIENCE_LOOK_EVERY`] whether one of them lives, and drops its pieces while none does
+//! (a fleet of workers with no server pays nothing for them).
+//!
 //! Best effort and bounded, like the live text of one process: a piece waits in a queue of
 //! [`QUEUE_MAX`] (past it, pieces are dropped — the whole answer is in the log anyway); the
 //! publisher gathers what queued for [`GATHER`], joins the pieces of one call that follow
@@ -35,6 +40,23 @@ const PIECES_PER_STATEMENT: usize = 256;
 /// The longest run or level id a notification carries (ids are far shorter).
 const ID_MAX: usize = 200;
 
+/// How often a publisher looks whether anyone listens.
+const AUDIENCE_LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// Run on a listen connection that relays pieces: forgets listeners whose sessions are
+/// gone, names this one, and listens.
+pub(crate) const LISTENER: &str = "DELETE FROM live_listeners l WHERE NOT EXISTS
+      (SELECT 1 FROM pg_stat_activity a
+        WHERE a.pid = l.listener_pid AND a.backend_start = l.listener_since);
+    INSERT INTO live_listeners (listener_pid, listener_since)
+      SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()
+      ON CONFLICT DO NOTHING;
+    LISTEN baton_live";
+
+/// Whether a listener named in `live_listeners` lives.
+const AUDIENCE: &str = "SELECT EXISTS (SELECT 1 FROM live_listeners l JOIN pg_stat_activity a
+    ON a.pid = l.listener_pid AND a.backend_start = l.listener_since)";
+
 /// Starts the publisher; its queue.
 pub(crate) fn start(pool: Pool) -> mpsc::Sender<LiveText> {
     let (tx, rx) = mpsc::channel(QUEUE_MAX);
@@ -43,6 +65,8 @@ pub(crate) fn start(pool: Pool) -> mpsc::Sender<LiveText> {
 }
 
 async fn publish(pool: Pool, mut rx: mpsc::Receiver<LiveText>) {
+    // Whether anyone listened when last looked, and when that was.
+    let mut audience: Option<(bool, tokio::time::Instant)> = None;
     while let Some(first) = rx.recv().await {
         let mut pieces = vec![first];
         let until = tokio::time::Instant::now() + GATHER;
@@ -51,6 +75,18 @@ async fn publish(pool: Pool, mut rx: mpsc::Receiver<LiveText>) {
                 Ok(Some(piece)) => pieces.push(piece),
                 Ok(None) | Err(_) => break,
             }
+        }
+        let stale = audience.is_none_or(|(_, at)| at.elapsed() >= AUDIENCE_LOOK_EVERY);
+        if stale {
+            let listened = match pool.get().await {
+                Ok(client) => client.query_one(AUDIENCE, &[]).await.map(|r| r.get::<_, bool>(0)),
+                Err(_) => Ok(true),
+            };
+            // A failed look publishes (pieces are dropped only when nobody listens).
+            audience = Some((listened.unwrap_or(true), tokio::time::Instant::now()));
+        }
+        if audience.is_some_and(|(any, _)| !any) {
+            continue;
         }
         let notices = notices(pieces);
         // A failure loses these pieces only: followers still get the whole answer when
