@@ -27,9 +27,6 @@ use std::time::{Duration, Instant};
 use baton_engine::workspace::WorkspaceError;
 use baton_jail::{Jail, Watch};
 
-/// The ref that names the snapshot a bundle is made of ([`Repo::bundle`]).
-const PUSH_REF: &str = "refs/baton/push";
-
 /// The managed repository's directory, inside the workspace's snapshot directory.
 pub(crate) const GIT_DIR: &str = "git";
 
@@ -372,24 +369,26 @@ impl Repo {
         })
     }
 
-    /// A git bundle of snapshot `commit` (named by [`PUSH_REF`]) holding what `since` (a
-    /// commit of this repository) does not reach — everything, without `since`.
+    /// A git bundle of `HEAD`, which must be snapshot `commit` (the one just taken),
+    /// holding what `since` (a commit of this repository) does not reach — everything,
+    /// without `since`. One git process: the ids are checked against the bundle's header.
     pub(crate) fn bundle(
         &self,
         commit: &str,
         since: Option<&str>,
     ) -> Result<Vec<u8>, WorkspaceError> {
         let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let commit = self.require_commit(commit)?;
-        self.git(
-            &["update-ref", "--no-deref", "-m", "baton: push", PUSH_REF, &commit],
-            "git update-ref",
-        )?;
+        let hex =
+            |id: &str| matches!(id.len(), 40 | 64) && id.bytes().all(|b| b.is_ascii_hexdigit());
+        if !hex(commit) || since.is_some_and(|s| !hex(s)) {
+            return Err(
+                self.error(format!("cannot bundle {commit} since {since:?}: not snapshot ids"))
+            );
+        }
         let file = self.home.join("push.bundle");
         let mut create = self.repo_command();
-        create.args(["bundle", "create", "-q"]).arg(&file).arg(PUSH_REF);
+        create.args(["bundle", "create", "-q"]).arg(&file).arg("HEAD");
         if let Some(since) = since {
-            let since = self.require_commit(since)?;
             create.arg(format!("^{since}"));
         }
         let made = self.run(create, "git bundle create");
@@ -398,7 +397,18 @@ impl Repo {
                 .map_err(|e| self.error(format!("cannot read the bundle {}: {e}", file.display())))
         });
         let _ = std::fs::remove_file(&file);
-        read
+        let bundle = read?;
+        let head = format!("{commit} HEAD");
+        let names_it = bundle
+            .split(|b| *b == b'\n')
+            .take_while(|line| !line.is_empty())
+            .any(|line| line == head.as_bytes());
+        if !names_it {
+            return Err(self.transient(format!(
+                "the snapshot moved while it was bundled (HEAD is no longer {commit}); resume the run to try again"
+            )));
+        }
+        Ok(bundle)
     }
 
     /// Takes the objects of a git bundle into the repository (its prerequisites must be
