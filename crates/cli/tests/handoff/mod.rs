@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::postgres::{Heard, baton_pg, finish, scratch, temp};
+use super::postgres::{Heard, baton_pg, scratch, temp};
 use super::{baton_command, repo, text};
 
 /// The bucket the tests hand workspaces off through.
@@ -230,14 +230,8 @@ fn killed_mid_loop(db: &str, data: &Path, moto: Option<&Moto>, run: &str) {
 /// A worker on `data` that drives what it can claim and exits once idle: what it said.
 fn worker_until_idle(db: &str, data: &Path, moto: Option<&Moto>) -> String {
     let mut worker = baton_on(db, data, moto);
-    worker
-        .args(["worker", "--concurrency", "1", "--idle-exit-s", "3"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let out = finish(worker.spawn().unwrap(), 120);
-    let said = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{said}");
-    said
+    worker.args(["worker", "--concurrency", "1", "--idle-exit-s", "3"]);
+    super::queues::worker_said(worker)
 }
 
 #[test]

@@ -78,7 +78,7 @@ fn claimed(said: &str) -> Vec<String> {
 }
 
 /// Runs `worker` (a `baton worker` command with `--idle-exit-s`) to its end: what it said.
-fn worker_said(mut worker: std::process::Command) -> String {
+pub(crate) fn worker_said(mut worker: std::process::Command) -> String {
     let child = worker
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
