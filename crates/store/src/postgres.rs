@@ -980,16 +980,23 @@ const CLAIM_RECOUNT: &str = "SELECT
 fn claim_sql() -> &'static String {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         let version = baton_engine::event::VERSION;
+        // The live sessions are read once per claim: the walk passes every run in flight
+        // (older than the queued ones), and reading `pg_stat_activity` for each cost
+        // milliseconds a claim.
         format!(
-            "UPDATE runs SET lease_owner = $1, lease_until_us = $2, lease_pid = $4, lease_since = $5
+            "WITH alive AS MATERIALIZED (
+               SELECT a.pid, a.backend_start FROM pg_stat_get_activity(NULL) a
+                WHERE a.pid IS NOT NULL AND a.backend_start IS NOT NULL)
+             UPDATE runs SET lease_owner = $1, lease_until_us = $2, lease_pid = $4, lease_since = $5
               WHERE run_id = (
                SELECT r.run_id FROM runs r JOIN runs j ON j.run_id = COALESCE(r.root_run_id, r.run_id)
                 WHERE r.status = 'running'
                   AND (r.lease_until_us IS NULL OR r.lease_until_us < $3
-                       OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                       OR NOT EXISTS (SELECT 1 FROM alive a
                             WHERE a.pid = r.lease_pid AND a.backend_start = r.lease_since))
-                  AND NOT EXISTS (SELECT 1 FROM holds h
-                       WHERE h.run_id = j.run_id AND h.until_us >= {NOW_US} AND {HOLDER_ALIVE})
+                  AND NOT EXISTS (SELECT 1 FROM holds h JOIN alive a
+                         ON a.pid = h.holder_pid AND a.backend_start = h.holder_since
+                       WHERE h.run_id = j.run_id AND h.until_us >= {NOW_US})
                   AND (cardinality($6::text[]) = 0 OR j.queue = ANY($6::text[]))
                   AND (j.home IS NULL OR j.home = $7::text) AND j.events_version <= {version}
                   AND NOT EXISTS (SELECT 1 FROM runs o
