@@ -132,11 +132,16 @@ impl HandOff {
         self.run_prefix(run_id).join(format!("{commit}.bundle"))
     }
 
+    /// Where a run's objects (and `name` among them) are, as messages name it.
+    fn shown_in_run(&self, run_id: &str, name: &str) -> String {
+        format!("{}/runs/{run_id}/{name}", self.shown.trim_end_matches('/'))
+    }
+
     /// Stores the bundle of a run's snapshot `commit`.
     pub(crate) fn put(&self, run_id: &str, commit: &str, bundle: Vec<u8>) -> Result<(), String> {
         let store = Arc::clone(&self.store);
         let path = self.bundle_path(run_id, commit);
-        let shown = format!("{}/runs/{run_id}/{commit}.bundle", self.shown.trim_end_matches('/'));
+        let shown = self.shown_in_run(run_id, &format!("{commit}.bundle"));
         self.wait(async move {
             store
                 .put(&path, PutPayload::from(bundle))
@@ -150,7 +155,7 @@ impl HandOff {
     pub(crate) fn get(&self, run_id: &str, commit: &str) -> Result<Vec<u8>, HandOffError> {
         let store = Arc::clone(&self.store);
         let path = self.bundle_path(run_id, commit);
-        let shown = format!("{}/runs/{run_id}/{commit}.bundle", self.shown.trim_end_matches('/'));
+        let shown = self.shown_in_run(run_id, &format!("{commit}.bundle"));
         let got = self.wait(async move {
             let got = match store.get(&path).await {
                 Ok(got) => got,
@@ -178,7 +183,7 @@ impl HandOff {
     pub async fn remove_run(&self, run_id: &str) -> Result<usize, String> {
         let store = Arc::clone(&self.store);
         let prefix = self.run_prefix(run_id);
-        let shown = format!("{}/runs/{run_id}/", self.shown.trim_end_matches('/'));
+        let shown = self.shown_in_run(run_id, "");
         let timeout = self.timeout;
         let task = runtime().spawn(async move {
             let listed = async {
@@ -259,32 +264,6 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// The prerequisites a git bundle's header names (`-<id>` lines), read from at most its
-/// first 1 MiB; an error when the bytes are no v2 or v3 bundle.
-pub(crate) fn prerequisites(bundle: &[u8]) -> Result<Vec<String>, String> {
-    let head = &bundle[..bundle.len().min(1024 * 1024)];
-    let mut lines = head.split(|b| *b == b'\n');
-    let first = lines.next().unwrap_or_default();
-    if first != b"# v2 git bundle" && first != b"# v3 git bundle" {
-        return Err("the object is not a git bundle".to_owned());
-    }
-    let mut needed = Vec::new();
-    for line in lines {
-        if line.is_empty() {
-            return Ok(needed);
-        }
-        if let Some(rest) = line.strip_prefix(b"-") {
-            let id: String =
-                String::from_utf8_lossy(rest).chars().take_while(char::is_ascii_hexdigit).collect();
-            if id.len() < 40 {
-                return Err("the bundle names a prerequisite that is no commit id".to_owned());
-            }
-            needed.push(id);
-        }
-    }
-    Err("the bundle's header does not end within its first 1 MiB".to_owned())
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -302,14 +281,5 @@ mod tests {
         assert_eq!(ok.bundle_path("r1", "abc").as_ref(), "a/b/runs/r1/abc.bundle");
         let bare = HandOff::from_url("s3://bucket", TIMEOUT_DEFAULT).unwrap();
         assert_eq!(bare.bundle_path("r1", "abc").as_ref(), "runs/r1/abc.bundle");
-    }
-
-    #[test]
-    fn a_bundle_header_names_its_prerequisites() {
-        let id = "a".repeat(40);
-        let bundle = format!("# v2 git bundle\n-{id} msg\n{} refs/x\n\nPACK", "b".repeat(40));
-        assert_eq!(prerequisites(bundle.as_bytes()).unwrap(), [id]);
-        assert!(prerequisites(b"PK\x03\x04").is_err());
-        assert!(prerequisites(b"# v2 git bundle\n-xyz\n\n").is_err());
     }
 }

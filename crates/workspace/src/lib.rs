@@ -415,6 +415,14 @@ impl LocalWorkspace {
         WorkspaceError::new(self.root.display().to_string(), message)
     }
 
+    /// The hand-off store failed: transient, the run stays resumable.
+    fn store_failed(&self, message: &str) -> WorkspaceError {
+        WorkspaceError::transient(
+            self.root.display().to_string(),
+            format!("{message}; the run stays resumable once the store answers"),
+        )
+    }
+
     /// Pushes snapshot `commit` to the hand-off store (nothing without one): a bundle of
     /// what this process has not pushed before. A store that fails is transient.
     fn push(&self, commit: &str) -> Result<(), WorkspaceError> {
@@ -424,12 +432,7 @@ impl LocalWorkspace {
             return Ok(());
         }
         let bundle = self.repo.bundle(commit, pushed.as_deref())?;
-        handoff.put(run_id, commit, bundle).map_err(|message| {
-            WorkspaceError::transient(
-                self.root.display().to_string(),
-                format!("{message}; the run stays resumable once the store answers"),
-            )
-        })?;
+        handoff.put(run_id, commit, bundle).map_err(|message| self.store_failed(&message))?;
         *pushed = Some(commit.to_owned());
         Ok(())
     }
@@ -441,19 +444,12 @@ impl LocalWorkspace {
             return Ok(true);
         }
         let Some((handoff, run_id)) = &self.handoff else { return Ok(false) };
-        if snapshot.is_empty()
-            || snapshot.len() > 64
-            || !snapshot.bytes().all(|b| b.is_ascii_hexdigit())
-        {
+        if !repo::is_snapshot_id(snapshot) {
             return Ok(false);
         }
-        let transient = |message: String| {
-            WorkspaceError::transient(
-                self.root.display().to_string(),
-                format!("{message}; the run stays resumable once the store answers"),
-            )
-        };
         let mut wanted = vec![snapshot.to_owned()];
+        // What the chain's bundles hold together, bounded as one bundle is.
+        let mut bytes: u64 = 0;
         let mut bundles: Vec<Vec<u8>> = Vec::new();
         let mut seen: BTreeSet<String> = BTreeSet::new();
         while let Some(id) = wanted.pop() {
@@ -475,12 +471,22 @@ impl LocalWorkspace {
                         "snapshot {snapshot} builds on {id}, which neither this host nor the store holds: {message}"
                     )));
                 }
-                Err(handoff::HandOffError::Failed(message)) => return Err(transient(message)),
+                Err(handoff::HandOffError::Failed(message)) => {
+                    return Err(self.store_failed(&message));
+                }
             };
-            let needed = handoff::prerequisites(&bundle).map_err(|why| {
+            bytes += bundle.len() as u64;
+            if bytes > handoff::BUNDLE_BYTES_MAX {
+                return Err(self.error(format!(
+                    "snapshot {snapshot} builds on bundles of more than {} bytes in {}; the run cannot be handed off",
+                    handoff::BUNDLE_BYTES_MAX,
+                    handoff.shown()
+                )));
+            }
+            let header = repo::bundle_header(&bundle).map_err(|why| {
                 self.error(format!("the store's object for snapshot {id} is unusable: {why}"))
             })?;
-            for prerequisite in needed {
+            for prerequisite in header.prerequisites {
                 if !self.repo.holds(&prerequisite)? {
                     wanted.push(prerequisite);
                 }

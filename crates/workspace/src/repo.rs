@@ -378,9 +378,7 @@ impl Repo {
         since: Option<&str>,
     ) -> Result<Vec<u8>, WorkspaceError> {
         let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let hex =
-            |id: &str| matches!(id.len(), 40 | 64) && id.bytes().all(|b| b.is_ascii_hexdigit());
-        if !hex(commit) || since.is_some_and(|s| !hex(s)) {
+        if !is_snapshot_id(commit) || since.is_some_and(|s| !is_snapshot_id(s)) {
             return Err(
                 self.error(format!("cannot bundle {commit} since {since:?}: not snapshot ids"))
             );
@@ -398,11 +396,8 @@ impl Repo {
         });
         let _ = std::fs::remove_file(&file);
         let bundle = read?;
-        let head = format!("{commit} HEAD");
-        let names_it = bundle
-            .split(|b| *b == b'\n')
-            .take_while(|line| !line.is_empty())
-            .any(|line| line == head.as_bytes());
+        let names_it = bundle_header(&bundle)
+            .is_ok_and(|h| h.heads.iter().any(|(id, name)| id == commit && name == "HEAD"));
         if !names_it {
             return Err(self.transient(format!(
                 "the snapshot moved while it was bundled (HEAD is no longer {commit}); resume the run to try again"
@@ -461,10 +456,7 @@ impl Repo {
     }
 
     fn require_commit(&self, snapshot: &str) -> Result<String, WorkspaceError> {
-        let hex = !snapshot.is_empty()
-            && snapshot.len() <= 64
-            && snapshot.bytes().all(|b| b.is_ascii_hexdigit());
-        if !hex {
+        if !is_snapshot_id(snapshot) {
             return Err(self.error(format!(
                 "snapshot {snapshot:?} is not a snapshot id (a hex commit id); use an id that \
                  snapshot returned"
@@ -591,6 +583,48 @@ impl Repo {
     fn transient(&self, message: String) -> WorkspaceError {
         WorkspaceError::transient(self.work_tree.display().to_string(), message)
     }
+}
+
+/// Whether `id` can name a snapshot: 1 to 64 hex digits (a commit id, or a prefix of
+/// one), never an option or a revision expression.
+pub(crate) fn is_snapshot_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// What a git bundle's header says: the commits it needs (`-<id>` lines) and the heads it
+/// holds (`<id> <ref>` lines).
+#[derive(Debug, Default)]
+pub(crate) struct BundleHeader {
+    pub(crate) prerequisites: Vec<String>,
+    pub(crate) heads: Vec<(String, String)>,
+}
+
+/// The header of a git bundle, read from at most its first 1 MiB; an error when the
+/// bytes are no v2 or v3 bundle.
+pub(crate) fn bundle_header(bundle: &[u8]) -> Result<BundleHeader, String> {
+    let head = &bundle[..bundle.len().min(1024 * 1024)];
+    let mut lines = head.split(|b| *b == b'\n');
+    let first = lines.next().unwrap_or_default();
+    if first != b"# v2 git bundle" && first != b"# v3 git bundle" {
+        return Err("the object is not a git bundle".to_owned());
+    }
+    let mut header = BundleHeader::default();
+    for line in lines {
+        if line.is_empty() {
+            return Ok(header);
+        }
+        let line = String::from_utf8_lossy(line);
+        if let Some(rest) = line.strip_prefix('-') {
+            let id: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+            if id.len() < 40 {
+                return Err("the bundle names a prerequisite that is no commit id".to_owned());
+            }
+            header.prerequisites.push(id);
+        } else if let Some((id, name)) = line.split_once(' ') {
+            header.heads.push((id.to_owned(), name.to_owned()));
+        }
+    }
+    Err("the bundle's header does not end within its first 1 MiB".to_owned())
 }
 
 /// How git processes are started.
@@ -841,6 +875,17 @@ fn bounded(text: &str) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bundle_header_names_its_prerequisites_and_heads() {
+        let (id, head) = ("a".repeat(40), "b".repeat(40));
+        let bundle = format!("# v2 git bundle\n-{id} msg\n{head} HEAD\n\nPACK");
+        let header = bundle_header(bundle.as_bytes()).unwrap();
+        assert_eq!(header.prerequisites, [id]);
+        assert_eq!(header.heads, [(head, "HEAD".to_owned())]);
+        assert!(bundle_header(b"PK\x03\x04").is_err());
+        assert!(bundle_header(b"# v2 git bundle\n-xyz\n\n").is_err());
+    }
 
     #[test]
     fn stderr_is_bounded_at_a_character_boundary() {
